@@ -1,0 +1,101 @@
+//! Ring schedules as pure functions.
+//!
+//! A ring over `n` ranks splits a buffer into `n` segments. In a reduce-scatter that leaves rank
+//! `r` owning segment `(r + k) mod n`, at step `s` rank `r` sends segment `(r + k - 1 - s)` to
+//! its right neighbour and receives segment `(r + k - 2 - s)` from its left one, adding it in; in
+//! the matching all-gather it sends `(r + k - s)` and receives `(r + k - 1 - s)`. After `n - 1`
+//! steps of each, every rank holds every fully reduced segment.
+
+use std::ops::Range;
+
+/// Splits `count` elements into `parts` contiguous ranges whose lengths differ by at most one.
+///
+/// ```text
+/// segments(10, 3) == [0..3, 3..6, 6..10]
+/// ```
+pub(crate) fn segments(count: usize, parts: usize) -> Vec<Range<usize>> {
+    (0..parts)
+        .map(|i| (i * count / parts)..((i + 1) * count / parts))
+        .collect()
+}
+
+/// `(x) mod n` for a possibly negative `x`.
+pub(crate) fn wrap(x: isize, n: usize) -> usize {
+    x.rem_euclid(n as isize) as usize
+}
+
+/// Segments `(send, receive)` of reduce-scatter step `step` for rank `rank` that ends owning
+/// segment `(rank + shift) mod n`.
+pub(crate) fn reduce_scatter_step(rank: usize, n: usize, shift: usize, step: usize) -> (usize, usize) {
+    let base = (rank + shift) as isize - step as isize;
+    (wrap(base - 1, n), wrap(base - 2, n))
+}
+
+/// Segments `(send, receive)` of all-gather step `step` for rank `rank` that starts owning
+/// segment `(rank + shift) mod n`.
+pub(crate) fn all_gather_step(rank: usize, n: usize, shift: usize, step: usize) -> (usize, usize) {
+    let base = (rank + shift) as isize - step as isize;
+    (wrap(base, n), wrap(base - 1, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_count_without_gaps() {
+        for count in [0, 1, 7, 10, 1000] {
+            for parts in 1..6 {
+                let s = segments(count, parts);
+                assert_eq!(s.len(), parts);
+                assert_eq!(s[0].start, 0);
+                assert_eq!(s[parts - 1].end, count);
+                for w in s.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                }
+                let lens: Vec<_> = s.iter().map(|r| r.len()).collect();
+                let (min, max) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+                assert!(max - min <= 1, "{count}/{parts}: {lens:?}");
+            }
+        }
+    }
+
+    /// Simulates the ring symbolically: each segment's set of contributing ranks.
+    #[test]
+    fn ring_schedule_reduces_every_segment_over_every_rank() {
+        for n in 1usize..7 {
+            for shift in 0..n {
+                // held[r][seg] = set of ranks whose data rank r has summed into seg.
+                let mut held: Vec<Vec<u64>> = (0..n).map(|r| (0..n).map(|_| 1u64 << r).collect()).collect();
+                for step in 0..n.saturating_sub(1) {
+                    let snapshot = held.clone();
+                    for r in 0..n {
+                        let left = (r + n - 1) % n;
+                        let (send_l, _) = reduce_scatter_step(left, n, shift, step);
+                        let (_, recv) = reduce_scatter_step(r, n, shift, step);
+                        assert_eq!(send_l, recv, "left sends what right expects");
+                        held[r][recv] |= snapshot[left][recv];
+                    }
+                }
+                let all = (1u64 << n) - 1;
+                for r in 0..n {
+                    assert_eq!(held[r][(r + shift) % n], all, "n={n} shift={shift} rank {r}");
+                }
+                // all-gather: receive segments; check every rank ends with every full segment.
+                let mut full: Vec<Vec<bool>> = (0..n).map(|r| (0..n).map(|s| s == (r + shift) % n).collect()).collect();
+                for step in 0..n.saturating_sub(1) {
+                    let snapshot = full.clone();
+                    for r in 0..n {
+                        let left = (r + n - 1) % n;
+                        let (send_l, _) = all_gather_step(left, n, shift, step);
+                        let (_, recv) = all_gather_step(r, n, shift, step);
+                        assert_eq!(send_l, recv);
+                        assert!(snapshot[left][recv], "left sends a segment it holds");
+                        full[r][recv] = true;
+                    }
+                }
+                assert!(full.iter().all(|f| f.iter().all(|&x| x)));
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The crate's error type: one variant per failure, each naming the op, rank, key or size.
+
+use std::io;
+use std::time::Duration;
+
+/// Result alias for ddp-comm.
+pub type Result<T, E = CommError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the store, in rendezvous and in collectives.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommError {
+    /// A configuration value (environment variable, URL, argument) is invalid.
+    #[error("{what}: {reason}")]
+    InvalidConfig {
+        /// Which setting, e.g. `RANK` or `init method`.
+        what: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// A collective was called with buffers of the wrong size or a rank out of range.
+    #[error("{op}: {reason}")]
+    InvalidArgument {
+        /// The collective, e.g. `all_gather`.
+        op: &'static str,
+        /// What is wrong, with the sizes involved.
+        reason: String,
+    },
+    /// The store could not be reached before the deadline.
+    #[error("could not reach the store at {addr} within {timeout:?}: {source} (is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?)")]
+    StoreUnreachable {
+        /// The address tried.
+        addr: String,
+        /// How long we kept trying.
+        timeout: Duration,
+        /// The last connection error.
+        #[source]
+        source: io::Error,
+    },
+    /// The port for the store (or a rank's listener) is taken.
+    #[error("cannot listen on {addr}: {source} (is another job using this port? pick another MASTER_PORT)")]
+    Bind {
+        /// The address we tried to bind.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer does not hold this job's token.
+    #[error("{peer} rejected the job token: {reason}")]
+    Unauthorized {
+        /// Who rejected us (store address or rank).
+        peer: String,
+        /// Why, as the other side said it.
+        reason: String,
+    },
+    /// A store call did not complete before its deadline.
+    #[error("store {op} timed out after {timeout:?} waiting for key(s) {keys}")]
+    StoreTimeout {
+        /// `get` or `wait`.
+        op: &'static str,
+        /// The missing keys, comma separated.
+        keys: String,
+        /// The timeout that ran out.
+        timeout: Duration,
+    },
+    /// The store answered something the client did not expect.
+    #[error("store {op}: {reason}")]
+    StoreProtocol {
+        /// The request.
+        op: &'static str,
+        /// What was wrong with the answer.
+        reason: String,
+    },
+    /// A peer did not send or accept data before the collective's deadline.
+    #[error("{op}: timed out after {timeout:?} waiting for rank {peer}{detail}")]
+    Timeout {
+        /// The collective, with its sequence number.
+        op: String,
+        /// The global rank we were waiting for.
+        peer: usize,
+        /// The timeout that ran out.
+        timeout: Duration,
+        /// What the peer reported, if it reported anything.
+        detail: String,
+    },
+    /// A peer closed its connection in the middle of the job.
+    #[error("{op}: rank {peer} closed its connection (did the process exit?){detail}")]
+    PeerClosed {
+        /// The collective, with its sequence number.
+        op: String,
+        /// The global rank that went away.
+        peer: usize,
+        /// What the peer reported before leaving, if anything.
+        detail: String,
+    },
+    /// Two ranks issued different collectives at the same position in the sequence.
+    #[error("collective #{seq} mismatch: rank {rank} called {ours} but rank {peer} called {theirs} (every rank must issue the same collectives in the same order)")]
+    Mismatch {
+        /// The sequence number.
+        seq: u64,
+        /// This rank.
+        rank: usize,
+        /// What this rank called.
+        ours: String,
+        /// The other rank.
+        peer: usize,
+        /// What the other rank called.
+        theirs: String,
+    },
+    /// A peer sent bytes that are not a valid frame, or a frame that is too large.
+    #[error("{from} sent an invalid frame: {reason}")]
+    Protocol {
+        /// Who sent it.
+        from: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An I/O error with what we were doing at the time.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// An earlier collective failed, so the group can no longer be used.
+    #[error("process group is unusable after an earlier failure: {0}")]
+    Aborted(String),
+    /// The communication thread is gone (the group was destroyed).
+    #[error("process group was destroyed")]
+    Destroyed,
+    /// A rank-tagged wrapper, used when several ranks' failures are collected.
+    #[error("rank {rank}: {source}")]
+    WithRank {
+        /// The rank that failed.
+        rank: usize,
+        /// Its error.
+        #[source]
+        source: Box<CommError>,
+    },
+}
+
+impl CommError {
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        CommError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn config(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        CommError::InvalidConfig {
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn arg(op: &'static str, reason: impl Into<String>) -> Self {
+        CommError::InvalidArgument {
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    /// The global rank this error blames, when it blames one.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            CommError::Timeout { peer, .. }
+            | CommError::PeerClosed { peer, .. }
+            | CommError::Mismatch { peer, .. } => Some(*peer),
+            CommError::WithRank { source, .. } => source.peer(),
+            _ => None,
+        }
+    }
+}

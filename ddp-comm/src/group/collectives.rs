@@ -1,0 +1,290 @@
+//! The typed collectives of [`ProcessGroup`], blocking and asynchronous.
+//!
+//! Blocking calls borrow the caller's buffers and return when the collective is done on this
+//! rank. `*_async` calls take ownership of a `Vec`, return a [`Work`] at once, and hand the
+//! buffer back from [`Work::wait`]. Both kinds share one queue, so they run in issue order.
+//!
+//! Validation errors (a wrong buffer length, a root out of range) are reported like any other
+//! failure: this rank returns the error, tells its peers through the store, and closes its
+//! connections, so the peers fail at once with this rank's message instead of waiting.
+
+use super::process_group::ProcessGroup;
+use super::work::Work;
+use crate::collective::CollectiveKind;
+use crate::dtype::Element;
+use crate::error::{CommError, Result};
+use crate::reduce_op::ReduceOp;
+
+fn bytes<T: Element>(v: &[T]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn bytes_mut<T: Element>(v: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(v)
+}
+
+impl ProcessGroup {
+    fn check_rank(&self, op: &'static str, what: &str, rank: usize) -> Result<()> {
+        if rank >= self.world_size() {
+            return Err(CommError::arg(
+                op,
+                format!("{what} {rank} is outside 0..{} (ranks are ranks in this group)", self.world_size()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, op: &'static str, what: &str, got: usize, expected: usize) -> Result<()> {
+        if got != expected {
+            return Err(CommError::arg(
+                op,
+                format!("{what} has {got} elements, expected {expected} (world size {})", self.world_size()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reduces `buf` across all ranks with `op`; every rank ends with the same result, bitwise.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same length, type and `op`, in the same order as every other
+    /// collective of this group.
+    ///
+    /// # Errors
+    /// A peer that fails, stalls past the timeout, or called a different collective; the error
+    /// names that rank.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len()).with_op(op);
+        let buf = bytes_mut(buf);
+        self.inner
+            .worker
+            .run_blocking(move |s| s.run(&fp, |t| t.all_reduce(&fp, buf, op)))
+    }
+
+    /// [`ProcessGroup::all_reduce`] on the communication thread; `wait` returns the reduced buffer.
+    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        let fp = self.fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len()).with_op(op);
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| t.all_reduce(&fp, bytes_mut(&mut buf), op))?;
+            Ok(buf)
+        })
+    }
+
+    /// Copies `root`'s `buf` into every other rank's `buf`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same length, type and `root`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len()).with_root(root);
+        let check = self.check_rank("broadcast", "root", root);
+        let buf = bytes_mut(buf);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.broadcast(&fp, buf, root)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::broadcast`] on the communication thread.
+    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+        let fp = self.fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len()).with_root(root);
+        let check = self.check_rank("broadcast", "root", root);
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.broadcast(&fp, bytes_mut(&mut buf), root)
+            })?;
+            Ok(buf)
+        })
+    }
+
+    /// Concatenates every rank's `input` into `output` (`world_size() * input.len()` elements,
+    /// rank `r`'s at `r * input.len()`), on every rank.
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
+        let check = self.check_len("all_gather", "output", output.len(), input.len() * self.world_size());
+        let (input, output) = (bytes(input), bytes_mut(output));
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.all_gather(&fp, input, output)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::all_gather`] on the communication thread; `wait` returns the gathered
+    /// `world_size() * input.len()` elements.
+    pub fn all_gather_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
+        let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
+        let mut output = vec![T::zeroed(); input.len() * self.world_size()];
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| t.all_gather(&fp, bytes(&input), bytes_mut(&mut output)))?;
+            Ok(output)
+        })
+    }
+
+    /// Reduces `input` (`world_size() * output.len()` elements) across ranks and gives rank `r`
+    /// block `r` of the result.
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, output.len()).with_op(op);
+        let check = self.check_len("reduce_scatter", "input", input.len(), output.len() * self.world_size());
+        let (input, output) = (bytes(input), bytes_mut(output));
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.reduce_scatter(&fp, input, output, op)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] on the communication thread; `input.len()` must be a
+    /// multiple of the world size, and `wait` returns this rank's block.
+    pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        let n = self.world_size();
+        let block = input.len() / n;
+        let fp = self.fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, block).with_op(op);
+        let check = self.check_len("reduce_scatter", "input", input.len(), block * n);
+        let mut output = vec![T::zeroed(); block];
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.reduce_scatter(&fp, bytes(&input), bytes_mut(&mut output), op)
+            })?;
+            Ok(output)
+        })
+    }
+
+    /// Reduces `buf` across ranks into `root`'s `buf`; other ranks' `buf` is left unchanged.
+    pub fn reduce<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::Reduce, T::DTYPE, buf.len()).with_op(op).with_root(root);
+        let check = self.check_rank("reduce", "root", root);
+        let buf = bytes_mut(buf);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.reduce(&fp, buf, root, op)
+            })
+        })
+    }
+
+    /// Collects every rank's `input` on `root`: `output` must be `Some` with
+    /// `world_size() * input.len()` elements on `root`, and `None` elsewhere.
+    pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::Gather, T::DTYPE, input.len()).with_root(root);
+        let check = self.check_rank("gather", "root", root).and_then(|()| {
+            match (&output, self.rank() == root) {
+                (Some(o), true) => self.check_len("gather", "output", o.len(), input.len() * self.world_size()),
+                (None, false) => Ok(()),
+                (None, true) => Err(CommError::arg("gather", "the root must pass an output buffer")),
+                (Some(_), false) => Err(CommError::arg("gather", format!("only the root ({root}) passes an output buffer"))),
+            }
+        });
+        let input = bytes(input);
+        let output = output.map(bytes_mut);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.gather(&fp, input, output, root)
+            })
+        })
+    }
+
+    /// Splits `root`'s `input` (`world_size() * output.len()` elements) and gives rank `r` block
+    /// `r` in `output`; `input` is `Some` on `root` only.
+    pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len()).with_root(root);
+        let check = self.check_rank("scatter", "root", root).and_then(|()| {
+            match (&input, self.rank() == root) {
+                (Some(i), true) => self.check_len("scatter", "input", i.len(), output.len() * self.world_size()),
+                (None, false) => Ok(()),
+                (None, true) => Err(CommError::arg("scatter", "the root must pass an input buffer")),
+                (Some(_), false) => Err(CommError::arg("scatter", format!("only the root ({root}) passes an input buffer"))),
+            }
+        });
+        let input = input.map(bytes);
+        let output = bytes_mut(output);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.scatter(&fp, input, output, root)
+            })
+        })
+    }
+
+    /// Returns once every rank of the group has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
+        self.inner.worker.run_blocking(move |s| s.run(&fp, |t| t.barrier(&fp)))
+    }
+
+    /// [`ProcessGroup::barrier`] on the communication thread.
+    pub fn barrier_async(&self) -> Work<()> {
+        let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
+        self.inner.worker.submit(move |s| s.run(&fp, |t| t.barrier(&fp)))
+    }
+
+    /// Sends `buf` to group rank `dst`, which must call [`ProcessGroup::recv`] with the same
+    /// length, type and `tag`. Returns when the data has been handed to the network.
+    ///
+    /// Point-to-point messages do not take part in the collective sequence: only the two ranks
+    /// involved call them, in matching order.
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
+        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
+        let check = self.check_rank("send", "destination", dst).and_then(|()| self.check_not_self("send", dst));
+        let buf = bytes(buf);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.send(&fp, buf, dst)
+            })
+        })
+    }
+
+    /// Receives into `buf` from group rank `src`, matching its [`ProcessGroup::send`].
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
+        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
+        let check = self.check_rank("recv", "source", src).and_then(|()| self.check_not_self("recv", src));
+        let buf = bytes_mut(buf);
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.recv(&fp, buf, src)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::send`] on the communication thread.
+    pub fn send_async<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
+        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
+        let check = self.check_rank("send", "destination", dst).and_then(|()| self.check_not_self("send", dst));
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.send(&fp, bytes(&buf), dst)
+            })?;
+            Ok(buf)
+        })
+    }
+
+    /// [`ProcessGroup::recv`] on the communication thread, into `buf` (its length is the message
+    /// length).
+    pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
+        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
+        let check = self.check_rank("recv", "source", src).and_then(|()| self.check_not_self("recv", src));
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.recv(&fp, bytes_mut(&mut buf), src)
+            })?;
+            Ok(buf)
+        })
+    }
+
+    fn check_not_self(&self, op: &'static str, peer: usize) -> Result<()> {
+        if peer == self.rank() {
+            return Err(CommError::arg(op, format!("rank {peer} cannot exchange a message with itself")));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! [`ProcessGroupConfig`]: who this process is in the job, and the group's settings.
+
+use crate::error::{CommError, Result};
+use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
+use std::time::Duration;
+
+/// Environment variable holding the job token (set by the launcher).
+pub const TOKEN_ENV: &str = "DDP_JOB_TOKEN";
+/// Environment variable overriding the timeout, in seconds.
+pub const TIMEOUT_ENV: &str = "DDP_TIMEOUT_SECS";
+
+/// This process's place in the job and the group's settings, in burn's config style:
+///
+/// ```
+/// use ddp_comm::ProcessGroupConfig;
+/// use std::time::Duration;
+/// let config = ProcessGroupConfig::new(1, 4).with_timeout(Duration::from_secs(60));
+/// assert_eq!(config.local_rank, 1);
+/// ```
+#[derive(Clone)]
+pub struct ProcessGroupConfig {
+    /// Global rank of this process, in `0..world_size`.
+    pub rank: usize,
+    /// Number of processes in the job.
+    pub world_size: usize,
+    /// Rank among the processes on this host (selects the device). Defaults to `rank`.
+    pub local_rank: usize,
+    /// Number of processes on this host. Defaults to `world_size`.
+    pub local_world_size: usize,
+    /// Deadline for rendezvous and for each collective. Defaults to 300 s.
+    pub timeout: Duration,
+    /// Shared job token that every connection must present. Defaults to none.
+    pub token: Vec<u8>,
+    /// Socket send/receive buffer size to request; `None` keeps the kernel's auto-tuning.
+    pub socket_buffer_bytes: Option<usize>,
+}
+
+impl std::fmt::Debug for ProcessGroupConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroupConfig")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .field("timeout", &self.timeout)
+            .field("token", &if self.token.is_empty() { "<none>" } else { "<set>" })
+            .field("socket_buffer_bytes", &self.socket_buffer_bytes)
+            .finish()
+    }
+}
+
+impl ProcessGroupConfig {
+    /// A config for global `rank` of `world_size`, on a single host.
+    pub fn new(rank: usize, world_size: usize) -> Self {
+        ProcessGroupConfig {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            timeout: DEFAULT_TIMEOUT,
+            token: Vec::new(),
+            socket_buffer_bytes: None,
+        }
+    }
+
+    /// Reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `DDP_JOB_TOKEN` and
+    /// `DDP_TIMEOUT_SECS`, as set by `ddp-run` or torchrun.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] naming the variable when one is missing or unparsable, or
+    /// when the values contradict each other.
+    pub fn from_env() -> Result<Self> {
+        let rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
+        let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
+        let mut c = ProcessGroupConfig::new(rank, world_size);
+        if let Some(lr) = env_usize("LOCAL_RANK")? {
+            c.local_rank = lr;
+        }
+        if let Some(lws) = env_usize("LOCAL_WORLD_SIZE")? {
+            c.local_world_size = lws;
+        }
+        if let Some(t) = env_usize(TIMEOUT_ENV)? {
+            c.timeout = Duration::from_secs(t as u64);
+        }
+        if let Ok(token) = std::env::var(TOKEN_ENV) {
+            c.token = token.into_bytes();
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Sets this process's rank on its host and the number of processes there.
+    pub fn with_local(mut self, local_rank: usize, local_world_size: usize) -> Self {
+        self.local_rank = local_rank;
+        self.local_world_size = local_world_size;
+        self
+    }
+    /// Sets the rendezvous and collective timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// Sets the job token.
+    pub fn with_token(mut self, token: impl AsRef<[u8]>) -> Self {
+        self.token = token.as_ref().to_vec();
+        self
+    }
+    /// Requests socket buffers of this size (both directions).
+    pub fn with_socket_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.socket_buffer_bytes = Some(bytes);
+        self
+    }
+
+    /// Checks that the ranks and sizes are consistent.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] saying which value is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.world_size == 0 {
+            return Err(CommError::config("WORLD_SIZE", "must be at least 1, got 0"));
+        }
+        if self.rank >= self.world_size {
+            return Err(CommError::config(
+                "RANK",
+                format!("rank {} is outside 0..{} (WORLD_SIZE is {})", self.rank, self.world_size, self.world_size),
+            ));
+        }
+        if self.local_world_size == 0 || self.local_world_size > self.world_size {
+            return Err(CommError::config(
+                "LOCAL_WORLD_SIZE",
+                format!("must be in 1..={} (WORLD_SIZE), got {}", self.world_size, self.local_world_size),
+            ));
+        }
+        if self.local_rank >= self.local_world_size {
+            return Err(CommError::config(
+                "LOCAL_RANK",
+                format!("local rank {} is outside 0..{} (LOCAL_WORLD_SIZE)", self.local_rank, self.local_world_size),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(CommError::config("timeout", "must be longer than zero"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn store_config(&self) -> StoreConfig {
+        StoreConfig::new().with_timeout(self.timeout).with_token(&self.token)
+    }
+}
+
+fn missing(name: &str) -> CommError {
+    CommError::config(
+        name,
+        "environment variable is not set (launch with ddp-run, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
+    )
+}
+
+/// Reads an optional non-negative integer variable.
+fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            CommError::config(name, format!("'{v}' is not a non-negative integer"))
+        }),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(CommError::config(name, "value is not valid UTF-8")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_outside_world_is_rejected_with_both_values() {
+        let err = ProcessGroupConfig::new(4, 4).validate().unwrap_err().to_string();
+        assert_eq!(err, "RANK: rank 4 is outside 0..4 (WORLD_SIZE is 4)");
+    }
+
+    #[test]
+    fn world_size_zero_is_rejected() {
+        let err = ProcessGroupConfig::new(0, 0).validate().unwrap_err().to_string();
+        assert!(err.contains("WORLD_SIZE: must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn local_rank_must_fit_local_world() {
+        let err = ProcessGroupConfig::new(3, 4).with_local(2, 2).validate().unwrap_err().to_string();
+        assert!(err.contains("LOCAL_RANK"), "{err}");
+    }
+}

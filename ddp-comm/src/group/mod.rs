@@ -1,0 +1,24 @@
+//! Process groups: the user-facing collectives.
+//!
+//! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups.
+//! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
+//! - [`Work`]: the handle of an asynchronous collective.
+//!
+//! # Threads
+//! Each group has one communication thread that owns its connections and runs collectives in
+//! the order they were issued, from any thread. Blocking calls wait for their turn in the queue.
+//!
+//! # Failure
+//! The first failure makes the group unusable on that rank ([`CommError::Aborted`](crate::CommError)
+//! afterwards); peers blocked on it fail at once, naming it. Create a new group to continue.
+
+mod collectives;
+mod config;
+mod process_group;
+mod work;
+mod worker;
+
+pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
+pub(crate) use process_group::HostedStore;
+pub use process_group::ProcessGroup;
+pub use work::Work;

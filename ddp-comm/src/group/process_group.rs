@@ -1,0 +1,265 @@
+//! [`ProcessGroup`]: a set of ranks that run collectives together.
+
+use super::config::ProcessGroupConfig;
+use super::worker::Worker;
+use crate::collective::{CollectiveKind, Fingerprint};
+use crate::dtype::DataType;
+use crate::error::{CommError, Result};
+use crate::store::{Store, StoreServer};
+use crate::transport::tcp::{MeshSpec, TcpTransport};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A group of ranks and the connections between them; cheap to clone (clones share the group).
+///
+/// Created by [`init_process_group`](crate::init_process_group) (the whole job) or
+/// [`ProcessGroup::new_group`] (a subset). Collectives are methods on it; see the
+/// [crate docs](crate) for the list and their contracts.
+///
+/// # Ranks
+/// Ranks passed to a group's methods (roots, peers) are ranks *in that group*, `0..world_size()`.
+/// [`ProcessGroup::global_rank_of`] and [`ProcessGroup::group_rank_of`] translate; errors always
+/// name global ranks.
+///
+/// # Shutdown
+/// Dropping the last clone lets queued collectives finish, closes every connection and joins the
+/// communication thread. On the rank that hosts the store, it then waits (up to the timeout) for
+/// the other ranks to disconnect before stopping the store, so slower ranks can finish.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) worker: Worker,
+    name: String,
+    ranks: Vec<usize>,
+    group_rank: usize,
+    config: ProcessGroupConfig,
+    store: Store,
+    root_store: Store,
+    seq: AtomicU64,
+    subgroups: AtomicU64,
+    /// Keeps the parent (and so the store it may host) alive while a subgroup exists.
+    _parent: Option<Arc<Inner>>,
+    /// Declared last: dropped after every store connection above is closed.
+    _server: Option<HostedStore>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.worker.shutdown();
+    }
+}
+
+/// The store server rank 0 runs for the job; stops once the other ranks have left.
+pub(crate) struct HostedStore {
+    pub(crate) server: StoreServer,
+    pub(crate) linger: Duration,
+}
+
+impl Drop for HostedStore {
+    fn drop(&mut self) {
+        if !self.server.wait_for_clients(0, self.linger) {
+            tracing::warn!(
+                clients = self.server.num_clients(),
+                "stopping the store while other ranks are still connected"
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("name", &self.inner.name)
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("ranks", &self.inner.ranks)
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// Joins the whole job through an already connected store (the launcher's, a test's, or
+    /// one created by hand). Every rank calls it with the same `world_size`.
+    ///
+    /// # Errors
+    /// Invalid config, or rendezvous failures (timeouts naming the missing ranks, rejected token).
+    pub fn with_store(store: Store, config: ProcessGroupConfig) -> Result<ProcessGroup> {
+        Self::world(store, config, None)
+    }
+
+    pub(crate) fn world(store: Store, config: ProcessGroupConfig, server: Option<HostedStore>) -> Result<ProcessGroup> {
+        config.validate()?;
+        let ranks: Vec<usize> = (0..config.world_size).collect();
+        let group_rank = config.rank;
+        Self::connect("world".into(), store, ranks, group_rank, config, server, None)
+    }
+
+    fn connect(
+        name: String,
+        root_store: Store,
+        ranks: Vec<usize>,
+        group_rank: usize,
+        config: ProcessGroupConfig,
+        server: Option<HostedStore>,
+        parent: Option<Arc<Inner>>,
+    ) -> Result<ProcessGroup> {
+        let store = root_store.with_prefix(&format!("pg/{name}/"));
+        let spec = MeshSpec {
+            store: &store,
+            ranks: &ranks,
+            group_rank,
+            group_id: fnv1a(name.as_bytes()),
+            token: &config.token,
+            timeout: config.timeout,
+            socket_buffer_bytes: config.socket_buffer_bytes,
+        };
+        let transport = TcpTransport::connect(&spec)?;
+        let reporter = store.duplicate()?;
+        let worker = Worker::start(
+            Box::new(transport),
+            Some(reporter),
+            config.rank,
+            format!("ddp-comm-{}", config.rank),
+        )?;
+        tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), "process group ready");
+        Ok(ProcessGroup {
+            inner: Arc::new(Inner {
+                worker,
+                name,
+                ranks,
+                group_rank,
+                config,
+                store,
+                root_store,
+                seq: AtomicU64::new(0),
+                subgroups: AtomicU64::new(0),
+                _parent: parent,
+                _server: server,
+            }),
+        })
+    }
+
+    /// This process's rank in the group, `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.group_rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.inner.ranks.len()
+    }
+
+    /// This process's rank in the whole job.
+    pub fn global_rank(&self) -> usize {
+        self.inner.config.rank
+    }
+
+    /// This process's rank on its host (selects the device).
+    pub fn local_rank(&self) -> usize {
+        self.inner.config.local_rank
+    }
+
+    /// Number of processes on this host.
+    pub fn local_world_size(&self) -> usize {
+        self.inner.config.local_world_size
+    }
+
+    /// Global ranks of the members, indexed by group rank.
+    pub fn ranks(&self) -> &[usize] {
+        &self.inner.ranks
+    }
+
+    /// Global rank of `group_rank`, if it is in the group.
+    pub fn global_rank_of(&self, group_rank: usize) -> Option<usize> {
+        self.inner.ranks.get(group_rank).copied()
+    }
+
+    /// Group rank of `global_rank`, if that process is a member.
+    pub fn group_rank_of(&self, global_rank: usize) -> Option<usize> {
+        self.inner.ranks.iter().position(|&r| r == global_rank)
+    }
+
+    /// The group's name (`world`, or `world/sub0:0,2` for subgroups).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The store namespace of this group, for user-level coordination.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The name of the transport in use.
+    pub fn backend_name(&self) -> &'static str {
+        "tcp"
+    }
+
+    /// The group's timeout for each collective.
+    pub fn timeout(&self) -> Duration {
+        self.inner.config.timeout
+    }
+
+    /// Creates a subgroup of the given *global* ranks, with its own connections.
+    ///
+    /// # Collective
+    /// Every rank of this group must call it, with the same list, in the same order relative to
+    /// other `new_group` calls. Members get `Some(group)` (group ranks follow the sorted global
+    /// ranks); others get `None`.
+    ///
+    /// # Errors
+    /// An empty list, a duplicate, or a rank that is not a member of this group; rendezvous
+    /// failures among the members.
+    pub fn new_group(&self, ranks: &[usize]) -> Result<Option<ProcessGroup>> {
+        let index = self.inner.subgroups.fetch_add(1, Ordering::SeqCst);
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.is_empty() {
+            return Err(CommError::arg("new_group", "the rank list is empty"));
+        }
+        if sorted.len() != ranks.len() {
+            return Err(CommError::arg("new_group", format!("the rank list {ranks:?} has duplicates")));
+        }
+        if let Some(bad) = sorted.iter().find(|r| self.group_rank_of(**r).is_none()) {
+            return Err(CommError::arg(
+                "new_group",
+                format!("global rank {bad} is not a member of group '{}' (members: {:?})", self.name(), self.ranks()),
+            ));
+        }
+        let me = self.global_rank();
+        let Some(group_rank) = sorted.iter().position(|&r| r == me) else {
+            return Ok(None);
+        };
+        let list = sorted.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+        let name = format!("{}/sub{index}:{list}", self.inner.name);
+        Self::connect(
+            name,
+            self.inner.root_store.clone(),
+            sorted,
+            group_rank,
+            self.inner.config.clone(),
+            None,
+            Some(self.inner.clone()),
+        )
+        .map(Some)
+    }
+
+    /// Destroys this handle. The group shuts down when its last clone is gone (see
+    /// [Shutdown](ProcessGroup#shutdown)).
+    pub fn destroy(self) {
+        drop(self);
+    }
+
+    pub(crate) fn fingerprint(&self, kind: CollectiveKind, dtype: DataType, count: usize) -> Fingerprint {
+        Fingerprint::new(self.inner.seq.fetch_add(1, Ordering::SeqCst), kind, dtype, count)
+    }
+}
+
+/// FNV-1a, a stable 64-bit hash for group names.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+}

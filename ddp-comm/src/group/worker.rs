@@ -1,0 +1,180 @@
+//! The communication thread: owns a group's transport and runs its collectives in issue order.
+//!
+//! After any failure the thread reports it to the store (`failure/<rank>`), closes every
+//! connection so blocked peers fail at once, and answers every later call with
+//! [`CommError::Aborted`]. Errors that blame a peer are completed with what that peer reported,
+//! so every rank names the rank where the trouble started.
+
+use super::work::Work;
+use crate::collective::Fingerprint;
+use crate::error::{CommError, Result};
+use crate::store::Store;
+use crate::transport::Transport;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long a failing rank waits for the blamed peer's own report.
+const REPORT_WAIT: Duration = Duration::from_secs(2);
+
+type Job = Box<dyn FnOnce(&mut WorkerState) + Send + 'static>;
+
+/// What jobs run against on the communication thread.
+pub(crate) struct WorkerState {
+    transport: Box<dyn Transport>,
+    reporter: Option<Store>,
+    my_rank: usize,
+    failed: Option<String>,
+}
+
+impl WorkerState {
+    /// Runs one collective unless the group already failed; turns a failure into a report.
+    pub(crate) fn run<R>(&mut self, fp: &Fingerprint, f: impl FnOnce(&mut dyn Transport) -> Result<R>) -> Result<R> {
+        if let Some(first) = &self.failed {
+            return Err(CommError::Aborted(first.clone()));
+        }
+        let _span = tracing::trace_span!("collective", op = fp.kind.name(), seq = fp.seq, count = fp.count).entered();
+        match f(self.transport.as_mut()) {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn fail(&mut self, e: CommError) -> CommError {
+        // Report first, then close: a peer that sees our connection drop can then read why.
+        if let Some(store) = &self.reporter {
+            let _ = store.set(&format!("failure/{}", self.my_rank), e.to_string().as_bytes());
+        }
+        self.transport.abort();
+        let e = self.with_peer_report(e);
+        tracing::error!(rank = self.my_rank, error = %e, "collective failed; the process group is now unusable");
+        self.failed = Some(e.to_string());
+        e
+    }
+
+    fn with_peer_report(&self, e: CommError) -> CommError {
+        let (Some(store), Some(peer)) = (&self.reporter, e.peer()) else {
+            return e;
+        };
+        let Ok(report) = store.get_timeout(&format!("failure/{peer}"), REPORT_WAIT) else {
+            return e;
+        };
+        let detail = format!("; rank {peer} reported: {}", String::from_utf8_lossy(&report));
+        match e {
+            CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
+            CommError::Timeout { op, peer, timeout, .. } => CommError::Timeout {
+                op,
+                peer,
+                timeout,
+                detail,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Handle to the communication thread; dropping it lets the queue drain and joins the thread.
+pub(crate) struct Worker {
+    jobs: Mutex<Option<Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    pub(crate) fn start(transport: Box<dyn Transport>, reporter: Option<Store>, my_rank: usize, name: String) -> Result<Worker> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let state = WorkerState {
+            transport,
+            reporter,
+            my_rank,
+            failed: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || worker_loop(rx, state))
+            .map_err(|e| CommError::io("starting the communication thread", e))?;
+        Ok(Worker {
+            jobs: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn sender(&self) -> Option<Sender<Job>> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Queues a job that owns its data; its result arrives through the returned [`Work`].
+    pub(crate) fn submit<R: Send + 'static>(&self, job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static) -> Work<R> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let boxed: Job = Box::new(move |s| {
+            let _ = tx.send(run_catching(s, job));
+        });
+        match self.sender().map(|s| s.send(boxed)) {
+            Some(Ok(())) => Work::pending(rx),
+            _ => Work::failed(CommError::Destroyed),
+        }
+    }
+
+    /// Runs a job that borrows the caller's buffers, blocking until it has finished.
+    pub(crate) fn run_blocking<'a, R: Send + 'a>(&self, job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'a) -> Result<R> {
+        let (tx, rx) = mpsc::sync_channel::<Result<R>>(1);
+        let boxed: Box<dyn FnOnce(&mut WorkerState) + Send + 'a> = Box::new(move |s| {
+            let _ = tx.send(run_catching(s, job));
+        });
+        // SAFETY: the job borrows data for 'a. We only return after `rx` yields, which happens
+        // when the job has sent its result (it has finished with the borrowed data, which
+        // `job(s)` consumed) or when the job was dropped without running or unwound (the sender
+        // inside it is dropped, and with it every borrow). Either way no borrow outlives this
+        // call, which is the same argument that makes scoped threads sound.
+        let boxed: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce(&mut WorkerState) + Send + 'a>, Job>(boxed) };
+        let sender = self.sender().ok_or(CommError::Destroyed)?;
+        if sender.send(boxed).is_err() {
+            return Err(CommError::Destroyed);
+        }
+        rx.recv().unwrap_or(Err(CommError::Destroyed))
+    }
+
+    /// Stops accepting work, lets queued collectives finish, and joins the thread.
+    pub(crate) fn shutdown(&self) {
+        drop(self.jobs.lock().unwrap_or_else(PoisonError::into_inner).take());
+        if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker_loop(rx: Receiver<Job>, mut state: WorkerState) {
+    while let Ok(job) = rx.recv() {
+        job(&mut state);
+    }
+    // Dropping the state here closes the transport's connections.
+}
+
+/// Runs a job, turning a panic inside it (a bug) into a failure of the group with its message,
+/// so the caller gets an error and the peers are told, instead of a dead thread.
+fn run_catching<R>(s: &mut WorkerState, job: impl FnOnce(&mut WorkerState) -> Result<R>) -> Result<R> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| job(s))) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(s.fail(CommError::Aborted(format!("communication thread panicked: {msg}"))))
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Joining a job: [`init_process_group`] and the ways ranks find the store.
+//!
+//! - `env://`: `MASTER_ADDR` and `MASTER_PORT` from the environment (what `ddp-run` and
+//!   torchrun set); rank 0 hosts the store on `MASTER_PORT`.
+//! - `tcp://host:port`: the same with an explicit address.
+//! - `file:///path`: rank 0 hosts the store on a free port and writes its address to the file;
+//!   the others read it from there (the file must be on a filesystem every rank sees). Rank 0
+//!   removes the file once everyone has joined.
+
+mod file;
+
+use crate::error::{CommError, Result};
+use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
+use crate::store::{Store, StoreServer};
+use std::path::PathBuf;
+
+/// Where the ranks meet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitMethod {
+    /// `MASTER_ADDR` and `MASTER_PORT` from the environment.
+    Env,
+    /// An explicit store address.
+    Tcp {
+        /// Host name or IP address of rank 0.
+        host: String,
+        /// Port of the store on rank 0.
+        port: u16,
+    },
+    /// A file on a shared filesystem through which rank 0 publishes the store's address.
+    File(PathBuf),
+}
+
+impl InitMethod {
+    /// Parses `env://`, `tcp://host:port` or `file:///path`.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] saying what is wrong with the URL.
+    pub fn parse(url: &str) -> Result<InitMethod> {
+        let bad = |reason: &str| CommError::config("init method", format!("'{url}': {reason}"));
+        if url == "env://" || url == "env" {
+            return Ok(InitMethod::Env);
+        }
+        if let Some(rest) = url.strip_prefix("tcp://") {
+            let (host, port) = split_host_port(rest).map_err(|r| bad(&r))?;
+            return Ok(InitMethod::Tcp { host, port });
+        }
+        if let Some(path) = url.strip_prefix("file://") {
+            if path.is_empty() {
+                return Err(bad("the file path is empty"));
+            }
+            return Ok(InitMethod::File(PathBuf::from(path)));
+        }
+        Err(bad("expected env://, tcp://host:port or file:///path"))
+    }
+
+    /// Reads `MASTER_ADDR` and `MASTER_PORT` into a [`InitMethod::Tcp`].
+    pub fn from_env() -> Result<InitMethod> {
+        let host = std::env::var("MASTER_ADDR").map_err(|_| {
+            CommError::config("MASTER_ADDR", "environment variable is not set (the address of rank 0's host)")
+        })?;
+        if host.trim().is_empty() {
+            return Err(CommError::config("MASTER_ADDR", "is empty"));
+        }
+        let port = std::env::var("MASTER_PORT")
+            .map_err(|_| CommError::config("MASTER_PORT", "environment variable is not set (a free TCP port on rank 0's host)"))?;
+        let port = parse_port(&port).map_err(|r| CommError::config("MASTER_PORT", r))?;
+        Ok(InitMethod::Tcp {
+            host: host.trim().to_string(),
+            port,
+        })
+    }
+}
+
+fn parse_port(text: &str) -> Result<u16, String> {
+    match text.trim().parse::<u16>() {
+        Ok(0) => Err("port 0 is not allowed here: every rank must know the port in advance".into()),
+        Ok(p) => Ok(p),
+        Err(_) => Err(format!("'{text}' is not a port number (1..=65535)")),
+    }
+}
+
+fn split_host_port(s: &str) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest.split_once("]:").ok_or("expected [ipv6]:port")?;
+        (h, p)
+    } else {
+        s.rsplit_once(':').ok_or("expected host:port")?
+    };
+    if host.is_empty() {
+        return Err("the host is empty".into());
+    }
+    Ok((host.to_string(), parse_port(port)?))
+}
+
+/// Joins the job: rank 0 hosts the store, every rank connects to it and to every other rank.
+///
+/// # Collective
+/// Every rank of the job calls it with the same `world_size` and method.
+///
+/// # Errors
+/// An invalid config (rank outside `0..world_size`, world size 0), a port already in use on
+/// rank 0, a store that cannot be reached within the timeout, a rejected token, or ranks that
+/// never arrive; each error says which.
+///
+/// ```no_run
+/// use ddp_comm::{InitMethod, ProcessGroupConfig, ReduceOp, init_process_group};
+/// let pg = init_process_group(&InitMethod::from_env()?, ProcessGroupConfig::from_env()?)?;
+/// let mut grads = vec![1.0f32; 1024];
+/// pg.all_reduce(&mut grads, ReduceOp::Avg)?;
+/// # Ok::<(), ddp_comm::CommError>(())
+/// ```
+pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Result<ProcessGroup> {
+    config.validate()?;
+    let method = match method {
+        InitMethod::Env => InitMethod::from_env()?,
+        other => other.clone(),
+    };
+    let _span = tracing::info_span!("init_process_group", rank = config.rank, world_size = config.world_size).entered();
+    match method {
+        InitMethod::Env => unreachable!("resolved above"),
+        InitMethod::Tcp { host, port } => {
+            let server = if config.rank == 0 {
+                let bind = if host.contains(':') { format!("[::]:{port}") } else { format!("0.0.0.0:{port}") };
+                Some(StoreServer::bind(bind, config.store_config())?)
+            } else {
+                None
+            };
+            let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+            let store = Store::connect(&addr, config.store_config())?;
+            let hosted = server.map(|server| HostedStore {
+                server,
+                linger: config.timeout,
+            });
+            ProcessGroup::world(store, config, hosted)
+        }
+        InitMethod::File(path) => file::init(&path, config),
+    }
+}
+
+/// Joins the job described by the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+/// `MASTER_PORT`, ...): `init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)`.
+pub fn init_from_env() -> Result<ProcessGroup> {
+    init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_method() {
+        assert_eq!(InitMethod::parse("env://").unwrap(), InitMethod::Env);
+        assert_eq!(
+            InitMethod::parse("tcp://10.0.0.1:29500").unwrap(),
+            InitMethod::Tcp {
+                host: "10.0.0.1".into(),
+                port: 29500
+            }
+        );
+        assert_eq!(
+            InitMethod::parse("tcp://[::1]:80").unwrap(),
+            InitMethod::Tcp {
+                host: "::1".into(),
+                port: 80
+            }
+        );
+        assert_eq!(
+            InitMethod::parse("file:///tmp/rdzv").unwrap(),
+            InitMethod::File("/tmp/rdzv".into())
+        );
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        let e = InitMethod::parse("tcp://host:notaport").unwrap_err().to_string();
+        assert!(e.contains("'notaport' is not a port number"), "{e}");
+        let e = InitMethod::parse("tcp://host").unwrap_err().to_string();
+        assert!(e.contains("expected host:port"), "{e}");
+        let e = InitMethod::parse("udp://x:1").unwrap_err().to_string();
+        assert!(e.contains("expected env://"), "{e}");
+        let e = InitMethod::parse("tcp://h:0").unwrap_err().to_string();
+        assert!(e.contains("port 0"), "{e}");
+    }
+}

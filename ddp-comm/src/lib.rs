@@ -1,0 +1,71 @@
+//! # ddp-comm
+//!
+//! Rendezvous, process groups and collectives for data-parallel training: the c10d + gloo of
+//! the ddp-burn framework. It works on slices of numbers and has no burn dependency.
+//!
+//! - [`init_process_group`] joins a job ([`InitMethod`]: `env://`, `tcp://`, `file://`); rank 0
+//!   hosts the [`Store`], a TCP key-value service the ranks meet through.
+//! - [`ProcessGroup`] runs collectives: [`all_reduce`](ProcessGroup::all_reduce) ([`ReduceOp`]:
+//!   sum, avg, min, max, product), [`broadcast`](ProcessGroup::broadcast),
+//!   [`all_gather`](ProcessGroup::all_gather), [`reduce_scatter`](ProcessGroup::reduce_scatter),
+//!   [`reduce`](ProcessGroup::reduce), [`gather`](ProcessGroup::gather),
+//!   [`scatter`](ProcessGroup::scatter), [`barrier`](ProcessGroup::barrier),
+//!   [`send`](ProcessGroup::send)/[`recv`](ProcessGroup::recv); `*_async` variants return a
+//!   [`Work`]. Element types ([`Element`]): `f32`, `f64`, `i32`, `i64`, `u8`, `f16`, `bf16`.
+//! - [`ProcessGroup::new_group`] makes subgroups.
+//!
+//! ## Transports
+//! - TCP (always): ring reduce-scatter + all-gather over a full mesh of non-blocking sockets,
+//!   streaming through a cache-sized scratch buffer; works within and across hosts.
+//!
+//! ## Contracts
+//! - **Ordering.** Every rank issues the same collectives in the same order. Each frame carries a
+//!   fingerprint (sequence number, op, type, count, root); a rank that disagrees gets
+//!   [`CommError::Mismatch`] naming both ranks and both calls, never a hang or silent corruption.
+//! - **Failure.** A peer that dies or stalls makes the others fail within the timeout with an
+//!   error naming it. A failed group is unusable afterwards ([`CommError::Aborted`]).
+//! - **Safety nets.** Connections prove the job token ([`TOKEN_ENV`]); frames larger than
+//!   announced or allowed are rejected before anything is allocated.
+//! - **Shutdown.** Dropping a group joins its thread and closes its sockets.
+//!
+//! ## Example: ranks as threads
+//! ```
+//! use ddp_comm::{ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer};
+//! let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
+//! let addr = server.local_addr().to_string();
+//! let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+//!     let handles: Vec<_> = (0..2)
+//!         .map(|rank| {
+//!             let addr = addr.clone();
+//!             s.spawn(move || -> Result<Vec<f32>, ddp_comm::CommError> {
+//!                 let store = Store::connect(&addr, StoreConfig::new())?;
+//!                 let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(rank, 2))?;
+//!                 let mut v = vec![rank as f32 + 1.0; 3];
+//!                 pg.all_reduce(&mut v, ReduceOp::Sum)?;
+//!                 Ok(v)
+//!             })
+//!         })
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+//! });
+//! assert_eq!(results, vec![vec![3.0; 3], vec![3.0; 3]]);
+//! # Ok::<(), ddp_comm::CommError>(())
+//! ```
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod collective;
+mod dtype;
+mod error;
+mod group;
+mod init;
+mod reduce_op;
+pub mod store;
+mod transport;
+
+pub use dtype::{DataType, Element};
+pub use error::{CommError, Result};
+pub use group::{ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work};
+pub use half::{bf16, f16};
+pub use init::{InitMethod, init_from_env, init_process_group};
+pub use reduce_op::ReduceOp;
+pub use store::{Store, StoreConfig, StoreServer};

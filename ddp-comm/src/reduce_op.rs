@@ -1,0 +1,184 @@
+//! Reduction operators and the kernels that apply them to byte buffers.
+
+use crate::dtype::DataType;
+use half::{bf16, f16};
+use std::fmt;
+
+/// How `all_reduce`, `reduce` and `reduce_scatter` combine the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    #[default]
+    Sum = 1,
+    /// Element-wise mean: the sum divided by the number of ranks. Integer types use truncating
+    /// division, as NCCL does.
+    Avg = 2,
+    /// Element-wise minimum.
+    Min = 3,
+    /// Element-wise maximum.
+    Max = 4,
+    /// Element-wise product.
+    Product = 5,
+}
+
+impl ReduceOp {
+    pub(crate) fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => ReduceOp::Sum,
+            2 => ReduceOp::Avg,
+            3 => ReduceOp::Min,
+            4 => ReduceOp::Max,
+            5 => ReduceOp::Product,
+            _ => return None,
+        })
+    }
+
+    /// The operator applied pairwise while data moves; `Avg` sums and divides at the end.
+    pub(crate) fn combine_op(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg => ReduceOp::Sum,
+            op => op,
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
+        };
+        f.write_str(name)
+    }
+}
+
+macro_rules! combine_native {
+    ($t:ty, $dst:expr, $src:expr, $op:expr) => {{
+        let dst: &mut [$t] = bytemuck::cast_slice_mut($dst);
+        let src: &[$t] = bytemuck::cast_slice($src);
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => dst.iter_mut().zip(src).for_each(|(d, s)| *d = sum(*d, *s)),
+            ReduceOp::Product => dst.iter_mut().zip(src).for_each(|(d, s)| *d = prod(*d, *s)),
+            ReduceOp::Min => dst.iter_mut().zip(src).for_each(|(d, s)| {
+                if *s < *d {
+                    *d = *s
+                }
+            }),
+            ReduceOp::Max => dst.iter_mut().zip(src).for_each(|(d, s)| {
+                if *s > *d {
+                    *d = *s
+                }
+            }),
+        }
+    }};
+}
+
+/// Wrapping arithmetic for integers (no overflow panic in a collective), plain for floats.
+trait Arith: Copy {
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+}
+macro_rules! arith_int {
+    ($($t:ty),*) => {$(impl Arith for $t {
+        fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+        fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+    })*};
+}
+macro_rules! arith_float {
+    ($($t:ty),*) => {$(impl Arith for $t {
+        fn add(self, o: Self) -> Self { self + o }
+        fn mul(self, o: Self) -> Self { self * o }
+    })*};
+}
+arith_int!(i32, i64, u8);
+arith_float!(f32, f64, f16, bf16);
+
+#[inline(always)]
+fn sum<T: Arith>(a: T, b: T) -> T {
+    a.add(b)
+}
+#[inline(always)]
+fn prod<T: Arith>(a: T, b: T) -> T {
+    a.mul(b)
+}
+
+/// `dst[i] = dst[i] (op) src[i]` over whole elements of `dtype`.
+///
+/// Both slices hold the same number of bytes, a multiple of the element size, and are aligned
+/// for `dtype` (callers slice typed buffers at element boundaries).
+pub(crate) fn combine_bytes(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
+    debug_assert_eq!(dst.len(), src.len());
+    match dtype {
+        DataType::F32 => combine_native!(f32, dst, src, op),
+        DataType::F64 => combine_native!(f64, dst, src, op),
+        DataType::I32 => combine_native!(i32, dst, src, op),
+        DataType::I64 => combine_native!(i64, dst, src, op),
+        DataType::U8 => combine_native!(u8, dst, src, op),
+        DataType::F16 => combine_native!(f16, dst, src, op),
+        DataType::BF16 => combine_native!(bf16, dst, src, op),
+    }
+}
+
+/// Divides every element by `n` (the `Avg` epilogue).
+pub(crate) fn divide_bytes(dtype: DataType, buf: &mut [u8], n: usize) {
+    macro_rules! div {
+        ($t:ty, $conv:expr) => {{
+            let v: &mut [$t] = bytemuck::cast_slice_mut(buf);
+            let n: $t = $conv;
+            v.iter_mut().for_each(|x| *x = *x / n);
+        }};
+    }
+    match dtype {
+        DataType::F32 => div!(f32, n as f32),
+        DataType::F64 => div!(f64, n as f64),
+        DataType::I32 => div!(i32, n as i32),
+        DataType::I64 => div!(i64, n as i64),
+        DataType::U8 => div!(u8, n.min(u8::MAX as usize) as u8),
+        DataType::F16 => div!(f16, f16::from_f32(n as f32)),
+        DataType::BF16 => div!(bf16, bf16::from_f32(n as f32)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combine_applies_each_op_elementwise() {
+        let cases = [
+            (ReduceOp::Sum, [5.0f32, -1.0]),
+            (ReduceOp::Product, [6.0, -6.0]),
+            (ReduceOp::Min, [2.0, -3.0]),
+            (ReduceOp::Max, [3.0, 2.0]),
+        ];
+        for (op, want) in cases {
+            let mut a = [2.0f32, 2.0];
+            let b = [3.0f32, -3.0];
+            combine_bytes(
+                DataType::F32,
+                op,
+                bytemuck::cast_slice_mut(&mut a),
+                bytemuck::cast_slice(&b),
+            );
+            assert_eq!(a, want, "{op}");
+        }
+    }
+
+    #[test]
+    fn integer_sum_wraps_instead_of_panicking() {
+        let mut a = [250u8];
+        combine_bytes(DataType::U8, ReduceOp::Sum, &mut a, &[10u8]);
+        assert_eq!(a, [4]);
+    }
+
+    #[test]
+    fn avg_epilogue_divides_by_world_size() {
+        let mut v = [9i64, -9];
+        divide_bytes(DataType::I64, bytemuck::cast_slice_mut(&mut v), 2);
+        assert_eq!(v, [4, -4]);
+    }
+}

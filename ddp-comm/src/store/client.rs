@@ -1,0 +1,318 @@
+//! The store client: blocking request/response calls with timeouts and key prefixes.
+
+use super::config::StoreConfig;
+use super::protocol::{
+    FrameReader, FrameWriter, HELLO_MAGIC, Op, ReadFrameError, Status, VERSION, read_frame,
+};
+use crate::error::{CommError, Result};
+use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Extra time the client allows the server beyond a call's own timeout.
+const REPLY_MARGIN: Duration = Duration::from_secs(10);
+
+/// A connection to a [`StoreServer`](super::StoreServer), cheap to clone (clones share the
+/// connection and take turns on it).
+///
+/// Every key is prefixed by the store's namespace ([`Store::with_prefix`]), so process groups
+/// and subgroups can share one server without their keys colliding.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<TcpStream>>,
+    addr: SocketAddr,
+    prefix: String,
+    config: StoreConfig,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("addr", &self.addr)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Connects to the store at `addr` (`host:port`), retrying until `config.timeout` so ranks
+    /// may start before rank 0, and proves the job token.
+    ///
+    /// # Errors
+    /// [`CommError::StoreUnreachable`] when no connection succeeds in time,
+    /// [`CommError::Unauthorized`] when the server rejects the token.
+    pub fn connect(addr: &str, config: StoreConfig) -> Result<Store> {
+        let deadline = Instant::now() + config.timeout;
+        let mut last_err;
+        loop {
+            match try_connect(addr, deadline) {
+                Ok(stream) => {
+                    let addr_resolved = stream
+                        .peer_addr()
+                        .map_err(|e| CommError::io("store: reading the peer address", e))?;
+                    let store = Store {
+                        conn: Arc::new(Mutex::new(stream)),
+                        addr: addr_resolved,
+                        prefix: String::new(),
+                        config,
+                    };
+                    store.hello(addr)?;
+                    return Ok(store);
+                }
+                Err(e) => last_err = e,
+            }
+            if Instant::now() >= deadline {
+                return Err(CommError::StoreUnreachable {
+                    addr: addr.to_string(),
+                    timeout: config.timeout,
+                    source: last_err,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Opens a second, independent connection with the same namespace, for a thread that must
+    /// not wait behind another thread's blocking call.
+    pub fn duplicate(&self) -> Result<Store> {
+        let mut s = Store::connect(&self.addr.to_string(), self.config.clone())?;
+        s.prefix = self.prefix.clone();
+        Ok(s)
+    }
+
+    /// A view of the same store whose keys all start with `prefix` (nested under this view's).
+    pub fn with_prefix(&self, prefix: &str) -> Store {
+        let mut s = self.clone();
+        s.prefix = format!("{}{}", self.prefix, prefix);
+        s
+    }
+
+    /// The server's address.
+    pub fn server_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address of this end of the connection: the interface this host uses to reach the
+    /// store, which is what peers should use to reach us.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.lock()
+            .local_addr()
+            .map_err(|e| CommError::io("store: reading the local address", e))
+    }
+
+    /// The timeout used for blocking calls.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    /// Sets `key` to `value`, waking every waiter on it.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let req = FrameWriter::new(Op::Set as u8)
+            .bytes(self.key(key).as_bytes())
+            .bytes(value);
+        self.call("set", req, None).map(drop)
+    }
+
+    /// Returns the value of `key`, waiting up to the store's timeout for it to be set.
+    ///
+    /// # Errors
+    /// [`CommError::StoreTimeout`] naming the key if it is not set in time.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_timeout(key, self.config.timeout)
+    }
+
+    /// [`Store::get`] with an explicit timeout.
+    pub fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let full = self.key(key);
+        let req = FrameWriter::new(Op::Get as u8)
+            .bytes(full.as_bytes())
+            .u64(millis(timeout));
+        let (status, body) = self.call("get", req, Some(timeout))?;
+        match status {
+            Status::Ok => Ok(FrameReader::new(&body)
+                .bytes("value")
+                .map_err(|_| protocol("get", "truncated value"))?
+                .to_vec()),
+            _ => Err(CommError::StoreTimeout {
+                op: "get",
+                keys: full,
+                timeout,
+            }),
+        }
+    }
+
+    /// Atomically adds `delta` to the integer stored at `key` (missing counts as 0) and returns
+    /// the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let req = FrameWriter::new(Op::Add as u8)
+            .bytes(self.key(key).as_bytes())
+            .i64(delta);
+        let (_, body) = self.call("add", req, None)?;
+        FrameReader::new(&body)
+            .i64("value")
+            .map_err(|_| protocol("add", "truncated value"))
+    }
+
+    /// Waits until every key is set.
+    ///
+    /// # Errors
+    /// [`CommError::StoreTimeout`] naming the keys still missing at the deadline.
+    pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let mut req = FrameWriter::new(Op::Wait as u8).raw(&(keys.len() as u32).to_le_bytes());
+        for k in keys {
+            req = req.bytes(self.key(k).as_bytes());
+        }
+        let req = req.u64(millis(timeout));
+        let (status, body) = self.call("wait", req, Some(timeout))?;
+        match status {
+            Status::Ok => Ok(()),
+            _ => Err(CommError::StoreTimeout {
+                op: "wait",
+                keys: FrameReader::new(&body)
+                    .bytes("keys")
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .unwrap_or_default(),
+                timeout,
+            }),
+        }
+    }
+
+    /// Sets `key` to `desired` if its value equals `expected` (an empty `expected` matches a
+    /// missing key), and returns the value after the call, as PyTorch's `compare_set` does.
+    pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        let req = FrameWriter::new(Op::CompareSet as u8)
+            .bytes(self.key(key).as_bytes())
+            .bytes(expected)
+            .bytes(desired);
+        let (_, body) = self.call("compare_set", req, None)?;
+        Ok(FrameReader::new(&body)
+            .bytes("value")
+            .map_err(|_| protocol("compare_set", "truncated value"))?
+            .to_vec())
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    pub fn delete(&self, key: &str) -> Result<bool> {
+        let req = FrameWriter::new(Op::Delete as u8).bytes(self.key(key).as_bytes());
+        let (_, body) = self.call("delete", req, None)?;
+        Ok(body.first() == Some(&1))
+    }
+
+    /// Number of keys in this view's namespace.
+    pub fn num_keys(&self) -> Result<u64> {
+        let req = FrameWriter::new(Op::NumKeys as u8).bytes(self.prefix.as_bytes());
+        let (_, body) = self.call("num_keys", req, None)?;
+        FrameReader::new(&body)
+            .u64("count")
+            .map_err(|_| protocol("num_keys", "truncated count"))
+    }
+
+    /// Whether every key is set, without waiting.
+    pub fn check(&self, keys: &[&str]) -> Result<bool> {
+        let mut req = FrameWriter::new(Op::Check as u8).raw(&(keys.len() as u32).to_le_bytes());
+        for k in keys {
+            req = req.bytes(self.key(k).as_bytes());
+        }
+        let (_, body) = self.call("check", req, None)?;
+        Ok(body.first() == Some(&1))
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TcpStream> {
+        // The stream carries no invariant a panic could break mid-way except a half-sent
+        // frame, after which the server drops us and the next call reports it.
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn hello(&self, addr: &str) -> Result<()> {
+        let req = FrameWriter::new(Op::Hello as u8)
+            .raw(HELLO_MAGIC)
+            .u16(VERSION)
+            .bytes(&self.config.token);
+        match self.call("hello", req, None) {
+            Ok(_) => Ok(()),
+            Err(CommError::StoreProtocol { reason, .. }) if reason.starts_with("unauthorized: ") => {
+                Err(CommError::Unauthorized {
+                    peer: format!("store at {addr}"),
+                    reason: reason["unauthorized: ".len()..].to_string(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends one request and reads its reply; `wait` is the server-side wait included in it.
+    fn call(
+        &self,
+        op: &'static str,
+        req: FrameWriter,
+        wait: Option<Duration>,
+    ) -> Result<(Status, Vec<u8>)> {
+        let mut conn = self.lock();
+        let reply_timeout = wait.unwrap_or(Duration::ZERO) + self.config.timeout.max(REPLY_MARGIN);
+        conn.set_read_timeout(Some(reply_timeout))
+            .map_err(|e| CommError::io(format!("store {op}"), e))?;
+        let lost = |e: io::Error| {
+            CommError::io(
+                format!("store {op}: lost the connection to the store at {} (did rank 0 exit?)", self.addr),
+                e,
+            )
+        };
+        req.send(&mut *conn).map_err(lost)?;
+        let body = match read_frame(&mut *conn, self.config.max_frame_bytes) {
+            Ok(b) => b,
+            Err(ReadFrameError::Io(e)) => return Err(lost(e)),
+            Err(ReadFrameError::TooLarge { len, max }) => {
+                return Err(protocol(op, format!("reply of {len} bytes exceeds the {max} byte limit")));
+            }
+        };
+        let (&status, rest) = body
+            .split_first()
+            .ok_or_else(|| protocol(op, "empty reply"))?;
+        let status = Status::from_u8(status).ok_or_else(|| protocol(op, "unknown status"))?;
+        match status {
+            Status::Ok | Status::Timeout => Ok((status, rest.to_vec())),
+            Status::Unauthorized | Status::BadRequest => {
+                let msg = FrameReader::new(rest)
+                    .bytes("message")
+                    .map(|m| String::from_utf8_lossy(m).into_owned())
+                    .unwrap_or_default();
+                let kind = if status == Status::Unauthorized { "unauthorized" } else { "rejected" };
+                Err(protocol(op, format!("{kind}: {msg}")))
+            }
+        }
+    }
+}
+
+fn protocol(op: &'static str, reason: impl Into<String>) -> CommError {
+    CommError::StoreProtocol {
+        op,
+        reason: reason.into(),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+fn try_connect(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolved to no address"));
+    for a in addrs {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        match TcpStream::connect_timeout(&a, left.min(Duration::from_secs(5))) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}

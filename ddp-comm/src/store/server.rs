@@ -1,0 +1,398 @@
+//! The store server: a key-value map behind a TCP listener, one thread per client.
+//!
+//! Rank 0 hosts it for the job. A client must first send a hello frame with the job token; a
+//! client that sends anything else, a wrong token, or a frame over the limit is disconnected and
+//! logged, and the others keep being served.
+
+use super::config::StoreConfig;
+use super::protocol::{
+    FrameReader, FrameWriter, HELLO_MAGIC, MAX_HELLO_BYTES, Malformed, Op, ReadFrameError, Status,
+    VERSION, read_frame,
+};
+use crate::error::{CommError, Result};
+use std::collections::HashMap;
+use std::io::{self, ErrorKind};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an unauthenticated connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the accept loop checks for shutdown.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// A running store server. Dropping it disconnects every client and joins every thread.
+pub struct StoreServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept_thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for StoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreServer")
+            .field("addr", &self.addr)
+            .field("clients", &self.shared.clients.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+struct Shared {
+    map: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+    changed: Condvar,
+    shutdown: AtomicBool,
+    config: StoreConfig,
+    /// Authenticated clients currently connected.
+    clients: AtomicUsize,
+    /// Every open connection, so shutdown can unblock their threads.
+    conns: Mutex<Vec<(u64, TcpStream)>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A handler thread that panicked cannot leave the map half-updated (each update is one
+    // insert), so a poisoned lock is still safe to use.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StoreServer {
+    /// Binds `addr` (port 0 picks a free port) and starts serving.
+    ///
+    /// # Errors
+    /// [`CommError::Bind`] when the address is in use or cannot be bound.
+    pub fn bind(addr: impl Into<String>, config: StoreConfig) -> Result<StoreServer> {
+        let addr = addr.into();
+        let listener = TcpListener::bind(&addr).map_err(|source| CommError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+        Self::from_listener(listener, config)
+    }
+
+    /// Serves on an already bound listener.
+    pub fn from_listener(listener: TcpListener, config: StoreConfig) -> Result<StoreServer> {
+        let local = listener
+            .local_addr()
+            .map_err(|e| CommError::io("store: reading the listener's address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| CommError::io("store: configuring the listener", e))?;
+        let shared = Arc::new(Shared {
+            map: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            config,
+            clients: AtomicUsize::new(0),
+            conns: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let s = shared.clone();
+        let accept_thread = std::thread::Builder::new()
+            .name("ddp-store-accept".into())
+            .spawn(move || accept_loop(listener, s))
+            .map_err(|e| CommError::io("store: starting the accept thread", e))?;
+        tracing::debug!(%local, "store server listening");
+        Ok(StoreServer {
+            addr: local,
+            shared,
+            accept_thread: Some(accept_thread),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Number of authenticated clients currently connected.
+    pub fn num_clients(&self) -> usize {
+        self.shared.clients.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at most `keep` clients remain connected, or `timeout` passes. Rank 0 calls
+    /// this before shutting the store down, so slower ranks can finish their last store calls.
+    pub fn wait_for_clients(&self, keep: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.num_clients() > keep {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
+        for (_, c) in lock(&self.shared.conns).iter() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        if let Some(t) = self.accept_thread.take() {
+            let _ = t.join();
+        }
+        let threads: Vec<_> = lock(&self.shared.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut next_id = 0u64;
+    while !shared.shutdown.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                next_id += 1;
+                let id = next_id;
+                if let Err(e) = spawn_handler(&shared, stream, peer, id) {
+                    tracing::warn!(%peer, error = %e, "store: could not serve a client");
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "store: accept failed");
+                std::thread::sleep(ACCEPT_POLL);
+            }
+        }
+        reap_finished(&shared);
+    }
+}
+
+fn reap_finished(shared: &Shared) {
+    let mut threads = lock(&shared.threads);
+    let (done, running): (Vec<_>, Vec<_>) = threads.drain(..).partition(|t| t.is_finished());
+    *threads = running;
+    drop(threads);
+    for t in done {
+        let _ = t.join();
+    }
+}
+
+fn spawn_handler(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    lock(&shared.conns).push((id, stream.try_clone()?));
+    let s = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name("ddp-store-client".into())
+        .spawn(move || {
+            serve_client(&s, stream, peer);
+            lock(&s.conns).retain(|(cid, _)| *cid != id);
+        })?;
+    lock(&shared.threads).push(handle);
+    Ok(())
+}
+
+fn serve_client(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
+    if !authenticate(shared, &mut stream, peer) {
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
+    shared.clients.fetch_add(1, Ordering::SeqCst);
+    loop {
+        let body = match read_frame(&mut stream, shared.config.max_frame_bytes) {
+            Ok(body) => body,
+            Err(ReadFrameError::Io(_)) => break, // client left
+            Err(ReadFrameError::TooLarge { len, max }) => {
+                tracing::warn!(%peer, len, max, "store: frame over the limit, disconnecting client");
+                break;
+            }
+        };
+        if shared.shutdown.load(Ordering::SeqCst) {
+            break;
+        }
+        let reply = match handle_request(shared, &body) {
+            Ok(reply) => reply,
+            Err(Malformed(what)) => {
+                tracing::warn!(%peer, what, "store: malformed request, disconnecting client");
+                let _ = FrameWriter::new(Status::BadRequest as u8)
+                    .bytes(format!("malformed request: bad {what}").as_bytes())
+                    .send(&mut stream);
+                break;
+            }
+        };
+        if reply.send(&mut stream).is_err() {
+            break;
+        }
+    }
+    shared.clients.fetch_sub(1, Ordering::SeqCst);
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Reads and checks the hello frame; answers and returns false on any problem.
+fn authenticate(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> bool {
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let body = match read_frame(stream, MAX_HELLO_BYTES) {
+        Ok(b) => b,
+        Err(ReadFrameError::TooLarge { len, max }) => {
+            tracing::warn!(%peer, len, max, "store: rejected a client whose first frame is too large (not a ddp client?)");
+            return false;
+        }
+        Err(ReadFrameError::Io(e)) => {
+            tracing::debug!(%peer, error = %e, "store: client left before hello");
+            return false;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    let mut r = FrameReader::new(&body);
+    let ok_shape = r.u8("op").ok() == Some(Op::Hello as u8)
+        && r.raw(4, "magic").ok() == Some(HELLO_MAGIC.as_slice());
+    if !ok_shape {
+        tracing::warn!(%peer, "store: rejected a client that did not start with a ddp hello");
+        return false;
+    }
+    let version = r.u16("version").unwrap_or(0);
+    let token = r.bytes("token").unwrap_or(&[]);
+    let reason = if version != VERSION {
+        Some(format!("protocol version {version}, server speaks {VERSION}"))
+    } else if !constant_time_eq(token, &shared.config.token) {
+        Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => {
+            tracing::warn!(%peer, %reason, "store: rejected a client");
+            let _ = FrameWriter::new(Status::Unauthorized as u8)
+                .bytes(reason.as_bytes())
+                .send(stream);
+            false
+        }
+        None => FrameWriter::new(Status::Ok as u8).send(stream).is_ok(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn ok() -> FrameWriter {
+    FrameWriter::new(Status::Ok as u8)
+}
+
+fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed> {
+    let mut r = FrameReader::new(body);
+    let op = Op::from_u8(r.u8("opcode")?).ok_or(Malformed("opcode"))?;
+    Ok(match op {
+        Op::Hello => return Err(Malformed("opcode (hello sent twice)")),
+        Op::Set => {
+            let key = r.bytes("key")?.to_vec();
+            let value = r.bytes("value")?.to_vec();
+            lock(&shared.map).insert(key, value);
+            shared.changed.notify_all();
+            ok()
+        }
+        Op::Get => {
+            let key = r.bytes("key")?;
+            let timeout = Duration::from_millis(r.u64("timeout")?);
+            let map = wait_until(shared, timeout, |m| m.contains_key(key));
+            match map.get(key) {
+                Some(v) => ok().bytes(v),
+                None => FrameWriter::new(Status::Timeout as u8),
+            }
+        }
+        Op::Add => {
+            let key = r.bytes("key")?.to_vec();
+            let delta = r.i64("delta")?;
+            let mut map = lock(&shared.map);
+            let current = map
+                .get(&key)
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+                .unwrap_or(0);
+            let new = current.wrapping_add(delta);
+            map.insert(key, new.to_string().into_bytes());
+            drop(map);
+            shared.changed.notify_all();
+            ok().i64(new)
+        }
+        Op::Wait => {
+            let n = r.u32("key count")? as usize;
+            let mut keys = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                keys.push(r.bytes("key")?);
+            }
+            let timeout = Duration::from_millis(r.u64("timeout")?);
+            let map = wait_until(shared, timeout, |m| keys.iter().all(|k| m.contains_key(*k)));
+            let missing: Vec<&[u8]> = keys.iter().copied().filter(|k| !map.contains_key(*k)).collect();
+            if missing.is_empty() {
+                ok()
+            } else {
+                let joined = missing
+                    .iter()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                FrameWriter::new(Status::Timeout as u8).bytes(joined.as_bytes())
+            }
+        }
+        Op::CompareSet => {
+            let key = r.bytes("key")?;
+            let expected = r.bytes("expected")?;
+            let desired = r.bytes("desired")?;
+            let mut map = lock(&shared.map);
+            let current = map.get(key).cloned();
+            let result = match current {
+                None if expected.is_empty() => {
+                    map.insert(key.to_vec(), desired.to_vec());
+                    desired.to_vec()
+                }
+                None => expected.to_vec(),
+                Some(cur) if cur == expected => {
+                    map.insert(key.to_vec(), desired.to_vec());
+                    desired.to_vec()
+                }
+                Some(cur) => cur,
+            };
+            drop(map);
+            shared.changed.notify_all();
+            ok().bytes(&result)
+        }
+        Op::Delete => {
+            let key = r.bytes("key")?;
+            let removed = lock(&shared.map).remove(key).is_some();
+            ok().raw(&[removed as u8])
+        }
+        Op::NumKeys => {
+            let prefix = r.bytes("prefix")?;
+            let n = lock(&shared.map).keys().filter(|k| k.starts_with(prefix)).count();
+            ok().u64(n as u64)
+        }
+        Op::Check => {
+            let n = r.u32("key count")? as usize;
+            let map = lock(&shared.map);
+            let mut all = true;
+            for _ in 0..n {
+                all &= map.contains_key(r.bytes("key")?);
+            }
+            ok().raw(&[all as u8])
+        }
+    })
+}
+
+/// Blocks on the condition variable until `ready` holds, the timeout passes, or shutdown.
+fn wait_until(
+    shared: &Shared,
+    timeout: Duration,
+    ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
+) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<u8>>> {
+    let deadline = Instant::now() + timeout;
+    let mut map = lock(&shared.map);
+    while !ready(&map) && !shared.shutdown.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        map = shared
+            .changed
+            .wait_timeout(map, deadline - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    map
+}

@@ -1,0 +1,307 @@
+//! Collectives over the TCP mesh.
+//!
+//! - all-reduce: ring reduce-scatter then ring all-gather, `2(n-1)` steps of `1/n` of the buffer,
+//!   each step sending right while receiving (and reducing, through a small scratch buffer) from
+//!   the left. Every element is reduced by exactly one rank and copied to the others, so all ranks
+//!   end bitwise identical.
+//! - broadcast: a pipelined chain from the root; each link forwards bytes as they arrive.
+//! - reduce: ring reduce-scatter, then every rank sends its reduced segment to the root.
+//! - gather / scatter: direct transfers to / from the root.
+//! - barrier: a one-byte all-reduce.
+
+use super::duplex::{Conn, Ctx, Exchange, Relay, Sink, run_step};
+use super::mesh::{MeshSpec, connect_mesh};
+use crate::collective::Fingerprint;
+use crate::collective::schedule::{all_gather_step, reduce_scatter_step, segments};
+use crate::error::Result;
+use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::transport::Transport;
+use std::net::Shutdown;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+/// Bytes of the scratch buffer that received data is reduced from: small enough to stay in cache.
+const SCRATCH_BYTES: usize = 256 << 10;
+
+/// A group's TCP connections and the state of its point-to-point sequences.
+#[derive(Debug)]
+pub(crate) struct TcpTransport {
+    group_rank: usize,
+    ranks: Vec<usize>,
+    conns: Vec<Option<Conn>>,
+    send_seq: Vec<u64>,
+    recv_seq: Vec<u64>,
+    timeout: Duration,
+    /// 8-byte aligned, so every element type can be reduced from it.
+    scratch: Vec<u64>,
+}
+
+impl TcpTransport {
+    pub(crate) fn connect(spec: &MeshSpec<'_>) -> Result<TcpTransport> {
+        let conns = connect_mesh(spec)?;
+        let n = spec.ranks.len();
+        Ok(TcpTransport {
+            group_rank: spec.group_rank,
+            ranks: spec.ranks.to_vec(),
+            conns,
+            send_seq: vec![0; n],
+            recv_seq: vec![0; n],
+            timeout: spec.timeout,
+            scratch: vec![0; SCRATCH_BYTES / 8],
+        })
+    }
+
+    fn n(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn ctx<'a>(&self, fp: &'a Fingerprint) -> Ctx<'a> {
+        Ctx {
+            fp,
+            my_rank: self.ranks[self.group_rank],
+            deadline: Instant::now() + self.timeout,
+            timeout: self.timeout,
+        }
+    }
+
+    fn conn(&self, group_rank: usize) -> &Conn {
+        // The mesh holds a connection for every other rank; asking for our own is a bug here.
+        self.conns[group_rank]
+            .as_ref()
+            .unwrap_or_else(|| panic!("tcp transport: no connection from rank {} to itself", self.group_rank))
+    }
+
+    fn right(&self) -> usize {
+        (self.group_rank + 1) % self.n()
+    }
+
+    fn left(&self) -> usize {
+        (self.group_rank + self.n() - 1) % self.n()
+    }
+
+    /// Ring reduce-scatter in place over `buf` split into `segs`; afterwards this rank owns the
+    /// fully reduced segment `(rank + shift) mod n`.
+    fn ring_reduce_scatter(&mut self, ctx: &Ctx<'_>, buf: &mut [u8], segs: &[Range<usize>], shift: usize, op: ReduceOp) -> Result<()> {
+        let (n, r) = (self.n(), self.group_rank);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = (|| {
+            for step in 0..n - 1 {
+                let (send, recv) = reduce_scatter_step(r, n, shift, step);
+                let (tx, rx) = disjoint(buf, &segs[send], &segs[recv]);
+                let sink = Sink::reduce(rx, bytemuck::cast_slice_mut(&mut scratch), ctx.fp.dtype, op.combine_op());
+                run_step(ctx, Some(self.conn(self.right())), Some(self.conn(self.left())), &mut Exchange::new(tx, sink))?;
+            }
+            Ok(())
+        })();
+        self.scratch = scratch;
+        result
+    }
+
+    /// Ring all-gather in place; this rank starts owning segment `(rank + shift) mod n`.
+    fn ring_all_gather(&self, ctx: &Ctx<'_>, buf: &mut [u8], segs: &[Range<usize>], shift: usize) -> Result<()> {
+        let (n, r) = (self.n(), self.group_rank);
+        for step in 0..n - 1 {
+            let (send, recv) = all_gather_step(r, n, shift, step);
+            let (tx, rx) = disjoint(buf, &segs[send], &segs[recv]);
+            run_step(ctx, Some(self.conn(self.right())), Some(self.conn(self.left())), &mut Exchange::new(tx, Sink::copy(rx)))?;
+        }
+        Ok(())
+    }
+
+    fn byte_segments(&self, fp: &Fingerprint, elements: usize) -> Vec<Range<usize>> {
+        let e = fp.dtype.size_bytes();
+        segments(elements, self.n())
+            .into_iter()
+            .map(|s| s.start * e..s.end * e)
+            .collect()
+    }
+
+    fn blocks(&self, block_bytes: usize) -> Vec<Range<usize>> {
+        (0..self.n()).map(|i| i * block_bytes..(i + 1) * block_bytes).collect()
+    }
+}
+
+/// Two non-overlapping ranges of one buffer, the first shared and the second mutable.
+fn disjoint<'a>(buf: &'a mut [u8], a: &Range<usize>, b: &Range<usize>) -> (&'a [u8], &'a mut [u8]) {
+    assert!(a.end <= b.start || b.end <= a.start, "ring segments overlap: {a:?} and {b:?}");
+    if a.end <= b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a.clone()], &mut hi[..b.len()])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.len()], &mut lo[b.clone()])
+    }
+}
+
+impl Transport for TcpTransport {
+    fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+        let n = self.n();
+        if n == 1 {
+            return Ok(());
+        }
+        let ctx = self.ctx(fp);
+        let segs = self.byte_segments(fp, fp.count as usize);
+        self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
+        if op == ReduceOp::Avg {
+            let own = &segs[(self.group_rank + 1) % n];
+            divide_bytes(fp.dtype, &mut buf[own.clone()], n);
+        }
+        self.ring_all_gather(&ctx, buf, &segs, 1)
+    }
+
+    fn broadcast(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {
+        let n = self.n();
+        if n == 1 {
+            return Ok(());
+        }
+        let ctx = self.ctx(fp);
+        // Chain order: root, root+1, ..., root+n-1 (mod n).
+        let pos = (self.group_rank + n - root) % n;
+        let prev = (pos > 0).then(|| self.conn((self.group_rank + n - 1) % n));
+        let next = (pos + 1 < n).then(|| self.conn((self.group_rank + 1) % n));
+        let mut relay = Relay::new(buf, prev.is_some(), next.is_some());
+        run_step(&ctx, next, prev, &mut relay)
+    }
+
+    fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let blocks = self.blocks(input.len());
+        output[blocks[self.group_rank].clone()].copy_from_slice(input);
+        if self.n() == 1 {
+            return Ok(());
+        }
+        let ctx = self.ctx(fp);
+        self.ring_all_gather(&ctx, output, &blocks, 0)
+    }
+
+    fn reduce_scatter(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8], op: ReduceOp) -> Result<()> {
+        let n = self.n();
+        let blocks = self.blocks(output.len());
+        let own = blocks[self.group_rank].clone();
+        if n > 1 {
+            let ctx = self.ctx(fp);
+            let mut work = aligned_copy(input);
+            let work_bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..input.len()];
+            self.ring_reduce_scatter(&ctx, work_bytes, &blocks, 0, op)?;
+            output.copy_from_slice(&work_bytes[own]);
+        } else {
+            output.copy_from_slice(&input[own]);
+        }
+        if op == ReduceOp::Avg {
+            divide_bytes(fp.dtype, output, n);
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize, op: ReduceOp) -> Result<()> {
+        let n = self.n();
+        if n == 1 {
+            return Ok(());
+        }
+        let ctx = self.ctx(fp);
+        let segs = self.byte_segments(fp, fp.count as usize);
+        let me = self.group_rank;
+        let own = segs[(me + 1) % n].clone();
+        if me == root {
+            self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
+            for peer in (0..n).filter(|&p| p != me) {
+                let seg = segs[(peer + 1) % n].clone();
+                run_step(&ctx, None, Some(self.conn(peer)), &mut Exchange::new(&[], Sink::copy(&mut buf[seg])))?;
+            }
+            if op == ReduceOp::Avg {
+                divide_bytes(fp.dtype, buf, n);
+            }
+        } else {
+            // Work on a copy: PyTorch leaves non-root buffers unchanged.
+            let mut work = aligned_copy(buf);
+            let work_bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..buf.len()];
+            self.ring_reduce_scatter(&ctx, work_bytes, &segs, 1, op)?;
+            run_step(&ctx, Some(self.conn(root)), None, &mut Exchange::new(&work_bytes[own], Sink::None))?;
+        }
+        Ok(())
+    }
+
+    fn gather(&mut self, fp: &Fingerprint, input: &[u8], output: Option<&mut [u8]>, root: usize) -> Result<()> {
+        let me = self.group_rank;
+        match output {
+            Some(out) => {
+                let blocks = self.blocks(input.len());
+                out[blocks[me].clone()].copy_from_slice(input);
+                let ctx = self.ctx(fp);
+                for peer in (0..self.n()).filter(|&p| p != me) {
+                    let rx = Sink::copy(&mut out[blocks[peer].clone()]);
+                    run_step(&ctx, None, Some(self.conn(peer)), &mut Exchange::new(&[], rx))?;
+                }
+                Ok(())
+            }
+            None => {
+                let ctx = self.ctx(fp);
+                run_step(&ctx, Some(self.conn(root)), None, &mut Exchange::new(input, Sink::None))
+            }
+        }
+    }
+
+    fn scatter(&mut self, fp: &Fingerprint, input: Option<&[u8]>, output: &mut [u8], root: usize) -> Result<()> {
+        let me = self.group_rank;
+        let ctx = self.ctx(fp);
+        match input {
+            Some(inp) => {
+                let blocks = self.blocks(output.len());
+                for peer in (0..self.n()).filter(|&p| p != me) {
+                    let tx = &inp[blocks[peer].clone()];
+                    run_step(&ctx, Some(self.conn(peer)), None, &mut Exchange::new(tx, Sink::None))?;
+                }
+                output.copy_from_slice(&inp[blocks[me].clone()]);
+                Ok(())
+            }
+            None => run_step(&ctx, None, Some(self.conn(root)), &mut Exchange::new(&[], Sink::copy(output))),
+        }
+    }
+
+    fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {
+        let mut token = [0u8; 1];
+        self.all_reduce(fp, &mut token, ReduceOp::Sum)
+    }
+
+    fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
+        let fp = Fingerprint {
+            seq: self.send_seq[dst],
+            ..*fp
+        };
+        let ctx = self.ctx(&fp);
+        run_step(&ctx, Some(self.conn(dst)), None, &mut Exchange::new(buf, Sink::None))?;
+        self.send_seq[dst] += 1;
+        Ok(())
+    }
+
+    fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
+        let fp = Fingerprint {
+            seq: self.recv_seq[src],
+            ..*fp
+        };
+        let ctx = self.ctx(&fp);
+        let mut step = Exchange::new(&[], Sink::copy(buf));
+        debug_assert_eq!(step.rx_len(), fp.count as usize * fp.dtype.size_bytes());
+        run_step(&ctx, None, Some(self.conn(src)), &mut step)?;
+        self.recv_seq[src] += 1;
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        for c in self.conns.iter().flatten() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// Copies bytes into a `u64`-backed buffer so any element type can be reduced in it.
+fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
+    let mut v = vec![0u64; bytes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
+    v
+}

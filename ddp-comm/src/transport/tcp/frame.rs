@@ -1,0 +1,135 @@
+//! The 40-byte header in front of every payload between ranks.
+//!
+//! ```text
+//! 0..4   magic "DDPC"       4  version     5  kind      6  dtype     7  reduce op (0 = none)
+//! 8..12  root or tag (u32)  12..16 reserved (0)
+//! 16..24 sequence number    24..32 element count          32..40 payload bytes
+//! ```
+//! The receiver always knows how many bytes it expects, so a header that announces anything
+//! else is rejected before a byte of payload is read.
+
+use crate::collective::{CollectiveKind, Fingerprint};
+use crate::dtype::DataType;
+use crate::error::CommError;
+use crate::reduce_op::ReduceOp;
+
+pub(crate) const HEADER_BYTES: usize = 40;
+const MAGIC: &[u8; 4] = b"DDPC";
+const VERSION: u8 = 1;
+
+pub(crate) fn encode(fp: &Fingerprint, payload_bytes: usize) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..4].copy_from_slice(MAGIC);
+    h[4] = VERSION;
+    h[5] = fp.kind as u8;
+    h[6] = fp.dtype as u8;
+    h[7] = fp.op.map_or(0, |o| o as u8);
+    h[8..12].copy_from_slice(&fp.root.to_le_bytes());
+    h[16..24].copy_from_slice(&fp.seq.to_le_bytes());
+    h[24..32].copy_from_slice(&fp.count.to_le_bytes());
+    h[32..40].copy_from_slice(&(payload_bytes as u64).to_le_bytes());
+    h
+}
+
+fn u64_at(h: &[u8; HEADER_BYTES], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// Checks a received header against what this rank expects from global rank `peer`.
+pub(crate) fn check(
+    h: &[u8; HEADER_BYTES],
+    expected: &Fingerprint,
+    expected_payload: usize,
+    my_rank: usize,
+    peer: usize,
+) -> Result<(), CommError> {
+    let from = || format!("rank {peer}");
+    if &h[0..4] != MAGIC {
+        return Err(CommError::Protocol {
+            from: from(),
+            reason: format!("bad magic {:02x?} (not a ddp-comm peer?)", &h[0..4]),
+        });
+    }
+    if h[4] != VERSION {
+        return Err(CommError::Protocol {
+            from: from(),
+            reason: format!("protocol version {} but this rank speaks {VERSION}", h[4]),
+        });
+    }
+    let theirs = decode_fingerprint(h).ok_or_else(|| CommError::Protocol {
+        from: from(),
+        reason: format!("unknown collective kind {}, dtype {} or op {}", h[5], h[6], h[7]),
+    })?;
+    if theirs != *expected {
+        let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
+        return Err(CommError::Mismatch {
+            seq: expected.seq,
+            rank: my_rank,
+            ours: describe(expected),
+            peer,
+            theirs: describe(&theirs),
+        });
+    }
+    let payload = u64_at(h, 32);
+    if payload != expected_payload as u64 {
+        return Err(CommError::Protocol {
+            from: from(),
+            reason: format!(
+                "{} announces {payload} payload bytes, expected {expected_payload}",
+                expected.label()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn decode_fingerprint(h: &[u8; HEADER_BYTES]) -> Option<Fingerprint> {
+    Some(Fingerprint {
+        kind: CollectiveKind::from_u8(h[5])?,
+        dtype: DataType::from_u8(h[6])?,
+        op: match h[7] {
+            0 => None,
+            v => Some(ReduceOp::from_u8(v)?),
+        },
+        root: u32::from_le_bytes([h[8], h[9], h[10], h[11]]),
+        seq: u64_at(h, 16),
+        count: u64_at(h, 24),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp() -> Fingerprint {
+        Fingerprint::new(5, CollectiveKind::AllReduce, DataType::F32, 100).with_op(ReduceOp::Sum)
+    }
+
+    #[test]
+    fn matching_header_passes() {
+        let h = encode(&fp(), 200);
+        check(&h, &fp(), 200, 0, 1).unwrap();
+    }
+
+    #[test]
+    fn different_collective_is_a_mismatch_naming_both() {
+        let theirs = Fingerprint::new(5, CollectiveKind::Broadcast, DataType::F32, 100).with_root(0);
+        let err = check(&encode(&theirs, 200), &fp(), 200, 0, 1).unwrap_err().to_string();
+        assert!(err.contains("rank 0 called all_reduce(f32 x 100, sum)"), "{err}");
+        assert!(err.contains("rank 1 called broadcast(f32 x 100, root 0)"), "{err}");
+    }
+
+    #[test]
+    fn oversized_payload_is_rejected() {
+        let err = check(&encode(&fp(), 1 << 40), &fp(), 200, 0, 1).unwrap_err().to_string();
+        assert!(err.contains("announces 1099511627776 payload bytes, expected 200"), "{err}");
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        let err = check(&[0xAB; HEADER_BYTES], &fp(), 200, 0, 3).unwrap_err().to_string();
+        assert!(err.contains("rank 3 sent an invalid frame: bad magic"), "{err}");
+    }
+}

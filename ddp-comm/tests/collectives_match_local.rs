@@ -1,0 +1,219 @@
+//! Every collective x op x element type x world size {1,2,3,4} x lengths {0, 1, prime, not
+//! divisible by the world size}, checked against a result computed locally.
+
+mod common;
+
+use common::run_ok;
+use ddp_comm::{Element, ProcessGroup, ReduceOp, bf16, f16};
+
+const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+
+/// Converts the small integers the tests use into each element type exactly.
+trait TestValue: Element {
+    fn from_i64(v: i64) -> Self;
+    fn signed() -> bool;
+    fn div(self, n: usize) -> Self;
+}
+
+macro_rules! int_value {
+    ($($t:ty: $signed:expr),*) => {$(impl TestValue for $t {
+        fn from_i64(v: i64) -> Self { v as $t }
+        fn signed() -> bool { $signed }
+        fn div(self, n: usize) -> Self { self / n as $t }
+    })*};
+}
+int_value!(i32: true, i64: true, u8: false);
+
+macro_rules! float_value {
+    ($($t:ty, $from:expr),*) => {$(impl TestValue for $t {
+        fn from_i64(v: i64) -> Self { $from(v as f32) }
+        fn signed() -> bool { true }
+        fn div(self, n: usize) -> Self { self / $from(n as f32) }
+    })*};
+}
+float_value!(f32, |v: f32| v, f64, |v: f32| v as f64, f16, f16::from_f32, bf16, bf16::from_f32);
+
+/// Rank `r`'s value at index `i`: small integers, so every sum and product is exact in every
+/// type and the result does not depend on the order of reduction.
+fn value<T: TestValue>(r: usize, i: usize) -> T {
+    let v = ((r * 7 + i * 3) % 3) as i64;
+    T::from_i64(if T::signed() { v - 1 } else { v })
+}
+
+fn input<T: TestValue>(r: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| value(r, i)).collect()
+}
+
+fn reduce_locally<T: TestValue + PartialOrd>(n: usize, len: usize, offset: usize, op: ReduceOp) -> Vec<T> {
+    (0..len)
+        .map(|i| {
+            let vals: Vec<T> = (0..n).map(|r| value(r, i + offset)).collect();
+            let mut acc = vals[0];
+            for &v in &vals[1..] {
+                acc = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => add(acc, v),
+                    ReduceOp::Product => mul(acc, v),
+                    ReduceOp::Min => if v < acc { v } else { acc },
+                    ReduceOp::Max => if v > acc { v } else { acc },
+                };
+            }
+            if op == ReduceOp::Avg { acc.div(n) } else { acc }
+        })
+        .collect()
+}
+
+// Exact for the small integers used here, in every type.
+fn add<T: TestValue>(a: T, b: T) -> T {
+    T::from_i64(to_i64(a) + to_i64(b))
+}
+fn mul<T: TestValue>(a: T, b: T) -> T {
+    T::from_i64(to_i64(a) * to_i64(b))
+}
+fn to_i64<T: TestValue>(v: T) -> i64 {
+    // Find the integer in the small range the tests use whose conversion matches.
+    (-64..=64).find(|&k| T::from_i64(k) == v).expect("test values stay in -64..=64")
+}
+
+fn lengths(n: usize) -> Vec<usize> {
+    vec![0, 1, 13, 4 * n + 1]
+}
+
+fn check_type<T: TestValue + PartialOrd>(n: usize) {
+    let results = run_ok(n, |pg: ProcessGroup| {
+        let r = pg.rank();
+        for len in lengths(n) {
+            for op in OPS {
+                let mut buf = input::<T>(r, len);
+                pg.all_reduce(&mut buf, op)?;
+                assert_eq!(buf, reduce_locally::<T>(n, len, 0, op), "all_reduce {op} len {len} n {n} {}", T::DTYPE);
+
+                let got = pg.all_reduce_async(input::<T>(r, len), op).wait()?;
+                assert_eq!(got, reduce_locally::<T>(n, len, 0, op), "all_reduce_async {op}");
+
+                for root in [0, n - 1] {
+                    let mine = input::<T>(r, len);
+                    let mut buf = mine.clone();
+                    pg.reduce(&mut buf, root, op)?;
+                    if r == root {
+                        assert_eq!(buf, reduce_locally::<T>(n, len, 0, op), "reduce {op} root {root}");
+                    } else {
+                        assert_eq!(buf, mine, "reduce leaves non-root buffers unchanged");
+                    }
+                }
+
+                // reduce_scatter: input of n*len, block r back.
+                let whole: Vec<T> = (0..n * len).map(|i| value(r, i)).collect();
+                let mut out = vec![T::zeroed(); len];
+                pg.reduce_scatter(&whole, &mut out, op)?;
+                assert_eq!(out, reduce_locally::<T>(n, len, r * len, op), "reduce_scatter {op} len {len}");
+                let got = pg.reduce_scatter_async(whole, op).wait()?;
+                assert_eq!(got, out, "reduce_scatter_async {op}");
+            }
+
+            for root in [0, n / 2, n - 1] {
+                let mut buf = if r == root { input::<T>(root, len) } else { vec![T::zeroed(); len] };
+                pg.broadcast(&mut buf, root)?;
+                assert_eq!(buf, input::<T>(root, len), "broadcast root {root} len {len}");
+                let got = pg.broadcast_async(buf, root).wait()?;
+                assert_eq!(got, input::<T>(root, len));
+
+                let mine = input::<T>(r, len);
+                let expected: Vec<T> = (0..n).flat_map(|p| input::<T>(p, len)).collect();
+                if r == root {
+                    let mut out = vec![T::zeroed(); n * len];
+                    pg.gather(&mine, Some(&mut out), root)?;
+                    assert_eq!(out, expected, "gather root {root}");
+                } else {
+                    pg.gather(&mine, None, root)?;
+                }
+
+                let mut out = vec![T::zeroed(); len];
+                let src = (r == root).then_some(expected.as_slice());
+                pg.scatter(src, &mut out, root)?;
+                assert_eq!(out, input::<T>(r, len), "scatter root {root}");
+            }
+
+            let expected: Vec<T> = (0..n).flat_map(|p| input::<T>(p, len)).collect();
+            let mut out = vec![T::zeroed(); n * len];
+            pg.all_gather(&input::<T>(r, len), &mut out)?;
+            assert_eq!(out, expected, "all_gather len {len}");
+            assert_eq!(pg.all_gather_async(input::<T>(r, len)).wait()?, expected);
+
+            if n > 1 {
+                // Pass a message around the ring.
+                let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+                let send = pg.send_async(input::<T>(r, len), right, 7);
+                let mut got = vec![T::zeroed(); len];
+                pg.recv(&mut got, left, 7)?;
+                send.wait()?;
+                assert_eq!(got, input::<T>(left, len), "send/recv len {len}");
+            }
+            pg.barrier()?;
+        }
+        Ok(())
+    });
+    assert_eq!(results.len(), n);
+}
+
+macro_rules! per_type {
+    ($($name:ident: $t:ty),*) => {$(
+        #[test]
+        fn $name() {
+            for n in 1..=4 {
+                check_type::<$t>(n);
+            }
+        }
+    )*};
+}
+
+per_type!(
+    every_collective_matches_local_f32: f32,
+    every_collective_matches_local_f64: f64,
+    every_collective_matches_local_i32: i32,
+    every_collective_matches_local_i64: i64,
+    every_collective_matches_local_u8: u8,
+    every_collective_matches_local_f16: f16,
+    every_collective_matches_local_bf16: bf16
+);
+
+/// 64 MiB buffers stream through the ring (larger than the socket buffers and the scratch).
+#[test]
+fn large_buffers_stream_correctly() {
+    const LEN: usize = 16 << 20; // 16 Mi f32 = 64 MiB
+    for n in 2..=4 {
+        run_ok(n, |pg| {
+            let r = pg.rank();
+            let mut buf: Vec<f32> = (0..LEN).map(|i| ((i + r) % 1000) as f32).collect();
+            pg.all_reduce(&mut buf, ReduceOp::Sum)?;
+            for (i, v) in buf.iter().enumerate().step_by(4099) {
+                let want: f32 = (0..n).map(|q| ((i + q) % 1000) as f32).sum();
+                assert_eq!(*v, want, "all_reduce at {i}");
+            }
+            let mut b: Vec<f32> = if r == 0 { (0..LEN).map(|i| i as f32).collect() } else { vec![0.0; LEN] };
+            pg.broadcast(&mut b, 0)?;
+            assert!(b.iter().enumerate().step_by(4099).all(|(i, v)| *v == i as f32), "broadcast");
+            drop(b);
+            let part = LEN / n;
+            let mine: Vec<f32> = vec![r as f32; part];
+            let mut all = vec![0.0f32; part * n];
+            pg.all_gather(&mine, &mut all)?;
+            assert!(all.chunks(part).enumerate().all(|(q, c)| c.iter().all(|v| *v == q as f32)), "all_gather");
+            let mut out = vec![0.0f32; part];
+            pg.reduce_scatter(&all, &mut out, ReduceOp::Max)?;
+            assert!(out.iter().all(|v| *v == r as f32), "reduce_scatter");
+            Ok(())
+        });
+    }
+}
+
+/// Replicas end bitwise identical even when float addition order would matter.
+#[test]
+fn all_reduce_results_are_bitwise_identical_across_ranks() {
+    let results = run_ok(3, |pg| {
+        let r = pg.rank() as f32;
+        let mut v: Vec<f32> = (0..10_007).map(|i| (i as f32 * 0.1 + r).sin() * 1e-3 + 1e3).collect();
+        pg.all_reduce(&mut v, ReduceOp::Avg)?;
+        Ok(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    });
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+}
