@@ -1,1 +1,242 @@
-fn main() {}
+//! Collective bandwidth on loopback, printed in the format of nccl-tests.
+//!
+//! ```text
+//! cargo bench -p ddp-benches --bench collectives                      # all ops, world 2 and 4
+//! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --max-bytes 64M
+//! ```
+//!
+//! The bench launches itself once per rank (separate processes, as in a real job), each with
+//! one communication thread. For each size it runs warm-up iterations, then times a fixed number
+//! of iterations between barriers; `time` is the slowest rank's mean, `algbw = bytes / time`,
+//! `busbw = algbw * factor` (all_reduce `2(n-1)/n`, all_gather and reduce_scatter `(n-1)/n`,
+//! broadcast 1), comparable to link bandwidth at any rank count. After timing, every size is
+//! run once more on known data and `#wrong` counts the elements that differ from the
+//! expectation, so a fast wrong answer shows.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use ddp_comm::{ProcessGroup, ReduceOp, init_from_env};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "nccl-tests style collective benchmark over ddp-comm")]
+struct Args {
+    /// World sizes to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    world: Vec<usize>,
+    /// Collectives: all_reduce, broadcast, all_gather, reduce_scatter.
+    #[arg(long, value_delimiter = ',', default_value = "all_reduce,broadcast,all_gather")]
+    ops: Vec<String>,
+    /// Smallest message (bytes; K/M suffixes allowed).
+    #[arg(long, default_value = "4K", value_parser = parse_bytes)]
+    min_bytes: usize,
+    /// Largest message.
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    max_bytes: usize,
+    /// Print one JSON line per row as well.
+    #[arg(long)]
+    json: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1usize << 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
+        t => (t, 1),
+    };
+    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("'{s}' is not a byte size like 4K or 64M"))
+}
+
+fn main() -> Result<()> {
+    if std::env::var("RANK").is_ok() {
+        return worker();
+    }
+    let args = Args::parse();
+    println!("# ddp-comm collective benchmark (TCP transport, loopback)");
+    println!("# host: {} cores; each rank: 1 process, 1 communication thread", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    for &mib in &[1usize, 16, 64] {
+        println!("# memcpy {mib:>3} MiB: {:6.2} GB/s", memcpy_gbps(mib << 20));
+    }
+    for &n in &args.world {
+        run_world(n)?;
+    }
+    Ok(())
+}
+
+fn memcpy_gbps(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src);
+    let iters = (512 << 20) / bytes;
+    let start = Instant::now();
+    for _ in 0..iters {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    (bytes * iters) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn run_world(n: usize) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let child = Command::new(&exe)
+            .args(&args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .spawn()
+            .with_context(|| format!("spawning rank {rank}"))?;
+        children.push(child);
+    }
+    let mut failed = Vec::new();
+    for (rank, mut c) in children.into_iter().enumerate() {
+        let status = c.wait()?;
+        if !status.success() {
+            failed.push(format!("rank {rank}: {status}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("benchmark ranks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn worker() -> Result<()> {
+    let args = Args::parse();
+    let pg = init_from_env()?;
+    let n = pg.world_size();
+    if pg.rank() == 0 {
+        println!("#\n# world size {n}: ranks 0..{n} on this host (pids are separate processes)");
+        println!(
+            "# {:>12} {:>12} {:>5} {:>6} {:>4} {:>10} {:>8} {:>8} {:>6}",
+            "size(B)", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"
+        );
+    }
+    for op in &args.ops {
+        let mut busbw_sum = 0.0;
+        let mut rows = 0;
+        let mut bytes = args.min_bytes;
+        while bytes <= args.max_bytes {
+            let row = measure(&pg, op, bytes)?;
+            if pg.rank() == 0 {
+                let (redop, root) = match op.as_str() {
+                    "all_reduce" | "reduce_scatter" => ("sum", "-1"),
+                    "broadcast" => ("none", "0"),
+                    _ => ("none", "-1"),
+                };
+                println!(
+                    "{:>14} {:>12} {:>5} {:>6} {:>4} {:>10.1} {:>8.3} {:>8.3} {:>6}   {op}",
+                    bytes, bytes / 4, "float", redop, root, row.time_us, row.algbw, row.busbw, row.wrong
+                );
+                if args.json {
+                    println!(
+                        "{{\"op\":\"{op}\",\"world\":{n},\"bytes\":{bytes},\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}",
+                        row.time_us, row.algbw, row.busbw, row.wrong
+                    );
+                }
+            }
+            busbw_sum += row.busbw;
+            rows += 1;
+            bytes *= 2;
+        }
+        if pg.rank() == 0 {
+            println!("# {op}: avg bus bandwidth {:.3} GB/s over {rows} sizes\n#", busbw_sum / rows as f64);
+        }
+    }
+    Ok(())
+}
+
+struct Row {
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    wrong: i64,
+}
+
+/// Fixed iteration counts (the same on every rank): about 64 MiB moved per size, 3 to 1000 runs.
+fn iterations(bytes: usize) -> usize {
+    ((64usize << 20) / bytes).clamp(3, 1000)
+}
+
+fn measure(pg: &ProcessGroup, op: &str, bytes: usize) -> Result<Row> {
+    let n = pg.world_size();
+    let count = bytes / 4;
+    let r = pg.rank();
+    let iters = iterations(bytes);
+    let mut buf = vec![1.0f32; count];
+    let mut out = vec![0.0f32; count];
+    let block = count / n;
+    let run = |buf: &mut Vec<f32>, out: &mut Vec<f32>| -> Result<()> {
+        match op {
+            "all_reduce" => pg.all_reduce(buf, ReduceOp::Sum)?,
+            "broadcast" => pg.broadcast(buf, 0)?,
+            // size = total output, as in nccl-tests
+            "all_gather" => pg.all_gather(&buf[..block], &mut out[..block * n])?,
+            "reduce_scatter" => pg.reduce_scatter(&buf[..block * n], &mut out[..block], ReduceOp::Sum)?,
+            other => bail!("unknown op '{other}' (all_reduce, broadcast, all_gather, reduce_scatter)"),
+        }
+        Ok(())
+    };
+    for _ in 0..(iters / 10).max(1) {
+        run(&mut buf, &mut out)?;
+    }
+    pg.barrier()?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        run(&mut buf, &mut out)?;
+    }
+    let mut elapsed = [start.elapsed().as_secs_f64() / iters as f64];
+    pg.all_reduce(&mut elapsed, ReduceOp::Max)?;
+    let time = Duration::from_secs_f64(elapsed[0]);
+
+    // Correctness on known data.
+    buf.iter_mut().enumerate().for_each(|(i, v)| *v = ((i + r) % 7) as f32);
+    run(&mut buf, &mut out)?;
+    let wrong = match op {
+        "all_reduce" => buf
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| **v != (0..n).map(|q| ((i + q) % 7) as f32).sum::<f32>())
+            .count(),
+        "broadcast" => buf.iter().enumerate().filter(|(i, v)| **v != (i % 7) as f32).count(),
+        "all_gather" => out[..block * n]
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| **v != ((i % block.max(1)) + i / block.max(1)) as f32 % 7.0)
+            .count(),
+        _ => out[..block]
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| **v != (0..n).map(|q| ((r * block + i + q) % 7) as f32).sum::<f32>())
+            .count(),
+    };
+    let mut wrong = [wrong as i64];
+    pg.all_reduce(&mut wrong, ReduceOp::Sum)?;
+    let secs = time.as_secs_f64();
+    let moved = match op {
+        "all_gather" | "reduce_scatter" => block * n * 4,
+        _ => bytes,
+    };
+    let algbw = moved as f64 / secs / 1e9;
+    let factor = match op {
+        "all_reduce" => 2.0 * (n as f64 - 1.0) / n as f64,
+        "all_gather" | "reduce_scatter" => (n as f64 - 1.0) / n as f64,
+        _ => 1.0,
+    };
+    Ok(Row {
+        time_us: secs * 1e6,
+        algbw,
+        busbw: algbw * factor,
+        wrong: wrong[0],
+    })
+}

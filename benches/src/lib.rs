@@ -1,0 +1,1 @@
+//! Benchmarks for ddp-burn; see `benches/`.

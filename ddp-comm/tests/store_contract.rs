@@ -1,0 +1,145 @@
+//! The store: every operation, timeouts that name keys, tokens, and hostile clients.
+
+use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn server(token: &str) -> (StoreServer, String) {
+    let s = StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_token(token)).unwrap();
+    let addr = s.local_addr().to_string();
+    (s, addr)
+}
+
+fn client(addr: &str, token: &str) -> Store {
+    Store::connect(addr, StoreConfig::new().with_token(token).with_timeout(Duration::from_secs(5))).unwrap()
+}
+
+#[test]
+fn every_operation_behaves_like_c10d() {
+    let (_s, addr) = server("t");
+    let st = client(&addr, "t");
+    st.set("a", b"1").unwrap();
+    assert_eq!(st.get("a").unwrap(), b"1");
+    assert_eq!(st.add("n", 5).unwrap(), 5);
+    assert_eq!(st.add("n", -2).unwrap(), 3);
+    assert_eq!(st.get("n").unwrap(), b"3");
+    assert!(st.check(&["a", "n"]).unwrap());
+    assert!(!st.check(&["a", "zz"]).unwrap());
+    // compare_set: missing key with empty expectation sets it.
+    assert_eq!(st.compare_set("c", b"", b"x").unwrap(), b"x");
+    assert_eq!(st.compare_set("c", b"wrong", b"y").unwrap(), b"x");
+    assert_eq!(st.compare_set("c", b"x", b"y").unwrap(), b"y");
+    assert_eq!(st.num_keys().unwrap(), 3);
+    assert!(st.delete("a").unwrap());
+    assert!(!st.delete("a").unwrap());
+    assert_eq!(st.num_keys().unwrap(), 2);
+}
+
+#[test]
+fn prefixes_are_separate_namespaces() {
+    let (_s, addr) = server("");
+    let st = client(&addr, "");
+    let a = st.with_prefix("job1/");
+    let b = st.with_prefix("job2/");
+    a.set("k", b"a").unwrap();
+    b.set("k", b"b").unwrap();
+    assert_eq!(a.get("k").unwrap(), b"a");
+    assert_eq!(b.get("k").unwrap(), b"b");
+    assert_eq!(a.num_keys().unwrap(), 1);
+    assert_eq!(st.get("job1/k").unwrap(), b"a");
+    assert_eq!(a.with_prefix("x/").num_keys().unwrap(), 0);
+}
+
+#[test]
+fn get_waits_for_a_key_set_later() {
+    let (_s, addr) = server("");
+    let st = client(&addr, "");
+    let other = client(&addr, "");
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        other.set("late", b"v").unwrap();
+    });
+    assert_eq!(st.get("late").unwrap(), b"v");
+    st.wait(&["late"], Duration::from_secs(1)).unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn timeouts_name_the_missing_keys() {
+    let (_s, addr) = server("");
+    let st = client(&addr, "").with_prefix("p/");
+    st.set("here", b"").unwrap();
+    let start = Instant::now();
+    let e = st.get_timeout("missing", Duration::from_millis(300)).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(e.to_string().contains("p/missing"), "{e}");
+    let e = st.wait(&["here", "gone"], Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, CommError::StoreTimeout { ref keys, .. } if keys == "p/gone"), "{e}");
+}
+
+#[test]
+fn wrong_or_missing_token_is_rejected_and_others_are_still_served() {
+    let (_s, addr) = server("secret");
+    let good = client(&addr, "secret");
+    good.set("k", b"v").unwrap();
+    for bad in ["", "wrong"] {
+        let e = Store::connect(&addr, StoreConfig::new().with_token(bad).with_timeout(Duration::from_secs(2))).unwrap_err();
+        assert!(matches!(e, CommError::Unauthorized { .. }), "{e}");
+        assert!(e.to_string().contains("token"), "{e}");
+    }
+    assert_eq!(good.get("k").unwrap(), b"v");
+}
+
+#[test]
+fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
+    let (s, addr) = server("");
+    let good = client(&addr, "");
+    good.set("k", b"v").unwrap();
+
+    // Random bytes instead of a hello.
+    let mut g = TcpStream::connect(&addr).unwrap();
+    g.write_all(&[0x13, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+        .unwrap();
+    // A frame header announcing 4 GiB: refused before allocating.
+    let mut big = TcpStream::connect(&addr).unwrap();
+    big.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    // Both are disconnected: a read sees EOF (or a reset), not a hang.
+    for c in [&mut g, &mut big] {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        let n = c.read(&mut buf).unwrap_or(0);
+        assert!(n == 0 || buf[0] != 0, "server must not accept a stranger");
+    }
+    // An authenticated client that sends an oversized frame is dropped too; the others go on.
+    let small = StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_max_frame_bytes(1024)).unwrap();
+    let small_addr = small.local_addr().to_string();
+    let victim = Store::connect(&small_addr, StoreConfig::new().with_timeout(Duration::from_secs(2))).unwrap();
+    let survivor = Store::connect(&small_addr, StoreConfig::new().with_timeout(Duration::from_secs(2))).unwrap();
+    assert!(victim.set("big", &vec![0u8; 4096]).is_err());
+    survivor.set("ok", b"1").unwrap();
+    assert_eq!(survivor.get("ok").unwrap(), b"1");
+
+    assert_eq!(good.get("k").unwrap(), b"v");
+    assert_eq!(s.num_clients(), 1);
+}
+
+#[test]
+fn port_in_use_is_a_clear_error() {
+    let (s, _) = server("");
+    let e = StoreServer::bind(s.local_addr().to_string(), StoreConfig::new()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, CommError::Bind { .. }), "{msg}");
+    assert!(msg.contains("in use") || msg.contains("Address already"), "{msg}");
+}
+
+#[test]
+fn unreachable_store_fails_within_the_timeout() {
+    // Bind then drop to find a port with nobody listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = Instant::now();
+    let e = Store::connect(&format!("127.0.0.1:{port}"), StoreConfig::new().with_timeout(Duration::from_millis(500))).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(matches!(e, CommError::StoreUnreachable { .. }), "{e}");
+    assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+}
