@@ -21,4 +21,4 @@ mod worker;
 pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
-pub use work::Work;
+pub use work::{Work, WorkTiming};

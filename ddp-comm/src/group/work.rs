@@ -2,6 +2,21 @@
 
 use crate::error::{CommError, Result};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+
+/// When an asynchronous collective was queued, started and finished on the communication
+/// thread; for traces and overlap measurements.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkTiming {
+    /// When the call was made.
+    pub queued: Instant,
+    /// When the communication thread started it.
+    pub started: Instant,
+    /// When it finished.
+    pub finished: Instant,
+}
+
+type Outcome<T> = (Result<T>, WorkTiming);
 
 /// A collective running on the group's communication thread.
 ///
@@ -11,12 +26,12 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 #[derive(Debug)]
 #[must_use = "a collective's result is only known after `wait`"]
 pub struct Work<T> {
-    rx: Option<Receiver<Result<T>>>,
-    done: Option<Result<T>>,
+    rx: Option<Receiver<Outcome<T>>>,
+    done: Option<(Result<T>, Option<WorkTiming>)>,
 }
 
 impl<T> Work<T> {
-    pub(crate) fn pending(rx: Receiver<Result<T>>) -> Self {
+    pub(crate) fn pending(rx: Receiver<Outcome<T>>) -> Self {
         Work {
             rx: Some(rx),
             done: None,
@@ -26,7 +41,7 @@ impl<T> Work<T> {
     pub(crate) fn failed(e: CommError) -> Self {
         Work {
             rx: None,
-            done: Some(Err(e)),
+            done: Some((Err(e), None)),
         }
     }
 
@@ -34,13 +49,18 @@ impl<T> Work<T> {
     ///
     /// # Errors
     /// The collective's error; [`CommError::Destroyed`] if the group went away first.
-    pub fn wait(mut self) -> Result<T> {
-        if let Some(r) = self.done.take() {
-            return r;
+    pub fn wait(self) -> Result<T> {
+        self.wait_timed().0
+    }
+
+    /// Like [`Work::wait`], also returning when the collective ran (`None` if it never ran).
+    pub fn wait_timed(mut self) -> (Result<T>, Option<WorkTiming>) {
+        if let Some(done) = self.done.take() {
+            return done;
         }
-        match self.rx.take() {
-            Some(rx) => rx.recv().unwrap_or(Err(CommError::Destroyed)),
-            None => Err(CommError::Destroyed),
+        match self.rx.take().map(|rx| rx.recv()) {
+            Some(Ok((r, t))) => (r, Some(t)),
+            _ => (Err(CommError::Destroyed), None),
         }
     }
 
@@ -51,13 +71,13 @@ impl<T> Work<T> {
         }
         let Some(rx) = &self.rx else { return true };
         match rx.try_recv() {
-            Ok(r) => {
-                self.done = Some(r);
+            Ok((r, t)) => {
+                self.done = Some((r, Some(t)));
                 true
             }
             Err(TryRecvError::Empty) => false,
             Err(TryRecvError::Disconnected) => {
-                self.done = Some(Err(CommError::Destroyed));
+                self.done = Some((Err(CommError::Destroyed), None));
                 true
             }
         }

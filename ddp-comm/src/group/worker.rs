@@ -5,7 +5,7 @@
 //! [`CommError::Aborted`]. Errors that blame a peer are completed with what that peer reported,
 //! so every rank names the rank where the trouble started.
 
-use super::work::Work;
+use super::work::{Work, WorkTiming};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
 use crate::store::Store;
@@ -14,7 +14,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a failing rank waits for the blamed peer's own report.
 const REPORT_WAIT: Duration = Duration::from_secs(2);
@@ -113,8 +113,16 @@ impl Worker {
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].
     pub(crate) fn submit<R: Send + 'static>(&self, job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static) -> Work<R> {
         let (tx, rx) = mpsc::sync_channel(1);
+        let queued = Instant::now();
         let boxed: Job = Box::new(move |s| {
-            let _ = tx.send(run_catching(s, job));
+            let started = Instant::now();
+            let result = run_catching(s, job);
+            let timing = WorkTiming {
+                queued,
+                started,
+                finished: Instant::now(),
+            };
+            let _ = tx.send((result, timing));
         });
         match self.sender().map(|s| s.send(boxed)) {
             Some(Ok(())) => Work::pending(rx),

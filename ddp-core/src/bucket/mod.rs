@@ -1,0 +1,15 @@
+//! Gradient buckets: parameters grouped so that one all-reduce moves many small gradients.
+//!
+//! - [`assign_buckets`]: the pure grouping rule (caps, small first bucket).
+//! - `layout`: where each parameter's gradient lives in the flat buffers.
+//!
+//! Parameters fill buckets in reverse registration order at first (the order backward usually
+//! produces them), then, after the first iteration, in the order their gradients actually
+//! arrived on rank 0, which every rank adopts so that all ranks launch the same all-reduces in
+//! the same order.
+
+mod layout;
+mod plan;
+
+pub(crate) use layout::BucketLayout;
+pub use plan::assign_buckets;

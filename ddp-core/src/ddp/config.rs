@@ -1,0 +1,52 @@
+//! [`DdpConfig`]: the settings of [`DistributedDataParallel`](super::DistributedDataParallel).
+
+use burn::config::Config;
+
+/// How gradients travel in the all-reduce.
+#[derive(Config, Debug, PartialEq, Eq, Copy)]
+pub enum GradientCompression {
+    /// Full f32.
+    None,
+    /// Cast to f16 before the all-reduce and back after (half the bytes, ~3 decimal digits).
+    Fp16,
+    /// Cast to bf16 before the all-reduce and back after (half the bytes, f32's range).
+    Bf16,
+}
+
+/// Settings of the DDP wrapper, in burn's config style:
+/// `DdpConfig::new().with_bucket_cap_mb(25.0).with_first_bucket_cap_mb(1.0)`.
+#[derive(Config, Debug)]
+pub struct DdpConfig {
+    /// Largest bucket, in MiB of f32 gradients. Larger buckets mean fewer, more efficient
+    /// all-reduces but a later start.
+    #[config(default = 25.0)]
+    pub bucket_cap_mb: f64,
+    /// Cap of the first bucket (the last layers' gradients), so communication starts early.
+    #[config(default = 1.0)]
+    pub first_bucket_cap_mb: f64,
+    /// Copy buffers (non-trainable float state such as batch-norm statistics) from rank 0 before
+    /// every forward, as PyTorch does by default.
+    #[config(default = true)]
+    pub broadcast_buffers: bool,
+    /// Gradient compression for the all-reduce.
+    #[config(default = "GradientCompression::None")]
+    pub compression: GradientCompression,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of the steps to this file on rank 0.
+    pub timeline_path: Option<String>,
+    /// How many steps the timeline records.
+    #[config(default = 20)]
+    pub timeline_steps: usize,
+}
+
+impl DdpConfig {
+    pub(crate) fn validate(&self) -> Result<(), crate::DdpError> {
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        if !ok(self.bucket_cap_mb) || !ok(self.first_bucket_cap_mb) {
+            return Err(crate::DdpError::InvalidConfig(format!(
+                "bucket caps must be positive, got bucket_cap_mb = {} and first_bucket_cap_mb = {}",
+                self.bucket_cap_mb, self.first_bucket_cap_mb
+            )));
+        }
+        Ok(())
+    }
+}

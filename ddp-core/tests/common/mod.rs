@@ -1,0 +1,96 @@
+//! Shared test fixtures: ranks as threads, a small model, deterministic data.
+#![allow(dead_code)]
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use ddp_core::{CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+use std::time::Duration;
+
+pub type B = Autodiff<Flex>;
+
+/// Two linear layers; `extra` is used only when `use_extra` is set in the forward.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub fc1: Linear<B>,
+    pub fc2: Linear<B>,
+    pub extra: Linear<B>,
+    pub act: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn new(device: &B::Device, hidden: usize) -> Self {
+        Mlp {
+            fc1: LinearConfig::new(6, hidden).init(device),
+            fc2: LinearConfig::new(hidden, 3).init(device),
+            extra: LinearConfig::new(6, 3).init(device),
+            act: Relu::new(),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 2>, use_extra: bool) -> Tensor<B, 2> {
+        let h = self.act.forward(self.fc1.forward(x.clone()));
+        let y = self.fc2.forward(h);
+        if use_extra { y + self.extra.forward(x) } else { y }
+    }
+}
+
+/// Sample `i` of the synthetic regression set: 6 inputs, 3 targets, deterministic.
+pub fn sample(i: usize) -> ([f32; 6], [f32; 3]) {
+    let x: [f32; 6] = std::array::from_fn(|k| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 8.0);
+    let y = [x[0] - x[1] * 0.5, x[2] * x[3], (x[4] + x[5]).sin()];
+    (x, y)
+}
+
+pub fn batch(indices: &[usize], device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
+    let n = indices.len();
+    let x = Tensor::from_data(TensorData::new(xs.concat(), [n, 6]), device);
+    let y = Tensor::from_data(TensorData::new(ys.concat(), [n, 3]), device);
+    (x, y)
+}
+
+/// Every float parameter's values, in module order.
+pub fn flat_params<M: Module<B>>(m: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0.extend(p.val().into_data().convert::<f32>().iter::<f32>());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    m.visit(&mut c);
+    c.0
+}
+
+/// Runs `body` on `n` ranks (threads) with their own process groups.
+pub fn run_ranks<T: Send>(n: usize, body: impl Fn(ProcessGroup) -> T + Sync) -> Vec<T> {
+    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
+    let addr = server.local_addr().to_string();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let (addr, body) = (addr.clone(), &body);
+                s.spawn(move || {
+                    let pg = connect(&addr, rank, n).expect("process group");
+                    body(pg)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    })
+}
+
+fn connect(addr: &str, rank: usize, n: usize) -> Result<ProcessGroup, CommError> {
+    let t = Duration::from_secs(60);
+    let store = Store::connect(addr, StoreConfig::new().with_timeout(t))?;
+    ProcessGroup::with_store(store, ProcessGroupConfig::new(rank, n).with_timeout(t))
+}
+
+/// Largest relative difference, `|a - b| / max(|b|, 1e-3)`.
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1e-3)).fold(0.0, f32::max)
+}

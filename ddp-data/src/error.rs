@@ -1,0 +1,115 @@
+//! The crate's single error type.
+
+use thiserror::Error;
+
+/// Everything that can go wrong when configuring a sampler, restoring its
+/// state or loading batches.
+///
+/// Every message names the offending values and says what to do about them.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// `num_replicas` (the world size) was zero.
+    #[error(
+        "num_replicas is 0; the world size must be at least 1 (set it to the number of training processes)"
+    )]
+    ZeroReplicas,
+
+    /// The rank is not in `0..num_replicas`.
+    #[error(
+        "rank {rank} is out of range for num_replicas {num_replicas}; the rank must be in 0..{num_replicas}"
+    )]
+    RankOutOfRange {
+        /// The rank that was given.
+        rank: usize,
+        /// The world size it was given with.
+        num_replicas: usize,
+    },
+
+    /// The dataset has no items.
+    #[error(
+        "the dataset is empty (len 0); a distributed sampler needs at least one item, check the dataset path or filter"
+    )]
+    EmptyDataset,
+
+    /// The batch size was zero.
+    #[error("batch size is 0; set a batch size of at least 1")]
+    ZeroBatchSize,
+
+    /// Worker threads were requested with no room to prefetch a batch.
+    #[error(
+        "prefetch is 0 with num_workers {num_workers}; allow at least 1 batch in flight (or use num_workers 0)"
+    )]
+    ZeroPrefetch {
+        /// The number of worker threads that was requested.
+        num_workers: usize,
+    },
+
+    /// A position inside the epoch lies past the end of this rank's samples.
+    #[error(
+        "position {position} is past the end of the epoch ({num_samples} samples per rank); use a position in 0..={num_samples}"
+    )]
+    PositionOutOfRange {
+        /// The requested position (samples consumed by this rank).
+        position: usize,
+        /// Samples per rank and epoch.
+        num_samples: usize,
+    },
+
+    /// A saved state does not match the sampler it is loaded into.
+    #[error(
+        "saved sampler state has {field} = {saved} but this sampler has {field} = {current}; resume with the same {field} or start from scratch"
+    )]
+    StateMismatch {
+        /// The name of the differing setting.
+        field: &'static str,
+        /// Its value in the saved state.
+        saved: String,
+        /// Its value in the sampler being restored.
+        current: String,
+    },
+
+    /// A mid-epoch state cannot be continued exactly on a different world size.
+    #[error(
+        "cannot resume epoch {epoch} saved with world size {saved} on world size {current}: {global_consumed} samples were consumed globally, which is not a multiple of {current}; resume with world size {saved}, or from a checkpoint taken at an epoch boundary"
+    )]
+    WorldSizeChange {
+        /// World size the state was saved with.
+        saved: usize,
+        /// World size of the sampler being restored.
+        current: usize,
+        /// The epoch the state was saved in.
+        epoch: u64,
+        /// Samples consumed by all ranks together in that epoch.
+        global_consumed: usize,
+    },
+
+    /// `Dataset::get` returned `None` for an index below `Dataset::len`.
+    #[error(
+        "the dataset returned no item for index {index} although its len() is {dataset_len}; the Dataset implementation is inconsistent (get must return Some for every index below len)"
+    )]
+    MissingItem {
+        /// The index that was requested.
+        index: usize,
+        /// The length the dataset reported.
+        dataset_len: usize,
+    },
+
+    /// The dataset or the batcher panicked while a batch was being loaded.
+    #[error("loading batch {batch} panicked: {message}")]
+    WorkerPanicked {
+        /// Index of the batch (counted from the start of the epoch) that failed.
+        batch: usize,
+        /// The panic message.
+        message: String,
+    },
+
+    /// The worker thread pool could not be created.
+    #[error("could not start {num_workers} data loader worker threads: {message}")]
+    ThreadPool {
+        /// The number of worker threads that was requested.
+        num_workers: usize,
+        /// The reason given by the operating system or rayon.
+        message: String,
+    },
+}
