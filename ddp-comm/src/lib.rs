@@ -69,3 +69,10 @@ pub use half::{bf16, f16};
 pub use init::{InitMethod, init_from_env, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{Store, StoreConfig, StoreServer};
+
+/// Whether the CUDA driver library can be loaded. Check it before the first GPU tensor
+/// operation: without a driver, cubecl panics on its device thread instead of returning an error.
+#[cfg(feature = "cuda")]
+pub fn cuda_driver_present() -> bool {
+    cudarc::driver::sys::is_culib_present()
+}

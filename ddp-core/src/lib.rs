@@ -43,23 +43,42 @@
 //! much communication ran during backward.
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod boundary;
 pub mod bucket;
 mod ddp;
 mod error;
 mod model_sync;
 mod params;
+pub mod progress;
 mod reducer;
 pub mod tap;
 mod timeline;
 
+pub use boundary::layer_boundary;
 pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression};
 pub use error::DdpError;
+pub use progress::{EpochProgress, EpochSummary};
 pub use reducer::BucketTimes;
 pub use timeline::StepStats;
 
+/// The data pipeline crate (sampler internals, loader).
+pub use ddp_data as data;
+pub use ddp_data::{
+    DataError, DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSampler,
+    DistributedSamplerConfig, SamplerState,
+};
+
+#[cfg(feature = "cuda")]
+pub use ddp_comm::cuda_driver_present;
 pub use ddp_comm::{
-    CommError, InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer, Work,
-    init_from_env, init_process_group,
+    CommError, InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
+    StoreServer, Work, init_from_env, init_process_group,
 };
 pub mod launch;
-pub use launch::{LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, launch};
+pub use launch::{
+    LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, launch,
+};
+pub mod checkpoint;
+pub use checkpoint::{
+    CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome, Resumed, TrainingState,
+};

@@ -9,11 +9,21 @@ use burn::tensor::backend::AutodiffBackend;
 use ddp_comm::{ProcessGroup, ReduceOp};
 
 /// Sends `bytes` from `root` to every rank (length first, then the bytes).
-pub(crate) fn broadcast_bytes(pg: &ProcessGroup, bytes: Vec<u8>, root: usize) -> Result<Vec<u8>, DdpError> {
+pub(crate) fn broadcast_bytes(
+    pg: &ProcessGroup,
+    bytes: Vec<u8>,
+    root: usize,
+) -> Result<Vec<u8>, DdpError> {
     let mut len = [bytes.len() as i64];
-    pg.broadcast(&mut len, root).map_err(DdpError::comm("broadcasting a length"))?;
-    let mut buf = if pg.rank() == root { bytes } else { vec![0u8; len[0].max(0) as usize] };
-    pg.broadcast(&mut buf, root).map_err(DdpError::comm("broadcasting bytes"))?;
+    pg.broadcast(&mut len, root)
+        .map_err(DdpError::comm("broadcasting a length"))?;
+    let mut buf = if pg.rank() == root {
+        bytes
+    } else {
+        vec![0u8; len[0].max(0) as usize]
+    };
+    pg.broadcast(&mut buf, root)
+        .map_err(DdpError::comm("broadcasting bytes"))?;
     Ok(buf)
 }
 
@@ -26,14 +36,24 @@ pub(crate) fn verify_same_model(pg: &ProcessGroup, params: &[ParamInfo]) -> Resu
     let hash = fnv1a(&encoded) as i64;
     let mut lo = [hash];
     let mut hi = [hash];
-    pg.all_reduce(&mut lo, ReduceOp::Min).map_err(DdpError::comm("comparing models"))?;
-    pg.all_reduce(&mut hi, ReduceOp::Max).map_err(DdpError::comm("comparing models"))?;
+    pg.all_reduce(&mut lo, ReduceOp::Min)
+        .map_err(DdpError::comm("comparing models"))?;
+    pg.all_reduce(&mut hi, ReduceOp::Max)
+        .map_err(DdpError::comm("comparing models"))?;
     if lo == hi {
         return Ok(());
     }
     let mut lists = Vec::with_capacity(pg.world_size());
     for root in 0..pg.world_size() {
-        let bytes = broadcast_bytes(pg, if root == pg.rank() { encoded.clone() } else { Vec::new() }, root)?;
+        let bytes = broadcast_bytes(
+            pg,
+            if root == pg.rank() {
+                encoded.clone()
+            } else {
+                Vec::new()
+            },
+            root,
+        )?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
         lists.push(text.lines().map(str::to_string).collect::<Vec<_>>());
     }
@@ -124,7 +144,9 @@ pub(crate) fn broadcast_module<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 #[cfg(test)]
@@ -143,10 +165,16 @@ mod tests {
 
     #[test]
     fn missing_parameter_is_named() {
-        let a = vec!["a\t[1]\tF32\tparam".to_string(), "b\t[2]\tF32\tparam".to_string()];
+        let a = vec![
+            "a\t[1]\tF32\tparam".to_string(),
+            "b\t[2]\tF32\tparam".to_string(),
+        ];
         let b = vec!["a\t[1]\tF32\tparam".to_string()];
         let msg = describe_difference(&[a, b]);
-        assert!(msg.contains("rank 0 has 2 parameters, rank 1 has 1"), "{msg}");
+        assert!(
+            msg.contains("rank 0 has 2 parameters, rank 1 has 1"),
+            "{msg}"
+        );
         assert!(msg.contains("'b'"), "{msg}");
     }
 }

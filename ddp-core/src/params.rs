@@ -9,12 +9,17 @@ use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use std::any::Any;
 use std::sync::Arc;
 
-use crate::tap::{GradientSink, TapBackend};
+use crate::tap::{TapBackend, TapScope};
 
 /// Rebuilds a parameter's gradient tensor from host data and registers it.
 pub(crate) type Unpack = Arc<dyn Fn(&mut GradientsParams, Vec<f32>) + Send + Sync + 'static>;
+/// Registers a gradient that is still a tensor (a boxed float primitive of the inner backend);
+/// used when there is nothing to reduce (world size 1).
+pub(crate) type RegisterTensor =
+    Arc<dyn Fn(&mut GradientsParams, Box<dyn Any>) + Send + Sync + 'static>;
 
 /// One float parameter of the model.
 pub(crate) struct ParamInfo {
@@ -25,6 +30,7 @@ pub(crate) struct ParamInfo {
     pub(crate) dtype: DType,
     pub(crate) trainable: bool,
     pub(crate) unpack: Unpack,
+    pub(crate) register: RegisterTensor,
 }
 
 impl ParamInfo {
@@ -90,6 +96,15 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
             }
             grads.register::<B::InnerBackend, D>(id, Tensor::from_data(data, &device));
         });
+        let register: RegisterTensor =
+            Arc::new(move |grads: &mut GradientsParams, grad: Box<dyn Any>| {
+                if let Ok(p) = grad.downcast::<burn::tensor::ops::FloatTensor<B::InnerBackend>>() {
+                    grads.register::<B::InnerBackend, D>(
+                        id,
+                        Tensor::from_primitive(TensorPrimitive::Float(*p)),
+                    );
+                }
+            });
         self.params.push(ParamInfo {
             id,
             path: self.path.join("."),
@@ -97,6 +112,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
             dtype,
             trainable: value.is_require_grad(),
             unpack,
+            register,
         });
     }
 }
@@ -105,12 +121,16 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
 pub(crate) struct TapMapper<B: TapBackend> {
     next: usize,
     trainable: Arc<Vec<bool>>,
-    sink: Arc<dyn GradientSink<B::InnerBackend>>,
+    scope: Arc<TapScope<B::InnerBackend>>,
 }
 
 impl<B: TapBackend> TapMapper<B> {
-    pub(crate) fn new(trainable: Arc<Vec<bool>>, sink: Arc<dyn GradientSink<B::InnerBackend>>) -> Self {
-        TapMapper { next: 0, trainable, sink }
+    pub(crate) fn new(trainable: Arc<Vec<bool>>, scope: Arc<TapScope<B::InnerBackend>>) -> Self {
+        TapMapper {
+            next: 0,
+            trainable,
+            scope,
+        }
     }
 }
 
@@ -122,8 +142,12 @@ impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
             return param;
         }
         let (id, tensor, mapper) = param.consume();
-        let tapped = B::tap(tensor.into_primitive().tensor(), index, self.sink.clone());
-        Param::from_mapped_value(id, Tensor::from_primitive(TensorPrimitive::Float(tapped)), mapper)
+        let tapped = B::tap(tensor.into_primitive().tensor(), index, &self.scope);
+        Param::from_mapped_value(
+            id,
+            Tensor::from_primitive(TensorPrimitive::Float(tapped)),
+            mapper,
+        )
     }
 }
 

@@ -13,7 +13,7 @@
 use crate::bucket::BucketLayout;
 use crate::ddp::GradientCompression;
 use crate::error::DdpError;
-use crate::params::Unpack;
+use crate::params::{RegisterTensor, Unpack};
 use crate::tap::GradientSink;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
@@ -30,6 +30,7 @@ pub(crate) struct Slot {
     /// How many taps feed this slot per backward.
     pub(crate) taps: usize,
     pub(crate) unpack: Unpack,
+    pub(crate) register: RegisterTensor,
 }
 
 enum InFlight {
@@ -73,6 +74,9 @@ struct State {
 /// Shared between the DDP wrapper and the taps (as their [`GradientSink`]).
 pub(crate) struct Reducer<I: Backend> {
     state: Mutex<State>,
+    /// With one rank there is nothing to reduce: gradients stay tensors (summed on the device
+    /// when several arrive for one slot) and go straight into `GradientsParams`.
+    direct: Option<Mutex<Vec<Option<FloatTensor<I>>>>>,
     _backend: std::marker::PhantomData<fn(I)>,
     pg: ProcessGroup,
     scale: f32,
@@ -116,8 +120,13 @@ impl<I: Backend> Reducer<I> {
             index_to_slot,
             layout,
         };
-        state.allocate();
+        let direct = (pg.world_size() == 1 && compression == GradientCompression::None)
+            .then(|| Mutex::new((0..n).map(|_| None).collect()));
+        if direct.is_none() {
+            state.allocate();
+        }
         Reducer {
+            direct,
             state: Mutex::new(state),
             _backend: std::marker::PhantomData,
             pg,
@@ -141,7 +150,12 @@ impl<I: Backend> Reducer<I> {
 
     /// Slot lists of each bucket, for tests and logs.
     pub(crate) fn bucket_slots(&self) -> Vec<Vec<usize>> {
-        self.lock().layout.buckets.iter().map(|b| b.slots.clone()).collect()
+        self.lock()
+            .layout
+            .buckets
+            .iter()
+            .map(|b| b.slots.clone())
+            .collect()
     }
 
     /// Arms the reducer for one backward.
@@ -188,6 +202,17 @@ impl<I: Backend> Reducer<I> {
         }
         if !s.sync {
             return Ok(None);
+        }
+        if let Some(direct) = &self.direct {
+            let mut grads = GradientsParams::new();
+            let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
+            for (slot, t) in tensors.iter_mut().enumerate() {
+                if let Some(t) = t.take() {
+                    (s.slots[slot].register)(&mut grads, Box::new(t));
+                }
+            }
+            s.written.iter_mut().for_each(|w| *w = false);
+            return Ok(Some((grads, std::mem::take(&mut s.times))));
         }
         self.complete_missing(&mut s);
         while s.next_launch < s.layout.buckets.len() {
@@ -251,16 +276,28 @@ impl<I: Backend> Reducer<I> {
         }
         let work = match self.compression {
             GradientCompression::None => {
-                let buf = s.buffers[b].take().ok_or_else(|| internal("bucket buffer missing at launch"))?;
+                let buf = s.buffers[b]
+                    .take()
+                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
                 InFlight::F32(self.pg.all_reduce_async(buf, ReduceOp::Sum))
             }
             GradientCompression::Fp16 => {
-                let buf = s.buffers[b].as_ref().ok_or_else(|| internal("bucket buffer missing at launch"))?;
-                InFlight::F16(self.pg.all_reduce_async(buf.iter().map(|v| f16::from_f32(*v)).collect(), ReduceOp::Sum))
+                let buf = s.buffers[b]
+                    .as_ref()
+                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
+                InFlight::F16(self.pg.all_reduce_async(
+                    buf.iter().map(|v| f16::from_f32(*v)).collect(),
+                    ReduceOp::Sum,
+                ))
             }
             GradientCompression::Bf16 => {
-                let buf = s.buffers[b].as_ref().ok_or_else(|| internal("bucket buffer missing at launch"))?;
-                InFlight::BF16(self.pg.all_reduce_async(buf.iter().map(|v| bf16::from_f32(*v)).collect(), ReduceOp::Sum))
+                let buf = s.buffers[b]
+                    .as_ref()
+                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
+                InFlight::BF16(self.pg.all_reduce_async(
+                    buf.iter().map(|v| bf16::from_f32(*v)).collect(),
+                    ReduceOp::Sum,
+                ))
             }
         };
         s.in_flight[b] = Some(work);
@@ -269,7 +306,9 @@ impl<I: Backend> Reducer<I> {
 
     fn wait(&self, s: &mut State, b: usize) -> Result<Vec<f32>, DdpError> {
         let ctx = "all-reducing a gradient bucket";
-        let work = s.in_flight[b].take().ok_or_else(|| internal("bucket was never launched"))?;
+        let work = s.in_flight[b]
+            .take()
+            .ok_or_else(|| internal("bucket was never launched"))?;
         let (buf, timing) = match work {
             InFlight::F32(w) => {
                 let (r, t) = w.wait_timed();
@@ -278,14 +317,18 @@ impl<I: Backend> Reducer<I> {
             InFlight::F16(w) => {
                 let (r, t) = w.wait_timed();
                 let half = r.map_err(DdpError::comm(ctx))?;
-                let mut buf = s.buffers[b].take().ok_or_else(|| internal("bucket buffer missing"))?;
+                let mut buf = s.buffers[b]
+                    .take()
+                    .ok_or_else(|| internal("bucket buffer missing"))?;
                 buf.iter_mut().zip(&half).for_each(|(d, h)| *d = h.to_f32());
                 (buf, t)
             }
             InFlight::BF16(w) => {
                 let (r, t) = w.wait_timed();
                 let half = r.map_err(DdpError::comm(ctx))?;
-                let mut buf = s.buffers[b].take().ok_or_else(|| internal("bucket buffer missing"))?;
+                let mut buf = s.buffers[b]
+                    .take()
+                    .ok_or_else(|| internal("bucket buffer missing"))?;
                 buf.iter_mut().zip(&half).for_each(|(d, h)| *d = h.to_f32());
                 (buf, t)
             }
@@ -311,20 +354,31 @@ impl<I: Backend> Reducer<I> {
             .map_err(DdpError::comm("agreeing on the bucket order"))?;
         let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
         let mut seen = vec![false; n];
-        if order.iter().any(|&x| x >= n || std::mem::replace(&mut seen[x], true)) {
+        if order
+            .iter()
+            .any(|&x| x >= n || std::mem::replace(&mut seen[x], true))
+        {
             return Err(internal("rank 0 sent an invalid bucket order"));
         }
         let numel: Vec<usize> = s.slots.iter().map(|x| x.numel).collect();
         s.layout = BucketLayout::new(order, &numel, self.first_cap_bytes, self.cap_bytes);
         s.allocate();
-        tracing::debug!(buckets = s.layout.buckets.len(), "rebuilt gradient buckets in arrival order");
+        tracing::debug!(
+            buckets = s.layout.buckets.len(),
+            "rebuilt gradient buckets in arrival order"
+        );
         Ok(())
     }
 }
 
 impl State {
     fn allocate(&mut self) {
-        self.buffers = self.layout.buckets.iter().map(|b| Some(vec![0.0f32; b.len])).collect();
+        self.buffers = self
+            .layout
+            .buckets
+            .iter()
+            .map(|b| Some(vec![0.0f32; b.len]))
+            .collect();
         self.in_flight = self.layout.buckets.iter().map(|_| None).collect();
     }
 }
@@ -335,23 +389,46 @@ fn internal(what: &str) -> DdpError {
 
 impl<I: Backend> GradientSink<I> for Reducer<I> {
     fn on_gradient(&self, param_index: usize, grad: FloatTensor<I>) {
+        if let Some(direct) = &self.direct {
+            let mut s = self.lock();
+            let Some(slot) = s.index_to_slot.get(param_index).copied().flatten() else {
+                return;
+            };
+            if !s.in_backward {
+                s.stray_events += 1;
+                return;
+            }
+            s.events += 1;
+            s.written[slot] = true;
+            let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
+            tensors[slot] = Some(match tensors[slot].take() {
+                Some(prev) => I::float_add(prev, grad),
+                None => grad,
+            });
+            return;
+        }
         let data = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
             Some(Ok(d)) => d.convert::<f32>(),
             Some(Err(e)) => {
-                self.lock().errors.push(format!("reading a gradient from the device: {e:?}"));
+                self.lock()
+                    .errors
+                    .push(format!("reading a gradient from the device: {e:?}"));
                 return;
             }
             None => {
-                self.lock()
-                    .errors
-                    .push("reading a gradient from the device: this platform cannot block on the read".into());
+                self.lock().errors.push(
+                    "reading a gradient from the device: this platform cannot block on the read"
+                        .into(),
+                );
                 return;
             }
         };
         let values: &[f32] = match data.as_slice::<f32>() {
             Ok(v) => v,
             Err(e) => {
-                self.lock().errors.push(format!("gradient data is not f32 after conversion: {e:?}"));
+                self.lock()
+                    .errors
+                    .push(format!("gradient data is not f32 after conversion: {e:?}"));
                 return;
             }
         };
@@ -372,17 +449,25 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
             let problem = if s.buffers[b].is_none() {
                 format!("gradient of '{path}' arrived after its bucket was launched")
             } else {
-                format!("gradient of '{path}' has {} elements, expected {}", values.len(), range.len())
+                format!(
+                    "gradient of '{path}' has {} elements, expected {}",
+                    values.len(),
+                    range.len()
+                )
             };
             s.errors.push(problem);
             return;
         }
-        let Some(buf) = s.buffers[b].as_mut() else { return };
+        let Some(buf) = s.buffers[b].as_mut() else {
+            return;
+        };
         let dst = &mut buf[range];
         if first {
             dst.iter_mut().zip(values).for_each(|(d, v)| *d = v * scale);
         } else {
-            dst.iter_mut().zip(values).for_each(|(d, v)| *d += v * scale);
+            dst.iter_mut()
+                .zip(values)
+                .for_each(|(d, v)| *d += v * scale);
         }
         s.written[slot] = true;
         s.events_left[slot] = s.events_left[slot].saturating_sub(1);
@@ -395,7 +480,8 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
                 s.times.ready[b] = Some(Instant::now());
             }
             if s.sync {
-                while s.next_launch < s.layout.buckets.len() && s.bucket_pending[s.next_launch] == 0 {
+                while s.next_launch < s.layout.buckets.len() && s.bucket_pending[s.next_launch] == 0
+                {
                     let next = s.next_launch;
                     if let Err(e) = self.launch(&mut s, next) {
                         s.errors.push(e.to_string());

@@ -22,6 +22,9 @@ pub struct StepStats {
     pub comm_during_backward: Duration,
     /// Number of buckets.
     pub buckets: usize,
+    /// Gradients handed over at a [`layer_boundary`](crate::layer_boundary), before the end of
+    /// backward (0 without boundaries).
+    pub early_gradients: usize,
 }
 
 impl StepStats {
@@ -61,6 +64,7 @@ impl StepTimes {
             comm,
             comm_during_backward: during,
             buckets: self.buckets.comm.len(),
+            early_gradients: 0,
         }
     }
 }
@@ -93,7 +97,10 @@ impl Timeline {
     }
 
     fn span(&mut self, name: &str, tid: u32, start: Instant, end: Instant, step: u64) {
-        let (ts, dur) = (self.us(start), end.saturating_duration_since(start).as_secs_f64() * 1e6);
+        let (ts, dur) = (
+            self.us(start),
+            end.saturating_duration_since(start).as_secs_f64() * 1e6,
+        );
         self.events.push(format!(
             r#"{{"name":"{name}","ph":"X","pid":{},"tid":{tid},"ts":{ts:.1},"dur":{dur:.1},"args":{{"step":{step}}}}}"#,
             self.pid
@@ -118,7 +125,13 @@ impl Timeline {
         }
         for (b, c) in t.buckets.comm.iter().enumerate() {
             if let Some(c) = c {
-                self.span(&format!("all_reduce bucket {b}"), 2, c.started, c.finished, step);
+                self.span(
+                    &format!("all_reduce bucket {b}"),
+                    2,
+                    c.started,
+                    c.finished,
+                    step,
+                );
             }
         }
         for (b, u) in t.buckets.unpacked.iter().enumerate() {
@@ -133,6 +146,9 @@ impl Timeline {
     }
 
     pub(crate) fn to_json(&self) -> String {
-        format!("{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"ms\"}}\n", self.events.join(",\n"))
+        format!(
+            "{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"ms\"}}\n",
+            self.events.join(",\n")
+        )
     }
 }

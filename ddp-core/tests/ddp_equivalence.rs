@@ -66,7 +66,11 @@ fn train_ddp(init: &[u8], world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
         let device = Default::default();
         // Only rank 0 starts from the reference weights; the others start from their own random
         // weights and must be overwritten at construction.
-        let model = if pg.rank() == 0 { load(init) } else { Mlp::<B>::new(&device, 16) };
+        let model = if pg.rank() == 0 {
+            load(init)
+        } else {
+            Mlp::<B>::new(&device, 16)
+        };
         let rank = pg.rank();
         let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
@@ -94,13 +98,19 @@ fn check(world: usize, opt: Opt) {
     for step in 0..STEPS {
         for r in 1..world {
             assert!(
-                ranks[r][step].iter().zip(&ranks[0][step]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                ranks[r][step]
+                    .iter()
+                    .zip(&ranks[0][step])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{opt:?} world {world}: rank {r} differs from rank 0 after step {step}"
             );
         }
     }
     let diff = max_rel_diff(&ranks[0][STEPS - 1], &reference);
-    assert!(diff < 1e-5, "{opt:?} world {world}: DDP differs from the single-process run by {diff}");
+    assert!(
+        diff < 1e-5,
+        "{opt:?} world {world}: DDP differs from the single-process run by {diff}"
+    );
 }
 
 #[test]
@@ -137,7 +147,9 @@ fn no_sync_accumulation_equals_one_big_batch() {
         let idx: Vec<usize> = (0..K * PER_RANK).map(|i| i * world + rank).collect();
         let (x, y) = batch(&idx, &device);
         let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
-        let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean)).unwrap();
+        let grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
         ddp.optimizer_step(&mut sgd, 0.1, grads);
         flat_params(ddp.module())
     });
@@ -148,7 +160,9 @@ fn no_sync_accumulation_equals_one_big_batch() {
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         let mut grads = None;
         for k in 0..K {
-            let idx: Vec<usize> = (k * PER_RANK..(k + 1) * PER_RANK).map(|i| i * world + rank).collect();
+            let idx: Vec<usize> = (k * PER_RANK..(k + 1) * PER_RANK)
+                .map(|i| i * world + rank)
+                .collect();
             let (x, y) = batch(&idx, &device);
             let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
             let loss = MseLoss::new().forward(pred, y, Reduction::Mean) / K as f32;
@@ -178,7 +192,9 @@ fn parameter_unused_on_one_rank_counts_as_zero_there_and_nobody_hangs() {
             let (x, y) = batch(&step_indices(step, 2, Some(rank)), &device);
             // Only rank 1 uses `extra`.
             let pred = ddp.forward(|m| m.forward(x, rank == 1)).unwrap();
-            let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
             ddp.optimizer_step(&mut sgd, 0.1, grads);
         }
         flat_params(ddp.module())
@@ -197,9 +213,15 @@ fn ranks_with_different_random_weights_are_equal_after_construction() {
         let ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
         (mine, flat_params(ddp.module()))
     });
-    assert_ne!(results[0].0, results[1].0, "the ranks really started different");
+    assert_ne!(
+        results[0].0, results[1].0,
+        "the ranks really started different"
+    );
     for r in 1..3 {
-        assert_eq!(results[r].1, results[0].0, "rank {r} holds rank 0's weights");
+        assert_eq!(
+            results[r].1, results[0].0,
+            "rank {r} holds rank 0's weights"
+        );
     }
 }
 
@@ -215,7 +237,10 @@ fn mismatched_models_fail_on_every_rank_naming_the_parameter() {
     for (r, e) in results.iter().enumerate() {
         let e = e.as_ref().unwrap_or_else(|| panic!("rank {r} must fail"));
         assert!(e.contains("fc1.weight"), "rank {r}: {e}");
-        assert!(e.contains("[6, 16]") && e.contains("[6, 8]"), "rank {r}: {e}");
+        assert!(
+            e.contains("[6, 16]") && e.contains("[6, 8]"),
+            "rank {r}: {e}"
+        );
     }
     assert_eq!(results[0], results[1], "same message on every rank");
 }
@@ -224,7 +249,8 @@ fn mismatched_models_fail_on_every_rank_naming_the_parameter() {
 fn forward_outside_ddp_is_reported_not_silently_zero() {
     let results = run_ranks(1, |pg| {
         let device = Default::default();
-        let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device, 4), pg, DdpConfig::new()).unwrap();
+        let mut ddp =
+            DistributedDataParallel::new(Mlp::<B>::new(&device, 4), pg, DdpConfig::new()).unwrap();
         let (x, y) = batch(&[0, 1], &device);
         let pred = ddp.module().forward(x, false); // bypasses the taps
         ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))

@@ -22,7 +22,12 @@ pub(crate) struct Bucket {
 
 impl BucketLayout {
     /// Lays out slots (with `numel` elements each) in `order` into buckets of the given caps.
-    pub(crate) fn new(order: Vec<usize>, numel: &[usize], first_cap_bytes: usize, cap_bytes: usize) -> Self {
+    pub(crate) fn new(
+        order: Vec<usize>,
+        numel: &[usize],
+        first_cap_bytes: usize,
+        cap_bytes: usize,
+    ) -> Self {
         let sizes: Vec<usize> = order.iter().map(|&s| numel[s] * 4).collect();
         let mut location = vec![(0, 0..0); numel.len()];
         let buckets = assign_buckets(&sizes, first_cap_bytes, cap_bytes)
@@ -63,6 +68,10 @@ mod tests {
             }
             assert_eq!(covered, bucket.len);
         }
-        assert_eq!(l.buckets[0].slots, vec![3], "7 floats (28 B) exceed the 16 B first cap alone");
+        assert_eq!(
+            l.buckets[0].slots,
+            vec![3],
+            "7 floats (28 B) exceed the 16 B first cap alone"
+        );
     }
 }

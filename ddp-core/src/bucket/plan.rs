@@ -14,12 +14,20 @@ use std::ops::Range;
 /// let buckets = assign_buckets(&[4, 4, 4, 4, 4, 20, 4], 8, 12);
 /// assert_eq!(buckets, vec![0..2, 2..5, 5..6, 6..7]);
 /// ```
-pub fn assign_buckets(sizes_bytes: &[usize], first_cap_bytes: usize, cap_bytes: usize) -> Vec<Range<usize>> {
+pub fn assign_buckets(
+    sizes_bytes: &[usize],
+    first_cap_bytes: usize,
+    cap_bytes: usize,
+) -> Vec<Range<usize>> {
     let mut buckets = Vec::new();
     let mut start = 0;
     let mut filled = 0;
     for (i, &size) in sizes_bytes.iter().enumerate() {
-        let cap = if buckets.is_empty() { first_cap_bytes } else { cap_bytes };
+        let cap = if buckets.is_empty() {
+            first_cap_bytes
+        } else {
+            cap_bytes
+        };
         if i > start && filled + size > cap {
             buckets.push(start..i);
             start = i;
@@ -49,7 +57,10 @@ mod tests {
         for (k, r) in b.iter().enumerate() {
             let total: usize = sizes[r.clone()].iter().sum();
             let cap = if k == 0 { 100 } else { 300 };
-            assert!(total <= cap || r.len() == 1, "bucket {k} over cap with several params");
+            assert!(
+                total <= cap || r.len() == 1,
+                "bucket {k} over cap with several params"
+            );
         }
     }
 

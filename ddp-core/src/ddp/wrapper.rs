@@ -2,15 +2,17 @@
 //! an N times larger batch.
 
 use super::config::DdpConfig;
+use crate::boundary::{BoundaryFn, with_boundary};
 use crate::error::DdpError;
 use crate::model_sync::{broadcast_bytes, broadcast_module, verify_same_model};
 use crate::params::{Describe, ParamInfo, ReadBuffers, TapMapper, WriteBuffers};
 use crate::reducer::{Reducer, Slot};
-use crate::tap::TapBackend;
+use crate::tap::{TapBackend, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
+use burn::tensor::ops::FloatTensor;
 use ddp_comm::ProcessGroup;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     last_stats: Option<StepStats>,
     timeline: Option<Timeline>,
     step: u64,
+    /// The taps of the last forward; cleared after backward.
+    scope: Option<Arc<TapScope<B::InnerBackend>>>,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
@@ -77,6 +81,7 @@ fn plan_slots(params: &[ParamInfo]) -> SlotPlan {
                     numel: p.numel(),
                     taps: 0,
                     unpack: p.unpack.clone(),
+                    register: p.register.clone(),
                 });
                 slots.len() - 1
             });
@@ -84,7 +89,10 @@ fn plan_slots(params: &[ParamInfo]) -> SlotPlan {
             Some(slot)
         })
         .collect();
-    SlotPlan { slots, index_to_slot }
+    SlotPlan {
+        slots,
+        index_to_slot,
+    }
 }
 
 fn describe<B: TapBackend, M: AutodiffModule<B>>(module: &M) -> Vec<ParamInfo> {
@@ -106,11 +114,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         config.validate()?;
         let params = describe::<B, M>(&module);
         verify_same_model(&pg, &params)?;
-        let device = module
-            .devices()
-            .into_iter()
-            .next()
-            .ok_or_else(|| DdpError::InvalidConfig("the module has no parameters and no device".into()))?;
+        let device = module.devices().into_iter().next().ok_or_else(|| {
+            DdpError::InvalidConfig("the module has no parameters and no device".into())
+        })?;
         let module = broadcast_module::<B, M>(&pg, module, &device)?;
         // Ids (and so slots) come from rank 0 now: describe again.
         let params = describe::<B, M>(&module);
@@ -148,12 +154,15 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             last_stats: None,
             timeline,
             step: 0,
+            scope: None,
         })
     }
 
     fn inner(&self) -> &M {
         // `module` is only `None` inside `optimizer_step`, which always puts it back.
-        self.module.as_ref().expect("the DDP module is always present outside optimizer_step")
+        self.module
+            .as_ref()
+            .expect("the DDP module is always present outside optimizer_step")
     }
 
     /// The wrapped module (identical on every rank after each synchronised step).
@@ -163,7 +172,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
 
     /// Unwraps the module.
     pub fn into_inner(mut self) -> M {
-        self.module.take().expect("the DDP module is always present outside optimizer_step")
+        self.module
+            .take()
+            .expect("the DDP module is always present outside optimizer_step")
     }
 
     /// Replaces the module (for example with one loaded from a checkpoint). The new module must
@@ -192,12 +203,21 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             self.sync_buffers()?;
         }
         let start = Instant::now();
-        let tapped = self
-            .inner()
-            .clone()
-            .map(&mut TapMapper::<B>::new(self.trainable.clone(), self.reducer.clone()));
-        let out = f(&tapped);
+        let scope = Arc::new(TapScope::new(self.reducer.clone()));
+        let tapped = self.inner().clone().map(&mut TapMapper::<B>::new(
+            self.trainable.clone(),
+            scope.clone(),
+        ));
+        let boundary_scope = scope.clone();
+        let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
+            Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
+            Err(other) => other,
+        });
+        let out = with_boundary(boundary, || f(&tapped));
         drop(tapped);
+        if let Some(old) = self.scope.replace(scope) {
+            old.clear();
+        }
         self.forward_times = Some((start, Instant::now()));
         Ok(out)
     }
@@ -205,10 +225,17 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     fn sync_buffers(&mut self) -> Result<(), DdpError> {
         let mut read = ReadBuffers::new(self.trainable.clone());
         self.inner().visit(&mut read);
-        let bytes: Vec<u8> = if self.pg.rank() == 0 { bytemuck_f32(&read.values) } else { Vec::new() };
+        let bytes: Vec<u8> = if self.pg.rank() == 0 {
+            bytemuck_f32(&read.values)
+        } else {
+            Vec::new()
+        };
         let bytes = broadcast_bytes(&self.pg, bytes, 0)?;
         if self.pg.rank() != 0 {
-            let values: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let values: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
             if values.len() != read.values.len() {
                 return Err(DdpError::ModelMismatch(format!(
                     "rank 0 has {} buffer values, rank {} has {}",
@@ -233,22 +260,28 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// # Errors
     /// [`DdpError::Comm`] when a peer fails; [`DdpError::Misuse`] when no gradient reached DDP
     /// (the forward did not go through [`forward`](Self::forward)).
-    pub fn backward<const D: usize>(&mut self, loss: Tensor<B, D>) -> Result<GradientsParams, DdpError> {
+    pub fn backward<const D: usize>(
+        &mut self,
+        loss: Tensor<B, D>,
+    ) -> Result<GradientsParams, DdpError> {
         self.reducer.begin(true)?;
         let start = Instant::now();
         let _local = loss.backward();
         let end = Instant::now();
-        let (grads, buckets) = self
-            .reducer
-            .finish()?
-            .ok_or_else(|| DdpError::Misuse("internal error: synchronised backward returned no gradients".into()))?;
+        let early = self.scope.as_ref().map_or(0, |s| s.early_gradients());
+        self.clear_scope();
+        let (grads, buckets) = self.reducer.finish()?.ok_or_else(|| {
+            DdpError::Misuse("internal error: synchronised backward returned no gradients".into())
+        })?;
         let times = StepTimes {
             forward: self.forward_times.take().unwrap_or((start, start)),
             backward: (start, end),
             finished: Instant::now(),
             buckets,
         };
-        self.last_stats = Some(times.stats());
+        let mut stats = times.stats();
+        stats.early_gradients = early;
+        self.last_stats = Some(stats);
         self.step += 1;
         self.record(&times)?;
         Ok(grads)
@@ -260,17 +293,36 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     pub fn backward_no_sync<const D: usize>(&mut self, loss: Tensor<B, D>) -> Result<(), DdpError> {
         self.reducer.begin(false)?;
         let _local = loss.backward();
+        self.clear_scope();
         self.reducer.finish()?;
         Ok(())
     }
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
-    pub fn optimizer_step<O: Optimizer<M, B>>(&mut self, optimizer: &mut O, lr: f64, grads: GradientsParams) {
+    pub fn optimizer_step<O: Optimizer<M, B>>(
+        &mut self,
+        optimizer: &mut O,
+        lr: f64,
+        grads: GradientsParams,
+    ) {
         let start = Instant::now();
         let module = self.module.take().expect("module present");
         self.module = Some(optimizer.step(lr, module, grads));
-        if let Some(t) = self.timeline.as_mut().filter(|_| self.step as usize <= self.config.timeline_steps) {
+        if let Some(t) = self
+            .timeline
+            .as_mut()
+            .filter(|_| self.step as usize <= self.config.timeline_steps)
+        {
             t.record_optimizer(self.step, start, Instant::now());
+            if let Err(e) = self.write_timeline() {
+                tracing::warn!(error = %e, "could not write the timeline");
+            }
+        }
+    }
+
+    fn clear_scope(&mut self) {
+        if let Some(scope) = self.scope.take() {
+            scope.clear();
         }
     }
 
@@ -286,13 +338,23 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 
     fn record(&mut self, times: &StepTimes) -> Result<(), DdpError> {
-        let (Some(t), Some(path)) = (self.timeline.as_mut(), self.config.timeline_path.as_ref()) else {
+        let (Some(t), Some(path)) = (self.timeline.as_mut(), self.config.timeline_path.as_ref())
+        else {
             return Ok(());
         };
         if self.step as usize > self.config.timeline_steps {
             return Ok(());
         }
         t.record_step(self.step, times);
+        let _ = path;
+        self.write_timeline()
+    }
+
+    fn write_timeline(&self) -> Result<(), DdpError> {
+        let (Some(t), Some(path)) = (self.timeline.as_ref(), self.config.timeline_path.as_ref())
+        else {
+            return Ok(());
+        };
         std::fs::write(path, t.to_json()).map_err(|source| DdpError::Timeline {
             path: path.clone(),
             source,

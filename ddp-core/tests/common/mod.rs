@@ -33,7 +33,11 @@ impl<B: Backend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 2>, use_extra: bool) -> Tensor<B, 2> {
         let h = self.act.forward(self.fc1.forward(x.clone()));
         let y = self.fc2.forward(h);
-        if use_extra { y + self.extra.forward(x) } else { y }
+        if use_extra {
+            y + self.extra.forward(x)
+        } else {
+            y
+        }
     }
 }
 
@@ -57,7 +61,8 @@ pub fn flat_params<M: Module<B>>(m: &M) -> Vec<f32> {
     struct Collect(Vec<f32>);
     impl ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.0.extend(p.val().into_data().convert::<f32>().iter::<f32>());
+            self.0
+                .extend(p.val().into_data().convert::<f32>().iter::<f32>());
         }
     }
     let mut c = Collect(Vec::new());
@@ -79,7 +84,9 @@ pub fn run_ranks<T: Send>(n: usize, body: impl Fn(ProcessGroup) -> T + Sync) -> 
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
     })
 }
 
@@ -92,5 +99,8 @@ fn connect(addr: &str, rank: usize, n: usize) -> Result<ProcessGroup, CommError>
 /// Largest relative difference, `|a - b| / max(|b|, 1e-3)`.
 pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1e-3)).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+        .fold(0.0, f32::max)
 }

@@ -1,0 +1,273 @@
+//! DDP step time against plain burn training, and the cost of synchronisation.
+//!
+//! ```text
+//! cargo bench -p ddp-benches --bench ddp_step
+//! cargo bench -p ddp-benches --bench ddp_step -- --steps 30 --trace target/ddp_step_trace.json
+//! ```
+//!
+//! Model: MLP 1024-2048-2048-10 (6.3M parameters, 24 MiB of f32 gradients), batch 64 per rank,
+//! SGD, one compute thread per rank (`RAYON_NUM_THREADS=1`), ranks as separate processes.
+//!
+//! - world 1: plain burn step (forward, backward, `GradientsParams::from_grads`, SGD) against the
+//!   DDP step (forward through taps, backward with buckets, SGD), interleaved in rounds.
+//! - world 2: the synchronised step against the same step under `backward_no_sync`; the no-sync
+//!   step has no averaged gradients to apply, so the optimizer time measured in the synchronised
+//!   steps is added to it. Both in automatic mode and with layer boundaries marked, with the
+//!   fraction of all-reduce time that ran during backward.
+//!
+//! Times are medians of per-step wall times; compare ratios within one run.
+
+use anyhow::{Context, Result, bail};
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor};
+use clap::Parser;
+use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env, layer_boundary};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+type B = Autodiff<Flex>;
+const BATCH: usize = 64;
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// Measured steps per configuration (after warm-up).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Write the Chrome trace of world 2 (boundaries marked) here.
+    #[arg(long)]
+    trace: Option<String>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    l1: Linear<B>,
+    l2: Linear<B>,
+    l3: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(device: &B::Device) -> Self {
+        Mlp {
+            l1: LinearConfig::new(1024, 2048).init(device),
+            l2: LinearConfig::new(2048, 2048).init(device),
+            l3: LinearConfig::new(2048, 10).init(device),
+            act: Relu::new(),
+        }
+    }
+    fn forward(&self, x: Tensor<B, 2>, marked: bool) -> Tensor<B, 2> {
+        let mark = |t: Tensor<B, 2>| if marked { layer_boundary(t) } else { t };
+        let x = mark(self.act.forward(self.l1.forward(x)));
+        let x = mark(self.act.forward(self.l2.forward(x)));
+        self.l3.forward(x)
+    }
+}
+
+fn data(device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), device);
+    let y = Tensor::<B, 1, Int>::from_data(
+        burn::tensor::TensorData::new((0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(), [BATCH]),
+        device,
+    );
+    (x, y)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() -> Result<()> {
+    if std::env::var("RAYON_NUM_THREADS").is_err() {
+        // One compute thread per rank, set before anything starts a thread pool.
+        // SAFETY: single-threaded at this point (start of main).
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+    }
+    if std::env::var("RANK").is_ok() {
+        return world2_worker();
+    }
+    let args = Args::parse();
+    println!("# DDP step benchmark: MLP 1024-2048-2048-10 (6.3M params, 24 MiB f32 gradients)");
+    println!("# batch {BATCH} per rank, SGD, 1 compute thread per rank, {} steps per row (median)", args.steps);
+    world1(&args)?;
+    world2(&args)
+}
+
+fn world1(args: &Args) -> Result<()> {
+    let device = Default::default();
+    let server = ddp_core::StoreServer::bind("127.0.0.1:0", ddp_core::StoreConfig::new())?;
+    let store = ddp_core::Store::connect(&server.local_addr().to_string(), ddp_core::StoreConfig::new())?;
+    let pg = ProcessGroup::with_store(store, ddp_core::ProcessGroupConfig::new(0, 1))?;
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut plain_model = Mlp::<B>::new(&device);
+    let mut plain_opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device), pg, DdpConfig::new())?;
+    let mut ddp_opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let (mut plain, mut wrapped) = (Vec::new(), Vec::new());
+    let rounds = 4;
+    for round in 0..=rounds {
+        for _ in 0..args.steps.div_ceil(rounds) {
+            let (x, y) = data(&device);
+            let t = Instant::now();
+            let loss = loss_fn.forward(plain_model.forward(x, false), y);
+            let grads = GradientsParams::from_grads(loss.backward(), &plain_model);
+            plain_model = plain_opt.step(0.01, plain_model, grads);
+            if round > 0 {
+                plain.push(t.elapsed());
+            }
+        }
+        for _ in 0..args.steps.div_ceil(rounds) {
+            let (x, y) = data(&device);
+            let t = Instant::now();
+            let out = ddp.forward(|m| m.forward(x, false))?;
+            let grads = ddp.backward(loss_fn.forward(out, y))?;
+            ddp.optimizer_step(&mut ddp_opt, 0.01, grads);
+            if round > 0 {
+                wrapped.push(t.elapsed());
+            }
+        }
+    }
+    let (p, d) = (median(plain), median(wrapped));
+    println!("#\n# world 1: DDP overhead (goal: ratio <= 1.03)");
+    println!("# {:<28} {:>10} {:>12}", "configuration", "ms/step", "samples/s");
+    println!("  {:<28} {:>10.2} {:>12.0}", "plain burn", ms(p), BATCH as f64 / p.as_secs_f64());
+    println!("  {:<28} {:>10.2} {:>12.0}", "DDP (world 1)", ms(d), BATCH as f64 / d.as_secs_f64());
+    println!("  ratio DDP / plain: {:.3}", d.as_secs_f64() / p.as_secs_f64());
+    Ok(())
+}
+
+fn world2(args: &Args) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let forwarded: Vec<String> = std::env::args().skip(1).collect();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(&exe)
+                .args(&forwarded)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+                .spawn()
+                .with_context(|| format!("spawning rank {rank}"))
+        })
+        .collect::<Result<_>>()?;
+    let mut failed = false;
+    for mut c in children {
+        failed |= !c.wait()?.success();
+    }
+    let _ = args;
+    if failed {
+        bail!("a world-2 rank failed");
+    }
+    Ok(())
+}
+
+struct Measured {
+    sync: Duration,
+    no_sync: Duration,
+    optimizer: Duration,
+    overlap: f64,
+    comm: Duration,
+    after_backward: Duration,
+}
+
+fn world2_worker() -> Result<()> {
+    let args = Args::parse();
+    let pg = init_from_env()?;
+    if pg.rank() == 0 {
+        println!("#\n# world 2: synchronised step / no_sync step (goal: ratio <= 1.15; PyTorch gloo here: ~2)");
+        println!(
+            "# {:<22} {:>9} {:>10} {:>9} {:>7} {:>10} {:>12} {:>9}",
+            "mode", "sync ms", "no_sync ms", "optim ms", "ratio", "comm ms", "after bwd ms", "overlap"
+        );
+    }
+    for marked in [false, true] {
+        let config = match (&args.trace, marked) {
+            (Some(path), true) => DdpConfig::new().with_timeline_path(Some(path.clone())).with_timeline_steps(3),
+            _ => DdpConfig::new(),
+        };
+        let m = measure_world2(&pg, &args, marked, config)?;
+        if pg.rank() == 0 {
+            let no_sync_step = m.no_sync + m.optimizer;
+            println!(
+                "  {:<22} {:>9.2} {:>10.2} {:>9.2} {:>7.3} {:>10.2} {:>12.2} {:>8.0}%",
+                if marked { "layer boundaries" } else { "automatic" },
+                ms(m.sync),
+                ms(no_sync_step),
+                ms(m.optimizer),
+                m.sync.as_secs_f64() / no_sync_step.as_secs_f64(),
+                ms(m.comm),
+                ms(m.after_backward),
+                m.overlap * 100.0
+            );
+        }
+    }
+    if let (0, Some(path)) = (pg.rank(), &args.trace) {
+        println!("# Chrome trace of the first 3 steps with boundaries: {path}");
+    }
+    Ok(())
+}
+
+fn measure_world2(pg: &ProcessGroup, args: &Args, marked: bool, config: DdpConfig) -> Result<Measured> {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device), pg.clone(), config)?;
+    let mut opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let (mut sync, mut no_sync, mut optim, mut overlap, mut comm, mut after) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let rounds = 4;
+    for round in 0..=rounds {
+        for _ in 0..args.steps.div_ceil(rounds) {
+            let (x, y) = data(&device);
+            let t = Instant::now();
+            let out = ddp.forward(|m| m.forward(x, marked))?;
+            let grads = ddp.backward(loss_fn.forward(out, y))?;
+            let o = Instant::now();
+            ddp.optimizer_step(&mut opt, 0.01, grads);
+            if round > 0 {
+                optim.push(o.elapsed());
+                sync.push(t.elapsed());
+                let s = ddp.last_step_stats().cloned().unwrap_or_default();
+                overlap.push(s.overlap_fraction());
+                comm.push(s.comm);
+                after.push(s.sync_after_backward);
+            }
+        }
+        for _ in 0..args.steps.div_ceil(rounds) {
+            let (x, y) = data(&device);
+            let t = Instant::now();
+            let out = ddp.forward(|m| m.forward(x, marked))?;
+            ddp.backward_no_sync(loss_fn.forward(out, y))?;
+            if round > 0 {
+                no_sync.push(t.elapsed());
+            }
+        }
+        // Flush the accumulated gradients so the next round starts clean (not timed).
+        let (x, y) = data(&device);
+        let out = ddp.forward(|m| m.forward(x, marked))?;
+        let _ = ddp.backward(loss_fn.forward(out, y))?;
+    }
+    overlap.sort_by(|a, b| a.total_cmp(b));
+    Ok(Measured {
+        sync: median(sync),
+        no_sync: median(no_sync),
+        optimizer: median(optim),
+        overlap: overlap[overlap.len() / 2],
+        comm: median(comm),
+        after_backward: median(after),
+    })
+}

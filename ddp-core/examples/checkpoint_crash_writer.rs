@@ -1,0 +1,50 @@
+//! Helper program of `tests/checkpoint_crash.rs` (not a user example): a one-rank run that
+//! saves checkpoint `step-<STEP>` of a model whose every parameter equals `STEP`, then exits.
+//!
+//! ```text
+//! checkpoint_crash_writer <DIR> <STEP>
+//! ```
+//!
+//! The test runs it once to write step 1, then again for step 2 with the test-only hook
+//! `DDP_CHECKPOINT_TEST_PAUSE_MS` set, and SIGKILLs it while it is writing.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::AdamConfig;
+use burn::tensor::Tensor;
+use common::{B, Mlp};
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
+use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+
+/// Sets every float parameter to `value`.
+struct Fill(f32);
+
+impl ModuleMapper<B> for Fill {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let value = self.0;
+        param.map(|t| t.zeros_like().add_scalar(value).require_grad())
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let usage = "usage: checkpoint_crash_writer <DIR> <STEP>";
+    let dir = args.next().ok_or(usage)?;
+    let step: u64 = args.next().ok_or(usage)?.parse()?;
+
+    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
+    let store = Store::connect(&server.local_addr().to_string(), StoreConfig::new())?;
+    let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1))?;
+    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg)?;
+
+    let device = Default::default();
+    let model = Mlp::<B>::new(&device, 8).map(&mut Fill(step as f32));
+    let optim = AdamConfig::new().init::<B, Mlp<B>>();
+    let state = TrainingState::new(0, step).with_user(&format!("written by step {step}"))?;
+    println!("saving step {step}");
+    let saved = ckpt.save(&model, &optim, &state)?;
+    println!("saved {}", saved.name);
+    Ok(())
+}

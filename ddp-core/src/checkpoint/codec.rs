@@ -1,0 +1,192 @@
+//! Model and optimizer to bytes and back.
+//!
+//! - The model goes to safetensors through burn's `SafetensorsStore`: tensor names are module
+//!   paths (`fc1.weight`), so other tools (Python's `safetensors`) read it with meaningful names.
+//! - burn's optimizer state is keyed by `ParamId`, which is random per process and not part
+//!   of safetensors. `param_ids.json` maps each module path to its id, and a restored module
+//!   takes the saved ids, so the optimizer state reattaches to the right parameters (on every
+//!   rank, since DDP made every rank hold rank 0's ids before the save).
+//! - The optimizer state goes through burn's `BinBytesRecorder` at full precision.
+
+use super::error::CheckpointError;
+use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE};
+use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
+use burn::optim::Optimizer;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::store::{ModuleSnapshot, SafetensorsStore};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Int, Tensor};
+use std::collections::BTreeMap;
+
+/// Module path to `ParamId` value.
+type ParamIds = BTreeMap<String, u64>;
+
+/// The model as safetensors bytes and its `param_ids.json`.
+pub(crate) fn encode_model<B: Backend, M: ModuleSnapshot<B>>(
+    model: &M,
+) -> Result<(Vec<u8>, Vec<u8>), CheckpointError> {
+    let fail = |reason: String| CheckpointError::SerializeModel {
+        file: MODEL_FILE.into(),
+        reason,
+    };
+    let mut store = SafetensorsStore::from_bytes(None);
+    model
+        .save_into(&mut store)
+        .map_err(|e| fail(e.to_string()))?;
+    let bytes = store.get_bytes().map_err(|e| fail(e.to_string()))?;
+    let mut ids = ParamIds::new();
+    for snapshot in model.collect(None, None, false) {
+        if let Some(id) = snapshot.tensor_id {
+            ids.insert(snapshot.full_path(), id.val());
+        }
+    }
+    let ids = serde_json::to_vec_pretty(&ids).map_err(CheckpointError::json(format!(
+        "serialising {PARAM_IDS_FILE}"
+    )))?;
+    Ok((bytes, ids))
+}
+
+/// Loads safetensors `bytes` into `model` on `device` and gives its parameters the ids in
+/// `ids_json`. Every tensor of the model must be in the file and every tensor of the file in
+/// the model, with the same shapes.
+pub(crate) fn decode_model<B: Backend, M: ModuleSnapshot<B>>(
+    model: &mut M,
+    device: &B::Device,
+    bytes: Vec<u8>,
+    ids_json: &[u8],
+    name: &str,
+    rank: usize,
+) -> Result<(), CheckpointError> {
+    let fail = |file: &str, reason: String| CheckpointError::LoadModel {
+        name: name.to_string(),
+        file: file.to_string(),
+        rank,
+        reason,
+    };
+    let ids: ParamIds =
+        serde_json::from_slice(ids_json).map_err(|e| fail(PARAM_IDS_FILE, e.to_string()))?;
+    // `fork`, not `to_device`: on an autodiff backend `to_device` is a recorded op whose
+    // output no longer requires gradients.
+    let mut loaded = model.clone().fork(device);
+    let mut store = SafetensorsStore::from_bytes(Some(bytes));
+    let result = loaded
+        .load_from(&mut store)
+        .map_err(|e| fail(MODEL_FILE, e.to_string()))?;
+    if !result.unused.is_empty() {
+        return Err(fail(
+            MODEL_FILE,
+            format!(
+                "the file has tensors the model lacks: {}",
+                result.unused.join(", ")
+            ),
+        ));
+    }
+    let mut mapper = SetIds {
+        path: Vec::new(),
+        ids: &ids,
+        missing: Vec::new(),
+    };
+    let loaded = loaded.map(&mut mapper);
+    if !mapper.missing.is_empty() {
+        return Err(fail(
+            PARAM_IDS_FILE,
+            format!("no parameter id for {}", mapper.missing.join(", ")),
+        ));
+    }
+    *model = loaded;
+    Ok(())
+}
+
+/// The optimizer state as bytes.
+pub(crate) fn encode_optimizer<B, M, O>(optim: &O) -> Result<Vec<u8>, CheckpointError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    Recorder::<B>::record(&recorder, optim.to_record(), ()).map_err(|e| {
+        CheckpointError::SerializeOptimizer {
+            file: OPTIMIZER_FILE.into(),
+            reason: e.to_string(),
+        }
+    })
+}
+
+/// Restores the optimizer state from `bytes`, its tensors on `device`.
+pub(crate) fn decode_optimizer<B, M, O>(
+    optim: &mut O,
+    device: &B::Device,
+    bytes: Vec<u8>,
+    name: &str,
+    rank: usize,
+) -> Result<(), CheckpointError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = Recorder::<B>::load(&recorder, bytes, device).map_err(|e| {
+        CheckpointError::LoadOptimizer {
+            name: name.to_string(),
+            file: OPTIMIZER_FILE.into(),
+            rank,
+            reason: e.to_string(),
+        }
+    })?;
+    *optim = optim.clone().load_record(record);
+    Ok(())
+}
+
+/// Gives every parameter the id saved for its path (same path rules as burn-store's collector
+/// without enum-variant skipping).
+struct SetIds<'a> {
+    path: Vec<String>,
+    ids: &'a ParamIds,
+    missing: Vec<String>,
+}
+
+impl SetIds<'_> {
+    fn id_for(&mut self, current: ParamId) -> ParamId {
+        let path = self.path.join(".");
+        match self.ids.get(&path) {
+            Some(id) => ParamId::from(*id),
+            None => {
+                self.missing.push(path);
+                current
+            }
+        }
+    }
+}
+
+impl<B: Backend> ModuleMapper<B> for SetIds<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+    }
+}

@@ -1,0 +1,186 @@
+//! [`CheckpointConfig`]: where checkpoints go, how many are kept, how they are read back.
+
+use super::error::CheckpointError;
+use super::manifest::sha256_hex;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Settings of a [`Checkpointer`](super::Checkpointer).
+///
+/// ```
+/// # use ddp_core::checkpoint::CheckpointConfig;
+/// # #[derive(serde::Serialize)] struct TrainConfig { lr: f64 }
+/// let config = CheckpointConfig::new("runs/digits")
+///     .with_keep_last(3)
+///     .with_run_config(&TrainConfig { lr: 1e-3 })?;
+/// assert_eq!(config.keep_last(), Some(3));
+/// # Ok::<(), ddp_core::checkpoint::CheckpointError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    dir: PathBuf,
+    keep_last: Option<usize>,
+    shared_filesystem: bool,
+    run_config_hash: Option<String>,
+    strict_run_config: bool,
+}
+
+impl CheckpointConfig {
+    /// Checkpoints go into subdirectories of `dir` (on rank 0's machine), which is created if
+    /// needed. Defaults: keep every checkpoint, rank 0 reads and broadcasts on resume, no run
+    /// config hash.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        CheckpointConfig {
+            dir: dir.into(),
+            keep_last: None,
+            shared_filesystem: false,
+            run_config_hash: None,
+            strict_run_config: false,
+        }
+    }
+
+    /// Keeps only the newest `k` checkpoints (at least 1). Older ones are deleted only after a
+    /// new checkpoint is complete and `latest` points to it.
+    pub fn with_keep_last(mut self, k: usize) -> Self {
+        self.keep_last = Some(k);
+        self
+    }
+
+    /// Keeps every checkpoint (the default).
+    pub fn with_keep_all(mut self) -> Self {
+        self.keep_last = None;
+        self
+    }
+
+    /// With `true`, every rank reads the checkpoint files itself on resume (the directory must
+    /// be visible at the same path on every rank, e.g. a shared filesystem); rank 0 still picks
+    /// the checkpoint. With `false` (the default) rank 0 reads the files and broadcasts them,
+    /// so no shared filesystem is needed.
+    pub fn with_shared_filesystem(mut self, shared: bool) -> Self {
+        self.shared_filesystem = shared;
+        self
+    }
+
+    /// Records a hash of `run_config` (a burn `Config` or any serde value) in every checkpoint
+    /// and compares it on resume: a difference is a warning, or an error with
+    /// [`with_strict_run_config`](Self::with_strict_run_config).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Json`] if the value does not serialise to JSON.
+    pub fn with_run_config<T: Serialize + ?Sized>(
+        mut self,
+        run_config: &T,
+    ) -> Result<Self, CheckpointError> {
+        self.run_config_hash = Some(run_config_hash(run_config)?);
+        Ok(self)
+    }
+
+    /// Makes a run-config hash mismatch on resume an error
+    /// ([`CheckpointError::RunConfigMismatch`]) instead of a warning.
+    pub fn with_strict_run_config(mut self, strict: bool) -> Self {
+        self.strict_run_config = strict;
+        self
+    }
+
+    /// The checkpoint root directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many checkpoints are kept (`None`: all).
+    pub fn keep_last(&self) -> Option<usize> {
+        self.keep_last
+    }
+
+    /// Whether every rank reads the files itself on resume.
+    pub fn shared_filesystem(&self) -> bool {
+        self.shared_filesystem
+    }
+
+    /// The run config's hash, if one was given.
+    pub fn run_config_hash(&self) -> Option<&str> {
+        self.run_config_hash.as_deref()
+    }
+
+    /// Whether a run-config mismatch is an error.
+    pub fn strict_run_config(&self) -> bool {
+        self.strict_run_config
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), CheckpointError> {
+        if self.keep_last == Some(0) {
+            return Err(CheckpointError::InvalidConfig(
+                "keep_last is 0; keep at least 1 checkpoint (or use with_keep_all)".into(),
+            ));
+        }
+        if self.dir.as_os_str().is_empty() {
+            return Err(CheckpointError::InvalidConfig(
+                "the checkpoint directory is empty".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `sha256:<hex>` of `value`'s JSON. Maps are serialised with sorted keys (serde_json's
+/// `Value`), so the hash does not depend on a `HashMap`'s iteration order.
+///
+/// # Errors
+/// [`CheckpointError::Json`] if the value does not serialise to JSON.
+pub fn run_config_hash<T: Serialize + ?Sized>(value: &T) -> Result<String, CheckpointError> {
+    let json =
+        serde_json::to_value(value).map_err(CheckpointError::json("serialising the run config"))?;
+    let bytes = serde_json::to_vec(&sort_keys(json))
+        .map_err(CheckpointError::json("serialising the run config"))?;
+    Ok(format!("sha256:{}", sha256_hex(&bytes)))
+}
+
+/// Rebuilds objects with their keys in sorted order (also when serde_json keeps insertion
+/// order because some crate enabled its `preserve_order` feature).
+fn sort_keys(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn hash_ignores_map_order_and_sees_values() {
+        let a: HashMap<&str, f64> = [("lr", 0.1), ("wd", 0.0), ("b", 1.0)].into_iter().collect();
+        let b: HashMap<&str, f64> = [("b", 1.0), ("wd", 0.0), ("lr", 0.1)].into_iter().collect();
+        let c: HashMap<&str, f64> = [("b", 1.0), ("wd", 0.0), ("lr", 0.2)].into_iter().collect();
+        let (ha, hb, hc) = (
+            run_config_hash(&a).unwrap(),
+            run_config_hash(&b).unwrap(),
+            run_config_hash(&c).unwrap(),
+        );
+        assert_eq!(ha, hb);
+        assert_ne!(ha, hc);
+        assert!(ha.starts_with("sha256:") && ha.len() == 7 + 64, "{ha}");
+    }
+
+    #[test]
+    fn keep_last_zero_is_rejected() {
+        let err = CheckpointConfig::new("x")
+            .with_keep_last(0)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("keep_last is 0"), "{err}");
+    }
+}

@@ -1,0 +1,311 @@
+//! [`CheckpointError`]: every way saving or restoring a checkpoint can fail, and
+//! [`InvalidReason`]: why a checkpoint on disk failed verification.
+
+use ddp_comm::CommError;
+use ddp_data::DataError;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Why a checkpoint directory failed verification against its manifest. Such a checkpoint is
+/// skipped by [`Checkpointer::load_latest`](super::Checkpointer::load_latest) (with a warning
+/// naming it) in favour of the previous valid one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidReason {
+    /// The directory does not exist (for example `latest` names a deleted checkpoint).
+    #[error("directory {path} does not exist")]
+    MissingDir {
+        /// The checkpoint directory.
+        path: String,
+    },
+    /// The manifest is missing (the checkpoint was never completed).
+    #[error("manifest {file} is missing")]
+    MissingManifest {
+        /// The manifest's file name.
+        file: String,
+    },
+    /// The manifest is not valid JSON of the expected shape.
+    #[error("manifest {file} is unreadable: {error}")]
+    BadManifest {
+        /// The manifest's file name.
+        file: String,
+        /// The parser's message.
+        error: String,
+    },
+    /// The manifest was written by an incompatible checkpoint format.
+    #[error("manifest {file} has format version {found}, this build reads version {supported}")]
+    UnsupportedFormat {
+        /// The manifest's file name.
+        file: String,
+        /// The version found.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The manifest does not list a file every checkpoint has.
+    #[error("manifest does not list {file}")]
+    NotInManifest {
+        /// The file's name.
+        file: String,
+    },
+    /// A file listed in the manifest is missing.
+    #[error("file {file} is missing")]
+    MissingFile {
+        /// The file's name.
+        file: String,
+    },
+    /// A file could not be read.
+    #[error("file {file} could not be read: {error}")]
+    Unreadable {
+        /// The file's name.
+        file: String,
+        /// The I/O error.
+        error: String,
+    },
+    /// A file's size differs from the manifest's (truncated or appended to).
+    #[error("file {file} has {found} bytes, the manifest says {expected}")]
+    SizeMismatch {
+        /// The file's name.
+        file: String,
+        /// Size in the manifest.
+        expected: u64,
+        /// Size on disk.
+        found: u64,
+    },
+    /// A file's sha256 differs from the manifest's (altered contents).
+    #[error("file {file} has sha256 {found}, the manifest says {expected}")]
+    HashMismatch {
+        /// The file's name.
+        file: String,
+        /// Hash in the manifest.
+        expected: String,
+        /// Hash of the contents on disk.
+        found: String,
+    },
+    /// The training state passed the hash check but cannot be parsed (written by an
+    /// incompatible version).
+    #[error("file {file} does not parse: {error}")]
+    BadState {
+        /// The file's name.
+        file: String,
+        /// The parser's message.
+        error: String,
+    },
+}
+
+/// A checkpoint that failed verification and was skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvalidCheckpoint {
+    /// The checkpoint's directory name, e.g. `step-0000000120`.
+    pub name: String,
+    /// What was wrong with it.
+    pub reason: InvalidReason,
+}
+
+impl std::fmt::Display for InvalidCheckpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "checkpoint {}: {}", self.name, self.reason)
+    }
+}
+
+/// Failures of the [`Checkpointer`](super::Checkpointer). Collective operations fail on every
+/// rank: ranks other than 0 get [`Rank0Failed`](Self::Rank0Failed) or
+/// [`PeerFailed`](Self::PeerFailed) when another rank hit the actual error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The configuration is invalid.
+    #[error("invalid checkpoint config: {0}")]
+    InvalidConfig(String),
+    /// A directory could not be created.
+    #[error("creating directory {path}: {source}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file or directory could not be read or listed.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `fsync` failed: the data may not be on disk.
+    #[error("syncing {path} to disk: {source}")]
+    Sync {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A rename failed.
+    #[error("renaming {from} to {to}: {source}")]
+    Rename {
+        /// The source path.
+        from: PathBuf,
+        /// The destination path.
+        to: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stale temporary or pruned checkpoint could not be removed.
+    #[error("removing {path}: {source}")]
+    Remove {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value could not be converted to or from JSON.
+    #[error("{what}: {source}")]
+    Json {
+        /// What was being converted, e.g. `serialising the run config`.
+        what: String,
+        /// The serde_json error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The model could not be serialised.
+    #[error("serialising the model into {file}: {reason}")]
+    SerializeModel {
+        /// The model file.
+        file: String,
+        /// The store's message.
+        reason: String,
+    },
+    /// The optimizer state could not be serialised.
+    #[error("serialising the optimizer state into {file}: {reason}")]
+    SerializeOptimizer {
+        /// The optimizer file.
+        file: String,
+        /// The recorder's message.
+        reason: String,
+    },
+    /// The model file does not fit the model (different architecture, missing tensors...).
+    #[error("loading {file} of checkpoint {name} into the model on rank {rank}: {reason}")]
+    LoadModel {
+        /// The checkpoint.
+        name: String,
+        /// The file.
+        file: String,
+        /// The rank that failed.
+        rank: usize,
+        /// What did not fit.
+        reason: String,
+    },
+    /// The optimizer file does not fit the optimizer (a different optimizer type...).
+    #[error("loading {file} of checkpoint {name} into the optimizer on rank {rank}: {reason}")]
+    LoadOptimizer {
+        /// The checkpoint.
+        name: String,
+        /// The file.
+        file: String,
+        /// The rank that failed.
+        rank: usize,
+        /// The recorder's message.
+        reason: String,
+    },
+    /// The requested checkpoint failed verification.
+    #[error("checkpoint {name} in {dir} is invalid: {reason}")]
+    Invalid {
+        /// The checkpoint directory's name.
+        name: String,
+        /// The checkpoint root directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: InvalidReason,
+    },
+    /// The ranks called `save` with different global steps.
+    #[error(
+        "ranks called save with different global steps ({min} to {max}); every rank must save at the same step"
+    )]
+    StepMismatch {
+        /// The smallest step.
+        min: u64,
+        /// The largest step.
+        max: u64,
+    },
+    /// The run config's hash differs from the checkpoint's and the check is strict.
+    #[error(
+        "the run config changed since checkpoint {name}: its hash was {saved}, now {current} (strict run-config check)"
+    )]
+    RunConfigMismatch {
+        /// The checkpoint.
+        name: String,
+        /// The hash saved in the checkpoint.
+        saved: String,
+        /// The hash of the current run config.
+        current: String,
+    },
+    /// The checkpoint holds no sampler state but a loader restore was requested.
+    #[error("checkpoint {name} holds no sampler state; save one with TrainingState::with_sampler")]
+    NoSamplerState {
+        /// The checkpoint.
+        name: String,
+    },
+    /// The data loader or sampler refused the saved position (see `ddp_data::DataError`, e.g.
+    /// a mid-epoch world-size change that cannot be translated exactly).
+    #[error("restoring the data loader from checkpoint {name}: {source}")]
+    Sampler {
+        /// The checkpoint.
+        name: String,
+        /// ddp-data's error.
+        #[source]
+        source: DataError,
+    },
+    /// Rank 0 failed; its message was broadcast to this rank.
+    #[error("rank 0 failed to {action}: {message}")]
+    Rank0Failed {
+        /// What rank 0 was doing.
+        action: &'static str,
+        /// Rank 0's error message.
+        message: String,
+    },
+    /// Another rank failed while this one succeeded.
+    #[error("rank {rank} failed to {action} (see that rank's error)")]
+    PeerFailed {
+        /// The failing rank (the highest one, if several failed).
+        rank: usize,
+        /// What it was doing.
+        action: &'static str,
+    },
+    /// A collective failed (a peer died, stalled, or disagreed).
+    #[error("{context}: {source}")]
+    Comm {
+        /// What the checkpointer was doing.
+        context: &'static str,
+        /// The communication error.
+        #[source]
+        source: CommError,
+    },
+}
+
+impl CheckpointError {
+    pub(crate) fn comm(context: &'static str) -> impl FnOnce(CommError) -> CheckpointError {
+        move |source| CheckpointError::Comm { context, source }
+    }
+
+    pub(crate) fn json(
+        what: impl Into<String>,
+    ) -> impl FnOnce(serde_json::Error) -> CheckpointError {
+        let what = what.into();
+        move |source| CheckpointError::Json { what, source }
+    }
+}

@@ -1,0 +1,198 @@
+//! The manifest: the last file written into a checkpoint, listing every other file with its
+//! size and sha256. A checkpoint is valid only if every listed file matches.
+
+use super::error::InvalidReason;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The manifest's file name inside a checkpoint directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The model, in safetensors format; tensor names are module paths (`fc1.weight`).
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The optimizer state, burn's `BinBytesRecorder` with full precision.
+pub const OPTIMIZER_FILE: &str = "optimizer.bin";
+/// The training state and run metadata, JSON.
+pub const STATE_FILE: &str = "training_state.json";
+/// Module path to burn `ParamId`, JSON: the optimizer state is keyed by `ParamId`, so a
+/// restored module takes the saved ids.
+pub const PARAM_IDS_FILE: &str = "param_ids.json";
+/// The files every checkpoint holds besides the manifest.
+pub const CHECKPOINT_FILES: [&str; 4] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, PARAM_IDS_FILE];
+/// The manifest format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the checkpoint directory.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lowercase hex sha256 of the contents.
+    pub sha256: String,
+}
+
+impl FileEntry {
+    /// The entry describing `bytes` stored as `name`.
+    pub fn of(name: &str, bytes: &[u8]) -> Self {
+        FileEntry {
+            name: name.to_string(),
+            size: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+        }
+    }
+}
+
+/// The contents of `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint format version ([`FORMAT_VERSION`]).
+    pub format_version: u32,
+    /// The checkpoint's directory name.
+    pub name: String,
+    /// The global step it was taken at.
+    pub global_step: u64,
+    /// The ddp-core version that wrote it.
+    pub framework_version: String,
+    /// Every other file of the checkpoint.
+    pub files: Vec<FileEntry>,
+}
+
+impl Manifest {
+    /// The entry for `name`, if listed.
+    pub fn file(&self, name: &str) -> Option<&FileEntry> {
+        self.files.iter().find(|f| f.name == name)
+    }
+
+    /// Total size of the listed files.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// Checks `bytes` against the entry for `name`.
+    pub fn verify(&self, name: &str, bytes: &[u8]) -> Result<(), InvalidReason> {
+        let entry = self
+            .file(name)
+            .ok_or_else(|| InvalidReason::NotInManifest { file: name.into() })?;
+        if bytes.len() as u64 != entry.size {
+            return Err(InvalidReason::SizeMismatch {
+                file: name.into(),
+                expected: entry.size,
+                found: bytes.len() as u64,
+            });
+        }
+        let found = sha256_hex(bytes);
+        if found != entry.sha256 {
+            return Err(InvalidReason::HashMismatch {
+                file: name.into(),
+                expected: entry.sha256.clone(),
+                found,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Lowercase hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A checkpoint's files, read and verified.
+#[derive(Debug, Clone)]
+pub(crate) struct VerifiedFiles {
+    pub(crate) manifest: Manifest,
+    pub(crate) files: BTreeMap<String, Vec<u8>>,
+}
+
+impl VerifiedFiles {
+    /// The bytes of one of [`CHECKPOINT_FILES`] (present after verification).
+    pub(crate) fn get(&self, name: &str) -> &[u8] {
+        self.files.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// Reads the manifest of the checkpoint in `dir` and every file it must hold, checking sizes
+/// and hashes.
+pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, InvalidReason> {
+    if !dir.is_dir() {
+        return Err(InvalidReason::MissingDir {
+            path: dir.display().to_string(),
+        });
+    }
+    let manifest_bytes = read(dir, MANIFEST_FILE).map_err(|e| match e {
+        InvalidReason::MissingFile { file } => InvalidReason::MissingManifest { file },
+        other => other,
+    })?;
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_bytes).map_err(|e| InvalidReason::BadManifest {
+            file: MANIFEST_FILE.into(),
+            error: e.to_string(),
+        })?;
+    if manifest.format_version != FORMAT_VERSION {
+        return Err(InvalidReason::UnsupportedFormat {
+            file: MANIFEST_FILE.into(),
+            found: manifest.format_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let mut files = BTreeMap::new();
+    for name in CHECKPOINT_FILES {
+        if manifest.file(name).is_none() {
+            return Err(InvalidReason::NotInManifest { file: name.into() });
+        }
+        let bytes = read(dir, name)?;
+        manifest.verify(name, &bytes)?;
+        files.insert(name.to_string(), bytes);
+    }
+    Ok(VerifiedFiles { manifest, files })
+}
+
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>, InvalidReason> {
+    std::fs::read(dir.join(name)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() },
+        _ => InvalidReason::Unreadable {
+            file: name.into(),
+            error: e.to_string(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_abc() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn verify_names_the_file() {
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            name: "step-1".into(),
+            global_step: 1,
+            framework_version: "0".into(),
+            files: vec![FileEntry::of("a.bin", b"hello")],
+        };
+        assert_eq!(m.verify("a.bin", b"hello"), Ok(()));
+        let short = m.verify("a.bin", b"hell").unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("a.bin has 4 bytes, the manifest says 5"),
+            "{short}"
+        );
+        let altered = m.verify("a.bin", b"jello").unwrap_err();
+        assert!(matches!(altered, InvalidReason::HashMismatch { ref file, .. } if file == "a.bin"));
+    }
+}

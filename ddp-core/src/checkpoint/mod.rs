@@ -1,0 +1,150 @@
+//! Checkpoints with exact resume: model, optimizer, data-loader position, RNG state and a
+//! free-form payload, written atomically by rank 0 and restored on every rank.
+//!
+//! - [`Checkpointer::save`]: every rank calls it at the same step; the ranks meet, rank 0
+//!   writes, the ranks meet again. Only rank 0 serialises anything.
+//! - [`Checkpointer::load_latest`]: rank 0 finds the newest checkpoint that verifies, reads it
+//!   and broadcasts it (no shared filesystem needed; with
+//!   [`CheckpointConfig::with_shared_filesystem`] every rank reads it itself). Each rank loads
+//!   onto the device it passes (burn's `map_location`). Invalid checkpoints are skipped with a
+//!   warning naming the checkpoint and the bad file; no valid checkpoint is a fresh start
+//!   ([`LoadOutcome::Fresh`], logged).
+//!
+//! # On disk
+//!
+//! ```text
+//! runs/digits/
+//! ├── latest                    "step-0000000120\n", replaced atomically
+//! ├── step-0000000100/
+//! └── step-0000000120/
+//!     ├── model.safetensors     tensor names are module paths (fc1.weight, fc1.bias, ...)
+//!     ├── optimizer.bin         burn BinBytesRecorder, full precision, keyed by ParamId
+//!     ├── param_ids.json        module path -> ParamId (so the optimizer state reattaches)
+//!     ├── training_state.json   TrainingState, per-rank rng, world size, run-config hash,
+//!     │                         ddp-core version
+//!     └── manifest.json         written last: size and sha256 of every other file
+//! ```
+//!
+//! **Atomicity.** A checkpoint is written into `.tmp-<name>-<pid>/`, every file and the
+//! directory fsynced, then renamed into place; then `latest` is replaced (temporary file,
+//! fsync, rename, directory fsync); only then are checkpoints beyond keep-last-K deleted. A
+//! crash at any moment leaves the previous checkpoint and `latest` intact; the leftovers are
+//! removed by [`Checkpointer::new`]. `latest` is authoritative: a complete directory newer
+//! than it (crash between rename and pointer update) is not used.
+//!
+//! **World-size changes.** The model and optimizer are the same for any world size. The
+//! sampler position is translated by global sample count by ddp-data
+//! ([`Resumed::restore_loader`]): exact when the samples consumed by all ranks in the epoch
+//! divide by the new world size (always at epoch boundaries); otherwise it is refused with
+//! `DataError::WorldSizeChange` (wrapped in [`CheckpointError::Sampler`]). Per-rank RNG
+//! states are dropped; the global step is kept as is.
+//!
+//! **ParamIds.** burn's optimizer state is keyed by `ParamId`, random per process. A restored
+//! module takes the saved ids, so load **before** wrapping the model in
+//! [`DistributedDataParallel`](crate::DistributedDataParallel) (which registers ids at
+//! construction).
+//!
+//! **Test-only hook.** [`TEST_PAUSE_ENV`] (`DDP_CHECKPOINT_TEST_PAUSE_MS`) makes the writer
+//! sleep after each file, so tests can kill it mid-write. Never set it in production.
+//!
+//! # A training loop
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::data::{dataloader::batcher::Batcher, dataset::InMemDataset};
+//! use burn::nn::{Linear, LinearConfig, loss::MseLoss, loss::Reduction};
+//! use burn::optim::AdamConfig;
+//! use burn::tensor::{Device, Tensor, TensorData};
+//! use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+//! use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env};
+//! use ddp_data::{DistributedDataLoaderBuilder, DistributedSamplerConfig};
+//!
+//! type B = Autodiff<Flex>;
+//!
+//! /// `[x0, x1, x2, x3, y]` rows to an input and a target tensor.
+//! #[derive(Clone)]
+//! struct Rows;
+//! impl Batcher<B, [f32; 5], (Tensor<B, 2>, Tensor<B, 2>)> for Rows {
+//!     fn batch(&self, items: Vec<[f32; 5]>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+//!         let n = items.len();
+//!         let x: Vec<f32> = items.iter().flat_map(|r| r[..4].to_vec()).collect();
+//!         let y: Vec<f32> = items.iter().map(|r| r[4]).collect();
+//!         (Tensor::from_data(TensorData::new(x, [n, 4]), device), Tensor::from_data(TensorData::new(y, [n, 1]), device))
+//!     }
+//! }
+//!
+//! #[derive(serde::Serialize)]
+//! struct RunConfig { lr: f64, batch_size: usize, epochs: u64 }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let run = RunConfig { lr: 1e-3, batch_size: 16, epochs: 10 };
+//! let device = Default::default();
+//! let pg = init_from_env()?; // set by ddp-run
+//! let ckpt = Checkpointer::new(
+//!     CheckpointConfig::new("runs/digits").with_keep_last(3).with_run_config(&run)?,
+//!     pg.clone(),
+//! )?;
+//!
+//! let items: Vec<[f32; 5]> = (0..1000).map(|i| [i as f32 / 1000.0, 0.5, -0.5, 1.0, 0.25]).collect();
+//! let sampler = DistributedSamplerConfig::new(pg.world_size(), pg.rank()).with_seed(42);
+//! let mut loader = DistributedDataLoaderBuilder::new(Rows)
+//!     .batch_size(run.batch_size)
+//!     .build(InMemDataset::new(items), sampler)?;
+//! let mut model: Linear<B> = LinearConfig::new(4, 1).init(&device);
+//! let mut optim = AdamConfig::new().init();
+//!
+//! // Resume before wrapping in DDP.
+//! let (mut first_epoch, mut step) = (0, 0);
+//! match ckpt.load_latest(&device, &mut model, &mut optim)? {
+//!     LoadOutcome::Resumed(resumed) => {
+//!         resumed.restore_loader(&mut loader)?; // next unseen batch
+//!         first_epoch = resumed.state.epoch;
+//!         step = resumed.state.global_step;
+//!         println!("resumed from {} at epoch {first_epoch}, step {step}", resumed.info.name);
+//!     }
+//!     fresh => println!("{fresh}"), // "no valid checkpoint in runs/digits: starting fresh"
+//! }
+//! let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new())?;
+//!
+//! for epoch in first_epoch..run.epochs {
+//!     loader.set_epoch(epoch); // keeps a restored mid-epoch position
+//!     for batch in loader.iter() {
+//!         let (x, y) = batch?;
+//!         let pred = ddp.forward(|m| m.forward(x))?;
+//!         let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
+//!         ddp.optimizer_step(&mut optim, run.lr, grads);
+//!         step += 1;
+//!         if step % 100 == 0 {
+//!             let state = TrainingState::new(epoch, step).with_sampler(loader.state());
+//!             ckpt.save(ddp.module(), &optim, &state)?; // every rank, same step
+//!         }
+//!     }
+//!     let state = TrainingState::new(epoch, step)
+//!         .with_sampler(loader.state())
+//!         .with_user(&serde_json::json!({ "note": "end of epoch" }))?;
+//!     ckpt.save(ddp.module(), &optim, &state)?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod checkpointer;
+mod codec;
+mod config;
+mod error;
+mod manifest;
+mod outcome;
+mod reader;
+mod state;
+mod sync;
+mod writer;
+
+pub use checkpointer::Checkpointer;
+pub use config::{CheckpointConfig, run_config_hash};
+pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
+pub use manifest::{
+    CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
+    OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
+};
+pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
+pub use state::{FRAMEWORK_VERSION, TrainingState};
+pub use writer::{LATEST_FILE, TEST_PAUSE_ENV, checkpoint_name, parse_checkpoint_name};

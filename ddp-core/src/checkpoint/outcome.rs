@@ -1,0 +1,171 @@
+//! What saving and resuming return: [`SavedCheckpoint`], [`LoadOutcome`], [`Resumed`],
+//! [`CheckpointInfo`].
+
+use super::error::{CheckpointError, InvalidCheckpoint};
+use super::state::TrainingState;
+use burn::tensor::backend::Backend;
+use ddp_data::DistributedDataLoader;
+use std::path::PathBuf;
+
+/// A checkpoint written by [`Checkpointer::save`](super::Checkpointer::save) (the same on
+/// every rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedCheckpoint {
+    /// Directory name, e.g. `step-0000000120`.
+    pub name: String,
+    /// Full path of the checkpoint directory (on rank 0's machine).
+    pub path: PathBuf,
+    /// The global step it was taken at.
+    pub global_step: u64,
+    /// Total size of its files.
+    pub bytes: u64,
+    /// Older checkpoints deleted by keep-last-K.
+    pub removed: Vec<String>,
+}
+
+/// Where a resumed run came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Directory name, e.g. `step-0000000120`.
+    pub name: String,
+    /// Full path of the checkpoint directory (on rank 0's machine).
+    pub path: PathBuf,
+    /// The global step it was taken at.
+    pub global_step: u64,
+    /// The world size it was saved with.
+    pub saved_world_size: usize,
+    /// The world size it was loaded on.
+    pub world_size: usize,
+    /// The run config hash saved with it.
+    pub run_config_hash: Option<String>,
+    /// The ddp-core version that wrote it.
+    pub framework_version: String,
+    /// Total size of its files.
+    pub bytes: u64,
+}
+
+impl CheckpointInfo {
+    /// Whether it was saved with another world size. Model and optimizer load as usual; the
+    /// sampler position is translated by global sample count when that is exact (see
+    /// [`Resumed::restore_loader`]).
+    pub fn world_size_changed(&self) -> bool {
+        self.saved_world_size != self.world_size
+    }
+}
+
+/// A run restored from a checkpoint: the model and optimizer passed to
+/// [`load_latest`](super::Checkpointer::load_latest) now hold its values; the rest is here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// Which checkpoint.
+    pub info: CheckpointInfo,
+    /// The training state saved with it (this rank's `rank_rng` when the world size is
+    /// unchanged).
+    pub state: TrainingState,
+    /// Newer checkpoints that failed verification and were skipped.
+    pub invalid: Vec<InvalidCheckpoint>,
+}
+
+impl Resumed {
+    /// Restores `loader` to the saved position: with the same world size, exactly; with
+    /// another one, translated by global sample count when exact (ddp-data's rule: the samples
+    /// consumed by all ranks together must be a multiple of the new world size, or the save
+    /// was at an epoch boundary), else [`CheckpointError::Sampler`] wrapping
+    /// `DataError::WorldSizeChange`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NoSamplerState`], [`CheckpointError::Sampler`].
+    pub fn restore_loader<B: Backend, I, O>(
+        &self,
+        loader: &mut DistributedDataLoader<B, I, O>,
+    ) -> Result<(), CheckpointError> {
+        let state = self
+            .state
+            .sampler
+            .as_ref()
+            .ok_or_else(|| CheckpointError::NoSamplerState {
+                name: self.info.name.clone(),
+            })?;
+        loader
+            .load_state(state)
+            .map_err(|source| CheckpointError::Sampler {
+                name: self.info.name.clone(),
+                source,
+            })
+    }
+}
+
+/// The result of [`Checkpointer::load_latest`](super::Checkpointer::load_latest), the same on
+/// every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadOutcome {
+    /// No valid checkpoint: the model and optimizer are untouched; start from scratch.
+    Fresh {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Checkpoints that exist but failed verification.
+        invalid: Vec<InvalidCheckpoint>,
+    },
+    /// Restored from a checkpoint.
+    Resumed(Box<Resumed>),
+}
+
+impl LoadOutcome {
+    /// The resumed run, if any.
+    pub fn resumed(&self) -> Option<&Resumed> {
+        match self {
+            LoadOutcome::Resumed(r) => Some(r),
+            LoadOutcome::Fresh { .. } => None,
+        }
+    }
+
+    /// The resumed run, if any.
+    pub fn into_resumed(self) -> Option<Resumed> {
+        match self {
+            LoadOutcome::Resumed(r) => Some(*r),
+            LoadOutcome::Fresh { .. } => None,
+        }
+    }
+
+    /// Checkpoints that failed verification and were skipped.
+    pub fn invalid(&self) -> &[InvalidCheckpoint] {
+        match self {
+            LoadOutcome::Resumed(r) => &r.invalid,
+            LoadOutcome::Fresh { invalid, .. } => invalid,
+        }
+    }
+}
+
+impl std::fmt::Display for LoadOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadOutcome::Fresh { dir, invalid } => {
+                write!(
+                    f,
+                    "no valid checkpoint in {}: starting fresh",
+                    dir.display()
+                )?;
+                if !invalid.is_empty() {
+                    write!(f, " ({} invalid checkpoint(s) skipped)", invalid.len())?;
+                }
+                Ok(())
+            }
+            LoadOutcome::Resumed(r) => {
+                write!(
+                    f,
+                    "resumed from {} (epoch {}, global step {}",
+                    r.info.path.display(),
+                    r.state.epoch,
+                    r.state.global_step
+                )?;
+                if r.info.world_size_changed() {
+                    write!(f, ", saved with world size {}", r.info.saved_world_size)?;
+                }
+                for bad in &r.invalid {
+                    write!(f, "; skipped {bad}")?;
+                }
+                write!(f, ")")
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The collectives of saving and resuming: agreeing on the step, rank 0 telling the others
+//! how its part went, rank 0 broadcasting what it read, and every rank agreeing that all of
+//! them succeeded (so no rank trains on while another failed).
+
+use super::error::CheckpointError;
+use ddp_comm::{ProcessGroup, ReduceOp};
+
+/// Fails on every rank, identically, unless all ranks pass the same `step`.
+pub(crate) fn agree_on_step(pg: &ProcessGroup, step: u64) -> Result<(), CheckpointError> {
+    let context = "agreeing on the checkpoint step";
+    let mut lo = [step as i64];
+    let mut hi = [step as i64];
+    pg.all_reduce(&mut lo, ReduceOp::Min)
+        .map_err(CheckpointError::comm(context))?;
+    pg.all_reduce(&mut hi, ReduceOp::Max)
+        .map_err(CheckpointError::comm(context))?;
+    if lo == hi {
+        Ok(())
+    } else {
+        Err(CheckpointError::StepMismatch {
+            min: lo[0] as u64,
+            max: hi[0] as u64,
+        })
+    }
+}
+
+/// Sends `bytes` from `root` to every rank (length first); other ranks' `bytes` are ignored.
+pub(crate) fn broadcast_bytes(
+    pg: &ProcessGroup,
+    bytes: Vec<u8>,
+    root: usize,
+    context: &'static str,
+) -> Result<Vec<u8>, CheckpointError> {
+    let mut len = [bytes.len() as i64];
+    pg.broadcast(&mut len, root)
+        .map_err(CheckpointError::comm(context))?;
+    let len = usize::try_from(len[0]).unwrap_or(0);
+    let mut buf = if pg.rank() == root {
+        bytes
+    } else {
+        vec![0u8; len]
+    };
+    if len > 0 {
+        pg.broadcast(&mut buf, root)
+            .map_err(CheckpointError::comm(context))?;
+    }
+    Ok(buf)
+}
+
+/// Runs `work` on rank 0 only and shares how it went: rank 0 gets its result (`Some`), the
+/// others `Ok(None)` or [`CheckpointError::Rank0Failed`] with rank 0's message.
+pub(crate) fn on_rank0<T>(
+    pg: &ProcessGroup,
+    action: &'static str,
+    work: impl FnOnce() -> Result<T, CheckpointError>,
+) -> Result<Option<T>, CheckpointError> {
+    let result = if pg.rank() == 0 { Some(work()) } else { None };
+    let message = match &result {
+        Some(Err(e)) => e.to_string().into_bytes(),
+        _ => Vec::new(),
+    };
+    let mut failed = [i32::from(matches!(result, Some(Err(_))))];
+    pg.broadcast(&mut failed, 0)
+        .map_err(CheckpointError::comm("sharing rank 0's outcome"))?;
+    if failed[0] != 0 {
+        let message = broadcast_bytes(pg, message, 0, "sharing rank 0's error")?;
+        if pg.rank() != 0 {
+            return Err(CheckpointError::Rank0Failed {
+                action,
+                message: String::from_utf8_lossy(&message).into_owned(),
+            });
+        }
+    }
+    result.transpose()
+}
+
+/// Every rank learns whether all succeeded: returns this rank's own error, or
+/// [`CheckpointError::PeerFailed`] naming the highest failing rank, or the value.
+pub(crate) fn all_succeeded<T>(
+    pg: &ProcessGroup,
+    result: Result<T, CheckpointError>,
+    action: &'static str,
+) -> Result<T, CheckpointError> {
+    let mut failed = [if result.is_err() {
+        pg.rank() as i64 + 1
+    } else {
+        0
+    }];
+    pg.all_reduce(&mut failed, ReduceOp::Max)
+        .map_err(CheckpointError::comm("agreeing that every rank succeeded"))?;
+    match (result, failed[0]) {
+        (Err(e), _) => Err(e),
+        (Ok(v), 0) => Ok(v),
+        (Ok(_), rank) => Err(CheckpointError::PeerFailed {
+            rank: (rank - 1) as usize,
+            action,
+        }),
+    }
+}
+
+/// Gathers every rank's `bytes` on every rank (one broadcast per rank), skipped entirely when
+/// all are empty. Returns the payloads by rank.
+pub(crate) fn all_gather_bytes(
+    pg: &ProcessGroup,
+    bytes: Vec<u8>,
+) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let mut longest = [bytes.len() as i64];
+    pg.all_reduce(&mut longest, ReduceOp::Max)
+        .map_err(CheckpointError::comm("gathering per-rank state"))?;
+    if longest[0] == 0 {
+        return Ok(vec![Vec::new(); pg.world_size()]);
+    }
+    let mut mine = Some(bytes);
+    (0..pg.world_size())
+        .map(|root| {
+            let payload = if root == pg.rank() {
+                mine.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            broadcast_bytes(pg, payload, root, "gathering per-rank state")
+        })
+        .collect()
+}

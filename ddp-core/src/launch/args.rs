@@ -1,0 +1,349 @@
+//! [`LaunchArgs`]: the launcher flags as the user typed them (or set through `DDP_*`
+//! environment variables). Nothing is validated here; [`LaunchPlan`](super::LaunchPlan) does that.
+
+use clap::Args;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How many worker processes to start on this node (`--nproc-per-node`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NprocPerNode {
+    /// Exactly this many processes (0 is rejected when the plan is built).
+    Count(usize),
+    /// One process per CPU core available to the launcher
+    /// ([`std::thread::available_parallelism`]). GPUs are not counted yet: on a GPU machine,
+    /// pass the number of GPUs explicitly.
+    Auto,
+}
+
+impl FromStr for NprocPerNode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(NprocPerNode::Auto);
+        }
+        s.parse::<usize>()
+            .map(NprocPerNode::Count)
+            .map_err(|_| format!("expected a number of processes or 'auto', got '{s}'"))
+    }
+}
+
+impl fmt::Display for NprocPerNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NprocPerNode::Count(n) => write!(f, "{n}"),
+            NprocPerNode::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// Help heading of the launcher's flags (per flag, so it does not leak into the flags that
+/// follow a flattened `LaunchArgs`).
+const HEADING: &str = "Launcher options";
+
+/// Parses a non-negative number of seconds (fractions allowed) into a [`Duration`].
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected a number of seconds, got '{s}'"))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("expected a non-negative number of seconds, got '{s}'"))
+}
+
+/// The launcher's flags, torchrun's names. Flatten it into your own clap parser:
+///
+/// ```
+/// use clap::Parser;
+/// #[derive(Parser)]
+/// struct Args {
+///     /// Your own flags pass through to every worker unchanged.
+///     #[arg(long, default_value_t = 3)]
+///     epochs: usize,
+///     #[command(flatten)]
+///     launch: ddp_core::LaunchArgs,
+/// }
+/// let args = Args::parse_from(["train", "--nproc-per-node", "2", "--epochs", "5"]);
+/// assert_eq!(args.launch.nproc_per_node, Some(ddp_core::NprocPerNode::Count(2)));
+/// ```
+///
+/// Every flag also reads a `DDP_*` environment variable when not given (`DDP_NPROC_PER_NODE`,
+/// `DDP_NNODES`, `DDP_NODE_RANK`, `DDP_MASTER_ADDR`, `DDP_MASTER_PORT`, `DDP_MAX_RESTARTS`,
+/// `DDP_LOG_DIR`). Workers ignore these flags: they get their place in the job from the
+/// environment the launcher sets. Your program must not define flags with the same names.
+///
+/// Build one in code with [`LaunchArgs::new`] and the `with_*` methods; the defaults equal
+/// parsing an empty command line.
+#[derive(Debug, Clone, PartialEq, Args)]
+// clap turns a flattened struct's doc comment into the parent command's `about`; keep ours out.
+#[command(about = None, long_about = None)]
+#[non_exhaustive]
+pub struct LaunchArgs {
+    /// Worker processes on this node: a number, or `auto` for one per CPU core [default: 1]
+    #[arg(long, help_heading = HEADING, value_name = "N|auto", env = "DDP_NPROC_PER_NODE")]
+    pub nproc_per_node: Option<NprocPerNode>,
+
+    /// Number of nodes in the job; above 1, --master-addr and --master-port are required
+    /// [default: 1]
+    #[arg(long, help_heading = HEADING, value_name = "N", env = "DDP_NNODES")]
+    pub nnodes: Option<usize>,
+
+    /// This node's rank, in 0..nnodes; node k's local rank j is global rank k*nproc_per_node+j
+    /// [default: 0]
+    #[arg(long, help_heading = HEADING, value_name = "K", env = "DDP_NODE_RANK")]
+    pub node_rank: Option<usize>,
+
+    /// Address of node 0 as every node reaches it [default: 127.0.0.1 on a single node]
+    #[arg(long, help_heading = HEADING, value_name = "HOST", env = "DDP_MASTER_ADDR")]
+    pub master_addr: Option<String>,
+
+    /// Port on node 0: the workers' store on a single node, the launchers' rendezvous on
+    /// several [default: a free port, single node only]
+    #[arg(long, help_heading = HEADING, value_name = "PORT", env = "DDP_MASTER_PORT")]
+    pub master_port: Option<u16>,
+
+    /// Single node on this host with a free port (torchrun's --standalone; also the default
+    /// when --nnodes is 1)
+    #[arg(long, help_heading = HEADING)]
+    pub standalone: bool,
+
+    /// Restart the whole group this many times after a failure (DDP_RESTART_COUNT tells the
+    /// workers which attempt they are)
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0, env = "DDP_MAX_RESTARTS")]
+    pub max_restarts: u32,
+
+    /// Also write each rank's output to DIR/attempt_A/rank_R.log (A: restart count, R: rank)
+    #[arg(long, help_heading = HEADING, value_name = "DIR", env = "DDP_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping workers
+    #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    pub grace_period: Duration,
+
+    /// Lines of the failing rank's output shown in the failure summary
+    #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20)]
+    pub tail_lines: usize,
+
+    /// Seconds to wait for every node to join the rendezvous (multi-node only)
+    #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "600", value_parser = parse_secs)]
+    pub join_timeout: Duration,
+}
+
+impl Default for LaunchArgs {
+    fn default() -> Self {
+        LaunchArgs {
+            nproc_per_node: None,
+            nnodes: None,
+            node_rank: None,
+            master_addr: None,
+            master_port: None,
+            standalone: false,
+            max_restarts: 0,
+            log_dir: None,
+            grace_period: Duration::from_secs(5),
+            tail_lines: 20,
+            join_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+impl LaunchArgs {
+    /// The defaults: one process, one node, free port, no restarts.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets `--nproc-per-node`.
+    pub fn with_nproc_per_node(mut self, n: NprocPerNode) -> Self {
+        self.nproc_per_node = Some(n);
+        self
+    }
+    /// Sets `--nnodes` and `--node-rank`.
+    pub fn with_nodes(mut self, nnodes: usize, node_rank: usize) -> Self {
+        self.nnodes = Some(nnodes);
+        self.node_rank = Some(node_rank);
+        self
+    }
+    /// Sets `--master-addr`.
+    pub fn with_master_addr(mut self, addr: impl Into<String>) -> Self {
+        self.master_addr = Some(addr.into());
+        self
+    }
+    /// Sets `--master-port`.
+    pub fn with_master_port(mut self, port: u16) -> Self {
+        self.master_port = Some(port);
+        self
+    }
+    /// Sets `--standalone`.
+    pub fn with_standalone(mut self, standalone: bool) -> Self {
+        self.standalone = standalone;
+        self
+    }
+    /// Sets `--max-restarts`.
+    pub fn with_max_restarts(mut self, n: u32) -> Self {
+        self.max_restarts = n;
+        self
+    }
+    /// Sets `--log-dir`.
+    pub fn with_log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+    /// Sets `--grace-period`.
+    pub fn with_grace_period(mut self, grace: Duration) -> Self {
+        self.grace_period = grace;
+        self
+    }
+    /// Sets `--tail-lines`.
+    pub fn with_tail_lines(mut self, n: usize) -> Self {
+        self.tail_lines = n;
+        self
+    }
+    /// Sets `--join-timeout`.
+    pub fn with_join_timeout(mut self, timeout: Duration) -> Self {
+        self.join_timeout = timeout;
+        self
+    }
+
+    /// Whether the user asked for a launch explicitly (`--nproc-per-node` or `--nnodes` given).
+    /// Explicit flags win over a Slurm or Open MPI environment; see [`launch`](super::launch).
+    pub fn is_explicit(&self) -> bool {
+        self.nproc_per_node.is_some() || self.nnodes.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        launch: LaunchArgs,
+        #[arg(long)]
+        epochs: Option<u32>,
+    }
+
+    fn parse(args: &[&str]) -> Result<LaunchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("prog").chain(args.iter().copied())).map(|c| c.launch)
+    }
+
+    #[test]
+    fn defaults_equal_an_empty_command_line() {
+        // Only meaningful when no DDP_* variable is set in the test environment.
+        if std::env::vars().any(|(k, _)| k.starts_with("DDP_")) {
+            eprintln!("skipping: DDP_* variables are set");
+            return;
+        }
+        assert_eq!(parse(&[]).expect("parses"), LaunchArgs::default());
+    }
+
+    #[test]
+    fn torchrun_flags_parse_and_user_flags_pass_through() {
+        let cli = Cli::try_parse_from([
+            "prog",
+            "--nproc-per-node",
+            "auto",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.0.0.1",
+            "--master-port",
+            "29500",
+            "--max-restarts",
+            "3",
+            "--log-dir",
+            "/tmp/logs",
+            "--grace-period",
+            "0.5",
+            "--epochs",
+            "7",
+        ])
+        .expect("parses");
+        let a = cli.launch;
+        assert_eq!(a.nproc_per_node, Some(NprocPerNode::Auto));
+        assert_eq!((a.nnodes, a.node_rank), (Some(2), Some(1)));
+        assert_eq!(a.master_addr.as_deref(), Some("10.0.0.1"));
+        assert_eq!(a.master_port, Some(29500));
+        assert_eq!(a.max_restarts, 3);
+        assert_eq!(a.log_dir, Some(PathBuf::from("/tmp/logs")));
+        assert_eq!(a.grace_period, Duration::from_millis(500));
+        assert_eq!(cli.epochs, Some(7));
+        assert!(a.is_explicit());
+    }
+
+    #[test]
+    fn bad_values_are_rejected_by_the_parser_with_the_value() {
+        let e = parse(&["--nproc-per-node", "two"]).unwrap_err().to_string();
+        assert!(
+            e.contains("expected a number of processes or 'auto', got 'two'"),
+            "{e}"
+        );
+        let e = parse(&["--grace-period=-1"]).unwrap_err().to_string();
+        assert!(
+            e.contains("non-negative number of seconds, got '-1'"),
+            "{e}"
+        );
+        let e = parse(&["--master-port", "70000"]).unwrap_err().to_string();
+        assert!(e.contains("70000"), "{e}");
+    }
+
+    #[test]
+    fn flattening_does_not_touch_the_programs_about_or_its_flags_heading() {
+        use clap::CommandFactory;
+        /// My trainer.
+        #[derive(Parser)]
+        struct Documented {
+            #[command(flatten)]
+            launch: LaunchArgs,
+            /// Own flag after the flattened ones.
+            #[arg(long)]
+            epochs: Option<u32>,
+        }
+        let cmd = Documented::command();
+        assert_eq!(
+            cmd.get_about().map(|a| a.to_string()).as_deref(),
+            Some("My trainer")
+        );
+        let heading = |id: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help_heading())
+        };
+        assert_eq!(heading("epochs"), None);
+        assert_eq!(heading("nproc_per_node"), Some(HEADING));
+        // Without a doc comment of its own, the program has no about (not ours).
+        assert!(Cli::command().get_about().is_none());
+    }
+
+    #[test]
+    fn zero_processes_parses_so_the_plan_can_reject_it_clearly() {
+        assert_eq!(
+            parse(&["--nproc-per-node", "0"])
+                .expect("parses")
+                .nproc_per_node,
+            Some(NprocPerNode::Count(0))
+        );
+    }
+
+    #[test]
+    fn builder_sets_the_same_fields_as_flags() {
+        let built = LaunchArgs::new()
+            .with_nproc_per_node(NprocPerNode::Count(4))
+            .with_nodes(2, 1)
+            .with_master_addr("h")
+            .with_master_port(1234)
+            .with_max_restarts(2);
+        assert_eq!(built.nproc_per_node, Some(NprocPerNode::Count(4)));
+        assert_eq!((built.nnodes, built.node_rank), (Some(2), Some(1)));
+        assert_eq!(built.master_port, Some(1234));
+        assert_eq!(built.max_restarts, 2);
+        assert!(!LaunchArgs::new().is_explicit());
+    }
+}

@@ -1,0 +1,131 @@
+//! Starting and supervising data-parallel jobs: burn's `torchrun`.
+//!
+//! Two front ends share one supervisor:
+//!
+//! - [`launch`]: a training binary starts its own workers. Run it normally with launcher flags
+//!   (`cargo run --release --example train -- --nproc-per-node 2 --epochs 3`); it starts itself
+//!   again once per rank with the worker environment, and in each worker calls your training
+//!   function with a [`WorkerContext`] (rank, local rank, world size, device index, restart
+//!   count, a joined [`ProcessGroup`](ddp_comm::ProcessGroup)).
+//! - `ddp-run`: the same for any program,
+//!   `ddp-run --nproc-per-node 2 -- ./train --epochs 3`. The program joins the job with
+//!   [`ddp_comm::init_from_env`] or [`launch`].
+//!
+//! Flags are parsed into [`LaunchArgs`] (what was typed) and validated into a [`LaunchPlan`]
+//! (world size, ranks, ports, the environment of each worker), which [`LaunchPlan::run`]
+//! executes.
+//!
+//! # Complete example
+//! ```no_run
+//! use clap::Parser;
+//! use ddp_comm::ReduceOp;
+//! use ddp_core::{LaunchArgs, LaunchError, WorkerContext};
+//!
+//! /// Your program's flags; the launcher's are flattened in.
+//! #[derive(Parser)]
+//! struct Args {
+//!     #[arg(long, default_value_t = 3)]
+//!     epochs: usize,
+//!     #[command(flatten)]
+//!     launch: LaunchArgs,
+//! }
+//!
+//! fn train(ctx: WorkerContext, args: &Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//!     // With --max-restarts, a restarted group resumes from its latest checkpoint here.
+//!     let first_epoch = if ctx.restart_count() > 0 { /* load checkpoint */ 0 } else { 0 };
+//!     for epoch in first_epoch..args.epochs {
+//!         let mut loss = [1.0f32 / (epoch + 1) as f32];
+//!         ctx.process_group().all_reduce(&mut loss, ReduceOp::Avg)?;
+//!         if ctx.is_main() {
+//!             println!("epoch {epoch}: loss {:.3} on {} ranks", loss[0], ctx.world_size());
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! fn main() -> Result<(), LaunchError> {
+//!     let args = Args::parse();
+//!     ddp_core::launch(&args.launch, |ctx| train(ctx, &args))
+//! }
+//! ```
+//! `anyhow::Result<()>` works as the training function's return type too.
+//!
+//! Run it:
+//! ```text
+//! cargo run --release --example train -- --nproc-per-node 2 --epochs 3
+//! cargo run --release --example train -- --nproc-per-node auto --max-restarts 3 --log-dir logs
+//! ddp-run --nproc-per-node 2 -- target/release/examples/train --epochs 3
+//! # two nodes (same command on both, each with its --node-rank; same secret token):
+//! export DDP_JOB_TOKEN=$(openssl rand -hex 16)   # copy the value to every node
+//! ddp-run --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 -- ./train
+//! ddp-run --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 -- ./train
+//! ```
+//!
+//! # Worker environment
+//! Every worker gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (node
+//! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (and torchrun's
+//! `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS`), `DDP_JOB_TOKEN`,
+//! `DDP_LAUNCH_WORKER=1`, and `OMP_NUM_THREADS`/`RAYON_NUM_THREADS` = cores / local ranks unless
+//! already set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
+//! index is the local rank. Standard input is closed (`/dev/null`).
+//!
+//! The job token is random per job, or `DDP_JOB_TOKEN` when set. **Multi-node jobs require it
+//! set, to the same secret, on every node** (otherwise the launcher refuses to start).
+//!
+//! # Other launchers
+//! [`launch`] also runs as a worker directly, without spawning, when started by
+//! torchrun (or with `RANK`/`WORLD_SIZE` set by hand), Slurm's `srun` (`SLURM_PROCID`,
+//! `SLURM_NTASKS`/`SLURM_STEP_NUM_TASKS`, `SLURM_LOCALID`, tasks per node, `SLURM_NODEID`; the
+//! master is `MASTER_ADDR` or the first host of the step's node list, else
+//! `SLURM_LAUNCH_NODE_IPADDR`; the port is `MASTER_PORT` or derived from the job and step ids)
+//! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`; `MASTER_ADDR`
+//! needed across nodes, `MASTER_PORT` defaults to 29500). See [`WorkerEnv`].
+//!
+//! # Failures, restarts, signals
+//! - When a worker exits non-zero or is killed by a signal, the others get SIGTERM, then
+//!   SIGKILL after `--grace-period` (5 s), and a summary names the first failing rank, its exit
+//!   code or signal, and its last `--tail-lines` (20) lines of output.
+//! - With `--max-restarts N` the whole group is restarted up to `N` times, with a fresh
+//!   `MASTER_PORT` unless `--master-port` fixed it, and `DDP_RESTART_COUNT` incremented;
+//!   training that resumes from its latest checkpoint continues where it stopped.
+//! - SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every worker, which then get
+//!   the grace period before SIGKILL (a second signal skips it); the launcher then fails with
+//!   [`LaunchError::Interrupted`].
+//! - No worker outlives the launcher: each runs in its own process group (killed as a group,
+//!   so what it started goes too) with `PR_SET_PDEATHSIG = SIGKILL`, so even a launcher killed
+//!   with SIGKILL takes its workers with it. (Processes a worker started survive a SIGKILLed
+//!   launcher unless they set up the same.)
+//!
+//! # Multi-node
+//! Static rendezvous: node 0's launcher hosts a store on `--master-port`; every node runs the
+//! same command with its own `--node-rank`. For each attempt node 0 picks a free port on its
+//! host for the workers' store (so firewalls must let the nodes reach node 0's ephemeral ports,
+//! and the workers' peer-to-peer ports, as with torchrun). Nodes must agree on `--nnodes`,
+//! `--nproc-per-node` and `--max-restarts` (checked); a failure on one node stops and restarts
+//! (or stops for good) every node.
+//!
+//! # Not yet
+//! - `--nproc-per-node auto` counts CPU cores, not GPUs: pass the GPU count explicitly.
+//! - No elastic membership (`--nnodes MIN:MAX`): the node count is fixed.
+#![warn(missing_docs)]
+
+mod args;
+mod context;
+mod env;
+mod error;
+mod output;
+mod plan;
+mod rendezvous;
+mod signals;
+mod spawn;
+mod summary;
+mod supervise;
+mod worker;
+
+pub use args::{LaunchArgs, NprocPerNode};
+pub use context::WorkerContext;
+pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
+pub use error::LaunchError;
+pub use plan::{LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
+pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
+pub use worker::launch;

@@ -1,0 +1,447 @@
+//! Ports, and the static multi-node rendezvous between launchers.
+//!
+//! With `--nnodes N > 1`, node 0's launcher hosts a [`StoreServer`] on `--master-port` (torchrun's
+//! static rendezvous) and every launcher, node 0's included, connects to it with the shared job
+//! token. For each attempt:
+//!
+//! 1. node 0 picks a free port on its host for the workers' own store and publishes it;
+//! 2. every node joins the attempt and waits for all `N` (up to `--join-timeout`);
+//! 3. the nodes run their workers; the first node whose worker fails (or that is interrupted)
+//!    publishes the failure, and the others stop their workers when they see it;
+//! 4. a node whose workers all succeeded waits for every node to report success (or a failure).
+//!
+//! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
+//! so they restart together or stop together. A node interrupted by a signal also sets an
+//! abort key so the others do not restart.
+
+use super::error::LaunchError;
+use super::plan::{LaunchPlan, MasterPort};
+use super::signals::{SignalGuard, signal_name};
+use super::summary::FailureCause;
+use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// How often a node looks for failures published by the others.
+const POLL: Duration = Duration::from_millis(250);
+/// How long node 0 keeps the rendezvous up for the others to read the outcome.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+const ABORT_KEY: &str = "abort";
+const CONFIG_KEY: &str = "config";
+
+/// The wildcard address to bind for a job whose node 0 is `master_addr`.
+pub(crate) fn bind_host(master_addr: &str) -> &'static str {
+    if master_addr.contains(':') {
+        "::"
+    } else {
+        "0.0.0.0"
+    }
+}
+
+/// `host:port`, with brackets for IPv6.
+pub(crate) fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Binds `host:port`, reporting a taken port as [`LaunchError::PortInUse`].
+pub(crate) fn bind_port(host: &str, port: u16) -> Result<TcpListener, LaunchError> {
+    TcpListener::bind(join_host_port(host, port)).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AddrInUse {
+            LaunchError::PortInUse {
+                host: host.to_string(),
+                port,
+                source,
+            }
+        } else {
+            LaunchError::Bind {
+                host: host.to_string(),
+                port,
+                source,
+            }
+        }
+    })
+}
+
+/// A port that is free on this host right now (bound and released), other than `avoid` (the
+/// previous attempt's, whose sockets may linger in the other ranks).
+pub(crate) fn free_port(host: &str, avoid: Option<u16>) -> Result<u16, LaunchError> {
+    let mut port = 0;
+    for _ in 0..16 {
+        let listener = bind_port(host, 0)?;
+        port = listener
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|source| LaunchError::Bind {
+                host: host.to_string(),
+                port: 0,
+                source,
+            })?;
+        if Some(port) != avoid {
+            break;
+        }
+    }
+    Ok(port)
+}
+
+/// The workers' port for an attempt on a single node: a fresh free port (not `previous`), or
+/// `--master-port` after checking that nothing listens there.
+pub(crate) fn single_node_port(
+    plan: &LaunchPlan,
+    previous: Option<u16>,
+) -> Result<u16, LaunchError> {
+    let host = bind_host(&plan.master_addr);
+    match plan.master_port {
+        MasterPort::Auto => free_port(host, previous),
+        MasterPort::Fixed(port) => bind_port(host, port).map(|_listener| port),
+    }
+}
+
+/// This launcher's membership in a multi-node job.
+pub(crate) struct Rendezvous {
+    store: Store,
+    /// Node 0 hosts the server.
+    server: Option<StoreServer>,
+    node_rank: usize,
+    nnodes: usize,
+    addr: String,
+    join_timeout: Duration,
+    bind_host: &'static str,
+    next_poll: Instant,
+    /// The workers' port of the previous attempt (node 0 picks another).
+    last_port: Option<u16>,
+}
+
+impl Rendezvous {
+    /// Node 0 binds `--master-port`; every node connects (retrying until `--join-timeout`) and
+    /// checks that it runs with the same settings as node 0.
+    pub(crate) fn connect(
+        plan: &LaunchPlan,
+        signals: &SignalGuard,
+    ) -> Result<Rendezvous, LaunchError> {
+        let port = match plan.master_port {
+            MasterPort::Fixed(p) => p,
+            // Validation requires --master-port for several nodes.
+            MasterPort::Auto => {
+                return Err(LaunchError::MissingMasterPort {
+                    nnodes: plan.nnodes,
+                });
+            }
+        };
+        let addr = join_host_port(&plan.master_addr, port);
+        let host = bind_host(&plan.master_addr);
+        let config = StoreConfig::new()
+            .with_token(plan.job_token.as_bytes())
+            .with_timeout(Duration::from_secs(5));
+        let err = |reason: String| LaunchError::Rendezvous {
+            node_rank: plan.node_rank,
+            addr: addr.clone(),
+            reason,
+        };
+        let server = if plan.node_rank == 0 {
+            let listener = bind_port(host, port)?;
+            Some(
+                StoreServer::from_listener(listener, config.clone())
+                    .map_err(|e| err(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let deadline = Instant::now() + plan.join_timeout;
+        let store = loop {
+            if let Some(sig) = signals.take() {
+                return Err(LaunchError::Interrupted { signal: sig });
+            }
+            match Store::connect(&addr, config.clone()) {
+                Ok(store) => break store,
+                Err(e @ CommError::Unauthorized { .. }) => {
+                    return Err(err(format!(
+                        "{e}: set the same {} on every node",
+                        ddp_comm::TOKEN_ENV
+                    )));
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(err(format!(
+                        "node 0's launcher did not answer within {:?} (is it running with --node-rank 0 and the same --master-port?): {e}",
+                        plan.join_timeout
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        let mut rdzv = Rendezvous {
+            store,
+            server,
+            node_rank: plan.node_rank,
+            nnodes: plan.nnodes,
+            addr: addr.clone(),
+            join_timeout: plan.join_timeout,
+            bind_host: host,
+            next_poll: Instant::now(),
+            last_port: None,
+        };
+        rdzv.check_config(plan, signals)?;
+        tracing::info!(node_rank = plan.node_rank, nnodes = plan.nnodes, %addr, "joined the rendezvous");
+        Ok(rdzv)
+    }
+
+    fn error(&self, reason: impl Into<String>) -> LaunchError {
+        LaunchError::Rendezvous {
+            node_rank: self.node_rank,
+            addr: self.addr.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn lost(&self, e: CommError) -> LaunchError {
+        self.error(format!("lost contact with node 0's launcher: {e}"))
+    }
+
+    /// Node 0 publishes its settings; the others compare theirs.
+    fn check_config(
+        &mut self,
+        plan: &LaunchPlan,
+        signals: &SignalGuard,
+    ) -> Result<(), LaunchError> {
+        let mine = format!(
+            "--nnodes {} --nproc-per-node {} --max-restarts {}",
+            plan.nnodes, plan.nproc_per_node, plan.max_restarts
+        );
+        if self.node_rank == 0 {
+            return self
+                .store
+                .set(CONFIG_KEY, mine.as_bytes())
+                .map_err(|e| self.lost(e));
+        }
+        let theirs = self.wait_for(CONFIG_KEY, signals)?;
+        if theirs != mine.as_bytes() {
+            return Err(self.error(format!(
+                "node 0 runs with {} but this node with {mine}: every node must use the same settings",
+                String::from_utf8_lossy(&theirs)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits for `key`, checking for signals and the join timeout.
+    fn wait_for(&self, key: &str, signals: &SignalGuard) -> Result<Vec<u8>, LaunchError> {
+        let deadline = Instant::now() + self.join_timeout;
+        loop {
+            if let Some(sig) = signals.take() {
+                return Err(LaunchError::Interrupted { signal: sig });
+            }
+            match self.store.check(&[key]) {
+                Ok(true) => {
+                    return self
+                        .store
+                        .get_timeout(key, Duration::from_secs(5))
+                        .map_err(|e| self.lost(e));
+                }
+                Ok(false) if Instant::now() >= deadline => {
+                    return Err(self.error(format!(
+                        "node 0 did not publish '{key}' within {:?}",
+                        self.join_timeout
+                    )));
+                }
+                Ok(false) => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
+    }
+
+    fn key(attempt: u32, name: &str) -> String {
+        format!("attempt/{attempt}/{name}")
+    }
+
+    /// Joins attempt `attempt` and waits for every node; returns the workers' port.
+    pub(crate) fn begin(
+        &mut self,
+        attempt: u32,
+        signals: &SignalGuard,
+    ) -> Result<u16, LaunchError> {
+        let port_key = Self::key(attempt, "port");
+        if self.node_rank == 0 {
+            let port = free_port(self.bind_host, self.last_port)?;
+            self.last_port = Some(port);
+            self.store
+                .set(&port_key, port.to_string().as_bytes())
+                .map_err(|e| self.lost(e))?;
+        }
+        let joined_key = Self::key(attempt, "joined");
+        self.store.add(&joined_key, 1).map_err(|e| self.lost(e))?;
+        let deadline = Instant::now() + self.join_timeout;
+        loop {
+            if let Some(sig) = signals.take() {
+                self.report_failure(
+                    attempt,
+                    &format!(
+                        "node {} was interrupted by {}",
+                        self.node_rank,
+                        signal_name(sig)
+                    ),
+                    true,
+                );
+                return Err(LaunchError::Interrupted { signal: sig });
+            }
+            let joined = self.store.add(&joined_key, 0).map_err(|e| self.lost(e))?;
+            if joined >= self.nnodes as i64 {
+                break;
+            }
+            if self.aborted() {
+                return Err(self.error("another node stopped the job"));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.error(format!(
+                    "only {joined} of {} nodes joined attempt {attempt} within {:?}",
+                    self.nnodes, self.join_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let port = self.wait_for(&port_key, signals)?;
+        String::from_utf8_lossy(&port).parse::<u16>().map_err(|_| {
+            self.error(format!(
+                "node 0 published an invalid port {:?}",
+                String::from_utf8_lossy(&port)
+            ))
+        })
+    }
+
+    /// A failure published by another node during `attempt`, checked at most every 250 ms.
+    pub(crate) fn poll_failure(&mut self, attempt: u32) -> Option<FailureCause> {
+        if Instant::now() < self.next_poll {
+            return None;
+        }
+        self.next_poll = Instant::now() + POLL;
+        let key = Self::key(attempt, "failed");
+        match self.store.check(&[key.as_str()]) {
+            Ok(false) => None,
+            Ok(true) => Some(FailureCause::OtherNode {
+                description: self
+                    .store
+                    .get_timeout(&key, Duration::from_secs(5))
+                    .map(|v| String::from_utf8_lossy(&v).into_owned())
+                    .unwrap_or_else(|e| format!("(unreadable: {e})")),
+            }),
+            Err(e) => Some(FailureCause::LostRendezvous {
+                reason: format!(
+                    "{} at {}: {e}",
+                    "node 0's launcher is unreachable", self.addr
+                ),
+            }),
+        }
+    }
+
+    /// Publishes this node's failure (the first one published wins); `abort` also asks every
+    /// node not to restart.
+    pub(crate) fn report_failure(&self, attempt: u32, description: &str, abort: bool) {
+        if abort && let Err(e) = self.store.set(ABORT_KEY, description.as_bytes()) {
+            tracing::warn!(%e, "cannot tell the other nodes to stop");
+        }
+        if let Err(e) =
+            self.store
+                .compare_set(&Self::key(attempt, "failed"), b"", description.as_bytes())
+        {
+            tracing::warn!(%e, "cannot report the failure to the other nodes");
+        }
+    }
+
+    /// Whether a node asked every node not to restart.
+    pub(crate) fn aborted(&self) -> bool {
+        self.store.check(&[ABORT_KEY]).unwrap_or(true)
+    }
+
+    /// After this node's workers all succeeded: waits until every node succeeded (`None`) or
+    /// one failed (its cause).
+    pub(crate) fn finish(
+        &mut self,
+        attempt: u32,
+        signals: &SignalGuard,
+    ) -> Result<Option<FailureCause>, LaunchError> {
+        let key = Self::key(attempt, "finished");
+        self.store.add(&key, 1).map_err(|e| self.lost(e))?;
+        let deadline = Instant::now() + self.join_timeout;
+        loop {
+            if let Some(sig) = signals.take() {
+                self.report_failure(
+                    attempt,
+                    &format!(
+                        "node {} was interrupted by {}",
+                        self.node_rank,
+                        signal_name(sig)
+                    ),
+                    true,
+                );
+                return Err(LaunchError::Interrupted { signal: sig });
+            }
+            match self.store.add(&key, 0) {
+                Ok(n) if n >= self.nnodes as i64 => return Ok(None),
+                Ok(_) => {}
+                Err(e) => {
+                    return Ok(Some(FailureCause::LostRendezvous {
+                        reason: e.to_string(),
+                    }));
+                }
+            }
+            self.next_poll = Instant::now();
+            if let Some(cause) = self.poll_failure(attempt) {
+                return Ok(Some(cause));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.error(format!(
+                    "the other nodes did not finish attempt {attempt} within {:?} of this one",
+                    self.join_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Leaves the job. Node 0 keeps the rendezvous up until the others have disconnected (at
+    /// most 30 s), so they can read the outcome.
+    pub(crate) fn close(self) {
+        let Rendezvous { store, server, .. } = self;
+        drop(store);
+        if let Some(server) = server {
+            if !server.wait_for_clients(0, CLOSE_WAIT) {
+                tracing::warn!(
+                    "other nodes still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
+                );
+            }
+            drop(server);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taken_port_is_reported_as_in_use_with_the_port() {
+        let taken = TcpListener::bind("0.0.0.0:0").expect("bind");
+        let port = taken.local_addr().expect("addr").port();
+        let err = bind_port("0.0.0.0", port).unwrap_err();
+        assert!(matches!(err, LaunchError::PortInUse { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("port {port} on 0.0.0.0 is already in use")),
+            "{err}"
+        );
+        drop(taken);
+    }
+
+    #[test]
+    fn free_ports_are_bindable_and_hosts_are_bracketed_for_ipv6() {
+        let port = free_port("0.0.0.0", None).expect("free port");
+        assert_ne!(port, 0);
+        assert_ne!(free_port("0.0.0.0", Some(port)).expect("free port"), port);
+        assert_eq!(join_host_port("::1", 80), "[::1]:80");
+        assert_eq!(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
+        assert_eq!(bind_host("fe80::1"), "::");
+        assert_eq!(bind_host("node0"), "0.0.0.0");
+    }
+}

@@ -1,0 +1,157 @@
+//! The launcher's signal handling: SIGINT, SIGTERM and SIGHUP are caught (not acted on) so the
+//! supervisor can forward them to every worker and stop cleanly; signal names for messages.
+
+use super::error::LaunchError;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+
+/// The signals the launcher catches and forwards.
+pub(crate) const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Last signal received (0: none since the last `take`).
+static PENDING: AtomicI32 = AtomicI32::new(0);
+/// Number of signals received since installation.
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+/// Whether a guard is alive: the handlers are process-wide, so one launcher per process.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only async-signal-safe work: two atomic stores.
+    PENDING.store(sig, Ordering::SeqCst);
+    RECEIVED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Catches [`FORWARDED`] while alive and restores the previous dispositions on drop.
+pub(crate) struct SignalGuard {
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl SignalGuard {
+    /// Installs the handlers.
+    ///
+    /// # Errors
+    /// [`LaunchError::Signals`] if another launcher runs in this process or `sigaction` fails.
+    pub(crate) fn install() -> Result<SignalGuard, LaunchError> {
+        if INSTALLED.swap(true, Ordering::SeqCst) {
+            return Err(LaunchError::Signals {
+                reason: "another launcher is already running in this process".into(),
+            });
+        }
+        PENDING.store(0, Ordering::SeqCst);
+        RECEIVED.store(0, Ordering::SeqCst);
+        let mut guard = SignalGuard {
+            previous: Vec::new(),
+        };
+        for sig in FORWARDED {
+            // SAFETY: a zeroed sigaction is a valid "default" value; we fill in the handler and
+            // an empty mask, and `on_signal` only touches atomics.
+            let old = unsafe {
+                let mut new: libc::sigaction = std::mem::zeroed();
+                new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                new.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut new.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &new, &mut old) != 0 {
+                    let err = std::io::Error::last_os_error();
+                    drop(guard); // restores what was installed so far
+                    return Err(LaunchError::Signals {
+                        reason: format!("sigaction({}): {err}", signal_name(sig)),
+                    });
+                }
+                old
+            };
+            guard.previous.push((sig, old));
+        }
+        Ok(guard)
+    }
+
+    /// The signal received since the last call, if any.
+    pub(crate) fn take(&self) -> Option<i32> {
+        match PENDING.swap(0, Ordering::SeqCst) {
+            0 => None,
+            sig => Some(sig),
+        }
+    }
+
+    /// How many signals arrived since installation (a second one escalates to SIGKILL).
+    pub(crate) fn received(&self) -> usize {
+        RECEIVED.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (sig, old) in self.previous.drain(..) {
+            // SAFETY: restoring the disposition we saved from the kernel.
+            unsafe {
+                libc::sigaction(sig, &old, std::ptr::null_mut());
+            }
+        }
+        INSTALLED.store(false, Ordering::SeqCst);
+    }
+}
+
+/// `SIGKILL`-style name of a signal, or `signal N` for unknown numbers.
+pub(crate) fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_are_the_conventional_ones() {
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(15), "SIGTERM");
+        assert_eq!(signal_name(2), "SIGINT");
+        assert_eq!(signal_name(11), "SIGSEGV");
+        assert_eq!(signal_name(200), "signal 200");
+    }
+
+    #[test]
+    fn only_one_guard_at_a_time_and_handlers_see_raised_signals() {
+        let guard = SignalGuard::install().expect("install");
+        let second = SignalGuard::install();
+        assert!(matches!(second, Err(LaunchError::Signals { .. })));
+        // SAFETY: raising a signal we just installed a handler for.
+        unsafe { libc::raise(libc::SIGHUP) };
+        assert_eq!(guard.take(), Some(libc::SIGHUP));
+        assert_eq!(guard.take(), None);
+        assert_eq!(guard.received(), 1);
+        drop(guard);
+        let again = SignalGuard::install().expect("reinstall after drop");
+        drop(again);
+    }
+}

@@ -1,0 +1,367 @@
+//! The supervisor shared by [`launch`](super::launch) and `ddp-run`: starts this node's workers,
+//! waits for them, stops them all when one fails or a signal arrives, prints the failure
+//! summary, and restarts the group while restarts are left.
+//!
+//! Stopping means: the signal (SIGTERM after a failure, the received signal after an
+//! interruption) to every worker's process group, up to `--grace-period` for them to exit, then
+//! SIGKILL to every group. A second signal to the launcher skips the grace period.
+
+use super::error::LaunchError;
+use super::plan::LaunchPlan;
+use super::rendezvous::{Rendezvous, single_node_port};
+use super::signals::{SignalGuard, signal_name};
+use super::spawn::{ExitEvent, Worker, spawn_worker};
+use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+/// How often the supervisor checks for signals while waiting for workers.
+const TICK: Duration = Duration::from_millis(50);
+/// How long to wait for workers to be reaped after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(30);
+/// How long to wait for the output threads to drain the pipes once every worker is gone.
+const DRAIN_WAIT: Duration = Duration::from_secs(5);
+
+/// How one attempt ended.
+enum Outcome {
+    Succeeded,
+    Failed(FailureSummary),
+    Interrupted(i32),
+}
+
+pub(crate) fn run(plan: &LaunchPlan) -> Result<(), LaunchError> {
+    let signals = SignalGuard::install()?;
+    let mut rdzv = if plan.is_multi_node() {
+        Some(Rendezvous::connect(plan, &signals)?)
+    } else {
+        None
+    };
+    let result = run_attempts(plan, &signals, rdzv.as_mut());
+    if let Some(rdzv) = rdzv {
+        rdzv.close();
+    }
+    result
+}
+
+fn run_attempts(
+    plan: &LaunchPlan,
+    signals: &SignalGuard,
+    mut rdzv: Option<&mut Rendezvous>,
+) -> Result<(), LaunchError> {
+    let mut restart_count = 0u32;
+    let mut previous_port = None;
+    loop {
+        let port = match rdzv.as_deref_mut() {
+            Some(r) => r.begin(restart_count, signals)?,
+            None => single_node_port(plan, previous_port)?,
+        };
+        previous_port = Some(port);
+        let log_dir = attempt_log_dir(plan, restart_count)?;
+        tracing::info!(
+            attempt = restart_count,
+            workers = plan.nproc_per_node,
+            world_size = plan.world_size(),
+            master = %format!("{}:{port}", plan.master_addr),
+            program = %plan.command.program.display(),
+            "starting workers"
+        );
+        let outcome = run_attempt(
+            plan,
+            restart_count,
+            port,
+            log_dir,
+            signals,
+            rdzv.as_deref_mut(),
+        )?;
+        let summary = match outcome {
+            Outcome::Interrupted(signal) => return Err(LaunchError::Interrupted { signal }),
+            Outcome::Succeeded => match rdzv.as_deref_mut() {
+                None => return Ok(()),
+                Some(r) => match r.finish(restart_count, signals)? {
+                    None => return Ok(()),
+                    Some(cause) => FailureSummary {
+                        cause,
+                        restart_count,
+                        max_restarts: plan.max_restarts,
+                        others: Vec::new(),
+                    },
+                },
+            },
+            Outcome::Failed(summary) => summary,
+        };
+        eprint!("{}", summary.report());
+        let lost = matches!(summary.cause, FailureCause::LostRendezvous { .. });
+        let aborted = rdzv.as_deref().is_some_and(Rendezvous::aborted);
+        if let Some(signal) = signals.take() {
+            // Arrived while the failed attempt was being stopped: do not restart.
+            return Err(LaunchError::Interrupted { signal });
+        }
+        if restart_count < plan.max_restarts && !lost && !aborted {
+            restart_count += 1;
+            eprintln!(
+                "ddp launcher: restarting every worker (restart {restart_count} of {})",
+                plan.max_restarts
+            );
+            continue;
+        }
+        return Err(LaunchError::WorkerFailed(Box::new(summary)));
+    }
+}
+
+/// `--log-dir/attempt_<n>`, created.
+fn attempt_log_dir(plan: &LaunchPlan, restart_count: u32) -> Result<Option<PathBuf>, LaunchError> {
+    let Some(dir) = &plan.log_dir else {
+        return Ok(None);
+    };
+    let path = dir.join(format!("attempt_{restart_count}"));
+    std::fs::create_dir_all(&path).map_err(|source| LaunchError::LogDir {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(Some(path))
+}
+
+/// The workers of one attempt and how far each got.
+struct Group {
+    workers: Vec<Worker>,
+    exits: Vec<Option<WorkerExit>>,
+    events: Receiver<ExitEvent>,
+}
+
+impl Group {
+    fn running(&self) -> usize {
+        self.exits.iter().filter(|e| e.is_none()).count()
+    }
+
+    fn record(&mut self, event: ExitEvent) -> WorkerExit {
+        let exit = match event.status {
+            Ok(status) => WorkerExit::from_status(status),
+            Err(e) => {
+                tracing::error!(local_rank = event.local_rank, %e, "cannot wait for worker");
+                WorkerExit::Code(-1)
+            }
+        };
+        if let Some(slot) = self.exits.get_mut(event.local_rank) {
+            *slot = Some(exit);
+        }
+        exit
+    }
+
+    /// Records exits until none is running, `deadline` passes, or `stop_early` says so.
+    fn wait_until(&mut self, deadline: Instant, stop_early: impl Fn() -> bool) {
+        while self.running() > 0 && !stop_early() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            match self.events.recv_timeout(left.min(TICK)) {
+                Ok(ev) => {
+                    self.record(ev);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// `sig` to every group, the grace period, then SIGKILL to every group and wait for all to
+    /// be reaped. The grace period ends early once the launcher has received `cut_short_at`
+    /// signals in total (its second signal after an interruption, any signal otherwise).
+    fn stop(&mut self, sig: i32, grace: Duration, signals: &SignalGuard, cut_short_at: usize) {
+        if self.running() > 0 {
+            tracing::info!(signal = %signal_name(sig), running = self.running(), "stopping workers");
+            for w in &self.workers {
+                w.signal_group(sig);
+            }
+            self.wait_until(Instant::now() + grace, || {
+                signals.received() >= cut_short_at
+            });
+        }
+        self.kill_all();
+        self.wait_until(Instant::now() + KILL_WAIT, || false);
+        if self.running() > 0 {
+            tracing::error!(
+                running = self.running(),
+                "workers survived SIGKILL for {KILL_WAIT:?}"
+            );
+        }
+    }
+
+    /// SIGKILL to every worker's process group, reaped or not, so nothing a worker started
+    /// outlives the attempt.
+    fn kill_all(&self) {
+        for w in &self.workers {
+            w.signal_group(libc::SIGKILL);
+        }
+    }
+
+    /// Waits for the output threads to reach end of file, so tails and logs are complete.
+    fn drain(&mut self) {
+        let deadline = Instant::now() + DRAIN_WAIT;
+        for w in &mut self.workers {
+            for h in std::mem::take(&mut w.readers) {
+                while !h.is_finished() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if h.is_finished() {
+                    let _ = h.join();
+                } else {
+                    tracing::warn!(
+                        rank = w.rank,
+                        "output still open after the worker ended; not waiting for it"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn run_attempt(
+    plan: &LaunchPlan,
+    restart_count: u32,
+    port: u16,
+    log_dir: Option<PathBuf>,
+    signals: &SignalGuard,
+    mut rdzv: Option<&mut Rendezvous>,
+) -> Result<Outcome, LaunchError> {
+    let (tx, events) = channel();
+    let mut group = Group {
+        workers: Vec::with_capacity(plan.nproc_per_node),
+        exits: vec![None; plan.nproc_per_node],
+        events,
+    };
+    for local_rank in 0..plan.nproc_per_node {
+        match spawn_worker(
+            plan,
+            local_rank,
+            restart_count,
+            port,
+            log_dir.as_deref(),
+            tx.clone(),
+        ) {
+            Ok(w) => group.workers.push(w),
+            Err(e) => {
+                // Only the started ones count.
+                group.exits.truncate(group.workers.len());
+                group.stop(
+                    libc::SIGTERM,
+                    plan.grace_period,
+                    signals,
+                    signals.received() + 1,
+                );
+                group.drain();
+                if let Some(r) = rdzv.as_deref() {
+                    r.report_failure(
+                        restart_count,
+                        &format!("node {}: {e}", plan.node_rank),
+                        true,
+                    );
+                }
+                return Err(e);
+            }
+        }
+    }
+    drop(tx);
+
+    let mut first: Option<(usize, WorkerExit)> = None;
+    let mut remote: Option<FailureCause> = None;
+    let mut interrupted: Option<i32> = None;
+    while group.running() > 0 {
+        match group.events.recv_timeout(TICK) {
+            Ok(ev) => {
+                let local_rank = ev.local_rank;
+                let exit = group.record(ev);
+                if exit.success() {
+                    tracing::debug!(rank = plan.global_rank(local_rank), "worker finished");
+                } else {
+                    first = Some((local_rank, exit));
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if let Some(sig) = signals.take() {
+            interrupted = Some(sig);
+            break;
+        }
+        if let Some(cause) = rdzv
+            .as_deref_mut()
+            .and_then(|r| r.poll_failure(restart_count))
+        {
+            remote = Some(cause);
+            break;
+        }
+    }
+
+    // Tell the other nodes first, so they stop while we do.
+    if let Some(r) = rdzv.as_deref() {
+        if let Some(sig) = interrupted {
+            let what = format!(
+                "node {} was interrupted by {}",
+                plan.node_rank,
+                signal_name(sig)
+            );
+            r.report_failure(restart_count, &what, true);
+        } else if let Some((local_rank, exit)) = first {
+            let what = format!(
+                "rank {} (local rank {local_rank} on node {}) {exit}",
+                plan.global_rank(local_rank),
+                plan.node_rank
+            );
+            r.report_failure(restart_count, &what, false);
+        }
+    }
+    if let Some((local_rank, exit)) = first {
+        tracing::error!(rank = plan.global_rank(local_rank), %exit, "worker failed; stopping the others");
+    }
+    let stop_signal = interrupted.unwrap_or(libc::SIGTERM);
+    // After an interruption, a second signal (counted since the handlers were installed, so
+    // two signals in quick succession count too) skips the grace period; after a failure, any.
+    let cut_short_at = match interrupted {
+        Some(_) => 2,
+        None => signals.received() + 1,
+    };
+    group.stop(stop_signal, plan.grace_period, signals, cut_short_at);
+    group.drain();
+
+    if let Some(sig) = interrupted {
+        return Ok(Outcome::Interrupted(sig));
+    }
+    let others = |skip: Option<usize>| -> Vec<(usize, WorkerExit)> {
+        group
+            .workers
+            .iter()
+            .zip(&group.exits)
+            .filter(|(w, _)| Some(w.local_rank) != skip)
+            .filter_map(|(w, e)| e.map(|e| (w.rank, e)))
+            .collect()
+    };
+    let cause = match (first, remote) {
+        (Some((local_rank, exit)), _) => {
+            let w = &group.workers[local_rank];
+            FailureCause::Rank(RankFailure {
+                rank: w.rank,
+                local_rank,
+                node_rank: plan.node_rank,
+                pid: w.pid,
+                exit,
+                tail: w.tail.lines(),
+                log_file: w.log_file.clone(),
+            })
+        }
+        (None, Some(cause)) => cause,
+        (None, None) => return Ok(Outcome::Succeeded),
+    };
+    let skip = match &cause {
+        FailureCause::Rank(r) => Some(r.local_rank),
+        _ => None,
+    };
+    Ok(Outcome::Failed(FailureSummary {
+        cause,
+        restart_count,
+        max_restarts: plan.max_restarts,
+        others: others(skip),
+    }))
+}

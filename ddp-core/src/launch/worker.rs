@@ -1,0 +1,166 @@
+//! [`launch`]: the entry point of a training binary — launcher or worker, decided from the
+//! environment.
+
+use super::args::LaunchArgs;
+use super::context::WorkerContext;
+use super::env::WorkerEnv;
+use super::error::LaunchError;
+use super::plan::LaunchPlan;
+use ddp_comm::{InitMethod, ProcessGroupConfig, init_process_group};
+use std::error::Error as StdError;
+
+/// What this process is.
+#[derive(Debug)]
+pub(crate) enum Role {
+    /// Start and supervise the workers.
+    Launcher,
+    /// Run the training function.
+    Worker(WorkerEnv),
+}
+
+/// Decides the role: a `ddp-run`/[`launch`]/torchrun environment (`DDP_LAUNCH_WORKER`, `RANK`)
+/// always makes a worker; otherwise explicit launcher flags (`--nproc-per-node`, `--nnodes`)
+/// make a launcher; otherwise an Open MPI or Slurm step environment makes a worker; otherwise a
+/// launcher.
+pub(crate) fn role(
+    args: &LaunchArgs,
+    vars: &dyn Fn(&str) -> Option<String>,
+) -> Result<Role, LaunchError> {
+    if let Some(env) = WorkerEnv::from_launcher_vars(vars)? {
+        return Ok(Role::Worker(env));
+    }
+    if args.is_explicit() {
+        return Ok(Role::Launcher);
+    }
+    Ok(match WorkerEnv::from_external_vars(vars)? {
+        Some(env) => Role::Worker(env),
+        None => Role::Launcher,
+    })
+}
+
+/// Runs `train` on every rank of a data-parallel job, starting the job first if needed.
+///
+/// - **As the launcher** (started by you, e.g. `cargo run --release --example train --
+///   --nproc-per-node 2`): builds a [`LaunchPlan`] from `args`, starts this program again
+///   `--nproc-per-node` times with the same arguments and the worker environment, supervises
+///   them exactly like `ddp-run` (output prefixed with `[rank N]: `, failure summary, restarts,
+///   signal forwarding), and returns when they are done. `train` is not called here.
+/// - **As a worker** (started by this launcher, `ddp-run`, torchrun, `srun` or `mpirun`): reads
+///   its place from the environment, joins the process group (rank 0 hosts the store) and calls
+///   `train` with a [`WorkerContext`]. `args` is ignored, so the launcher flags on the repeated
+///   command line do no harm.
+///
+/// Explicit `--nproc-per-node`/`--nnodes` win over a Slurm or Open MPI environment (run
+/// `srun --ntasks-per-node 1 ./train --nproc-per-node 4 ...` to launch per node), while a
+/// `ddp-run` or torchrun environment (`DDP_LAUNCH_WORKER` or `RANK` set) always means worker.
+///
+/// Call it first thing in `main`, after parsing arguments: everything before it runs in the
+/// launcher and in every worker, and so does everything after it (`Ok(())` means "all workers
+/// succeeded" in the launcher and "`train` succeeded" in a worker). Call it from the main
+/// thread: workers are killed when the thread that started them ends.
+///
+/// # Errors
+/// In the launcher: invalid flags, a taken port, a failed worker after all restarts
+/// ([`LaunchError::WorkerFailed`], summary already printed), an interruption. In a worker:
+/// an invalid environment, a failed rendezvous ([`LaunchError::ProcessGroup`]), or `train`'s own
+/// error ([`LaunchError::Training`]). [`LaunchError::exit_code`] gives the status to exit with.
+///
+/// # Example
+/// See the [module documentation](mod@crate::launch) for a complete program.
+pub fn launch<F, E>(args: &LaunchArgs, train: F) -> Result<(), LaunchError>
+where
+    F: FnOnce(WorkerContext) -> Result<(), E>,
+    E: Into<Box<dyn StdError + Send + Sync>>,
+{
+    match role(args, &|k| std::env::var(k).ok())? {
+        Role::Launcher => LaunchPlan::for_current_exe(args)?.run(),
+        Role::Worker(env) => run_worker(env, train),
+    }
+}
+
+/// Joins the process group described by `env` and runs `train`.
+fn run_worker<F, E>(env: WorkerEnv, train: F) -> Result<(), LaunchError>
+where
+    F: FnOnce(WorkerContext) -> Result<(), E>,
+    E: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let rank = env.rank;
+    let mut config = ProcessGroupConfig::new(env.rank, env.world_size)
+        .with_local(env.local_rank, env.local_world_size);
+    if let Some(timeout) = env.timeout {
+        config = config.with_timeout(timeout);
+    }
+    if let Some(token) = &env.job_token {
+        config = config.with_token(token.as_bytes());
+    }
+    let method = InitMethod::Tcp {
+        host: env.master_addr.clone(),
+        port: env.master_port,
+    };
+    tracing::debug!(?env, "joining the process group");
+    let group = init_process_group(&method, config)
+        .map_err(|source| LaunchError::ProcessGroup { rank, source })?;
+    train(WorkerContext::new(env, group)).map_err(|e| LaunchError::training(rank, e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::args::NprocPerNode;
+    use crate::launch::env::LauncherKind;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const SLURM: [(&str, &str); 7] = [
+        ("SLURM_PROCID", "1"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+        ("SLURM_JOB_ID", "9"),
+        ("SLURM_JOB_NODELIST", "n1"),
+    ];
+
+    #[test]
+    fn plain_environment_makes_a_launcher() {
+        assert!(matches!(
+            role(&LaunchArgs::new(), &vars(&[])),
+            Ok(Role::Launcher)
+        ));
+    }
+
+    #[test]
+    fn launcher_environment_makes_a_worker_even_with_launch_flags() {
+        let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(4));
+        let r = role(
+            &args,
+            &vars(&[
+                ("DDP_LAUNCH_WORKER", "1"),
+                ("RANK", "0"),
+                ("WORLD_SIZE", "4"),
+            ]),
+        );
+        assert!(
+            matches!(r, Ok(Role::Worker(ref e)) if e.launcher == LauncherKind::DdpRun),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn slurm_step_makes_a_worker_unless_launch_flags_are_explicit() {
+        let r = role(&LaunchArgs::new(), &vars(&SLURM));
+        assert!(
+            matches!(r, Ok(Role::Worker(ref e)) if e.launcher == LauncherKind::Slurm && e.rank == 1),
+            "{r:?}"
+        );
+        let explicit = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(2));
+        assert!(matches!(role(&explicit, &vars(&SLURM)), Ok(Role::Launcher)));
+    }
+}

@@ -1,0 +1,223 @@
+//! Fixtures of the checkpoint tests: a shuffled distributed loader over the synthetic set of
+//! `common`, a DDP + Adam training loop that can stop and resume, log capture.
+//! Every test crate using it also declares `mod common;`.
+#![allow(dead_code)]
+
+use crate::common::{B, Mlp, batch, flat_params};
+use burn::backend::flex::FlexDevice;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::optim::AdamConfig;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, Resumed, TrainingState};
+use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup};
+use ddp_data::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSamplerConfig};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub const DATASET_LEN: usize = 24;
+pub const BATCH_PER_RANK: usize = 3;
+pub const EPOCHS: u64 = 2;
+pub const SEED: u64 = 11;
+pub const LR: f64 = 0.01;
+pub const HIDDEN: usize = 16;
+
+/// Item `i` is the index `i` of the synthetic set.
+#[derive(Debug, Clone, Copy)]
+pub struct Indices(pub usize);
+
+impl Dataset<usize> for Indices {
+    fn get(&self, index: usize) -> Option<usize> {
+        (index < self.0).then_some(index)
+    }
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+/// Batches are the indices themselves; the training loop builds tensors with `common::batch`.
+#[derive(Debug, Clone, Copy)]
+pub struct Collect;
+
+impl Batcher<B, usize, Vec<usize>> for Collect {
+    fn batch(&self, items: Vec<usize>, _device: &FlexDevice) -> Vec<usize> {
+        items
+    }
+}
+
+pub type Loader = DistributedDataLoader<B, usize, Vec<usize>>;
+
+pub fn sampler_config(world: usize, rank: usize) -> DistributedSamplerConfig {
+    DistributedSamplerConfig::new(world, rank).with_seed(SEED)
+}
+
+/// A shuffled loader of this rank's share.
+pub fn loader(world: usize, rank: usize) -> Loader {
+    DistributedDataLoaderBuilder::new(Collect)
+        .batch_size(BATCH_PER_RANK)
+        .build(Indices(DATASET_LEN), sampler_config(world, rank))
+        .expect("loader")
+}
+
+/// A fixed initial model, as recorder bytes (ids included).
+pub fn init_bytes() -> Vec<u8> {
+    let device = Default::default();
+    let m = Mlp::<B>::new(&device, HIDDEN);
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    Recorder::<B>::record(&rec, m.into_record(), ()).expect("record")
+}
+
+pub fn load_init(bytes: &[u8]) -> Mlp<B> {
+    let device = Default::default();
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &device).expect("load");
+    Mlp::<B>::new(&device, HIDDEN).load_record(record)
+}
+
+/// When a run stops (after saving a checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Train all epochs.
+    Never,
+    /// Save and stop at the end of this epoch.
+    AfterEpoch(u64),
+    /// Save and stop right after this global step (mid-epoch).
+    AtStep(u64),
+}
+
+/// How a run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From the fixed initial model.
+    Init,
+    /// From a fresh random model, fresh Adam and fresh loader, restored from the checkpoint.
+    Resume,
+    /// Like `Resume`, then the optimizer state is thrown away (a control).
+    ResumeWithoutOptimizerState,
+    /// Like `Resume`, but the loader is not restored (a control).
+    ResumeWithoutLoaderState,
+}
+
+#[derive(Debug)]
+pub struct RunResult {
+    /// Parameters at the end.
+    pub params: Vec<f32>,
+    /// Steps this run took.
+    pub steps: usize,
+    /// The resume, for `Start::Resume*`.
+    pub resumed: Option<Resumed>,
+    /// The training state saved at the stop.
+    pub saved: Option<TrainingState>,
+}
+
+/// Trains the Mlp with DDP + Adam on a shuffled loader over `pg`'s ranks.
+pub fn run(pg: ProcessGroup, init: &[u8], dir: &Path, start: Start, stop: Stop) -> RunResult {
+    let device: FlexDevice = Default::default();
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let mut model = match start {
+        // Only rank 0 holds the reference weights; DDP copies them to the others.
+        Start::Init if rank == 0 => load_init(init),
+        _ => Mlp::<B>::new(&device, HIDDEN),
+    };
+    let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
+    let mut loader = loader(world, rank);
+    let (mut first_epoch, mut step, mut resumed) = (0, 0u64, None);
+    if start != Start::Init {
+        let outcome = ckpt
+            .load_latest(&device, &mut model, &mut optim)
+            .expect("load_latest");
+        let LoadOutcome::Resumed(r) = outcome else {
+            panic!("expected a checkpoint to resume from, got: {outcome}");
+        };
+        if start != Start::ResumeWithoutLoaderState {
+            r.restore_loader(&mut loader).expect("restore loader");
+        }
+        if start == Start::ResumeWithoutOptimizerState {
+            optim = AdamConfig::new().init::<B, Mlp<B>>();
+        }
+        first_epoch = r.state.epoch;
+        step = r.state.global_step;
+        resumed = Some(*r);
+    }
+    let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).expect("ddp");
+    let (mut steps, mut saved) = (0, None);
+    'epochs: for epoch in first_epoch..EPOCHS {
+        loader.set_epoch(epoch);
+        for indices in loader.iter() {
+            let indices = indices.expect("batch");
+            let (x, y) = batch(&indices, &device);
+            let pred = ddp.forward(|m| m.forward(x, false)).expect("forward");
+            let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+            let grads = ddp.backward(loss).expect("backward");
+            ddp.optimizer_step(&mut optim, LR, grads);
+            step += 1;
+            steps += 1;
+            if stop == Stop::AtStep(step) {
+                let state = TrainingState::new(epoch, step).with_sampler(loader.state());
+                ckpt.save(ddp.module(), &optim, &state).expect("save");
+                saved = Some(state);
+                break 'epochs;
+            }
+        }
+        if stop == Stop::AfterEpoch(epoch) {
+            let state = TrainingState::new(epoch, step).with_sampler(loader.state());
+            ckpt.save(ddp.module(), &optim, &state).expect("save");
+            saved = Some(state);
+            break;
+        }
+    }
+    RunResult {
+        params: flat_params(ddp.module()),
+        steps,
+        resumed,
+        saved,
+    }
+}
+
+/// Whether two parameter vectors are bitwise equal.
+pub fn bitwise_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Runs `f` with a tracing subscriber that records every event (this thread only); returns
+/// `f`'s value and the log text.
+pub fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let value = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
+    (value, text)
+}
+
+/// The entries of `dir` whose names start with `prefix`.
+pub fn entries_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}

@@ -1,0 +1,252 @@
+//! Helpers shared by the launcher's integration tests: locating `ddp-run` and the
+//! `launch_worker` example, running a command with a deadline, and checking pids.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Generous: the machine running the tests may be loaded.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The `ddp-run` binary built for these tests.
+pub fn ddp_run() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-run"));
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// The `launch_worker` example (built by `cargo test`, which builds examples).
+pub fn worker_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/launch_worker
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("examples").join("launch_worker"))
+        .expect("target directory");
+    let hint = "run `cargo test -p ddp-core` (which builds examples) or `cargo build -p ddp-core --examples`";
+    let built = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}: {hint}", path.display()));
+    // `cargo test --test <name>` alone does not rebuild examples: refuse a stale one.
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/launch_worker.rs");
+    if let Ok(edited) = std::fs::metadata(&source).and_then(|m| m.modified()) {
+        assert!(
+            edited <= built,
+            "{} is older than its source: {hint}",
+            path.display()
+        );
+    }
+    path
+}
+
+/// The `launch_worker` example run directly (it launches itself).
+pub fn worker() -> Command {
+    let mut cmd = Command::new(worker_path());
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// Removes launcher variables the test runner might have, so each test starts from a plain
+/// environment, and keeps logs quiet.
+fn clean_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DDP_")
+            || k.starts_with("SLURM_")
+            || k.starts_with("OMPI_")
+            || k.starts_with("TORCHELASTIC_")
+            || [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "OMP_NUM_THREADS",
+                "RAYON_NUM_THREADS",
+            ]
+            .contains(&k.as_str())
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "warn");
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn all(&self) -> String {
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout, self.stderr
+        )
+    }
+}
+
+/// A started command whose output is being collected.
+pub struct Running {
+    pub child: Child,
+    out: Option<std::thread::JoinHandle<String>>,
+    err: Option<std::thread::JoinHandle<String>>,
+}
+
+pub fn start(mut cmd: Command) -> Running {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let mut o = child.stdout.take().expect("stdout");
+    let mut e = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = o.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = e.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    Running {
+        child,
+        out: Some(out),
+        err: Some(err),
+    }
+}
+
+impl Running {
+    /// The collected output, once the command has exited.
+    fn output(&mut self) -> (String, String) {
+        let join = |h: Option<std::thread::JoinHandle<String>>| {
+            h.and_then(|h| h.join().ok()).unwrap_or_default()
+        };
+        (join(self.out.take()), join(self.err.take()))
+    }
+
+    /// Waits up to [`DEADLINE`]; kills the command and fails the test if it takes longer.
+    pub fn finish(mut self) -> Finished {
+        let deadline = Instant::now() + DEADLINE;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let (stdout, stderr) = self.output();
+                let f = Finished {
+                    status: ExitStatus::default(),
+                    stdout,
+                    stderr,
+                };
+                panic!("command did not finish within {DEADLINE:?}\n{}", f.all());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (stdout, stderr) = self.output();
+        Finished {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// Runs `cmd` to completion (at most [`DEADLINE`]).
+pub fn run(cmd: Command) -> Finished {
+    start(cmd).finish()
+}
+
+/// Pids written as `*.pid` files in `dir`, with their file names.
+pub fn pids_in(dir: &Path) -> Vec<(String, i32)> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read pid dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "pid") {
+            let text = std::fs::read_to_string(&path).expect("read pid");
+            let pid = text.trim().parse().expect("pid number");
+            let name = path
+                .file_stem()
+                .expect("stem")
+                .to_string_lossy()
+                .into_owned();
+            pids.push((name, pid));
+        }
+    }
+    pids.sort();
+    pids
+}
+
+/// Waits until `dir` holds at least `n` pid files written by the workers of `launcher`.
+pub fn wait_for_pids(dir: &Path, n: usize, launcher: &mut Running) -> Vec<(String, i32)> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let pids = pids_in(dir);
+        if pids.len() >= n {
+            return pids;
+        }
+        if launcher.child.try_wait().expect("try_wait").is_some() {
+            let (stdout, stderr) = launcher.output();
+            panic!(
+                "the launcher exited before {n} workers started ({pids:?})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} pid files after {DEADLINE:?}: {pids:?}",
+            pids.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether `pid` is a live process: `kill(pid, 0)` does not fail with ESRCH, and it is not a
+/// zombie (a zombie has exited; only its parent's bookkeeping remains).
+pub fn is_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Asserts that none of `pids` is alive, allowing `grace` for signals sent just before (a
+/// SIGKILL is delivered asynchronously; `PR_SET_PDEATHSIG` fires as the launcher dies).
+pub fn assert_all_gone(pids: &[(String, i32)], grace: Duration) {
+    let deadline = Instant::now() + grace;
+    loop {
+        let alive: Vec<_> = pids.iter().filter(|(_, p)| is_alive(*p)).collect();
+        if alive.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            kill_all(pids);
+            panic!("processes still alive after the launcher exited: {alive:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills every listed process, for cleanup after a failed assertion.
+pub fn kill_all(pids: &[(String, i32)]) {
+    for (_, pid) in pids {
+        // SAFETY: plain syscall on pids this test's processes wrote.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+}

@@ -1,0 +1,12 @@
+//! Shared pieces of the example programs: data sets, models, backend selection, evaluation.
+//!
+//! - [`digits`]: the UCI handwritten digits, its seeded split, dataset and batcher.
+//! - [`models`]: the classifiers the examples train.
+//! - [`backend`]: `--backend flex|cuda` and the checks that make a missing GPU an error message.
+//! - [`eval`]: accuracy over a test set sharded across ranks and all-reduced.
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod backend;
+pub mod digits;
+pub mod eval;
+pub mod models;
