@@ -26,7 +26,11 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     world: Vec<usize>,
     /// Collectives: all_reduce, broadcast, all_gather, reduce_scatter.
-    #[arg(long, value_delimiter = ',', default_value = "all_reduce,broadcast,all_gather")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "all_reduce,broadcast,all_gather"
+    )]
     ops: Vec<String>,
     /// Smallest message (bytes; K/M suffixes allowed).
     #[arg(long, default_value = "4K", value_parser = parse_bytes)]
@@ -49,7 +53,9 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
         t => (t, 1),
     };
-    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("'{s}' is not a byte size like 4K or 64M"))
+    num.parse::<usize>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("'{s}' is not a byte size like 4K or 64M"))
 }
 
 fn main() -> Result<()> {
@@ -58,7 +64,10 @@ fn main() -> Result<()> {
     }
     let args = Args::parse();
     println!("# ddp-comm collective benchmark (TCP transport, loopback)");
-    println!("# host: {} cores; each rank: 1 process, 1 communication thread", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "# host: {} cores; each rank: 1 process, 1 communication thread",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     for &mib in &[1usize, 16, 64] {
         println!("# memcpy {mib:>3} MiB: {:6.2} GB/s", memcpy_gbps(mib << 20));
     }
@@ -83,7 +92,9 @@ fn memcpy_gbps(bytes: usize) -> f64 {
 
 fn run_world(n: usize) -> Result<()> {
     let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut children = Vec::new();
     for rank in 0..n {
@@ -93,7 +104,11 @@ fn run_world(n: usize) -> Result<()> {
             .env("WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stdout(if rank == 0 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .with_context(|| format!("spawning rank {rank}"))?;
         children.push(child);
@@ -136,7 +151,15 @@ fn worker() -> Result<()> {
                 };
                 println!(
                     "{:>14} {:>12} {:>5} {:>6} {:>4} {:>10.1} {:>8.3} {:>8.3} {:>6}   {op}",
-                    bytes, bytes / 4, "float", redop, root, row.time_us, row.algbw, row.busbw, row.wrong
+                    bytes,
+                    bytes / 4,
+                    "float",
+                    redop,
+                    root,
+                    row.time_us,
+                    row.algbw,
+                    row.busbw,
+                    row.wrong
                 );
                 if args.json {
                     println!(
@@ -150,7 +173,10 @@ fn worker() -> Result<()> {
             bytes *= 2;
         }
         if pg.rank() == 0 {
-            println!("# {op}: avg bus bandwidth {:.3} GB/s over {rows} sizes\n#", busbw_sum / rows as f64);
+            println!(
+                "# {op}: avg bus bandwidth {:.3} GB/s over {rows} sizes\n#",
+                busbw_sum / rows as f64
+            );
         }
     }
     Ok(())
@@ -182,8 +208,12 @@ fn measure(pg: &ProcessGroup, op: &str, bytes: usize) -> Result<Row> {
             "broadcast" => pg.broadcast(buf, 0)?,
             // size = total output, as in nccl-tests
             "all_gather" => pg.all_gather(&buf[..block], &mut out[..block * n])?,
-            "reduce_scatter" => pg.reduce_scatter(&buf[..block * n], &mut out[..block], ReduceOp::Sum)?,
-            other => bail!("unknown op '{other}' (all_reduce, broadcast, all_gather, reduce_scatter)"),
+            "reduce_scatter" => {
+                pg.reduce_scatter(&buf[..block * n], &mut out[..block], ReduceOp::Sum)?
+            }
+            other => {
+                bail!("unknown op '{other}' (all_reduce, broadcast, all_gather, reduce_scatter)")
+            }
         }
         Ok(())
     };
@@ -200,7 +230,9 @@ fn measure(pg: &ProcessGroup, op: &str, bytes: usize) -> Result<Row> {
     let time = Duration::from_secs_f64(elapsed[0]);
 
     // Correctness on known data.
-    buf.iter_mut().enumerate().for_each(|(i, v)| *v = ((i + r) % 7) as f32);
+    buf.iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = ((i + r) % 7) as f32);
     run(&mut buf, &mut out)?;
     let wrong = match op {
         "all_reduce" => buf
@@ -208,7 +240,11 @@ fn measure(pg: &ProcessGroup, op: &str, bytes: usize) -> Result<Row> {
             .enumerate()
             .filter(|(i, v)| **v != (0..n).map(|q| ((i + q) % 7) as f32).sum::<f32>())
             .count(),
-        "broadcast" => buf.iter().enumerate().filter(|(i, v)| **v != (i % 7) as f32).count(),
+        "broadcast" => buf
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| **v != (i % 7) as f32)
+            .count(),
         "all_gather" => out[..block * n]
             .iter()
             .enumerate()
@@ -217,7 +253,11 @@ fn measure(pg: &ProcessGroup, op: &str, bytes: usize) -> Result<Row> {
         _ => out[..block]
             .iter()
             .enumerate()
-            .filter(|(i, v)| **v != (0..n).map(|q| ((r * block + i + q) % 7) as f32).sum::<f32>())
+            .filter(|(i, v)| {
+                **v != (0..n)
+                    .map(|q| ((r * block + i + q) % 7) as f32)
+                    .sum::<f32>()
+            })
             .count(),
     };
     let mut wrong = [wrong as i64];

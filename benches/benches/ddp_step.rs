@@ -74,7 +74,10 @@ impl<B: Backend> Mlp<B> {
 fn data(device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
     let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), device);
     let y = Tensor::<B, 1, Int>::from_data(
-        burn::tensor::TensorData::new((0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(), [BATCH]),
+        burn::tensor::TensorData::new(
+            (0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(),
+            [BATCH],
+        ),
         device,
     );
     (x, y)
@@ -100,7 +103,10 @@ fn main() -> Result<()> {
     }
     let args = Args::parse();
     println!("# DDP step benchmark: MLP 1024-2048-2048-10 (6.3M params, 24 MiB f32 gradients)");
-    println!("# batch {BATCH} per rank, SGD, 1 compute thread per rank, {} steps per row (median)", args.steps);
+    println!(
+        "# batch {BATCH} per rank, SGD, 1 compute thread per rank, {} steps per row (median)",
+        args.steps
+    );
     world1(&args)?;
     world2(&args)
 }
@@ -108,7 +114,10 @@ fn main() -> Result<()> {
 fn world1(args: &Args) -> Result<()> {
     let device = Default::default();
     let server = ddp_core::StoreServer::bind("127.0.0.1:0", ddp_core::StoreConfig::new())?;
-    let store = ddp_core::Store::connect(&server.local_addr().to_string(), ddp_core::StoreConfig::new())?;
+    let store = ddp_core::Store::connect(
+        &server.local_addr().to_string(),
+        ddp_core::StoreConfig::new(),
+    )?;
     let pg = ProcessGroup::with_store(store, ddp_core::ProcessGroupConfig::new(0, 1))?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut plain_model = Mlp::<B>::new(&device);
@@ -141,16 +150,34 @@ fn world1(args: &Args) -> Result<()> {
     }
     let (p, d) = (median(plain), median(wrapped));
     println!("#\n# world 1: DDP overhead (goal: ratio <= 1.03)");
-    println!("# {:<28} {:>10} {:>12}", "configuration", "ms/step", "samples/s");
-    println!("  {:<28} {:>10.2} {:>12.0}", "plain burn", ms(p), BATCH as f64 / p.as_secs_f64());
-    println!("  {:<28} {:>10.2} {:>12.0}", "DDP (world 1)", ms(d), BATCH as f64 / d.as_secs_f64());
-    println!("  ratio DDP / plain: {:.3}", d.as_secs_f64() / p.as_secs_f64());
+    println!(
+        "# {:<28} {:>10} {:>12}",
+        "configuration", "ms/step", "samples/s"
+    );
+    println!(
+        "  {:<28} {:>10.2} {:>12.0}",
+        "plain burn",
+        ms(p),
+        BATCH as f64 / p.as_secs_f64()
+    );
+    println!(
+        "  {:<28} {:>10.2} {:>12.0}",
+        "DDP (world 1)",
+        ms(d),
+        BATCH as f64 / d.as_secs_f64()
+    );
+    println!(
+        "  ratio DDP / plain: {:.3}",
+        d.as_secs_f64() / p.as_secs_f64()
+    );
     Ok(())
 }
 
 fn world2(args: &Args) -> Result<()> {
     let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let forwarded: Vec<String> = std::env::args().skip(1).collect();
     let children: Vec<_> = (0..2)
         .map(|rank| {
@@ -160,7 +187,11 @@ fn world2(args: &Args) -> Result<()> {
                 .env("WORLD_SIZE", "2")
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
-                .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+                .stdout(if rank == 0 {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
                 .spawn()
                 .with_context(|| format!("spawning rank {rank}"))
         })
@@ -189,15 +220,26 @@ fn world2_worker() -> Result<()> {
     let args = Args::parse();
     let pg = init_from_env()?;
     if pg.rank() == 0 {
-        println!("#\n# world 2: synchronised step / no_sync step (goal: ratio <= 1.15; PyTorch gloo here: ~2)");
+        println!(
+            "#\n# world 2: synchronised step / no_sync step (goal: ratio <= 1.15; PyTorch gloo here: ~2)"
+        );
         println!(
             "# {:<22} {:>9} {:>10} {:>9} {:>7} {:>10} {:>12} {:>9}",
-            "mode", "sync ms", "no_sync ms", "optim ms", "ratio", "comm ms", "after bwd ms", "overlap"
+            "mode",
+            "sync ms",
+            "no_sync ms",
+            "optim ms",
+            "ratio",
+            "comm ms",
+            "after bwd ms",
+            "overlap"
         );
     }
     for marked in [false, true] {
         let config = match (&args.trace, marked) {
-            (Some(path), true) => DdpConfig::new().with_timeline_path(Some(path.clone())).with_timeline_steps(3),
+            (Some(path), true) => DdpConfig::new()
+                .with_timeline_path(Some(path.clone()))
+                .with_timeline_steps(3),
             _ => DdpConfig::new(),
         };
         let m = measure_world2(&pg, &args, marked, config)?;
@@ -205,7 +247,11 @@ fn world2_worker() -> Result<()> {
             let no_sync_step = m.no_sync + m.optimizer;
             println!(
                 "  {:<22} {:>9.2} {:>10.2} {:>9.2} {:>7.3} {:>10.2} {:>12.2} {:>8.0}%",
-                if marked { "layer boundaries" } else { "automatic" },
+                if marked {
+                    "layer boundaries"
+                } else {
+                    "automatic"
+                },
                 ms(m.sync),
                 ms(no_sync_step),
                 ms(m.optimizer),
@@ -222,13 +268,24 @@ fn world2_worker() -> Result<()> {
     Ok(())
 }
 
-fn measure_world2(pg: &ProcessGroup, args: &Args, marked: bool, config: DdpConfig) -> Result<Measured> {
+fn measure_world2(
+    pg: &ProcessGroup,
+    args: &Args,
+    marked: bool,
+    config: DdpConfig,
+) -> Result<Measured> {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device), pg.clone(), config)?;
     let mut opt = SgdConfig::new().init::<B, Mlp<B>>();
-    let (mut sync, mut no_sync, mut optim, mut overlap, mut comm, mut after) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut sync, mut no_sync, mut optim, mut overlap, mut comm, mut after) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     let rounds = 4;
     for round in 0..=rounds {
         for _ in 0..args.steps.div_ceil(rounds) {

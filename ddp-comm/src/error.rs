@@ -27,7 +27,9 @@ pub enum CommError {
         reason: String,
     },
     /// The store could not be reached before the deadline.
-    #[error("could not reach the store at {addr} within {timeout:?}: {source} (is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?)")]
+    #[error(
+        "could not reach the store at {addr} within {timeout:?}: {source} (is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?)"
+    )]
     StoreUnreachable {
         /// The address tried.
         addr: String,
@@ -38,7 +40,9 @@ pub enum CommError {
         source: io::Error,
     },
     /// The port for the store (or a rank's listener) is taken.
-    #[error("cannot listen on {addr}: {source} (is another job using this port? pick another MASTER_PORT)")]
+    #[error(
+        "cannot listen on {addr}: {source} (is another job using this port? pick another MASTER_PORT)"
+    )]
     Bind {
         /// The address we tried to bind.
         addr: String,
@@ -95,7 +99,9 @@ pub enum CommError {
         detail: String,
     },
     /// Two ranks issued different collectives at the same position in the sequence.
-    #[error("collective #{seq} mismatch: rank {rank} called {ours} but rank {peer} called {theirs} (every rank must issue the same collectives in the same order)")]
+    #[error(
+        "collective #{seq} mismatch: rank {rank} called {ours} but rank {peer} called {theirs} (every rank must issue the same collectives in the same order)"
+    )]
     Mismatch {
         /// The sequence number.
         seq: u64,

@@ -61,7 +61,9 @@ macro_rules! combine_native {
         let dst: &mut [$t] = bytemuck::cast_slice_mut($dst);
         let src: &[$t] = bytemuck::cast_slice($src);
         match $op {
-            ReduceOp::Sum | ReduceOp::Avg => dst.iter_mut().zip(src).for_each(|(d, s)| *d = sum(*d, *s)),
+            ReduceOp::Sum | ReduceOp::Avg => {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = sum(*d, *s))
+            }
             ReduceOp::Product => dst.iter_mut().zip(src).for_each(|(d, s)| *d = prod(*d, *s)),
             ReduceOp::Min => dst.iter_mut().zip(src).for_each(|(d, s)| {
                 if *s < *d {
@@ -129,7 +131,7 @@ pub(crate) fn divide_bytes(dtype: DataType, buf: &mut [u8], n: usize) {
         ($t:ty, $conv:expr) => {{
             let v: &mut [$t] = bytemuck::cast_slice_mut(buf);
             let n: $t = $conv;
-            v.iter_mut().for_each(|x| *x = *x / n);
+            v.iter_mut().for_each(|x| *x /= n);
         }};
     }
     match dtype {

@@ -6,7 +6,13 @@ mod common;
 use common::run_ok;
 use ddp_comm::{Element, ProcessGroup, ReduceOp, bf16, f16};
 
-const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Avg,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Product,
+];
 
 /// Converts the small integers the tests use into each element type exactly.
 trait TestValue: Element {
@@ -31,7 +37,16 @@ macro_rules! float_value {
         fn div(self, n: usize) -> Self { self / $from(n as f32) }
     })*};
 }
-float_value!(f32, |v: f32| v, f64, |v: f32| v as f64, f16, f16::from_f32, bf16, bf16::from_f32);
+float_value!(
+    f32,
+    |v: f32| v,
+    f64,
+    |v: f32| v as f64,
+    f16,
+    f16::from_f32,
+    bf16,
+    bf16::from_f32
+);
 
 /// Rank `r`'s value at index `i`: small integers, so every sum and product is exact in every
 /// type and the result does not depend on the order of reduction.
@@ -44,7 +59,12 @@ fn input<T: TestValue>(r: usize, len: usize) -> Vec<T> {
     (0..len).map(|i| value(r, i)).collect()
 }
 
-fn reduce_locally<T: TestValue + PartialOrd>(n: usize, len: usize, offset: usize, op: ReduceOp) -> Vec<T> {
+fn reduce_locally<T: TestValue + PartialOrd>(
+    n: usize,
+    len: usize,
+    offset: usize,
+    op: ReduceOp,
+) -> Vec<T> {
     (0..len)
         .map(|i| {
             let vals: Vec<T> = (0..n).map(|r| value(r, i + offset)).collect();
@@ -53,8 +73,20 @@ fn reduce_locally<T: TestValue + PartialOrd>(n: usize, len: usize, offset: usize
                 acc = match op {
                     ReduceOp::Sum | ReduceOp::Avg => add(acc, v),
                     ReduceOp::Product => mul(acc, v),
-                    ReduceOp::Min => if v < acc { v } else { acc },
-                    ReduceOp::Max => if v > acc { v } else { acc },
+                    ReduceOp::Min => {
+                        if v < acc {
+                            v
+                        } else {
+                            acc
+                        }
+                    }
+                    ReduceOp::Max => {
+                        if v > acc {
+                            v
+                        } else {
+                            acc
+                        }
+                    }
                 };
             }
             if op == ReduceOp::Avg { acc.div(n) } else { acc }
@@ -71,7 +103,9 @@ fn mul<T: TestValue>(a: T, b: T) -> T {
 }
 fn to_i64<T: TestValue>(v: T) -> i64 {
     // Find the integer in the small range the tests use whose conversion matches.
-    (-64..=64).find(|&k| T::from_i64(k) == v).expect("test values stay in -64..=64")
+    (-64..=64)
+        .find(|&k| T::from_i64(k) == v)
+        .expect("test values stay in -64..=64")
 }
 
 fn lengths(n: usize) -> Vec<usize> {
@@ -85,17 +119,30 @@ fn check_type<T: TestValue + PartialOrd>(n: usize) {
             for op in OPS {
                 let mut buf = input::<T>(r, len);
                 pg.all_reduce(&mut buf, op)?;
-                assert_eq!(buf, reduce_locally::<T>(n, len, 0, op), "all_reduce {op} len {len} n {n} {}", T::DTYPE);
+                assert_eq!(
+                    buf,
+                    reduce_locally::<T>(n, len, 0, op),
+                    "all_reduce {op} len {len} n {n} {}",
+                    T::DTYPE
+                );
 
                 let got = pg.all_reduce_async(input::<T>(r, len), op).wait()?;
-                assert_eq!(got, reduce_locally::<T>(n, len, 0, op), "all_reduce_async {op}");
+                assert_eq!(
+                    got,
+                    reduce_locally::<T>(n, len, 0, op),
+                    "all_reduce_async {op}"
+                );
 
                 for root in [0, n - 1] {
                     let mine = input::<T>(r, len);
                     let mut buf = mine.clone();
                     pg.reduce(&mut buf, root, op)?;
                     if r == root {
-                        assert_eq!(buf, reduce_locally::<T>(n, len, 0, op), "reduce {op} root {root}");
+                        assert_eq!(
+                            buf,
+                            reduce_locally::<T>(n, len, 0, op),
+                            "reduce {op} root {root}"
+                        );
                     } else {
                         assert_eq!(buf, mine, "reduce leaves non-root buffers unchanged");
                     }
@@ -105,15 +152,27 @@ fn check_type<T: TestValue + PartialOrd>(n: usize) {
                 let whole: Vec<T> = (0..n * len).map(|i| value(r, i)).collect();
                 let mut out = vec![T::zeroed(); len];
                 pg.reduce_scatter(&whole, &mut out, op)?;
-                assert_eq!(out, reduce_locally::<T>(n, len, r * len, op), "reduce_scatter {op} len {len}");
+                assert_eq!(
+                    out,
+                    reduce_locally::<T>(n, len, r * len, op),
+                    "reduce_scatter {op} len {len}"
+                );
                 let got = pg.reduce_scatter_async(whole, op).wait()?;
                 assert_eq!(got, out, "reduce_scatter_async {op}");
             }
 
             for root in [0, n / 2, n - 1] {
-                let mut buf = if r == root { input::<T>(root, len) } else { vec![T::zeroed(); len] };
+                let mut buf = if r == root {
+                    input::<T>(root, len)
+                } else {
+                    vec![T::zeroed(); len]
+                };
                 pg.broadcast(&mut buf, root)?;
-                assert_eq!(buf, input::<T>(root, len), "broadcast root {root} len {len}");
+                assert_eq!(
+                    buf,
+                    input::<T>(root, len),
+                    "broadcast root {root} len {len}"
+                );
                 let got = pg.broadcast_async(buf, root).wait()?;
                 assert_eq!(got, input::<T>(root, len));
 
@@ -189,15 +248,30 @@ fn large_buffers_stream_correctly() {
                 let want: f32 = (0..n).map(|q| ((i + q) % 1000) as f32).sum();
                 assert_eq!(*v, want, "all_reduce at {i}");
             }
-            let mut b: Vec<f32> = if r == 0 { (0..LEN).map(|i| i as f32).collect() } else { vec![0.0; LEN] };
+            let mut b: Vec<f32> = if r == 0 {
+                (0..LEN).map(|i| i as f32).collect()
+            } else {
+                vec![0.0; LEN]
+            };
             pg.broadcast(&mut b, 0)?;
-            assert!(b.iter().enumerate().step_by(4099).all(|(i, v)| *v == i as f32), "broadcast");
+            assert!(
+                b.iter()
+                    .enumerate()
+                    .step_by(4099)
+                    .all(|(i, v)| *v == i as f32),
+                "broadcast"
+            );
             drop(b);
             let part = LEN / n;
             let mine: Vec<f32> = vec![r as f32; part];
             let mut all = vec![0.0f32; part * n];
             pg.all_gather(&mine, &mut all)?;
-            assert!(all.chunks(part).enumerate().all(|(q, c)| c.iter().all(|v| *v == q as f32)), "all_gather");
+            assert!(
+                all.chunks(part)
+                    .enumerate()
+                    .all(|(q, c)| c.iter().all(|v| *v == q as f32)),
+                "all_gather"
+            );
             let mut out = vec![0.0f32; part];
             pg.reduce_scatter(&all, &mut out, ReduceOp::Max)?;
             assert!(out.iter().all(|v| *v == r as f32), "reduce_scatter");
@@ -211,7 +285,9 @@ fn large_buffers_stream_correctly() {
 fn all_reduce_results_are_bitwise_identical_across_ranks() {
     let results = run_ok(3, |pg| {
         let r = pg.rank() as f32;
-        let mut v: Vec<f32> = (0..10_007).map(|i| (i as f32 * 0.1 + r).sin() * 1e-3 + 1e3).collect();
+        let mut v: Vec<f32> = (0..10_007)
+            .map(|i| (i as f32 * 0.1 + r).sin() * 1e-3 + 1e3)
+            .collect();
         pg.all_reduce(&mut v, ReduceOp::Avg)?;
         Ok(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
     });

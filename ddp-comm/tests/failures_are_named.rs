@@ -33,7 +33,10 @@ fn different_lengths_are_a_mismatch() {
         pg.all_reduce(&mut v, ReduceOp::Max)
     });
     assert!(results.iter().all(|r| r.is_err()));
-    let all: String = results.iter().map(|r| r.as_ref().unwrap_err().to_string()).collect();
+    let all: String = results
+        .iter()
+        .map(|r| r.as_ref().unwrap_err().to_string())
+        .collect();
     assert!(all.contains("i64 x 5") && all.contains("i64 x 4"), "{all}");
 }
 
@@ -65,10 +68,16 @@ fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
         pg.all_reduce(&mut v, ReduceOp::Sum)
     });
     for rank in 0..2 {
-        let e = results[rank].as_ref().expect_err("the collective cannot complete").to_string();
+        let e = results[rank]
+            .as_ref()
+            .expect_err("the collective cannot complete")
+            .to_string();
         assert!(e.contains("rank 2"), "rank {rank} should name rank 2: {e}");
     }
-    assert!(start.elapsed() < Duration::from_secs(20), "detected by the closed connection, not the 60 s timeout");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "detected by the closed connection, not the 60 s timeout"
+    );
 }
 
 #[test]
@@ -80,9 +89,15 @@ fn bad_argument_on_one_rank_fails_its_peers_with_its_message() {
         pg.all_gather(&input, &mut out)
     });
     let e0 = results[0].as_ref().unwrap_err().to_string();
-    assert!(e0.contains("all_gather: output has 5 elements, expected 6"), "{e0}");
+    assert!(
+        e0.contains("all_gather: output has 5 elements, expected 6"),
+        "{e0}"
+    );
     let e1 = results[1].as_ref().unwrap_err().to_string();
-    assert!(e1.contains("rank 0") && e1.contains("output has 5 elements"), "{e1}");
+    assert!(
+        e1.contains("rank 0") && e1.contains("output has 5 elements"),
+        "{e1}"
+    );
     assert!(start.elapsed() < Duration::from_secs(20));
 }
 
@@ -122,14 +137,20 @@ fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
     });
     // The harness connects rank 0 and 1 directly; to attack the port during rendezvous we run
     // a job whose rank 1 arrives late, and send junk to rank 0 in the meantime.
-    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|v| v[0] == 3.0)));
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|v| v[0] == 3.0))
+    );
 
     let server = ddp_comm::StoreServer::bind("127.0.0.1:0", StoreConfig::new()).unwrap();
     let addr = server.local_addr().to_string();
     std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
             let store = Store::connect(&addr, StoreConfig::new()).unwrap();
-            let pg = ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(0, 2)).unwrap();
+            let pg =
+                ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(0, 2))
+                    .unwrap();
             let mut v = vec![1u8; 10];
             pg.all_reduce(&mut v, ReduceOp::Sum).map(|_| v)
         });
@@ -137,7 +158,8 @@ fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
         let rank0_addr = String::from_utf8(probe.get("pg/world/addr/0").unwrap()).unwrap();
         // Garbage.
         let mut c = TcpStream::connect(&rank0_addr).unwrap();
-        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nmore junk to fill the hello").unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nmore junk to fill the hello")
+            .unwrap();
         // A well-formed hello announcing a 65535-byte token (over the limit).
         let mut c2 = TcpStream::connect(&rank0_addr).unwrap();
         let mut hello = b"DDPH\x01\0\0\0".to_vec();
@@ -155,7 +177,9 @@ fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
         std::thread::sleep(Duration::from_millis(300));
         let rank1 = s.spawn(|| {
             let store = Store::connect(&addr, StoreConfig::new()).unwrap();
-            let pg = ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(1, 2)).unwrap();
+            let pg =
+                ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(1, 2))
+                    .unwrap();
             let mut v = vec![2u8; 10];
             pg.all_reduce(&mut v, ReduceOp::Sum).map(|_| v)
         });

@@ -11,7 +11,11 @@ fn subgroups_reduce_among_their_members_only() {
     let results = run_ok(4, |pg| {
         let evens = pg.new_group(&[0, 2])?;
         let odds = pg.new_group(&[3, 1])?;
-        let mine = if pg.rank() % 2 == 0 { evens.as_ref() } else { odds.as_ref() };
+        let mine = if pg.rank() % 2 == 0 {
+            evens.as_ref()
+        } else {
+            odds.as_ref()
+        };
         let sub = mine.expect("every rank is in one of the two");
         assert!(evens.is_some() != odds.is_some());
         assert_eq!(sub.world_size(), 2);
@@ -46,7 +50,11 @@ fn new_group_rejects_bad_lists() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn run_init(n: usize, method: InitMethod) -> Vec<f64> {
@@ -55,7 +63,9 @@ fn run_init(n: usize, method: InitMethod) -> Vec<f64> {
             .map(|rank| {
                 let method = method.clone();
                 s.spawn(move || {
-                    let config = ProcessGroupConfig::new(rank, n).with_timeout(Duration::from_secs(30)).with_token("tok");
+                    let config = ProcessGroupConfig::new(rank, n)
+                        .with_timeout(Duration::from_secs(30))
+                        .with_token("tok");
                     let pg = init_process_group(&method, config).unwrap();
                     let mut v = vec![rank as f64; 4];
                     pg.all_reduce(&mut v, ReduceOp::Avg).unwrap();
@@ -78,7 +88,11 @@ fn file_init_meets_through_a_file_and_removes_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rendezvous");
     // A stale file from a "crashed" run must not mislead anyone.
-    std::fs::write(&path, format!("127.0.0.1:{} 0123456789abcdef\n", free_port())).unwrap();
+    std::fs::write(
+        &path,
+        format!("127.0.0.1:{} 0123456789abcdef\n", free_port()),
+    )
+    .unwrap();
     let m = InitMethod::parse(&format!("file://{}", path.display())).unwrap();
     assert_eq!(run_init(2, m), vec![0.5; 2]);
     assert!(!path.exists(), "rank 0 removes the rendezvous file");
@@ -89,18 +103,30 @@ fn port_in_use_on_rank_zero_is_reported() {
     let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let e = init_process_group(
-        &InitMethod::Tcp { host: "127.0.0.1".into(), port },
+        &InitMethod::Tcp {
+            host: "127.0.0.1".into(),
+            port,
+        },
         ProcessGroupConfig::new(0, 2).with_timeout(Duration::from_secs(2)),
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains(&format!("{port}")) && e.contains("MASTER_PORT"), "{e}");
+    assert!(
+        e.contains(&format!("{port}")) && e.contains("MASTER_PORT"),
+        "{e}"
+    );
 }
 
 #[test]
 fn invalid_rank_is_rejected_before_any_network_call() {
-    let e = init_process_group(&InitMethod::Tcp { host: "127.0.0.1".into(), port: 1 }, ProcessGroupConfig::new(2, 2))
-        .unwrap_err()
-        .to_string();
+    let e = init_process_group(
+        &InitMethod::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+        },
+        ProcessGroupConfig::new(2, 2),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("rank 2 is outside 0..2"), "{e}");
 }

@@ -12,7 +12,13 @@ fn server(token: &str) -> (StoreServer, String) {
 }
 
 fn client(addr: &str, token: &str) -> Store {
-    Store::connect(addr, StoreConfig::new().with_token(token).with_timeout(Duration::from_secs(5))).unwrap()
+    Store::connect(
+        addr,
+        StoreConfig::new()
+            .with_token(token)
+            .with_timeout(Duration::from_secs(5)),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -71,11 +77,18 @@ fn timeouts_name_the_missing_keys() {
     let st = client(&addr, "").with_prefix("p/");
     st.set("here", b"").unwrap();
     let start = Instant::now();
-    let e = st.get_timeout("missing", Duration::from_millis(300)).unwrap_err();
+    let e = st
+        .get_timeout("missing", Duration::from_millis(300))
+        .unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(3));
     assert!(e.to_string().contains("p/missing"), "{e}");
-    let e = st.wait(&["here", "gone"], Duration::from_millis(300)).unwrap_err();
-    assert!(matches!(e, CommError::StoreTimeout { ref keys, .. } if keys == "p/gone"), "{e}");
+    let e = st
+        .wait(&["here", "gone"], Duration::from_millis(300))
+        .unwrap_err();
+    assert!(
+        matches!(e, CommError::StoreTimeout { ref keys, .. } if keys == "p/gone"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -84,7 +97,13 @@ fn wrong_or_missing_token_is_rejected_and_others_are_still_served() {
     let good = client(&addr, "secret");
     good.set("k", b"v").unwrap();
     for bad in ["", "wrong"] {
-        let e = Store::connect(&addr, StoreConfig::new().with_token(bad).with_timeout(Duration::from_secs(2))).unwrap_err();
+        let e = Store::connect(
+            &addr,
+            StoreConfig::new()
+                .with_token(bad)
+                .with_timeout(Duration::from_secs(2)),
+        )
+        .unwrap_err();
         assert!(matches!(e, CommError::Unauthorized { .. }), "{e}");
         assert!(e.to_string().contains("token"), "{e}");
     }
@@ -99,8 +118,10 @@ fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
 
     // Random bytes instead of a hello.
     let mut g = TcpStream::connect(&addr).unwrap();
-    g.write_all(&[0x13, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
-        .unwrap();
+    g.write_all(&[
+        0x13, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+    ])
+    .unwrap();
     // A frame header announcing 4 GiB: refused before allocating.
     let mut big = TcpStream::connect(&addr).unwrap();
     big.write_all(&u32::MAX.to_le_bytes()).unwrap();
@@ -112,10 +133,19 @@ fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
         assert!(n == 0 || buf[0] != 0, "server must not accept a stranger");
     }
     // An authenticated client that sends an oversized frame is dropped too; the others go on.
-    let small = StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_max_frame_bytes(1024)).unwrap();
+    let small =
+        StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_max_frame_bytes(1024)).unwrap();
     let small_addr = small.local_addr().to_string();
-    let victim = Store::connect(&small_addr, StoreConfig::new().with_timeout(Duration::from_secs(2))).unwrap();
-    let survivor = Store::connect(&small_addr, StoreConfig::new().with_timeout(Duration::from_secs(2))).unwrap();
+    let victim = Store::connect(
+        &small_addr,
+        StoreConfig::new().with_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let survivor = Store::connect(
+        &small_addr,
+        StoreConfig::new().with_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
     assert!(victim.set("big", &vec![0u8; 4096]).is_err());
     survivor.set("ok", b"1").unwrap();
     assert_eq!(survivor.get("ok").unwrap(), b"1");
@@ -130,15 +160,26 @@ fn port_in_use_is_a_clear_error() {
     let e = StoreServer::bind(s.local_addr().to_string(), StoreConfig::new()).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, CommError::Bind { .. }), "{msg}");
-    assert!(msg.contains("in use") || msg.contains("Address already"), "{msg}");
+    assert!(
+        msg.contains("in use") || msg.contains("Address already"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn unreachable_store_fails_within_the_timeout() {
     // Bind then drop to find a port with nobody listening.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let start = Instant::now();
-    let e = Store::connect(&format!("127.0.0.1:{port}"), StoreConfig::new().with_timeout(Duration::from_millis(500))).unwrap_err();
+    let e = Store::connect(
+        &format!("127.0.0.1:{port}"),
+        StoreConfig::new().with_timeout(Duration::from_millis(500)),
+    )
+    .unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5));
     assert!(matches!(e, CommError::StoreUnreachable { .. }), "{e}");
     assert!(e.to_string().contains("MASTER_ADDR"), "{e}");

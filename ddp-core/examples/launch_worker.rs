@@ -69,6 +69,8 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
         Mode::Env => env(&ctx),
         Mode::KillRank1 => kill_rank1(&ctx, args),
         Mode::FailMessage => {
+            // Every rank has written its pid file before anyone fails.
+            ctx.process_group().barrier()?;
             if ctx.rank() == 1 {
                 println!("loading shard 3");
                 eprintln!("warning: shard 3 looks truncated");
@@ -90,7 +92,10 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
             println!("RESTARTED_OK attempt={} sum={sum}", ctx.restart_count());
             Ok(())
         }
-        Mode::FailAlways => bail!("failing on attempt {}", ctx.restart_count()),
+        Mode::FailAlways => {
+            ctx.process_group().barrier()?;
+            bail!("failing on attempt {}", ctx.restart_count())
+        }
         Mode::Sleep => {
             println!("READY");
             sleep_forever()

@@ -90,11 +90,11 @@ impl<I: Backend> TapScope<I> {
             if Arc::strong_count(&p.tensor.node) > 2 {
                 return true;
             }
-            if !p.handed.swap(true, Ordering::AcqRel) {
-                if let Some(grad) = grads.remove::<I>(&p.tensor) {
-                    self.early.fetch_add(1, Ordering::Relaxed);
-                    self.sink.on_gradient(p.index, grad);
-                }
+            if !p.handed.swap(true, Ordering::AcqRel)
+                && let Some(grad) = grads.remove::<I>(&p.tensor)
+            {
+                self.early.fetch_add(1, Ordering::Relaxed);
+                self.sink.on_gradient(p.index, grad);
             }
             false
         });

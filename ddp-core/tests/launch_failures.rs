@@ -114,7 +114,9 @@ fn worker_error_message_appears_in_the_failure_summary() {
         "{}",
         out.all()
     );
-    assert_all_gone(&pids_in(dir.path()), Duration::from_secs(2));
+    let pids = pids_in(dir.path());
+    assert_eq!(pids.len(), 2, "both ranks ran: {pids:?}");
+    assert_all_gone(&pids, Duration::from_secs(2));
 }
 
 #[test]
@@ -204,7 +206,9 @@ fn max_restarts_recovers_from_a_failure_on_the_first_attempt_with_a_fresh_port()
         "{}",
         log(1, 1)
     );
-    assert_all_gone(&pids_in(dir.path()), Duration::from_secs(2));
+    let pids = pids_in(dir.path());
+    assert_eq!(pids.len(), 4, "two ranks, two attempts: {pids:?}");
+    assert_all_gone(&pids, Duration::from_secs(2));
 }
 
 #[test]

@@ -20,11 +20,15 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
         BackendKind::Flex => Ok(()),
         BackendKind::Cuda => {
             #[cfg(not(feature = "cuda"))]
-            bail!("--backend cuda: this binary was built without CUDA support; rebuild with `--features cuda`");
+            bail!(
+                "--backend cuda: this binary was built without CUDA support; rebuild with `--features cuda`"
+            );
             #[cfg(feature = "cuda")]
             {
                 if !ddp_core::cuda_driver_present() {
-                    bail!("--backend cuda: no CUDA driver found (libcuda could not be loaded); install the NVIDIA driver or use --backend flex");
+                    bail!(
+                        "--backend cuda: no CUDA driver found (libcuda could not be loaded); install the NVIDIA driver or use --backend flex"
+                    );
                 }
                 Ok(())
             }

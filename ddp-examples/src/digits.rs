@@ -35,7 +35,12 @@ pub fn load_digits() -> Result<Vec<DigitItem>> {
                 .map(|v| v.trim().parse::<u8>())
                 .collect::<Result<_, _>>()
                 .with_context(|| format!("digits.csv line {}: not a list of integers", i + 1))?;
-            ensure!(values.len() == 65, "digits.csv line {}: {} values, expected 65", i + 1, values.len());
+            ensure!(
+                values.len() == 65,
+                "digits.csv line {}: {} values, expected 65",
+                i + 1,
+                values.len()
+            );
             let label = values[64];
             if label > 9 {
                 bail!("digits.csv line {}: label {label} is not a digit", i + 1);
@@ -50,7 +55,11 @@ pub fn load_digits() -> Result<Vec<DigitItem>> {
 
 /// A fixed, seeded split: the same permutation on every machine (ddp-data's documented shuffle),
 /// the first `train_fraction` for training.
-pub fn split(items: Vec<DigitItem>, seed: u64, train_fraction: f64) -> (Vec<DigitItem>, Vec<DigitItem>) {
+pub fn split(
+    items: Vec<DigitItem>,
+    seed: u64,
+    train_fraction: f64,
+) -> (Vec<DigitItem>, Vec<DigitItem>) {
     let order = ddp_core::data::sampler::permutation::shuffled_order(items.len(), seed, 0);
     let n_train = (items.len() as f64 * train_fraction).round() as usize;
     let mut train = Vec::with_capacity(n_train);
@@ -111,7 +120,11 @@ mod tests {
     fn the_shipped_file_has_1797_labelled_images() {
         let items = load_digits().unwrap();
         assert_eq!(items.len(), 1797);
-        assert!(items.iter().all(|i| i.pixels.iter().all(|p| (0.0..=1.0).contains(p))));
+        assert!(
+            items
+                .iter()
+                .all(|i| i.pixels.iter().all(|p| (0.0..=1.0).contains(p)))
+        );
         let mut counts = [0usize; 10];
         items.iter().for_each(|i| counts[i.label as usize] += 1);
         assert!(counts.iter().all(|&c| c > 150), "{counts:?}");

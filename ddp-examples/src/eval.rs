@@ -10,7 +10,11 @@ pub fn shard(len: usize, rank: usize, world: usize) -> Vec<usize> {
 }
 
 /// Sums `(correct, total)` over ranks and returns the accuracy, the same on every rank.
-pub fn all_reduce_accuracy(pg: &ProcessGroup, correct: usize, total: usize) -> Result<(f64, usize)> {
+pub fn all_reduce_accuracy(
+    pg: &ProcessGroup,
+    correct: usize,
+    total: usize,
+) -> Result<(f64, usize)> {
     let mut v = [correct as i64, total as i64];
     pg.all_reduce(&mut v, ReduceOp::Sum)?;
     Ok((v[0] as f64 / v[1].max(1) as f64, v[1] as usize))

@@ -4,9 +4,13 @@
 //! - [`models`]: the classifiers the examples train.
 //! - [`backend`]: `--backend flex|cuda` and the checks that make a missing GPU an error message.
 //! - [`eval`]: accuracy over a test set sharded across ranks and all-reduced.
+//! - [`resume`]: resume-by-default from the latest checkpoint, shared by the examples.
+//! - [`reverse`]: the synthetic sequence-reversal task of the transformer example.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod backend;
 pub mod digits;
 pub mod eval;
 pub mod models;
+pub mod resume;
+pub mod reverse;

@@ -32,3 +32,118 @@ impl<B: Backend> DigitsMlp<B> {
         self.out.forward(x)
     }
 }
+
+/// A small decoder-only transformer: token and position embeddings, pre-norm self-attention
+/// layers with a causal mask, and a linear head. Layer boundaries
+/// ([`ddp_core::layer_boundary`]) between the layers let DDP send each layer's gradients as soon
+/// as its backward is done.
+#[derive(Module, Debug)]
+pub struct TinyGpt<B: Backend> {
+    token: burn::nn::Embedding<B>,
+    position: burn::nn::Embedding<B>,
+    layers: Vec<burn::nn::transformer::TransformerEncoderLayer<B>>,
+    norm: burn::nn::LayerNorm<B>,
+    head: Linear<B>,
+    boundaries: bool,
+}
+
+/// The shape of a [`TinyGpt`].
+#[derive(Debug, Clone, Copy)]
+pub struct GptShape {
+    /// Tokens in the vocabulary.
+    pub vocab: usize,
+    /// Longest sequence.
+    pub max_len: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Attention heads per layer.
+    pub heads: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Mark a layer boundary before each layer.
+    pub boundaries: bool,
+}
+
+impl<B: Backend> TinyGpt<B> {
+    /// A new model of the given shape (feed-forward width 4 x `d_model`, no dropout).
+    pub fn new(shape: GptShape, device: &B::Device) -> Self {
+        use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderLayer};
+        let config = TransformerEncoderConfig::new(
+            shape.d_model,
+            4 * shape.d_model,
+            shape.heads,
+            shape.layers,
+        )
+        .with_dropout(0.0)
+        .with_norm_first(true);
+        TinyGpt {
+            token: burn::nn::EmbeddingConfig::new(shape.vocab, shape.d_model).init(device),
+            position: burn::nn::EmbeddingConfig::new(shape.max_len, shape.d_model).init(device),
+            layers: (0..shape.layers)
+                .map(|_| TransformerEncoderLayer::new(&config, device))
+                .collect(),
+            norm: burn::nn::LayerNormConfig::new(shape.d_model).init(device),
+            head: LinearConfig::new(shape.d_model, shape.vocab).init(device),
+            boundaries: shape.boundaries,
+        }
+    }
+
+    /// Next-token logits `[batch, seq, vocab]` for tokens `[batch, seq]`.
+    pub fn forward(&self, tokens: Tensor<B, 2, burn::tensor::Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let device = tokens.device();
+        let positions = Tensor::<B, 1, burn::tensor::Int>::arange(0..seq as i64, &device)
+            .reshape([1, seq])
+            .repeat_dim(0, batch);
+        let mut x = self.token.forward(tokens) + self.position.forward(positions);
+        let mask = burn::nn::attention::generate_autoregressive_mask::<B>(batch, seq, &device);
+        for layer in &self.layers {
+            if self.boundaries {
+                x = ddp_core::layer_boundary(x);
+            }
+            x = layer.forward(x, None, Some(mask.clone()));
+        }
+        self.head.forward(self.norm.forward(x))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Int, TensorData};
+
+    #[test]
+    fn transformer_output_at_k_ignores_tokens_after_k() {
+        let device = Default::default();
+        let shape = GptShape {
+            vocab: 12,
+            max_len: 8,
+            d_model: 16,
+            heads: 2,
+            layers: 2,
+            boundaries: false,
+        };
+        let model = TinyGpt::<Flex>::new(shape, &device);
+        let a: Vec<i64> = vec![10, 1, 2, 3, 11, 3, 2, 1];
+        let mut b = a.clone();
+        b[5..].copy_from_slice(&[7, 7, 7]);
+        let run = |t: Vec<i64>| -> Vec<f32> {
+            let x = Tensor::<Flex, 2, Int>::from_data(TensorData::new(t, [1, 8]), &device);
+            model
+                .forward(x)
+                .slice([0..1, 0..5, 0..12])
+                .into_data()
+                .to_vec()
+                .unwrap()
+        };
+        assert_eq!(
+            run(a.clone()),
+            run(b),
+            "positions 0..5 must not see tokens 5..8"
+        );
+        let mut c = a.clone();
+        c[4] = 0;
+        assert_ne!(run(a), run(c), "position 4 does see token 4");
+    }
+}

@@ -5,6 +5,8 @@
 //! they exit. [`spawn_world`] is the shared harness.
 #![warn(missing_docs)]
 
+pub mod fixtures;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -56,7 +58,8 @@ pub fn spawn_world(
             for (k, v) in extra(rank) {
                 cmd.env(k, v);
             }
-            cmd.spawn().unwrap_or_else(|e| panic!("cannot start {exe}: {e}"))
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"))
         })
         .collect();
     let end = Instant::now() + deadline;
@@ -70,7 +73,9 @@ pub fn spawn_world(
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = child.kill();
-            child.wait_with_output().expect("collecting a rank's output")
+            child
+                .wait_with_output()
+                .expect("collecting a rank's output")
         })
         .collect();
     outputs

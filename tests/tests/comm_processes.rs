@@ -13,9 +13,21 @@ fn no_extra(_: usize) -> Vec<(String, String)> {
 #[test]
 fn collectives_are_correct_across_processes() {
     for world in 1..=4 {
-        let out = spawn_world(WORKER, &["collectives"], world, Duration::from_secs(120), no_extra);
+        let out = spawn_world(
+            WORKER,
+            &["collectives"],
+            world,
+            Duration::from_secs(120),
+            no_extra,
+        );
         for o in &out {
-            assert_eq!(o.code, Some(0), "world {world} rank {}: {}", o.rank, o.stderr);
+            assert_eq!(
+                o.code,
+                Some(0),
+                "world {world} rank {}: {}",
+                o.rank,
+                o.stderr
+            );
             assert!(o.stdout.contains("ok"));
         }
     }
@@ -33,15 +45,31 @@ fn killed_peer_is_named_by_the_survivors_within_the_timeout() {
     });
     assert_eq!(out[2].code, None, "rank 2 was killed by SIGKILL");
     for o in out.iter().filter(|o| o.rank != 2) {
-        assert_eq!(o.code, Some(3), "rank {} should fail cleanly: {}", o.rank, o.stderr);
-        assert!(o.stderr.contains("rank 2"), "rank {} must name rank 2: {}", o.rank, o.stderr);
+        assert_eq!(
+            o.code,
+            Some(3),
+            "rank {} should fail cleanly: {}",
+            o.rank,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("rank 2"),
+            "rank {} must name rank 2: {}",
+            o.rank,
+            o.stderr
+        );
     }
-    assert!(start.elapsed() < Duration::from_secs(60), "no rank waited for the full timeout twice");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "no rank waited for the full timeout twice"
+    );
 }
 
 fn single_rank_error(env: Vec<(&str, String)>) -> String {
     let env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let out = spawn_world(WORKER, &["init"], 1, Duration::from_secs(30), move |_| env.clone());
+    let out = spawn_world(WORKER, &["init"], 1, Duration::from_secs(30), move |_| {
+        env.clone()
+    });
     assert_eq!(out[0].code, Some(2), "must fail: {}", out[0].stderr);
     out[0].stderr.clone()
 }
@@ -49,7 +77,10 @@ fn single_rank_error(env: Vec<(&str, String)>) -> String {
 #[test]
 fn unparsable_rank_is_a_clear_error() {
     let e = single_rank_error(vec![("RANK", "abc".into())]);
-    assert!(e.contains("RANK: 'abc' is not a non-negative integer"), "{e}");
+    assert!(
+        e.contains("RANK: 'abc' is not a non-negative integer"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -75,7 +106,10 @@ fn port_in_use_on_rank_zero_is_a_clear_error() {
     let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let e = single_rank_error(vec![("MASTER_PORT", port.to_string())]);
-    assert!(e.contains("already in use") || e.contains("MASTER_PORT"), "{e}");
+    assert!(
+        e.contains("already in use") || e.contains("MASTER_PORT"),
+        "{e}"
+    );
     assert!(e.contains(&port.to_string()), "{e}");
 }
 
@@ -92,9 +126,15 @@ fn unreachable_master_fails_within_the_timeout() {
         ("MASTER_PORT".into(), port.to_string()),
         ("DDP_TIMEOUT_SECS".into(), "2".into()),
     ];
-    let out = spawn_world(WORKER, &["init"], 1, Duration::from_secs(30), move |_| env.clone());
+    let out = spawn_world(WORKER, &["init"], 1, Duration::from_secs(30), move |_| {
+        env.clone()
+    });
     assert_eq!(out[0].code, Some(2), "{}", out[0].stderr);
-    assert!(out[0].stderr.contains("could not reach the store"), "{}", out[0].stderr);
+    assert!(
+        out[0].stderr.contains("could not reach the store"),
+        "{}",
+        out[0].stderr
+    );
     assert!(start.elapsed() < Duration::from_secs(20));
 }
 
@@ -109,5 +149,9 @@ fn wrong_token_is_rejected_by_name() {
     });
     assert_eq!(out[1].code, Some(2), "{}", out[1].stderr);
     assert!(out[1].stderr.contains("token"), "{}", out[1].stderr);
-    assert_ne!(out[0].code, Some(0), "rank 0 cannot complete a group without rank 1");
+    assert_ne!(
+        out[0].code,
+        Some(0),
+        "rank 0 cannot complete a group without rank 1"
+    );
 }

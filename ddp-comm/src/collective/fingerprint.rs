@@ -120,7 +120,8 @@ mod tests {
     fn display_names_op_type_count_and_root() {
         let fp = Fingerprint::new(3, CollectiveKind::Broadcast, DataType::F32, 10).with_root(2);
         assert_eq!(fp.to_string(), "broadcast(f32 x 10, root 2)");
-        let fp = Fingerprint::new(3, CollectiveKind::AllReduce, DataType::I64, 7).with_op(ReduceOp::Max);
+        let fp =
+            Fingerprint::new(3, CollectiveKind::AllReduce, DataType::I64, 7).with_op(ReduceOp::Max);
         assert_eq!(fp.to_string(), "all_reduce(i64 x 7, max)");
         assert_eq!(fp.label(), "all_reduce #3");
     }

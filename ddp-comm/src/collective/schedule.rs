@@ -26,7 +26,12 @@ pub(crate) fn wrap(x: isize, n: usize) -> usize {
 
 /// Segments `(send, receive)` of reduce-scatter step `step` for rank `rank` that ends owning
 /// segment `(rank + shift) mod n`.
-pub(crate) fn reduce_scatter_step(rank: usize, n: usize, shift: usize, step: usize) -> (usize, usize) {
+pub(crate) fn reduce_scatter_step(
+    rank: usize,
+    n: usize,
+    shift: usize,
+    step: usize,
+) -> (usize, usize) {
     let base = (rank + shift) as isize - step as isize;
     (wrap(base - 1, n), wrap(base - 2, n))
 }
@@ -62,11 +67,15 @@ mod tests {
 
     /// Simulates the ring symbolically: each segment's set of contributing ranks.
     #[test]
+    // Ranks index several tables at once (their own and their left neighbour's): indices read best.
+    #[allow(clippy::needless_range_loop)]
     fn ring_schedule_reduces_every_segment_over_every_rank() {
         for n in 1usize..7 {
             for shift in 0..n {
                 // held[r][seg] = set of ranks whose data rank r has summed into seg.
-                let mut held: Vec<Vec<u64>> = (0..n).map(|r| (0..n).map(|_| 1u64 << r).collect()).collect();
+                let mut held: Vec<Vec<u64>> = (0..n)
+                    .map(|r| (0..n).map(|_| 1u64 << r).collect())
+                    .collect();
                 for step in 0..n.saturating_sub(1) {
                     let snapshot = held.clone();
                     for r in 0..n {
@@ -79,10 +88,16 @@ mod tests {
                 }
                 let all = (1u64 << n) - 1;
                 for r in 0..n {
-                    assert_eq!(held[r][(r + shift) % n], all, "n={n} shift={shift} rank {r}");
+                    assert_eq!(
+                        held[r][(r + shift) % n],
+                        all,
+                        "n={n} shift={shift} rank {r}"
+                    );
                 }
                 // all-gather: receive segments; check every rank ends with every full segment.
-                let mut full: Vec<Vec<bool>> = (0..n).map(|r| (0..n).map(|s| s == (r + shift) % n).collect()).collect();
+                let mut full: Vec<Vec<bool>> = (0..n)
+                    .map(|r| (0..n).map(|s| s == (r + shift) % n).collect())
+                    .collect();
                 for step in 0..n.saturating_sub(1) {
                     let snapshot = full.clone();
                     for r in 0..n {

@@ -28,7 +28,10 @@ impl ProcessGroup {
         if rank >= self.world_size() {
             return Err(CommError::arg(
                 op,
-                format!("{what} {rank} is outside 0..{} (ranks are ranks in this group)", self.world_size()),
+                format!(
+                    "{what} {rank} is outside 0..{} (ranks are ranks in this group)",
+                    self.world_size()
+                ),
             ));
         }
         Ok(())
@@ -38,7 +41,10 @@ impl ProcessGroup {
         if got != expected {
             return Err(CommError::arg(
                 op,
-                format!("{what} has {got} elements, expected {expected} (world size {})", self.world_size()),
+                format!(
+                    "{what} has {got} elements, expected {expected} (world size {})",
+                    self.world_size()
+                ),
             ));
         }
         Ok(())
@@ -54,7 +60,9 @@ impl ProcessGroup {
     /// A peer that fails, stalls past the timeout, or called a different collective; the error
     /// names that rank.
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len()).with_op(op);
+        let fp = self
+            .fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len())
+            .with_op(op);
         let buf = bytes_mut(buf);
         self.inner
             .worker
@@ -63,7 +71,9 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_reduce`] on the communication thread; `wait` returns the reduced buffer.
     pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        let fp = self.fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len()).with_op(op);
+        let fp = self
+            .fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len())
+            .with_op(op);
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| t.all_reduce(&fp, bytes_mut(&mut buf), op))?;
             Ok(buf)
@@ -75,7 +85,9 @@ impl ProcessGroup {
     /// # Collective
     /// Every rank calls it with the same length, type and `root`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len()).with_root(root);
+        let fp = self
+            .fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len())
+            .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
         let buf = bytes_mut(buf);
         self.inner.worker.run_blocking(move |s| {
@@ -88,7 +100,9 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::broadcast`] on the communication thread.
     pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
-        let fp = self.fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len()).with_root(root);
+        let fp = self
+            .fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len())
+            .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| {
@@ -103,7 +117,12 @@ impl ProcessGroup {
     /// rank `r`'s at `r * input.len()`), on every rank.
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
-        let check = self.check_len("all_gather", "output", output.len(), input.len() * self.world_size());
+        let check = self.check_len(
+            "all_gather",
+            "output",
+            output.len(),
+            input.len() * self.world_size(),
+        );
         let (input, output) = (bytes(input), bytes_mut(output));
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -119,16 +138,30 @@ impl ProcessGroup {
         let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
         let mut output = vec![T::zeroed(); input.len() * self.world_size()];
         self.inner.worker.submit(move |s| {
-            s.run(&fp, |t| t.all_gather(&fp, bytes(&input), bytes_mut(&mut output)))?;
+            s.run(&fp, |t| {
+                t.all_gather(&fp, bytes(&input), bytes_mut(&mut output))
+            })?;
             Ok(output)
         })
     }
 
     /// Reduces `input` (`world_size() * output.len()` elements) across ranks and gives rank `r`
     /// block `r` of the result.
-    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, output.len()).with_op(op);
-        let check = self.check_len("reduce_scatter", "input", input.len(), output.len() * self.world_size());
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let fp = self
+            .fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, output.len())
+            .with_op(op);
+        let check = self.check_len(
+            "reduce_scatter",
+            "input",
+            input.len(),
+            output.len() * self.world_size(),
+        );
         let (input, output) = (bytes(input), bytes_mut(output));
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -143,7 +176,9 @@ impl ProcessGroup {
     pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
         let n = self.world_size();
         let block = input.len() / n;
-        let fp = self.fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, block).with_op(op);
+        let fp = self
+            .fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, block)
+            .with_op(op);
         let check = self.check_len("reduce_scatter", "input", input.len(), block * n);
         let mut output = vec![T::zeroed(); block];
         self.inner.worker.submit(move |s| {
@@ -157,7 +192,10 @@ impl ProcessGroup {
 
     /// Reduces `buf` across ranks into `root`'s `buf`; other ranks' `buf` is left unchanged.
     pub fn reduce<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::Reduce, T::DTYPE, buf.len()).with_op(op).with_root(root);
+        let fp = self
+            .fingerprint(CollectiveKind::Reduce, T::DTYPE, buf.len())
+            .with_op(op)
+            .with_root(root);
         let check = self.check_rank("reduce", "root", root);
         let buf = bytes_mut(buf);
         self.inner.worker.run_blocking(move |s| {
@@ -170,14 +208,29 @@ impl ProcessGroup {
 
     /// Collects every rank's `input` on `root`: `output` must be `Some` with
     /// `world_size() * input.len()` elements on `root`, and `None` elsewhere.
-    pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::Gather, T::DTYPE, input.len()).with_root(root);
+    pub fn gather<T: Element>(
+        &self,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+    ) -> Result<()> {
+        let fp = self
+            .fingerprint(CollectiveKind::Gather, T::DTYPE, input.len())
+            .with_root(root);
         let check = self.check_rank("gather", "root", root).and_then(|()| {
             match (&output, self.rank() == root) {
-                (Some(o), true) => self.check_len("gather", "output", o.len(), input.len() * self.world_size()),
+                (Some(o), true) => {
+                    self.check_len("gather", "output", o.len(), input.len() * self.world_size())
+                }
                 (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg("gather", "the root must pass an output buffer")),
-                (Some(_), false) => Err(CommError::arg("gather", format!("only the root ({root}) passes an output buffer"))),
+                (None, true) => Err(CommError::arg(
+                    "gather",
+                    "the root must pass an output buffer",
+                )),
+                (Some(_), false) => Err(CommError::arg(
+                    "gather",
+                    format!("only the root ({root}) passes an output buffer"),
+                )),
             }
         });
         let input = bytes(input);
@@ -192,14 +245,32 @@ impl ProcessGroup {
 
     /// Splits `root`'s `input` (`world_size() * output.len()` elements) and gives rank `r` block
     /// `r` in `output`; `input` is `Some` on `root` only.
-    pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len()).with_root(root);
+    pub fn scatter<T: Element>(
+        &self,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        let fp = self
+            .fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len())
+            .with_root(root);
         let check = self.check_rank("scatter", "root", root).and_then(|()| {
             match (&input, self.rank() == root) {
-                (Some(i), true) => self.check_len("scatter", "input", i.len(), output.len() * self.world_size()),
+                (Some(i), true) => self.check_len(
+                    "scatter",
+                    "input",
+                    i.len(),
+                    output.len() * self.world_size(),
+                ),
                 (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg("scatter", "the root must pass an input buffer")),
-                (Some(_), false) => Err(CommError::arg("scatter", format!("only the root ({root}) passes an input buffer"))),
+                (None, true) => Err(CommError::arg(
+                    "scatter",
+                    "the root must pass an input buffer",
+                )),
+                (Some(_), false) => Err(CommError::arg(
+                    "scatter",
+                    format!("only the root ({root}) passes an input buffer"),
+                )),
             }
         });
         let input = input.map(bytes);
@@ -215,13 +286,17 @@ impl ProcessGroup {
     /// Returns once every rank of the group has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
-        self.inner.worker.run_blocking(move |s| s.run(&fp, |t| t.barrier(&fp)))
+        self.inner
+            .worker
+            .run_blocking(move |s| s.run(&fp, |t| t.barrier(&fp)))
     }
 
     /// [`ProcessGroup::barrier`] on the communication thread.
     pub fn barrier_async(&self) -> Work<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
-        self.inner.worker.submit(move |s| s.run(&fp, |t| t.barrier(&fp)))
+        self.inner
+            .worker
+            .submit(move |s| s.run(&fp, |t| t.barrier(&fp)))
     }
 
     /// Sends `buf` to group rank `dst`, which must call [`ProcessGroup::recv`] with the same
@@ -230,8 +305,12 @@ impl ProcessGroup {
     /// Point-to-point messages do not take part in the collective sequence: only the two ranks
     /// involved call them, in matching order.
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
-        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
-        let check = self.check_rank("send", "destination", dst).and_then(|()| self.check_not_self("send", dst));
+        let fp =
+            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
+                .with_root(tag as usize);
+        let check = self
+            .check_rank("send", "destination", dst)
+            .and_then(|()| self.check_not_self("send", dst));
         let buf = bytes(buf);
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -243,8 +322,12 @@ impl ProcessGroup {
 
     /// Receives into `buf` from group rank `src`, matching its [`ProcessGroup::send`].
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
-        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
-        let check = self.check_rank("recv", "source", src).and_then(|()| self.check_not_self("recv", src));
+        let fp =
+            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
+                .with_root(tag as usize);
+        let check = self
+            .check_rank("recv", "source", src)
+            .and_then(|()| self.check_not_self("recv", src));
         let buf = bytes_mut(buf);
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -256,8 +339,12 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::send`] on the communication thread.
     pub fn send_async<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
-        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
-        let check = self.check_rank("send", "destination", dst).and_then(|()| self.check_not_self("send", dst));
+        let fp =
+            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
+                .with_root(tag as usize);
+        let check = self
+            .check_rank("send", "destination", dst)
+            .and_then(|()| self.check_not_self("send", dst));
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
@@ -270,8 +357,12 @@ impl ProcessGroup {
     /// [`ProcessGroup::recv`] on the communication thread, into `buf` (its length is the message
     /// length).
     pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
-        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len()).with_root(tag as usize);
-        let check = self.check_rank("recv", "source", src).and_then(|()| self.check_not_self("recv", src));
+        let fp =
+            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
+                .with_root(tag as usize);
+        let check = self
+            .check_rank("recv", "source", src)
+            .and_then(|()| self.check_not_self("recv", src));
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
@@ -283,7 +374,10 @@ impl ProcessGroup {
 
     fn check_not_self(&self, op: &'static str, peer: usize) -> Result<()> {
         if peer == self.rank() {
-            return Err(CommError::arg(op, format!("rank {peer} cannot exchange a message with itself")));
+            return Err(CommError::arg(
+                op,
+                format!("rank {peer} cannot exchange a message with itself"),
+            ));
         }
         Ok(())
     }

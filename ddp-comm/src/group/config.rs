@@ -43,7 +43,14 @@ impl std::fmt::Debug for ProcessGroupConfig {
             .field("local_rank", &self.local_rank)
             .field("local_world_size", &self.local_world_size)
             .field("timeout", &self.timeout)
-            .field("token", &if self.token.is_empty() { "<none>" } else { "<set>" })
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    "<none>"
+                } else {
+                    "<set>"
+                },
+            )
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
             .finish()
     }
@@ -122,19 +129,28 @@ impl ProcessGroupConfig {
         if self.rank >= self.world_size {
             return Err(CommError::config(
                 "RANK",
-                format!("rank {} is outside 0..{} (WORLD_SIZE is {})", self.rank, self.world_size, self.world_size),
+                format!(
+                    "rank {} is outside 0..{} (WORLD_SIZE is {})",
+                    self.rank, self.world_size, self.world_size
+                ),
             ));
         }
         if self.local_world_size == 0 || self.local_world_size > self.world_size {
             return Err(CommError::config(
                 "LOCAL_WORLD_SIZE",
-                format!("must be in 1..={} (WORLD_SIZE), got {}", self.world_size, self.local_world_size),
+                format!(
+                    "must be in 1..={} (WORLD_SIZE), got {}",
+                    self.world_size, self.local_world_size
+                ),
             ));
         }
         if self.local_rank >= self.local_world_size {
             return Err(CommError::config(
                 "LOCAL_RANK",
-                format!("local rank {} is outside 0..{} (LOCAL_WORLD_SIZE)", self.local_rank, self.local_world_size),
+                format!(
+                    "local rank {} is outside 0..{} (LOCAL_WORLD_SIZE)",
+                    self.local_rank, self.local_world_size
+                ),
             ));
         }
         if self.timeout.is_zero() {
@@ -144,7 +160,9 @@ impl ProcessGroupConfig {
     }
 
     pub(crate) fn store_config(&self) -> StoreConfig {
-        StoreConfig::new().with_timeout(self.timeout).with_token(&self.token)
+        StoreConfig::new()
+            .with_timeout(self.timeout)
+            .with_token(&self.token)
     }
 }
 
@@ -158,11 +176,15 @@ fn missing(name: &str) -> CommError {
 /// Reads an optional non-negative integer variable.
 fn env_usize(name: &str) -> Result<Option<usize>> {
     match std::env::var(name) {
-        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            CommError::config(name, format!("'{v}' is not a non-negative integer"))
-        }),
+        Ok(v) => {
+            v.trim().parse::<usize>().map(Some).map_err(|_| {
+                CommError::config(name, format!("'{v}' is not a non-negative integer"))
+            })
+        }
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(CommError::config(name, "value is not valid UTF-8")),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(CommError::config(name, "value is not valid UTF-8"))
+        }
     }
 }
 
@@ -172,19 +194,29 @@ mod tests {
 
     #[test]
     fn rank_outside_world_is_rejected_with_both_values() {
-        let err = ProcessGroupConfig::new(4, 4).validate().unwrap_err().to_string();
+        let err = ProcessGroupConfig::new(4, 4)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert_eq!(err, "RANK: rank 4 is outside 0..4 (WORLD_SIZE is 4)");
     }
 
     #[test]
     fn world_size_zero_is_rejected() {
-        let err = ProcessGroupConfig::new(0, 0).validate().unwrap_err().to_string();
+        let err = ProcessGroupConfig::new(0, 0)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("WORLD_SIZE: must be at least 1"), "{err}");
     }
 
     #[test]
     fn local_rank_must_fit_local_world() {
-        let err = ProcessGroupConfig::new(3, 4).with_local(2, 2).validate().unwrap_err().to_string();
+        let err = ProcessGroupConfig::new(3, 4)
+            .with_local(2, 2)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("LOCAL_RANK"), "{err}");
     }
 }

@@ -91,11 +91,23 @@ impl ProcessGroup {
         Self::world(store, config, None)
     }
 
-    pub(crate) fn world(store: Store, config: ProcessGroupConfig, server: Option<HostedStore>) -> Result<ProcessGroup> {
+    pub(crate) fn world(
+        store: Store,
+        config: ProcessGroupConfig,
+        server: Option<HostedStore>,
+    ) -> Result<ProcessGroup> {
         config.validate()?;
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
-        Self::connect("world".into(), store, ranks, group_rank, config, server, None)
+        Self::connect(
+            "world".into(),
+            store,
+            ranks,
+            group_rank,
+            config,
+            server,
+            None,
+        )
     }
 
     fn connect(
@@ -222,19 +234,30 @@ impl ProcessGroup {
             return Err(CommError::arg("new_group", "the rank list is empty"));
         }
         if sorted.len() != ranks.len() {
-            return Err(CommError::arg("new_group", format!("the rank list {ranks:?} has duplicates")));
+            return Err(CommError::arg(
+                "new_group",
+                format!("the rank list {ranks:?} has duplicates"),
+            ));
         }
         if let Some(bad) = sorted.iter().find(|r| self.group_rank_of(**r).is_none()) {
             return Err(CommError::arg(
                 "new_group",
-                format!("global rank {bad} is not a member of group '{}' (members: {:?})", self.name(), self.ranks()),
+                format!(
+                    "global rank {bad} is not a member of group '{}' (members: {:?})",
+                    self.name(),
+                    self.ranks()
+                ),
             ));
         }
         let me = self.global_rank();
         let Some(group_rank) = sorted.iter().position(|&r| r == me) else {
             return Ok(None);
         };
-        let list = sorted.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+        let list = sorted
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         let name = format!("{}/sub{index}:{list}", self.inner.name);
         Self::connect(
             name,
@@ -254,12 +277,24 @@ impl ProcessGroup {
         drop(self);
     }
 
-    pub(crate) fn fingerprint(&self, kind: CollectiveKind, dtype: DataType, count: usize) -> Fingerprint {
-        Fingerprint::new(self.inner.seq.fetch_add(1, Ordering::SeqCst), kind, dtype, count)
+    pub(crate) fn fingerprint(
+        &self,
+        kind: CollectiveKind,
+        dtype: DataType,
+        count: usize,
+    ) -> Fingerprint {
+        Fingerprint::new(
+            self.inner.seq.fetch_add(1, Ordering::SeqCst),
+            kind,
+            dtype,
+            count,
+        )
     }
 }
 
 /// FNV-1a, a stable 64-bit hash for group names.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
 }

@@ -31,11 +31,21 @@ pub(crate) struct WorkerState {
 
 impl WorkerState {
     /// Runs one collective unless the group already failed; turns a failure into a report.
-    pub(crate) fn run<R>(&mut self, fp: &Fingerprint, f: impl FnOnce(&mut dyn Transport) -> Result<R>) -> Result<R> {
+    pub(crate) fn run<R>(
+        &mut self,
+        fp: &Fingerprint,
+        f: impl FnOnce(&mut dyn Transport) -> Result<R>,
+    ) -> Result<R> {
         if let Some(first) = &self.failed {
             return Err(CommError::Aborted(first.clone()));
         }
-        let _span = tracing::trace_span!("collective", op = fp.kind.name(), seq = fp.seq, count = fp.count).entered();
+        let _span = tracing::trace_span!(
+            "collective",
+            op = fp.kind.name(),
+            seq = fp.seq,
+            count = fp.count
+        )
+        .entered();
         match f(self.transport.as_mut()) {
             Ok(r) => Ok(r),
             Err(e) => Err(self.fail(e)),
@@ -45,7 +55,10 @@ impl WorkerState {
     fn fail(&mut self, e: CommError) -> CommError {
         // Report first, then close: a peer that sees our connection drop can then read why.
         if let Some(store) = &self.reporter {
-            let _ = store.set(&format!("failure/{}", self.my_rank), e.to_string().as_bytes());
+            let _ = store.set(
+                &format!("failure/{}", self.my_rank),
+                e.to_string().as_bytes(),
+            );
         }
         self.transport.abort();
         let e = self.with_peer_report(e);
@@ -61,10 +74,15 @@ impl WorkerState {
         let Ok(report) = store.get_timeout(&format!("failure/{peer}"), REPORT_WAIT) else {
             return e;
         };
-        let detail = format!("; rank {peer} reported: {}", String::from_utf8_lossy(&report));
+        let detail = format!(
+            "; rank {peer} reported: {}",
+            String::from_utf8_lossy(&report)
+        );
         match e {
             CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
-            CommError::Timeout { op, peer, timeout, .. } => CommError::Timeout {
+            CommError::Timeout {
+                op, peer, timeout, ..
+            } => CommError::Timeout {
                 op,
                 peer,
                 timeout,
@@ -88,7 +106,12 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    pub(crate) fn start(transport: Box<dyn Transport>, reporter: Option<Store>, my_rank: usize, name: String) -> Result<Worker> {
+    pub(crate) fn start(
+        transport: Box<dyn Transport>,
+        reporter: Option<Store>,
+        my_rank: usize,
+        name: String,
+    ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let state = WorkerState {
             transport,
@@ -107,11 +130,17 @@ impl Worker {
     }
 
     fn sender(&self) -> Option<Sender<Job>> {
-        self.jobs.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].
-    pub(crate) fn submit<R: Send + 'static>(&self, job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static) -> Work<R> {
+    pub(crate) fn submit<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static,
+    ) -> Work<R> {
         let (tx, rx) = mpsc::sync_channel(1);
         let queued = Instant::now();
         let boxed: Job = Box::new(move |s| {
@@ -131,7 +160,10 @@ impl Worker {
     }
 
     /// Runs a job that borrows the caller's buffers, blocking until it has finished.
-    pub(crate) fn run_blocking<'a, R: Send + 'a>(&self, job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'a) -> Result<R> {
+    pub(crate) fn run_blocking<'a, R: Send + 'a>(
+        &self,
+        job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'a,
+    ) -> Result<R> {
         let (tx, rx) = mpsc::sync_channel::<Result<R>>(1);
         let boxed: Box<dyn FnOnce(&mut WorkerState) + Send + 'a> = Box::new(move |s| {
             let _ = tx.send(run_catching(s, job));
@@ -141,7 +173,9 @@ impl Worker {
         // `job(s)` consumed) or when the job was dropped without running or unwound (the sender
         // inside it is dropped, and with it every borrow). Either way no borrow outlives this
         // call, which is the same argument that makes scoped threads sound.
-        let boxed: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce(&mut WorkerState) + Send + 'a>, Job>(boxed) };
+        let boxed: Job = unsafe {
+            std::mem::transmute::<Box<dyn FnOnce(&mut WorkerState) + Send + 'a>, Job>(boxed)
+        };
         let sender = self.sender().ok_or(CommError::Destroyed)?;
         if sender.send(boxed).is_err() {
             return Err(CommError::Destroyed);
@@ -151,8 +185,18 @@ impl Worker {
 
     /// Stops accepting work, lets queued collectives finish, and joins the thread.
     pub(crate) fn shutdown(&self) {
-        drop(self.jobs.lock().unwrap_or_else(PoisonError::into_inner).take());
-        if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        drop(
+            self.jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             let _ = t.join();
         }
     }
@@ -173,7 +217,10 @@ fn worker_loop(rx: Receiver<Job>, mut state: WorkerState) {
 
 /// Runs a job, turning a panic inside it (a bug) into a failure of the group with its message,
 /// so the caller gets an error and the peers are told, instead of a dead thread.
-fn run_catching<R>(s: &mut WorkerState, job: impl FnOnce(&mut WorkerState) -> Result<R>) -> Result<R> {
+fn run_catching<R>(
+    s: &mut WorkerState,
+    job: impl FnOnce(&mut WorkerState) -> Result<R>,
+) -> Result<R> {
     match std::panic::catch_unwind(AssertUnwindSafe(|| job(s))) {
         Ok(r) => r,
         Err(panic) => {
@@ -182,7 +229,9 @@ fn run_catching<R>(s: &mut WorkerState, job: impl FnOnce(&mut WorkerState) -> Re
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(s.fail(CommError::Aborted(format!("communication thread panicked: {msg}"))))
+            Err(s.fail(CommError::Aborted(format!(
+                "communication thread panicked: {msg}"
+            ))))
         }
     }
 }

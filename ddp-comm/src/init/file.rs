@@ -49,8 +49,13 @@ fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
         if let Some((addr, nonce)) = read_address(path) {
             let left = deadline.saturating_duration_since(Instant::now());
             // Probe with a short timeout: a stale file may name a port nobody listens on.
-            let probe = Store::connect(&addr, config.store_config().with_timeout(left.min(Duration::from_secs(5))))
-                .and_then(|s| s.get_timeout(NONCE_KEY, Duration::from_secs(1)));
+            let probe = Store::connect(
+                &addr,
+                config
+                    .store_config()
+                    .with_timeout(left.min(Duration::from_secs(5))),
+            )
+            .and_then(|s| s.get_timeout(NONCE_KEY, Duration::from_secs(1)));
             match probe {
                 Ok(found) if found == nonce.as_bytes() => {
                     let store = Store::connect(&addr, config.store_config())?;

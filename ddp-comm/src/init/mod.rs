@@ -56,13 +56,20 @@ impl InitMethod {
     /// Reads `MASTER_ADDR` and `MASTER_PORT` into a [`InitMethod::Tcp`].
     pub fn from_env() -> Result<InitMethod> {
         let host = std::env::var("MASTER_ADDR").map_err(|_| {
-            CommError::config("MASTER_ADDR", "environment variable is not set (the address of rank 0's host)")
+            CommError::config(
+                "MASTER_ADDR",
+                "environment variable is not set (the address of rank 0's host)",
+            )
         })?;
         if host.trim().is_empty() {
             return Err(CommError::config("MASTER_ADDR", "is empty"));
         }
-        let port = std::env::var("MASTER_PORT")
-            .map_err(|_| CommError::config("MASTER_PORT", "environment variable is not set (a free TCP port on rank 0's host)"))?;
+        let port = std::env::var("MASTER_PORT").map_err(|_| {
+            CommError::config(
+                "MASTER_PORT",
+                "environment variable is not set (a free TCP port on rank 0's host)",
+            )
+        })?;
         let port = parse_port(&port).map_err(|r| CommError::config("MASTER_PORT", r))?;
         Ok(InitMethod::Tcp {
             host: host.trim().to_string(),
@@ -115,17 +122,30 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
         InitMethod::Env => InitMethod::from_env()?,
         other => other.clone(),
     };
-    let _span = tracing::info_span!("init_process_group", rank = config.rank, world_size = config.world_size).entered();
+    let _span = tracing::info_span!(
+        "init_process_group",
+        rank = config.rank,
+        world_size = config.world_size
+    )
+    .entered();
     match method {
         InitMethod::Env => unreachable!("resolved above"),
         InitMethod::Tcp { host, port } => {
             let server = if config.rank == 0 {
-                let bind = if host.contains(':') { format!("[::]:{port}") } else { format!("0.0.0.0:{port}") };
+                let bind = if host.contains(':') {
+                    format!("[::]:{port}")
+                } else {
+                    format!("0.0.0.0:{port}")
+                };
                 Some(StoreServer::bind(bind, config.store_config())?)
             } else {
                 None
             };
-            let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+            let addr = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
             let store = Store::connect(&addr, config.store_config())?;
             let hosted = server.map(|server| HostedStore {
                 server,
@@ -172,7 +192,9 @@ mod tests {
 
     #[test]
     fn bad_urls_say_what_is_wrong() {
-        let e = InitMethod::parse("tcp://host:notaport").unwrap_err().to_string();
+        let e = InitMethod::parse("tcp://host:notaport")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'notaport' is not a port number"), "{e}");
         let e = InitMethod::parse("tcp://host").unwrap_err().to_string();
         assert!(e.contains("expected host:port"), "{e}");

@@ -235,7 +235,9 @@ impl Store {
             .bytes(&self.config.token);
         match self.call("hello", req, None) {
             Ok(_) => Ok(()),
-            Err(CommError::StoreProtocol { reason, .. }) if reason.starts_with("unauthorized: ") => {
+            Err(CommError::StoreProtocol { reason, .. })
+                if reason.starts_with("unauthorized: ") =>
+            {
                 Err(CommError::Unauthorized {
                     peer: format!("store at {addr}"),
                     reason: reason["unauthorized: ".len()..].to_string(),
@@ -258,7 +260,10 @@ impl Store {
             .map_err(|e| CommError::io(format!("store {op}"), e))?;
         let lost = |e: io::Error| {
             CommError::io(
-                format!("store {op}: lost the connection to the store at {} (did rank 0 exit?)", self.addr),
+                format!(
+                    "store {op}: lost the connection to the store at {} (did rank 0 exit?)",
+                    self.addr
+                ),
                 e,
             )
         };
@@ -267,7 +272,10 @@ impl Store {
             Ok(b) => b,
             Err(ReadFrameError::Io(e)) => return Err(lost(e)),
             Err(ReadFrameError::TooLarge { len, max }) => {
-                return Err(protocol(op, format!("reply of {len} bytes exceeds the {max} byte limit")));
+                return Err(protocol(
+                    op,
+                    format!("reply of {len} bytes exceeds the {max} byte limit"),
+                ));
             }
         };
         let (&status, rest) = body
@@ -281,7 +289,11 @@ impl Store {
                     .bytes("message")
                     .map(|m| String::from_utf8_lossy(m).into_owned())
                     .unwrap_or_default();
-                let kind = if status == Status::Unauthorized { "unauthorized" } else { "rejected" };
+                let kind = if status == Status::Unauthorized {
+                    "unauthorized"
+                } else {
+                    "rejected"
+                };
                 Err(protocol(op, format!("{kind}: {msg}")))
             }
         }
@@ -301,7 +313,10 @@ fn millis(d: Duration) -> u64 {
 
 fn try_connect(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolved to no address"));
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{addr} resolved to no address"),
+    );
     for a in addrs {
         let left = deadline
             .saturating_duration_since(Instant::now())

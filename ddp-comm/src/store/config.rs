@@ -24,7 +24,14 @@ impl std::fmt::Debug for StoreConfig {
         // The token is a secret: print only whether there is one.
         f.debug_struct("StoreConfig")
             .field("timeout", &self.timeout)
-            .field("token", &if self.token.is_empty() { "<none>" } else { "<set>" })
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    "<none>"
+                } else {
+                    "<set>"
+                },
+            )
             .field("max_frame_bytes", &self.max_frame_bytes)
             .finish()
     }

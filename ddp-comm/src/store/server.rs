@@ -174,7 +174,12 @@ fn reap_finished(shared: &Shared) {
     }
 }
 
-fn spawn_handler(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) -> io::Result<()> {
+fn spawn_handler(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     lock(&shared.conns).push((id, stream.try_clone()?));
@@ -250,7 +255,9 @@ fn authenticate(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> bo
     let version = r.u16("version").unwrap_or(0);
     let token = r.bytes("token").unwrap_or(&[]);
     let reason = if version != VERSION {
-        Some(format!("protocol version {version}, server speaks {VERSION}"))
+        Some(format!(
+            "protocol version {version}, server speaks {VERSION}"
+        ))
     } else if !constant_time_eq(token, &shared.config.token) {
         Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
     } else {
@@ -319,7 +326,11 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
             }
             let timeout = Duration::from_millis(r.u64("timeout")?);
             let map = wait_until(shared, timeout, |m| keys.iter().all(|k| m.contains_key(*k)));
-            let missing: Vec<&[u8]> = keys.iter().copied().filter(|k| !map.contains_key(*k)).collect();
+            let missing: Vec<&[u8]> = keys
+                .iter()
+                .copied()
+                .filter(|k| !map.contains_key(*k))
+                .collect();
             if missing.is_empty() {
                 ok()
             } else {
@@ -360,7 +371,10 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
         }
         Op::NumKeys => {
             let prefix = r.bytes("prefix")?;
-            let n = lock(&shared.map).keys().filter(|k| k.starts_with(prefix)).count();
+            let n = lock(&shared.map)
+                .keys()
+                .filter(|k| k.starts_with(prefix))
+                .count();
             ok().u64(n as u64)
         }
         Op::Check => {

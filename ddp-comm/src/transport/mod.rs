@@ -22,13 +22,32 @@ pub(crate) trait Transport: Send {
     /// `output` holds `world * input.len()` bytes, rank `r`'s input at block `r`.
     fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()>;
     /// `input` holds `world * output.len()` bytes; rank `r` gets the reduction of block `r`.
-    fn reduce_scatter(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8], op: ReduceOp) -> Result<()>;
+    fn reduce_scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+        op: ReduceOp,
+    ) -> Result<()>;
     /// The result lands in `buf` on `root`; other ranks' `buf` is left unchanged.
-    fn reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize, op: ReduceOp) -> Result<()>;
+    fn reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize, op: ReduceOp)
+    -> Result<()>;
     /// `output` is `Some` (of `world * input.len()` bytes) on `root` only.
-    fn gather(&mut self, fp: &Fingerprint, input: &[u8], output: Option<&mut [u8]>, root: usize) -> Result<()>;
+    fn gather(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: Option<&mut [u8]>,
+        root: usize,
+    ) -> Result<()>;
     /// `input` is `Some` (of `world * output.len()` bytes) on `root` only.
-    fn scatter(&mut self, fp: &Fingerprint, input: Option<&[u8]>, output: &mut [u8], root: usize) -> Result<()>;
+    fn scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        root: usize,
+    ) -> Result<()>;
     fn barrier(&mut self, fp: &Fingerprint) -> Result<()>;
     /// `fp.seq` is ignored: the transport numbers messages per peer.
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()>;

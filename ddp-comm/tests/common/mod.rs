@@ -33,7 +33,10 @@ pub fn run_world<T: Send>(
 }
 
 /// Like [`run_world`] but every rank must succeed.
-pub fn run_ok<T: Send>(n: usize, body: impl Fn(ProcessGroup) -> Result<T, CommError> + Sync) -> Vec<T> {
+pub fn run_ok<T: Send>(
+    n: usize,
+    body: impl Fn(ProcessGroup) -> Result<T, CommError> + Sync,
+) -> Vec<T> {
     run_world(n, Duration::from_secs(60), body)
         .into_iter()
         .enumerate()

@@ -1,15 +1,13 @@
 //! [`Checkpointer`]: collective save and resume.
 
-use super::codec::{decode_model, decode_optimizer, encode_model, encode_optimizer};
+use super::codec::{encode_model, encode_optimizer};
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::manifest::{
-    CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
-};
-use super::outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
-use super::reader::{FoundCheckpoint, find_latest_valid, parse_state, read_latest, read_one};
+use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
+use super::reader::{find_latest_valid, read_latest, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::sync::{agree_on_step, all_gather_bytes, all_succeeded, broadcast_bytes, on_rank0};
+use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0};
 use super::writer::{
     checkpoint_name, clean_temporaries, ensure_dir, list_checkpoints, prune, write_checkpoint,
 };
@@ -18,7 +16,6 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use ddp_comm::ProcessGroup;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Saves and restores model, optimizer and [`TrainingState`] for every rank of a process
@@ -28,8 +25,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// all ranks call it at the same point, and an error on one rank is an error on all of them.
 #[derive(Debug)]
 pub struct Checkpointer {
-    config: CheckpointConfig,
-    pg: ProcessGroup,
+    pub(super) config: CheckpointConfig,
+    pub(super) pg: ProcessGroup,
 }
 
 /// What rank 0 tells the others after its search.
@@ -51,6 +48,8 @@ impl Checkpointer {
     /// save left behind (temporary directories and files).
     ///
     /// # Collective
+    /// Every rank calls it at the same point.
+    ///
     /// # Errors
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, CheckpointError> {
@@ -80,7 +79,13 @@ impl Checkpointer {
     /// step) and moves `latest`, then all ranks go on. Only rank 0's model, optimizer and
     /// state are written (DDP keeps them identical); each rank's `rank_rng` is gathered.
     ///
+    /// Rank 0 serialises the checkpoint in memory before writing it (the manifest needs the
+    /// hashes), and the other ranks wait for the write inside a collective: the process
+    /// group's timeout must cover it.
+    ///
     /// # Collective
+    /// Every rank calls it at the same point.
+    ///
     /// # Errors
     /// [`CheckpointError::StepMismatch`]; rank 0's serialisation or I/O error (other ranks get
     /// [`CheckpointError::Rank0Failed`]); [`CheckpointError::Comm`]. A failed save never
@@ -208,6 +213,8 @@ impl Checkpointer {
     /// at construction.
     ///
     /// # Collective
+    /// Every rank calls it at the same point.
+    ///
     /// # Errors
     /// [`CheckpointError::LoadModel`] / [`CheckpointError::LoadOptimizer`] when the checkpoint
     /// does not fit (on error `model` and `optim` are unchanged),
@@ -265,6 +272,8 @@ impl Checkpointer {
     /// not verify.
     ///
     /// # Collective
+    /// Every rank calls it at the same point.
+    ///
     /// # Errors
     /// As [`load_latest`](Self::load_latest), plus [`CheckpointError::Invalid`].
     pub fn load<B, M, O>(
@@ -317,167 +326,5 @@ impl Checkpointer {
         };
         let bytes = broadcast_bytes(&self.pg, bytes, 0, "sharing the resume header")?;
         serde_json::from_slice(&bytes).map_err(CheckpointError::json("decoding the resume header"))
-    }
-
-    /// Brings checkpoint `name` (read by rank 0 as `found`) to every rank and loads it.
-    fn restore<B, M, O>(
-        &self,
-        device: &B::Device,
-        model: &mut M,
-        optim: &mut O,
-        name: &str,
-        found: Option<FoundCheckpoint>,
-        invalid: Vec<InvalidCheckpoint>,
-    ) -> Result<Resumed, CheckpointError>
-    where
-        B: AutodiffBackend,
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-    {
-        let (rank, dir) = (self.pg.rank(), self.config.dir().to_path_buf());
-        let files = self.distribute(name, found)?;
-        let state = parse_state(files.get(STATE_FILE)).map_err(|reason| CheckpointError::Invalid {
-            name: name.to_string(),
-            dir: dir.clone(),
-            reason,
-        });
-        // Decode into copies: on any rank's failure, every rank's model and optimizer stay as
-        // they were.
-        let decoded = state.and_then(|state| {
-            self.check_run_config(name, &state)?;
-            let (mut m, mut o) = (model.clone(), optim.clone());
-            decode_model::<B, M>(
-                &mut m,
-                device,
-                files.get(MODEL_FILE).to_vec(),
-                files.get(PARAM_IDS_FILE),
-                name,
-                rank,
-            )?;
-            decode_optimizer::<B, M, O>(
-                &mut o,
-                device,
-                files.get(OPTIMIZER_FILE).to_vec(),
-                name,
-                rank,
-            )?;
-            Ok((m, o, state))
-        });
-        let (m, o, saved) = all_succeeded(&self.pg, decoded, "load the checkpoint")?;
-        *model = m;
-        *optim = o;
-
-        let world_size = self.pg.world_size();
-        let mut state = saved.training;
-        if saved.world_size == world_size {
-            state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
-        } else {
-            tracing::warn!(
-                checkpoint = name,
-                saved = saved.world_size,
-                current = world_size,
-                "resuming on a different world size: model and optimizer load as saved; the sampler position \
-                 is translated by global sample count where exact; per-rank rng states are dropped"
-            );
-        }
-        let info = CheckpointInfo {
-            name: name.to_string(),
-            path: dir.join(name),
-            global_step: files.manifest.global_step,
-            saved_world_size: saved.world_size,
-            world_size,
-            run_config_hash: saved.run_config_hash,
-            framework_version: saved.framework_version,
-            bytes: files.manifest.total_bytes(),
-        };
-        if info.framework_version != FRAMEWORK_VERSION {
-            tracing::warn!(checkpoint = name, saved = %info.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
-        }
-        tracing::info!(
-            checkpoint = %info.path.display(),
-            epoch = state.epoch,
-            global_step = state.global_step,
-            skipped = invalid.len(),
-            "resumed from checkpoint {name}"
-        );
-        Ok(Resumed {
-            info,
-            state,
-            invalid,
-        })
-    }
-
-    /// Every rank gets checkpoint `name`'s files: rank 0 from `found`, the others by broadcast
-    /// or (shared filesystem) by reading and verifying them themselves.
-    fn distribute(
-        &self,
-        name: &str,
-        found: Option<FoundCheckpoint>,
-    ) -> Result<VerifiedFiles, CheckpointError> {
-        let dir = self.config.dir();
-        if self.config.shared_filesystem() {
-            let mine = match found {
-                Some(found) => Ok(found.files),
-                None => read_one(dir, name).map(|f| f.files).map_err(|reason| {
-                    CheckpointError::Invalid {
-                        name: name.to_string(),
-                        dir: dir.to_path_buf(),
-                        reason,
-                    }
-                }),
-            };
-            return all_succeeded(
-                &self.pg,
-                mine,
-                "read the checkpoint from the shared filesystem",
-            );
-        }
-        let mut found = found.map(|f| f.files);
-        let manifest = match &found {
-            Some(files) => serde_json::to_vec(&files.manifest)
-                .map_err(CheckpointError::json("serialising the manifest"))?,
-            None => Vec::new(),
-        };
-        let manifest = broadcast_bytes(&self.pg, manifest, 0, "broadcasting the manifest")?;
-        let manifest = serde_json::from_slice(&manifest)
-            .map_err(CheckpointError::json("decoding the broadcast manifest"))?;
-        let mut files = BTreeMap::new();
-        for file in CHECKPOINT_FILES {
-            let bytes = found
-                .as_mut()
-                .and_then(|f| f.files.remove(file))
-                .unwrap_or_default();
-            files.insert(
-                file.to_string(),
-                broadcast_bytes(&self.pg, bytes, 0, "broadcasting checkpoint files")?,
-            );
-        }
-        Ok(VerifiedFiles { manifest, files })
-    }
-
-    fn check_run_config(&self, name: &str, saved: &StateFile) -> Result<(), CheckpointError> {
-        let (Some(current), Some(saved)) = (
-            self.config.run_config_hash(),
-            saved.run_config_hash.as_deref(),
-        ) else {
-            return Ok(());
-        };
-        if current == saved {
-            return Ok(());
-        }
-        if self.config.strict_run_config() {
-            return Err(CheckpointError::RunConfigMismatch {
-                name: name.to_string(),
-                saved: saved.to_string(),
-                current: current.to_string(),
-            });
-        }
-        tracing::warn!(
-            checkpoint = name,
-            saved,
-            current,
-            "the run config changed since this checkpoint was saved"
-        );
-        Ok(())
     }
 }

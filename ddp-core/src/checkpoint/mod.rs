@@ -134,6 +134,7 @@ mod error;
 mod manifest;
 mod outcome;
 mod reader;
+mod restore;
 mod state;
 mod sync;
 mod writer;

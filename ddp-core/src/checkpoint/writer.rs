@@ -61,6 +61,51 @@ pub(crate) fn write_checkpoint(
         path: tmp.clone(),
         source,
     })?;
+    let manifest = match fill_temporary(&tmp, name, global_step, files) {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            // Best effort: the next start removes it anyway.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+
+    let target = dir.join(name);
+    let trash = if target.exists() {
+        // Same step saved again: move the old one aside; `latest` may name it for a moment,
+        // and a reader then falls back to the previous checkpoint.
+        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{pid}"));
+        rename(&target, &trash)?;
+        Some(trash)
+    } else {
+        None
+    };
+    if let Err(e) = rename(&tmp, &target) {
+        if let Some(trash) = &trash {
+            // Put the replaced checkpoint back (best effort).
+            let _ = std::fs::rename(trash, &target);
+        }
+        return Err(e);
+    }
+    sync_dir(dir)?;
+    write_latest(dir, name)?;
+    if let Some(trash) = trash
+        && let Err(e) = remove_path(&trash)
+    {
+        // The new checkpoint is committed; the leftover goes at the next start.
+        tracing::warn!(error = %e, "could not remove the replaced checkpoint");
+    }
+    Ok((target, manifest))
+}
+
+/// Writes `files` and then the manifest into the temporary directory `tmp`, fsyncing each file
+/// and finally the directory.
+fn fill_temporary(
+    tmp: &Path,
+    name: &str,
+    global_step: u64,
+    files: &[(&str, Vec<u8>)],
+) -> Result<Manifest, CheckpointError> {
     let pause = test_pause();
     let mut entries = Vec::with_capacity(files.len());
     for (file, bytes) in files {
@@ -85,25 +130,8 @@ pub(crate) fn write_checkpoint(
     let manifest_bytes = serde_json::to_vec_pretty(&manifest)
         .map_err(CheckpointError::json("serialising the manifest"))?;
     write_synced(&tmp.join(MANIFEST_FILE), &manifest_bytes)?;
-    sync_dir(&tmp)?;
-
-    let target = dir.join(name);
-    let trash = if target.exists() {
-        // Same step saved again: move the old one aside; `latest` may name it for a moment,
-        // and a reader then falls back to the previous checkpoint.
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{pid}"));
-        rename(&target, &trash)?;
-        Some(trash)
-    } else {
-        None
-    };
-    rename(&tmp, &target)?;
-    sync_dir(dir)?;
-    write_latest(dir, name)?;
-    if let Some(trash) = trash {
-        remove_path(&trash)?;
-    }
-    Ok((target, manifest))
+    sync_dir(tmp)?;
+    Ok(manifest)
 }
 
 /// Atomically makes `<dir>/latest` contain `name`.

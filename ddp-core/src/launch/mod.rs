@@ -92,7 +92,7 @@
 //!   the grace period before SIGKILL (a second signal skips it); the launcher then fails with
 //!   [`LaunchError::Interrupted`].
 //! - No worker outlives the launcher: each runs in its own process group (killed as a group,
-//!   so what it started goes too) with `PR_SET_PDEATHSIG = SIGKILL`, so even a launcher killed
+//!   so what it started goes too) with `PR_SET_PDEATHSIG = SIGKILL` (Linux), so even a launcher killed
 //!   with SIGKILL takes its workers with it. (Processes a worker started survive a SIGKILLed
 //!   launcher unless they set up the same.)
 //!

@@ -76,29 +76,7 @@ pub(crate) fn spawn_worker(
         // Own process group: a terminal's Ctrl-C reaches only the launcher, which forwards it,
         // and killpg reaches whatever the worker started.
         .process_group(0);
-    // SAFETY: getpid is async-signal-safe and read before the fork.
-    let launcher = unsafe { libc::getpid() };
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
-    // (prctl, getppid) and builds an io::Error from a raw code (no allocation).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The launcher may have died between fork and prctl: then nobody would kill us.
-            if libc::getppid() != launcher {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    die_with_launcher(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| match source.kind() {
         io::ErrorKind::NotFound => LaunchError::ProgramNotFound {
             program: program.clone(),
@@ -203,3 +181,37 @@ pub(crate) fn spawn_worker(
     }
     Ok(worker)
 }
+
+/// Makes the worker receive SIGKILL when the launcher dies, even by SIGKILL:
+/// `PR_SET_PDEATHSIG` in the child, then a `getppid()` check for a launcher that died before.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn die_with_launcher(cmd: &mut Command) {
+    // SAFETY: getpid is async-signal-safe and read before the fork.
+    let launcher = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
+    // (prctl, getppid) and builds an io::Error from a raw code (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The launcher may have died between fork and prctl: then nobody would kill us.
+            if libc::getppid() != launcher {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Other Unixes have no parent-death signal: workers of a launcher killed by SIGKILL survive
+/// there (every other way the launcher ends still stops them).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn die_with_launcher(_cmd: &mut Command) {}

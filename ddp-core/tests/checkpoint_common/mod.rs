@@ -11,7 +11,9 @@ use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::AdamConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, Resumed, TrainingState};
+use ddp_core::checkpoint::{
+    CheckpointConfig, Checkpointer, LoadOutcome, Resumed, SavedCheckpoint, TrainingState,
+};
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup};
 use ddp_data::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSamplerConfig};
 use std::path::Path;
@@ -175,6 +177,31 @@ pub fn run(pg: ProcessGroup, init: &[u8], dir: &Path, start: Start, stop: Stop) 
         resumed,
         saved,
     }
+}
+
+pub type Adam = burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, Mlp<B>, B>;
+
+pub fn adam() -> Adam {
+    AdamConfig::new().init::<B, Mlp<B>>()
+}
+
+/// Saves a fresh random model (hidden size 4) with `state` (each rank its own; rank 0's is
+/// written); returns the save and this rank's parameters.
+pub fn save_random(ckpt: &Checkpointer, state: TrainingState) -> (SavedCheckpoint, Vec<f32>) {
+    let model = Mlp::<B>::new(&Default::default(), 4);
+    let saved = ckpt.save(&model, &adam(), &state).expect("save");
+    (saved, flat_params(&model))
+}
+
+/// Loads the latest checkpoint into a fresh model (hidden size 4) and Adam.
+pub fn load_latest_fresh(ckpt: &Checkpointer) -> (LoadOutcome, Mlp<B>) {
+    let device = Default::default();
+    let mut model = Mlp::<B>::new(&device, 4);
+    let mut optim = adam();
+    let outcome = ckpt
+        .load_latest(&device, &mut model, &mut optim)
+        .expect("load_latest");
+    (outcome, model)
 }
 
 /// Whether two parameter vectors are bitwise equal.

@@ -12,12 +12,14 @@ use ddp_comm::{ProcessGroup, ReduceOp, init_from_env};
 
 fn main() {
     let scenario = std::env::args().nth(1).unwrap_or_default();
-    let result = init_from_env().context("init_process_group").and_then(|pg| match scenario.as_str() {
-        "collectives" => collectives(&pg),
-        "die" => die(&pg),
-        "init" => Ok(()),
-        other => anyhow::bail!("unknown scenario '{other}'"),
-    });
+    let result = init_from_env()
+        .context("init_process_group")
+        .and_then(|pg| match scenario.as_str() {
+            "collectives" => collectives(&pg),
+            "die" => die(&pg),
+            "init" => Ok(()),
+            other => anyhow::bail!("unknown scenario '{other}'"),
+        });
     match result {
         Ok(()) => println!("ok"),
         Err(e) => {
@@ -32,25 +34,47 @@ fn collectives(pg: &ProcessGroup) -> Result<()> {
     for len in [0usize, 1, 13, 4 * n + 1, 1 << 20] {
         let mut v: Vec<f32> = (0..len).map(|i| ((i + r) % 5) as f32).collect();
         pg.all_reduce(&mut v, ReduceOp::Sum)?;
-        let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| ((i + q) % 5) as f32).sum()).collect();
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|q| ((i + q) % 5) as f32).sum())
+            .collect();
         ensure!(v == want, "all_reduce sum len {len}");
 
         let mut m: Vec<i64> = (0..len).map(|i| (i * (r + 1)) as i64).collect();
         pg.all_reduce(&mut m, ReduceOp::Max)?;
-        ensure!(m.iter().enumerate().all(|(i, x)| *x == (i * n) as i64), "all_reduce max len {len}");
+        ensure!(
+            m.iter().enumerate().all(|(i, x)| *x == (i * n) as i64),
+            "all_reduce max len {len}"
+        );
 
-        let mut b: Vec<u8> = if r == n - 1 { (0..len).map(|i| i as u8).collect() } else { vec![0; len] };
+        let mut b: Vec<u8> = if r == n - 1 {
+            (0..len).map(|i| i as u8).collect()
+        } else {
+            vec![0; len]
+        };
         pg.broadcast(&mut b, n - 1)?;
-        ensure!(b.iter().enumerate().all(|(i, x)| *x == i as u8), "broadcast len {len}");
+        ensure!(
+            b.iter().enumerate().all(|(i, x)| *x == i as u8),
+            "broadcast len {len}"
+        );
 
         let mut all = vec![0i32; len * n];
         pg.all_gather(&vec![r as i32; len], &mut all)?;
-        ensure!(all.chunks(len.max(1)).enumerate().all(|(q, c)| len == 0 || c.iter().all(|x| *x == q as i32)), "all_gather");
+        ensure!(
+            all.chunks(len.max(1))
+                .enumerate()
+                .all(|(q, c)| len == 0 || c.iter().all(|x| *x == q as i32)),
+            "all_gather"
+        );
 
         let whole: Vec<f64> = (0..len * n).map(|i| (i % 3) as f64).collect();
         let mut out = vec![0.0f64; len];
         pg.reduce_scatter(&whole, &mut out, ReduceOp::Avg)?;
-        ensure!(out.iter().enumerate().all(|(i, x)| *x == ((r * len + i) % 3) as f64), "reduce_scatter avg");
+        ensure!(
+            out.iter()
+                .enumerate()
+                .all(|(i, x)| *x == ((r * len + i) % 3) as f64),
+            "reduce_scatter avg"
+        );
     }
     if n > 1 {
         let mut got = [0u32 as i32; 3];

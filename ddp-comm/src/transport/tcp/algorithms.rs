@@ -66,9 +66,12 @@ impl TcpTransport {
 
     fn conn(&self, group_rank: usize) -> &Conn {
         // The mesh holds a connection for every other rank; asking for our own is a bug here.
-        self.conns[group_rank]
-            .as_ref()
-            .unwrap_or_else(|| panic!("tcp transport: no connection from rank {} to itself", self.group_rank))
+        self.conns[group_rank].as_ref().unwrap_or_else(|| {
+            panic!(
+                "tcp transport: no connection from rank {} to itself",
+                self.group_rank
+            )
+        })
     }
 
     fn right(&self) -> usize {
@@ -81,15 +84,32 @@ impl TcpTransport {
 
     /// Ring reduce-scatter in place over `buf` split into `segs`; afterwards this rank owns the
     /// fully reduced segment `(rank + shift) mod n`.
-    fn ring_reduce_scatter(&mut self, ctx: &Ctx<'_>, buf: &mut [u8], segs: &[Range<usize>], shift: usize, op: ReduceOp) -> Result<()> {
+    fn ring_reduce_scatter(
+        &mut self,
+        ctx: &Ctx<'_>,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+        shift: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
         let (n, r) = (self.n(), self.group_rank);
         let mut scratch = std::mem::take(&mut self.scratch);
         let result = (|| {
             for step in 0..n - 1 {
                 let (send, recv) = reduce_scatter_step(r, n, shift, step);
                 let (tx, rx) = disjoint(buf, &segs[send], &segs[recv]);
-                let sink = Sink::reduce(rx, bytemuck::cast_slice_mut(&mut scratch), ctx.fp.dtype, op.combine_op());
-                run_step(ctx, Some(self.conn(self.right())), Some(self.conn(self.left())), &mut Exchange::new(tx, sink))?;
+                let sink = Sink::reduce(
+                    rx,
+                    bytemuck::cast_slice_mut(&mut scratch),
+                    ctx.fp.dtype,
+                    op.combine_op(),
+                );
+                run_step(
+                    ctx,
+                    Some(self.conn(self.right())),
+                    Some(self.conn(self.left())),
+                    &mut Exchange::new(tx, sink),
+                )?;
             }
             Ok(())
         })();
@@ -98,12 +118,23 @@ impl TcpTransport {
     }
 
     /// Ring all-gather in place; this rank starts owning segment `(rank + shift) mod n`.
-    fn ring_all_gather(&self, ctx: &Ctx<'_>, buf: &mut [u8], segs: &[Range<usize>], shift: usize) -> Result<()> {
+    fn ring_all_gather(
+        &self,
+        ctx: &Ctx<'_>,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+        shift: usize,
+    ) -> Result<()> {
         let (n, r) = (self.n(), self.group_rank);
         for step in 0..n - 1 {
             let (send, recv) = all_gather_step(r, n, shift, step);
             let (tx, rx) = disjoint(buf, &segs[send], &segs[recv]);
-            run_step(ctx, Some(self.conn(self.right())), Some(self.conn(self.left())), &mut Exchange::new(tx, Sink::copy(rx)))?;
+            run_step(
+                ctx,
+                Some(self.conn(self.right())),
+                Some(self.conn(self.left())),
+                &mut Exchange::new(tx, Sink::copy(rx)),
+            )?;
         }
         Ok(())
     }
@@ -117,13 +148,18 @@ impl TcpTransport {
     }
 
     fn blocks(&self, block_bytes: usize) -> Vec<Range<usize>> {
-        (0..self.n()).map(|i| i * block_bytes..(i + 1) * block_bytes).collect()
+        (0..self.n())
+            .map(|i| i * block_bytes..(i + 1) * block_bytes)
+            .collect()
     }
 }
 
 /// Two non-overlapping ranges of one buffer, the first shared and the second mutable.
 fn disjoint<'a>(buf: &'a mut [u8], a: &Range<usize>, b: &Range<usize>) -> (&'a [u8], &'a mut [u8]) {
-    assert!(a.end <= b.start || b.end <= a.start, "ring segments overlap: {a:?} and {b:?}");
+    assert!(
+        a.end <= b.start || b.end <= a.start,
+        "ring segments overlap: {a:?} and {b:?}"
+    );
     if a.end <= b.start {
         let (lo, hi) = buf.split_at_mut(b.start);
         (&lo[a.clone()], &mut hi[..b.len()])
@@ -173,7 +209,13 @@ impl Transport for TcpTransport {
         self.ring_all_gather(&ctx, output, &blocks, 0)
     }
 
-    fn reduce_scatter(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8], op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+        op: ReduceOp,
+    ) -> Result<()> {
         let n = self.n();
         let blocks = self.blocks(output.len());
         let own = blocks[self.group_rank].clone();
@@ -192,7 +234,13 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize, op: ReduceOp) -> Result<()> {
+    fn reduce(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
         let n = self.n();
         if n == 1 {
             return Ok(());
@@ -205,7 +253,12 @@ impl Transport for TcpTransport {
             self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
             for peer in (0..n).filter(|&p| p != me) {
                 let seg = segs[(peer + 1) % n].clone();
-                run_step(&ctx, None, Some(self.conn(peer)), &mut Exchange::new(&[], Sink::copy(&mut buf[seg])))?;
+                run_step(
+                    &ctx,
+                    None,
+                    Some(self.conn(peer)),
+                    &mut Exchange::new(&[], Sink::copy(&mut buf[seg])),
+                )?;
             }
             if op == ReduceOp::Avg {
                 divide_bytes(fp.dtype, buf, n);
@@ -215,12 +268,23 @@ impl Transport for TcpTransport {
             let mut work = aligned_copy(buf);
             let work_bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..buf.len()];
             self.ring_reduce_scatter(&ctx, work_bytes, &segs, 1, op)?;
-            run_step(&ctx, Some(self.conn(root)), None, &mut Exchange::new(&work_bytes[own], Sink::None))?;
+            run_step(
+                &ctx,
+                Some(self.conn(root)),
+                None,
+                &mut Exchange::new(&work_bytes[own], Sink::None),
+            )?;
         }
         Ok(())
     }
 
-    fn gather(&mut self, fp: &Fingerprint, input: &[u8], output: Option<&mut [u8]>, root: usize) -> Result<()> {
+    fn gather(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: Option<&mut [u8]>,
+        root: usize,
+    ) -> Result<()> {
         let me = self.group_rank;
         match output {
             Some(out) => {
@@ -229,18 +293,34 @@ impl Transport for TcpTransport {
                 let ctx = self.ctx(fp);
                 for peer in (0..self.n()).filter(|&p| p != me) {
                     let rx = Sink::copy(&mut out[blocks[peer].clone()]);
-                    run_step(&ctx, None, Some(self.conn(peer)), &mut Exchange::new(&[], rx))?;
+                    run_step(
+                        &ctx,
+                        None,
+                        Some(self.conn(peer)),
+                        &mut Exchange::new(&[], rx),
+                    )?;
                 }
                 Ok(())
             }
             None => {
                 let ctx = self.ctx(fp);
-                run_step(&ctx, Some(self.conn(root)), None, &mut Exchange::new(input, Sink::None))
+                run_step(
+                    &ctx,
+                    Some(self.conn(root)),
+                    None,
+                    &mut Exchange::new(input, Sink::None),
+                )
             }
         }
     }
 
-    fn scatter(&mut self, fp: &Fingerprint, input: Option<&[u8]>, output: &mut [u8], root: usize) -> Result<()> {
+    fn scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
         let me = self.group_rank;
         let ctx = self.ctx(fp);
         match input {
@@ -248,12 +328,22 @@ impl Transport for TcpTransport {
                 let blocks = self.blocks(output.len());
                 for peer in (0..self.n()).filter(|&p| p != me) {
                     let tx = &inp[blocks[peer].clone()];
-                    run_step(&ctx, Some(self.conn(peer)), None, &mut Exchange::new(tx, Sink::None))?;
+                    run_step(
+                        &ctx,
+                        Some(self.conn(peer)),
+                        None,
+                        &mut Exchange::new(tx, Sink::None),
+                    )?;
                 }
                 output.copy_from_slice(&inp[blocks[me].clone()]);
                 Ok(())
             }
-            None => run_step(&ctx, None, Some(self.conn(root)), &mut Exchange::new(&[], Sink::copy(output))),
+            None => run_step(
+                &ctx,
+                None,
+                Some(self.conn(root)),
+                &mut Exchange::new(&[], Sink::copy(output)),
+            ),
         }
     }
 
@@ -268,7 +358,12 @@ impl Transport for TcpTransport {
             ..*fp
         };
         let ctx = self.ctx(&fp);
-        run_step(&ctx, Some(self.conn(dst)), None, &mut Exchange::new(buf, Sink::None))?;
+        run_step(
+            &ctx,
+            Some(self.conn(dst)),
+            None,
+            &mut Exchange::new(buf, Sink::None),
+        )?;
         self.send_seq[dst] += 1;
         Ok(())
     }

@@ -71,7 +71,12 @@ impl<'a> Sink<'a> {
     pub(crate) fn copy(buf: &'a mut [u8]) -> Self {
         Sink::Copy { buf, pos: 0 }
     }
-    pub(crate) fn reduce(dst: &'a mut [u8], scratch: &'a mut [u8], dtype: DataType, op: ReduceOp) -> Self {
+    pub(crate) fn reduce(
+        dst: &'a mut [u8],
+        scratch: &'a mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Self {
         Sink::Reduce {
             dst,
             done: 0,
@@ -149,7 +154,12 @@ impl Step for Exchange<'_> {
                 *fill += n;
                 let whole = *fill - *fill % dtype.size_bytes();
                 if whole > 0 {
-                    combine_bytes(*dtype, *op, &mut dst[*done..*done + whole], &scratch[..whole]);
+                    combine_bytes(
+                        *dtype,
+                        *op,
+                        &mut dst[*done..*done + whole],
+                        &scratch[..whole],
+                    );
                     *done += whole;
                     scratch.copy_within(whole..*fill, 0);
                     *fill -= whole;
@@ -161,7 +171,9 @@ impl Step for Exchange<'_> {
         match &self.rx {
             Sink::None => 0,
             Sink::Copy { buf, pos } => buf.len() - pos,
-            Sink::Reduce { dst, done, fill, .. } => dst.len() - done - fill,
+            Sink::Reduce {
+                dst, done, fill, ..
+            } => dst.len() - done - fill,
         }
     }
 }
@@ -190,13 +202,21 @@ impl<'a> Relay<'a> {
 
 impl Step for Relay<'_> {
     fn tx_ready(&self) -> &[u8] {
-        if self.forward { &self.buf[self.sent..self.received] } else { &[] }
+        if self.forward {
+            &self.buf[self.sent..self.received]
+        } else {
+            &[]
+        }
     }
     fn tx_advance(&mut self, n: usize) {
         self.sent += n;
     }
     fn tx_left(&self) -> usize {
-        if self.forward { self.buf.len() - self.sent } else { 0 }
+        if self.forward {
+            self.buf.len() - self.sent
+        } else {
+            0
+        }
     }
     fn rx_space(&mut self) -> &mut [u8] {
         &mut self.buf[self.received..]
@@ -241,7 +261,14 @@ fn send_some(conn: &Conn, buf: &[u8]) -> io::Result<Io> {
 fn recv_some(conn: &Conn, buf: &mut [u8]) -> io::Result<Io> {
     loop {
         // SAFETY: `buf` is a valid writable slice for its length.
-        let n = unsafe { libc::recv(conn.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = unsafe {
+            libc::recv(
+                conn.stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+            )
+        };
         if n >= 0 {
             return Ok(Io::Done(n as usize));
         }
@@ -283,7 +310,12 @@ fn io_err(ctx: &Ctx<'_>, what: &str, peer: usize, e: io::Error) -> CommError {
 
 /// Runs one step: sends a header and `step`'s payload to `tx` while receiving a header (checked
 /// against the fingerprint and the expected length) and the payload from `rx`.
-pub(crate) fn run_step(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>, step: &mut dyn Step) -> Result<()> {
+pub(crate) fn run_step(
+    ctx: &Ctx<'_>,
+    tx: Option<&Conn>,
+    rx: Option<&Conn>,
+    step: &mut dyn Step,
+) -> Result<()> {
     let tx_header = frame::encode(ctx.fp, step.tx_left());
     let rx_expected = step.rx_left();
     let mut header_sent = if tx.is_some() { 0 } else { HEADER_BYTES };
@@ -301,7 +333,9 @@ pub(crate) fn run_step(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>, step
 
         if let (true, Some(c)) = (tx_pending, tx) {
             if header_sent < HEADER_BYTES {
-                match send_some(c, &tx_header[header_sent..]).map_err(|e| io_err(ctx, "sending to", c.rank, e))? {
+                match send_some(c, &tx_header[header_sent..])
+                    .map_err(|e| io_err(ctx, "sending to", c.rank, e))?
+                {
                     Io::Done(n) => {
                         header_sent += n;
                         progressed = true;
@@ -310,7 +344,9 @@ pub(crate) fn run_step(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>, step
                 }
             }
             while header_sent == HEADER_BYTES && !step.tx_ready().is_empty() {
-                match send_some(c, step.tx_ready()).map_err(|e| io_err(ctx, "sending to", c.rank, e))? {
+                match send_some(c, step.tx_ready())
+                    .map_err(|e| io_err(ctx, "sending to", c.rank, e))?
+                {
                     Io::Done(n) => {
                         step.tx_advance(n);
                         progressed = true;
@@ -322,7 +358,9 @@ pub(crate) fn run_step(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>, step
 
         if let (true, Some(c)) = (rx_pending, rx) {
             if header_got < HEADER_BYTES {
-                match recv_some(c, &mut rx_header[header_got..]).map_err(|e| io_err(ctx, "receiving from", c.rank, e))? {
+                match recv_some(c, &mut rx_header[header_got..])
+                    .map_err(|e| io_err(ctx, "receiving from", c.rank, e))?
+                {
                     Io::Done(0) => return Err(closed(ctx, c.rank)),
                     Io::Done(n) => {
                         header_got += n;
@@ -336,7 +374,9 @@ pub(crate) fn run_step(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>, step
                 }
             }
             while header_checked && step.rx_left() > 0 {
-                match recv_some(c, step.rx_space()).map_err(|e| io_err(ctx, "receiving from", c.rank, e))? {
+                match recv_some(c, step.rx_space())
+                    .map_err(|e| io_err(ctx, "receiving from", c.rank, e))?
+                {
                     Io::Done(0) => return Err(closed(ctx, c.rank)),
                     Io::Done(n) => {
                         step.rx_commit(n);
@@ -361,7 +401,11 @@ fn wait_ready(ctx: &Ctx<'_>, tx: Option<&Conn>, rx: Option<&Conn>) -> Result<()>
         let fd = c.stream.as_raw_fd();
         match fds.iter_mut().find(|p| p.fd == fd) {
             Some(p) => p.events |= events,
-            None => fds.push(libc::pollfd { fd, events, revents: 0 }),
+            None => fds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            }),
         }
     };
     if let Some(c) = tx {

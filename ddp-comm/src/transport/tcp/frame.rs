@@ -60,7 +60,10 @@ pub(crate) fn check(
     }
     let theirs = decode_fingerprint(h).ok_or_else(|| CommError::Protocol {
         from: from(),
-        reason: format!("unknown collective kind {}, dtype {} or op {}", h[5], h[6], h[7]),
+        reason: format!(
+            "unknown collective kind {}, dtype {} or op {}",
+            h[5], h[6], h[7]
+        ),
     })?;
     if theirs != *expected {
         let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
@@ -115,21 +118,40 @@ mod tests {
 
     #[test]
     fn different_collective_is_a_mismatch_naming_both() {
-        let theirs = Fingerprint::new(5, CollectiveKind::Broadcast, DataType::F32, 100).with_root(0);
-        let err = check(&encode(&theirs, 200), &fp(), 200, 0, 1).unwrap_err().to_string();
-        assert!(err.contains("rank 0 called all_reduce(f32 x 100, sum)"), "{err}");
-        assert!(err.contains("rank 1 called broadcast(f32 x 100, root 0)"), "{err}");
+        let theirs =
+            Fingerprint::new(5, CollectiveKind::Broadcast, DataType::F32, 100).with_root(0);
+        let err = check(&encode(&theirs, 200), &fp(), 200, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 0 called all_reduce(f32 x 100, sum)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("rank 1 called broadcast(f32 x 100, root 0)"),
+            "{err}"
+        );
     }
 
     #[test]
     fn oversized_payload_is_rejected() {
-        let err = check(&encode(&fp(), 1 << 40), &fp(), 200, 0, 1).unwrap_err().to_string();
-        assert!(err.contains("announces 1099511627776 payload bytes, expected 200"), "{err}");
+        let err = check(&encode(&fp(), 1 << 40), &fp(), 200, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("announces 1099511627776 payload bytes, expected 200"),
+            "{err}"
+        );
     }
 
     #[test]
     fn garbage_is_rejected() {
-        let err = check(&[0xAB; HEADER_BYTES], &fp(), 200, 0, 3).unwrap_err().to_string();
-        assert!(err.contains("rank 3 sent an invalid frame: bad magic"), "{err}");
+        let err = check(&[0xAB; HEADER_BYTES], &fp(), 200, 0, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 3 sent an invalid frame: bad magic"),
+            "{err}"
+        );
     }
 }

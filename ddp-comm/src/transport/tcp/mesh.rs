@@ -55,11 +55,12 @@ pub(crate) fn connect_mesh(spec: &MeshSpec<'_>) -> Result<Vec<Option<Conn>>> {
     let addr = listener
         .local_addr()
         .map_err(|e| CommError::io("rendezvous: reading the listener's address", e))?;
-    spec.store.set(&format!("addr/{me}"), addr.to_string().as_bytes())?;
+    spec.store
+        .set(&format!("addr/{me}"), addr.to_string().as_bytes())?;
 
-    for peer in 0..me {
+    for (peer, slot) in conns.iter_mut().enumerate().take(me) {
         let stream = connect_peer(spec, peer, deadline)?;
-        conns[peer] = Some(finish(spec, stream, peer)?);
+        *slot = Some(finish(spec, stream, peer)?);
     }
     accept_peers(spec, &listener, &mut conns, deadline)?;
     tracing::debug!(rank = spec.ranks[me], peers = n - 1, %addr, "tcp mesh connected");
@@ -72,13 +73,24 @@ fn advertised_ip(store: &Store) -> Result<IpAddr> {
 }
 
 fn finish(spec: &MeshSpec<'_>, stream: TcpStream, peer: usize) -> Result<Conn> {
-    let ctx = || format!("rendezvous: configuring the connection to rank {}", spec.ranks[peer]);
-    stream.set_nodelay(true).map_err(|e| CommError::io(ctx(), e))?;
+    let ctx = || {
+        format!(
+            "rendezvous: configuring the connection to rank {}",
+            spec.ranks[peer]
+        )
+    };
+    stream
+        .set_nodelay(true)
+        .map_err(|e| CommError::io(ctx(), e))?;
     if let Some(bytes) = spec.socket_buffer_bytes {
         set_buffer_sizes(&stream, bytes);
     }
-    stream.set_read_timeout(None).map_err(|e| CommError::io(ctx(), e))?;
-    stream.set_nonblocking(true).map_err(|e| CommError::io(ctx(), e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| CommError::io(ctx(), e))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| CommError::io(ctx(), e))?;
     Ok(Conn {
         rank: spec.ranks[peer],
         stream,
@@ -119,12 +131,13 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
     let global = spec.ranks[peer];
     let left = deadline.saturating_duration_since(Instant::now());
     let addr_text = spec.store.get_timeout(&format!("addr/{peer}"), left)?;
-    let addr: SocketAddr = String::from_utf8_lossy(&addr_text)
-        .parse()
-        .map_err(|_| CommError::Protocol {
-            from: "store".into(),
-            reason: format!("address of rank {global} is not host:port"),
-        })?;
+    let addr: SocketAddr =
+        String::from_utf8_lossy(&addr_text)
+            .parse()
+            .map_err(|_| CommError::Protocol {
+                from: "store".into(),
+                reason: format!("address of rank {global} is not host:port"),
+            })?;
     let mut last: io::Error;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -133,9 +146,11 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
                 let ctx = || format!("rendezvous: greeting rank {global} at {addr}");
                 s.set_read_timeout(Some(left.max(Duration::from_millis(100))))
                     .map_err(|e| CommError::io(ctx(), e))?;
-                s.write_all(&hello(spec)).map_err(|e| CommError::io(ctx(), e))?;
+                s.write_all(&hello(spec))
+                    .map_err(|e| CommError::io(ctx(), e))?;
                 let mut status = [0u8; 1];
-                s.read_exact(&mut status).map_err(|e| CommError::io(ctx(), e))?;
+                s.read_exact(&mut status)
+                    .map_err(|e| CommError::io(ctx(), e))?;
                 if status[0] != 0 {
                     let mut msg = Vec::new();
                     let _ = s.take(1024).read_to_end(&mut msg);
@@ -150,7 +165,10 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
         }
         if Instant::now() >= deadline {
             return Err(CommError::io(
-                format!("rendezvous: could not connect to rank {global} at {addr} within {:?}", spec.timeout),
+                format!(
+                    "rendezvous: could not connect to rank {global} at {addr} within {:?}",
+                    spec.timeout
+                ),
                 last,
             ));
         }
@@ -168,7 +186,9 @@ fn accept_peers(
         .set_nonblocking(true)
         .map_err(|e| CommError::io("rendezvous: configuring the listener", e))?;
     let missing = |conns: &[Option<Conn>]| -> Vec<usize> {
-        (spec.group_rank + 1..conns.len()).filter(|&p| conns[p].is_none()).collect()
+        (spec.group_rank + 1..conns.len())
+            .filter(|&p| conns[p].is_none())
+            .collect()
     };
     loop {
         let waiting = missing(conns);
@@ -182,7 +202,8 @@ fn accept_peers(
             },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    let names: Vec<String> = waiting.iter().map(|&p| spec.ranks[p].to_string()).collect();
+                    let names: Vec<String> =
+                        waiting.iter().map(|&p| spec.ranks[p].to_string()).collect();
                     return Err(CommError::Timeout {
                         op: "rendezvous".into(),
                         peer: spec.ranks[waiting[0]],
@@ -213,21 +234,31 @@ fn read_hello(
     };
     let left = deadline.saturating_duration_since(Instant::now());
     let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(HELLO_TIMEOUT.min(left).max(Duration::from_millis(100))));
+    let _ = s.set_read_timeout(Some(
+        HELLO_TIMEOUT.min(left).max(Duration::from_millis(100)),
+    ));
     let mut fixed = [0u8; HELLO_FIXED];
     if let Err(e) = s.read_exact(&mut fixed) {
         return Err(format!("no complete hello: {e}"));
     }
     if &fixed[0..4] != MAGIC || fixed[4] != VERSION {
-        return Err(reject(&mut s, "not a ddp-comm hello (bad magic or version)".into()));
+        return Err(reject(
+            &mut s,
+            "not a ddp-comm hello (bad magic or version)".into(),
+        ));
     }
-    let u32_at = |i: usize| u32::from_le_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]) as usize;
+    let u32_at = |i: usize| {
+        u32::from_le_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]) as usize
+    };
     let (peer, size) = (u32_at(8), u32_at(12));
     let mut gid = [0u8; 8];
     gid.copy_from_slice(&fixed[16..24]);
     let token_len = u16::from_le_bytes([fixed[24], fixed[25]]) as usize;
     if token_len > MAX_TOKEN_BYTES {
-        return Err(reject(&mut s, format!("token of {token_len} bytes exceeds {MAX_TOKEN_BYTES}")));
+        return Err(reject(
+            &mut s,
+            format!("token of {token_len} bytes exceeds {MAX_TOKEN_BYTES}"),
+        ));
     }
     let mut token = vec![0u8; token_len];
     if let Err(e) = s.read_exact(&mut token) {
@@ -245,6 +276,7 @@ fn read_hello(
     if let Some(r) = reason {
         return Err(reject(&mut s, r));
     }
-    s.write_all(&[0]).map_err(|e| format!("could not acknowledge: {e}"))?;
+    s.write_all(&[0])
+        .map_err(|e| format!("could not acknowledge: {e}"))?;
     Ok((peer, s))
 }

@@ -11,17 +11,18 @@ use anyhow::{Context, Result};
 use burn::backend::Autodiff;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
-use burn::tensor::backend::Backend;
 use clap::Parser;
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
 use ddp_core::tap::TapBackend;
 use ddp_core::{
-    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig, EpochProgress,
-    LaunchArgs, WorkerContext, launch,
+    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
+    EpochProgress, LaunchArgs, WorkerContext, launch,
 };
 use ddp_examples::backend::{BackendKind, check_available};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::DigitsMlp;
+use ddp_examples::resume::{StartPoint, resume_or_start};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -58,6 +59,15 @@ struct Args {
     backend: BackendKind,
 }
 
+/// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
+#[derive(serde::Serialize)]
+struct RunConfig {
+    batch_size: usize,
+    lr: f64,
+    seed: u64,
+    hidden: usize,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = launch(&args.launch, |ctx| match args.backend {
@@ -75,7 +85,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("digits: {e}");
-            ExitCode::from(e.exit_code().clamp(1, 255) as u8)
+            ExitCode::from(e.exit_code().max(1))
         }
     }
 }
@@ -102,15 +112,43 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         .build(DigitDataset(train_items), sampler)
         .context("building the data loader")?;
 
-    let model = DigitsMlp::<B>::new(args.hidden, &device);
-    let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new())?;
+    let mut model = DigitsMlp::<B>::new(args.hidden, &device);
     let mut optim = AdamConfig::new().init::<B, DigitsMlp<B>>();
+    let run_config = RunConfig {
+        batch_size: args.batch_size,
+        lr: args.lr,
+        seed: args.seed,
+        hidden: args.hidden,
+    };
+    let checkpoints = Checkpointer::new(
+        CheckpointConfig::new(&args.checkpoint_dir)
+            .with_keep_last(3)
+            .with_run_config(&run_config)?,
+        pg.clone(),
+    )?;
+    // Resume by default; load before wrapping in DDP (the restored module carries the saved
+    // parameter ids, which the optimizer state is keyed by).
+    let StartPoint {
+        epoch: start_epoch,
+        mut step,
+    } = resume_or_start(
+        "digits",
+        &checkpoints,
+        args.fresh,
+        &device,
+        &mut model,
+        &mut optim,
+        &mut loader,
+        args.epochs,
+    )?;
+    let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new())?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     let start = std::time::Instant::now();
-    for epoch in 0..args.epochs {
-        loader.set_epoch(epoch as u64);
-        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.len());
+    let mut last_saved = None;
+    for epoch in start_epoch..args.epochs {
+        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
+        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
         for batch in loader.iter() {
             let batch = batch?;
             let n = batch.targets.dims()[0];
@@ -119,9 +157,12 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
             let loss_value: f32 = loss.clone().into_scalar().elem();
             let grads = ddp.backward(loss)?;
             ddp.optimizer_step(&mut optim, args.lr, grads);
+            step += 1;
             progress.step(loss_value, n)?;
         }
         progress.finish();
+        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+        last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
     }
 
     // Evaluation: each rank scores its shard of the test set.
@@ -130,9 +171,18 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     let mut correct = 0usize;
     for chunk in indices.chunks(256) {
         let items = chunk.iter().map(|&i| test_items[i].clone()).collect();
-        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(&DigitBatcher, items, &device);
+        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
+            &DigitBatcher,
+            items,
+            &device,
+        );
         let predicted = model.forward(batch.images).argmax(1).squeeze::<1>();
-        let hits: i64 = predicted.equal(batch.targets).int().sum().into_scalar().elem();
+        let hits: i64 = predicted
+            .equal(batch.targets)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem();
         correct += hits as usize;
     }
     let (accuracy, total) = all_reduce_accuracy(&pg, correct, indices.len())?;
@@ -144,8 +194,15 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
             start.elapsed().as_secs_f64()
         );
     }
-    let _ = &args.checkpoint_dir;
-    let _ = args.fresh;
+    if rank == 0 {
+        match last_saved.or_else(|| {
+            let latest = checkpoints.latest().ok().flatten()?;
+            Some(std::path::Path::new(&args.checkpoint_dir).join(latest))
+        }) {
+            Some(path) => println!("digits: checkpoint: {}", path.display()),
+            None => println!("digits: no checkpoint written"),
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,182 @@
+//! Restoring a checkpoint on every rank: getting its files to every rank (broadcast from rank
+//! 0, or read from a shared filesystem), decoding them into copies of the model and optimizer,
+//! and committing only when every rank succeeded.
+
+use super::checkpointer::Checkpointer;
+use super::codec::{decode_model, decode_optimizer};
+use super::error::{CheckpointError, InvalidCheckpoint};
+use super::manifest::{
+    CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
+};
+use super::outcome::{CheckpointInfo, Resumed};
+use super::reader::{FoundCheckpoint, parse_state, read_one};
+use super::state::{FRAMEWORK_VERSION, StateFile};
+use super::sync::{all_succeeded, broadcast_bytes};
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::tensor::backend::AutodiffBackend;
+use std::collections::BTreeMap;
+
+impl Checkpointer {
+    /// Brings checkpoint `name` (read by rank 0 as `found`) to every rank and loads it.
+    pub(super) fn restore<B, M, O>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut O,
+        name: &str,
+        found: Option<FoundCheckpoint>,
+        invalid: Vec<InvalidCheckpoint>,
+    ) -> Result<Resumed, CheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let (rank, dir) = (self.pg.rank(), self.config.dir().to_path_buf());
+        let files = self.distribute(name, found)?;
+        let state = parse_state(files.get(STATE_FILE)).map_err(|reason| CheckpointError::Invalid {
+            name: name.to_string(),
+            dir: dir.clone(),
+            reason,
+        });
+        // Decode into copies: on any rank's failure, every rank's model and optimizer stay as
+        // they were.
+        let decoded = state.and_then(|state| {
+            self.check_run_config(name, &state)?;
+            let (mut m, mut o) = (model.clone(), optim.clone());
+            decode_model::<B, M>(
+                &mut m,
+                device,
+                files.get(MODEL_FILE).to_vec(),
+                files.get(PARAM_IDS_FILE),
+                name,
+                rank,
+            )?;
+            decode_optimizer::<B, M, O>(
+                &mut o,
+                device,
+                files.get(OPTIMIZER_FILE).to_vec(),
+                name,
+                rank,
+            )?;
+            Ok((m, o, state))
+        });
+        let (m, o, saved) = all_succeeded(&self.pg, decoded, "load the checkpoint")?;
+        *model = m;
+        *optim = o;
+
+        let world_size = self.pg.world_size();
+        let mut state = saved.training;
+        if saved.world_size == world_size {
+            state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
+        } else {
+            tracing::warn!(
+                checkpoint = name,
+                saved = saved.world_size,
+                current = world_size,
+                "resuming on a different world size: model and optimizer load as saved; the sampler position \
+                 is translated by global sample count where exact; per-rank rng states are dropped"
+            );
+        }
+        let info = CheckpointInfo {
+            name: name.to_string(),
+            path: dir.join(name),
+            global_step: files.manifest.global_step,
+            saved_world_size: saved.world_size,
+            world_size,
+            run_config_hash: saved.run_config_hash,
+            framework_version: saved.framework_version,
+            bytes: files.manifest.total_bytes(),
+        };
+        if info.framework_version != FRAMEWORK_VERSION {
+            tracing::warn!(checkpoint = name, saved = %info.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
+        }
+        tracing::info!(
+            checkpoint = %info.path.display(),
+            epoch = state.epoch,
+            global_step = state.global_step,
+            skipped = invalid.len(),
+            "resumed from checkpoint {name}"
+        );
+        Ok(Resumed {
+            info,
+            state,
+            invalid,
+        })
+    }
+
+    /// Every rank gets checkpoint `name`'s files: rank 0 from `found`, the others by broadcast
+    /// or (shared filesystem) by reading and verifying them themselves.
+    fn distribute(
+        &self,
+        name: &str,
+        found: Option<FoundCheckpoint>,
+    ) -> Result<VerifiedFiles, CheckpointError> {
+        let dir = self.config.dir();
+        if self.config.shared_filesystem() {
+            let mine = match found {
+                Some(found) => Ok(found.files),
+                None => read_one(dir, name).map(|f| f.files).map_err(|reason| {
+                    CheckpointError::Invalid {
+                        name: name.to_string(),
+                        dir: dir.to_path_buf(),
+                        reason,
+                    }
+                }),
+            };
+            return all_succeeded(
+                &self.pg,
+                mine,
+                "read the checkpoint from the shared filesystem",
+            );
+        }
+        let mut found = found.map(|f| f.files);
+        let manifest = match &found {
+            Some(files) => serde_json::to_vec(&files.manifest)
+                .map_err(CheckpointError::json("serialising the manifest"))?,
+            None => Vec::new(),
+        };
+        let manifest = broadcast_bytes(&self.pg, manifest, 0, "broadcasting the manifest")?;
+        let manifest = serde_json::from_slice(&manifest)
+            .map_err(CheckpointError::json("decoding the broadcast manifest"))?;
+        let mut files = BTreeMap::new();
+        for file in CHECKPOINT_FILES {
+            let bytes = found
+                .as_mut()
+                .and_then(|f| f.files.remove(file))
+                .unwrap_or_default();
+            files.insert(
+                file.to_string(),
+                broadcast_bytes(&self.pg, bytes, 0, "broadcasting checkpoint files")?,
+            );
+        }
+        Ok(VerifiedFiles { manifest, files })
+    }
+
+    fn check_run_config(&self, name: &str, saved: &StateFile) -> Result<(), CheckpointError> {
+        let (Some(current), Some(saved)) = (
+            self.config.run_config_hash(),
+            saved.run_config_hash.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        if current == saved {
+            return Ok(());
+        }
+        if self.config.strict_run_config() {
+            return Err(CheckpointError::RunConfigMismatch {
+                name: name.to_string(),
+                saved: saved.to_string(),
+                current: current.to_string(),
+            });
+        }
+        tracing::warn!(
+            checkpoint = name,
+            saved,
+            current,
+            "the run config changed since this checkpoint was saved"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! A small decoder-only transformer learning to reverse digit sequences, with DDP: the heavier
+//! example, and the one that shows layer boundaries (`--boundaries`).
+//!
+//! ```text
+//! cargo run --release -p ddp-examples --bin transformer -- --nproc-per-node 2
+//! ```
+
+use anyhow::{Context, Result};
+use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamConfig;
+use burn::tensor::ElementConversion;
+use clap::Parser;
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
+use ddp_core::tap::TapBackend;
+use ddp_core::{
+    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
+    EpochProgress, LaunchArgs, WorkerContext, launch,
+};
+use ddp_examples::backend::{BackendKind, check_available};
+use ddp_examples::eval::{all_reduce_accuracy, shard};
+use ddp_examples::models::{GptShape, TinyGpt};
+use ddp_examples::resume::{StartPoint, resume_or_start};
+use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    about = "Train a small transformer to reverse sequences on several processes with ddp-burn"
+)]
+struct Args {
+    #[command(flatten)]
+    launch: LaunchArgs,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 4)]
+    epochs: usize,
+    /// Batch size per rank.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 0.002)]
+    lr: f64,
+    /// Seed of the data, the shuffle and the initial weights.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Digits per sequence.
+    #[arg(long, default_value_t = 6)]
+    seq_len: usize,
+    /// Training sequences.
+    #[arg(long, default_value_t = 4096)]
+    train_size: usize,
+    /// Test sequences.
+    #[arg(long, default_value_t = 512)]
+    test_size: usize,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Mark a layer boundary before each layer, so gradients leave during backward.
+    #[arg(long)]
+    boundaries: bool,
+    /// Write a Chrome trace of the first steps here (rank 0).
+    #[arg(long)]
+    timeline: Option<String>,
+    /// Where checkpoints go.
+    #[arg(long, default_value = "runs/transformer")]
+    checkpoint_dir: String,
+    /// Ignore existing checkpoints and start over.
+    #[arg(long)]
+    fresh: bool,
+    /// Which burn backend to train on.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+}
+
+/// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
+#[derive(serde::Serialize)]
+struct RunConfig {
+    batch_size: usize,
+    lr: f64,
+    seed: u64,
+    seq_len: usize,
+    train_size: usize,
+    d_model: usize,
+    layers: usize,
+    heads: usize,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = launch(&args.launch, |ctx| match args.backend {
+        BackendKind::Flex => train::<Autodiff<burn::backend::Flex>>(ctx, &args, Default::default()),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            check_available(BackendKind::Cuda)?;
+            let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
+            train::<Autodiff<burn::backend::Cuda>>(ctx, &args, device)
+        }
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => check_available(BackendKind::Cuda),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("transformer: {e}");
+            ExitCode::from(e.exit_code().max(1))
+        }
+    }
+}
+
+fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> Result<()> {
+    let (rank, world) = (ctx.rank(), ctx.world_size());
+    let pg = ctx.into_process_group();
+    B::seed(&device, args.seed);
+    let shape = GptShape {
+        vocab: VOCAB,
+        max_len: 2 * args.seq_len + 2,
+        d_model: args.d_model,
+        heads: args.heads,
+        layers: args.layers,
+        boundaries: args.boundaries,
+    };
+    let model = TinyGpt::<B>::new(shape, &device);
+    let train_set = ReverseDataset {
+        seed: args.seed,
+        digits: args.seq_len,
+        offset: 0,
+        count: args.train_size,
+    };
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(args.seed);
+    let mut loader = DistributedDataLoaderBuilder::new(ReverseBatcher)
+        .batch_size(args.batch_size)
+        .set_device(device.clone())
+        .build(train_set, sampler)
+        .context("building the data loader")?;
+
+    let mut model = model;
+    let mut optim = AdamConfig::new().init::<B, TinyGpt<B>>();
+    let run_config = RunConfig {
+        batch_size: args.batch_size,
+        lr: args.lr,
+        seed: args.seed,
+        seq_len: args.seq_len,
+        train_size: args.train_size,
+        d_model: args.d_model,
+        layers: args.layers,
+        heads: args.heads,
+    };
+    let checkpoints = Checkpointer::new(
+        CheckpointConfig::new(&args.checkpoint_dir)
+            .with_keep_last(3)
+            .with_run_config(&run_config)?,
+        pg.clone(),
+    )?;
+    let StartPoint {
+        epoch: start_epoch,
+        mut step,
+    } = resume_or_start(
+        "transformer",
+        &checkpoints,
+        args.fresh,
+        &device,
+        &mut model,
+        &mut optim,
+        &mut loader,
+        args.epochs,
+    )?;
+    let config = DdpConfig::new().with_timeline_path(args.timeline.clone());
+    let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
+    if rank == 0 {
+        let params: usize = ddp.module().num_params();
+        eprintln!(
+            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}",
+            args.layers,
+            args.batch_size,
+            if args.boundaries { "on" } else { "off" }
+        );
+    }
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let scored = scored_positions(args.seq_len);
+    let start = std::time::Instant::now();
+    let mut overlap = Vec::new();
+    let mut last_saved = None;
+    for epoch in start_epoch..args.epochs {
+        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
+        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
+        for batch in loader.iter() {
+            let batch = batch?;
+            let [n, _] = batch.inputs.dims();
+            let logits = ddp.forward(|m| m.forward(batch.inputs))?;
+            let logits = logits
+                .slice([0..n, scored.clone(), 0..VOCAB])
+                .reshape([n * args.seq_len, VOCAB]);
+            let targets = batch
+                .targets
+                .slice([0..n, scored.clone()])
+                .reshape([n * args.seq_len]);
+            let loss = loss_fn.forward(logits, targets);
+            let loss_value: f32 = loss.clone().into_scalar().elem();
+            let grads = ddp.backward(loss)?;
+            ddp.optimizer_step(&mut optim, args.lr, grads);
+            if let Some(s) = ddp.last_step_stats() {
+                overlap.push(s.overlap_fraction());
+            }
+            step += 1;
+            progress.step(loss_value, n)?;
+        }
+        progress.finish();
+        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+        last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
+    }
+
+    // Token accuracy on held-out sequences, sharded across ranks.
+    let model = ddp.module().clone();
+    let test_ids = shard(args.test_size, rank, world);
+    let mut correct = 0usize;
+    for chunk in test_ids.chunks(128) {
+        let items = chunk
+            .iter()
+            .map(|&i| sequence(args.seed, (args.train_size + i) as u64, args.seq_len))
+            .collect();
+        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
+            &ReverseBatcher,
+            items,
+            &device,
+        );
+        let n = chunk.len();
+        let predicted = model.forward(batch.inputs).argmax(2).squeeze_dim::<2>(2);
+        let predicted = predicted.slice([0..n, scored.clone()]);
+        let targets = batch.targets.slice([0..n, scored.clone()]);
+        let hits: i64 = predicted.equal(targets).int().sum().into_scalar().elem();
+        correct += hits as usize;
+    }
+    let (accuracy, total) = all_reduce_accuracy(&pg, correct, test_ids.len() * args.seq_len)?;
+    overlap.sort_by(|a, b| a.total_cmp(b));
+    if rank == 0 {
+        println!(
+            "transformer: token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s); median all-reduce overlap with backward {:.0}%)",
+            accuracy * 100.0,
+            args.epochs,
+            start.elapsed().as_secs_f64(),
+            overlap.get(overlap.len() / 2).copied().unwrap_or(0.0) * 100.0
+        );
+    }
+    if let (0, Some(path)) = (rank, last_saved) {
+        println!("transformer: checkpoint: {}", path.display());
+    }
+    Ok(())
+}

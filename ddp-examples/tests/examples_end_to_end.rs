@@ -1,0 +1,175 @@
+//! The examples as a user runs them: two processes, real data, checkpoints, resume.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(bin);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DDP_") || k == "RANK" || k == "WORLD_SIZE" || k.starts_with("MASTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.args(args).output().expect("starting the example");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The number after `label` in `text`, e.g. `accuracy 98.61%`.
+fn percent_after(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no '{label}' in:\n{text}"))
+        + label.len();
+    text[at..]
+        .trim_start()
+        .split('%')
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no percentage after '{label}' in:\n{text}"))
+}
+
+#[test]
+fn digits_trains_to_95_percent_checkpoints_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let ckpt_arg = ckpt.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_digits");
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "12",
+            "--checkpoint-dir",
+            ckpt_arg,
+        ],
+    );
+    assert!(ok, "digits failed:\n{out}\n{err}");
+    let accuracy = percent_after(&out, "test accuracy");
+    assert!(accuracy >= 95.0, "accuracy {accuracy}% below 95%:\n{out}");
+    assert!(
+        err.contains("epoch 12/12"),
+        "progress lines on rank 0:\n{err}"
+    );
+    assert!(
+        err.contains("no valid checkpoint") || err.contains("starting fresh"),
+        "{err}"
+    );
+
+    let latest = std::fs::read_to_string(ckpt.join("latest")).expect("a latest pointer");
+    let last = ckpt.join(latest.trim());
+    for file in [
+        "model.safetensors",
+        "optimizer.bin",
+        "training_state.json",
+        "manifest.json",
+    ] {
+        assert!(
+            Path::new(&last).join(file).is_file(),
+            "{file} missing in {}",
+            last.display()
+        );
+    }
+    assert!(
+        out.contains(&format!("checkpoint: {}", last.display())),
+        "prints where the checkpoint is:\n{out}"
+    );
+
+    // A second run with two more epochs resumes and runs only those.
+    let (ok, out2, err2) = run(
+        bin,
+        &[
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "14",
+            "--checkpoint-dir",
+            ckpt_arg,
+        ],
+    );
+    assert!(ok, "resumed run failed:\n{out2}\n{err2}");
+    assert!(
+        err2.contains("resuming from") && err2.contains("12 of 14 epochs done"),
+        "{err2}"
+    );
+    assert!(
+        !err2.contains("epoch 1/14"),
+        "finished epochs must be skipped:\n{err2}"
+    );
+    assert!(
+        err2.contains("epoch 13/14") && err2.contains("epoch 14/14"),
+        "{err2}"
+    );
+    assert!(percent_after(&out2, "test accuracy") >= 95.0, "{out2}");
+
+    // --fresh ignores the checkpoints.
+    let (ok, _, err3) = run(
+        bin,
+        &[
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "1",
+            "--fresh",
+            "--checkpoint-dir",
+            ckpt_arg,
+        ],
+    );
+    assert!(ok);
+    assert!(
+        err3.contains("--fresh") && err3.contains("epoch 1/1"),
+        "{err3}"
+    );
+}
+
+#[test]
+fn digits_without_the_cuda_feature_says_so() {
+    let (ok, out, err) = run(
+        env!("CARGO_BIN_EXE_digits"),
+        &["--nproc-per-node", "1", "--backend", "cuda"],
+    );
+    if cfg!(feature = "cuda") {
+        eprintln!(
+            "skipping: built with the cuda feature; the GPU path is checked on a GPU machine"
+        );
+        return;
+    }
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("without CUDA support") && err.contains("--features cuda"),
+        "{err}"
+    );
+}
+
+#[test]
+fn transformer_learns_to_reverse_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let (ok, out, err) = run(
+        env!("CARGO_BIN_EXE_transformer"),
+        &[
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "2",
+            "--train-size",
+            "1024",
+            "--d-model",
+            "64",
+            "--layers",
+            "2",
+            "--boundaries",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "transformer failed:\n{out}\n{err}");
+    let accuracy = percent_after(&out, "token accuracy");
+    assert!(accuracy >= 90.0, "token accuracy {accuracy}%:\n{out}");
+    assert!(ckpt.join("latest").is_file());
+}

@@ -1,0 +1,135 @@
+//! The model, data and training loop shared by the DDP worker program and the tests that check
+//! it against single-process training.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// The backend of the tests.
+pub type TestBackend = Autodiff<Flex>;
+type B = TestBackend;
+
+/// Steps trained by every equivalence run.
+pub const STEPS: usize = 4;
+/// Samples per rank per step.
+pub const PER_RANK: usize = 4;
+
+/// A two-layer perceptron, 6 -> 16 -> 3.
+#[derive(Module, Debug)]
+pub struct SmallMlp<B: Backend> {
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> SmallMlp<B> {
+    /// A freshly initialised model.
+    pub fn new(device: &B::Device) -> Self {
+        SmallMlp {
+            fc1: LinearConfig::new(6, 16).init(device),
+            fc2: LinearConfig::new(16, 3).init(device),
+            act: Relu::new(),
+        }
+    }
+    /// Outputs `[n, 3]` for inputs `[n, 6]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.fc2.forward(self.act.forward(self.fc1.forward(x)))
+    }
+}
+
+/// The optimizers the equivalence runs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opt {
+    /// SGD, learning rate 0.1.
+    Sgd,
+    /// Adam, learning rate 0.01.
+    Adam,
+}
+
+impl std::str::FromStr for Opt {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sgd" => Ok(Opt::Sgd),
+            "adam" => Ok(Opt::Adam),
+            other => Err(format!("unknown optimizer '{other}' (sgd, adam)")),
+        }
+    }
+}
+
+/// Sample `i`: 6 inputs and 3 targets, deterministic.
+pub fn sample(i: usize) -> ([f32; 6], [f32; 3]) {
+    let x: [f32; 6] = std::array::from_fn(|k| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 8.0);
+    (x, [x[0] - x[1] * 0.5, x[2] * x[3], (x[4] + x[5]).sin()])
+}
+
+/// The indices of global step `step`: `rank = None` gives the whole global batch, `Some(r)` every
+/// `world`-th sample from `r` (DistributedSampler's interleaving without shuffle).
+pub fn step_indices(step: usize, world: usize, rank: Option<usize>) -> Vec<usize> {
+    let all = step * world * PER_RANK..(step + 1) * world * PER_RANK;
+    match rank {
+        None => all.collect(),
+        Some(r) => all.skip(r).step_by(world).collect(),
+    }
+}
+
+/// A batch of the given samples.
+pub fn batch(indices: &[usize], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
+    let n = indices.len();
+    (
+        Tensor::from_data(TensorData::new(xs.concat(), [n, 6]), device),
+        Tensor::from_data(TensorData::new(ys.concat(), [n, 3]), device),
+    )
+}
+
+/// Serialises a model (for handing the same initial weights to other processes).
+pub fn to_bytes(m: &SmallMlp<B>) -> Vec<u8> {
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("recording a model in memory")
+}
+
+/// Loads a model serialised by [`to_bytes`].
+pub fn from_bytes(bytes: &[u8]) -> Result<SmallMlp<B>, String> {
+    let device = Default::default();
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &device).map_err(|e| e.to_string())?;
+    Ok(SmallMlp::<B>::new(&device).load_record(record))
+}
+
+/// Every float parameter, in module order.
+pub fn flat_params(m: &SmallMlp<B>) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0
+                .extend(p.val().into_data().convert::<f32>().iter::<f32>());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    m.visit(&mut c);
+    c.0
+}
+
+/// Single-process training on the whole global batch of `world * PER_RANK` samples per step.
+pub fn train_reference(init: &[u8], world: usize, opt: Opt) -> Result<Vec<f32>, String> {
+    let device = Default::default();
+    let mut model = from_bytes(init)?;
+    let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
+    let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
+    for step in 0..STEPS {
+        let (x, y) = batch(&step_indices(step, world, None), &device);
+        let loss = MseLoss::new().forward(model.forward(x), y, Reduction::Mean);
+        let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
+        model = match opt {
+            Opt::Sgd => sgd.step(0.1, model, grads),
+            Opt::Adam => adam.step(0.01, model, grads),
+        };
+    }
+    Ok(flat_params(&model))
+}

@@ -1,0 +1,77 @@
+//! The central equivalence, with ranks as separate processes: N ranks with batch b each end
+//! with the same parameters as one process with batch N*b, and all replicas bitwise identical.
+
+use ddp_tests::fixtures::{Opt, SmallMlp, TestBackend, flat_params, to_bytes, train_reference};
+use ddp_tests::spawn_world;
+use std::time::Duration;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_ddp_worker");
+
+fn check(world: usize, opt: Opt) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = SmallMlp::<TestBackend>::new(&Default::default());
+    flat_params(&model); // initialise the lazy parameters before serialising
+    let init = to_bytes(&model);
+    let init_path = dir.path().join("init.bin");
+    std::fs::write(&init_path, &init).unwrap();
+    let out = dir.path().display().to_string();
+    let opt_name = if opt == Opt::Sgd { "sgd" } else { "adam" };
+    let outputs = spawn_world(
+        WORKER,
+        &[init_path.to_str().unwrap(), &out, opt_name],
+        world,
+        Duration::from_secs(120),
+        |_| Vec::new(),
+    );
+    for o in &outputs {
+        assert_eq!(
+            o.code,
+            Some(0),
+            "{opt:?} world {world} rank {}: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+    let read = |r: usize| -> Vec<f32> {
+        std::fs::read(dir.path().join(format!("rank{r}.bin")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let rank0 = read(0);
+    for r in 1..world {
+        let other = read(r);
+        assert!(
+            other
+                .iter()
+                .zip(&rank0)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{opt:?} world {world}: rank {r} is not bitwise equal to rank 0"
+        );
+    }
+    let reference = train_reference(&init, world, opt).unwrap();
+    let diff = rank0
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+        .fold(0.0f32, f32::max);
+    assert!(
+        diff < 1e-5,
+        "{opt:?} world {world}: differs from one process by {diff}"
+    );
+}
+
+#[test]
+fn processes_with_sgd_train_like_one_process_with_the_union_batch() {
+    for world in [2, 3, 4] {
+        check(world, Opt::Sgd);
+    }
+}
+
+#[test]
+fn processes_with_adam_train_like_one_process_with_the_union_batch() {
+    for world in [2, 3, 4] {
+        check(world, Opt::Adam);
+    }
+}
