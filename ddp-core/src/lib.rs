@@ -6,8 +6,26 @@
 //! - [`DistributedDataParallel`] wraps any `AutodiffModule` on any `Autodiff<B>` backend:
 //!   rank-0 sync at construction, gradient taps, buckets all-reduced while backward runs,
 //!   `backward_no_sync` for accumulation, fp16/bf16 compression, a Chrome-trace timeline.
-//! - [`bucket::assign_buckets`]: the bucketing rule.
-//! - [`tap`]: the gradient tap, an identity autodiff op.
+//! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
+//!   as soon as that layer's backward is done.
+//! - [`checkpoint`]: [`Checkpointer`](checkpoint::Checkpointer) writes model (safetensors),
+//!   optimizer and training state atomically on rank 0 after a barrier; every rank resumes from
+//!   the latest valid checkpoint, bitwise exactly on CPU.
+//! - [`launch`]: [`launch()`] makes a training binary launch itself once per rank (torchrun
+//!   for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both supervise the
+//!   workers, stop them all on a failure and restart the group with `--max-restarts`.
+//! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
+//! - [`bucket::assign_buckets`]: the bucketing rule; [`tap`]: the gradient tap, an identity
+//!   autodiff op.
+//!
+//! Re-exported: [`ProcessGroup`], [`init_process_group`], [`ReduceOp`] and the rest of the
+//! process-group API from `ddp-comm`; [`DistributedSamplerConfig`],
+//! [`DistributedDataLoaderBuilder`] and the rest of the data pipeline from `ddp-data` (also as
+//! [`data`]).
+//!
+//! ## Features
+//! - `cuda`: burn's CUDA backend and NCCL through cudarc; `cuda_driver_present()` (with the
+//!   feature) checks for a driver before the first GPU tensor operation.
 //!
 //! ## A training loop
 //!

@@ -95,13 +95,10 @@ fn check(world: usize, opt: Opt) {
     let init = init_bytes();
     let reference = train_reference(&init, world, opt);
     let ranks = train_ddp(&init, world, opt);
-    for step in 0..STEPS {
-        for r in 1..world {
+    for (r, history) in ranks.iter().enumerate().skip(1) {
+        for (step, params) in history.iter().enumerate() {
             assert!(
-                ranks[r][step]
-                    .iter()
-                    .zip(&ranks[0][step])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                params.iter().zip(&ranks[0][step]).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{opt:?} world {world}: rank {r} differs from rank 0 after step {step}"
             );
         }
