@@ -314,24 +314,8 @@ impl<I: Backend> Reducer<I> {
                 let (r, t) = w.wait_timed();
                 (r.map_err(DdpError::comm(ctx))?, t)
             }
-            InFlight::F16(w) => {
-                let (r, t) = w.wait_timed();
-                let half = r.map_err(DdpError::comm(ctx))?;
-                let mut buf = s.buffers[b]
-                    .take()
-                    .ok_or_else(|| internal("bucket buffer missing"))?;
-                buf.iter_mut().zip(&half).for_each(|(d, h)| *d = h.to_f32());
-                (buf, t)
-            }
-            InFlight::BF16(w) => {
-                let (r, t) = w.wait_timed();
-                let half = r.map_err(DdpError::comm(ctx))?;
-                let mut buf = s.buffers[b]
-                    .take()
-                    .ok_or_else(|| internal("bucket buffer missing"))?;
-                buf.iter_mut().zip(&half).for_each(|(d, h)| *d = h.to_f32());
-                (buf, t)
-            }
+            InFlight::F16(w) => decompress(w, s.buffers[b].take(), f16::to_f32)?,
+            InFlight::BF16(w) => decompress(w, s.buffers[b].take(), bf16::to_f32)?,
         };
         s.times.comm[b] = timing;
         Ok(buf)
@@ -372,6 +356,18 @@ impl<I: Backend> Reducer<I> {
 }
 
 impl State {
+    /// The slot of a tap event, counting it; `None` for buffers and for events outside a DDP
+    /// backward (counted as stray, reported by the next `begin`).
+    fn accept(&mut self, param_index: usize) -> Option<usize> {
+        let slot = self.index_to_slot.get(param_index).copied().flatten()?;
+        if !self.in_backward {
+            self.stray_events += 1;
+            return None;
+        }
+        self.events += 1;
+        Some(slot)
+    }
+
     fn allocate(&mut self) {
         self.buffers = self
             .layout
@@ -383,6 +379,22 @@ impl State {
     }
 }
 
+/// Waits for a compressed all-reduce and widens its result into the bucket's f32 buffer.
+fn decompress<H>(
+    work: Work<Vec<H>>,
+    buf: Option<Vec<f32>>,
+    widen: fn(H) -> f32,
+) -> Result<(Vec<f32>, Option<WorkTiming>), DdpError>
+where
+    H: Copy,
+{
+    let (result, timing) = work.wait_timed();
+    let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
+    let mut buf = buf.ok_or_else(|| internal("bucket buffer missing"))?;
+    buf.iter_mut().zip(&half).for_each(|(d, h)| *d = widen(*h));
+    Ok((buf, timing))
+}
+
 fn internal(what: &str) -> DdpError {
     DdpError::Misuse(format!("internal error in the DDP reducer: {what}"))
 }
@@ -391,14 +403,9 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
     fn on_gradient(&self, param_index: usize, grad: FloatTensor<I>) {
         if let Some(direct) = &self.direct {
             let mut s = self.lock();
-            let Some(slot) = s.index_to_slot.get(param_index).copied().flatten() else {
+            let Some(slot) = s.accept(param_index) else {
                 return;
             };
-            if !s.in_backward {
-                s.stray_events += 1;
-                return;
-            }
-            s.events += 1;
             s.written[slot] = true;
             let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
             tensors[slot] = Some(match tensors[slot].take() {
@@ -433,14 +440,9 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
             }
         };
         let mut s = self.lock();
-        let Some(slot) = s.index_to_slot.get(param_index).copied().flatten() else {
+        let Some(slot) = s.accept(param_index) else {
             return;
         };
-        if !s.in_backward {
-            s.stray_events += 1;
-            return;
-        }
-        s.events += 1;
         let (b, range) = s.layout.location[slot].clone();
         let first = !s.written[slot];
         let scale = self.scale;

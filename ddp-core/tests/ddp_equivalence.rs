@@ -98,7 +98,10 @@ fn check(world: usize, opt: Opt) {
     for (r, history) in ranks.iter().enumerate().skip(1) {
         for (step, params) in history.iter().enumerate() {
             assert!(
-                params.iter().zip(&ranks[0][step]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                params
+                    .iter()
+                    .zip(&ranks[0][step])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{opt:?} world {world}: rank {r} differs from rank 0 after step {step}"
             );
         }

@@ -35,3 +35,45 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
         }
     }
 }
+
+/// A training function that works on any tapped backend; [`run`] picks the backend.
+pub trait TrainOn {
+    /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
+    fn train<B: ddp_core::tap::TapBackend>(
+        self,
+        ctx: ddp_core::WorkerContext,
+        device: B::Device,
+    ) -> Result<()>;
+}
+
+/// The `main` of an example: launches the workers (or is one), trains on the chosen backend,
+/// and turns the outcome into an exit code (the launcher's error printed with the program name).
+pub fn run(
+    name: &str,
+    launch: &ddp_core::LaunchArgs,
+    kind: BackendKind,
+    job: impl TrainOn,
+) -> std::process::ExitCode {
+    let result = ddp_core::launch(launch, |ctx| -> Result<()> {
+        match kind {
+            BackendKind::Flex => {
+                job.train::<burn::backend::Autodiff<burn::backend::Flex>>(ctx, Default::default())
+            }
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                check_available(kind)?;
+                let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
+                job.train::<burn::backend::Autodiff<burn::backend::Cuda>>(ctx, device)
+            }
+            #[cfg(not(feature = "cuda"))]
+            BackendKind::Cuda => check_available(kind),
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::from(e.exit_code().max(1))
+        }
+    }
+}

@@ -8,7 +8,6 @@
 //! prints the accuracy.
 
 use anyhow::{Context, Result};
-use burn::backend::Autodiff;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use clap::Parser;
@@ -18,7 +17,7 @@ use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, WorkerContext, launch,
 };
-use ddp_examples::backend::{BackendKind, check_available};
+use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::DigitsMlp;
@@ -70,23 +69,15 @@ struct RunConfig {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let result = launch(&args.launch, |ctx| match args.backend {
-        BackendKind::Flex => train::<Autodiff<burn::backend::Flex>>(ctx, &args, Default::default()),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            check_available(BackendKind::Cuda)?;
-            let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
-            train::<Autodiff<burn::backend::Cuda>>(ctx, &args, device)
-        }
-        #[cfg(not(feature = "cuda"))]
-        BackendKind::Cuda => check_available(BackendKind::Cuda),
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("digits: {e}");
-            ExitCode::from(e.exit_code().max(1))
-        }
+    run("digits", &args.launch, args.backend, Digits(&args))
+}
+
+/// This program's training function, for [`run`] to call on the chosen backend.
+struct Digits<'a>(&'a Args);
+
+impl TrainOn for Digits<'_> {
+    fn train<B: TapBackend>(self, ctx: WorkerContext, device: B::Device) -> Result<()> {
+        train::<B>(ctx, self.0, device)
     }
 }
 

@@ -6,7 +6,6 @@
 //! ```
 
 use anyhow::{Context, Result};
-use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
@@ -18,7 +17,7 @@ use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, WorkerContext, launch,
 };
-use ddp_examples::backend::{BackendKind, check_available};
+use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::resume::{StartPoint, resume_or_start};
@@ -94,23 +93,20 @@ struct RunConfig {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let result = launch(&args.launch, |ctx| match args.backend {
-        BackendKind::Flex => train::<Autodiff<burn::backend::Flex>>(ctx, &args, Default::default()),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            check_available(BackendKind::Cuda)?;
-            let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
-            train::<Autodiff<burn::backend::Cuda>>(ctx, &args, device)
-        }
-        #[cfg(not(feature = "cuda"))]
-        BackendKind::Cuda => check_available(BackendKind::Cuda),
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("transformer: {e}");
-            ExitCode::from(e.exit_code().max(1))
-        }
+    run(
+        "transformer",
+        &args.launch,
+        args.backend,
+        Transformer(&args),
+    )
+}
+
+/// This program's training function, for [`run`] to call on the chosen backend.
+struct Transformer<'a>(&'a Args);
+
+impl TrainOn for Transformer<'_> {
+    fn train<B: TapBackend>(self, ctx: WorkerContext, device: B::Device) -> Result<()> {
+        train::<B>(ctx, self.0, device)
     }
 }
 
