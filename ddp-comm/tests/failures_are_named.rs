@@ -67,8 +67,8 @@ fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
         let mut v = vec![1.0f32; 1 << 16];
         pg.all_reduce(&mut v, ReduceOp::Sum)
     });
-    for rank in 0..2 {
-        let e = results[rank]
+    for (rank, result) in results.iter().take(2).enumerate() {
+        let e = result
             .as_ref()
             .expect_err("the collective cannot complete")
             .to_string();

@@ -15,7 +15,7 @@ use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
 use ddp_core::tap::TapBackend;
 use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    EpochProgress, LaunchArgs, WorkerContext, launch,
+    EpochProgress, LaunchArgs, WorkerContext,
 };
 use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
