@@ -32,6 +32,17 @@ fn writer_binary() -> PathBuf {
         Some("debug") | None => "dev".to_string(),
         Some(other) => other.to_string(),
     };
+    let path = profile_dir.join("examples").join(EXAMPLE);
+    // `cargo test` builds the examples already; building `-p ddp-core` alone would resolve
+    // other features than the workspace build and recompile burn, so only build when missing
+    // or older than its source.
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{EXAMPLE}.rs"));
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(built), Some(edited)) = (modified(&path), modified(&source))
+        && built >= edited
+    {
+        return path;
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([
@@ -50,7 +61,6 @@ fn writer_binary() -> PathBuf {
         status.success(),
         "building the helper example {EXAMPLE} failed"
     );
-    let path = profile_dir.join("examples").join(EXAMPLE);
     assert!(
         path.exists(),
         "the helper example is not at {}",

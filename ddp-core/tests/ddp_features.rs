@@ -112,8 +112,19 @@ fn fp16_and_bf16_compression_stay_close_and_identical_across_ranks() {
     for c in [GradientCompression::Fp16, GradientCompression::Bf16] {
         let got = train_deep_from(&initial, false, DdpConfig::new().with_compression(c));
         assert_eq!(got[0].0, got[1].0, "{c:?}: replicas identical");
-        let diff = max_rel_diff(&got[0].0, &exact[0].0);
-        assert!(diff < 0.05, "{c:?}: differs from f32 by {diff}");
+        // Relative to the weights' scale: half precision keeps ~3 significant digits, so a
+        // weight near zero can differ by more than itself.
+        let scale = exact[0].0.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = got[0]
+            .0
+            .iter()
+            .zip(&exact[0].0)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+            / scale;
+        assert!(
+            diff < 0.01,
+            "{c:?}: differs from f32 by {diff} of the largest weight"
+        );
         assert!(
             got[0].0 != exact[0].0,
             "{c:?}: compression had no effect at all"

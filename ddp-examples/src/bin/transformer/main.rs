@@ -32,7 +32,7 @@ struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 2)]
     epochs: usize,
     /// Batch size per rank.
     #[arg(long, default_value_t = 32)]
@@ -47,13 +47,13 @@ struct Args {
     #[arg(long, default_value_t = 6)]
     seq_len: usize,
     /// Training sequences.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 2048)]
     train_size: usize,
     /// Test sequences.
     #[arg(long, default_value_t = 512)]
     test_size: usize,
-    /// Width of the residual stream.
-    #[arg(long, default_value_t = 128)]
+    /// Width of the residual stream (256 with 4 layers: 3.2M parameters).
+    #[arg(long, default_value_t = 256)]
     d_model: usize,
     /// Transformer layers.
     #[arg(long, default_value_t = 4)]
