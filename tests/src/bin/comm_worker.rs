@@ -16,7 +16,7 @@ fn main() {
         .context("init_process_group")
         .and_then(|pg| match scenario.as_str() {
             "collectives" => collectives(&pg),
-            "die" => die(&pg),
+            "die" => die(pg),
             "init" => Ok(()),
             other => anyhow::bail!("unknown scenario '{other}'"),
         });
@@ -87,7 +87,7 @@ fn collectives(pg: &ProcessGroup) -> Result<()> {
     Ok(())
 }
 
-fn die(pg: &ProcessGroup) -> Result<()> {
+fn die(pg: ProcessGroup) -> Result<()> {
     let die_rank: usize = std::env::var("DIE_RANK")?.parse()?;
     let die_at: usize = std::env::var("DIE_AT")?.parse()?;
     for step in 0..1_000_000 {
@@ -98,6 +98,9 @@ fn die(pg: &ProcessGroup) -> Result<()> {
         let mut v = vec![1.0f32; 1 << 14];
         if let Err(e) = pg.all_reduce(&mut v, ReduceOp::Sum) {
             eprintln!("error at step {step}: {e}");
+            // Drop the group before exiting: on rank 0 that keeps the store up until the other
+            // ranks have read each other's failure reports (`process::exit` skips destructors).
+            drop(pg);
             std::process::exit(3);
         }
     }
