@@ -53,7 +53,11 @@ impl WorkerState {
     }
 
     fn fail(&mut self, e: CommError) -> CommError {
-        // Report first, then close: a peer that sees our connection drop can then read why.
+        // First complete the error with what the blamed peer reported (a peer reports before
+        // it closes its connections, so in a cascade its report is already there), then report
+        // it ourselves, then close: every rank's report carries the chain back to the rank
+        // where the trouble started.
+        let e = self.with_peer_report(e);
         if let Some(store) = &self.reporter {
             let _ = store.set(
                 &format!("failure/{}", self.my_rank),
@@ -61,7 +65,6 @@ impl WorkerState {
             );
         }
         self.transport.abort();
-        let e = self.with_peer_report(e);
         tracing::error!(rank = self.my_rank, error = %e, "collective failed; the process group is now unusable");
         self.failed = Some(e.to_string());
         e
