@@ -3,7 +3,11 @@
 //! ```text
 //! cargo bench -p ddp-benches --bench collectives                      # all ops, world 2 and 4
 //! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --max-bytes 64M
+//! cargo bench -p ddp-benches --bench collectives -- --transport shm,tcp --ops all_reduce
 //! ```
+//!
+//! `--transport` (`auto`, `shm`, `tcp`; comma separated to compare) sets `DDP_TRANSPORT` for the
+//! ranks; every table says which backend the group reports.
 //!
 //! The bench launches itself once per rank (separate processes, as in a real job), each with
 //! one communication thread. For each size it runs warm-up iterations, then times a fixed number
@@ -25,6 +29,9 @@ struct Args {
     /// World sizes to run, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     world: Vec<usize>,
+    /// Transports to compare, comma separated: auto, shm, tcp (sets DDP_TRANSPORT).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    transport: Vec<String>,
     /// Collectives: all_reduce, broadcast, all_gather, reduce_scatter.
     #[arg(
         long,
@@ -63,7 +70,7 @@ fn main() -> Result<()> {
         return worker();
     }
     let args = Args::parse();
-    println!("# ddp-comm collective benchmark (TCP transport, loopback)");
+    println!("# ddp-comm collective benchmark (ranks on this host; TCP over loopback)");
     println!(
         "# host: {} cores; each rank: 1 process, 1 communication thread",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -71,8 +78,11 @@ fn main() -> Result<()> {
     for &mib in &[1usize, 16, 64] {
         println!("# memcpy {mib:>3} MiB: {:6.2} GB/s", memcpy_gbps(mib << 20));
     }
-    for &n in &args.world {
-        run_world(n)?;
+    for transport in &args.transport {
+        transport.parse::<ddp_comm::TransportKind>()?;
+        for &n in &args.world {
+            run_world(n, transport)?;
+        }
     }
     Ok(())
 }
@@ -90,7 +100,7 @@ fn memcpy_gbps(bytes: usize) -> f64 {
     (bytes * iters) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
-fn run_world(n: usize) -> Result<()> {
+fn run_world(n: usize, transport: &str) -> Result<()> {
     let exe = std::env::current_exe()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -104,6 +114,7 @@ fn run_world(n: usize) -> Result<()> {
             .env("WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
+            .env(ddp_comm::TRANSPORT_ENV, transport)
             .stdout(if rank == 0 {
                 Stdio::inherit()
             } else {
@@ -131,7 +142,12 @@ fn worker() -> Result<()> {
     let pg = init_from_env()?;
     let n = pg.world_size();
     if pg.rank() == 0 {
-        println!("#\n# world size {n}: ranks 0..{n} on this host (pids are separate processes)");
+        println!(
+            "#\n# world size {n}: ranks 0..{n} on this host (separate processes); {}={} -> backend {}",
+            ddp_comm::TRANSPORT_ENV,
+            std::env::var(ddp_comm::TRANSPORT_ENV).unwrap_or_default(),
+            pg.backend_name()
+        );
         println!(
             "# {:>12} {:>12} {:>5} {:>6} {:>4} {:>10} {:>8} {:>8} {:>6}",
             "size(B)", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"
@@ -163,8 +179,12 @@ fn worker() -> Result<()> {
                 );
                 if args.json {
                     println!(
-                        "{{\"op\":\"{op}\",\"world\":{n},\"bytes\":{bytes},\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}",
-                        row.time_us, row.algbw, row.busbw, row.wrong
+                        "{{\"op\":\"{op}\",\"backend\":\"{}\",\"world\":{n},\"bytes\":{bytes},\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}",
+                        pg.backend_name(),
+                        row.time_us,
+                        row.algbw,
+                        row.busbw,
+                        row.wrong
                     );
                 }
             }
@@ -174,7 +194,8 @@ fn worker() -> Result<()> {
         }
         if pg.rank() == 0 {
             println!(
-                "# {op}: avg bus bandwidth {:.3} GB/s over {rows} sizes\n#",
+                "# {op} ({}): avg bus bandwidth {:.3} GB/s over {rows} sizes\n#",
+                pg.backend_name(),
                 busbw_sum / rows as f64
             );
         }

@@ -17,16 +17,30 @@
 //! ## Transports
 //! - TCP (always): ring reduce-scatter + all-gather over a full mesh of non-blocking sockets,
 //!   streaming through a cache-sized scratch buffer; works within and across hosts.
+//! - Shared memory (default between ranks on one host): ranks that share a host (same
+//!   hostname, boot id, network and pid namespace, as published through the store) map one
+//!   segment under `/dev/shm` and all-reduce as reduce-scatter + all-gather through it, reading
+//!   each other's staging buffers directly (broadcast, all-gather, reduce-scatter, reduce,
+//!   gather, scatter and barrier too; send/recv stay on TCP); waits yield briefly, then sleep
+//!   on a futex. Across hosts, all-reduce is hierarchical: within each host in shared memory, a
+//!   TCP ring between one leader per host, and back (broadcast and barrier likewise; the other
+//!   collectives use the TCP mesh). [`TransportKind`] / `DDP_TRANSPORT=auto|shm|tcp` chooses;
+//!   [`ProcessGroup::backend_name`] and [`ProcessGroup::shared_memory_groups`] say what a group
+//!   got. Segment names are unlinked as soon as every local rank has mapped them, so nothing is
+//!   left in `/dev/shm` however a job ends (a crash during setup is cleaned up by the next job).
 //!
 //! ## Contracts
-//! - **Ordering.** Every rank issues the same collectives in the same order. Each frame carries a
-//!   fingerprint (sequence number, op, type, count, root); a rank that disagrees gets
+//! - **Ordering.** Every rank issues the same collectives in the same order. Each frame (and
+//!   each shared-memory step) carries a fingerprint (sequence number, op, type, count, root); a
+//!   rank that disagrees gets
 //!   [`CommError::Mismatch`] naming both ranks and both calls, never a hang or silent corruption.
 //! - **Failure.** A peer that dies or stalls makes the others fail within the timeout with an
-//!   error naming it. A failed group is unusable afterwards ([`CommError::Aborted`]).
+//!   error naming it (in shared memory, a dead process is noticed within about 100 ms of
+//!   waiting for it). A failed group is unusable afterwards ([`CommError::Aborted`]).
 //! - **Safety nets.** Connections prove the job token ([`TOKEN_ENV`]); frames larger than
 //!   announced or allowed are rejected before anything is allocated.
-//! - **Shutdown.** Dropping a group joins its thread and closes its sockets.
+//! - **Shutdown.** Dropping a group joins its thread, closes its sockets and marks its
+//!   shared-memory slot closed (peers still waiting for it fail at once).
 //!
 //! ## Example: ranks as threads
 //! ```
@@ -69,10 +83,14 @@ pub use half::{bf16, f16};
 pub use init::{InitMethod, init_from_env, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{Store, StoreConfig, StoreServer};
+pub use transport::{TRANSPORT_ENV, TransportKind};
 
 /// Whether the CUDA driver library can be loaded. Check it before the first GPU tensor
 /// operation: without a driver, cubecl panics on its device thread instead of returning an error.
 #[cfg(feature = "cuda")]
 pub fn cuda_driver_present() -> bool {
-    cudarc::driver::sys::is_culib_present()
+    // SAFETY: this only tries to load the driver library (dlopen, which runs the library's
+    // initialisers, the reason the function is unsafe) and reports whether that worked; no
+    // driver function is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
 }

@@ -1,9 +1,10 @@
 //! Every collective x op x element type x world size {1,2,3,4} x lengths {0, 1, prime, not
-//! divisible by the world size}, checked against a result computed locally.
+//! divisible by the world size}, checked against a result computed locally, on every transport:
+//! TCP, shared memory (ranks as threads share a host), and two pretend hosts (hierarchical).
 
 mod common;
 
-use common::run_ok;
+use common::{SETUPS, SMALL_BUFFER, Setup, run_ok_with};
 use ddp_comm::{Element, ProcessGroup, ReduceOp, bf16, f16};
 
 const OPS: [ReduceOp; 5] = [
@@ -108,14 +109,20 @@ fn to_i64<T: TestValue>(v: T) -> i64 {
         .expect("test values stay in -64..=64")
 }
 
-fn lengths(n: usize) -> Vec<usize> {
-    vec![0, 1, 13, 4 * n + 1]
+/// Lengths: empty, one, a prime, one not divisible by the world size; with small staging
+/// buffers also one that takes several steps of every collective (and is odd).
+fn lengths(setup: Setup, n: usize) -> Vec<usize> {
+    let mut l = vec![0, 1, 13, 4 * n + 1];
+    if matches!(setup, Setup::ShmSmall | Setup::TwoHosts) {
+        l.push(3 * SMALL_BUFFER / 2 + 7);
+    }
+    l
 }
 
-fn check_type<T: TestValue + PartialOrd>(n: usize) {
-    let results = run_ok(n, |pg: ProcessGroup| {
+fn check_type<T: TestValue + PartialOrd>(setup: Setup, n: usize) {
+    let results = run_ok_with(setup, n, |pg: ProcessGroup| {
         let r = pg.rank();
-        for len in lengths(n) {
+        for len in lengths(setup, n) {
             for op in OPS {
                 let mut buf = input::<T>(r, len);
                 pg.all_reduce(&mut buf, op)?;
@@ -216,10 +223,27 @@ fn check_type<T: TestValue + PartialOrd>(n: usize) {
 
 macro_rules! per_type {
     ($($name:ident: $t:ty),*) => {$(
-        #[test]
-        fn $name() {
-            for n in 1..=4 {
-                check_type::<$t>(n);
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn tcp() {
+                (1..=4).for_each(|n| check_type::<$t>(Setup::Tcp, n));
+            }
+
+            #[test]
+            fn shm() {
+                (1..=4).for_each(|n| check_type::<$t>(Setup::Shm, n));
+            }
+
+            #[test]
+            fn shm_small_buffers() {
+                (1..=4).for_each(|n| check_type::<$t>(Setup::ShmSmall, n));
+            }
+
+            #[test]
+            fn shm_two_hosts() {
+                (1..=4).for_each(|n| check_type::<$t>(Setup::TwoHosts, n));
             }
         }
     )*};
@@ -235,12 +259,13 @@ per_type!(
     every_collective_matches_local_bf16: bf16
 );
 
-/// 64 MiB buffers stream through the ring (larger than the socket buffers and the scratch).
+/// 64 MiB buffers stream through the ring (larger than the socket buffers and the scratch) and
+/// through the staging buffers of shared memory.
 #[test]
 fn large_buffers_stream_correctly() {
     const LEN: usize = 16 << 20; // 16 Mi f32 = 64 MiB
-    for n in 2..=4 {
-        run_ok(n, |pg| {
+    for (setup, n) in SETUPS.iter().flat_map(|&s| (2..=4).map(move |n| (s, n))) {
+        run_ok_with(setup, n, |pg| {
             let r = pg.rank();
             let mut buf: Vec<f32> = (0..LEN).map(|i| ((i + r) % 1000) as f32).collect();
             pg.all_reduce(&mut buf, ReduceOp::Sum)?;
@@ -280,16 +305,25 @@ fn large_buffers_stream_correctly() {
     }
 }
 
-/// Replicas end bitwise identical even when float addition order would matter.
+/// Replicas end bitwise identical even when float addition order would matter, including
+/// buffers that take several shared-memory steps.
 #[test]
 fn all_reduce_results_are_bitwise_identical_across_ranks() {
-    let results = run_ok(3, |pg| {
-        let r = pg.rank() as f32;
-        let mut v: Vec<f32> = (0..10_007)
-            .map(|i| (i as f32 * 0.1 + r).sin() * 1e-3 + 1e3)
-            .collect();
-        pg.all_reduce(&mut v, ReduceOp::Avg)?;
-        Ok(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
-    });
-    assert!(results.windows(2).all(|w| w[0] == w[1]));
+    for setup in SETUPS {
+        for n in [3, 4] {
+            let results = run_ok_with(setup, n, |pg| {
+                let r = pg.rank() as f32;
+                let mut out = Vec::new();
+                for len in [10_007, 700_001] {
+                    let mut v: Vec<f32> = (0..len)
+                        .map(|i| (i as f32 * 0.1 + r).sin() * 1e-3 + 1e3)
+                        .collect();
+                    pg.all_reduce(&mut v, ReduceOp::Avg)?;
+                    out.extend(v.iter().map(|x| x.to_bits()));
+                }
+                Ok(out)
+            });
+            assert!(results.windows(2).all(|w| w[0] == w[1]), "{setup:?} n {n}");
+        }
+    }
 }

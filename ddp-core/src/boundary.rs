@@ -3,13 +3,27 @@
 //!
 //! Call it on the activation *entering* a layer (or a block of layers) in your forward:
 //!
-//! ```ignore
-//! fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-//!     let x = self.act.forward(self.fc1.forward(x));
-//!     let x = ddp_core::layer_boundary(x); // fc2's and out's gradients leave after their backward
-//!     let x = self.act.forward(self.fc2.forward(x));
-//!     let x = ddp_core::layer_boundary(x);
-//!     self.out.forward(x)
+//! ```
+//! use burn::module::Module;
+//! use burn::nn::{Linear, Relu};
+//! use burn::tensor::{Tensor, backend::Backend};
+//!
+//! #[derive(Module, Debug)]
+//! struct Mlp<B: Backend> {
+//!     fc1: Linear<B>,
+//!     fc2: Linear<B>,
+//!     out: Linear<B>,
+//!     act: Relu,
+//! }
+//!
+//! impl<B: Backend> Mlp<B> {
+//!     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+//!         let x = self.act.forward(self.fc1.forward(x));
+//!         let x = ddp_core::layer_boundary(x); // fc2's and out's gradients leave after their backward
+//!         let x = self.act.forward(self.fc2.forward(x));
+//!         let x = ddp_core::layer_boundary(x);
+//!         self.out.forward(x)
+//!     }
 //! }
 //! ```
 //!

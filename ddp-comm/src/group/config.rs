@@ -2,6 +2,7 @@
 
 use crate::error::{CommError, Result};
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
+use crate::transport::TransportKind;
 use std::time::Duration;
 
 /// Environment variable holding the job token (set by the launcher).
@@ -33,6 +34,17 @@ pub struct ProcessGroupConfig {
     pub token: Vec<u8>,
     /// Socket send/receive buffer size to request; `None` keeps the kernel's auto-tuning.
     pub socket_buffer_bytes: Option<usize>,
+    /// Transport between ranks on the same host; `None` reads `DDP_TRANSPORT` when the group
+    /// connects (default [`TransportKind::Auto`]: shared memory where possible).
+    pub transport: Option<TransportKind>,
+    /// Overrides the detected host identity (hostname, boot id, network and pid namespaces):
+    /// ranks with equal ids use shared memory with each other. They must really share
+    /// `/dev/shm` and a pid namespace. `None` detects it.
+    pub host_id: Option<String>,
+    /// Bytes of each rank's staging buffers in shared memory (two per rank; larger tensors
+    /// stream through them). `None`: `DDP_SHM_BUFFER_BYTES`, else 512 KiB. The value of the
+    /// lowest rank on each host is used there.
+    pub shm_buffer_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for ProcessGroupConfig {
@@ -52,6 +64,9 @@ impl std::fmt::Debug for ProcessGroupConfig {
                 },
             )
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
+            .field("transport", &self.transport)
+            .field("host_id", &self.host_id)
+            .field("shm_buffer_bytes", &self.shm_buffer_bytes)
             .finish()
     }
 }
@@ -67,11 +82,14 @@ impl ProcessGroupConfig {
             timeout: DEFAULT_TIMEOUT,
             token: Vec::new(),
             socket_buffer_bytes: None,
+            transport: None,
+            host_id: None,
+            shm_buffer_bytes: None,
         }
     }
 
-    /// Reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `DDP_JOB_TOKEN` and
-    /// `DDP_TIMEOUT_SECS`, as set by `ddp-run` or torchrun.
+    /// Reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `DDP_JOB_TOKEN`,
+    /// `DDP_TIMEOUT_SECS` and `DDP_TRANSPORT`, as set by `ddp-run` or torchrun.
     ///
     /// # Errors
     /// [`CommError::InvalidConfig`] naming the variable when one is missing or unparsable, or
@@ -92,6 +110,7 @@ impl ProcessGroupConfig {
         if let Ok(token) = std::env::var(TOKEN_ENV) {
             c.token = token.into_bytes();
         }
+        c.transport = Some(TransportKind::from_env()?);
         c.validate()?;
         Ok(c)
     }
@@ -116,6 +135,36 @@ impl ProcessGroupConfig {
     pub fn with_socket_buffer_bytes(mut self, bytes: usize) -> Self {
         self.socket_buffer_bytes = Some(bytes);
         self
+    }
+    /// Chooses the transport between ranks on the same host (overrides `DDP_TRANSPORT`).
+    pub fn with_transport(mut self, transport: TransportKind) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+    /// Overrides the host identity that decides which ranks share memory (see
+    /// [`ProcessGroupConfig::host_id`]).
+    pub fn with_host_id(mut self, host_id: impl Into<String>) -> Self {
+        self.host_id = Some(host_id.into());
+        self
+    }
+
+    /// Sets the size of each rank's shared-memory staging buffers (see
+    /// [`ProcessGroupConfig::shm_buffer_bytes`]).
+    pub fn with_shm_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.shm_buffer_bytes = Some(bytes);
+        self
+    }
+
+    /// The transport this config asks for: [`ProcessGroupConfig::transport`], else
+    /// `DDP_TRANSPORT`, else [`TransportKind::Auto`].
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] when `DDP_TRANSPORT` is not `auto`, `tcp` or `shm`.
+    pub fn resolved_transport(&self) -> Result<TransportKind> {
+        match self.transport {
+            Some(t) => Ok(t),
+            None => TransportKind::from_env(),
+        }
     }
 
     /// Checks that the ranks and sizes are consistent.

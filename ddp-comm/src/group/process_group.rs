@@ -6,7 +6,8 @@ use crate::collective::{CollectiveKind, Fingerprint};
 use crate::dtype::DataType;
 use crate::error::{CommError, Result};
 use crate::store::{Store, StoreServer};
-use crate::transport::tcp::{MeshSpec, TcpTransport};
+use crate::transport::tcp::MeshSpec;
+use crate::transport::{self, ConnectSpec, Connected};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -37,6 +38,8 @@ pub(crate) struct Inner {
     ranks: Vec<usize>,
     group_rank: usize,
     config: ProcessGroupConfig,
+    backend: &'static str,
+    units: Vec<Vec<usize>>,
     store: Store,
     root_store: Store,
     seq: AtomicU64,
@@ -120,24 +123,34 @@ impl ProcessGroup {
         parent: Option<Arc<Inner>>,
     ) -> Result<ProcessGroup> {
         let store = root_store.with_prefix(&format!("pg/{name}/"));
-        let spec = MeshSpec {
-            store: &store,
-            ranks: &ranks,
-            group_rank,
-            group_id: fnv1a(name.as_bytes()),
-            token: &config.token,
-            timeout: config.timeout,
-            socket_buffer_bytes: config.socket_buffer_bytes,
+        let spec = ConnectSpec {
+            mesh: MeshSpec {
+                store: &store,
+                ranks: &ranks,
+                group_rank,
+                group_id: fnv1a(name.as_bytes()),
+                token: &config.token,
+                timeout: config.timeout,
+                socket_buffer_bytes: config.socket_buffer_bytes,
+            },
+            root_store: &root_store,
+            transport: config.resolved_transport()?,
+            host_id: config.host_id.as_deref(),
+            shm_buffer_bytes: config.shm_buffer_bytes,
         };
-        let transport = TcpTransport::connect(&spec)?;
+        let Connected {
+            transport,
+            backend,
+            units,
+        } = transport::connect(&spec)?;
         let reporter = store.duplicate()?;
         let worker = Worker::start(
-            Box::new(transport),
+            transport,
             Some(reporter),
             config.rank,
             format!("ddp-comm-{}", config.rank),
         )?;
-        tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), "process group ready");
+        tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), backend, "process group ready");
         Ok(ProcessGroup {
             inner: Arc::new(Inner {
                 worker,
@@ -145,6 +158,8 @@ impl ProcessGroup {
                 ranks,
                 group_rank,
                 config,
+                backend,
+                units,
                 store,
                 root_store,
                 seq: AtomicU64::new(0),
@@ -205,9 +220,18 @@ impl ProcessGroup {
         &self.inner.store
     }
 
-    /// The name of the transport in use.
+    /// The name of the transport in use: `"shm+tcp"` when some ranks of the group share
+    /// memory (TCP carries point-to-point messages and traffic between hosts), `"tcp"` when
+    /// every byte goes over TCP (one rank per host, `DDP_TRANSPORT=tcp`, or world size 1).
     pub fn backend_name(&self) -> &'static str {
-        "tcp"
+        self.inner.backend
+    }
+
+    /// The group's ranks (global) by shared-memory group: ranks listed together share a host
+    /// and exchange data through shared memory; a rank listed alone talks TCP only. Across
+    /// groups, data goes over TCP. Every rank sees the same list.
+    pub fn shared_memory_groups(&self) -> &[Vec<usize>] {
+        &self.inner.units
     }
 
     /// The group's timeout for each collective.

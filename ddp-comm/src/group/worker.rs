@@ -1,9 +1,11 @@
 //! The communication thread: owns a group's transport and runs its collectives in issue order.
 //!
-//! After any failure the thread reports it to the store (`failure/<rank>`), closes every
-//! connection so blocked peers fail at once, and answers every later call with
-//! [`CommError::Aborted`]. Errors that blame a peer are completed with what that peer reported,
-//! so every rank names the rank where the trouble started.
+//! After any failure the thread reports it to the store (`failure/<rank>`, and
+//! `failure/<rank>/blame` with the rank it blames), closes every connection so blocked peers
+//! fail at once, and answers every later call with [`CommError::Aborted`]. Errors that blame a
+//! peer are completed with what that peer reported, following the chain of blame (a rank that
+//! blames a rank that blames another...), so every rank names the rank where the trouble
+//! started even when it is several hops away (e.g. behind a host's leader).
 
 use super::work::{Work, WorkTiming};
 use crate::collective::Fingerprint;
@@ -18,6 +20,9 @@ use std::time::{Duration, Instant};
 
 /// How long a failing rank waits for the blamed peer's own report.
 const REPORT_WAIT: Duration = Duration::from_secs(2);
+/// How long it waits for each further report along the chain of blame (those ranks failed
+/// before the one we blame, so their reports are usually there already).
+const CHAIN_WAIT: Duration = Duration::from_millis(500);
 
 type Job = Box<dyn FnOnce(&mut WorkerState) + Send + 'static>;
 
@@ -74,13 +79,34 @@ impl WorkerState {
         let (Some(store), Some(peer)) = (&self.reporter, e.peer()) else {
             return e;
         };
-        let Ok(report) = store.get_timeout(&format!("failure/{peer}"), REPORT_WAIT) else {
+        let mut detail = String::new();
+        let mut visited = vec![self.my_rank];
+        let mut next = Some(peer);
+        while let Some(p) = next.take().filter(|p| !visited.contains(p)) {
+            let wait = if visited.len() == 1 {
+                REPORT_WAIT
+            } else {
+                CHAIN_WAIT
+            };
+            let Ok(report) = store.get_timeout(&format!("failure/{p}"), wait) else {
+                break;
+            };
+            detail.push_str(&format!(
+                "; rank {p} reported: {}",
+                String::from_utf8_lossy(&report)
+            ));
+            visited.push(p);
+            let blame = format!("failure/{p}/blame");
+            if store.check(&[blame.as_str()]).unwrap_or(false) {
+                next = store
+                    .get(&blame)
+                    .ok()
+                    .and_then(|b| String::from_utf8_lossy(&b).parse::<usize>().ok());
+            }
+        }
+        if detail.is_empty() {
             return e;
-        };
-        let detail = format!(
-            "; rank {peer} reported: {}",
-            String::from_utf8_lossy(&report)
-        );
+        }
         match e {
             CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
             CommError::Timeout {

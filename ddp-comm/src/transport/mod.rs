@@ -2,16 +2,96 @@
 //!
 //! - [`tcp`]: a full mesh of TCP connections running ring algorithms; works within a host and
 //!   across hosts.
+//! - [`shm`]: shared memory between the ranks of one host (segments under `/dev/shm`, futex
+//!   waits), used by [`hybrid`].
+//! - [`hybrid`]: what a group actually runs when some of its ranks share a host: shared memory
+//!   within each host, TCP between hosts, hierarchical all-reduce. [`connect`] decides which
+//!   transport a group gets ([`TransportKind`], `DDP_TRANSPORT`).
 //!
 //! Every transport implements [`Transport`], which works on byte buffers tagged by a
 //! [`Fingerprint`]; the typed, user-facing API lives in [`crate::group`]. A transport is owned by
 //! its group's communication thread, which calls it in issue order.
 
+pub(crate) mod hybrid;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
+pub(crate) use hybrid::{ConnectSpec, Connected, connect};
+
 use crate::collective::Fingerprint;
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
+use std::fmt;
+use std::str::FromStr;
+
+/// Environment variable choosing the transport: `auto` (default), `shm` or `tcp`.
+pub const TRANSPORT_ENV: &str = "DDP_TRANSPORT";
+
+/// Which transport a process group uses between ranks that share a host.
+///
+/// Ranks on different hosts always talk TCP. Every rank of a group must ask for compatible
+/// kinds: `auto` goes along with either, but `tcp` on one rank and `shm` on another is a
+/// configuration error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// Shared memory between ranks on the same host where it can be set up, TCP otherwise.
+    #[default]
+    Auto,
+    /// TCP everywhere (for comparison and debugging).
+    Tcp,
+    /// Shared memory between ranks on the same host; the group fails to form if it cannot be
+    /// set up.
+    Shm,
+}
+
+impl TransportKind {
+    /// Reads [`TRANSPORT_ENV`] (`DDP_TRANSPORT`); unset or empty means [`TransportKind::Auto`].
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] when the value is not `auto`, `tcp` or `shm`.
+    pub fn from_env() -> Result<TransportKind> {
+        match std::env::var(TRANSPORT_ENV) {
+            Ok(v) if v.trim().is_empty() => Ok(TransportKind::Auto),
+            Ok(v) => v.parse(),
+            Err(std::env::VarError::NotPresent) => Ok(TransportKind::Auto),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(CommError::config(TRANSPORT_ENV, "value is not valid UTF-8"))
+            }
+        }
+    }
+
+    /// The lowercase name: `auto`, `tcp` or `shm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = CommError;
+
+    fn from_str(s: &str) -> Result<TransportKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportKind::Auto),
+            "tcp" => Ok(TransportKind::Tcp),
+            "shm" => Ok(TransportKind::Shm),
+            _ => Err(CommError::config(
+                TRANSPORT_ENV,
+                format!("'{s}' is not a transport (expected auto, tcp or shm)"),
+            )),
+        }
+    }
+}
 
 /// The collectives a transport must provide, on byte buffers. Buffer lengths have been checked by
 /// the caller against the fingerprint (`count` elements of `fp.dtype` per rank); ranks are group

@@ -4,6 +4,10 @@
 //! - `die`: all-reduces in a loop; the rank named by `DIE_RANK` SIGKILLs itself at iteration
 //!   `DIE_AT`; the others print the error they get and exit 3.
 //! - `init`: only joins the group and leaves (for configuration errors).
+//! - `topology`: prints `backend <name>` and `groups <shared-memory groups>`, runs
+//!   `collectives`, then all-reduces floats whose sum depends on the order of addition and
+//!   prints `digest <hash of the result's bits>` (equal on every rank when results are bitwise
+//!   identical).
 //!
 //! Errors are printed to stderr as `error: <message>` and end in exit code 2.
 
@@ -18,6 +22,7 @@ fn main() {
             "collectives" => collectives(&pg),
             "die" => die(pg),
             "init" => Ok(()),
+            "topology" => topology(&pg),
             other => anyhow::bail!("unknown scenario '{other}'"),
         });
     match result {
@@ -104,5 +109,23 @@ fn die(pg: ProcessGroup) -> Result<()> {
             std::process::exit(3);
         }
     }
+    Ok(())
+}
+
+fn topology(pg: &ProcessGroup) -> Result<()> {
+    println!("backend {}", pg.backend_name());
+    println!("groups {:?}", pg.shared_memory_groups());
+    collectives(pg)?;
+    let r = pg.rank() as f32;
+    // 4 MB: several staging buffers' worth, so it streams in steps.
+    let mut v: Vec<f32> = (0..1_000_003)
+        .map(|i| (i as f32 * 0.37 + r).sin() * 1e-3 + 1.0)
+        .collect();
+    pg.all_reduce(&mut v, ReduceOp::Avg)?;
+    let digest = v.iter().fold(0xcbf29ce484222325u64, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x100000001b3)
+    });
+    println!("digest {digest:016x}");
+    pg.barrier()?;
     Ok(())
 }

@@ -1,0 +1,333 @@
+//! Choosing a group's transport, and [`HybridTransport`]: shared memory within each host, TCP
+//! between hosts.
+//!
+//! Every group keeps its full TCP mesh (point-to-point messages, and the collectives that have
+//! no hierarchical form). Ranks that share a host (see `shm::setup`) form a *unit* with one
+//! shared-memory segment; the lowest rank of each unit is its *leader*, and the leaders have a
+//! TCP mesh of their own.
+//!
+//! - One unit (every rank on one host): every collective but send/recv runs in shared memory.
+//! - Several units, some with more than one rank:
+//!   - all-reduce: reduce to the leader in shared memory, ring all-reduce between the leaders
+//!     over TCP, broadcast from the leader in shared memory. The leaders' rings reduce each
+//!     element on one rank and copy it, so every rank ends bitwise identical.
+//!   - broadcast: within the root's unit, then between leaders, then within the other units.
+//!   - barrier: within units, between leaders, within units again.
+//!   - the others run over the full mesh, after a fingerprint check within the unit (shared
+//!     memory) and between the leaders (TCP), so ranks that issue different collectives get a
+//!     mismatch instead of waiting on different connections.
+//! - Every rank alone on its host (or `tcp` asked for): plain [`TcpTransport`].
+
+use super::shm::{self, SetupSpec, ShmGroup};
+use super::tcp::{MeshSpec, TcpTransport};
+use super::{Transport, TransportKind};
+use crate::collective::Fingerprint;
+use crate::error::Result;
+use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::store::Store;
+
+/// What a group needs to connect.
+#[derive(Debug)]
+pub(crate) struct ConnectSpec<'a> {
+    /// The full mesh; its store is the group's namespace.
+    pub(crate) mesh: MeshSpec<'a>,
+    /// The job's root store namespace.
+    pub(crate) root_store: &'a Store,
+    pub(crate) transport: TransportKind,
+    /// Overrides the detected host id.
+    pub(crate) host_id: Option<&'a str>,
+    /// Staging buffer size, if set in the config.
+    pub(crate) shm_buffer_bytes: Option<usize>,
+}
+
+/// A connected group's transport and what it is made of.
+pub(crate) struct Connected {
+    pub(crate) transport: Box<dyn Transport>,
+    /// For [`ProcessGroup::backend_name`](crate::ProcessGroup::backend_name).
+    pub(crate) backend: &'static str,
+    /// Global ranks by shared-memory unit (singletons talk TCP only).
+    pub(crate) units: Vec<Vec<usize>>,
+}
+
+/// Connects a group: the TCP mesh, then shared memory where ranks share a host.
+pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
+    let tcp = TcpTransport::connect(&spec.mesh)?;
+    let ranks = spec.mesh.ranks;
+    let n = ranks.len();
+    let me = spec.mesh.group_rank;
+    let topo = shm::setup(&SetupSpec {
+        store: spec.mesh.store,
+        root_store: spec.root_store,
+        ranks,
+        group_rank: me,
+        group_id: spec.mesh.group_id,
+        timeout: spec.mesh.timeout,
+        requested: spec.transport,
+        host_id: spec.host_id.map_or_else(shm::host::host_id, str::to_string),
+        buffer_bytes: spec.shm_buffer_bytes,
+    })?;
+    let units = topo
+        .units
+        .iter()
+        .map(|u| u.iter().map(|&r| ranks[r]).collect())
+        .collect();
+    if topo.units.len() == n {
+        return Ok(Connected {
+            transport: Box::new(tcp),
+            backend: "tcp",
+            units,
+        });
+    }
+    let mut unit_of = vec![0; n];
+    let mut slot_of = vec![0; n];
+    for (u, members) in topo.units.iter().enumerate() {
+        for (i, &r) in members.iter().enumerate() {
+            unit_of[r] = u;
+            slot_of[r] = i;
+        }
+    }
+    let my_unit = unit_of[me];
+    let leaders = if topo.units.len() > 1 && topo.units[my_unit][0] == me {
+        let leader_ranks: Vec<usize> = topo.units.iter().map(|u| ranks[u[0]]).collect();
+        let store = spec.mesh.store.with_prefix("leaders/");
+        Some(TcpTransport::connect(&MeshSpec {
+            store: &store,
+            ranks: &leader_ranks,
+            group_rank: my_unit,
+            group_id: spec.mesh.group_id ^ 0x6c65_6164_6572_7321,
+            token: spec.mesh.token,
+            timeout: spec.mesh.timeout,
+            socket_buffer_bytes: spec.mesh.socket_buffer_bytes,
+        })?)
+    } else {
+        None
+    };
+    tracing::debug!(
+        rank = ranks[me],
+        units = ?topo.units,
+        leader = leaders.is_some(),
+        "shared-memory transport ready"
+    );
+    Ok(Connected {
+        transport: Box::new(HybridTransport {
+            n,
+            units: topo.units.len(),
+            single: topo.units.len() == 1,
+            unit_of,
+            slot_of,
+            my_unit,
+            shm: topo.shm,
+            leaders,
+            tcp,
+        }),
+        backend: "shm+tcp",
+        units,
+    })
+}
+
+/// Shared memory within units, TCP between them (see the module docs).
+#[derive(Debug)]
+pub(crate) struct HybridTransport {
+    n: usize,
+    /// Number of units.
+    units: usize,
+    /// Whether the whole group is one unit.
+    single: bool,
+    /// Unit of each group rank, and its slot in that unit.
+    unit_of: Vec<usize>,
+    slot_of: Vec<usize>,
+    my_unit: usize,
+    /// This rank's unit's shared memory (`None` when it is alone in its unit).
+    shm: Option<ShmGroup>,
+    /// The leaders' mesh, on leaders of a multi-unit group.
+    leaders: Option<TcpTransport>,
+    /// The full mesh.
+    tcp: TcpTransport,
+}
+
+impl HybridTransport {
+    fn avg_divisor(&self, op: ReduceOp) -> Option<usize> {
+        (op == ReduceOp::Avg).then_some(self.n)
+    }
+
+    /// Checks that every rank issues the same collective before one that runs over the full
+    /// mesh: within the unit, then between the leaders.
+    fn agree(&mut self, fp: &Fingerprint) -> Result<()> {
+        if let Some(shm) = self.shm.as_mut() {
+            shm.barrier(fp)?;
+        }
+        if let Some(leaders) = self.leaders.as_mut() {
+            // One byte per leader, in frames that carry the collective's own fingerprint (the
+            // TCP all-gather sizes its frames by the buffers, not by `fp.count`), so a leader
+            // in any other collective sees a mismatch naming both calls.
+            let mut out = vec![0u8; self.units];
+            leaders.all_gather(fp, &[0], &mut out)?;
+        }
+        Ok(())
+    }
+}
+
+impl Transport for HybridTransport {
+    fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+        let divide = self.avg_divisor(op);
+        if self.single {
+            return match self.shm.as_mut() {
+                Some(shm) => shm.reduce_to(fp, buf, op, divide, None),
+                None => Ok(()),
+            };
+        }
+        let combine = op.combine_op();
+        if let Some(shm) = self.shm.as_mut() {
+            shm.reduce_to(fp, buf, combine, None, Some(0))?;
+        }
+        if let Some(leaders) = self.leaders.as_mut() {
+            leaders.all_reduce(fp, buf, combine)?;
+            if let Some(d) = divide {
+                divide_bytes(fp.dtype, buf, d);
+            }
+        }
+        if let Some(shm) = self.shm.as_mut() {
+            shm.broadcast(fp, buf, 0)?;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {
+        let root_unit = self.unit_of[root];
+        if root_unit == self.my_unit
+            && let Some(shm) = self.shm.as_mut()
+        {
+            shm.broadcast(fp, buf, self.slot_of[root])?;
+        }
+        if self.single {
+            return Ok(());
+        }
+        if let Some(leaders) = self.leaders.as_mut() {
+            leaders.broadcast(fp, buf, root_unit)?;
+        }
+        if root_unit != self.my_unit
+            && let Some(shm) = self.shm.as_mut()
+        {
+            shm.broadcast(fp, buf, 0)?;
+        }
+        Ok(())
+    }
+
+    fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        if self.single {
+            return match self.shm.as_mut() {
+                Some(shm) => shm.gather_to(fp, input, Some(output), None),
+                None => self.tcp.all_gather(fp, input, output),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.all_gather(fp, input, output)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if self.single {
+            let divide = self.avg_divisor(op);
+            return match self.shm.as_mut() {
+                Some(shm) => shm.reduce_scatter(fp, input, output, op, divide),
+                None => self.tcp.reduce_scatter(fp, input, output, op),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.reduce_scatter(fp, input, output, op)
+    }
+
+    fn reduce(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if self.single {
+            let divide = self.avg_divisor(op);
+            let root = self.slot_of[root];
+            return match self.shm.as_mut() {
+                Some(shm) => shm.reduce_to(fp, buf, op, divide, Some(root)),
+                None => self.tcp.reduce(fp, buf, root, op),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.reduce(fp, buf, root, op)
+    }
+
+    fn gather(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: Option<&mut [u8]>,
+        root: usize,
+    ) -> Result<()> {
+        if self.single {
+            let root = self.slot_of[root];
+            return match self.shm.as_mut() {
+                Some(shm) => shm.gather_to(fp, input, output, Some(root)),
+                None => self.tcp.gather(fp, input, output, root),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.gather(fp, input, output, root)
+    }
+
+    fn scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
+        if self.single {
+            let root = self.slot_of[root];
+            return match self.shm.as_mut() {
+                Some(shm) => shm.scatter(fp, input, output, root),
+                None => self.tcp.scatter(fp, input, output, root),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.scatter(fp, input, output, root)
+    }
+
+    fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {
+        if let Some(shm) = self.shm.as_mut() {
+            shm.barrier(fp)?;
+        }
+        if self.single {
+            return Ok(());
+        }
+        if let Some(leaders) = self.leaders.as_mut() {
+            leaders.barrier(fp)?;
+        }
+        if let Some(shm) = self.shm.as_mut() {
+            shm.barrier(fp)?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
+        self.tcp.send(fp, buf, dst)
+    }
+
+    fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
+        self.tcp.recv(fp, buf, src)
+    }
+
+    fn abort(&mut self) {
+        if let Some(shm) = &self.shm {
+            shm.abort();
+        }
+        if let Some(leaders) = self.leaders.as_mut() {
+            leaders.abort();
+        }
+        self.tcp.abort();
+    }
+}

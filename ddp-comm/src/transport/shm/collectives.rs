@@ -1,0 +1,266 @@
+//! The collectives of one host's ranks, as sequences of steps over their staging buffers.
+//!
+//! Buffers larger than a staging buffer stream through it: step `s` handles the `s`-th chunk.
+//! Every collective takes at least one step, so even an empty one checks fingerprints.
+
+use super::engine::ShmGroup;
+use crate::collective::Fingerprint;
+use crate::collective::schedule::segments;
+use crate::error::Result;
+use crate::reduce_op::{ReduceOp, divide_bytes};
+use std::ops::Range;
+use std::time::Instant;
+
+/// The `s`-th of the pieces of `per` units that cover `total` units.
+fn piece(s: usize, per: usize, total: usize) -> Range<usize> {
+    (s * per).min(total)..((s + 1) * per).min(total)
+}
+
+/// Number of steps for `total` units at `per` per step (at least one).
+fn steps(total: usize, per: usize) -> usize {
+    total.div_ceil(per).max(1)
+}
+
+impl ShmGroup {
+    /// Elements of `esize` bytes that fit a staging buffer split `parts` ways.
+    fn per_part(&self, esize: usize, parts: usize) -> usize {
+        (self.chunk() / parts / esize).max(1)
+    }
+
+    /// Begins a step and posts `data` (this rank's input for it) in its staging buffer.
+    fn post_chunk(&mut self, fp: &Fingerprint, deadline: Instant, data: &[u8]) -> Result<u64> {
+        let k = self.begin(fp, deadline)?;
+        self.seg.write(self.buf(self.me, k), data);
+        self.post(k, fp);
+        Ok(k)
+    }
+
+    /// Reduces `buf` over the host's ranks: reduce-scatter then all-gather through the staging
+    /// buffers. Each step, every rank posts its chunk, reduces its own slice of the chunk in
+    /// place in its staging buffer reading the peers' buffers directly, and then copies every
+    /// reduced slice out. Steps are pipelined: a rank posts the next chunk before it waits for
+    /// the peers' slices of the current one. `to`: `None` gives every rank the result
+    /// (all-reduce); `Some(r)` gives it to slot `r` only and leaves the others' `buf`
+    /// unchanged (reduce). `divide` is the `Avg` epilogue's divisor, applied once, by the rank
+    /// that reduced the slice.
+    pub(crate) fn reduce_to(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        op: ReduceOp,
+        divide: Option<usize>,
+        to: Option<usize>,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
+        let total = buf.len() / e;
+        let per = self.per_part(e, 1);
+        let combine = op.combine_op();
+        let bytes = |s: usize| {
+            let els = piece(s, per, total);
+            els.start * e..els.end * e
+        };
+        let count = steps(total, per);
+        let mut next = self.post_chunk(fp, deadline, &buf[bytes(0)])?;
+        for s in 0..count {
+            let k = next;
+            let chunk = bytes(s);
+            self.wait_posted(k, fp, deadline)?;
+            let parts: Vec<Range<usize>> = segments(chunk.len() / e, n)
+                .into_iter()
+                .map(|p| p.start * e..p.end * e)
+                .collect();
+            let own = parts[me].clone();
+            let mine = self.buf(me, k);
+            if !own.is_empty() {
+                for q in (0..n).filter(|&q| q != me) {
+                    let src = self.buf(q, k) + own.start;
+                    self.seg
+                        .combine_within(mine + own.start, src, own.len(), fp.dtype, combine);
+                }
+                if let Some(d) = divide {
+                    self.seg.divide(mine + own.start, own.len(), fp.dtype, d);
+                }
+            }
+            self.mark_reduced(k);
+            if s + 1 < count {
+                next = self.post_chunk(fp, deadline, &buf[bytes(s + 1)])?;
+            }
+            if to.is_none_or(|r| r == me) {
+                self.wait_reduced(k, fp, deadline)?;
+                let out = &mut buf[chunk];
+                for (q, part) in parts.iter().enumerate() {
+                    self.seg
+                        .read(self.buf(q, k) + part.start, &mut out[part.clone()]);
+                }
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// Copies slot `root`'s `buf` into every other rank's `buf`.
+    pub(crate) fn broadcast(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let me = self.me;
+        let per = self.chunk();
+        for s in 0..steps(buf.len(), per) {
+            let r = piece(s, per, buf.len());
+            let k = self.begin(fp, deadline)?;
+            if me == root {
+                self.seg.write(self.buf(me, k), &buf[r.clone()]);
+            }
+            self.post(k, fp);
+            self.wait_posted(k, fp, deadline)?;
+            if me != root {
+                self.seg.read(self.buf(root, k), &mut buf[r]);
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// Every rank's `input` into `output` (block `q` from slot `q`); on slot `root` only when
+    /// `root` is `Some` (gather), on every rank otherwise (all-gather).
+    pub(crate) fn gather_to(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        mut output: Option<&mut [u8]>,
+        root: Option<usize>,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let (n, me, m) = (self.n(), self.me, input.len());
+        let per = self.chunk();
+        let reads = root.is_none_or(|r| r == me);
+        for s in 0..steps(m, per) {
+            let r = piece(s, per, m);
+            let k = self.begin(fp, deadline)?;
+            self.seg.write(self.buf(me, k), &input[r.clone()]);
+            self.post(k, fp);
+            self.wait_posted(k, fp, deadline)?;
+            if let Some(out) = output.as_deref_mut().filter(|_| reads) {
+                for q in 0..n {
+                    let dst = &mut out[q * m + r.start..q * m + r.end];
+                    if q == me {
+                        dst.copy_from_slice(&input[r.clone()]);
+                    } else {
+                        self.seg.read(self.buf(q, k), dst);
+                    }
+                }
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// Reduces `input` (`n` blocks of `output.len()` bytes) so that slot `q` gets block `q`.
+    /// Each step every rank posts its part of every block but its own; each rank reduces its
+    /// own block straight into `output`.
+    pub(crate) fn reduce_scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+        op: ReduceOp,
+        divide: Option<usize>,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
+        let m = output.len();
+        let per = self.per_part(e, n);
+        let sub = per * e;
+        let combine = op.combine_op();
+        for s in 0..steps(m / e, per) {
+            let els = piece(s, per, m / e);
+            let r = els.start * e..els.end * e;
+            let k = self.begin(fp, deadline)?;
+            let mine = self.buf(me, k);
+            for q in (0..n).filter(|&q| q != me) {
+                self.seg
+                    .write(mine + q * sub, &input[q * m + r.start..q * m + r.end]);
+            }
+            self.post(k, fp);
+            self.wait_posted(k, fp, deadline)?;
+            let out = &mut output[r.clone()];
+            out.copy_from_slice(&input[me * m + r.start..me * m + r.end]);
+            for q in (0..n).filter(|&q| q != me) {
+                self.seg
+                    .combine_into(self.buf(q, k) + me * sub, out, fp.dtype, combine);
+            }
+            if let Some(d) = divide {
+                divide_bytes(fp.dtype, out, d);
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// Splits slot `root`'s `input` (`n` blocks of `output.len()` bytes): slot `q` gets block
+    /// `q`. `input` is `Some` on `root` only.
+    pub(crate) fn scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
+        let m = output.len();
+        let per = self.per_part(e, n);
+        let sub = per * e;
+        for s in 0..steps(m / e, per) {
+            let els = piece(s, per, m / e);
+            let r = els.start * e..els.end * e;
+            let k = self.begin(fp, deadline)?;
+            if let Some(inp) = input.filter(|_| me == root) {
+                for q in (0..n).filter(|&q| q != me) {
+                    self.seg.write(
+                        self.buf(me, k) + q * sub,
+                        &inp[q * m + r.start..q * m + r.end],
+                    );
+                }
+                output[r.clone()].copy_from_slice(&inp[me * m + r.start..me * m + r.end]);
+            }
+            self.post(k, fp);
+            self.wait_posted(k, fp, deadline)?;
+            if me != root {
+                self.seg.read(self.buf(root, k) + me * sub, &mut output[r]);
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// Returns once every rank of the host has arrived (with the same fingerprint).
+    pub(crate) fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {
+        let deadline = self.deadline();
+        let k = self.begin(fp, deadline)?;
+        self.post(k, fp);
+        self.wait_posted(k, fp, deadline)?;
+        self.finish(k);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_everything_in_at_least_one_step() {
+        assert_eq!(steps(0, 4), 1);
+        assert_eq!(piece(0, 4, 0), 0..0);
+        assert_eq!(steps(9, 4), 3);
+        assert_eq!(
+            (0..3).map(|s| piece(s, 4, 9)).collect::<Vec<_>>(),
+            vec![0..4, 4..8, 8..9]
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! [`ShmGroup`]: the ranks of one host around one segment, and the step protocol they run.
+//!
+//! A step is one round in which every rank may publish one staging buffer's worth of data and
+//! read its peers' (see the [module docs](super)). This file owns the counters, the waits and
+//! the errors; `collectives.rs` says what each collective copies and reduces in its steps.
+
+use super::host::ProcId;
+use super::layout::{
+    FP_BYTES, H_EPOCH, H_WAITERS, Layout, S_CONSUMED, S_PID, S_POSTED, S_REDUCED, S_START, S_STATE,
+    STATE_ABORTED, STATE_CLOSED, STATE_OPEN,
+};
+use super::sys::{Segment, futex_wait, futex_wake_all};
+use crate::collective::{CollectiveKind, Fingerprint};
+use crate::dtype::DataType;
+use crate::error::{CommError, Result};
+use crate::reduce_op::ReduceOp;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+/// How long a blocked rank sleeps before it checks that the ranks it waits for are alive.
+const POLL: Duration = Duration::from_millis(100);
+/// How long a waiting rank keeps checking before it sleeps on the futex.
+const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+/// Environment variable overriding that time, in microseconds (tuning only).
+pub(crate) const SPIN_ENV: &str = "DDP_SHM_SPIN_US";
+/// Environment variable: `0` makes waiting ranks spin on the CPU between checks instead of
+/// yielding it (tuning only).
+pub(crate) const YIELD_ENV: &str = "DDP_SHM_YIELD";
+
+/// How a rank waits before it sleeps on the futex.
+#[derive(Debug, Clone, Copy)]
+struct Patience {
+    spin: Duration,
+    /// Yield the CPU between checks (`sched_yield`) instead of spinning: as fast when every
+    /// rank has a CPU, and much faster when ranks outnumber CPUs, because the rank we wait for
+    /// may be waiting for ours.
+    yield_cpu: bool,
+}
+
+impl Patience {
+    fn from_env() -> Patience {
+        let env_u64 = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        Patience {
+            spin: env_u64(SPIN_ENV).map_or(DEFAULT_SPIN, Duration::from_micros),
+            yield_cpu: env_u64(YIELD_ENV) != Some(0),
+        }
+    }
+}
+
+// `post` writes three words per fingerprint record.
+const _: () = assert!(FP_BYTES >= 24);
+
+/// Which per-rank counter a wait is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Counter {
+    /// The rank's input for step `k` is in its staging buffer: `posted > k`.
+    Posted,
+    /// The rank's reduced slice of step `k` is in its staging buffer: `reduced > k`.
+    Reduced,
+    /// The rank has finished reading every buffer of step `k`: `consumed > k`.
+    Consumed,
+}
+
+impl Counter {
+    fn offset(self) -> usize {
+        match self {
+            Counter::Posted => S_POSTED,
+            Counter::Reduced => S_REDUCED,
+            Counter::Consumed => S_CONSUMED,
+        }
+    }
+}
+
+/// The local ranks of one host and their shared segment, from this rank's point of view.
+#[derive(Debug)]
+pub(crate) struct ShmGroup {
+    pub(super) seg: Segment,
+    pub(super) layout: Layout,
+    /// This rank's slot.
+    pub(super) me: usize,
+    /// Global rank of each slot, for errors.
+    ranks: Vec<usize>,
+    /// Process of each slot, for liveness checks.
+    procs: Vec<ProcId>,
+    my_proc: ProcId,
+    patience: Patience,
+    /// The next step number to begin.
+    step: u64,
+    timeout: Duration,
+}
+
+impl ShmGroup {
+    pub(super) fn new(
+        seg: Segment,
+        layout: Layout,
+        me: usize,
+        ranks: Vec<usize>,
+        timeout: Duration,
+    ) -> ShmGroup {
+        let procs = (0..layout.local)
+            .map(|i| ProcId {
+                pid: seg.u32_at(layout.slot(i) + S_PID).load(SeqCst),
+                start: seg.u64_at(layout.slot(i) + S_START).load(SeqCst),
+            })
+            .collect();
+        ShmGroup {
+            seg,
+            layout,
+            me,
+            ranks,
+            procs,
+            my_proc: ProcId::me(),
+            patience: Patience::from_env(),
+            step: 0,
+            timeout,
+        }
+    }
+
+    /// Writes this rank's identity into its slot (before the peers read it, at setup).
+    pub(super) fn register(seg: &Segment, layout: &Layout, me: usize) {
+        let p = ProcId::me();
+        seg.u32_at(layout.slot(me) + S_PID).store(p.pid, SeqCst);
+        seg.u64_at(layout.slot(me) + S_START).store(p.start, SeqCst);
+        seg.u32_at(layout.slot(me) + S_STATE)
+            .store(STATE_OPEN, SeqCst);
+    }
+
+    /// Number of ranks on the host.
+    pub(crate) fn n(&self) -> usize {
+        self.layout.local
+    }
+
+    /// Bytes per staging buffer.
+    pub(super) fn chunk(&self) -> usize {
+        self.layout.chunk
+    }
+
+    /// Global rank of slot `i`.
+    pub(super) fn global(&self, i: usize) -> usize {
+        self.ranks[i]
+    }
+
+    /// Offset of slot `i`'s staging buffer for step `k`.
+    pub(super) fn buf(&self, i: usize, k: u64) -> usize {
+        self.layout
+            .staging(i, (k % self.layout.nbuf as u64) as usize)
+    }
+
+    fn counter(&self, i: usize, c: Counter) -> &AtomicU64 {
+        self.seg.u64_at(self.layout.slot(i) + c.offset())
+    }
+
+    fn state(&self, i: usize) -> &AtomicU32 {
+        self.seg.u32_at(self.layout.slot(i) + S_STATE)
+    }
+
+    fn epoch(&self) -> &AtomicU32 {
+        self.seg.u32_at(H_EPOCH)
+    }
+
+    fn waiters(&self) -> &AtomicU32 {
+        self.seg.u32_at(H_WAITERS)
+    }
+
+    /// Wakes sleepers if there are any. Callers have just changed a control word (SeqCst):
+    /// a waiter either registered before our load of `waiters` (and is woken, or sees the
+    /// changed epoch and does not sleep), or registers after it, and then its re-check of the
+    /// condition sees our change.
+    fn wake(&self) {
+        if self.waiters().load(SeqCst) > 0 {
+            self.epoch().fetch_add(1, SeqCst);
+            futex_wake_all(self.epoch());
+        }
+    }
+
+    fn publish(&self, c: Counter, value: u64) {
+        self.counter(self.me, c).store(value, SeqCst);
+        self.wake();
+    }
+
+    /// Starts the next step `k`: waits until every peer has finished reading the staging
+    /// buffers that step `k` reuses (those of step `k - nbuf`). Returns `k`. Steps are numbered
+    /// in the order they begin; a collective may begin step `k + 1` before it finishes `k`.
+    pub(super) fn begin(&mut self, fp: &Fingerprint, deadline: Instant) -> Result<u64> {
+        let k = self.step;
+        self.step += 1;
+        let nbuf = self.layout.nbuf as u64;
+        if k >= nbuf {
+            self.wait_all(Counter::Consumed, k + 1 - nbuf, fp, deadline)?;
+        }
+        Ok(k)
+    }
+
+    /// Publishes this rank's fingerprint and staging buffer for step `k`.
+    pub(super) fn post(&self, k: u64, fp: &Fingerprint) {
+        let at = self
+            .layout
+            .fp(self.me, (k % self.layout.nbuf as u64) as usize);
+        let packed = fp.kind as u64
+            | (fp.dtype as u64) << 8
+            | (fp.op.map_or(0, |o| o as u64)) << 16
+            | (fp.root as u64) << 32;
+        self.seg.u64_at(at).store(fp.seq, SeqCst);
+        self.seg.u64_at(at + 8).store(fp.count, SeqCst);
+        self.seg.u64_at(at + 16).store(packed, SeqCst);
+        self.publish(Counter::Posted, k + 1);
+    }
+
+    /// Waits until every peer has posted step `k`, and checks that they all run the same
+    /// collective as this rank.
+    pub(super) fn wait_posted(&self, k: u64, fp: &Fingerprint, deadline: Instant) -> Result<()> {
+        self.wait_all(Counter::Posted, k + 1, fp, deadline)?;
+        for q in self.peers() {
+            let theirs = self.read_fp(q, k).ok_or_else(|| CommError::Protocol {
+                from: format!("rank {}", self.global(q)),
+                reason: "unknown collective kind, type or op in its shared-memory slot".into(),
+            })?;
+            if theirs != *fp {
+                let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
+                return Err(CommError::Mismatch {
+                    seq: fp.seq,
+                    rank: self.global(self.me),
+                    ours: describe(fp),
+                    peer: self.global(q),
+                    theirs: describe(&theirs),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn read_fp(&self, q: usize, k: u64) -> Option<Fingerprint> {
+        let at = self.layout.fp(q, (k % self.layout.nbuf as u64) as usize);
+        let seq = self.seg.u64_at(at).load(SeqCst);
+        let count = self.seg.u64_at(at + 8).load(SeqCst);
+        let packed = self.seg.u64_at(at + 16).load(SeqCst);
+        Some(Fingerprint {
+            seq,
+            kind: CollectiveKind::from_u8(packed as u8)?,
+            dtype: DataType::from_u8((packed >> 8) as u8)?,
+            op: match (packed >> 16) as u8 {
+                0 => None,
+                v => Some(ReduceOp::from_u8(v)?),
+            },
+            count,
+            root: (packed >> 32) as u32,
+        })
+    }
+
+    /// Says that this rank's phase-two output of step `k` is in place.
+    pub(super) fn mark_reduced(&self, k: u64) {
+        self.publish(Counter::Reduced, k + 1);
+    }
+
+    /// Waits until every peer has marked step `k` reduced.
+    pub(super) fn wait_reduced(&self, k: u64, fp: &Fingerprint, deadline: Instant) -> Result<()> {
+        self.wait_all(Counter::Reduced, k + 1, fp, deadline)
+    }
+
+    /// Ends step `k`: this rank will not read any buffer of it again. Steps finish in order.
+    pub(super) fn finish(&mut self, k: u64) {
+        self.publish(Counter::Consumed, k + 1);
+    }
+
+    /// The deadline of a collective starting now.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n()).filter(move |&q| q != self.me)
+    }
+
+    fn lagging(&self, c: Counter, target: u64) -> Option<usize> {
+        self.peers()
+            .find(|&q| self.counter(q, c).load(SeqCst) < target)
+    }
+
+    /// Fails if peer `q` has closed or aborted its slot.
+    fn check_open(&self, q: usize, fp: &Fingerprint) -> Result<()> {
+        match self.state(q).load(SeqCst) {
+            STATE_OPEN => Ok(()),
+            s => Err(CommError::PeerClosed {
+                op: fp.label(),
+                peer: self.global(q),
+                detail: if s == STATE_ABORTED {
+                    " (it gave up on the group after an error)".into()
+                } else {
+                    String::new()
+                },
+            }),
+        }
+    }
+
+    /// Fails if a peer that has not reached `target` is no longer running.
+    fn check_alive(&self, c: Counter, target: u64, fp: &Fingerprint) -> Result<()> {
+        for q in self
+            .peers()
+            .filter(|&q| self.counter(q, c).load(SeqCst) < target)
+        {
+            let p = self.procs[q];
+            if p != self.my_proc && !p.alive() {
+                return Err(CommError::PeerClosed {
+                    op: fp.label(),
+                    peer: self.global(q),
+                    detail: format!("; its process {} is gone", p.pid),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every peer's counter `c` reaches `target`: spins briefly, then sleeps on the
+    /// segment's futex, checking every [`POLL`] that the ranks it waits for are alive. Fails
+    /// naming the first rank that is late when a peer closed, died, or the deadline passed.
+    fn wait_all(&self, c: Counter, target: u64, fp: &Fingerprint, deadline: Instant) -> Result<()> {
+        if self.lagging(c, target).is_none() {
+            return Ok(());
+        }
+        let spin_end = Instant::now() + self.patience.spin;
+        let mut late;
+        loop {
+            if self.patience.yield_cpu {
+                std::thread::yield_now();
+            } else {
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            }
+            match self.lagging(c, target) {
+                None => return Ok(()),
+                Some(q) => late = q,
+            }
+            self.check_open(late, fp)?;
+            if Instant::now() >= spin_end {
+                break;
+            }
+        }
+        let mut last_check = Instant::now();
+        loop {
+            self.waiters().fetch_add(1, SeqCst);
+            let epoch = self.epoch().load(SeqCst);
+            if let Some(q) = self.lagging(c, target)
+                && self.state(q).load(SeqCst) == STATE_OPEN
+            {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    futex_wait(self.epoch(), epoch, left.min(POLL));
+                }
+            }
+            self.waiters().fetch_sub(1, SeqCst);
+            match self.lagging(c, target) {
+                None => return Ok(()),
+                Some(q) => late = q,
+            }
+            self.check_open(late, fp)?;
+            let now = Instant::now();
+            if now.duration_since(last_check) >= POLL {
+                self.check_alive(c, target, fp)?;
+                last_check = now;
+            }
+            if now >= deadline {
+                self.check_alive(c, target, fp)?;
+                return Err(CommError::Timeout {
+                    op: fp.label(),
+                    peer: self.global(late),
+                    timeout: self.timeout,
+                    detail: String::new(),
+                });
+            }
+        }
+    }
+
+    /// Marks this rank's slot aborted and wakes everyone, so peers blocked on it fail at once.
+    pub(crate) fn abort(&self) {
+        self.state(self.me).fetch_max(STATE_ABORTED, SeqCst);
+        self.epoch().fetch_add(1, SeqCst);
+        futex_wake_all(self.epoch());
+    }
+}
+
+impl Drop for ShmGroup {
+    fn drop(&mut self) {
+        // Like closing a socket: peers still waiting for this rank fail instead of timing out.
+        // (Peers still reading our buffers are fine: the memory lives while anyone maps it.)
+        self.state(self.me).fetch_max(STATE_CLOSED, SeqCst);
+        self.epoch().fetch_add(1, SeqCst);
+        futex_wake_all(self.epoch());
+    }
+}
