@@ -126,8 +126,11 @@ mod tests {
         fn next_u64(&mut self) -> u64 {
             self.0.remove(0)
         }
-        fn fill_bytes(&mut self, _dest: &mut [u8]) {
-            unimplemented!("not used by uniform_below")
+        fn fill_bytes(&mut self, dest: &mut [u8]) {
+            for chunk in dest.chunks_mut(8) {
+                let bytes = self.next_u64().to_le_bytes();
+                chunk.copy_from_slice(&bytes[..chunk.len()]);
+            }
         }
     }
 
