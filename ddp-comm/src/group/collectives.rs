@@ -305,12 +305,7 @@ impl ProcessGroup {
     /// Point-to-point messages do not take part in the collective sequence: only the two ranks
     /// involved call them, in matching order.
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
-        let fp =
-            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
-                .with_root(tag as usize);
-        let check = self
-            .check_rank("send", "destination", dst)
-            .and_then(|()| self.check_not_self("send", dst));
+        let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
         let buf = bytes(buf);
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -322,12 +317,7 @@ impl ProcessGroup {
 
     /// Receives into `buf` from group rank `src`, matching its [`ProcessGroup::send`].
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
-        let fp =
-            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
-                .with_root(tag as usize);
-        let check = self
-            .check_rank("recv", "source", src)
-            .and_then(|()| self.check_not_self("recv", src));
+        let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
         let buf = bytes_mut(buf);
         self.inner.worker.run_blocking(move |s| {
             s.run(&fp, |t| {
@@ -339,12 +329,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::send`] on the communication thread.
     pub fn send_async<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
-        let fp =
-            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
-                .with_root(tag as usize);
-        let check = self
-            .check_rank("send", "destination", dst)
-            .and_then(|()| self.check_not_self("send", dst));
+        let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
@@ -357,12 +342,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::recv`] on the communication thread, into `buf` (its length is the message
     /// length).
     pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
-        let fp =
-            crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, buf.len())
-                .with_root(tag as usize);
-        let check = self
-            .check_rank("recv", "source", src)
-            .and_then(|()| self.check_not_self("recv", src));
+        let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
@@ -370,6 +350,24 @@ impl ProcessGroup {
             })?;
             Ok(buf)
         })
+    }
+
+    /// The fingerprint of a point-to-point message, and the check of its peer (in range, not
+    /// this rank), for `send`/`recv` and their async forms.
+    fn p2p<T: Element>(
+        &self,
+        op: &'static str,
+        what: &str,
+        peer: usize,
+        len: usize,
+        tag: u32,
+    ) -> (crate::collective::Fingerprint, Result<()>) {
+        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, len)
+            .with_root(tag as usize);
+        let check = self
+            .check_rank(op, what, peer)
+            .and_then(|()| self.check_not_self(op, peer));
+        (fp, check)
     }
 
     fn check_not_self(&self, op: &'static str, peer: usize) -> Result<()> {
