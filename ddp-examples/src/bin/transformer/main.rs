@@ -122,7 +122,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         layers: args.layers,
         boundaries: args.boundaries,
     };
-    let model = TinyGpt::<B>::new(shape, &device);
+    let mut model = TinyGpt::<B>::new(shape, &device);
     let train_set = ReverseDataset {
         seed: args.seed,
         digits: args.seq_len,
@@ -136,7 +136,6 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         .build(train_set, sampler)
         .context("building the data loader")?;
 
-    let mut model = model;
     let mut optim = AdamConfig::new().init::<B, TinyGpt<B>>();
     let run_config = RunConfig {
         batch_size: args.batch_size,
