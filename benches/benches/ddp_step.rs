@@ -15,7 +15,10 @@
 //!   steps is added to it. Both in automatic mode and with layer boundaries marked, with the
 //!   fraction of all-reduce time that ran during backward.
 //!
-//! Times are medians of per-step wall times; compare ratios within one run.
+//! Times are medians of per-step wall times; compare ratios within one run. `faults/step` is
+//! the process's minor page faults per synchronised / no-sync step. The benchmark runs with the
+//! allocator settings the launcher gives its workers (`ddp_core::launch::ALLOCATOR_ENV`);
+//! `--glibc-defaults` shows what glibc's defaults cost (about 15,000 faults per step here).
 
 use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
@@ -41,6 +44,10 @@ struct Args {
     /// Write the Chrome trace of world 2 (boundaries marked) here.
     #[arg(long)]
     trace: Option<String>,
+    /// Run with glibc's default malloc settings instead of the launcher's worker defaults
+    /// (`ddp_core::launch::ALLOCATOR_ENV`), to see what per-step page faults cost.
+    #[arg(long)]
+    glibc_defaults: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -88,6 +95,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
+/// Minor page faults of this process so far (first touches of memory the allocator just got
+/// from the kernel): the hidden cost of buffers that are freed and allocated again every step.
+fn minor_faults() -> u64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage.ru_minflt as u64
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -102,10 +120,33 @@ fn main() -> Result<()> {
         return world2_worker();
     }
     let args = Args::parse();
+    let (allocator_key, _) = ddp_core::launch::ALLOCATOR_ENV[0];
+    if !args.glibc_defaults && std::env::var_os(allocator_key).is_none() {
+        // glibc reads its malloc settings at start-up: run again with the environment the
+        // launcher gives its workers (the world-2 ranks inherit it).
+        let status = Command::new(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .envs(ddp_core::launch::ALLOCATOR_ENV)
+            .status()
+            .context("re-running with the launcher's allocator settings")?;
+        std::process::exit(status.code().unwrap_or(1));
+    }
     println!("# DDP step benchmark: MLP 1024-2048-2048-10 (6.3M params, 24 MiB f32 gradients)");
     println!(
         "# batch {BATCH} per rank, SGD, 1 compute thread per rank, {} steps per row (median)",
         args.steps
+    );
+    let allocator: Vec<String> = ddp_core::launch::ALLOCATOR_ENV
+        .iter()
+        .filter_map(|(k, _)| std::env::var(k).ok().map(|v| format!("{k}={v}")))
+        .collect();
+    println!(
+        "# allocator: {}",
+        if allocator.is_empty() {
+            "glibc defaults (--glibc-defaults)".to_string()
+        } else {
+            format!("{} (the launcher's worker defaults)", allocator.join(" "))
+        }
     );
     world1(&args)?;
     world2(&args)
@@ -208,6 +249,8 @@ fn world2(args: &Args) -> Result<()> {
 }
 
 struct Measured {
+    sync_faults: u64,
+    no_sync_faults: u64,
     sync: Duration,
     no_sync: Duration,
     optimizer: Duration,
@@ -224,7 +267,7 @@ fn world2_worker() -> Result<()> {
             "#\n# world 2: synchronised step / no_sync step (goal: ratio <= 1.15; PyTorch gloo here: ~2)"
         );
         println!(
-            "# {:<22} {:>9} {:>10} {:>9} {:>7} {:>10} {:>12} {:>9}",
+            "# {:<22} {:>9} {:>10} {:>9} {:>7} {:>10} {:>12} {:>9} {:>13}",
             "mode",
             "sync ms",
             "no_sync ms",
@@ -232,7 +275,8 @@ fn world2_worker() -> Result<()> {
             "ratio",
             "comm ms",
             "after bwd ms",
-            "overlap"
+            "overlap",
+            "faults/step"
         );
     }
     for marked in [false, true] {
@@ -246,7 +290,7 @@ fn world2_worker() -> Result<()> {
         if pg.rank() == 0 {
             let no_sync_step = m.no_sync + m.optimizer;
             println!(
-                "  {:<22} {:>9.2} {:>10.2} {:>9.2} {:>7.3} {:>10.2} {:>12.2} {:>8.0}%",
+                "  {:<22} {:>9.2} {:>10.2} {:>9.2} {:>7.3} {:>10.2} {:>12.2} {:>8.0}% {:>6}/{:<6}",
                 if marked {
                     "layer boundaries"
                 } else {
@@ -258,7 +302,9 @@ fn world2_worker() -> Result<()> {
                 m.sync.as_secs_f64() / no_sync_step.as_secs_f64(),
                 ms(m.comm),
                 ms(m.after_backward),
-                m.overlap * 100.0
+                m.overlap * 100.0,
+                m.sync_faults,
+                m.no_sync_faults
             );
         }
     }
@@ -286,10 +332,12 @@ fn measure_world2(
         Vec::new(),
         Vec::new(),
     );
+    let (mut sync_faults, mut no_sync_faults) = (0, 0);
     let rounds = 4;
     for round in 0..=rounds {
         for _ in 0..args.steps.div_ceil(rounds) {
             let (x, y) = data(&device);
+            let f = minor_faults();
             let t = Instant::now();
             let out = ddp.forward(|m| m.forward(x, marked))?;
             let grads = ddp.backward(loss_fn.forward(out, y))?;
@@ -298,6 +346,7 @@ fn measure_world2(
             if round > 0 {
                 optim.push(o.elapsed());
                 sync.push(t.elapsed());
+                sync_faults += minor_faults() - f;
                 let s = ddp.last_step_stats().cloned().unwrap_or_default();
                 overlap.push(s.overlap_fraction());
                 comm.push(s.comm);
@@ -306,11 +355,13 @@ fn measure_world2(
         }
         for _ in 0..args.steps.div_ceil(rounds) {
             let (x, y) = data(&device);
+            let f = minor_faults();
             let t = Instant::now();
             let out = ddp.forward(|m| m.forward(x, marked))?;
             ddp.backward_no_sync(loss_fn.forward(out, y))?;
             if round > 0 {
                 no_sync.push(t.elapsed());
+                no_sync_faults += minor_faults() - f;
             }
         }
         // Flush the accumulated gradients so the next round starts clean (not timed).
@@ -319,7 +370,10 @@ fn measure_world2(
         let _ = ddp.backward(loss_fn.forward(out, y))?;
     }
     overlap.sort_by(|a, b| a.total_cmp(b));
+    let measured = (rounds * args.steps.div_ceil(rounds)).max(1) as u64;
     Ok(Measured {
+        sync_faults: sync_faults / measured,
+        no_sync_faults: no_sync_faults / measured,
         sync: median(sync),
         no_sync: median(no_sync),
         optimizer: median(optim),

@@ -137,6 +137,10 @@ pub enum CommError {
     /// The communication thread is gone (the group was destroyed).
     #[error("process group was destroyed")]
     Destroyed,
+    /// A CUDA or NCCL failure, or a machine without them (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Nccl(#[from] crate::nccl::NcclError),
     /// A rank-tagged wrapper, used when several ranks' failures are collected.
     #[error("rank {rank}: {source}")]
     WithRank {

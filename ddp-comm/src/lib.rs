@@ -29,6 +29,20 @@
 //!   got. Segment names are unlinked as soon as every local rank has mapped them, so nothing is
 //!   left in `/dev/shm` however a job ends (a crash during setup is cleaned up by the next job).
 //!
+//! ## NCCL (feature `cuda`)
+//! `NcclGroup` runs collectives between GPUs, one per process, through NCCL (cudarc's
+//! bindings, which load the CUDA driver and libnccl at run time): `all_reduce`, `broadcast`,
+//! `all_gather` and `reduce_scatter` on device buffers (cudarc's `CudaSlice` or views, on the
+//! rank's device; `ddp_comm::cudarc` re-exports the matching version) and on host slices
+//! (`*_host`: copy in, collective, copy out; `all_reduce_host_async` returns a [`Work`]), plus
+//! `barrier` and `synchronize`. Rank 0 publishes the NCCL unique id in the [`Store`] under
+//! `nccl/<name>/unique_id`; `NcclGroup::from_process_group` reuses a [`ProcessGroup`]'s store
+//! and puts each rank on the device of its `LOCAL_RANK`. The communicator lives on its own
+//! thread and CUDA stream (cudarc's `Comm` is not `Send`). A machine without a driver, a GPU or
+//! libnccl gets an `NcclError` that says so (`is_unavailable()`), never a panic. NCCL has no
+//! mismatch detection and no timeout: a rank that issues a different collective, or dies,
+//! leaves the others waiting.
+//!
 //! ## Contracts
 //! - **Ordering.** Every rank issues the same collectives in the same order. Each frame (and
 //!   each shared-memory step) carries a fingerprint (sequence number, op, type, count, root); a
@@ -72,6 +86,8 @@ mod dtype;
 mod error;
 mod group;
 mod init;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod reduce_op;
 pub mod store;
 mod transport;
@@ -84,6 +100,12 @@ pub use init::{InitMethod, init_from_env, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{Store, StoreConfig, StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};
+
+/// The cudarc version ddp-comm is built against, for naming device buffers (`CudaSlice`).
+#[cfg(feature = "cuda")]
+pub use cudarc;
+#[cfg(feature = "cuda")]
+pub use nccl::{NcclElement, NcclError, NcclGroup, NcclGroupConfig, cuda_device_count};
 
 /// Whether the CUDA driver library can be loaded. Check it before the first GPU tensor
 /// operation: without a driver, cubecl panics on its device thread instead of returning an error.

@@ -140,6 +140,29 @@ fn check_type<T: TestValue + PartialOrd>(setup: Setup, n: usize) {
                     "all_reduce_async {op}"
                 );
 
+                // Coalesced: the same input cut into pieces (an empty one included) at
+                // points that differ between ranks.
+                let flat = input::<T>(r, len);
+                let cuts = [0, (len / 3 + r).min(len), (len / 3 + r).min(len), len];
+                let mut pieces: Vec<Vec<T>> =
+                    cuts.windows(2).map(|w| flat[w[0]..w[1]].to_vec()).collect();
+                let mut views: Vec<&mut [T]> = pieces.iter_mut().map(|p| &mut p[..]).collect();
+                pg.all_reduce_coalesced(&mut views, op)?;
+                assert_eq!(
+                    pieces.concat(),
+                    reduce_locally::<T>(n, len, 0, op),
+                    "all_reduce_coalesced {op} len {len}"
+                );
+                let got = pg
+                    .all_reduce_coalesced_async(vec![Vec::new(), flat.clone(), Vec::new()], op)
+                    .wait()?;
+                assert_eq!(got.len(), 3);
+                assert_eq!(
+                    got.concat(),
+                    reduce_locally::<T>(n, len, 0, op),
+                    "all_reduce_coalesced_async {op}"
+                );
+
                 for root in [0, n - 1] {
                     let mine = input::<T>(r, len);
                     let mut buf = mine.clone();

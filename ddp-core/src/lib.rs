@@ -8,10 +8,10 @@
 //!   `backward_no_sync` for accumulation, fp16/bf16 compression, a Chrome-trace timeline.
 //! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
 //!   as soon as that layer's backward is done.
-//! - [`checkpoint`]: [`Checkpointer`](checkpoint::Checkpointer) writes model (safetensors),
+//! - [`checkpoint`]: [`Checkpointer`] writes model (safetensors),
 //!   optimizer and training state atomically on rank 0 after a barrier; every rank resumes from
 //!   the latest valid checkpoint, bitwise exactly on CPU.
-//! - [`launch`]: [`launch()`] makes a training binary launch itself once per rank (torchrun
+//! - [`launch`](mod@launch): [`launch()`] makes a training binary launch itself once per rank (torchrun
 //!   for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both supervise the
 //!   workers, stop them all on a failure and restart the group with `--max-restarts`.
 //! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
@@ -58,7 +58,16 @@
 //! burn runs backward by node depth, deepest first, and a tap sits right above its parameter,
 //! so taps fire at the end of backward. Buckets are launched as they fill, and their unpacking
 //! overlaps with the later buckets' all-reduces; [`StepStats::overlap_fraction`] reports how
-//! much communication ran during backward.
+//! much communication ran during backward. Mark layer boundaries ([`layer_boundary`]) to hand
+//! each layer's gradients over right after that layer's backward.
+//!
+//! ## Memory traffic
+//! A bucket is reduced as one coalesced collective over its gradients' own buffers
+//! ([`ProcessGroup::all_reduce_coalesced_async`]): on shared memory they are read into the
+//! transport's staging buffers and the result is written straight back, and those buffers
+//! become the returned gradient tensors, so no bucket buffer is packed or unpacked. On the CPU
+//! backend, launch workers with [`launch()`] (or set [`launch::ALLOCATOR_ENV`] yourself): glibc's
+//! default `malloc` settings make burn's per-step buffers page-fault in again every step.
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod boundary;

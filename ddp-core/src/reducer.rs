@@ -1,13 +1,23 @@
-//! The reducer: collects tapped gradients into bucket buffers and all-reduces full buckets.
+//! The reducer: collects tapped gradients per bucket and all-reduces full buckets.
 //!
-//! During backward, each tap event copies its gradient into the parameter's place in a flat
-//! bucket buffer, scaled by `1 / world_size` (so a sum is an average). When every parameter of
-//! a bucket has arrived, the bucket's all-reduce is queued on the communication thread at once,
-//! but only after every earlier bucket: all ranks launch the same collectives in the same order.
+//! During backward, each tap event hands over its gradient. The reducer keeps the gradient's
+//! own storage (no copy on the CPU backend: burn gives the buffer up when the tensor is the
+//! last reference) in the parameter's slot, or adds it there when the parameter already has a
+//! gradient (tied parameters, `no_sync` accumulation). When every parameter of a bucket has
+//! arrived, the bucket's all-reduce is queued on the communication thread at once, but only after
+//! every earlier bucket: all ranks launch the same collectives in the same order.
+//!
+//! A bucket is reduced as one collective over its parameters' buffers
+//! ([`ProcessGroup::all_reduce_coalesced_async`]): its flat buffer is the transport's staging
+//! area (shared memory) or a temporary (TCP), so neither a pack into a bucket buffer of our own
+//! nor an unpack out of it is needed, and the reduced buffers become the gradient tensors as
+//! they are. The `1 / world_size` scaling is the `Avg` reduction, applied once to each element
+//! of the bucket's sum; with fp16/bf16 compression it is applied while narrowing, before the sum,
+//! so the half-precision sum cannot overflow where the average would not.
+//!
 //! After backward, [`Reducer::finish`] launches what is left (parameters that got no gradient
 //! count as zeros), waits for the buckets in order and turns them into `GradientsParams`.
-//!
-//! Without synchronisation (`no_sync`), events add into the same buffers and nothing is
+//! Without synchronisation (`no_sync`), gradients accumulate in their slots and nothing is
 //! launched; the next synchronised backward adds its gradients on top and reduces the sum.
 
 use crate::bucket::BucketLayout;
@@ -33,8 +43,10 @@ pub(crate) struct Slot {
     pub(crate) register: RegisterTensor,
 }
 
+/// A launched bucket: full-precision buffers travel in pieces; compressed ones as one flat
+/// half-precision buffer (the f32 buffers stay in their slots and receive the widened result).
 enum InFlight {
-    F32(Work<Vec<f32>>),
+    F32(Work<Vec<Vec<f32>>>),
     F16(Work<Vec<f16>>),
     BF16(Work<Vec<bf16>>),
 }
@@ -54,11 +66,11 @@ struct State {
     slots: Vec<Slot>,
     index_to_slot: Vec<Option<usize>>,
     layout: BucketLayout,
-    buffers: Vec<Option<Vec<f32>>>,
+    /// Each slot's gradient (sum of its events) until its bucket is launched or unpacked.
+    grads: Vec<Option<Vec<f32>>>,
     in_flight: Vec<Option<InFlight>>,
     events_left: Vec<usize>,
     bucket_pending: Vec<usize>,
-    written: Vec<bool>,
     next_launch: usize,
     in_backward: bool,
     sync: bool,
@@ -101,11 +113,10 @@ impl<I: Backend> Reducer<I> {
         let n = slots.len();
         let scale = 1.0 / pg.world_size() as f32;
         let mut state = State {
-            buffers: Vec::new(),
+            grads: (0..n).map(|_| None).collect(),
             in_flight: Vec::new(),
             events_left: vec![0; n],
             bucket_pending: Vec::new(),
-            written: vec![false; n],
             next_launch: 0,
             in_backward: false,
             sync: true,
@@ -122,9 +133,7 @@ impl<I: Backend> Reducer<I> {
         };
         let direct = (pg.world_size() == 1 && compression == GradientCompression::None)
             .then(|| Mutex::new((0..n).map(|_| None).collect()));
-        if direct.is_none() {
-            state.allocate();
-        }
+        state.allocate();
         Reducer {
             direct,
             state: Mutex::new(state),
@@ -190,6 +199,8 @@ impl<I: Backend> Reducer<I> {
         s.in_backward = false;
         if let Some(e) = s.errors.first().cloned() {
             s.errors.clear();
+            // Nothing of this backward may leak into the next one.
+            s.grads.iter_mut().for_each(|g| *g = None);
             return Err(DdpError::Misuse(e));
         }
         let total_taps: usize = s.slots.iter().map(|x| x.taps).sum();
@@ -211,7 +222,6 @@ impl<I: Backend> Reducer<I> {
                     (s.slots[slot].register)(&mut grads, Box::new(t));
                 }
             }
-            s.written.iter_mut().for_each(|w| *w = false);
             return Ok(Some((grads, std::mem::take(&mut s.times))));
         }
         self.complete_missing(&mut s);
@@ -221,17 +231,14 @@ impl<I: Backend> Reducer<I> {
         }
         let mut grads = GradientsParams::new();
         for b in 0..s.layout.buckets.len() {
-            let buf = self.wait(&mut s, b)?;
+            let reduced = self.wait(&mut s, b)?;
             let t0 = Instant::now();
             let bucket = s.layout.buckets[b].slots.clone();
-            for slot in bucket {
-                let range = s.layout.location[slot].1.clone();
-                (s.slots[slot].unpack)(&mut grads, buf[range].to_vec());
+            for (slot, values) in bucket.into_iter().zip(reduced) {
+                (s.slots[slot].unpack)(&mut grads, values);
             }
             s.times.unpacked[b] = Some((t0, Instant::now()));
-            s.buffers[b] = Some(buf);
         }
-        s.written.iter_mut().for_each(|w| *w = false);
         if !s.rebuilt {
             self.rebuild(&mut s)?;
         }
@@ -247,16 +254,12 @@ impl<I: Backend> Reducer<I> {
             if s.events_left[slot] == 0 {
                 continue;
             }
-            if !s.written[slot] {
-                let (b, range) = s.layout.location[slot].clone();
-                if let Some(buf) = s.buffers[b].as_mut() {
-                    buf[range].fill(0.0);
-                }
-                s.written[slot] = true;
+            if s.grads[slot].is_none() {
+                s.grads[slot] = Some(vec![0.0; s.slots[slot].numel]);
                 unused.push(s.slots[slot].path.clone());
             }
             s.events_left[slot] = 0;
-            let b = s.layout.location[slot].0;
+            let b = s.layout.bucket_of[slot];
             s.bucket_pending[b] -= 1;
         }
         if !unused.is_empty() && !s.warned_unused {
@@ -274,51 +277,45 @@ impl<I: Backend> Reducer<I> {
         if s.times.ready[b].is_none() {
             s.times.ready[b] = Some(Instant::now());
         }
+        let slots = &s.layout.buckets[b].slots;
         let work = match self.compression {
             GradientCompression::None => {
-                let buf = s.buffers[b]
-                    .take()
-                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
-                InFlight::F32(self.pg.all_reduce_async(buf, ReduceOp::Sum))
+                let bufs = slots
+                    .iter()
+                    .map(|&slot| s.grads[slot].take())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| internal("a gradient is missing at launch"))?;
+                InFlight::F32(self.pg.all_reduce_coalesced_async(bufs, ReduceOp::Avg))
             }
-            GradientCompression::Fp16 => {
-                let buf = s.buffers[b]
-                    .as_ref()
-                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
-                InFlight::F16(self.pg.all_reduce_async(
-                    buf.iter().map(|v| f16::from_f32(*v)).collect(),
-                    ReduceOp::Sum,
-                ))
-            }
-            GradientCompression::Bf16 => {
-                let buf = s.buffers[b]
-                    .as_ref()
-                    .ok_or_else(|| internal("bucket buffer missing at launch"))?;
-                InFlight::BF16(self.pg.all_reduce_async(
-                    buf.iter().map(|v| bf16::from_f32(*v)).collect(),
-                    ReduceOp::Sum,
-                ))
-            }
+            GradientCompression::Fp16 => InFlight::F16(self.pg.all_reduce_async(
+                narrow(&s.grads, slots, |v| f16::from_f32(v * self.scale))?,
+                ReduceOp::Sum,
+            )),
+            GradientCompression::Bf16 => InFlight::BF16(self.pg.all_reduce_async(
+                narrow(&s.grads, slots, |v| bf16::from_f32(v * self.scale))?,
+                ReduceOp::Sum,
+            )),
         };
         s.in_flight[b] = Some(work);
         Ok(())
     }
 
-    fn wait(&self, s: &mut State, b: usize) -> Result<Vec<f32>, DdpError> {
+    /// Waits for bucket `b` and returns its reduced buffers, one per slot in bucket order.
+    fn wait(&self, s: &mut State, b: usize) -> Result<Vec<Vec<f32>>, DdpError> {
         let ctx = "all-reducing a gradient bucket";
         let work = s.in_flight[b]
             .take()
             .ok_or_else(|| internal("bucket was never launched"))?;
-        let (buf, timing) = match work {
+        let (bufs, timing) = match work {
             InFlight::F32(w) => {
                 let (r, t) = w.wait_timed();
                 (r.map_err(DdpError::comm(ctx))?, t)
             }
-            InFlight::F16(w) => decompress(w, s.buffers[b].take(), f16::to_f32)?,
-            InFlight::BF16(w) => decompress(w, s.buffers[b].take(), bf16::to_f32)?,
+            InFlight::F16(w) => widen(w, s, b, f16::to_f32)?,
+            InFlight::BF16(w) => widen(w, s, b, bf16::to_f32)?,
         };
         s.times.comm[b] = timing;
-        Ok(buf)
+        Ok(bufs)
     }
 
     /// After the first iteration: lay buckets out in the order gradients arrived on rank 0.
@@ -369,30 +366,49 @@ impl State {
     }
 
     fn allocate(&mut self) {
-        self.buffers = self
-            .layout
-            .buckets
-            .iter()
-            .map(|b| Some(vec![0.0f32; b.len]))
-            .collect();
         self.in_flight = self.layout.buckets.iter().map(|_| None).collect();
     }
 }
 
-/// Waits for a compressed all-reduce and widens its result into the bucket's f32 buffer.
-fn decompress<H>(
+/// The half-precision flat buffer of a bucket's `slots`, element by element through `narrow`.
+fn narrow<H>(
+    grads: &[Option<Vec<f32>>],
+    slots: &[usize],
+    narrow: impl Fn(f32) -> H,
+) -> Result<Vec<H>, DdpError> {
+    let mut flat = Vec::new();
+    for &slot in slots {
+        let g = grads[slot]
+            .as_ref()
+            .ok_or_else(|| internal("a gradient is missing at launch"))?;
+        flat.extend(g.iter().map(|v| narrow(*v)));
+    }
+    Ok(flat)
+}
+
+/// Waits for a compressed all-reduce and widens its result into the bucket's f32 buffers.
+fn widen<H: Copy>(
     work: Work<Vec<H>>,
-    buf: Option<Vec<f32>>,
+    s: &mut State,
+    b: usize,
     widen: fn(H) -> f32,
-) -> Result<(Vec<f32>, Option<WorkTiming>), DdpError>
-where
-    H: Copy,
-{
+) -> Result<(Vec<Vec<f32>>, Option<WorkTiming>), DdpError> {
     let (result, timing) = work.wait_timed();
     let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
-    let mut buf = buf.ok_or_else(|| internal("bucket buffer missing"))?;
-    buf.iter_mut().zip(&half).for_each(|(d, h)| *d = widen(*h));
-    Ok((buf, timing))
+    let mut at = 0;
+    let mut bufs = Vec::with_capacity(s.layout.buckets[b].slots.len());
+    for &slot in &s.layout.buckets[b].slots {
+        let mut g = s.grads[slot]
+            .take()
+            .ok_or_else(|| internal("a compressed gradient is missing after the all-reduce"))?;
+        let src = half
+            .get(at..at + g.len())
+            .ok_or_else(|| internal("the compressed result is shorter than its bucket"))?;
+        g.iter_mut().zip(src).for_each(|(d, h)| *d = widen(*h));
+        at += g.len();
+        bufs.push(g);
+    }
+    Ok((bufs, timing))
 }
 
 fn internal(what: &str) -> DdpError {
@@ -406,7 +422,6 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
             let Some(slot) = s.accept(param_index) else {
                 return;
             };
-            s.written[slot] = true;
             let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
             tensors[slot] = Some(match tensors[slot].take() {
                 Some(prev) => I::float_add(prev, grad),
@@ -430,7 +445,8 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
                 return;
             }
         };
-        let values: &[f32] = match data.as_slice::<f32>() {
+        // Takes over the tensor's storage when it can (no copy on the CPU backend).
+        let values: Vec<f32> = match data.into_vec::<f32>() {
             Ok(v) => v,
             Err(e) => {
                 self.lock()
@@ -443,35 +459,26 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
         let Some(slot) = s.accept(param_index) else {
             return;
         };
-        let (b, range) = s.layout.location[slot].clone();
-        let first = !s.written[slot];
-        let scale = self.scale;
-        if values.len() != range.len() || s.buffers[b].is_none() {
+        let b = s.layout.bucket_of[slot];
+        let numel = s.slots[slot].numel;
+        let launched = s.sync && b < s.next_launch;
+        if values.len() != numel || launched {
             let path = s.slots[slot].path.clone();
-            let problem = if s.buffers[b].is_none() {
+            let problem = if launched {
                 format!("gradient of '{path}' arrived after its bucket was launched")
             } else {
                 format!(
-                    "gradient of '{path}' has {} elements, expected {}",
-                    values.len(),
-                    range.len()
+                    "gradient of '{path}' has {} elements, expected {numel}",
+                    values.len()
                 )
             };
             s.errors.push(problem);
             return;
         }
-        let Some(buf) = s.buffers[b].as_mut() else {
-            return;
-        };
-        let dst = &mut buf[range];
-        if first {
-            dst.iter_mut().zip(values).for_each(|(d, v)| *d = v * scale);
-        } else {
-            dst.iter_mut()
-                .zip(values)
-                .for_each(|(d, v)| *d += v * scale);
+        match s.grads[slot].as_mut() {
+            Some(acc) => acc.iter_mut().zip(&values).for_each(|(d, v)| *d += v),
+            None => s.grads[slot] = Some(values),
         }
-        s.written[slot] = true;
         s.events_left[slot] = s.events_left[slot].saturating_sub(1);
         if s.events_left[slot] == 0 {
             if !s.rebuilt && !s.arrival.contains(&slot) {

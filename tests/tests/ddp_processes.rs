@@ -8,6 +8,11 @@ use std::time::Duration;
 const WORKER: &str = env!("CARGO_BIN_EXE_ddp_worker");
 
 fn check(world: usize, opt: Opt) {
+    check_over(world, opt, "auto");
+}
+
+/// `transport`: `DDP_TRANSPORT` for every rank.
+fn check_over(world: usize, opt: Opt, transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model = SmallMlp::<TestBackend>::new(&Default::default());
     flat_params(&model); // initialise the lazy parameters before serialising
@@ -21,7 +26,7 @@ fn check(world: usize, opt: Opt) {
         &[init_path.to_str().unwrap(), &out, opt_name],
         world,
         Duration::from_secs(120),
-        |_| Vec::new(),
+        |_| vec![("DDP_TRANSPORT".to_string(), transport.to_string())],
     );
     for o in &outputs {
         assert_eq!(
@@ -74,4 +79,12 @@ fn processes_with_adam_train_like_one_process_with_the_union_batch() {
     for world in [2, 3, 4] {
         check(world, Opt::Adam);
     }
+}
+
+/// TCP reduces each bucket through a flat copy of its gradients (shared memory reads them in
+/// place): the same parameters either way.
+#[test]
+fn processes_over_tcp_train_like_one_process_with_the_union_batch() {
+    check_over(3, Opt::Sgd, "tcp");
+    check_over(2, Opt::Adam, "tcp");
 }

@@ -14,6 +14,7 @@ use crate::collective::CollectiveKind;
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
+use crate::transport::Parts;
 
 fn bytes<T: Element>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
@@ -77,6 +78,52 @@ impl ProcessGroup {
         self.inner.worker.submit(move |s| {
             s.run(&fp, |t| t.all_reduce(&fp, bytes_mut(&mut buf), op))?;
             Ok(buf)
+        })
+    }
+
+    /// Reduces several buffers across all ranks as one: the result is that of
+    /// [`ProcessGroup::all_reduce`] on their concatenation, written back into the pieces.
+    ///
+    /// For many small or scattered buffers (gradients): one collective instead of many, and on
+    /// shared memory no flat copy is made; the pieces go straight to and from the transport.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same total length, type and `op`; how the total is split
+    /// into pieces may differ between ranks.
+    pub fn all_reduce_coalesced<T: Element>(
+        &self,
+        bufs: &mut [&mut [T]],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = bufs.iter().map(|b| b.len()).sum();
+        let fp = self
+            .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
+            .with_op(op);
+        let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::all_reduce_coalesced`] on the communication thread; `wait` returns the
+    /// reduced buffers.
+    pub fn all_reduce_coalesced_async<T: Element>(
+        &self,
+        mut bufs: Vec<Vec<T>>,
+        op: ReduceOp,
+    ) -> Work<Vec<Vec<T>>> {
+        let count = bufs.iter().map(Vec::len).sum();
+        let fp = self
+            .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
+            .with_op(op);
+        self.inner.worker.submit(move |s| {
+            let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
+            s.run(&fp, |t| {
+                t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
+            })?;
+            Ok(bufs)
         })
     }
 

@@ -20,7 +20,7 @@
 
 use super::shm::{self, SetupSpec, ShmGroup};
 use super::tcp::{MeshSpec, TcpTransport};
-use super::{Transport, TransportKind};
+use super::{Parts, Transport, TransportKind};
 use crate::collective::Fingerprint;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, divide_bytes};
@@ -190,6 +190,23 @@ impl Transport for HybridTransport {
             shm.broadcast(fp, buf, 0)?;
         }
         Ok(())
+    }
+
+    fn all_reduce_parts(
+        &mut self,
+        fp: &Fingerprint,
+        parts: &mut Parts<'_, '_>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if !self.single {
+            // Across hosts the leaders' TCP ring needs one flat buffer anyway.
+            return parts.through_flat(|flat| self.all_reduce(fp, flat, op));
+        }
+        let divide = self.avg_divisor(op);
+        match self.shm.as_mut() {
+            Some(shm) => shm.reduce_parts_to(fp, parts, op, divide, None),
+            None => Ok(()),
+        }
     }
 
     fn broadcast(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {

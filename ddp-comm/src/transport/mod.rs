@@ -13,10 +13,12 @@
 //! its group's communication thread, which calls it in issue order.
 
 pub(crate) mod hybrid;
+pub(crate) mod parts;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub(crate) use hybrid::{ConnectSpec, Connected, connect};
+pub(crate) use parts::Parts;
 
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
@@ -98,6 +100,16 @@ impl FromStr for TransportKind {
 /// ranks.
 pub(crate) trait Transport: Send {
     fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()>;
+    /// All-reduce of the concatenation of `parts`. The default flattens, reduces and splits;
+    /// transports that can address the pieces directly skip those two copies.
+    fn all_reduce_parts(
+        &mut self,
+        fp: &Fingerprint,
+        parts: &mut Parts<'_, '_>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        parts.through_flat(|flat| self.all_reduce(fp, flat, op))
+    }
     fn broadcast(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()>;
     /// `output` holds `world * input.len()` bytes, rank `r`'s input at block `r`.
     fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()>;

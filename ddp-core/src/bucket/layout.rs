@@ -1,15 +1,14 @@
-//! Where each parameter's gradient lives: bucket, offset and length in the flat buffers.
+//! Which bucket each parameter's gradient belongs to, and each bucket's parameters in order.
 
 use super::plan::assign_buckets;
-use std::ops::Range;
 
 /// The bucket assignment for one ordering of the parameters.
 #[derive(Debug, Clone)]
 pub(crate) struct BucketLayout {
-    /// Per bucket: the slots it holds and its length in elements.
+    /// Per bucket: the slots it holds, in the order of its flat buffer.
     pub(crate) buckets: Vec<Bucket>,
-    /// Per slot: `(bucket, range of elements in that bucket)`.
-    pub(crate) location: Vec<(usize, Range<usize>)>,
+    /// Per slot: its bucket.
+    pub(crate) bucket_of: Vec<usize>,
     /// The order the slots were laid out in.
     pub(crate) order: Vec<usize>,
 }
@@ -17,7 +16,6 @@ pub(crate) struct BucketLayout {
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     pub(crate) slots: Vec<usize>,
-    pub(crate) len: usize,
 }
 
 impl BucketLayout {
@@ -29,23 +27,21 @@ impl BucketLayout {
         cap_bytes: usize,
     ) -> Self {
         let sizes: Vec<usize> = order.iter().map(|&s| numel[s] * 4).collect();
-        let mut location = vec![(0, 0..0); numel.len()];
+        let mut bucket_of = vec![0; numel.len()];
         let buckets = assign_buckets(&sizes, first_cap_bytes, cap_bytes)
             .into_iter()
             .enumerate()
             .map(|(b, range)| {
                 let slots: Vec<usize> = order[range].to_vec();
-                let mut offset = 0;
                 for &s in &slots {
-                    location[s] = (b, offset..offset + numel[s]);
-                    offset += numel[s];
+                    bucket_of[s] = b;
                 }
-                Bucket { slots, len: offset }
+                Bucket { slots }
             })
             .collect();
         BucketLayout {
             buckets,
-            location,
+            bucket_of,
             order,
         }
     }
@@ -56,17 +52,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn locations_tile_each_bucket() {
+    fn every_slot_is_in_exactly_its_bucket_in_order() {
         let numel = [3, 5, 2, 7];
         let l = BucketLayout::new(vec![3, 2, 1, 0], &numel, 16, 32);
+        let flat: Vec<usize> = l.buckets.iter().flat_map(|b| b.slots.clone()).collect();
+        assert_eq!(flat, vec![3, 2, 1, 0], "buckets follow the given order");
         for (b, bucket) in l.buckets.iter().enumerate() {
-            let mut covered = 0;
-            for &s in &bucket.slots {
-                assert_eq!(l.location[s].0, b);
-                assert_eq!(l.location[s].1.start, covered);
-                covered = l.location[s].1.end;
-            }
-            assert_eq!(covered, bucket.len);
+            assert!(bucket.slots.iter().all(|&s| l.bucket_of[s] == b));
         }
         assert_eq!(
             l.buckets[0].slots,

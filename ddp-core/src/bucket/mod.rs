@@ -1,7 +1,7 @@
 //! Gradient buckets: parameters grouped so that one all-reduce moves many small gradients.
 //!
 //! - [`assign_buckets`]: the pure grouping rule (caps, small first bucket).
-//! - `layout`: where each parameter's gradient lives in the flat buffers.
+//! - `layout`: which bucket each parameter's gradient belongs to.
 //!
 //! Parameters fill buckets in reverse registration order at first (the order backward usually
 //! produces them), then, after the first iteration, in the order their gradients actually

@@ -66,7 +66,9 @@
 //! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (and torchrun's
 //! `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS`), `DDP_JOB_TOKEN`,
 //! `DDP_LAUNCH_WORKER=1`, and `OMP_NUM_THREADS`/`RAYON_NUM_THREADS` = cores / local ranks unless
-//! already set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
+//! already set. On glibc Linux they also get [`ALLOCATOR_ENV`] (keep freed buffers of up to
+//! 32 MiB mapped, so burn's per-step allocations stop page-faulting) unless any `MALLOC_*`
+//! variable, `GLIBC_TUNABLES` or `LD_PRELOAD` is set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
 //! index is the local rank. Standard input is closed (`/dev/null`).
 //!
 //! The job token is random per job, or `DDP_JOB_TOKEN` when set. **Multi-node jobs require it
@@ -126,6 +128,6 @@ pub use args::{LaunchArgs, NprocPerNode};
 pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
-pub use plan::{LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
+pub use plan::{ALLOCATOR_ENV, LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use worker::launch;

@@ -8,6 +8,7 @@ use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::transport::Parts;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -27,10 +28,18 @@ impl ShmGroup {
         (self.chunk() / parts / esize).max(1)
     }
 
-    /// Begins a step and posts `data` (this rank's input for it) in its staging buffer.
-    fn post_chunk(&mut self, fp: &Fingerprint, deadline: Instant, data: &[u8]) -> Result<u64> {
+    /// Begins a step and posts `range` of `buf` (this rank's input for it) in its staging
+    /// buffer, gathered straight from the pieces.
+    fn post_parts(
+        &mut self,
+        fp: &Fingerprint,
+        deadline: Instant,
+        buf: &Parts<'_, '_>,
+        range: Range<usize>,
+    ) -> Result<u64> {
         let k = self.begin(fp, deadline)?;
-        self.seg.write(self.buf(self.me, k), data);
+        let base = self.buf(self.me, k);
+        buf.for_each(range, |off, piece| self.seg.write(base + off, piece));
         self.post(k, fp);
         Ok(k)
     }
@@ -51,6 +60,20 @@ impl ShmGroup {
         divide: Option<usize>,
         to: Option<usize>,
     ) -> Result<()> {
+        let mut one = [buf];
+        self.reduce_parts_to(fp, &mut Parts::new(&mut one), op, divide, to)
+    }
+
+    /// [`ShmGroup::reduce_to`] on a buffer in pieces: they are gathered into the staging
+    /// buffers and the result is scattered back, with no flat copy in between.
+    pub(crate) fn reduce_parts_to(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut Parts<'_, '_>,
+        op: ReduceOp,
+        divide: Option<usize>,
+        to: Option<usize>,
+    ) -> Result<()> {
         let deadline = self.deadline();
         let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
         let total = buf.len() / e;
@@ -61,7 +84,7 @@ impl ShmGroup {
             els.start * e..els.end * e
         };
         let count = steps(total, per);
-        let mut next = self.post_chunk(fp, deadline, &buf[bytes(0)])?;
+        let mut next = self.post_parts(fp, deadline, buf, bytes(0))?;
         for s in 0..count {
             let k = next;
             let chunk = bytes(s);
@@ -84,14 +107,14 @@ impl ShmGroup {
             }
             self.mark_reduced(k);
             if s + 1 < count {
-                next = self.post_chunk(fp, deadline, &buf[bytes(s + 1)])?;
+                next = self.post_parts(fp, deadline, buf, bytes(s + 1))?;
             }
             if to.is_none_or(|r| r == me) {
                 self.wait_reduced(k, fp, deadline)?;
-                let out = &mut buf[chunk];
                 for (q, part) in parts.iter().enumerate() {
-                    self.seg
-                        .read(self.buf(q, k) + part.start, &mut out[part.clone()]);
+                    let src = self.buf(q, k) + part.start;
+                    let within = chunk.start + part.start..chunk.start + part.end;
+                    buf.for_each_mut(within, |off, dst| self.seg.read(src + off, dst));
                 }
             }
             self.finish(k);

@@ -1,0 +1,98 @@
+//! [`NcclGroupConfig`]: who this rank is and which GPU it drives.
+
+use crate::error::{CommError, Result};
+use crate::group::ProcessGroup;
+
+/// Settings of an [`NcclGroup`](super::NcclGroup), in burn's config style:
+/// `NcclGroupConfig::new(rank, world_size, local_rank).with_name("tensor-parallel")`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclGroupConfig {
+    /// This process's rank in the group, `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks in the group.
+    pub world_size: usize,
+    /// The CUDA device ordinal this rank drives, normally `LOCAL_RANK`. NCCL cannot put two
+    /// ranks of one communicator on the same device.
+    pub device: usize,
+    /// The group's name, part of the store key its NCCL unique id is published under; unique
+    /// among the NCCL groups that meet through one store.
+    pub name: String,
+}
+
+impl NcclGroupConfig {
+    /// A group of `world_size` ranks in which this process is `rank` and drives `device`.
+    /// The name defaults to `default`.
+    pub fn new(rank: usize, world_size: usize, device: usize) -> Self {
+        NcclGroupConfig {
+            rank,
+            world_size,
+            device,
+            name: "default".into(),
+        }
+    }
+
+    /// The same ranks as `pg`, each on the device of its `LOCAL_RANK`.
+    pub fn for_process_group(pg: &ProcessGroup) -> Self {
+        Self::new(pg.rank(), pg.world_size(), pg.local_rank())
+    }
+
+    /// Sets the group's name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the device ordinal.
+    pub fn with_device(mut self, device: usize) -> Self {
+        self.device = device;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.world_size == 0 || i32::try_from(self.world_size).is_err() {
+            return Err(CommError::config(
+                "nccl world size",
+                format!("{} is not between 1 and 2^31-1", self.world_size),
+            ));
+        }
+        if self.rank >= self.world_size {
+            return Err(CommError::config(
+                "nccl rank",
+                format!(
+                    "rank {} is out of range for world size {}",
+                    self.rank, self.world_size
+                ),
+            ));
+        }
+        if self.name.is_empty() {
+            return Err(CommError::config(
+                "nccl group name",
+                "the name is empty; give each group a name",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_outside_world_is_rejected() {
+        let e = NcclGroupConfig::new(2, 2, 0).validate().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("rank 2 is out of range for world size 2"),
+            "{e}"
+        );
+        assert!(NcclGroupConfig::new(0, 0, 0).validate().is_err());
+        assert!(
+            NcclGroupConfig::new(0, 1, 0)
+                .with_name("")
+                .validate()
+                .is_err()
+        );
+        assert!(NcclGroupConfig::new(1, 2, 1).validate().is_ok());
+    }
+}

@@ -1,0 +1,355 @@
+//! [`NcclGroup`]: construction, accessors and the collectives on device buffers.
+
+use super::config::NcclGroupConfig;
+use super::element::{NcclElement, nccl_op};
+use super::error::NcclError;
+use super::library::{cuda_device_count, require_driver, require_nccl};
+use super::thread::{CommThread, InitSpec};
+use super::unique_id;
+use crate::error::{CommError, Result};
+use crate::group::ProcessGroup;
+use crate::reduce_op::ReduceOp;
+use crate::store::Store;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::Id;
+use std::sync::Arc;
+
+/// An NCCL communicator for one rank: collectives on CUDA buffers between the processes of a
+/// job, one GPU each. Cheap to clone (clones share the communicator).
+///
+/// # Collective
+/// Every rank of the group must issue the same collectives, with the same sizes, in the same
+/// order. Unlike [`ProcessGroup`], NCCL cannot detect a mismatch: it hangs or corrupts data.
+///
+/// # Completion
+/// A device collective returns once NCCL has queued it on the group's [stream](Self::stream);
+/// the GPU runs it later. cudarc records the buffers' use, so later work on them through cudarc,
+/// on any stream, waits for the collective; [`NcclGroup::synchronize`] waits on the host.
+/// The `*_host` methods return when the result is in host memory.
+///
+/// # Failure
+/// After any NCCL or CUDA failure the group answers [`CommError::Aborted`]. A peer that dies
+/// leaves the others waiting inside NCCL, which has no timeout; the launcher stops the job.
+///
+/// # Shutdown
+/// Dropping the last clone lets queued collectives finish, then destroys the communicator and
+/// joins its thread.
+///
+/// # Example
+/// ```no_run
+/// use ddp_comm::{NcclGroup, ReduceOp, init_from_env};
+/// let pg = init_from_env()?; // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+/// let nccl = NcclGroup::from_process_group(&pg)?; // device = LOCAL_RANK
+/// let mut grads = nccl.stream().clone_htod(&[1.0f32; 1024]).expect("device memory");
+/// nccl.all_reduce(&mut grads, ReduceOp::Avg)?; // queued on the group's stream
+/// nccl.synchronize()?; // finished on the GPU
+/// let mut loss = [0.25f64];
+/// nccl.all_reduce_host(&mut loss, ReduceOp::Avg)?; // host slice: returns with the result
+/// # Ok::<(), ddp_comm::CommError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct NcclGroup {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    thread: CommThread,
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    config: NcclGroupConfig,
+}
+
+impl NcclGroup {
+    /// Joins an NCCL group through `store`: rank 0 creates the unique id and publishes it under
+    /// `nccl/<name>/unique_id`; the others wait for it (up to the store's timeout). Then every
+    /// rank creates its communicator, which returns once all ranks have joined.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `world_size` and `name`.
+    ///
+    /// # Errors
+    /// An invalid config; [`NcclError::DriverNotFound`], [`NcclError::LibraryNotFound`] or
+    /// [`NcclError::NoSuchDevice`] when this machine cannot run NCCL
+    /// ([`NcclError::is_unavailable`]); a store timeout naming the key when rank 0 does not
+    /// publish; [`NcclError::NameInUse`] on rank 0 when the name was used before in this
+    /// store; NCCL and CUDA failures while creating the communicator.
+    pub fn new(store: &Store, config: NcclGroupConfig) -> Result<NcclGroup> {
+        config.validate()?;
+        // Check what cudarc would otherwise panic on, before anything touches CUDA or NCCL.
+        require_driver()?;
+        require_nccl()?;
+        let count = cuda_device_count()?;
+        if config.device >= count {
+            return Err(NcclError::NoSuchDevice {
+                device: config.device,
+                count,
+            }
+            .into());
+        }
+        let _span = tracing::info_span!("nccl_group", name = %config.name, rank = config.rank, world_size = config.world_size, device = config.device).entered();
+        let id = unique_id::exchange(store, &config.name, config.rank, || new_unique_id(&config))?;
+        let (thread, context, stream) = CommThread::start(InitSpec {
+            group: config.name.clone(),
+            rank: config.rank,
+            world_size: config.world_size,
+            device: config.device,
+            id,
+        })?;
+        Ok(NcclGroup {
+            inner: Arc::new(Inner {
+                thread,
+                context,
+                stream,
+                config,
+            }),
+        })
+    }
+
+    /// An NCCL group over the same ranks as `pg`, meeting through its store, each rank on the
+    /// device of its `LOCAL_RANK` ([`NcclGroupConfig::for_process_group`]). For a second NCCL
+    /// group over the same process group, or another device, use [`NcclGroup::new`] with
+    /// `pg.store()` and a config of your own.
+    ///
+    /// # Collective
+    /// Every rank of `pg` calls it.
+    ///
+    /// # Errors
+    /// As [`NcclGroup::new`].
+    pub fn from_process_group(pg: &ProcessGroup) -> Result<NcclGroup> {
+        Self::new(pg.store(), NcclGroupConfig::for_process_group(pg))
+    }
+
+    /// This process's rank in the group.
+    pub fn rank(&self) -> usize {
+        self.inner.config.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.inner.config.world_size
+    }
+
+    /// The CUDA device ordinal this rank drives.
+    pub fn device(&self) -> usize {
+        self.inner.config.device
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.inner.config.name
+    }
+
+    /// The CUDA context of the group's device (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.context
+    }
+
+    /// The stream the group's collectives run on. Allocating buffers on it avoids
+    /// cross-stream waits.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// Reduces `buf` across ranks in place with `op`.
+    ///
+    /// # Collective
+    /// Every rank calls it with a buffer of the same length. Afterwards (in stream order) every
+    /// rank's buffer holds the same result.
+    ///
+    /// # Errors
+    /// A buffer on another device; NCCL failures ([`NcclError::Nccl`]).
+    pub fn all_reduce<T, B>(&self, buf: &mut B, op: ReduceOp) -> Result<()>
+    where
+        T: NcclElement,
+        B: DevicePtrMut<T> + Send,
+    {
+        self.check_device("all_reduce", buf.stream())?;
+        self.inner.thread.run_blocking("all_reduce", move |s| {
+            s.comm
+                .all_reduce_in_place(buf, &nccl_op(op))
+                .map_err(s.nccl("all_reduce"))?;
+            Ok(())
+        })
+    }
+
+    /// Copies `root`'s `buf` into every other rank's `buf`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `root` and buffer length.
+    ///
+    /// # Errors
+    /// `root` out of range; a buffer on another device; NCCL failures.
+    pub fn broadcast<T, B>(&self, buf: &mut B, root: usize) -> Result<()>
+    where
+        T: NcclElement,
+        B: DevicePtrMut<T> + Send,
+    {
+        self.check_device("broadcast", buf.stream())?;
+        let root = self.check_root("broadcast", root)?;
+        self.inner.thread.run_blocking("broadcast", move |s| {
+            s.comm
+                .broadcast_in_place(buf, root)
+                .map_err(s.nccl("broadcast"))?;
+            Ok(())
+        })
+    }
+
+    /// Gathers every rank's `send` into `recv`, rank `r`'s block at `r * send.len()`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `send` length; `recv` holds `world_size` blocks.
+    ///
+    /// # Errors
+    /// Mismatched lengths; buffers on another device; NCCL failures.
+    pub fn all_gather<T, S, R>(&self, send: &S, recv: &mut R) -> Result<()>
+    where
+        T: NcclElement,
+        S: DevicePtr<T> + Sync,
+        R: DevicePtrMut<T> + Send,
+    {
+        self.check_device("all_gather", send.stream())?;
+        self.check_device("all_gather", recv.stream())?;
+        self.check_blocks("all_gather", send.len(), recv.len())?;
+        self.inner.thread.run_blocking("all_gather", move |s| {
+            s.comm
+                .all_gather(send, recv)
+                .map_err(s.nccl("all_gather"))?;
+            Ok(())
+        })
+    }
+
+    /// Reduces `send` (`world_size` blocks of `recv.len()`) across ranks with `op` and leaves
+    /// block `rank` of the result in `recv`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same lengths and `op`.
+    ///
+    /// # Errors
+    /// Mismatched lengths; buffers on another device; NCCL failures.
+    pub fn reduce_scatter<T, S, R>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()>
+    where
+        T: NcclElement,
+        S: DevicePtr<T> + Sync,
+        R: DevicePtrMut<T> + Send,
+    {
+        self.check_device("reduce_scatter", send.stream())?;
+        self.check_device("reduce_scatter", recv.stream())?;
+        self.check_blocks("reduce_scatter", recv.len(), send.len())?;
+        self.inner.thread.run_blocking("reduce_scatter", move |s| {
+            s.comm
+                .reduce_scatter(send, recv, &nccl_op(op))
+                .map_err(s.nccl("reduce_scatter"))?;
+            Ok(())
+        })
+    }
+
+    /// Returns once every rank has reached the barrier and every collective issued before it
+    /// has finished on this rank's GPU: a one-element all-reduce, then a stream sync.
+    ///
+    /// # Collective
+    /// Every rank calls it.
+    ///
+    /// # Errors
+    /// NCCL and CUDA failures.
+    pub fn barrier(&self) -> Result<()> {
+        self.inner.thread.run_blocking("barrier", |s| {
+            let mut token = s
+                .stream
+                .alloc_zeros::<f32>(1)
+                .map_err(s.cuda("allocating the barrier token"))?;
+            s.comm
+                .all_reduce_in_place(&mut token, &nccl_op(ReduceOp::Sum))
+                .map_err(s.nccl("barrier"))?;
+            s.stream
+                .synchronize()
+                .map_err(s.cuda("synchronising after the barrier"))
+        })
+    }
+
+    /// Waits until every collective issued so far has finished on this rank's GPU. Not a
+    /// collective: other ranks are not involved.
+    ///
+    /// # Errors
+    /// CUDA failures (including asynchronous failures of earlier work).
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.thread.run_blocking("synchronize", |s| {
+            s.stream
+                .synchronize()
+                .map_err(s.cuda("synchronising the stream"))
+        })
+    }
+
+    pub(super) fn thread(&self) -> &CommThread {
+        &self.inner.thread
+    }
+
+    fn check_device(&self, op: &'static str, stream: &Arc<CudaStream>) -> Result<()> {
+        let on = stream.context().ordinal();
+        if on == self.device() {
+            Ok(())
+        } else {
+            Err(CommError::arg(
+                op,
+                format!(
+                    "the buffer is on CUDA device {on} but group '{}' uses device {}",
+                    self.name(),
+                    self.device()
+                ),
+            ))
+        }
+    }
+
+    /// Checks `root` and converts it to NCCL's `int`.
+    pub(super) fn check_root(&self, op: &'static str, root: usize) -> Result<i32> {
+        if root < self.world_size() {
+            // validate() bounds the world size by i32::MAX, so this conversion holds.
+            Ok(i32::try_from(root).unwrap_or(i32::MAX))
+        } else {
+            Err(CommError::arg(
+                op,
+                format!(
+                    "root {root} is out of range for world size {}",
+                    self.world_size()
+                ),
+            ))
+        }
+    }
+
+    /// Checks that `total` holds `world_size` blocks of `block` elements.
+    pub(super) fn check_blocks(&self, op: &'static str, block: usize, total: usize) -> Result<()> {
+        let n = self.world_size();
+        if block.checked_mul(n) == Some(total) {
+            Ok(())
+        } else {
+            Err(CommError::arg(
+                op,
+                format!(
+                    "the full buffer has {total} elements, expected {n} ranks x {block} = {}",
+                    block.saturating_mul(n)
+                ),
+            ))
+        }
+    }
+}
+
+/// Rank 0's unique id. cudarc panics if a symbol is missing from an old libnccl; that becomes
+/// an error here.
+fn new_unique_id(config: &NcclGroupConfig) -> Result<Id> {
+    match std::panic::catch_unwind(Id::new) {
+        Ok(Ok(id)) => Ok(id),
+        Ok(Err(e)) => Err(NcclError::Nccl {
+            op: "get_unique_id",
+            group: config.name.clone(),
+            rank: config.rank,
+            code: e.0,
+            hint: super::error::hint(e.0),
+            detail: super::library::last_error_detail(),
+        }
+        .into()),
+        Err(_) => Err(CommError::Aborted(
+            "creating the NCCL unique id panicked (is libnccl too old? NCCL 2.10 or later is needed)"
+                .into(),
+        )),
+    }
+}

@@ -1,0 +1,163 @@
+//! Collectives on host slices: copy to the device, run the collective, copy back.
+//!
+//! The path for data that lives in host memory (tests, small control messages, a host-staged
+//! fallback). Each call allocates its device buffers on the group's stream, which cudarc takes
+//! from the driver's memory pool, and returns when the result is in host memory.
+
+use super::element::{NcclElement, nccl_op};
+use super::group::NcclGroup;
+use super::thread::CommState;
+use crate::error::Result;
+use crate::group::Work;
+use crate::reduce_op::ReduceOp;
+use cudarc::driver::CudaSlice;
+
+impl NcclGroup {
+    /// [`NcclGroup::all_reduce`] on a host slice.
+    ///
+    /// # Collective
+    /// Every rank calls it with a slice of the same length; afterwards every rank's slice holds
+    /// the same result.
+    ///
+    /// # Errors
+    /// CUDA failures (allocation, copies) and NCCL failures.
+    pub fn all_reduce_host<T: NcclElement>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.thread().run_blocking("all_reduce_host", move |s| {
+            let mut dev = upload(s, buf)?;
+            s.comm
+                .all_reduce_in_place(&mut dev, &nccl_op(op))
+                .map_err(s.nccl("all_reduce"))?;
+            download(s, &dev, buf)
+        })
+    }
+
+    /// [`NcclGroup::all_reduce_host`] on an owned buffer, without blocking: the returned
+    /// [`Work`] gives the buffer back holding the result, so the caller can compute meanwhile.
+    ///
+    /// # Collective
+    /// As [`NcclGroup::all_reduce_host`]; collectives run in issue order.
+    ///
+    /// # Errors
+    /// From [`Work::wait`]: CUDA and NCCL failures, [`CommError::Destroyed`](crate::CommError)
+    /// if the group went away first.
+    pub fn all_reduce_host_async<T: NcclElement>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Work<Vec<T>> {
+        self.thread().submit("all_reduce_host_async", move |s| {
+            if buf.is_empty() {
+                return Ok(buf);
+            }
+            let mut dev = upload(s, &buf)?;
+            s.comm
+                .all_reduce_in_place(&mut dev, &nccl_op(op))
+                .map_err(s.nccl("all_reduce"))?;
+            download(s, &dev, &mut buf)?;
+            Ok(buf)
+        })
+    }
+
+    /// [`NcclGroup::broadcast`] on a host slice: `root`'s slice lands in every rank's.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `root` and slice length.
+    ///
+    /// # Errors
+    /// `root` out of range; CUDA and NCCL failures.
+    pub fn broadcast_host<T: NcclElement>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let root_i32 = self.check_root("broadcast_host", root)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let is_root = root == self.rank();
+        self.thread().run_blocking("broadcast_host", move |s| {
+            // Only the root's values matter; the others just need room.
+            let mut dev = if is_root {
+                upload(s, buf)?
+            } else {
+                zeros(s, buf.len())?
+            };
+            s.comm
+                .broadcast_in_place(&mut dev, root_i32)
+                .map_err(s.nccl("broadcast"))?;
+            download(s, &dev, buf)
+        })
+    }
+
+    /// [`NcclGroup::all_gather`] on host slices: rank `r`'s `send` lands at
+    /// `recv[r * send.len()..]` on every rank.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `send` length; `recv` holds `world_size` blocks.
+    ///
+    /// # Errors
+    /// Mismatched lengths; CUDA and NCCL failures.
+    pub fn all_gather_host<T: NcclElement>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.check_blocks("all_gather_host", send.len(), recv.len())?;
+        if send.is_empty() {
+            return Ok(());
+        }
+        self.thread().run_blocking("all_gather_host", move |s| {
+            let dev_send = upload(s, send)?;
+            let mut dev_recv = zeros(s, recv.len())?;
+            s.comm
+                .all_gather(&dev_send, &mut dev_recv)
+                .map_err(s.nccl("all_gather"))?;
+            download(s, &dev_recv, recv)
+        })
+    }
+
+    /// [`NcclGroup::reduce_scatter`] on host slices: `recv` receives block `rank` of the
+    /// reduction of every rank's `send`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same lengths and `op`.
+    ///
+    /// # Errors
+    /// Mismatched lengths; CUDA and NCCL failures.
+    pub fn reduce_scatter_host<T: NcclElement>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_blocks("reduce_scatter_host", recv.len(), send.len())?;
+        if recv.is_empty() {
+            return Ok(());
+        }
+        self.thread().run_blocking("reduce_scatter_host", move |s| {
+            let dev_send = upload(s, send)?;
+            let mut dev_recv = zeros(s, recv.len())?;
+            s.comm
+                .reduce_scatter(&dev_send, &mut dev_recv, &nccl_op(op))
+                .map_err(s.nccl("reduce_scatter"))?;
+            download(s, &dev_recv, recv)
+        })
+    }
+}
+
+fn upload<T: NcclElement>(s: &CommState, host: &[T]) -> Result<CudaSlice<T>> {
+    s.stream
+        .clone_htod(host)
+        .map_err(s.cuda("copying to the device"))
+}
+
+fn zeros<T: NcclElement>(s: &CommState, len: usize) -> Result<CudaSlice<T>> {
+    s.stream
+        .alloc_zeros(len)
+        .map_err(s.cuda("allocating a device buffer"))
+}
+
+/// Copies `dev` into `host` and waits, so the caller can read `host` at once.
+fn download<T: NcclElement>(s: &CommState, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
+    s.stream
+        .memcpy_dtoh(dev, host)
+        .map_err(s.cuda("copying to the host"))?;
+    s.stream
+        .synchronize()
+        .map_err(s.cuda("synchronising after the copy to the host"))
+}

@@ -1,0 +1,295 @@
+//! NCCL groups (feature `cuda`): collectives at world size 1 on device and host buffers, the
+//! unique-id rendezvous, and clear errors on machines without CUDA.
+//!
+//! Tests that need a GPU print `skipping: ...` to stderr and return when this machine has no
+//! CUDA driver, no GPU or no libnccl (written past the test harness's capture, so the reason
+//! shows in every run).
+#![cfg(feature = "cuda")]
+
+use ddp_comm::cudarc::driver::{CudaSlice, DeviceRepr};
+use ddp_comm::{
+    CommError, NcclElement, NcclError, NcclGroup, NcclGroupConfig, ProcessGroup,
+    ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer, bf16, cuda_device_count, f16,
+};
+use std::io::Write;
+use std::time::Duration;
+
+const ALL_OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Avg,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Product,
+];
+
+/// Says why a test returns without checking anything. `eprintln!` would be captured (and
+/// hidden) for passing tests; a direct write to stderr is not.
+fn skip(reason: impl std::fmt::Display) {
+    // libtest names each test's thread after the test.
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let _ = writeln!(std::io::stderr(), "skipping: {reason} [{test}]");
+}
+
+fn store_pair() -> (StoreServer, Store) {
+    let config = StoreConfig::new().with_timeout(Duration::from_secs(30));
+    let server = StoreServer::bind("127.0.0.1:0", config.clone()).expect("bind a store");
+    let store = Store::connect(&server.local_addr().to_string(), config).expect("connect");
+    (server, store)
+}
+
+/// Whether this machine can run the test: a driver and a GPU. Prints why not.
+fn gpu_present() -> bool {
+    if !ddp_comm::cuda_driver_present() {
+        skip("no CUDA driver found (libcuda could not be loaded); this test needs an NVIDIA GPU");
+        return false;
+    }
+    match cuda_device_count() {
+        Ok(0) => {
+            skip("the CUDA driver is installed but sees no GPU");
+            false
+        }
+        Ok(_) => true,
+        Err(e) => {
+            skip(&e);
+            false
+        }
+    }
+}
+
+/// Creates a group, or prints why this machine cannot (no libnccl) and returns `None`.
+fn create(store: &Store, config: NcclGroupConfig) -> Option<NcclGroup> {
+    match NcclGroup::new(store, config) {
+        Ok(g) => Some(g),
+        Err(CommError::Nccl(e)) if e.is_unavailable() => {
+            skip(&e);
+            None
+        }
+        Err(e) => panic!("creating a world-1 NCCL group failed: {e}"),
+    }
+}
+
+/// A world-1 group on device 0, or `None` (after printing why) on a machine without a GPU.
+fn world_one(name: &str) -> Option<NcclGroup> {
+    if !gpu_present() {
+        return None;
+    }
+    let (_server, store) = store_pair();
+    create(&store, NcclGroupConfig::new(0, 1, 0).with_name(name))
+}
+
+fn upload<T: DeviceRepr>(g: &NcclGroup, host: &[T]) -> CudaSlice<T> {
+    g.stream().clone_htod(host).expect("copy to the device")
+}
+
+fn download<T: DeviceRepr>(g: &NcclGroup, dev: &CudaSlice<T>) -> Vec<T> {
+    let host = g.stream().clone_dtoh(dev).expect("copy to the host");
+    g.stream().synchronize().expect("synchronize");
+    host
+}
+
+/// At world size 1 every reduction of a buffer is the buffer itself.
+fn all_reduce_keeps_values<T: NcclElement>(g: &NcclGroup, values: &[T]) {
+    for op in ALL_OPS {
+        let mut dev = upload(g, values);
+        g.all_reduce(&mut dev, op).expect("device all_reduce");
+        assert_eq!(download(g, &dev), values, "device all_reduce {op}");
+        let mut host = values.to_vec();
+        g.all_reduce_host(&mut host, op).expect("host all_reduce");
+        assert_eq!(host, values, "host all_reduce {op}");
+    }
+}
+
+#[test]
+fn all_reduce_at_world_one_returns_the_input_for_every_op_and_type() {
+    let Some(g) = world_one("all-reduce") else {
+        return;
+    };
+    all_reduce_keeps_values(&g, &[1.5f32, -2.0, 3.25, 0.0]);
+    all_reduce_keeps_values(&g, &[1.5f64, -2.0, 1e300]);
+    all_reduce_keeps_values(&g, &[7i32, -3, i32::MAX]);
+    all_reduce_keeps_values(&g, &[7i64, -3, i64::MIN]);
+    all_reduce_keeps_values(&g, &[0u8, 1, 255]);
+    all_reduce_keeps_values(&g, &[f16::from_f32(1.5), f16::from_f32(-0.25)]);
+    all_reduce_keeps_values(&g, &[bf16::from_f32(1.5), bf16::from_f32(-0.25)]);
+}
+
+#[test]
+fn all_reduce_on_a_view_leaves_the_rest_of_the_buffer_alone() {
+    let Some(g) = world_one("view") else {
+        return;
+    };
+    let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let mut dev = upload(&g, &values);
+    let mut view = dev.slice_mut(2..5);
+    g.all_reduce(&mut view, ReduceOp::Sum)
+        .expect("all_reduce on a view");
+    assert_eq!(download(&g, &dev), values);
+}
+
+#[test]
+fn broadcast_from_root_zero_keeps_the_root_values() {
+    let Some(g) = world_one("broadcast") else {
+        return;
+    };
+    let values = [3i64, -1, 42];
+    let mut dev = upload(&g, &values);
+    g.broadcast(&mut dev, 0).expect("device broadcast");
+    assert_eq!(download(&g, &dev), values);
+    let mut host = values;
+    g.broadcast_host(&mut host, 0).expect("host broadcast");
+    assert_eq!(host, values);
+    let e = g.broadcast_host(&mut host, 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("root 1 is out of range for world size 1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn all_gather_at_world_one_copies_send_into_recv() {
+    let Some(g) = world_one("all-gather") else {
+        return;
+    };
+    let send = upload(&g, &[1.0f32, 2.0, 3.0]);
+    let mut recv = g.stream().alloc_zeros::<f32>(3).expect("alloc");
+    g.all_gather(&send, &mut recv).expect("device all_gather");
+    assert_eq!(download(&g, &recv), [1.0, 2.0, 3.0]);
+    let mut host = [0u8; 2];
+    g.all_gather_host(&[9u8, 8], &mut host)
+        .expect("host all_gather");
+    assert_eq!(host, [9, 8]);
+    let e = g.all_gather_host(&[9u8, 8], &mut [0u8; 3]).unwrap_err();
+    assert!(
+        matches!(e, CommError::InvalidArgument { .. }),
+        "wrong sizes must be rejected before NCCL sees them: {e}"
+    );
+}
+
+#[test]
+fn reduce_scatter_at_world_one_reduces_into_recv() {
+    let Some(g) = world_one("reduce-scatter") else {
+        return;
+    };
+    let send = upload(&g, &[4i32, 5]);
+    let mut recv = g.stream().alloc_zeros::<i32>(2).expect("alloc");
+    g.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
+        .expect("device reduce_scatter");
+    assert_eq!(download(&g, &recv), [4, 5]);
+    let mut host = [0.0f64; 2];
+    g.reduce_scatter_host(&[0.5, -0.5], &mut host, ReduceOp::Max)
+        .expect("host reduce_scatter");
+    assert_eq!(host, [0.5, -0.5]);
+}
+
+#[test]
+fn barrier_and_synchronize_return_and_the_group_stays_usable() {
+    let Some(g) = world_one("barrier") else {
+        return;
+    };
+    g.barrier().expect("barrier");
+    g.synchronize().expect("synchronize");
+    let mut v = [1.0f32; 4];
+    g.all_reduce_host(&mut v, ReduceOp::Sum)
+        .expect("all_reduce after barrier");
+    assert_eq!(v, [1.0; 4]);
+}
+
+#[test]
+fn async_host_all_reduce_gives_the_buffer_back_with_the_result() {
+    let Some(g) = world_one("async") else {
+        return;
+    };
+    let first = g.all_reduce_host_async(vec![1.0f32, 2.0], ReduceOp::Sum);
+    let second = g.all_reduce_host_async(vec![-4i64; 3], ReduceOp::Min);
+    let empty = g.all_reduce_host_async(Vec::<u8>::new(), ReduceOp::Max);
+    assert_eq!(second.wait().expect("second"), [-4; 3]);
+    assert_eq!(first.wait().expect("first"), [1.0, 2.0]);
+    assert!(empty.wait().expect("empty").is_empty());
+}
+
+#[test]
+fn a_group_is_usable_from_another_thread() {
+    let Some(g) = world_one("threads") else {
+        return;
+    };
+    let clone = g.clone();
+    let out = std::thread::spawn(move || {
+        let mut v = [2u8, 3];
+        clone.all_reduce_host(&mut v, ReduceOp::Product).map(|()| v)
+    })
+    .join()
+    .expect("thread");
+    assert_eq!(out.expect("all_reduce from another thread"), [2, 3]);
+}
+
+#[test]
+fn unique_id_is_published_under_the_group_name_and_a_name_is_used_once() {
+    if !gpu_present() {
+        return;
+    }
+    let (_server, store) = store_pair();
+    let Some(g) = create(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange")) else {
+        return;
+    };
+    let id = store
+        .get("nccl/exchange/unique_id")
+        .expect("rank 0 published the id");
+    assert_eq!(id.len(), 128);
+    assert_eq!((g.rank(), g.world_size(), g.device()), (0, 1, 0));
+    drop(g);
+    let e =
+        NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange")).unwrap_err();
+    assert!(
+        matches!(e, CommError::Nccl(NcclError::NameInUse { .. })),
+        "{e}"
+    );
+    // Another name is another group on the same store.
+    let other = create(
+        &store,
+        NcclGroupConfig::new(0, 1, 0).with_name("exchange-2"),
+    );
+    assert!(other.is_some());
+}
+
+#[test]
+fn a_group_can_be_made_from_a_process_group() {
+    if !gpu_present() {
+        return;
+    }
+    let (_server, store) = store_pair();
+    let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("world 1");
+    let g = match NcclGroup::from_process_group(&pg) {
+        Ok(g) => g,
+        Err(CommError::Nccl(e)) if e.is_unavailable() => {
+            skip(&e);
+            return;
+        }
+        Err(e) => panic!("NCCL group from a process group: {e}"),
+    };
+    assert_eq!(g.device(), pg.local_rank());
+    let mut v = [5i32, 6];
+    g.all_reduce_host(&mut v, ReduceOp::Avg)
+        .expect("all_reduce");
+    assert_eq!(v, [5, 6]);
+}
+
+#[test]
+fn without_a_driver_creating_a_group_is_an_error_not_a_panic() {
+    if ddp_comm::cuda_driver_present() {
+        skip("a CUDA driver is present, so this checks nothing here");
+        return;
+    }
+    let (_server, store) = store_pair();
+    let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0)).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("no CUDA driver found (libcuda could not be loaded)"),
+        "{e}"
+    );
+    assert!(matches!(&e, CommError::Nccl(n) if n.is_unavailable()));
+    assert!(matches!(
+        cuda_device_count(),
+        Err(CommError::Nccl(NcclError::DriverNotFound))
+    ));
+}
