@@ -54,6 +54,11 @@ pub fn run(
     kind: BackendKind,
     job: impl TrainOn,
 ) -> std::process::ExitCode {
+    // Fail before any worker starts (and before restarts could retry a missing driver).
+    if let Err(e) = check_available(kind) {
+        eprintln!("{name}: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let result = ddp_core::launch(launch, |ctx| -> Result<()> {
         match kind {
             BackendKind::Flex => {

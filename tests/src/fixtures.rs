@@ -7,12 +7,12 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
 
-/// The backend of the tests.
+/// The backend of the tests (CPU). The fixtures are generic so that the same runs can be made
+/// on burn's CUDA backend (feature `cuda`).
 pub type TestBackend = Autodiff<Flex>;
-type B = TestBackend;
 
 /// Steps trained by every equivalence run.
 pub const STEPS: usize = 4;
@@ -79,7 +79,7 @@ pub fn step_indices(step: usize, world: usize, rank: Option<usize>) -> Vec<usize
 }
 
 /// A batch of the given samples.
-pub fn batch(indices: &[usize], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+pub fn batch<B: Backend>(indices: &[usize], device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
     let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
     let n = indices.len();
     (
@@ -89,23 +89,22 @@ pub fn batch(indices: &[usize], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 
 }
 
 /// Serialises a model (for handing the same initial weights to other processes).
-pub fn to_bytes(m: &SmallMlp<B>) -> Vec<u8> {
+pub fn to_bytes<B: Backend>(m: &SmallMlp<B>) -> Vec<u8> {
     let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
     Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("recording a model in memory")
 }
 
-/// Loads a model serialised by [`to_bytes`].
-pub fn from_bytes(bytes: &[u8]) -> Result<SmallMlp<B>, String> {
-    let device = Default::default();
+/// Loads a model serialised by [`to_bytes`] onto `device`.
+pub fn from_bytes<B: Backend>(bytes: &[u8], device: &B::Device) -> Result<SmallMlp<B>, String> {
     let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &device).map_err(|e| e.to_string())?;
-    Ok(SmallMlp::<B>::new(&device).load_record(record))
+    let record = Recorder::<B>::load(&rec, bytes.to_vec(), device).map_err(|e| e.to_string())?;
+    Ok(SmallMlp::<B>::new(device).load_record(record))
 }
 
 /// Every float parameter, in module order.
-pub fn flat_params(m: &SmallMlp<B>) -> Vec<f32> {
+pub fn flat_params<B: Backend>(m: &SmallMlp<B>) -> Vec<f32> {
     struct Collect(Vec<f32>);
-    impl ModuleVisitor<B> for Collect {
+    impl<B: Backend> ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
             self.0
                 .extend(p.val().into_data().convert::<f32>().iter::<f32>());
@@ -116,14 +115,24 @@ pub fn flat_params(m: &SmallMlp<B>) -> Vec<f32> {
     c.0
 }
 
-/// Single-process training on the whole global batch of `world * PER_RANK` samples per step.
+/// Single-process training on the whole global batch of `world * PER_RANK` samples per step,
+/// on the CPU.
 pub fn train_reference(init: &[u8], world: usize, opt: Opt) -> Result<Vec<f32>, String> {
-    let device = Default::default();
-    let mut model = from_bytes(init)?;
+    train_reference_on::<TestBackend>(init, world, opt, &Default::default())
+}
+
+/// [`train_reference`] on backend `B`, on `device`.
+pub fn train_reference_on<B: AutodiffBackend>(
+    init: &[u8],
+    world: usize,
+    opt: Opt,
+    device: &B::Device,
+) -> Result<Vec<f32>, String> {
+    let mut model = from_bytes::<B>(init, device)?;
     let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
     let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
     for step in 0..STEPS {
-        let (x, y) = batch(&step_indices(step, world, None), &device);
+        let (x, y) = batch::<B>(&step_indices(step, world, None), device);
         let loss = MseLoss::new().forward(model.forward(x), y, Reduction::Mean);
         let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
         model = match opt {

@@ -11,8 +11,19 @@ fn check(world: usize, opt: Opt) {
     check_over(world, opt, "auto");
 }
 
-/// `transport`: `DDP_TRANSPORT` for every rank.
 fn check_over(world: usize, opt: Opt, transport: &str) {
+    let reference = |init: &[u8]| train_reference(init, world, opt);
+    check_with(world, opt, &[("DDP_TRANSPORT", transport)], reference);
+}
+
+/// Runs `world` worker processes with the extra environment `env` and compares them with each
+/// other (bitwise) and with `reference` (one process, the union batch; within 1e-5 relative).
+fn check_with(
+    world: usize,
+    opt: Opt,
+    env: &[(&str, &str)],
+    reference: impl Fn(&[u8]) -> Result<Vec<f32>, String>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let model = SmallMlp::<TestBackend>::new(&Default::default());
     flat_params(&model); // initialise the lazy parameters before serialising
@@ -26,7 +37,11 @@ fn check_over(world: usize, opt: Opt, transport: &str) {
         &[init_path.to_str().unwrap(), &out, opt_name],
         world,
         Duration::from_secs(120),
-        |_| vec![("DDP_TRANSPORT".to_string(), transport.to_string())],
+        |_| {
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        },
     );
     for o in &outputs {
         assert_eq!(
@@ -55,7 +70,7 @@ fn check_over(world: usize, opt: Opt, transport: &str) {
             "{opt:?} world {world}: rank {r} is not bitwise equal to rank 0"
         );
     }
-    let reference = train_reference(&init, world, opt).unwrap();
+    let reference = reference(&init).unwrap();
     let diff = rank0
         .iter()
         .zip(&reference)
@@ -87,4 +102,25 @@ fn processes_with_adam_train_like_one_process_with_the_union_batch() {
 fn processes_over_tcp_train_like_one_process_with_the_union_batch() {
     check_over(3, Opt::Sgd, "tcp");
     check_over(2, Opt::Adam, "tcp");
+}
+
+/// Two processes sharing one GPU (NCCL cannot put two ranks on one device, so gradients go
+/// through the host and the CPU transport): the same equivalence, against one process training
+/// on the same GPU.
+#[cfg(feature = "cuda")]
+#[test]
+fn processes_sharing_one_gpu_train_like_one_process_with_the_union_batch() {
+    if !ddp_core::cuda_driver_present() {
+        eprintln!(
+            "skipping: no CUDA driver found (libcuda could not be loaded); this test needs an NVIDIA GPU"
+        );
+        return;
+    }
+    type Gpu = burn::backend::Autodiff<burn::backend::Cuda>;
+    let device = burn::backend::cuda::CudaDevice::new(0);
+    for opt in [Opt::Sgd, Opt::Adam] {
+        let reference =
+            |init: &[u8]| ddp_tests::fixtures::train_reference_on::<Gpu>(init, 2, opt, &device);
+        check_with(2, opt, &[("DDP_TEST_BACKEND", "cuda")], reference);
+    }
 }

@@ -3,15 +3,20 @@
 //!
 //! Rank 0 starts from the given weights, the others from their own random ones (DDP must make
 //! them equal); every rank trains `STEPS` steps on its share of each global batch and writes its
-//! final parameters (little-endian f32) to `<output-dir>/rank<r>.bin`.
+//! final parameters (little-endian f32) to `<output-dir>/rank<r>.bin`. `DDP_TEST_BACKEND=cuda`
+//! (feature `cuda`) trains on GPU 0 instead, every rank on the same GPU.
 
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, SgdConfig};
-use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env};
+use ddp_core::tap::TapBackend;
+use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
 use ddp_tests::fixtures::{
-    Opt, STEPS, SmallMlp, TestBackend as B, batch, flat_params, from_bytes, step_indices,
+    Opt, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,
 };
+
+/// `flex` (default) or `cuda` (feature `cuda`; every rank on GPU 0, gradients host-staged).
+const BACKEND_ENV: &str = "DDP_TEST_BACKEND";
 
 fn main() {
     if let Err(e) = run() {
@@ -26,20 +31,61 @@ fn run() -> Result<()> {
         anyhow::bail!("usage: ddp_worker <initial-weights-file> <output-dir> <sgd|adam>");
     };
     let opt: Opt = opt.parse().map_err(anyhow::Error::msg)?;
+    let init = std::fs::read(init).with_context(|| format!("reading {init}"))?;
+    let backend = std::env::var(BACKEND_ENV).unwrap_or_else(|_| "flex".into());
     let pg = init_from_env()?;
+    let params = match backend.as_str() {
+        "flex" => train::<TestBackend>(pg, &init, opt, &Default::default())?,
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            anyhow::ensure!(
+                ddp_core::cuda_driver_present(),
+                "no CUDA driver found (libcuda could not be loaded)"
+            );
+            let device = burn::backend::cuda::CudaDevice::new(0);
+            train::<burn::backend::Autodiff<burn::backend::Cuda>>(pg, &init, opt, &device)?
+        }
+        other => anyhow::bail!(
+            "{BACKEND_ENV}={other}: expected flex{}",
+            if cfg!(feature = "cuda") {
+                " or cuda"
+            } else {
+                " (or cuda, with the cuda feature)"
+            }
+        ),
+    };
+    let bytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let path = format!("{out}/rank{}.bin", rank_of_env()?);
+    std::fs::write(&path, bytes).with_context(|| format!("writing {path}"))?;
+    println!("ok");
+    Ok(())
+}
+
+fn rank_of_env() -> Result<usize> {
+    std::env::var("RANK")
+        .context("RANK is not set")?
+        .parse()
+        .context("RANK is not a number")
+}
+
+/// Trains `STEPS` steps on this rank's share of each global batch and returns the parameters.
+fn train<B: TapBackend>(
+    pg: ProcessGroup,
+    init: &[u8],
+    opt: Opt,
+    device: &B::Device,
+) -> Result<Vec<f32>> {
     let (rank, world) = (pg.rank(), pg.world_size());
-    let device = Default::default();
     let model = if rank == 0 {
-        from_bytes(&std::fs::read(init).with_context(|| format!("reading {init}"))?)
-            .map_err(anyhow::Error::msg)?
+        from_bytes::<B>(init, device).map_err(anyhow::Error::msg)?
     } else {
-        SmallMlp::<B>::new(&device)
+        SmallMlp::<B>::new(device)
     };
     let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new())?;
     let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
     let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
     for step in 0..STEPS {
-        let (x, y) = batch(&step_indices(step, world, Some(rank)), &device);
+        let (x, y) = batch::<B>(&step_indices(step, world, Some(rank)), device);
         let pred = ddp.forward(|m| m.forward(x))?;
         let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
         match opt {
@@ -47,12 +93,5 @@ fn run() -> Result<()> {
             Opt::Adam => ddp.optimizer_step(&mut adam, 0.01, grads),
         }
     }
-    let bytes: Vec<u8> = flat_params(ddp.module())
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    let path = format!("{out}/rank{rank}.bin");
-    std::fs::write(&path, bytes).with_context(|| format!("writing {path}"))?;
-    println!("ok");
-    Ok(())
+    Ok(flat_params(ddp.module()))
 }
