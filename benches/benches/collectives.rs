@@ -19,6 +19,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use ddp_benches::parse_bytes;
 use ddp_comm::{ProcessGroup, ReduceOp, init_from_env};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -51,18 +52,6 @@ struct Args {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-fn parse_bytes(s: &str) -> Result<usize, String> {
-    let (num, mult) = match s.trim().to_ascii_uppercase() {
-        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1usize << 10),
-        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
-        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
-        t => (t, 1),
-    };
-    num.parse::<usize>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("'{s}' is not a byte size like 4K or 64M"))
 }
 
 fn main() -> Result<()> {

@@ -29,6 +29,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
+use ddp_benches::{median, world_of_one};
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env, layer_boundary};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -90,11 +91,6 @@ fn data(device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
     (x, y)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
 /// Minor page faults of this process so far (first touches of memory the allocator just got
 /// from the kernel): the hidden cost of buffers that are freed and allocated again every step.
 fn minor_faults() -> u64 {
@@ -154,12 +150,7 @@ fn main() -> Result<()> {
 
 fn world1(args: &Args) -> Result<()> {
     let device = Default::default();
-    let server = ddp_core::StoreServer::bind("127.0.0.1:0", ddp_core::StoreConfig::new())?;
-    let store = ddp_core::Store::connect(
-        &server.local_addr().to_string(),
-        ddp_core::StoreConfig::new(),
-    )?;
-    let pg = ProcessGroup::with_store(store, ddp_core::ProcessGroupConfig::new(0, 1))?;
+    let (_server, pg) = world_of_one()?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut plain_model = Mlp::<B>::new(&device);
     let mut plain_opt = SgdConfig::new().init::<B, Mlp<B>>();

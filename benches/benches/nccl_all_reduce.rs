@@ -17,8 +17,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use ddp_benches::parse_bytes;
 use ddp_comm::cudarc::nccl::result::get_nccl_version;
-use ddp_comm::{CommError, NcclGroup, NcclGroupConfig, ReduceOp, Store, StoreConfig, StoreServer};
+use ddp_comm::{CommError, NcclGroup, NcclGroupConfig, ReduceOp};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
@@ -36,18 +37,6 @@ struct Args {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-fn parse_bytes(s: &str) -> Result<usize, String> {
-    let (num, mult) = match s.trim().to_ascii_uppercase() {
-        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1usize << 10),
-        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
-        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
-        t => (t, 1),
-    };
-    num.parse::<usize>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("'{s}' is not a byte size like 4K or 64M"))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -144,8 +133,7 @@ fn open_group(device: usize) -> Result<Option<NcclGroup>> {
         );
         return Ok(None);
     }
-    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
-    let store = Store::connect(&server.local_addr().to_string(), StoreConfig::new())?;
+    let (_server, store) = ddp_benches::local_store()?;
     match NcclGroup::new(
         &store,
         NcclGroupConfig::new(0, 1, device).with_name("bench"),

@@ -19,12 +19,13 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use clap::Parser;
+use ddp_benches::{median, world_of_one};
 use ddp_core::tap::TapBackend;
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup};
+use ddp_core::{DdpConfig, DistributedDataParallel};
 use ddp_examples::backend::BackendKind;
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::reverse::{ReverseBatch, ReverseBatcher, VOCAB, scored_positions, sequence};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const SEQ_LEN: usize = 6;
 const BATCH: usize = 32;
@@ -86,11 +87,6 @@ fn loss<B: Backend>(
         .forward(logits, targets)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
 fn bench<B: TapBackend>(args: &Args, device: B::Device, name: &str) -> Result<()>
 where
     TinyGpt<B>: AutodiffModule<B>,
@@ -104,12 +100,7 @@ where
         boundaries: false,
     };
     B::seed(&device, 42);
-    let server = ddp_core::StoreServer::bind("127.0.0.1:0", ddp_core::StoreConfig::new())?;
-    let store = ddp_core::Store::connect(
-        &server.local_addr().to_string(),
-        ddp_core::StoreConfig::new(),
-    )?;
-    let pg = ProcessGroup::with_store(store, ddp_core::ProcessGroupConfig::new(0, 1))?;
+    let (_server, pg) = world_of_one()?;
     let mut plain_model = TinyGpt::<B>::new(shape, &device);
     let mut plain_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let mut ddp =

@@ -14,11 +14,14 @@
 
 mod collectives;
 mod config;
+mod job_thread;
 mod process_group;
 mod work;
 mod worker;
 
 pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
+#[cfg(feature = "cuda")]
+pub(crate) use job_thread::{Job, JobThread, serve};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
 pub use work::{Work, WorkTiming};

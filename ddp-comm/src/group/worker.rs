@@ -7,24 +7,20 @@
 //! blames a rank that blames another...), so every rank names the rank where the trouble
 //! started even when it is several hops away (e.g. behind a host's leader).
 
-use super::work::{Work, WorkTiming};
+use super::job_thread::{JobThread, serve};
+use super::work::Work;
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::Transport;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Mutex, PoisonError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a failing rank waits for the blamed peer's own report.
 const REPORT_WAIT: Duration = Duration::from_secs(2);
 /// How long it waits for each further report along the chain of blame (those ranks failed
 /// before the one we blame, so their reports are usually there already).
 const CHAIN_WAIT: Duration = Duration::from_millis(500);
-
-type Job = Box<dyn FnOnce(&mut WorkerState) + Send + 'static>;
 
 /// What jobs run against on the communication thread.
 pub(crate) struct WorkerState {
@@ -124,8 +120,7 @@ impl WorkerState {
 
 /// Handle to the communication thread; dropping it lets the queue drain and joins the thread.
 pub(crate) struct Worker {
-    jobs: Mutex<Option<Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: JobThread<WorkerState>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -141,28 +136,16 @@ impl Worker {
         my_rank: usize,
         name: String,
     ) -> Result<Worker> {
-        let (tx, rx) = mpsc::channel::<Job>();
         let state = WorkerState {
             transport,
             reporter,
             my_rank,
             failed: None,
         };
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || worker_loop(rx, state))
+        // Dropping the state when the queue closes closes the transport's connections.
+        let thread = JobThread::spawn(name, move |rx| drop(serve(rx, state)))
             .map_err(|e| CommError::io("starting the communication thread", e))?;
-        Ok(Worker {
-            jobs: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    fn sender(&self) -> Option<Sender<Job>> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        Ok(Worker { thread })
     }
 
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].
@@ -170,22 +153,7 @@ impl Worker {
         &self,
         job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static,
     ) -> Work<R> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let queued = Instant::now();
-        let boxed: Job = Box::new(move |s| {
-            let started = Instant::now();
-            let result = run_catching(s, job);
-            let timing = WorkTiming {
-                queued,
-                started,
-                finished: Instant::now(),
-            };
-            let _ = tx.send((result, timing));
-        });
-        match self.sender().map(|s| s.send(boxed)) {
-            Some(Ok(())) => Work::pending(rx),
-            _ => Work::failed(CommError::Destroyed),
-        }
+        self.thread.submit(move |s| run_catching(s, job))
     }
 
     /// Runs a job that borrows the caller's buffers, blocking until it has finished.
@@ -193,55 +161,13 @@ impl Worker {
         &self,
         job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'a,
     ) -> Result<R> {
-        let (tx, rx) = mpsc::sync_channel::<Result<R>>(1);
-        let boxed: Box<dyn FnOnce(&mut WorkerState) + Send + 'a> = Box::new(move |s| {
-            let _ = tx.send(run_catching(s, job));
-        });
-        // SAFETY: the job borrows data for 'a. We only return after `rx` yields, which happens
-        // when the job has sent its result (it has finished with the borrowed data, which
-        // `job(s)` consumed) or when the job was dropped without running or unwound (the sender
-        // inside it is dropped, and with it every borrow). Either way no borrow outlives this
-        // call, which is the same argument that makes scoped threads sound.
-        let boxed: Job = unsafe {
-            std::mem::transmute::<Box<dyn FnOnce(&mut WorkerState) + Send + 'a>, Job>(boxed)
-        };
-        let sender = self.sender().ok_or(CommError::Destroyed)?;
-        if sender.send(boxed).is_err() {
-            return Err(CommError::Destroyed);
-        }
-        rx.recv().unwrap_or(Err(CommError::Destroyed))
+        self.thread.run_blocking(move |s| run_catching(s, job))
     }
 
     /// Stops accepting work, lets queued collectives finish, and joins the thread.
     pub(crate) fn shutdown(&self) {
-        drop(
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
-        if let Some(t) = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            let _ = t.join();
-        }
+        self.thread.shutdown();
     }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn worker_loop(rx: Receiver<Job>, mut state: WorkerState) {
-    while let Ok(job) = rx.recv() {
-        job(&mut state);
-    }
-    // Dropping the state here closes the transport's connections.
 }
 
 /// Runs a job, turning a panic inside it (a bug) into a failure of the group with its message,

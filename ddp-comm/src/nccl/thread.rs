@@ -11,16 +11,12 @@
 use super::error::NcclError;
 use super::library::last_error_detail;
 use crate::error::{CommError, Result};
-use crate::group::{Work, WorkTiming};
+use crate::group::{Job, JobThread, Work, serve};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use cudarc::nccl::{Comm, Id, result::NcclError as RawNcclError};
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
-use std::time::Instant;
-
-type Job = Box<dyn FnOnce(&mut CommState) + Send + 'static>;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver};
 
 /// What the communicator needs to start.
 pub(crate) struct InitSpec {
@@ -91,8 +87,7 @@ impl CommState {
 
 /// Handle to the communication thread; dropping it lets queued jobs finish and joins it.
 pub(crate) struct CommThread {
-    jobs: Mutex<Option<Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: JobThread<CommState>,
 }
 
 impl std::fmt::Debug for CommThread {
@@ -105,44 +100,35 @@ impl CommThread {
     /// Starts the thread and waits until its communicator exists, which is when every rank of
     /// the group has joined (NCCL's init has no timeout of its own).
     pub(crate) fn start(spec: InitSpec) -> Result<(CommThread, Arc<CudaContext>, Arc<CudaStream>)> {
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("ddp-nccl-{}", spec.rank))
-            .spawn(move || {
-                let state = match std::panic::catch_unwind(AssertUnwindSafe(|| init(spec))) {
-                    Ok(Ok(state)) => state,
-                    Ok(Err(e)) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                    Err(panic) => {
-                        let _ = ready_tx.send(Err(CommError::Aborted(format!(
-                            "NCCL initialisation panicked: {}",
-                            panic_message(&*panic)
-                        ))));
-                        return;
-                    }
-                };
-                let handles = (state.stream.context().clone(), state.stream.clone());
-                if ready_tx.send(Ok(handles)).is_ok() {
-                    serve(jobs_rx, state);
+        let name = format!("ddp-nccl-{}", spec.rank);
+        let thread = JobThread::spawn(name, move |jobs: Receiver<Job<CommState>>| {
+            let state = match std::panic::catch_unwind(AssertUnwindSafe(|| init(spec))) {
+                Ok(Ok(state)) => state,
+                Ok(Err(e)) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-            })
-            .map_err(|e| CommError::io("starting the NCCL communication thread", e))?;
+                Err(panic) => {
+                    let _ = ready_tx.send(Err(CommError::Aborted(format!(
+                        "NCCL initialisation panicked: {}",
+                        panic_message(&*panic)
+                    ))));
+                    return;
+                }
+            };
+            let handles = (state.stream.context().clone(), state.stream.clone());
+            if ready_tx.send(Ok(handles)).is_ok() {
+                serve_then_close(jobs, state);
+            }
+        })
+        .map_err(|e| CommError::io("starting the NCCL communication thread", e))?;
         let (ctx, stream) = ready_rx.recv().unwrap_or_else(|_| {
             Err(CommError::Aborted(
                 "the NCCL communication thread exited during initialisation".into(),
             ))
         })?;
-        Ok((
-            CommThread {
-                jobs: Mutex::new(Some(jobs_tx)),
-                thread: Mutex::new(Some(thread)),
-            },
-            ctx,
-            stream,
-        ))
+        Ok((CommThread { thread }, ctx, stream))
     }
 
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].
@@ -151,22 +137,7 @@ impl CommThread {
         op: &'static str,
         job: impl FnOnce(&mut CommState) -> Result<R> + Send + 'static,
     ) -> Work<R> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let queued = Instant::now();
-        let boxed: Job = Box::new(move |s| {
-            let started = Instant::now();
-            let result = s.run(op, job);
-            let timing = WorkTiming {
-                queued,
-                started,
-                finished: Instant::now(),
-            };
-            let _ = tx.send((result, timing));
-        });
-        match self.sender().map(|s| s.send(boxed)) {
-            Some(Ok(())) => Work::pending(rx),
-            _ => Work::failed(CommError::Destroyed),
-        }
+        self.thread.submit(move |s| s.run(op, job))
     }
 
     /// Runs a job that borrows the caller's buffers on the communication thread, blocking until
@@ -176,54 +147,7 @@ impl CommThread {
         op: &'static str,
         job: impl FnOnce(&mut CommState) -> Result<R> + Send + 'a,
     ) -> Result<R> {
-        let (tx, rx) = mpsc::sync_channel::<Result<R>>(1);
-        let boxed: Box<dyn FnOnce(&mut CommState) + Send + 'a> = Box::new(move |s| {
-            let _ = tx.send(s.run(op, job));
-        });
-        // SAFETY: the job borrows data for 'a. We only return after `rx` yields, which happens
-        // when the job has sent its result (it has finished with the borrowed data) or when the
-        // job was dropped without running or unwound (the sender inside it is dropped, and with
-        // it every borrow). Either way no borrow outlives this call: the argument that makes
-        // scoped threads sound, and the one the CPU worker relies on.
-        let boxed: Job = unsafe {
-            std::mem::transmute::<Box<dyn FnOnce(&mut CommState) + Send + 'a>, Job>(boxed)
-        };
-        let sender = self.sender().ok_or(CommError::Destroyed)?;
-        if sender.send(boxed).is_err() {
-            return Err(CommError::Destroyed);
-        }
-        rx.recv().unwrap_or(Err(CommError::Destroyed))
-    }
-
-    fn sender(&self) -> Option<Sender<Job>> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Stops accepting jobs, lets queued ones finish, and joins the thread.
-    pub(crate) fn shutdown(&self) {
-        drop(
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
-        if let Some(t) = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for CommThread {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.thread.run_blocking(move |s| s.run(op, job))
     }
 }
 
@@ -256,17 +180,15 @@ fn init(spec: InitSpec) -> Result<CommState> {
     })
 }
 
-fn serve(jobs: Receiver<Job>, mut state: CommState) {
-    while let Ok(job) = jobs.recv() {
-        job(&mut state);
-    }
+/// Runs the jobs until the group is dropped, then tears the communicator down.
+fn serve_then_close(jobs: Receiver<Job<CommState>>, state: CommState) {
     let CommState {
         comm,
         stream,
         group,
         failed,
         ..
-    } = state;
+    } = serve(jobs, state);
     // Let queued GPU work finish before the communicator goes (dropping it aborts it), unless
     // the group failed: then a peer may never arrive and waiting could hang.
     if failed.is_none()
