@@ -274,18 +274,7 @@ impl Rendezvous {
         self.store.add(&joined_key, 1).map_err(|e| self.lost(e))?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
-            if let Some(sig) = signals.take() {
-                self.report_failure(
-                    attempt,
-                    &format!(
-                        "node {} was interrupted by {}",
-                        self.node_rank,
-                        signal_name(sig)
-                    ),
-                    true,
-                );
-                return Err(LaunchError::Interrupted { signal: sig });
-            }
+            self.stop_if_interrupted(attempt, signals)?;
             let joined = self.store.add(&joined_key, 0).map_err(|e| self.lost(e))?;
             if joined >= self.nnodes as i64 {
                 break;
@@ -335,6 +324,21 @@ impl Rendezvous {
         }
     }
 
+    /// While this node waits for the others: on a signal, tells them to stop and returns
+    /// [`LaunchError::Interrupted`].
+    fn stop_if_interrupted(&self, attempt: u32, signals: &SignalGuard) -> Result<(), LaunchError> {
+        let Some(sig) = signals.take() else {
+            return Ok(());
+        };
+        let description = format!(
+            "node {} was interrupted by {}",
+            self.node_rank,
+            signal_name(sig)
+        );
+        self.report_failure(attempt, &description, true);
+        Err(LaunchError::Interrupted { signal: sig })
+    }
+
     /// Publishes this node's failure (the first one published wins); `abort` also asks every
     /// node not to restart.
     pub(crate) fn report_failure(&self, attempt: u32, description: &str, abort: bool) {
@@ -365,18 +369,7 @@ impl Rendezvous {
         self.store.add(&key, 1).map_err(|e| self.lost(e))?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
-            if let Some(sig) = signals.take() {
-                self.report_failure(
-                    attempt,
-                    &format!(
-                        "node {} was interrupted by {}",
-                        self.node_rank,
-                        signal_name(sig)
-                    ),
-                    true,
-                );
-                return Err(LaunchError::Interrupted { signal: sig });
-            }
+            self.stop_if_interrupted(attempt, signals)?;
             match self.store.add(&key, 0) {
                 Ok(n) if n >= self.nnodes as i64 => return Ok(None),
                 Ok(_) => {}

@@ -108,15 +108,7 @@ mod tests {
     use super::*;
     use crate::launch::args::NprocPerNode;
     use crate::launch::env::LauncherKind;
-    use std::collections::HashMap;
-
-    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use crate::launch::env::tests::vars;
 
     const SLURM: [(&str, &str); 7] = [
         ("SLURM_PROCID", "1"),
