@@ -12,8 +12,9 @@
 //!   DDP step (forward through taps, backward with buckets, SGD), interleaved in rounds.
 //! - world 2: the synchronised step against the same step under `backward_no_sync`; the no-sync
 //!   step has no averaged gradients to apply, so the optimizer time measured in the synchronised
-//!   steps is added to it. Both in automatic mode and with layer boundaries marked, with the
-//!   fraction of all-reduce time that ran during backward.
+//!   steps is added to it. In automatic mode (plain taps), anchored mode
+//!   (`DdpConfig::automatic_overlap`) and with layer boundaries marked, with the fraction of
+//!   all-reduce time that ran during backward.
 //!
 //! Times are medians of per-step wall times; compare ratios within one run. `faults/step` is
 //! the process's minor page faults per synchronised / no-sync step. The benchmark runs with the
@@ -270,23 +271,26 @@ fn world2_worker() -> Result<()> {
             "faults/step"
         );
     }
-    for marked in [false, true] {
+    // Automatic: plain taps; anchored: `automatic_overlap` (taps at learned depths); layer
+    // boundaries: the model marks them.
+    for (mode, marked, anchored) in [
+        ("automatic", false, false),
+        ("anchored (auto overlap)", false, true),
+        ("layer boundaries", true, false),
+    ] {
         let config = match (&args.trace, marked) {
             (Some(path), true) => DdpConfig::new()
                 .with_timeline_path(Some(path.clone()))
                 .with_timeline_steps(3),
             _ => DdpConfig::new(),
-        };
+        }
+        .with_automatic_overlap(anchored);
         let m = measure_world2(&pg, &args, marked, config)?;
         if pg.rank() == 0 {
             let no_sync_step = m.no_sync + m.optimizer;
             println!(
                 "  {:<22} {:>9.2} {:>10.2} {:>9.2} {:>7.3} {:>10.2} {:>12.2} {:>8.0}% {:>6}/{:<6}",
-                if marked {
-                    "layer boundaries"
-                } else {
-                    "automatic"
-                },
+                mode,
                 ms(m.sync),
                 ms(no_sync_step),
                 ms(m.optimizer),

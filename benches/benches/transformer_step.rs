@@ -20,7 +20,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use ddp_benches::{median, world_of_one};
-use ddp_core::tap::TapBackend;
+use ddp_core::TapBackend;
 use ddp_core::{DdpConfig, DistributedDataParallel};
 use ddp_examples::backend::BackendKind;
 use ddp_examples::models::{GptShape, TinyGpt};

@@ -3,13 +3,18 @@
 use ddp_comm::CommError;
 
 /// Failures of [`DistributedDataParallel`](crate::DistributedDataParallel).
+///
+/// Any error from a collective call (`forward`, `backward`, `backward_no_sync`, `set_module`)
+/// aborts the process group, so the other ranks fail at once with this rank's reason instead of
+/// waiting for the timeout, and poisons the wrapper: every later call returns
+/// [`DdpError::Poisoned`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DdpError {
     /// The ranks do not hold the same model.
     #[error("model mismatch across ranks: {0}")]
     ModelMismatch(String),
-    /// A collective failed (a peer died, stalled, or disagreed).
+    /// A collective failed (a peer died, stalled, disagreed, or aborted with its own reason).
     #[error("{context}: {source}")]
     Comm {
         /// What DDP was doing.
@@ -18,17 +23,65 @@ pub enum DdpError {
         #[source]
         source: CommError,
     },
-    /// Serialising or loading the model record failed.
+    /// `backward` was called without a `ddp.forward` since the last backward.
+    #[error(
+        "backward without forward: call `ddp.forward(|model| ...)` before every \
+         `ddp.backward(loss)`"
+    )]
+    BackwardWithoutForward,
+    /// Gradients reached DDP outside `ddp.backward`, from a plain `loss.backward()`.
+    #[error(
+        "{count} gradient(s) reached DDP outside `ddp.backward`: call `ddp.backward(loss)` (or \
+         `backward_no_sync`) instead of `loss.backward()` on the output of `ddp.forward`"
+    )]
+    BackwardOutsideDdp {
+        /// How many tapped gradients arrived.
+        count: usize,
+    },
+    /// The loss was computed from the output of a forward that an earlier backward already
+    /// consumed.
+    #[error(
+        "the gradient of '{path}' comes from a forward of an earlier step: every backward must \
+         use outputs of the `ddp.forward` calls made since the previous backward"
+    )]
+    StaleForward {
+        /// The parameter whose stale gradient arrived.
+        path: String,
+    },
+    /// The loss did not depend on any parameter through `ddp.forward`.
+    #[error(
+        "no gradient reached DDP during backward: compute the loss from the output of \
+         `ddp.forward(|model| ...)`"
+    )]
+    NoGradients,
+    /// A gradient could not be turned into reducible data.
+    #[error("gradient of '{path}': {reason}")]
+    Gradient {
+        /// The parameter.
+        path: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The model uses a dtype or combination of options DDP cannot reduce.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// Serialising or loading the model failed.
     #[error("{context}: {reason}")]
     Record {
         /// What DDP was doing.
         context: &'static str,
-        /// The recorder's message.
+        /// What went wrong.
         reason: String,
     },
-    /// The wrapper was used in a way that cannot give correct gradients.
-    #[error("{0}")]
-    Misuse(String),
+    /// An earlier call failed; the process group was aborted and the wrapper cannot continue.
+    #[error(
+        "DDP is unusable after an earlier error (the process group was aborted): {first}; \
+         restart the job (with `--max-restarts` it resumes from the latest checkpoint)"
+    )]
+    Poisoned {
+        /// The first error.
+        first: String,
+    },
     /// The configuration is invalid.
     #[error("invalid DDP config: {0}")]
     InvalidConfig(String),
@@ -41,6 +94,9 @@ pub enum DdpError {
         #[source]
         source: std::io::Error,
     },
+    /// A bug in DDP itself: please report it with the message.
+    #[error("internal error in DDP: {0}")]
+    Internal(String),
 }
 
 impl DdpError {

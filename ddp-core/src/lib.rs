@@ -5,7 +5,20 @@
 //!
 //! - [`DistributedDataParallel`] wraps any `AutodiffModule` on any `Autodiff<B>` backend:
 //!   rank-0 sync at construction, gradient taps, buckets all-reduced while backward runs,
-//!   `backward_no_sync` for accumulation, fp16/bf16 compression, a Chrome-trace timeline.
+//!   `backward_no_sync` for accumulation, fp16/bf16 compression, a Chrome-trace timeline. Its
+//!   semantics are PyTorch's: buffers follow rank 0, parameters no rank used get no gradient,
+//!   errors abort the group so every rank fails fast (see its docs).
+//!
+//! ## One step, as data flows
+//! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable
+//!    parameters pass through taps (`tap.rs`) runs your forward.
+//! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
+//!    backward reaches each tap, which hands the gradient to the reducer (`reducer/mod.rs`, the
+//!    bucket bookkeeping); a full bucket is launched, in order, through the bucket engine
+//!    (`reducer/engine.rs`: how a bucket is reduced, over ddp-comm).
+//! 3. After backward the reducer launches what is left, agrees on which parameters some rank
+//!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
+//! 4. `ddp.optimizer_step(..)` applies your optimizer.
 //! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
 //!   as soon as that layer's backward is done.
 //! - [`checkpoint`]: [`Checkpointer`] writes model (safetensors),
@@ -15,8 +28,8 @@
 //!   for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both supervise the
 //!   workers, stop them all on a failure and restart the group with `--max-restarts`.
 //! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
-//! - [`bucket::assign_buckets`]: the bucketing rule; [`tap`]: the gradient tap, an identity
-//!   autodiff op.
+//! - [`bucket::assign_buckets`]: the bucketing rule; [`TapBackend`]: the backends DDP can tap
+//!   (every `Autodiff<B>`).
 //!
 //! Re-exported: [`ProcessGroup`], [`init_process_group`], [`ReduceOp`] and the rest of the
 //! process-group API from `ddp-comm`; [`DistributedSamplerConfig`],
@@ -78,14 +91,14 @@ mod model_sync;
 mod params;
 pub mod progress;
 mod reducer;
-pub mod tap;
+mod tap;
 mod timeline;
 
 pub use boundary::layer_boundary;
 pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression};
 pub use error::DdpError;
 pub use progress::{EpochProgress, EpochSummary};
-pub use reducer::BucketTimes;
+pub use tap::TapBackend;
 pub use timeline::StepStats;
 
 /// The data pipeline crate (sampler internals, loader).

@@ -1,11 +1,12 @@
-//! Construction-time agreement: every rank checks that it holds the same model as the others,
-//! then takes rank 0's values and parameter ids.
+//! Making the ranks' models equal: at construction every rank checks that it holds the same
+//! model as the others, then takes rank 0's values and parameter ids, byte for byte; during
+//! training, buffers follow rank 0 ([`read_values`] / [`write_values`] on the buffers only).
 
 use crate::error::DdpError;
-use crate::params::ParamInfo;
-use burn::module::AutodiffModule;
-use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::backend::AutodiffBackend;
+use crate::params::{ParamEntry, ParamTable, flush_running_states};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
 use ddp_comm::{ProcessGroup, ReduceOp};
 
 /// Sends `bytes` from `root` to every rank (length first, then the bytes).
@@ -29,8 +30,11 @@ pub(crate) fn broadcast_bytes(
 
 /// Fails on every rank, with the same message, if any rank's parameter list differs from rank
 /// 0's: the message names the first differing parameter path and both shapes.
-pub(crate) fn verify_same_model(pg: &ProcessGroup, params: &[ParamInfo]) -> Result<(), DdpError> {
-    let mine: Vec<String> = params.iter().map(ParamInfo::signature).collect();
+pub(crate) fn verify_same_model<I: Backend>(
+    pg: &ProcessGroup,
+    table: &ParamTable<I>,
+) -> Result<(), DdpError> {
+    let mine: Vec<String> = table.entries.iter().map(ParamEntry::signature).collect();
     let encoded = mine.join("\n").into_bytes();
     // Cheap check first: every rank compares a hash; only on disagreement exchange the lists.
     let hash = fnv1a(&encoded) as i64;
@@ -114,21 +118,17 @@ fn describe_difference(lists: &[Vec<String>]) -> String {
     "the ranks' parameter lists hash differently but compare equal".to_string()
 }
 
-/// Makes every rank's module equal to rank 0's: values, buffers and parameter ids, through
-/// burn's record (so optimizer state keyed by `ParamId` matches on every rank).
+/// Makes every rank's module equal to rank 0's: every float tensor's bytes in its own dtype
+/// (f64 stays exact) and every parameter's id (so optimizer state keyed by `ParamId` matches on
+/// every rank). The tables must already agree (see [`verify_same_model`]).
 pub(crate) fn broadcast_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     pg: &ProcessGroup,
     module: M,
-    device: &B::Device,
+    table: &ParamTable<B::InnerBackend>,
 ) -> Result<M, DdpError> {
-    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let every: Vec<bool> = vec![true; table.entries.len()];
     let bytes = if pg.rank() == 0 {
-        recorder
-            .record(module.clone().into_record(), ())
-            .map_err(|e| DdpError::Record {
-                context: "serialising rank 0's model",
-                reason: e.to_string(),
-            })?
+        read_values(&module, &every, true)
     } else {
         Vec::new()
     };
@@ -136,11 +136,141 @@ pub(crate) fn broadcast_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     if pg.rank() == 0 {
         return Ok(module);
     }
-    let record = recorder.load(bytes, device).map_err(|e| DdpError::Record {
-        context: "loading rank 0's model",
-        reason: e.to_string(),
-    })?;
-    Ok(module.load_record(record))
+    write_values(module, &every, true, &bytes)
+}
+
+/// The bytes of the selected float tensors in module order: per tensor its id (with `ids`),
+/// its byte length and its bytes.
+pub(crate) fn read_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    select: &[bool],
+    ids: bool,
+) -> Vec<u8> {
+    flush_running_states::<B, M>(module);
+    let mut read = ReadValues {
+        next: 0,
+        select,
+        ids,
+        out: Vec::new(),
+    };
+    module.visit(&mut read);
+    read.out
+}
+
+/// Writes bytes from [`read_values`] (with the same `select` and `ids`) into the module.
+pub(crate) fn write_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: M,
+    select: &[bool],
+    ids: bool,
+    bytes: &[u8],
+) -> Result<M, DdpError> {
+    // A pending update would overwrite the written value at the next `value_sync`.
+    flush_running_states::<B, M>(&module);
+    let mut write = WriteValues {
+        next: 0,
+        select,
+        ids,
+        bytes,
+        at: 0,
+        error: None,
+    };
+    let module = module.map(&mut write);
+    match write.error {
+        Some(e) => Err(DdpError::ModelMismatch(e)),
+        None if write.at != bytes.len() => Err(DdpError::ModelMismatch(format!(
+            "rank 0 sent {} bytes of tensors, this rank's model holds {}",
+            bytes.len(),
+            write.at
+        ))),
+        None => Ok(module),
+    }
+}
+
+struct ReadValues<'a> {
+    next: usize,
+    select: &'a [bool],
+    ids: bool,
+    out: Vec<u8>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for ReadValues<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let index = self.next;
+        self.next += 1;
+        if !self.select.get(index).copied().unwrap_or(false) {
+            return;
+        }
+        if self.ids {
+            self.out.extend_from_slice(&param.id.val().to_le_bytes());
+        }
+        let data = param.val().into_data();
+        let bytes = data.as_bytes();
+        self.out
+            .extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        self.out.extend_from_slice(bytes);
+    }
+}
+
+struct WriteValues<'a> {
+    next: usize,
+    select: &'a [bool],
+    ids: bool,
+    bytes: &'a [u8],
+    at: usize,
+    error: Option<String>,
+}
+
+impl WriteValues<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let out = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(out)
+    }
+
+    fn take_u64(&mut self) -> Option<u64> {
+        let b = self.take(8)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    }
+}
+
+impl<B: Backend> ModuleMapper<B> for WriteValues<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let index = self.next;
+        self.next += 1;
+        if self.error.is_some() || !self.select.get(index).copied().unwrap_or(false) {
+            return param;
+        }
+        let (local_id, tensor, mapper) = param.consume();
+        let id = if self.ids {
+            self.take_u64().map(ParamId::from)
+        } else {
+            Some(local_id)
+        };
+        let (shape, dtype, device) = (tensor.shape(), tensor.dtype(), tensor.device());
+        let expected = shape.num_elements() * dtype.size();
+        let len = self.take_u64();
+        let bytes = match (id, len) {
+            (Some(_), Some(len)) if len == expected as u64 => {
+                self.take(expected).map(<[u8]>::to_vec)
+            }
+            _ => None,
+        };
+        match (id, bytes) {
+            (Some(id), Some(bytes)) => {
+                let data = TensorData::from_bytes_vec(bytes, shape, dtype);
+                let value = Tensor::<B, D>::from_data(data, (&device, dtype))
+                    .set_require_grad(tensor.is_require_grad());
+                Param::from_mapped_value(id, value, mapper)
+            }
+            _ => {
+                self.error = Some(format!(
+                    "tensor #{index} ({:?}, {dtype:?}) does not match the {expected} bytes rank 0 sent",
+                    tensor.dims()
+                ));
+                Param::from_mapped_value(local_id, tensor, mapper)
+            }
+        }
+    }
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {

@@ -1,76 +1,130 @@
-//! The model's parameters as DDP sees them: a flat, ordered list built by visiting the module.
+//! The model's float tensors as DDP sees them: one [`ParamEntry`] per tensor, in module order.
 //!
-//! Visiting forces lazy initialisation (burn's layers create their tensors on first use, and a
-//! clone of an uninitialised module would draw new values). Float parameters that require
-//! gradients are *trainable*: they get taps and buckets. Other float state (batch-norm running
-//! statistics, frozen weights) is a *buffer*: DDP copies it from rank 0.
+//! Each entry is one of three kinds, because DDP treats them differently:
+//! - **trainable**: a `Param` that requires gradients: tapped, bucketed, all-reduced;
+//! - **buffer**: a `RunningState` (batch norm's running mean and variance): forward updates it,
+//!   so rank 0's value is broadcast every step (PyTorch's `broadcast_buffers`);
+//! - **frozen**: a `Param` with `require_grad = false`: made equal at construction, never sent
+//!   again.
+//!
+//! burn's visitors show buffers and frozen parameters the same way (a `Param` without
+//! gradient), so [`ParamTable::describe`] tells them apart by what makes a `RunningState` one:
+//! its clones share their value. It maps a clone of the module with placeholder values and looks
+//! at which tensors changed in the original, then puts the original values back.
 
-use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use std::any::Any;
-use std::sync::Arc;
 
-use crate::tap::{TapBackend, TapScope};
+/// How DDP treats one float tensor of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParamKind {
+    Trainable,
+    Buffer,
+    Frozen,
+}
 
-/// Rebuilds a parameter's gradient tensor from host data and registers it.
-pub(crate) type Unpack = Arc<dyn Fn(&mut GradientsParams, Vec<f32>) + Send + Sync + 'static>;
-/// Registers a gradient that is still a tensor (a boxed float primitive of the inner backend);
-/// used when there is nothing to reduce (world size 1).
-pub(crate) type RegisterTensor =
-    Arc<dyn Fn(&mut GradientsParams, Box<dyn Any>) + Send + Sync + 'static>;
+/// Registers a gradient (a float primitive of the inner backend) under `id`; one instance per
+/// tensor rank, so the reducer needs no knowledge of `D`.
+pub(crate) type RegisterGrad<I> = fn(&mut GradientsParams, ParamId, FloatTensor<I>);
 
-/// One float parameter of the model.
-pub(crate) struct ParamInfo {
+fn register_grad<I: Backend, const D: usize>(
+    grads: &mut GradientsParams,
+    id: ParamId,
+    grad: FloatTensor<I>,
+) {
+    grads.register::<I, D>(id, Tensor::from_primitive(TensorPrimitive::Float(grad)));
+}
+
+/// One float tensor of the model.
+pub(crate) struct ParamEntry<I: Backend> {
     pub(crate) id: ParamId,
     /// Module path, e.g. `layers.1.weight`.
     pub(crate) path: String,
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
-    pub(crate) trainable: bool,
-    pub(crate) unpack: Unpack,
-    pub(crate) register: RegisterTensor,
+    pub(crate) kind: ParamKind,
+    pub(crate) device: I::Device,
+    pub(crate) register: RegisterGrad<I>,
 }
 
-impl ParamInfo {
+impl<I: Backend> ParamEntry<I> {
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
     /// The line every rank compares at construction.
     pub(crate) fn signature(&self) -> String {
-        format!(
-            "{}\t{:?}\t{:?}\t{}",
-            self.path,
-            self.shape,
-            self.dtype,
-            if self.trainable { "param" } else { "buffer" }
-        )
+        let kind = match self.kind {
+            ParamKind::Trainable => "param",
+            ParamKind::Buffer => "buffer",
+            ParamKind::Frozen => "frozen",
+        };
+        format!("{}\t{:?}\t{:?}\t{kind}", self.path, self.shape, self.dtype)
     }
 }
 
-impl std::fmt::Debug for ParamInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.signature())
-    }
+/// Every float tensor of a module, in visit order (the index DDP uses everywhere).
+pub(crate) struct ParamTable<I: Backend> {
+    pub(crate) entries: Vec<ParamEntry<I>>,
 }
 
-/// Visits every float parameter in module order, forcing initialisation.
-pub(crate) struct Describe<B: AutodiffBackend> {
-    path: Vec<String>,
-    pub(crate) params: Vec<ParamInfo>,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> Describe<B> {
-    pub(crate) fn new() -> Self {
-        Describe {
+impl<I: Backend> ParamTable<I> {
+    /// Describes `module`, forcing lazy initialisation (a clone of an uninitialised burn module
+    /// would draw new values) and flushing running states.
+    pub(crate) fn describe<B, M>(module: &M) -> Self
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        M: AutodiffModule<B>,
+    {
+        flush_running_states::<B, M>(module);
+        let mut describe = Describe::<B> {
             path: Vec::new(),
-            params: Vec::new(),
-            _backend: std::marker::PhantomData,
+            entries: Vec::new(),
+        };
+        module.visit(&mut describe);
+        let mut entries = describe.entries;
+        for index in shared_state_indices::<B, M>(module, &entries) {
+            entries[index].kind = ParamKind::Buffer;
+        }
+        ParamTable { entries }
+    }
+
+    pub(crate) fn kinds(&self) -> Vec<ParamKind> {
+        self.entries.iter().map(|e| e.kind).collect()
+    }
+
+    pub(crate) fn count(&self, kind: ParamKind) -> usize {
+        self.entries.iter().filter(|e| e.kind == kind).count()
+    }
+
+    /// Checks that DDP can reduce every trainable dtype.
+    pub(crate) fn check_dtypes(&self) -> Result<(), crate::DdpError> {
+        match self.entries.iter().find(|e| {
+            e.kind == ParamKind::Trainable && crate::reducer::HostGrad::zeros(e.dtype, 0).is_none()
+        }) {
+            Some(e) => Err(crate::DdpError::Unsupported(format!(
+                "parameter '{}' has dtype {:?}; DDP reduces f32, f64, f16 and bf16 parameters",
+                e.path, e.dtype
+            ))),
+            None => Ok(()),
         }
     }
+}
+
+/// Applies pending `RunningState` updates (burn keeps each forward's update in a per-thread map
+/// until the value is read with `value_sync` or recorded): `into_record` syncs, and a clone
+/// shares the state, so recording a clone flushes the module itself.
+pub(crate) fn flush_running_states<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) {
+    drop(module.clone().into_record());
+}
+
+struct Describe<B: AutodiffBackend> {
+    path: Vec<String>,
+    entries: Vec<ParamEntry<B::InnerBackend>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
@@ -84,138 +138,125 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val(); // initialises a lazy parameter
-        let shape = value.dims().to_vec();
-        let dtype = value.dtype();
-        let device = value.device();
-        let id = param.id;
-        let unpack_shape = shape.clone();
-        let unpack: Unpack = Arc::new(move |grads: &mut GradientsParams, data: Vec<f32>| {
-            let mut data = TensorData::new(data, unpack_shape.clone());
-            if dtype != DType::F32 {
-                data = data.convert_dtype(dtype);
-            }
-            grads.register::<B::InnerBackend, D>(id, Tensor::from_data(data, &device));
-        });
-        let register: RegisterTensor =
-            Arc::new(move |grads: &mut GradientsParams, grad: Box<dyn Any>| {
-                if let Ok(p) = grad.downcast::<burn::tensor::ops::FloatTensor<B::InnerBackend>>() {
-                    grads.register::<B::InnerBackend, D>(
-                        id,
-                        Tensor::from_primitive(TensorPrimitive::Float(*p)),
-                    );
-                }
-            });
-        self.params.push(ParamInfo {
-            id,
+        let kind = if value.is_require_grad() {
+            ParamKind::Trainable
+        } else {
+            ParamKind::Frozen // or a buffer: `shared_state_indices` decides
+        };
+        self.entries.push(ParamEntry {
+            id: param.id,
             path: self.path.join("."),
-            shape,
-            dtype,
-            trainable: value.is_require_grad(),
-            unpack,
-            register,
+            shape: value.dims().to_vec(),
+            dtype: value.dtype(),
+            kind,
+            device: value.device(),
+            register: register_grad::<B::InnerBackend, D>,
         });
     }
 }
 
-/// Inserts a tap on every trainable parameter (visit order = parameter index).
-pub(crate) struct TapMapper<B: TapBackend> {
-    next: usize,
-    trainable: Arc<Vec<bool>>,
-    scope: Arc<TapScope<B::InnerBackend>>,
-}
-
-impl<B: TapBackend> TapMapper<B> {
-    pub(crate) fn new(trainable: Arc<Vec<bool>>, scope: Arc<TapScope<B::InnerBackend>>) -> Self {
-        TapMapper {
-            next: 0,
-            trainable,
-            scope,
-        }
+/// Indices of the non-trainable tensors whose value is shared between clones of the module
+/// (`RunningState`s), found by mapping a clone with placeholders of another shape.
+fn shared_state_indices<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    entries: &[ParamEntry<B::InnerBackend>],
+) -> Vec<usize> {
+    let candidates: Vec<bool> = entries
+        .iter()
+        .map(|e| e.kind != ParamKind::Trainable)
+        .collect();
+    if !candidates.iter().any(|&c| c) {
+        return Vec::new();
     }
+    let mut place = Placeholders {
+        next: 0,
+        candidates: &candidates,
+        originals: Vec::new(),
+    };
+    let probe = module.clone().map(&mut place);
+    let mut look = ShapeProbe {
+        next: 0,
+        shapes: Vec::new(),
+    };
+    module.visit(&mut look);
+    let shared: Vec<usize> = (0..entries.len())
+        .filter(|&i| candidates[i] && look.shapes.get(i) != Some(&entries[i].shape))
+        .collect();
+    // Put the original values back (through the probe, which shares them).
+    let originals = std::mem::take(&mut place.originals);
+    drop(probe.map(&mut Restore {
+        next: 0,
+        originals: originals.into_iter().map(Some).collect(),
+    }));
+    shared
 }
 
-impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
+/// A shape that differs from `shape` (same rank).
+fn placeholder_shape(shape: &[usize]) -> Vec<usize> {
+    let mut out = vec![1; shape.len()];
+    if out == shape {
+        out[0] = 2;
+    }
+    out
+}
+
+struct Placeholders<'a> {
+    next: usize,
+    candidates: &'a [bool],
+    originals: Vec<Option<Box<dyn Any>>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Placeholders<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let index = self.next;
         self.next += 1;
-        if !self.trainable.get(index).copied().unwrap_or(false) {
+        if !self.candidates.get(index).copied().unwrap_or(false) {
+            self.originals.push(None);
             return param;
         }
         let (id, tensor, mapper) = param.consume();
-        let tapped = B::tap(tensor.into_primitive().tensor(), index, &self.scope);
-        Param::from_mapped_value(
-            id,
-            Tensor::from_primitive(TensorPrimitive::Float(tapped)),
-            mapper,
-        )
+        let shape: [usize; D] = placeholder_shape(&tensor.dims())
+            .try_into()
+            .unwrap_or([1; D]);
+        let placeholder = Tensor::<B, D>::zeros(shape, &tensor.device());
+        self.originals.push(Some(Box::new(tensor)));
+        Param::from_mapped_value(id, placeholder, mapper)
     }
 }
 
-/// Reads the buffers (non-trainable float state) into one flat host vector.
-pub(crate) struct ReadBuffers {
+struct Restore {
     next: usize,
-    trainable: Arc<Vec<bool>>,
-    pub(crate) values: Vec<f32>,
+    originals: Vec<Option<Option<Box<dyn Any>>>>,
 }
 
-impl ReadBuffers {
-    pub(crate) fn new(trainable: Arc<Vec<bool>>) -> Self {
-        ReadBuffers {
-            next: 0,
-            trainable,
-            values: Vec::new(),
+impl<B: Backend> ModuleMapper<B> for Restore {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let index = self.next;
+        self.next += 1;
+        let original = self
+            .originals
+            .get_mut(index)
+            .and_then(Option::take)
+            .flatten()
+            .and_then(|b| b.downcast::<Tensor<B, D>>().ok());
+        match original {
+            Some(tensor) => {
+                let (id, _, mapper) = param.consume();
+                Param::from_mapped_value(id, *tensor, mapper)
+            }
+            None => param,
         }
     }
 }
 
-impl<B: Backend> ModuleVisitor<B> for ReadBuffers {
+struct ShapeProbe {
+    next: usize,
+    shapes: Vec<Vec<usize>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for ShapeProbe {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let index = self.next;
         self.next += 1;
-        if self.trainable.get(index).copied().unwrap_or(true) {
-            return;
-        }
-        let data = param.val().into_data().convert::<f32>();
-        match data.as_slice::<f32>() {
-            Ok(s) => self.values.extend_from_slice(s),
-            Err(_) => self.values.extend(data.iter::<f32>()),
-        }
-    }
-}
-
-/// Writes values read by [`ReadBuffers`] (on rank 0) back into the buffers, in the same order.
-pub(crate) struct WriteBuffers {
-    next: usize,
-    offset: usize,
-    trainable: Arc<Vec<bool>>,
-    values: Vec<f32>,
-}
-
-impl WriteBuffers {
-    pub(crate) fn new(trainable: Arc<Vec<bool>>, values: Vec<f32>) -> Self {
-        WriteBuffers {
-            next: 0,
-            offset: 0,
-            trainable,
-            values,
-        }
-    }
-}
-
-impl<B: Backend> ModuleMapper<B> for WriteBuffers {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let index = self.next;
-        self.next += 1;
-        if self.trainable.get(index).copied().unwrap_or(true) {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        let shape = tensor.shape();
-        let n = shape.num_elements();
-        let (device, dtype) = (tensor.device(), tensor.dtype());
-        let slice = self.values[self.offset..self.offset + n].to_vec();
-        self.offset += n;
-        let data = TensorData::new(slice, shape).convert_dtype(dtype);
-        Param::from_mapped_value(id, Tensor::from_data(data, &device), mapper)
+        self.shapes.push(param.val().dims().to_vec());
     }
 }

@@ -18,6 +18,14 @@
 //! # Threads
 //! The sink runs on the thread that called `backward()`, while autodiff holds its graph: it must
 //! only hand the gradient off (copy it into a bucket), never run autodiff operations.
+//!
+//! # Generations
+//! Every tap carries the generation of the forward that made it (the number of backwards before
+//! it), so a loss built from an old forward's output is recognised instead of feeding this
+//! step's buckets.
+//!
+//! Users only name [`TapBackend`] (in bounds such as `B: TapBackend`); the operations are behind
+//! a sealed supertrait.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -26,14 +34,19 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::params::ParamKind;
+use burn::module::{ModuleMapper, Param};
+use burn::tensor::{Tensor, TensorPrimitive};
+
 /// Receives gradients from taps, identified by the parameter's index in DDP's parameter list.
-pub trait GradientSink<B: Backend>: Send + Sync {
+pub(crate) trait GradientSink<B: Backend>: Send + Sync {
     /// Called once per tap when its gradient is complete.
-    fn on_gradient(&self, param_index: usize, grad: FloatTensor<B>);
+    fn on_gradient(&self, param_index: usize, generation: u64, grad: FloatTensor<B>);
 }
 
 /// A tap whose gradient has not been handed over yet.
@@ -43,10 +56,16 @@ struct PendingTap<I: Backend> {
     handed: Arc<AtomicBool>,
 }
 
-/// The taps of one forward/backward: where gradients go, and which are still pending (so a
-/// boundary can hand them over early).
+/// The taps of one forward: where gradients go, and which are still pending (so a boundary can
+/// hand them over early).
 pub struct TapScope<I: Backend> {
     sink: Arc<dyn GradientSink<I>>,
+    generation: u64,
+    /// The anchor chain (untracked identity nodes of depth 0, 1, 2, ...), boxed because its
+    /// element type depends on the checkpoint strategy of the autodiff backend.
+    anchors: Mutex<Vec<Box<dyn Any + Send>>>,
+    /// `(parameter index, forward clock)` at each tap's creation, for [`DepthPlan::learn`].
+    first_use: Mutex<Vec<(usize, u64)>>,
     pending: Mutex<Vec<PendingTap<I>>>,
     early: AtomicUsize,
 }
@@ -59,22 +78,25 @@ impl<I: Backend> fmt::Debug for TapScope<I> {
 }
 
 impl<I: Backend> TapScope<I> {
-    /// A scope that sends gradients to `sink`.
-    pub fn new(sink: Arc<dyn GradientSink<I>>) -> Self {
+    /// A scope whose taps send gradients of forward `generation` to `sink`.
+    pub(crate) fn new(sink: Arc<dyn GradientSink<I>>, generation: u64) -> Self {
         TapScope {
             sink,
+            generation,
+            anchors: Mutex::new(Vec::new()),
+            first_use: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             early: AtomicUsize::new(0),
         }
     }
 
     /// How many gradients boundaries handed over before the end of backward.
-    pub fn early_gradients(&self) -> usize {
+    pub(crate) fn early_gradients(&self) -> usize {
         self.early.load(Ordering::Relaxed)
     }
 
     /// Forgets the pending taps (after backward), releasing their tensors.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -94,33 +116,58 @@ impl<I: Backend> TapScope<I> {
                 && let Some(grad) = grads.remove::<I>(&p.tensor)
             {
                 self.early.fetch_add(1, Ordering::Relaxed);
-                self.sink.on_gradient(p.index, grad);
+                self.sink.on_gradient(p.index, self.generation, grad);
             }
             false
         });
     }
 }
 
-/// Backends on which DDP can tap gradients: every `Autodiff<B, C>`.
-pub trait TapBackend: AutodiffBackend {
-    /// Returns `tensor` unchanged; in backward, its gradient goes to the scope's sink under
-    /// `param_index`.
-    fn tap(
-        tensor: FloatTensor<Self>,
-        param_index: usize,
-        scope: &Arc<TapScope<Self::InnerBackend>>,
-    ) -> FloatTensor<Self>;
+/// Backends on which DDP can tap gradients: every `Autodiff<B, C>`. Name it in bounds
+/// (`fn train<B: TapBackend>(..)`); its operations are DDP's own.
+pub trait TapBackend: AutodiffBackend + sealed::TapOps {}
 
-    /// Returns `tensor` unchanged; in backward, once everything computed from it has run, hands
-    /// over the scope's complete gradients.
-    fn boundary(
-        tensor: FloatTensor<Self>,
-        scope: &Arc<TapScope<Self::InnerBackend>>,
-    ) -> FloatTensor<Self>;
+impl<B: Backend, C: CheckpointStrategy> TapBackend for Autodiff<B, C> {}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The tap operations, sealed so that only DDP calls them.
+    pub trait TapOps: AutodiffBackend {
+        /// Returns `tensor` unchanged; in backward, its gradient goes to the scope's sink under
+        /// `param_index`.
+        fn tap(
+            tensor: FloatTensor<Self>,
+            param_index: usize,
+            scope: &Arc<TapScope<Self::InnerBackend>>,
+        ) -> FloatTensor<Self>;
+
+        /// As [`tap`](Self::tap), but the tap node sits at autodiff depth `depth + 1` (it has
+        /// an untracked anchor of depth `depth` as a second parent), so backward, which runs
+        /// deepest first, reaches it right after the consumers of the parameter when `depth` is
+        /// about the depth of the layer's input.
+        fn tap_at(
+            tensor: FloatTensor<Self>,
+            param_index: usize,
+            scope: &Arc<TapScope<Self::InnerBackend>>,
+            depth: usize,
+        ) -> FloatTensor<Self>;
+
+        /// The autodiff depth of `tensor` (its node's order).
+        fn depth(tensor: &FloatTensor<Self>) -> usize;
+
+        /// Returns `tensor` unchanged; in backward, once everything computed from it has run, hands
+        /// over the scope's complete gradients.
+        fn boundary(
+            tensor: FloatTensor<Self>,
+            scope: &Arc<TapScope<Self::InnerBackend>>,
+        ) -> FloatTensor<Self>;
+    }
 }
 
 struct TapState<B: Backend> {
     param_index: usize,
+    generation: u64,
     sink: Arc<dyn GradientSink<B>>,
     handed: Arc<AtomicBool>,
 }
@@ -129,6 +176,7 @@ impl<B: Backend> Clone for TapState<B> {
     fn clone(&self) -> Self {
         TapState {
             param_index: self.param_index,
+            generation: self.generation,
             sink: self.sink.clone(),
             handed: self.handed.clone(),
         }
@@ -159,8 +207,78 @@ impl<B: Backend> Backward<B, 1> for Tap {
             return; // a boundary already handed this gradient over
         }
         let grad = grads.consume::<B>(&ops.node);
-        ops.state.sink.on_gradient(ops.state.param_index, grad);
+        ops.state
+            .sink
+            .on_gradient(ops.state.param_index, ops.state.generation, grad);
     }
+}
+
+/// A tap with a second, untracked parent that only sets its depth.
+#[derive(Debug)]
+struct AnchoredTap;
+
+impl<B: Backend> Backward<B, 2> for AnchoredTap {
+    type State = TapState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        if ops.state.handed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let grad = grads.consume::<B>(&ops.node);
+        ops.state
+            .sink
+            .on_gradient(ops.state.param_index, ops.state.generation, grad);
+    }
+}
+
+/// An untracked identity: each one is one level deeper than its input, at no cost.
+#[derive(Debug)]
+struct Anchor;
+
+impl<B: Backend> Backward<B, 1> for Anchor {
+    type State = ();
+
+    fn backward(self, _: Ops<(), 1>, _: &mut Gradients, _: &mut Checkpointer) {}
+}
+
+/// The scope's anchor of depth `depth`, extending the chain as needed (one node per level, on a
+/// one-element tensor; shared by every tap of the forward).
+fn anchor_at<B: Backend, C: CheckpointStrategy>(
+    scope: &TapScope<B>,
+    like: &FloatTensor<Autodiff<B, C>>,
+    depth: usize,
+) -> FloatTensor<Autodiff<B, C>> {
+    let mut chain = scope.anchors.lock().unwrap_or_else(PoisonError::into_inner);
+    let typed = |b: &Box<dyn Any + Send>| b.downcast_ref::<FloatTensor<Autodiff<B, C>>>().cloned();
+    let mut last = match chain.last().and_then(typed) {
+        Some(t) => t,
+        None => {
+            use burn::tensor::ops::FloatTensorOps;
+            let device = Autodiff::<B, C>::float_device(like);
+            let data = burn::tensor::TensorData::new(vec![0.0f32], [1]);
+            let root = Autodiff::<B, C>::float_from_data(data, &device);
+            chain.clear();
+            chain.push(Box::new(root.clone()));
+            root
+        }
+    };
+    while chain.len() <= depth {
+        last = match Anchor
+            .prepare::<C>([last.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::UnTracked(prep) => prep.finish(last.primitive.clone()),
+            OpsKind::Tracked(prep) => prep.finish((), last.primitive.clone()),
+        };
+        chain.push(Box::new(last.clone()));
+    }
+    chain.get(depth).and_then(typed).unwrap_or(last)
 }
 
 struct BoundaryState<B: Backend>(Arc<TapScope<B>>);
@@ -195,7 +313,7 @@ impl<B: Backend> Backward<B, 1> for Boundary {
     }
 }
 
-impl<B: Backend, C: CheckpointStrategy> TapBackend for Autodiff<B, C> {
+impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
     fn tap(
         tensor: FloatTensor<Self>,
         param_index: usize,
@@ -204,6 +322,7 @@ impl<B: Backend, C: CheckpointStrategy> TapBackend for Autodiff<B, C> {
         let handed = Arc::new(AtomicBool::new(false));
         let state = TapState {
             param_index,
+            generation: scope.generation,
             sink: scope.sink.clone(),
             handed: handed.clone(),
         };
@@ -229,6 +348,46 @@ impl<B: Backend, C: CheckpointStrategy> TapBackend for Autodiff<B, C> {
         }
     }
 
+    fn tap_at(
+        tensor: FloatTensor<Self>,
+        param_index: usize,
+        scope: &Arc<TapScope<B>>,
+        depth: usize,
+    ) -> FloatTensor<Self> {
+        let anchor = anchor_at::<B, C>(scope, &tensor, depth);
+        let handed = Arc::new(AtomicBool::new(false));
+        let state = TapState {
+            param_index,
+            generation: scope.generation,
+            sink: scope.sink.clone(),
+            handed: handed.clone(),
+        };
+        match AnchoredTap
+            .prepare::<C>([tensor.node.clone(), anchor.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = prep.finish(state, tensor.primitive);
+                scope
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(PendingTap {
+                        index: param_index,
+                        tensor: out.clone(),
+                        handed,
+                    });
+                out
+            }
+            OpsKind::UnTracked(prep) => prep.finish(tensor.primitive),
+        }
+    }
+
+    fn depth(tensor: &FloatTensor<Self>) -> usize {
+        tensor.node.order
+    }
+
     fn boundary(tensor: FloatTensor<Self>, scope: &Arc<TapScope<B>>) -> FloatTensor<Self> {
         match Boundary
             .prepare::<C>([tensor.node.clone()])
@@ -238,5 +397,135 @@ impl<B: Backend, C: CheckpointStrategy> TapBackend for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish(BoundaryState(scope.clone()), tensor.primitive),
             OpsKind::UnTracked(prep) => prep.finish(tensor.primitive),
         }
+    }
+}
+
+/// The forward clock: burn's global autodiff node counter, which every new node advances.
+pub(crate) fn forward_clock() -> u64 {
+    burn::backend::autodiff::NodeId::new().value
+}
+
+/// Levels added to each estimated depth: an estimate a level too shallow would let the tap
+/// run after the layer below has started its backward, while one too deep costs nothing.
+const DEPTH_MARGIN: usize = 2;
+
+/// Where to anchor each parameter's tap so that backward reaches it right after the
+/// parameter's last consumer: learned once, from a forward without anchors.
+///
+/// A tap created at its parameter's first use in the forward (taps are created lazily) sees how
+/// far the forward has come in the node clock; scaled to the loss's depth, that estimates the
+/// depth of the layer's input. Too deep is harmless (the consumer moves deeper and the tap still
+/// runs right after it); too shallow only runs it later. The plan is frozen after learning:
+/// anchored graphs are deeper, and learning from them would push the anchors deeper each step.
+#[derive(Debug, Clone)]
+pub(crate) struct DepthPlan {
+    depth: Vec<Option<usize>>,
+}
+
+impl DepthPlan {
+    /// Learns from one forward's taps: their creation clocks between `start` and `end`, and the
+    /// loss's depth.
+    pub(crate) fn learn<I: Backend>(
+        scope: &TapScope<I>,
+        start: u64,
+        end: u64,
+        loss_depth: usize,
+        params: usize,
+    ) -> DepthPlan {
+        let mut depth = vec![None; params];
+        let span = end.saturating_sub(start).max(1) as f64;
+        for &(index, clock) in scope
+            .first_use
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let fraction = clock.saturating_sub(start) as f64 / span;
+            if let Some(d) = depth.get_mut(index) {
+                *d = Some((fraction * loss_depth as f64).ceil() as usize + DEPTH_MARGIN);
+            }
+        }
+        DepthPlan { depth }
+    }
+}
+
+/// Inserts a tap on every trainable parameter (visit order = parameter index).
+///
+/// Without `lazy`, every tap is created now, directly above its parameter (it fires at the end
+/// of backward unless a layer boundary hands it over). With `lazy`, the parameters of the copy
+/// are uninitialised and each tap is created at the parameter's first use in the forward,
+/// anchored at the plan's depth when there is a plan.
+pub(crate) struct TapMapper<B: TapBackend> {
+    next: usize,
+    kinds: Arc<Vec<ParamKind>>,
+    scope: Arc<TapScope<B::InnerBackend>>,
+    lazy: bool,
+    plan: Option<Arc<DepthPlan>>,
+}
+
+impl<B: TapBackend> TapMapper<B> {
+    pub(crate) fn new(
+        kinds: Arc<Vec<ParamKind>>,
+        scope: Arc<TapScope<B::InnerBackend>>,
+        lazy: bool,
+        plan: Option<Arc<DepthPlan>>,
+    ) -> Self {
+        TapMapper {
+            next: 0,
+            kinds,
+            scope,
+            lazy,
+            plan,
+        }
+    }
+}
+
+impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let index = self.next;
+        self.next += 1;
+        if self.kinds.get(index) != Some(&ParamKind::Trainable) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        if !self.lazy {
+            let tapped = B::tap(tensor.into_primitive().tensor(), index, &self.scope);
+            return Param::from_mapped_value(
+                id,
+                Tensor::from_primitive(TensorPrimitive::Float(tapped)),
+                mapper,
+            );
+        }
+        let depth = self
+            .plan
+            .as_ref()
+            .and_then(|p| p.depth.get(index).copied().flatten());
+        let (device, shape) = (tensor.device(), tensor.shape());
+        let scope = self.scope.clone();
+        // One tap however many clones of the copy initialise the parameter.
+        let tapped: Arc<std::sync::OnceLock<Tensor<B, D>>> = Arc::default();
+        Param::uninitialized(
+            id,
+            move |_, _| {
+                tapped
+                    .get_or_init(|| {
+                        scope
+                            .first_use
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push((index, forward_clock()));
+                        let primitive = tensor.clone().into_primitive().tensor();
+                        let out = match depth {
+                            Some(d) => B::tap_at(primitive, index, &scope, d),
+                            None => B::tap(primitive, index, &scope),
+                        };
+                        Tensor::from_primitive(TensorPrimitive::Float(out))
+                    })
+                    .clone()
+            },
+            device,
+            true,
+            shape,
+        )
     }
 }

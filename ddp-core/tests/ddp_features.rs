@@ -262,3 +262,55 @@ fn buffers_follow_rank_zero() {
         "without the broadcast the running statistics diverge"
     );
 }
+
+/// With boundaries marked, a boundary hands over the taps that have not fired yet: plain taps
+/// (which fire at the end of backward) are handed over early; anchored taps
+/// (`automatic_overlap`) have already fired right after their layer's backward, so nothing is
+/// left to hand over. Deterministic: it observes the order of backward's steps, not time.
+#[test]
+fn automatic_overlap_fires_each_tap_right_after_its_layer_and_changes_nothing() {
+    let initial = initial_deep();
+    let run = |automatic: bool| {
+        run_ranks(2, |pg| {
+            let device = Default::default();
+            let rank = pg.rank();
+            let config = small_buckets().with_automatic_overlap(automatic);
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+            let mut early = Vec::new();
+            for step in 0..4 {
+                let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+                let (x, y) = batch(&idx, &device);
+                let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                early.push(ddp.last_step_stats().unwrap().early_gradients);
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+            }
+            (flat_params(ddp.module()), early)
+        })
+    };
+    let plain = run(false);
+    let anchored = run(true);
+    for r in 0..2 {
+        let diff = max_rel_diff(&anchored[r].0, &plain[r].0);
+        assert!(
+            diff < 1e-6,
+            "rank {r}: anchored taps changed the result by {diff}"
+        );
+        assert!(
+            plain[r].1.iter().all(|&e| e > 0),
+            "rank {r}: plain taps wait for the boundaries: {:?}",
+            plain[r].1
+        );
+        // Step 0 learns the depths (plain taps); from step 1 on every tap fires on its own.
+        assert!(anchored[r].1[0] > 0, "rank {r}: {:?}", anchored[r].1);
+        assert_eq!(
+            &anchored[r].1[1..],
+            &[0, 0, 0],
+            "rank {r}: anchored taps must fire before the boundaries reach them"
+        );
+    }
+    assert_eq!(anchored[0].0, anchored[1].0, "replicas differ");
+}

@@ -39,7 +39,7 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
 /// A training function that works on any tapped backend; [`run`] picks the backend.
 pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
-    fn train<B: ddp_core::tap::TapBackend>(
+    fn train<B: ddp_core::TapBackend>(
         self,
         ctx: ddp_core::WorkerContext,
         device: B::Device,

@@ -49,6 +49,8 @@ pub(crate) struct Inner {
     store: Store,
     root_store: Store,
     seq: AtomicU64,
+    /// Bytes handed to collectives so far (see [`ProcessGroup::payload_bytes`]).
+    payload: AtomicU64,
     subgroups: AtomicU64,
     /// Keeps the parent (and so the store it may host) alive while a subgroup exists.
     _parent: Option<Arc<Inner>>,
@@ -169,6 +171,7 @@ impl ProcessGroup {
                 store,
                 root_store,
                 seq: AtomicU64::new(0),
+                payload: AtomicU64::new(0),
                 subgroups: AtomicU64::new(0),
                 _parent: parent,
                 _server: server,
@@ -326,6 +329,14 @@ impl ProcessGroup {
         self.inner.worker.abort(reason);
     }
 
+    /// Bytes this rank has handed to collectives and point-to-point calls on this group so far:
+    /// each call's per-rank buffer (an all-reduce of 1 MiB counts 1 MiB; a ring moves about
+    /// `2 (n-1)/n` times that over the links). For accounting and tests: what a feature sends, or
+    /// does not send, shows here.
+    pub fn payload_bytes(&self) -> u64 {
+        self.inner.payload.load(Ordering::Relaxed)
+    }
+
     /// Destroys this handle. The group shuts down when its last clone is gone (see
     /// [Shutdown](ProcessGroup#shutdown)).
     pub fn destroy(self) {
@@ -338,6 +349,8 @@ impl ProcessGroup {
         dtype: DataType,
         count: usize,
     ) -> Fingerprint {
+        let bytes = (count as u64).saturating_mul(dtype.size_bytes() as u64);
+        self.inner.payload.fetch_add(bytes, Ordering::Relaxed);
         Fingerprint::new(
             self.inner.seq.fetch_add(1, Ordering::SeqCst),
             kind,

@@ -28,6 +28,13 @@ pub struct DdpConfig {
     /// every forward, as PyTorch does by default.
     #[config(default = true)]
     pub broadcast_buffers: bool,
+    /// Let gradients leave during backward without [`layer_boundary`](crate::layer_boundary)
+    /// marks: each tap is created at its parameter's first use in the forward and anchored at a
+    /// depth learned on the first step, so burn's backward (deepest first) reaches it right
+    /// after the parameter's last consumer. Experimental; see the crate docs' Overlap section
+    /// for what it measured.
+    #[config(default = false)]
+    pub automatic_overlap: bool,
     /// Gradient compression for the all-reduce.
     #[config(default = "GradientCompression::None")]
     pub compression: GradientCompression,

@@ -1,52 +1,70 @@
 //! [`DistributedDataParallel`]: N processes training one model as if it were one process with
 //! an N times larger batch.
 
+use super::buffers::BufferSync;
 use super::config::DdpConfig;
 use crate::boundary::{BoundaryFn, with_boundary};
 use crate::error::DdpError;
-use crate::model_sync::{broadcast_bytes, broadcast_module, verify_same_model};
-use crate::params::{Describe, ParamInfo, ReadBuffers, TapMapper, WriteBuffers};
-use crate::reducer::{Reducer, Slot};
-use crate::tap::{TapBackend, TapScope};
+use crate::model_sync::{broadcast_module, verify_same_model};
+use crate::params::{ParamKind, ParamTable};
+use crate::reducer::{BucketEngine, HostEngine, LocalEngine, Reducer};
+use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope, forward_clock};
 use crate::timeline::{StepStats, StepTimes, Timeline};
-use burn::module::{AutodiffModule, ParamId};
+use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::ProcessGroup;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Wraps a burn module for data-parallel training over a [`ProcessGroup`].
 ///
 /// - **Construction** forces lazy initialisation, checks that every rank holds the same model
-///   (paths, shapes, types; a mismatch fails on every rank naming the first differing
-///   parameter), and makes every rank equal to rank 0 (values, buffers and `ParamId`s).
+///   (paths, shapes, dtypes; a mismatch fails on every rank naming the first differing
+///   parameter), and makes every rank equal to rank 0, byte for byte (values in their own dtype,
+///   buffers, frozen parameters and `ParamId`s).
 /// - [`forward`](Self::forward) runs your forward on a copy of the module whose trainable
-///   parameters pass through gradient taps (and first copies buffers from rank 0 if
-///   [`DdpConfig::broadcast_buffers`]).
+///   parameters pass through gradient taps. Several forwards before one backward are fine:
+///   every tap is counted once.
 /// - [`backward`](Self::backward) runs backward; gradients go into buckets whose all-reduces
 ///   start as soon as they fill, and you get back averaged `GradientsParams` keyed by the
-///   module's `ParamId`s, identical on every rank.
+///   module's `ParamId`s, identical on every rank. Parameters that no rank used get no gradient
+///   (the optimizer leaves them alone); one used on some ranks only is averaged with zeros from
+///   the others. Meanwhile rank 0's buffers (batch-norm running statistics, as this step's
+///   forward left them) are broadcast, so after every step all ranks hold rank 0's buffers
+///   ([`DdpConfig::broadcast_buffers`], on by default, as in PyTorch).
 /// - [`backward_no_sync`](Self::backward_no_sync) accumulates locally (gradient accumulation);
 ///   the next `backward` reduces the sum.
 /// - [`optimizer_step`](Self::optimizer_step) applies your optimizer to the wrapped module.
+///
+/// # Errors are final
+/// An error from `forward`, `backward`, `backward_no_sync` or `set_module` (a peer failed, a
+/// misuse such as `backward` without `forward`) aborts the process group, so the other ranks'
+/// collectives fail at once with this rank's reason instead of waiting for the timeout, and the
+/// wrapper refuses every later call ([`DdpError::Poisoned`]). Restart the job to continue (the
+/// launcher's `--max-restarts` resumes from the latest checkpoint).
 ///
 /// See the [crate docs](crate) for a complete training loop.
 pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     module: Option<M>,
     pg: ProcessGroup,
     config: DdpConfig,
-    trainable: Arc<Vec<bool>>,
-    has_buffers: bool,
+    table: ParamTable<B::InnerBackend>,
+    kinds: Arc<Vec<ParamKind>>,
     reducer: Arc<Reducer<B::InnerBackend>>,
+    buffers: BufferSync,
+    /// The taps of the forwards since the last backward.
+    scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
+    /// Tap depths for [`DdpConfig::automatic_overlap`], once learned.
+    depth_plan: Option<Arc<DepthPlan>>,
+    /// The forward to learn the depth plan from: its taps, start and end clocks.
+    learning: Option<(Arc<TapScope<B::InnerBackend>>, u64, u64)>,
+    poisoned: Option<String>,
     forward_times: Option<(Instant, Instant)>,
     last_stats: Option<StepStats>,
     timeline: Option<Timeline>,
     step: u64,
-    /// The taps of the last forward; cleared after backward.
-    scope: Option<Arc<TapScope<B::InnerBackend>>>,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
@@ -56,49 +74,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataPar
             .field("world_size", &self.pg.world_size())
             .field("buckets", &self.reducer.num_buckets())
             .field("config", &self.config)
+            .field("poisoned", &self.poisoned)
             .finish()
     }
-}
-
-/// A module's parameters grouped into reducer slots.
-struct SlotPlan {
-    slots: Vec<Slot>,
-    index_to_slot: Vec<Option<usize>>,
-}
-
-fn plan_slots(params: &[ParamInfo]) -> SlotPlan {
-    let mut by_id: HashMap<ParamId, usize> = HashMap::new();
-    let mut slots: Vec<Slot> = Vec::new();
-    let index_to_slot = params
-        .iter()
-        .map(|p| {
-            if !p.trainable {
-                return None;
-            }
-            let slot = *by_id.entry(p.id).or_insert_with(|| {
-                slots.push(Slot {
-                    path: p.path.clone(),
-                    numel: p.numel(),
-                    taps: 0,
-                    unpack: p.unpack.clone(),
-                    register: p.register.clone(),
-                });
-                slots.len() - 1
-            });
-            slots[slot].taps += 1;
-            Some(slot)
-        })
-        .collect();
-    SlotPlan {
-        slots,
-        index_to_slot,
-    }
-}
-
-fn describe<B: TapBackend, M: AutodiffModule<B>>(module: &M) -> Vec<ParamInfo> {
-    let mut d = Describe::<B>::new();
-    module.visit(&mut d);
-    d.params
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
@@ -109,52 +87,45 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     ///
     /// # Errors
     /// [`DdpError::ModelMismatch`] on every rank when the models differ;
+    /// [`DdpError::Unsupported`] for parameters of a dtype DDP cannot reduce;
     /// [`DdpError::Comm`] when a peer fails; [`DdpError::InvalidConfig`].
     pub fn new(module: M, pg: ProcessGroup, config: DdpConfig) -> Result<Self, DdpError> {
         config.validate()?;
-        let params = describe::<B, M>(&module);
-        verify_same_model(&pg, &params)?;
-        let device = module.devices().into_iter().next().ok_or_else(|| {
-            DdpError::InvalidConfig("the module has no parameters and no device".into())
-        })?;
-        let module = broadcast_module::<B, M>(&pg, module, &device)?;
-        // Ids (and so slots) come from rank 0 now: describe again.
-        let params = describe::<B, M>(&module);
-        let trainable = Arc::new(params.iter().map(|p| p.trainable).collect::<Vec<_>>());
-        let has_buffers = params.iter().any(|p| !p.trainable);
-        let plan = plan_slots(&params);
-        let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
-        let reducer = Arc::new(Reducer::new(
-            pg.clone(),
-            plan.slots,
-            plan.index_to_slot,
-            config.compression,
-            mib(config.first_bucket_cap_mb),
-            mib(config.bucket_cap_mb),
-        ));
+        let table = ParamTable::describe::<B, M>(&module);
+        verify_same_model(&pg, &table)?;
+        table.check_dtypes()?;
+        let module = broadcast_module::<B, M>(&pg, module, &table)?;
+        // Ids now come from rank 0: describe again.
+        let table = ParamTable::describe::<B, M>(&module);
+        let reducer = Arc::new(make_reducer(&pg, &config, &table));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
             _ => None,
         };
         tracing::info!(
             rank = pg.rank(),
-            params = params.iter().filter(|p| p.trainable).count(),
-            buffers = params.iter().filter(|p| !p.trainable).count(),
+            params = table.count(ParamKind::Trainable),
+            buffers = table.count(ParamKind::Buffer),
+            frozen = table.count(ParamKind::Frozen),
             buckets = reducer.num_buckets(),
             "DDP ready: every rank holds rank 0's model"
         );
         Ok(DistributedDataParallel {
             module: Some(module),
+            buffers: BufferSync::new(&table, config.broadcast_buffers, pg.world_size()),
+            kinds: Arc::new(table.kinds()),
+            table,
             pg,
             config,
-            trainable,
-            has_buffers,
             reducer,
+            scopes: Vec::new(),
+            depth_plan: None,
+            learning: None,
+            poisoned: None,
             forward_times: None,
             last_stats: None,
             timeline,
             step: 0,
-            scope: None,
         })
     }
 
@@ -177,10 +148,44 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             .expect("the DDP module is always present outside optimizer_step")
     }
 
-    /// Replaces the module (for example with one loaded from a checkpoint). The new module must
-    /// have the same parameters (ids and shapes) on every rank.
-    pub fn set_module(&mut self, module: M) {
+    /// Replaces the module, for example with one loaded from a checkpoint: its values (and
+    /// `ParamId`s) are taken from rank 0 and every rank continues training *it*. Gradients are
+    /// keyed by its ids from now on, so load the optimizer state that belongs to it.
+    ///
+    /// The documented resume path is simpler: load the checkpoint into the model before
+    /// wrapping it (see [`Checkpointer::load_latest`](crate::Checkpointer::load_latest)).
+    ///
+    /// # Collective
+    /// Every rank calls it, between steps (outputs of earlier forwards can no longer be used).
+    ///
+    /// # Errors
+    /// [`DdpError::ModelMismatch`] when the new module's parameters (paths, shapes, dtypes,
+    /// kinds) differ from the wrapped one's; [`DdpError::Comm`]. Both are final (see
+    /// [Errors are final](Self#errors-are-final)).
+    pub fn set_module(&mut self, module: M) -> Result<(), DdpError> {
+        self.check_usable()?;
+        let result = self.replace_module(module);
+        self.guard(result)
+    }
+
+    fn replace_module(&mut self, module: M) -> Result<(), DdpError> {
+        let table = ParamTable::describe::<B, M>(&module);
+        let old: Vec<String> = self.table.entries.iter().map(|e| e.signature()).collect();
+        let new: Vec<String> = table.entries.iter().map(|e| e.signature()).collect();
+        if let Some(i) = (0..old.len().max(new.len())).find(|&i| old.get(i) != new.get(i)) {
+            return Err(DdpError::ModelMismatch(format!(
+                "set_module: tensor #{i} of the new module is {:?}, the wrapped module's is {:?}",
+                new.get(i).map(String::as_str).unwrap_or("missing"),
+                old.get(i).map(String::as_str).unwrap_or("missing"),
+            )));
+        }
+        let module = broadcast_module::<B, M>(&self.pg, module, &table)?;
+        self.table = ParamTable::describe::<B, M>(&module);
+        self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table));
+        self.clear_scopes();
+        self.buffers.mark_synced();
         self.module = Some(module);
+        Ok(())
     }
 
     /// The process group gradients are averaged over.
@@ -196,83 +201,128 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// Runs `f` on the module with gradient taps in place; use its output for the loss.
     ///
     /// # Collective
-    /// When the model has buffers and [`DdpConfig::broadcast_buffers`] is on, every rank must call
-    /// `forward` the same number of times (it copies buffers from rank 0).
+    /// Every rank calls it the same number of times (it may broadcast buffers from rank 0).
+    ///
+    /// # Errors
+    /// [`DdpError::BackwardOutsideDdp`] after a plain `loss.backward()`; [`DdpError::Comm`].
+    /// Both are final (see [Errors are final](Self#errors-are-final)).
     pub fn forward<O>(&mut self, f: impl FnOnce(&M) -> O) -> Result<O, DdpError> {
-        if self.has_buffers && self.config.broadcast_buffers {
-            self.sync_buffers()?;
+        self.check_usable()?;
+        let result = self.tapped_forward(f);
+        self.guard(result)
+    }
+
+    fn tapped_forward<O>(&mut self, f: impl FnOnce(&M) -> O) -> Result<O, DdpError> {
+        // 1. Every rank starts from rank 0's buffers (already so after a synchronised backward).
+        if self.buffers.needs_sync() {
+            let module = self.module.take().expect("module present");
+            self.module = Some(self.buffers.sync_now::<B, M>(&self.pg, module)?);
         }
+        // 2. A copy of the module whose trainable parameters pass through taps.
         let start = Instant::now();
-        let scope = Arc::new(TapScope::new(self.reducer.clone()));
+        let generation = self.reducer.new_forward()?;
+        let scope = Arc::new(TapScope::new(self.reducer.clone(), generation));
+        let lazy = self.config.automatic_overlap;
         let tapped = self.inner().clone().map(&mut TapMapper::<B>::new(
-            self.trainable.clone(),
+            self.kinds.clone(),
             scope.clone(),
+            lazy,
+            self.depth_plan.clone(),
         ));
+        let clock = forward_clock();
         let boundary_scope = scope.clone();
         let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
             Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
             Err(other) => other,
         });
+        // 3. The user's forward; it may update buffers (running statistics).
         let out = with_boundary(boundary, || f(&tapped));
-        drop(tapped);
-        if let Some(old) = self.scope.replace(scope) {
-            old.clear();
+        if lazy && self.depth_plan.is_none() {
+            self.learning = Some((scope.clone(), clock, forward_clock()));
         }
+        self.buffers.mark_updated();
+        self.scopes.push(scope);
         self.forward_times = Some((start, Instant::now()));
         Ok(out)
     }
 
-    fn sync_buffers(&mut self) -> Result<(), DdpError> {
-        let mut read = ReadBuffers::new(self.trainable.clone());
-        self.inner().visit(&mut read);
-        let bytes: Vec<u8> = if self.pg.rank() == 0 {
-            bytemuck_f32(&read.values)
-        } else {
-            Vec::new()
-        };
-        let bytes = broadcast_bytes(&self.pg, bytes, 0)?;
-        if self.pg.rank() != 0 {
-            let values: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            if values.len() != read.values.len() {
-                return Err(DdpError::ModelMismatch(format!(
-                    "rank 0 has {} buffer values, rank {} has {}",
-                    values.len(),
-                    self.pg.rank(),
-                    read.values.len()
-                )));
-            }
-            let module = self.module.take().expect("module present");
-            self.module = Some(module.map(&mut WriteBuffers::new(self.trainable.clone(), values)));
-        }
-        Ok(())
-    }
-
     /// Runs backward from `loss` and returns gradients averaged over all ranks, keyed by the
-    /// module's `ParamId`s, for your optimizer. Parameters that got no gradient on a rank count
-    /// as zeros there.
+    /// module's `ParamId`s, for your optimizer.
     ///
     /// # Collective
     /// Every rank calls it once per step.
     ///
     /// # Errors
-    /// [`DdpError::Comm`] when a peer fails; [`DdpError::Misuse`] when no gradient reached DDP
-    /// (the forward did not go through [`forward`](Self::forward)).
+    /// [`DdpError::Comm`] when a peer fails (naming it and its reason);
+    /// [`DdpError::BackwardWithoutForward`], [`DdpError::BackwardOutsideDdp`],
+    /// [`DdpError::StaleForward`], [`DdpError::NoGradients`] for misuse. All are final (see
+    /// [Errors are final](Self#errors-are-final)).
     pub fn backward<const D: usize>(
         &mut self,
         loss: Tensor<B, D>,
     ) -> Result<GradientsParams, DdpError> {
-        self.reducer.begin(true)?;
+        self.check_usable()?;
+        let result = self.step(loss, true).and_then(|grads| {
+            grads.ok_or_else(|| {
+                DdpError::Internal("a synchronised backward gave no gradients".into())
+            })
+        });
+        self.guard(result)
+    }
+
+    /// Runs backward from `loss` and accumulates the gradients locally, without communication
+    /// (PyTorch's `no_sync`). The next [`backward`](Self::backward) adds its gradients and
+    /// all-reduces the sum: k micro-batches give the gradient of their sum.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward).
+    pub fn backward_no_sync<const D: usize>(&mut self, loss: Tensor<B, D>) -> Result<(), DdpError> {
+        self.check_usable()?;
+        let result = self.step(loss, false).map(drop);
+        self.guard(result)
+    }
+
+    /// One backward, top to bottom.
+    fn step<const D: usize>(
+        &mut self,
+        loss: Tensor<B, D>,
+        sync: bool,
+    ) -> Result<Option<GradientsParams>, DdpError> {
+        self.reducer.begin(sync)?;
+        // 1. Rank 0's buffers, as this step's forward left them, travel while backward runs
+        //    (first in every rank's collective queue).
+        let buffers = self.buffers.start::<B, M>(&self.pg, self.inner())?;
+        let learn = match self.learning.take() {
+            Some((scope, c0, c1)) if sync => {
+                let depth = B::depth(&loss.clone().into_primitive().tensor());
+                Some((scope, c0, c1, depth))
+            }
+            _ => None,
+        };
+        // 2. Backward: each tap hands its gradient to the reducer; a full bucket starts its
+        //    all-reduce at once (in bucket order).
         let start = Instant::now();
-        let _local = loss.backward();
+        drop(loss.backward());
         let end = Instant::now();
-        let early = self.scope.as_ref().map_or(0, |s| s.early_gradients());
-        self.clear_scope();
-        let (grads, buckets) = self.reducer.finish()?.ok_or_else(|| {
-            DdpError::Misuse("internal error: synchronised backward returned no gradients".into())
-        })?;
+        let early = self.scopes.iter().map(|s| s.early_gradients()).sum();
+        self.clear_scopes();
+        // 3. The remaining buckets; wait for all of them; averaged gradients.
+        let reduced = self.reducer.finish(&self.table)?;
+        if let Some((scope, c0, c1, depth)) = learn {
+            let n = self.table.entries.len();
+            self.depth_plan = Some(Arc::new(DepthPlan::learn(&scope, c0, c1, depth, n)));
+        }
+        // 4. Every rank takes rank 0's buffers.
+        match buffers {
+            Some(pending) => {
+                let module = self.module.take().expect("module present");
+                self.module = Some(self.buffers.finish::<B, M>(pending, module)?);
+            }
+            None => self.buffers.settle_local::<B, M>(self.inner()),
+        }
+        let Some((grads, buckets)) = reduced else {
+            return Ok(None);
+        };
         let times = StepTimes {
             forward: self.forward_times.take().unwrap_or((start, start)),
             backward: (start, end),
@@ -284,18 +334,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.last_stats = Some(stats);
         self.step += 1;
         self.record(&times)?;
-        Ok(grads)
-    }
-
-    /// Runs backward from `loss` and accumulates the gradients locally, without communication
-    /// (PyTorch's `no_sync`). The next [`backward`](Self::backward) adds its gradients and
-    /// all-reduces the sum: k micro-batches give the gradient of their sum.
-    pub fn backward_no_sync<const D: usize>(&mut self, loss: Tensor<B, D>) -> Result<(), DdpError> {
-        self.reducer.begin(false)?;
-        let _local = loss.backward();
-        self.clear_scope();
-        self.reducer.finish()?;
-        Ok(())
+        Ok(Some(grads))
     }
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
@@ -320,8 +359,32 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
     }
 
-    fn clear_scope(&mut self) {
-        if let Some(scope) = self.scope.take() {
+    fn check_usable(&self) -> Result<(), DdpError> {
+        match &self.poisoned {
+            Some(first) => Err(DdpError::Poisoned {
+                first: first.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes an error final: aborts the group (peers fail now, with this reason) and poisons the
+    /// wrapper.
+    fn guard<T>(&mut self, result: Result<T, DdpError>) -> Result<T, DdpError> {
+        if let Err(e) = &result {
+            let reason = e.to_string();
+            tracing::error!(rank = self.pg.rank(), error = %reason, "DDP failed; aborting the process group");
+            if self.pg.world_size() > 1 {
+                self.pg.abort(&reason);
+            }
+            self.clear_scopes();
+            self.poisoned = Some(reason);
+        }
+        result
+    }
+
+    fn clear_scopes(&mut self) {
+        for scope in self.scopes.drain(..) {
             scope.clear();
         }
     }
@@ -338,15 +401,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 
     fn record(&mut self, times: &StepTimes) -> Result<(), DdpError> {
-        let (Some(t), Some(path)) = (self.timeline.as_mut(), self.config.timeline_path.as_ref())
-        else {
+        let Some(t) = self.timeline.as_mut() else {
             return Ok(());
         };
         if self.step as usize > self.config.timeline_steps {
             return Ok(());
         }
         t.record_step(self.step, times);
-        let _ = path;
         self.write_timeline()
     }
 
@@ -362,6 +423,28 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 }
 
-fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// The reducer for `table`: gradients stay on the device at world size 1; otherwise they are
+/// reduced in host buffers over the group's transports.
+fn make_reducer<I: burn::tensor::backend::Backend>(
+    pg: &ProcessGroup,
+    config: &DdpConfig,
+    table: &ParamTable<I>,
+) -> Reducer<I> {
+    let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
+    let (engine, control): (Box<dyn BucketEngine<I>>, _) = if pg.world_size() == 1 {
+        (Box::new(LocalEngine), None)
+    } else {
+        let engine = HostEngine {
+            pg: pg.clone(),
+            compression: config.compression,
+        };
+        (Box::new(engine), Some(pg.clone()))
+    };
+    Reducer::new(
+        table,
+        engine,
+        control,
+        mib(config.first_bucket_cap_mb),
+        mib(config.bucket_cap_mb),
+    )
 }

@@ -1,154 +1,146 @@
-//! The reducer: collects tapped gradients per bucket and all-reduces full buckets.
+//! The reducer: the bucket bookkeeping of one backward, in one place.
 //!
-//! During backward, each tap event hands over its gradient. The reducer keeps the gradient's
-//! own storage (no copy on the CPU backend: burn gives the buffer up when the tensor is the
-//! last reference) in the parameter's slot, or adds it there when the parameter already has a
-//! gradient (tied parameters, `no_sync` accumulation). When every parameter of a bucket has
-//! arrived, the bucket's all-reduce is queued on the communication thread at once, but only after
-//! every earlier bucket: all ranks launch the same collectives in the same order.
+//! 1. [`Reducer::begin`] arms it: every trainable parameter expects one gradient per tap per
+//!    forward made since the last backward (a parameter used twice has two taps; two forwards
+//!    whose outputs feed one loss give every tap two events, each counted once).
+//! 2. Each tap event ([`GradientSink::on_gradient`]) is kept by the [`BucketEngine`] in its
+//!    parameter's slot (added to what is there for tied parameters and `no_sync` accumulation).
+//!    When a slot has all its events, its bucket counts it; when a bucket is full it is
+//!    launched, but only after every earlier bucket, so all ranks start the same collectives in
+//!    the same order.
+//! 3. [`Reducer::finish`] launches what is left (a parameter this rank did not use counts as
+//!    zeros, so no rank waits forever), agrees with the other ranks on which parameters *some*
+//!    rank used, waits for the buckets in order and builds `GradientsParams`: parameters no rank
+//!    used get no gradient at all, so the optimizer leaves them alone, as PyTorch does.
+//! 4. After the first synchronised backward, buckets are laid out again in the order gradients
+//!    arrived on rank 0 (every rank adopts it).
 //!
-//! A bucket is reduced as one collective over its parameters' buffers
-//! ([`ProcessGroup::all_reduce_coalesced_async`]): its flat buffer is the transport's staging
-//! area (shared memory) or a temporary (TCP), so neither a pack into a bucket buffer of our own
-//! nor an unpack out of it is needed, and the reduced buffers become the gradient tensors as
-//! they are. The `1 / world_size` scaling is the `Avg` reduction, applied once to each element
-//! of the bucket's sum; with fp16/bf16 compression it is applied while narrowing, before the sum,
-//! so the half-precision sum cannot overflow where the average would not.
-//!
-//! After backward, [`Reducer::finish`] launches what is left (parameters that got no gradient
-//! count as zeros), waits for the buckets in order and turns them into `GradientsParams`.
-//! Without synchronisation (`no_sync`), gradients accumulate in their slots and nothing is
-//! launched; the next synchronised backward adds its gradients on top and reduces the sum.
+//! *How* a bucket is reduced is the engine's business ([`engine`]).
+
+mod engine;
+mod host_grad;
+
+pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
+pub(crate) use host_grad::HostGrad;
 
 use crate::bucket::BucketLayout;
-use crate::ddp::GradientCompression;
 use crate::error::DdpError;
-use crate::params::{RegisterTensor, Unpack};
+use crate::params::{ParamKind, ParamTable};
 use crate::tap::GradientSink;
+use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use ddp_comm::{ProcessGroup, ReduceOp, Work, WorkTiming, bf16, f16};
+use ddp_comm::{ProcessGroup, ReduceOp, WorkTiming};
+use engine::{Held, PendingBucket};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-/// A parameter as the reducer sees it: tied parameters (several module entries with one
-/// `ParamId`) share one slot.
-pub(crate) struct Slot {
-    pub(crate) path: String,
-    pub(crate) numel: usize,
-    /// How many taps feed this slot per backward.
-    pub(crate) taps: usize,
-    pub(crate) unpack: Unpack,
-    pub(crate) register: RegisterTensor,
-}
-
-/// A launched bucket: full-precision buffers travel in pieces; compressed ones as one flat
-/// half-precision buffer (the f32 buffers stay in their slots and receive the widened result).
-enum InFlight {
-    F32(Work<Vec<Vec<f32>>>),
-    F16(Work<Vec<f16>>),
-    BF16(Work<Vec<bf16>>),
-}
-
 /// Timings of one synchronised backward, for the timeline and overlap statistics.
 #[derive(Debug, Clone, Default)]
-pub struct BucketTimes {
+pub(crate) struct BucketTimes {
     /// When each bucket's last gradient arrived (its all-reduce could start).
-    pub ready: Vec<Option<Instant>>,
+    pub(crate) ready: Vec<Option<Instant>>,
     /// When each bucket's all-reduce ran on the communication thread.
-    pub comm: Vec<Option<WorkTiming>>,
+    pub(crate) comm: Vec<Option<WorkTiming>>,
     /// When each bucket's result was turned into gradient tensors.
-    pub unpacked: Vec<Option<(Instant, Instant)>>,
+    pub(crate) unpacked: Vec<Option<(Instant, Instant)>>,
 }
 
-struct State {
-    slots: Vec<Slot>,
-    index_to_slot: Vec<Option<usize>>,
+/// Where the reducer is between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Between backwards: tap events now come from a plain `loss.backward()`.
+    Idle,
+    /// Inside `ddp.backward` (`sync`) or `ddp.backward_no_sync`.
+    Backward { sync: bool },
+}
+
+struct State<I: Backend> {
     layout: BucketLayout,
-    /// Each slot's gradient (sum of its events) until its bucket is launched or unpacked.
-    grads: Vec<Option<Vec<f32>>>,
-    in_flight: Vec<Option<InFlight>>,
+    /// Per slot: its gradient so far (kept across `no_sync` backwards).
+    held: Vec<Option<Held<I>>>,
+    /// Per slot: events still expected in this backward.
     events_left: Vec<usize>,
-    bucket_pending: Vec<usize>,
+    /// Per slot: whether this rank produced a gradient since the last synchronised backward.
+    used: Vec<bool>,
+    /// Per bucket: slots still incomplete.
+    bucket_waiting: Vec<usize>,
+    in_flight: Vec<Option<Box<dyn PendingBucket<I>>>>,
     next_launch: usize,
-    in_backward: bool,
-    sync: bool,
+    phase: Phase,
+    /// The forward generation: taps of forwards made since the last backward carry it.
+    generation: u64,
+    forwards: usize,
     events: usize,
     stray_events: usize,
     arrival: Vec<usize>,
     rebuilt: bool,
-    warned_unused: bool,
     times: BucketTimes,
-    errors: Vec<String>,
+    /// The first error of this backward; later events are dropped.
+    error: Option<DdpError>,
 }
 
 /// Shared between the DDP wrapper and the taps (as their [`GradientSink`]).
 pub(crate) struct Reducer<I: Backend> {
-    state: Mutex<State>,
-    /// With one rank there is nothing to reduce: gradients stay tensors (summed on the device
-    /// when several arrive for one slot) and go straight into `GradientsParams`.
-    direct: Option<Mutex<Vec<Option<FloatTensor<I>>>>>,
-    _backend: std::marker::PhantomData<fn(I)>,
-    pg: ProcessGroup,
-    scale: f32,
-    compression: GradientCompression,
+    state: Mutex<State<I>>,
+    slots: Vec<Slot<I>>,
+    /// Parameter index (module order) to slot; `None` for buffers and frozen parameters.
+    slot_of: Vec<Option<usize>>,
+    engine: Box<dyn BucketEngine<I>>,
+    /// For the control collectives (used parameters, bucket order); `None` at world size 1.
+    pg: Option<ProcessGroup>,
     first_cap_bytes: usize,
     cap_bytes: usize,
 }
 
 impl<I: Backend> Reducer<I> {
+    /// A reducer for `table`'s trainable parameters; `pg` is `None` at world size 1.
     pub(crate) fn new(
-        pg: ProcessGroup,
-        slots: Vec<Slot>,
-        index_to_slot: Vec<Option<usize>>,
-        compression: GradientCompression,
+        table: &ParamTable<I>,
+        engine: Box<dyn BucketEngine<I>>,
+        pg: Option<ProcessGroup>,
         first_cap_bytes: usize,
         cap_bytes: usize,
     ) -> Self {
+        let (slots, slot_of) = plan_slots(table);
         // PyTorch's initial order: reverse registration, as backward tends to produce them.
         let order: Vec<usize> = (0..slots.len()).rev().collect();
-        let numel: Vec<usize> = slots.iter().map(|s| s.numel).collect();
-        let layout = BucketLayout::new(order, &numel, first_cap_bytes, cap_bytes);
+        let layout = layout(&slots, order, first_cap_bytes, cap_bytes);
         let n = slots.len();
-        let scale = 1.0 / pg.world_size() as f32;
-        let mut state = State {
-            grads: (0..n).map(|_| None).collect(),
-            in_flight: Vec::new(),
+        let state = State {
+            held: (0..n).map(|_| None).collect(),
             events_left: vec![0; n],
-            bucket_pending: Vec::new(),
+            used: vec![false; n],
+            bucket_waiting: Vec::new(),
+            in_flight: layout.buckets.iter().map(|_| None).collect(),
             next_launch: 0,
-            in_backward: false,
-            sync: true,
+            phase: Phase::Idle,
+            generation: 0,
+            forwards: 0,
             events: 0,
             stray_events: 0,
             arrival: Vec::with_capacity(n),
             rebuilt: false,
-            warned_unused: false,
             times: BucketTimes::default(),
-            errors: Vec::new(),
-            slots,
-            index_to_slot,
+            error: None,
             layout,
         };
-        let direct = (pg.world_size() == 1 && compression == GradientCompression::None)
-            .then(|| Mutex::new((0..n).map(|_| None).collect()));
-        state.allocate();
         Reducer {
-            direct,
             state: Mutex::new(state),
-            _backend: std::marker::PhantomData,
+            slots,
+            slot_of,
+            engine,
             pg,
-            scale,
-            compression,
             first_cap_bytes,
             cap_bytes,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock can only come from a bug in this file; the state is
-        // reset at the next `begin`, so keep going rather than poison every later step.
+    fn lock(&self) -> MutexGuard<'_, State<I>> {
+        // A panic while holding the lock can only come from a bug in this file; the wrapper is
+        // poisoned by the error that follows, so the state is not trusted again.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -167,161 +159,147 @@ impl<I: Backend> Reducer<I> {
             .collect()
     }
 
+    /// Registers a forward: returns the generation its taps carry.
+    ///
+    /// # Errors
+    /// [`DdpError::BackwardOutsideDdp`] when gradients arrived from a plain `loss.backward()`.
+    pub(crate) fn new_forward(&self) -> Result<u64, DdpError> {
+        let mut s = self.lock();
+        take_stray(&mut s)?;
+        s.forwards += 1;
+        Ok(s.generation)
+    }
+
     /// Arms the reducer for one backward.
     pub(crate) fn begin(&self, sync: bool) -> Result<(), DdpError> {
         let mut s = self.lock();
-        if s.stray_events > 0 {
-            let n = std::mem::take(&mut s.stray_events);
-            return Err(DdpError::Misuse(format!(
-                "{n} gradient(s) reached DDP outside `backward`: call `ddp.backward(loss)` (or \
-                 `backward_no_sync`) instead of `loss.backward()` on the output of `ddp.forward`"
-            )));
+        take_stray(&mut s)?;
+        if s.forwards == 0 {
+            return Err(DdpError::BackwardWithoutForward);
         }
-        s.in_backward = true;
-        s.sync = sync;
+        s.phase = Phase::Backward { sync };
         s.events = 0;
         s.next_launch = 0;
-        for i in 0..s.slots.len() {
-            s.events_left[i] = s.slots[i].taps;
+        s.error = None;
+        let forwards = s.forwards;
+        for (slot, left) in self.slots.iter().zip(s.events_left.iter_mut()) {
+            *left = slot.entries.len() * forwards;
         }
-        s.bucket_pending = s.layout.buckets.iter().map(|b| b.slots.len()).collect();
+        s.bucket_waiting = s.layout.buckets.iter().map(|b| b.slots.len()).collect();
+        let n = s.layout.buckets.len();
         s.times = BucketTimes {
-            ready: vec![None; s.layout.buckets.len()],
-            comm: vec![None; s.layout.buckets.len()],
-            unpacked: vec![None; s.layout.buckets.len()],
+            ready: vec![None; n],
+            comm: vec![None; n],
+            unpacked: vec![None; n],
         };
         Ok(())
     }
 
-    /// Ends a backward. With `sync`, returns the averaged gradients.
-    pub(crate) fn finish(&self) -> Result<Option<(GradientsParams, BucketTimes)>, DdpError> {
+    /// Ends a backward; the forwards before it are consumed. With `sync`, returns the averaged
+    /// gradients (ids from `table`) and the bucket timings.
+    pub(crate) fn finish(
+        &self,
+        table: &ParamTable<I>,
+    ) -> Result<Option<(GradientsParams, BucketTimes)>, DdpError> {
         let mut s = self.lock();
-        s.in_backward = false;
-        if let Some(e) = s.errors.first().cloned() {
-            s.errors.clear();
+        let Phase::Backward { sync } = std::mem::replace(&mut s.phase, Phase::Idle) else {
+            return Err(DdpError::Internal("finish without begin".into()));
+        };
+        s.generation += 1;
+        s.forwards = 0;
+        if let Some(e) = s.error.take() {
             // Nothing of this backward may leak into the next one.
-            s.grads.iter_mut().for_each(|g| *g = None);
-            return Err(DdpError::Misuse(e));
+            s.held.iter_mut().for_each(|g| *g = None);
+            return Err(e);
         }
-        let total_taps: usize = s.slots.iter().map(|x| x.taps).sum();
-        if s.events == 0 && total_taps > 0 {
-            return Err(DdpError::Misuse(
-                "no gradient reached DDP during backward: run the forward pass through \
-                 `ddp.forward(|model| ...)` so that parameters are tapped"
-                    .into(),
-            ));
+        if s.events == 0 && !self.slots.is_empty() {
+            return Err(DdpError::NoGradients);
         }
-        if !s.sync {
+        if !sync {
             return Ok(None);
-        }
-        if let Some(direct) = &self.direct {
-            let mut grads = GradientsParams::new();
-            let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
-            for (slot, t) in tensors.iter_mut().enumerate() {
-                if let Some(t) = t.take() {
-                    (s.slots[slot].register)(&mut grads, Box::new(t));
-                }
-            }
-            return Ok(Some((grads, std::mem::take(&mut s.times))));
         }
         self.complete_missing(&mut s);
         while s.next_launch < s.layout.buckets.len() {
             let b = s.next_launch;
             self.launch(&mut s, b)?;
         }
+        let used = self.used_anywhere(&mut s)?;
         let mut grads = GradientsParams::new();
         for b in 0..s.layout.buckets.len() {
-            let reduced = self.wait(&mut s, b)?;
-            let t0 = Instant::now();
+            let pending = s.in_flight[b]
+                .take()
+                .ok_or_else(|| DdpError::Internal(format!("bucket {b} was never launched")))?;
             let bucket = s.layout.buckets[b].slots.clone();
-            for (slot, values) in bucket.into_iter().zip(reduced) {
-                (s.slots[slot].unpack)(&mut grads, values);
+            let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
+            let (reduced, timing) = pending.wait(&slots)?;
+            s.times.comm[b] = timing;
+            let t0 = Instant::now();
+            for (&slot, grad) in bucket.iter().zip(reduced) {
+                if let (true, Some(grad)) = (used[slot], grad) {
+                    let entry = &table.entries[self.slots[slot].entries[0]];
+                    (entry.register)(&mut grads, entry.id, grad);
+                }
             }
             s.times.unpacked[b] = Some((t0, Instant::now()));
         }
+        s.used.iter_mut().for_each(|u| *u = false);
         if !s.rebuilt {
             self.rebuild(&mut s)?;
         }
-        let times = std::mem::take(&mut s.times);
-        Ok(Some((grads, times)))
+        Ok(Some((grads, std::mem::take(&mut s.times))))
     }
 
-    /// Treats parameters that got no (or only part of their) gradient as zeros, so every rank
-    /// launches every bucket: never a hang, no flag needed.
-    fn complete_missing(&self, s: &mut State) {
+    /// Marks slots that did not get all their events as complete: their bucket can launch, with
+    /// zeros for a parameter this rank did not use at all.
+    fn complete_missing(&self, s: &mut State<I>) {
         let mut unused = Vec::new();
-        for slot in 0..s.slots.len() {
+        for slot in 0..self.slots.len() {
             if s.events_left[slot] == 0 {
                 continue;
             }
-            if s.grads[slot].is_none() {
-                s.grads[slot] = Some(vec![0.0; s.slots[slot].numel]);
-                unused.push(s.slots[slot].path.clone());
+            if s.held[slot].is_none() {
+                unused.push(self.slots[slot].path.as_str());
             }
             s.events_left[slot] = 0;
             let b = s.layout.bucket_of[slot];
-            s.bucket_pending[b] -= 1;
+            s.bucket_waiting[b] -= 1;
         }
-        if !unused.is_empty() && !s.warned_unused {
-            s.warned_unused = true;
-            tracing::warn!(
-                rank = self.pg.rank(),
-                params = %unused.join(", "),
-                "parameters received no gradient in this backward; they count as zeros (logged once)"
-            );
+        if !unused.is_empty() {
+            tracing::debug!(params = %unused.join(", "), "parameters without a gradient on this rank");
         }
     }
 
-    fn launch(&self, s: &mut State, b: usize) -> Result<(), DdpError> {
+    /// Launches bucket `b` (the next in order).
+    fn launch(&self, s: &mut State<I>, b: usize) -> Result<(), DdpError> {
         s.next_launch = b + 1;
         if s.times.ready[b].is_none() {
             s.times.ready[b] = Some(Instant::now());
         }
-        let slots = &s.layout.buckets[b].slots;
-        let work = match self.compression {
-            GradientCompression::None => {
-                let bufs = slots
-                    .iter()
-                    .map(|&slot| s.grads[slot].take())
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| internal("a gradient is missing at launch"))?;
-                InFlight::F32(self.pg.all_reduce_coalesced_async(bufs, ReduceOp::Avg))
-            }
-            GradientCompression::Fp16 => InFlight::F16(self.pg.all_reduce_async(
-                narrow(&s.grads, slots, |v| f16::from_f32(v * self.scale))?,
-                ReduceOp::Sum,
-            )),
-            GradientCompression::Bf16 => InFlight::BF16(self.pg.all_reduce_async(
-                narrow(&s.grads, slots, |v| bf16::from_f32(v * self.scale))?,
-                ReduceOp::Sum,
-            )),
-        };
-        s.in_flight[b] = Some(work);
+        let bucket = &s.layout.buckets[b].slots;
+        let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
+        let grads: Vec<Option<Held<I>>> = bucket.iter().map(|&i| s.held[i].take()).collect();
+        let pending = self.engine.launch(&slots, grads)?;
+        s.in_flight[b] = Some(pending);
         Ok(())
     }
 
-    /// Waits for bucket `b` and returns its reduced buffers, one per slot in bucket order.
-    fn wait(&self, s: &mut State, b: usize) -> Result<Vec<Vec<f32>>, DdpError> {
-        let ctx = "all-reducing a gradient bucket";
-        let work = s.in_flight[b]
-            .take()
-            .ok_or_else(|| internal("bucket was never launched"))?;
-        let (bufs, timing) = match work {
-            InFlight::F32(w) => {
-                let (r, t) = w.wait_timed();
-                (r.map_err(DdpError::comm(ctx))?, t)
-            }
-            InFlight::F16(w) => widen(w, s, b, f16::to_f32)?,
-            InFlight::BF16(w) => widen(w, s, b, bf16::to_f32)?,
+    /// Per slot: whether any rank produced a gradient for it since the last synchronised
+    /// backward (one small all-reduce of flags, after the last bucket).
+    fn used_anywhere(&self, s: &mut State<I>) -> Result<Vec<bool>, DdpError> {
+        let Some(pg) = &self.pg else {
+            return Ok(s.used.clone());
         };
-        s.times.comm[b] = timing;
-        Ok(bufs)
+        let mut flags: Vec<u8> = s.used.iter().map(|&u| u8::from(u)).collect();
+        pg.all_reduce(&mut flags, ReduceOp::Max)
+            .map_err(DdpError::comm("agreeing on which parameters were used"))?;
+        Ok(flags.into_iter().map(|f| f != 0).collect())
     }
 
-    /// After the first iteration: lay buckets out in the order gradients arrived on rank 0.
-    fn rebuild(&self, s: &mut State) -> Result<(), DdpError> {
+    /// After the first synchronised backward: lay buckets out in the order gradients arrived on
+    /// rank 0.
+    fn rebuild(&self, s: &mut State<I>) -> Result<(), DdpError> {
         s.rebuilt = true;
-        let n = s.slots.len();
+        let n = self.slots.len();
         let mut order: Vec<i64> = s.arrival.iter().map(|&x| x as i64).collect();
         // Slots that never arrived keep their initial relative order, at the end.
         for &slot in &s.layout.order {
@@ -329,175 +307,142 @@ impl<I: Backend> Reducer<I> {
                 order.push(slot as i64);
             }
         }
-        order.resize(n, 0);
-        self.pg
-            .broadcast(&mut order, 0)
-            .map_err(DdpError::comm("agreeing on the bucket order"))?;
-        let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
-        let mut seen = vec![false; n];
-        if order
-            .iter()
-            .any(|&x| x >= n || std::mem::replace(&mut seen[x], true))
-        {
-            return Err(internal("rank 0 sent an invalid bucket order"));
+        if let Some(pg) = &self.pg {
+            pg.broadcast(&mut order, 0)
+                .map_err(DdpError::comm("agreeing on the bucket order"))?;
         }
-        let numel: Vec<usize> = s.slots.iter().map(|x| x.numel).collect();
-        s.layout = BucketLayout::new(order, &numel, self.first_cap_bytes, self.cap_bytes);
-        s.allocate();
+        let mut seen = vec![false; n];
+        if order.len() != n
+            || order.iter().any(|&x| {
+                x < 0 || x as usize >= n || std::mem::replace(&mut seen[x as usize], true)
+            })
+        {
+            return Err(DdpError::Internal(
+                "rank 0 sent an invalid bucket order".into(),
+            ));
+        }
+        let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
+        s.layout = layout(&self.slots, order, self.first_cap_bytes, self.cap_bytes);
+        s.in_flight = s.layout.buckets.iter().map(|_| None).collect();
         tracing::debug!(
             buckets = s.layout.buckets.len(),
             "rebuilt gradient buckets in arrival order"
         );
         Ok(())
     }
-}
 
-impl State {
-    /// The slot of a tap event, counting it; `None` for buffers and for events outside a DDP
-    /// backward (counted as stray, reported by the next `begin`).
-    fn accept(&mut self, param_index: usize) -> Option<usize> {
-        let slot = self.index_to_slot.get(param_index).copied().flatten()?;
-        if !self.in_backward {
-            self.stray_events += 1;
-            return None;
+    /// One tap event; errors are kept for [`finish`](Self::finish).
+    fn accept(
+        &self,
+        s: &mut State<I>,
+        param_index: usize,
+        generation: u64,
+        grad: FloatTensor<I>,
+    ) -> Result<(), DdpError> {
+        let Some(slot) = self.slot_of.get(param_index).copied().flatten() else {
+            return Ok(()); // buffers and frozen parameters have no taps; nothing to do
+        };
+        let Phase::Backward { sync } = s.phase else {
+            s.stray_events += 1;
+            return Ok(());
+        };
+        let info = &self.slots[slot];
+        if generation != s.generation {
+            return Err(DdpError::StaleForward {
+                path: info.path.clone(),
+            });
         }
-        self.events += 1;
-        Some(slot)
+        if s.events_left[slot] == 0 {
+            return Err(DdpError::Internal(format!(
+                "more gradient events for '{}' than taps",
+                info.path
+            )));
+        }
+        s.events += 1;
+        let held = self.engine.hold(info, grad)?;
+        let held = match s.held[slot].take() {
+            Some(acc) => self.engine.add(info, acc, held)?,
+            None => held,
+        };
+        s.held[slot] = Some(held);
+        s.used[slot] = true;
+        s.events_left[slot] -= 1;
+        if s.events_left[slot] > 0 {
+            return Ok(());
+        }
+        if !s.rebuilt && !s.arrival.contains(&slot) {
+            s.arrival.push(slot);
+        }
+        let b = s.layout.bucket_of[slot];
+        s.bucket_waiting[b] -= 1;
+        if s.bucket_waiting[b] == 0 {
+            s.times.ready[b] = Some(Instant::now());
+        }
+        if sync {
+            while s.next_launch < s.layout.buckets.len() && s.bucket_waiting[s.next_launch] == 0 {
+                let next = s.next_launch;
+                self.launch(s, next)?;
+            }
+        }
+        Ok(())
     }
-
-    fn allocate(&mut self) {
-        self.in_flight = self.layout.buckets.iter().map(|_| None).collect();
-    }
-}
-
-/// The half-precision flat buffer of a bucket's `slots`, element by element through `narrow`.
-fn narrow<H>(
-    grads: &[Option<Vec<f32>>],
-    slots: &[usize],
-    narrow: impl Fn(f32) -> H,
-) -> Result<Vec<H>, DdpError> {
-    let mut flat = Vec::new();
-    for &slot in slots {
-        let g = grads[slot]
-            .as_ref()
-            .ok_or_else(|| internal("a gradient is missing at launch"))?;
-        flat.extend(g.iter().map(|v| narrow(*v)));
-    }
-    Ok(flat)
-}
-
-/// Waits for a compressed all-reduce and widens its result into the bucket's f32 buffers.
-fn widen<H: Copy>(
-    work: Work<Vec<H>>,
-    s: &mut State,
-    b: usize,
-    widen: fn(H) -> f32,
-) -> Result<(Vec<Vec<f32>>, Option<WorkTiming>), DdpError> {
-    let (result, timing) = work.wait_timed();
-    let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
-    let mut at = 0;
-    let mut bufs = Vec::with_capacity(s.layout.buckets[b].slots.len());
-    for &slot in &s.layout.buckets[b].slots {
-        let mut g = s.grads[slot]
-            .take()
-            .ok_or_else(|| internal("a compressed gradient is missing after the all-reduce"))?;
-        let src = half
-            .get(at..at + g.len())
-            .ok_or_else(|| internal("the compressed result is shorter than its bucket"))?;
-        g.iter_mut().zip(src).for_each(|(d, h)| *d = widen(*h));
-        at += g.len();
-        bufs.push(g);
-    }
-    Ok((bufs, timing))
-}
-
-fn internal(what: &str) -> DdpError {
-    DdpError::Misuse(format!("internal error in the DDP reducer: {what}"))
 }
 
 impl<I: Backend> GradientSink<I> for Reducer<I> {
-    fn on_gradient(&self, param_index: usize, grad: FloatTensor<I>) {
-        if let Some(direct) = &self.direct {
-            let mut s = self.lock();
-            let Some(slot) = s.accept(param_index) else {
-                return;
-            };
-            let mut tensors = direct.lock().unwrap_or_else(PoisonError::into_inner);
-            tensors[slot] = Some(match tensors[slot].take() {
-                Some(prev) => I::float_add(prev, grad),
-                None => grad,
-            });
-            return;
-        }
-        let data = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
-            Some(Ok(d)) => d.convert::<f32>(),
-            Some(Err(e)) => {
-                self.lock()
-                    .errors
-                    .push(format!("reading a gradient from the device: {e:?}"));
-                return;
-            }
-            None => {
-                self.lock().errors.push(
-                    "reading a gradient from the device: this platform cannot block on the read"
-                        .into(),
-                );
-                return;
-            }
-        };
-        // Takes over the tensor's storage when it can (no copy on the CPU backend).
-        let values: Vec<f32> = match data.into_vec::<f32>() {
-            Ok(v) => v,
-            Err(e) => {
-                self.lock()
-                    .errors
-                    .push(format!("gradient data is not f32 after conversion: {e:?}"));
-                return;
-            }
-        };
+    fn on_gradient(&self, param_index: usize, generation: u64, grad: FloatTensor<I>) {
         let mut s = self.lock();
-        let Some(slot) = s.accept(param_index) else {
-            return;
-        };
-        let b = s.layout.bucket_of[slot];
-        let numel = s.slots[slot].numel;
-        let launched = s.sync && b < s.next_launch;
-        if values.len() != numel || launched {
-            let path = s.slots[slot].path.clone();
-            let problem = if launched {
-                format!("gradient of '{path}' arrived after its bucket was launched")
-            } else {
-                format!(
-                    "gradient of '{path}' has {} elements, expected {numel}",
-                    values.len()
-                )
-            };
-            s.errors.push(problem);
-            return;
+        if s.error.is_some() {
+            return; // this backward already failed: launch nothing more
         }
-        match s.grads[slot].as_mut() {
-            Some(acc) => acc.iter_mut().zip(&values).for_each(|(d, v)| *d += v),
-            None => s.grads[slot] = Some(values),
-        }
-        s.events_left[slot] = s.events_left[slot].saturating_sub(1);
-        if s.events_left[slot] == 0 {
-            if !s.rebuilt && !s.arrival.contains(&slot) {
-                s.arrival.push(slot);
-            }
-            s.bucket_pending[b] -= 1;
-            if s.bucket_pending[b] == 0 {
-                s.times.ready[b] = Some(Instant::now());
-            }
-            if s.sync {
-                while s.next_launch < s.layout.buckets.len() && s.bucket_pending[s.next_launch] == 0
-                {
-                    let next = s.next_launch;
-                    if let Err(e) = self.launch(&mut s, next) {
-                        s.errors.push(e.to_string());
-                        break;
-                    }
-                }
-            }
+        if let Err(e) = self.accept(&mut s, param_index, generation, grad) {
+            s.error = Some(e);
         }
     }
+}
+
+fn take_stray<I: Backend>(s: &mut State<I>) -> Result<(), DdpError> {
+    match std::mem::take(&mut s.stray_events) {
+        0 => Ok(()),
+        count => Err(DdpError::BackwardOutsideDdp { count }),
+    }
+}
+
+/// Groups the trainable entries into slots: one per distinct `ParamId`.
+fn plan_slots<I: Backend>(table: &ParamTable<I>) -> (Vec<Slot<I>>, Vec<Option<usize>>) {
+    let mut by_id: HashMap<ParamId, usize> = HashMap::new();
+    let mut slots: Vec<Slot<I>> = Vec::new();
+    let slot_of = table
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(index, e)| {
+            if e.kind != ParamKind::Trainable {
+                return None;
+            }
+            let slot = *by_id.entry(e.id).or_insert_with(|| {
+                slots.push(Slot {
+                    path: e.path.clone(),
+                    shape: e.shape.clone(),
+                    dtype: e.dtype,
+                    device: e.device.clone(),
+                    entries: Vec::new(),
+                });
+                slots.len() - 1
+            });
+            slots[slot].entries.push(index);
+            Some(slot)
+        })
+        .collect();
+    (slots, slot_of)
+}
+
+fn layout<I: Backend>(
+    slots: &[Slot<I>],
+    order: Vec<usize>,
+    first_cap_bytes: usize,
+    cap_bytes: usize,
+) -> BucketLayout {
+    let bytes: Vec<usize> = slots.iter().map(|s| s.numel() * s.dtype.size()).collect();
+    let dtypes: Vec<_> = slots.iter().map(|s| s.dtype).collect();
+    BucketLayout::new(order, &bytes, &dtypes, first_cap_bytes, cap_bytes)
 }

@@ -9,7 +9,7 @@
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, SgdConfig};
-use ddp_core::tap::TapBackend;
+use ddp_core::TapBackend;
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
 use ddp_tests::fixtures::{
     Opt, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,

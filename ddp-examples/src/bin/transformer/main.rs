@@ -11,8 +11,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use clap::Parser;
+use ddp_core::TapBackend;
 use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
-use ddp_core::tap::TapBackend;
 use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, WorkerContext,

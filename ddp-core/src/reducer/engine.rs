@@ -1,0 +1,293 @@
+//! How a full bucket is reduced: the one interface between DDP's bucket bookkeeping
+//! ([`super::Reducer`]) and the data movement.
+//!
+//! A [`BucketEngine`] decides how a gradient is kept until its bucket is full
+//! ([`BucketEngine::hold`], [`BucketEngine::add`]) and how a full bucket becomes averaged
+//! gradient tensors ([`BucketEngine::launch`], then [`PendingBucket::wait`]). The bookkeeping
+//! decides *when*: which bucket is full, in which order buckets launch, and which parameters no
+//! rank used.
+//!
+//! - [`LocalEngine`] (world size 1): gradients stay tensors on their device; nothing moves.
+//! - [`HostEngine`]: gradients are read into host memory in their own dtype, and a bucket is one
+//!   coalesced all-reduce over ddp-comm (shared memory or TCP), optionally narrowed to
+//!   fp16/bf16 on the wire.
+
+use super::host_grad::{HostElement, HostGrad};
+use crate::GradientCompression;
+use crate::error::DdpError;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorData};
+use ddp_comm::{ProcessGroup, ReduceOp, Work, WorkTiming, bf16, f16};
+
+/// A trainable parameter as the reducer sees it: tied parameters (several module entries with
+/// one `ParamId`) share one slot.
+pub(crate) struct Slot<I: Backend> {
+    pub(crate) path: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) device: I::Device,
+    /// The module entries (parameter indices) of this slot; the first one's id keys the
+    /// gradient.
+    pub(crate) entries: Vec<usize>,
+}
+
+impl<I: Backend> Slot<I> {
+    pub(crate) fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A gradient kept until its bucket launches, in the engine's representation.
+pub(crate) enum Held<I: Backend> {
+    /// Still a tensor on its device.
+    Tensor(FloatTensor<I>),
+    /// Read into host memory.
+    Host(HostGrad),
+}
+
+/// A launched bucket.
+pub(crate) trait PendingBucket<I: Backend>: Send {
+    /// Waits for the reduction; returns one gradient per slot of the bucket (in bucket order),
+    /// `None` where the slot had no gradient and nothing was reduced for it.
+    fn wait(
+        self: Box<Self>,
+        slots: &[&Slot<I>],
+    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError>;
+}
+
+/// How gradients are kept and how a full bucket is reduced.
+pub(crate) trait BucketEngine<I: Backend>: Send + Sync {
+    /// Takes a gradient as backward produced it.
+    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError>;
+    /// Adds a further gradient of the same slot.
+    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError>;
+    /// Starts reducing a bucket; `grads` has one entry per slot, `None` where this rank has no
+    /// gradient for it (it counts as zeros).
+    fn launch(
+        &self,
+        slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
+}
+
+fn internal(what: &str) -> DdpError {
+    DdpError::Internal(format!("bucket engine: {what}"))
+}
+
+/// World size 1: nothing to reduce; a parameter's gradients are summed on the device.
+pub(crate) struct LocalEngine;
+
+struct Ready<I: Backend>(Vec<Option<FloatTensor<I>>>);
+
+impl<I: Backend> PendingBucket<I> for Ready<I> {
+    fn wait(
+        self: Box<Self>,
+        _slots: &[&Slot<I>],
+    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+        Ok((self.0, None))
+    }
+}
+
+impl<I: Backend> BucketEngine<I> for LocalEngine {
+    fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
+        Ok(Held::Tensor(grad))
+    }
+
+    fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        match (acc, more) {
+            (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
+            _ => Err(internal("the local engine holds tensors only")),
+        }
+    }
+
+    fn launch(
+        &self,
+        _slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let tensors = grads
+            .into_iter()
+            .map(|g| match g {
+                None => Ok(None),
+                Some(Held::Tensor(t)) => Ok(Some(t)),
+                Some(Held::Host(_)) => Err(internal("the local engine holds tensors only")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(Ready(tensors)))
+    }
+}
+
+/// Gradients in host memory, buckets all-reduced over the process group's CPU transports.
+pub(crate) struct HostEngine {
+    pub(crate) pg: ProcessGroup,
+    pub(crate) compression: GradientCompression,
+}
+
+impl<I: Backend> BucketEngine<I> for HostEngine {
+    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
+        let fail = |reason: String| DdpError::Gradient {
+            path: slot.path.clone(),
+            reason,
+        };
+        let data = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Err(fail(format!("reading it from the device: {e:?}"))),
+            None => {
+                return Err(fail(
+                    "reading it from the device: this platform cannot block on the read".into(),
+                ));
+            }
+        };
+        let g = HostGrad::from_data(data).map_err(fail)?;
+        if g.len() != slot.numel() {
+            return Err(fail(format!(
+                "it has {} elements, the parameter has {}",
+                g.len(),
+                slot.numel()
+            )));
+        }
+        Ok(Held::Host(g))
+    }
+
+    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        match (acc, more) {
+            (Held::Host(mut a), Held::Host(b)) => {
+                a.add(&b).map_err(|reason| DdpError::Gradient {
+                    path: slot.path.clone(),
+                    reason,
+                })?;
+                Ok(Held::Host(a))
+            }
+            _ => Err(internal("the host engine holds host buffers only")),
+        }
+    }
+
+    fn launch(
+        &self,
+        slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let dtype = slots
+            .first()
+            .map(|s| s.dtype)
+            .ok_or_else(|| internal("empty bucket"))?;
+        let mut host = Vec::with_capacity(grads.len());
+        for (slot, g) in slots.iter().zip(grads) {
+            host.push(match g {
+                Some(Held::Host(g)) => g,
+                // Unused here: zeros, so every rank launches the same collective.
+                None => HostGrad::zeros(slot.dtype, slot.numel())
+                    .ok_or_else(|| internal("unsupported dtype reached a bucket"))?,
+                Some(Held::Tensor(_)) => {
+                    return Err(internal("the host engine holds host buffers only"));
+                }
+            });
+        }
+        let scale = 1.0 / self.pg.world_size() as f32;
+        Ok(match (dtype, self.compression) {
+            (DType::F32, GradientCompression::Fp16) => {
+                narrowed::<I, _>(&self.pg, host, |v| f16::from_f32(v * scale), f16::to_f32)?
+            }
+            (DType::F32, GradientCompression::Bf16) => {
+                narrowed::<I, _>(&self.pg, host, |v| bf16::from_f32(v * scale), bf16::to_f32)?
+            }
+            (DType::F32, GradientCompression::None) => parts::<I, f32>(&self.pg, host)?,
+            (DType::F64, _) => parts::<I, f64>(&self.pg, host)?,
+            (DType::F16, _) => parts::<I, f16>(&self.pg, host)?,
+            (DType::BF16, _) => parts::<I, bf16>(&self.pg, host)?,
+            (other, _) => return Err(internal(&format!("no reduction for {other:?}"))),
+        })
+    }
+}
+
+/// A bucket reduced in its own dtype: one coalesced `Avg` all-reduce over the gradients' own
+/// buffers (shared memory reads and writes them in place; no bucket buffer to pack).
+fn parts<I: Backend, T: HostElement>(
+    pg: &ProcessGroup,
+    host: Vec<HostGrad>,
+) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+    let bufs = host
+        .into_iter()
+        .map(T::unwrap)
+        .collect::<Option<Vec<Vec<T>>>>()
+        .ok_or_else(|| internal("a bucket mixes dtypes"))?;
+    Ok(Box::new(Parts(
+        pg.all_reduce_coalesced_async(bufs, ReduceOp::Avg),
+    )))
+}
+
+struct Parts<T: HostElement>(Work<Vec<Vec<T>>>);
+
+impl<I: Backend, T: HostElement> PendingBucket<I> for Parts<T> {
+    fn wait(
+        self: Box<Self>,
+        slots: &[&Slot<I>],
+    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+        let (result, timing) = self.0.wait_timed();
+        let bufs = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
+        let tensors = slots
+            .iter()
+            .zip(bufs)
+            .map(|(slot, v)| Some(to_tensor(slot, TensorData::new(v, slot.shape.clone()))))
+            .collect();
+        Ok((tensors, timing))
+    }
+}
+
+fn to_tensor<I: Backend>(slot: &Slot<I>, data: TensorData) -> FloatTensor<I> {
+    I::float_from_data(data, &slot.device)
+}
+
+/// An f32 bucket narrowed to half precision on the wire: scaled by `1 / world_size` while
+/// narrowing (so the half-precision sum cannot overflow where the average would not), summed,
+/// and widened back into the f32 buffers it came from.
+fn narrowed<I: Backend, H: ddp_comm::Element>(
+    pg: &ProcessGroup,
+    host: Vec<HostGrad>,
+    narrow: impl Fn(f32) -> H,
+    widen: fn(H) -> f32,
+) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+    let bufs = host
+        .into_iter()
+        .map(f32::unwrap)
+        .collect::<Option<Vec<Vec<f32>>>>()
+        .ok_or_else(|| internal("a compressed bucket holds a non-f32 gradient"))?;
+    let flat: Vec<H> = bufs.iter().flatten().map(|v| narrow(*v)).collect();
+    Ok(Box::new(Narrowed {
+        work: pg.all_reduce_async(flat, ReduceOp::Sum),
+        bufs,
+        widen,
+    }))
+}
+
+struct Narrowed<H: ddp_comm::Element> {
+    work: Work<Vec<H>>,
+    bufs: Vec<Vec<f32>>,
+    widen: fn(H) -> f32,
+}
+
+impl<I: Backend, H: ddp_comm::Element> PendingBucket<I> for Narrowed<H> {
+    fn wait(
+        self: Box<Self>,
+        slots: &[&Slot<I>],
+    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+        let Narrowed { work, bufs, widen } = *self;
+        let (result, timing) = work.wait_timed();
+        let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
+        let mut at = 0;
+        let mut tensors = Vec::with_capacity(bufs.len());
+        for (slot, mut g) in slots.iter().zip(bufs) {
+            let src = half
+                .get(at..at + g.len())
+                .ok_or_else(|| internal("the compressed result is shorter than its bucket"))?;
+            g.iter_mut().zip(src).for_each(|(d, h)| *d = widen(*h));
+            at += g.len();
+            tensors.push(Some(to_tensor(
+                slot,
+                TensorData::new(g, slot.shape.clone()),
+            )));
+        }
+        Ok((tensors, timing))
+    }
+}
