@@ -132,6 +132,12 @@ impl Vars<'_> {
 }
 
 impl WorkerEnv {
+    /// Whether the group was restarted before this attempt (see
+    /// [`WorkerContext::is_restart`](super::WorkerContext::is_restart)).
+    pub fn is_restart(&self) -> bool {
+        self.restart_count > 0
+    }
+
     /// Reads the process environment; `Ok(None)` when no launcher set it up as a worker.
     /// Checks, in order: `ddp-run`/torchrun variables (`DDP_LAUNCH_WORKER`, `RANK`), Open MPI,
     /// then Slurm.
@@ -499,6 +505,7 @@ pub(crate) mod tests {
             ("10.0.0.1", 1234)
         );
         assert_eq!(env.restart_count, 2);
+        assert!(env.is_restart());
         assert_eq!(env.job_token.as_deref(), Some("tok"));
         assert_eq!(env.timeout, Some(Duration::from_secs(30)));
         assert!(
@@ -521,6 +528,10 @@ pub(crate) mod tests {
             (env.local_rank, env.local_world_size, env.node_rank),
             (1, 2, 0)
         );
+        let first = detect(&[("RANK", "1"), ("WORLD_SIZE", "2")])
+            .expect("ok")
+            .expect("worker");
+        assert!(!first.is_restart(), "no restart count: the first attempt");
         assert_eq!(
             (env.master_addr.as_str(), env.master_port),
             ("127.0.0.1", DEFAULT_MASTER_PORT)

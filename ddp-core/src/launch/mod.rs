@@ -31,8 +31,9 @@
 //! }
 //!
 //! fn train(ctx: WorkerContext, args: &Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//!     // With --max-restarts, a restarted group resumes from its latest checkpoint here.
-//!     let first_epoch = if ctx.restart_count() > 0 { /* load checkpoint */ 0 } else { 0 };
+//!     // With --max-restarts, a restarted group resumes from its latest checkpoint here
+//!     // (and ignores "start over" flags: they were meant for the first attempt).
+//!     let first_epoch = if ctx.is_restart() { /* load checkpoint */ 0 } else { 0 };
 //!     for epoch in first_epoch..args.epochs {
 //!         let mut loss = [1.0f32 / (epoch + 1) as f32];
 //!         ctx.process_group().all_reduce(&mut loss, ReduceOp::Avg)?;
@@ -89,7 +90,9 @@
 //!   code or signal, and its last `--tail-lines` (20) lines of output.
 //! - With `--max-restarts N` the whole group is restarted up to `N` times, with a fresh
 //!   `MASTER_PORT` unless `--master-port` fixed it, and `DDP_RESTART_COUNT` incremented;
-//!   training that resumes from its latest checkpoint continues where it stopped.
+//!   training that resumes from its latest checkpoint continues where it stopped. Every attempt
+//!   gets the same command line, so a flag like `--fresh` must only apply when
+//!   [`WorkerContext::is_restart`] is false, or each restart would start the run over.
 //! - SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every worker, which then get
 //!   the grace period before SIGKILL (a second signal skips it); the launcher then fails with
 //!   [`LaunchError::Interrupted`].
