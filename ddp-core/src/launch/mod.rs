@@ -81,8 +81,13 @@
 //! `SLURM_NTASKS`/`SLURM_STEP_NUM_TASKS`, `SLURM_LOCALID`, tasks per node, `SLURM_NODEID`; the
 //! master is `MASTER_ADDR` or the first host of the step's node list, else
 //! `SLURM_LAUNCH_NODE_IPADDR`; the port is `MASTER_PORT` or derived from the job and step ids)
-//! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`; `MASTER_ADDR`
-//! needed across nodes, `MASTER_PORT` defaults to 29500). See [`WorkerEnv`].
+//! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`). Under
+//! `mpirun` nothing else is needed on one host: `MASTER_ADDR` defaults to `127.0.0.1` when every
+//! rank is local (across hosts, set it: `mpirun -x MASTER_ADDR=<host of rank 0> ...`), and
+//! `MASTER_PORT` and the job token default to values derived from the Open MPI job id
+//! (`OMPI_MCA_ess_base_jobid`, or `PMIX_NAMESPACE` on Open MPI 5; port in 10000..60000), so
+//! concurrent jobs on one host use different ports and cannot join each other. A port that is
+//! taken makes rank 0 fail, and `mpirun` then stops the job. See [`WorkerEnv`].
 //!
 //! # Failures, restarts, signals
 //! - When a worker exits non-zero or is killed by a signal, the others get SIGTERM, then
