@@ -72,6 +72,13 @@
 //! variable, `GLIBC_TUNABLES` or `LD_PRELOAD` is set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
 //! index is the local rank. Standard input is closed (`/dev/null`).
 //!
+//! # Output and progress
+//! Workers' lines are printed prefixed with `[rank N]: `. A worker's stderr is a pipe, so when
+//! the launcher's stderr is a terminal, global rank 0 also gets `DDP_PROGRESS_FD`, an inherited
+//! pipe for [`EpochProgress`](crate::EpochProgress) reports: the launcher draws rank 0's bar live
+//! and prints every worker's lines above it. Otherwise (a file, a pipe, `TERM=dumb`) rank 0
+//! prints a line every few seconds. `DDP_PROGRESS=bar|lines|auto` overrides the choice.
+//!
 //! The job token is random per job, or `DDP_JOB_TOKEN` when set. **Multi-node jobs require it
 //! set, to the same secret, on every node** (otherwise the launcher refuses to start).
 //!
@@ -123,6 +130,7 @@ mod args;
 mod context;
 mod env;
 mod error;
+mod live;
 mod output;
 mod plan;
 mod rendezvous;
