@@ -2,17 +2,276 @@
 //! second for the whole job and an ETA; a plain log line every few seconds when stderr is not a
 //! terminal (CI logs, files). Other ranks stay quiet.
 //!
+//! # Under the launcher
+//! A worker's stderr is a pipe to the launcher, so rank 0 cannot draw a bar on it. When the
+//! launcher's own stderr is a terminal, it hands rank 0 a pipe for progress reports
+//! ([`PROGRESS_FD_ENV`]) and draws the bar itself, printing the workers' lines above it; with
+//! the launcher's stderr in a file or pipe, rank 0 prints lines as usual.
+//!
+//! `DDP_PROGRESS` ([`PROGRESS_ENV`]) overrides the choice for the launcher and rank 0 alike:
+//! `auto` (the default: a bar on a terminal), `bar` (draw even when stderr is not a terminal,
+//! e.g. for a console that renders ANSI sequences), `lines`.
+//!
 //! # Collective
 //! [`EpochProgress::step`] all-reduces the loss (one small collective), so every rank calls it
 //! once per step.
 
 use ddp_comm::{CommError, ProcessGroup, ReduceOp};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::fs::File;
 use std::io::{IsTerminal, Write};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How often the plain (non-terminal) output prints a line.
 const PLAIN_INTERVAL: Duration = Duration::from_secs(5);
+/// How often rank 0 reports its position to the launcher (the bar redraws at most this often
+/// anyway; the last step of an epoch is always reported).
+const REPORT_INTERVAL: Duration = Duration::from_millis(50);
+/// Bar redraws per second.
+const DRAW_HZ: u8 = 20;
+
+/// Environment variable choosing the progress display: `auto` (default), `bar` or `lines`.
+pub const PROGRESS_ENV: &str = "DDP_PROGRESS";
+/// Environment variable the launcher sets for rank 0 only: the number of an inherited pipe to
+/// send progress reports on, which the launcher draws as a bar on its terminal.
+pub const PROGRESS_FD_ENV: &str = "DDP_PROGRESS_FD";
+
+/// The `DDP_PROGRESS` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgressSetting {
+    /// A bar when stderr is a terminal (and `TERM` is not `dumb`), lines otherwise.
+    #[default]
+    Auto,
+    /// Always a bar (ANSI sequences even into a file or pipe).
+    Bar,
+    /// Always lines.
+    Lines,
+}
+
+impl ProgressSetting {
+    /// Parses a `DDP_PROGRESS` value (case-insensitive; empty means `auto`).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Some(ProgressSetting::Auto),
+            "bar" => Some(ProgressSetting::Bar),
+            "lines" => Some(ProgressSetting::Lines),
+            _ => None,
+        }
+    }
+
+    /// The process's setting; an unknown value warns and counts as `auto` (progress is not
+    /// worth failing a job for).
+    pub fn from_env() -> Self {
+        let Ok(value) = std::env::var(PROGRESS_ENV) else {
+            return ProgressSetting::Auto;
+        };
+        ProgressSetting::parse(&value).unwrap_or_else(|| {
+            tracing::warn!(
+                value,
+                "{PROGRESS_ENV} must be auto, bar or lines; using auto"
+            );
+            ProgressSetting::Auto
+        })
+    }
+
+    /// Whether a bar should be drawn on a stream that is (`is_terminal`) a terminal of type
+    /// `term` (`TERM`).
+    pub fn draws_bar(self, is_terminal: bool, term: Option<&str>) -> bool {
+        match self {
+            ProgressSetting::Bar => true,
+            ProgressSetting::Lines => false,
+            ProgressSetting::Auto => is_terminal && term != Some("dumb"),
+        }
+    }
+}
+
+/// Whether this process's stderr should show a bar, from the environment.
+pub(crate) fn stderr_draws_bar() -> bool {
+    ProgressSetting::from_env().draws_bar(
+        std::io::stderr().is_terminal(),
+        std::env::var("TERM").ok().as_deref(),
+    )
+}
+
+/// The draw target of every bar: stderr at [`DRAW_HZ`], drawn whether or not it is a terminal
+/// (the caller decided that already, see [`ProgressSetting::draws_bar`]; indicatif's own
+/// stderr target would hide itself on a pipe even with `DDP_PROGRESS=bar`).
+pub(crate) fn stderr_target() -> ProgressDrawTarget {
+    ProgressDrawTarget::term_like_with_hz(Box::new(StderrTerm), DRAW_HZ)
+}
+
+/// stderr as indicatif's terminal: ANSI cursor movements, the width of the terminal if stderr
+/// is one, else `COLUMNS`, else 80.
+#[derive(Debug)]
+struct StderrTerm;
+
+impl StderrTerm {
+    fn put(&self, s: &str) -> std::io::Result<()> {
+        std::io::stderr().lock().write_all(s.as_bytes())
+    }
+
+    fn moved(&self, n: usize, code: char) -> std::io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.put(&format!("\x1b[{n}{code}"))
+    }
+}
+
+impl indicatif::TermLike for StderrTerm {
+    fn width(&self) -> u16 {
+        // SAFETY: TIOCGWINSZ fills the winsize it is given, or fails on a non-terminal.
+        let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+        if unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0
+            && size.ws_col > 0
+        {
+            return size.ws_col;
+        }
+        std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.trim().parse().ok())
+            .filter(|c| *c > 0)
+            .unwrap_or(80)
+    }
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.moved(n, 'A')
+    }
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.moved(n, 'B')
+    }
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.moved(n, 'C')
+    }
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.moved(n, 'D')
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.put(&format!("{s}\n"))
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.put(s)
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.put("\r\x1b[2K")
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// One progress report from rank 0 to the launcher: a line on the [`PROGRESS_FD_ENV`] pipe.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Report {
+    /// A new bar of `len` steps named `label` (`epoch 2/15`).
+    Begin { len: u64, label: String },
+    /// `pos` steps done; `message` shows the loss and rate.
+    Position { pos: u64, message: String },
+    /// The bar is done: clear it.
+    End,
+}
+
+impl Report {
+    /// The line for the pipe, newline included. Newlines inside texts become spaces.
+    pub(crate) fn encode(&self) -> String {
+        let clean = |s: &str| s.replace(['\n', '\r'], " ");
+        match self {
+            Report::Begin { len, label } => format!("begin {len} {}\n", clean(label)),
+            Report::Position { pos, message } => format!("pos {pos} {}\n", clean(message)),
+            Report::End => "end\n".to_string(),
+        }
+    }
+
+    /// Reads one line (without its newline); `None` for anything else.
+    pub(crate) fn parse(line: &str) -> Option<Report> {
+        let mut parts = line.splitn(3, ' ');
+        let kind = parts.next()?;
+        if kind == "end" {
+            return Some(Report::End);
+        }
+        let number: u64 = parts.next()?.parse().ok()?;
+        let text = parts.next().unwrap_or("").to_string();
+        match kind {
+            "begin" => Some(Report::Begin {
+                len: number,
+                label: text,
+            }),
+            "pos" => Some(Report::Position {
+                pos: number,
+                message: text,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The launcher's report pipe, taken once per process (several epochs share it).
+fn report_channel() -> Option<&'static Mutex<File>> {
+    static CHANNEL: OnceLock<Option<Mutex<File>>> = OnceLock::new();
+    CHANNEL
+        .get_or_init(|| {
+            let value = std::env::var(PROGRESS_FD_ENV).ok()?;
+            let file = adopt_pipe(&value);
+            if file.is_none() {
+                tracing::warn!(
+                    value,
+                    "{PROGRESS_FD_ENV} names no inherited pipe; showing progress on stderr"
+                );
+            }
+            file.map(Mutex::new)
+        })
+        .as_ref()
+}
+
+/// The pipe whose descriptor number is `value`, if it is one; marked close-on-exec so that
+/// programs this process starts do not keep the launcher's reader waiting.
+fn adopt_pipe(value: &str) -> Option<File> {
+    use std::os::fd::FromRawFd;
+    let fd: libc::c_int = value.trim().parse().ok().filter(|fd| *fd > 2)?;
+    // SAFETY: fstat on a descriptor number only reads; a closed number fails with EBADF.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 || stat.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return None;
+    }
+    // SAFETY: plain fcntl on the open descriptor checked above.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: the launcher opened this pipe for this process and nothing else here uses the
+    // number; the OnceLock in `report_channel` makes this the only owner.
+    Some(unsafe { File::from_raw_fd(fd) })
+}
+
+/// How this rank shows an epoch.
+#[derive(Debug)]
+enum Display {
+    /// Its own bar on its stderr (a terminal, or `DDP_PROGRESS=bar`).
+    Bar(ProgressBar),
+    /// Reports to the launcher, which draws the bar.
+    Report(&'static Mutex<File>),
+    /// A line every [`PLAIN_INTERVAL`].
+    Lines,
+    /// Nothing (every rank but 0).
+    Quiet,
+}
+
+/// Which [`Display`] a rank uses, before any bar or pipe exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DisplayKind {
+    Bar,
+    Report,
+    Lines,
+    Quiet,
+}
+
+/// Rank 0 reports to the launcher when it was given a pipe, else draws its own bar when its
+/// stderr should show one, else prints lines; other ranks are quiet.
+pub(crate) fn display_kind(main: bool, has_channel: bool, stderr_bar: bool) -> DisplayKind {
+    match (main, has_channel, stderr_bar) {
+        (false, _, _) => DisplayKind::Quiet,
+        (true, true, _) => DisplayKind::Report,
+        (true, false, true) => DisplayKind::Bar,
+        (true, false, false) => DisplayKind::Lines,
+    }
+}
 
 /// What an epoch looked like, the same on every rank.
 #[derive(Debug, Clone, Copy)]
@@ -42,10 +301,10 @@ pub struct EpochProgress {
     epochs: usize,
     steps: usize,
     done: usize,
-    bar: Option<ProgressBar>,
-    plain: bool,
+    display: Display,
     start: Instant,
     last_line: Instant,
+    last_report: Option<Instant>,
     loss_sum: f64,
     last_loss: f64,
     samples: u64,
@@ -55,29 +314,51 @@ impl EpochProgress {
     /// Starts epoch `epoch` of `epochs` with `steps` steps on each rank.
     pub fn new(pg: &ProcessGroup, epoch: usize, epochs: usize, steps: usize) -> Self {
         let main = pg.rank() == 0;
-        let tty = std::io::stderr().is_terminal();
-        let bar = (main && tty).then(|| {
-            let bar =
-                ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template(
-                "epoch {prefix} [{bar:30}] {pos}/{len} {msg} eta {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-            bar.set_style(style);
-            bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
-            bar
-        });
+        // Only rank 0 looks at its environment: the others never show anything.
+        let channel = if main { report_channel() } else { None };
+        let kind = display_kind(main, channel.is_some(), main && stderr_draws_bar());
+        Self::with_display(pg, epoch, epochs, steps, kind, channel)
+    }
+
+    fn with_display(
+        pg: &ProcessGroup,
+        epoch: usize,
+        epochs: usize,
+        steps: usize,
+        kind: DisplayKind,
+        channel: Option<&'static Mutex<File>>,
+    ) -> Self {
+        let label = format!("epoch {}/{}", epoch + 1, epochs);
+        let display = match (kind, channel) {
+            (DisplayKind::Bar, _) => {
+                let bar = ProgressBar::with_draw_target(Some(steps as u64), stderr_target());
+                bar.set_style(bar_style("{prefix}"));
+                bar.set_prefix(label);
+                Display::Bar(bar)
+            }
+            (DisplayKind::Report, Some(channel)) => {
+                send(
+                    channel,
+                    &Report::Begin {
+                        len: steps as u64,
+                        label,
+                    },
+                );
+                Display::Report(channel)
+            }
+            (DisplayKind::Report | DisplayKind::Lines, _) => Display::Lines,
+            (DisplayKind::Quiet, _) => Display::Quiet,
+        };
         EpochProgress {
             pg: pg.clone(),
             epoch,
             epochs,
             steps,
             done: 0,
-            bar,
-            plain: main && !tty,
+            display,
             start: Instant::now(),
             last_line: Instant::now(),
+            last_report: None,
             loss_sum: 0.0,
             last_loss: 0.0,
             samples: 0,
@@ -97,21 +378,41 @@ impl EpochProgress {
         self.samples += v[1] as u64;
         self.done += 1;
         let rate = self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        if let Some(bar) = &self.bar {
-            bar.set_message(format!("loss {loss:.4} {rate:.0} samples/s"));
-            bar.inc(1);
-        } else if self.plain && self.last_line.elapsed() >= PLAIN_INTERVAL {
-            self.last_line = Instant::now();
-            let left = (self.steps.saturating_sub(self.done)) as f64
-                * self.start.elapsed().as_secs_f64()
-                / self.done.max(1) as f64;
-            self.line(&format!(
-                "epoch {}/{} step {}/{} loss {loss:.4} {rate:.0} samples/s eta {left:.0}s",
-                self.epoch + 1,
-                self.epochs,
-                self.done,
-                self.steps
-            ));
+        let message = || format!("loss {loss:.4} {rate:.0} samples/s");
+        match &self.display {
+            Display::Bar(bar) => {
+                bar.set_message(message());
+                bar.inc(1);
+            }
+            Display::Report(channel) => {
+                let due = self
+                    .last_report
+                    .is_none_or(|t| t.elapsed() >= REPORT_INTERVAL);
+                if due || self.done >= self.steps {
+                    self.last_report = Some(Instant::now());
+                    send(
+                        channel,
+                        &Report::Position {
+                            pos: self.done as u64,
+                            message: message(),
+                        },
+                    );
+                }
+            }
+            Display::Lines if self.last_line.elapsed() >= PLAIN_INTERVAL => {
+                self.last_line = Instant::now();
+                let left = (self.steps.saturating_sub(self.done)) as f64
+                    * self.start.elapsed().as_secs_f64()
+                    / self.done.max(1) as f64;
+                self.line(&format!(
+                    "epoch {}/{} step {}/{} loss {loss:.4} {rate:.0} samples/s eta {left:.0}s",
+                    self.epoch + 1,
+                    self.epochs,
+                    self.done,
+                    self.steps
+                ));
+            }
+            Display::Lines | Display::Quiet => {}
         }
         Ok(())
     }
@@ -128,8 +429,10 @@ impl EpochProgress {
             samples: self.samples,
             elapsed: self.start.elapsed(),
         };
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
+        match &self.display {
+            Display::Bar(bar) => bar.finish_and_clear(),
+            Display::Report(channel) => send(channel, &Report::End),
+            Display::Lines | Display::Quiet => {}
         }
         if self.pg.rank() == 0 {
             self.line(&format!(
@@ -143,5 +446,161 @@ impl EpochProgress {
             ));
         }
         summary
+    }
+}
+
+/// The bar's look; `head` names the bar (`{prefix}` is the epoch).
+pub(crate) fn bar_style(head: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{head} [{{bar:30}}] {{pos}}/{{len}} {{msg}} eta {{eta}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ")
+}
+
+/// Sends one report; a launcher that stopped reading (it is going away too) is ignored.
+fn send(channel: &Mutex<File>, report: &Report) {
+    let mut file = channel.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Err(e) = file.write_all(report.encode().as_bytes()) {
+        tracing::debug!(%e, "cannot send a progress report to the launcher");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddp_comm::{ProcessGroupConfig, Store, StoreConfig, StoreServer};
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
+    #[test]
+    fn settings_parse_and_decide_between_bar_and_lines() {
+        assert_eq!(ProgressSetting::parse(""), Some(ProgressSetting::Auto));
+        assert_eq!(ProgressSetting::parse(" BAR "), Some(ProgressSetting::Bar));
+        assert_eq!(
+            ProgressSetting::parse("lines"),
+            Some(ProgressSetting::Lines)
+        );
+        assert_eq!(ProgressSetting::parse("fancy"), None);
+        let auto = ProgressSetting::Auto;
+        assert!(auto.draws_bar(true, Some("xterm-256color")));
+        assert!(auto.draws_bar(true, None));
+        assert!(!auto.draws_bar(false, Some("xterm")), "a pipe gets lines");
+        assert!(!auto.draws_bar(true, Some("dumb")));
+        assert!(ProgressSetting::Bar.draws_bar(false, None));
+        assert!(!ProgressSetting::Lines.draws_bar(true, Some("xterm")));
+    }
+
+    #[test]
+    fn rank_0_reports_when_given_a_pipe_else_draws_or_prints_lines() {
+        assert_eq!(display_kind(true, true, false), DisplayKind::Report);
+        assert_eq!(display_kind(true, true, true), DisplayKind::Report);
+        assert_eq!(display_kind(true, false, true), DisplayKind::Bar);
+        assert_eq!(display_kind(true, false, false), DisplayKind::Lines);
+        assert_eq!(display_kind(false, true, true), DisplayKind::Quiet);
+    }
+
+    #[test]
+    fn reports_round_trip_and_garbage_is_ignored() {
+        for r in [
+            Report::Begin {
+                len: 23,
+                label: "epoch 2/15".into(),
+            },
+            Report::Position {
+                pos: 7,
+                message: "loss 0.1234 5000 samples/s".into(),
+            },
+            Report::End,
+        ] {
+            let line = r.encode();
+            assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+            assert_eq!(Report::parse(line.trim_end_matches('\n')), Some(r));
+        }
+        let sneaky = Report::Begin {
+            len: 1,
+            label: "a\nb".into(),
+        };
+        assert_eq!(sneaky.encode(), "begin 1 a b\n");
+        for bad in ["", "pos", "pos x msg", "begin", "jump 3 x"] {
+            assert_eq!(Report::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_an_inherited_pipe_is_adopted() {
+        assert!(adopt_pipe("not a number").is_none());
+        assert!(adopt_pipe("2").is_none(), "stdio is never a report pipe");
+        let file = tempfile::tempfile().expect("tempfile");
+        assert!(
+            adopt_pipe(&file.as_raw_fd().to_string()).is_none(),
+            "a regular file is not a pipe"
+        );
+        let (mut reader, writer) = std::io::pipe().expect("pipe");
+        let fd = writer.into_raw_fd();
+        let mut adopted = adopt_pipe(&fd.to_string()).expect("a pipe");
+        // SAFETY: fcntl on the descriptor `adopted` owns.
+        let flags = unsafe { libc::fcntl(adopted.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        adopted.write_all(b"end\n").expect("write");
+        drop(adopted);
+        let mut text = String::new();
+        reader.read_to_string(&mut text).expect("read");
+        assert_eq!(text, "end\n");
+    }
+
+    /// A process group of this process alone.
+    fn world_of_one() -> (StoreServer, ProcessGroup) {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind");
+        let store =
+            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
+        (server, pg)
+    }
+
+    #[test]
+    fn reporting_rank_0_sends_begin_positions_and_end() {
+        let (_server, pg) = world_of_one();
+        let (mut reader, writer) = std::io::pipe().expect("pipe");
+        let channel: &'static Mutex<File> = Box::leak(Box::new(Mutex::new(File::from(
+            std::os::fd::OwnedFd::from(writer),
+        ))));
+        let mut p = EpochProgress::with_display(&pg, 1, 3, 4, DisplayKind::Report, Some(channel));
+        for _ in 0..4 {
+            p.step(0.5, 8).expect("step");
+        }
+        let summary = p.finish();
+        assert_eq!(summary.samples, 32);
+        // Close the only writer so the read ends.
+        drop(std::mem::replace(
+            &mut *channel.lock().unwrap(),
+            tempfile::tempfile().expect("tempfile"),
+        ));
+        let mut text = String::new();
+        reader.read_to_string(&mut text).expect("read");
+        let reports: Vec<Report> = text.lines().filter_map(Report::parse).collect();
+        assert_eq!(
+            reports.first(),
+            Some(&Report::Begin {
+                len: 4,
+                label: "epoch 2/3".into()
+            }),
+            "{text}"
+        );
+        assert_eq!(reports.last(), Some(&Report::End), "{text}");
+        // The first step and the last are always reported (others are rate-limited).
+        let positions: Vec<u64> = reports
+            .iter()
+            .filter_map(|r| match r {
+                Report::Position { pos, message } => {
+                    assert!(message.starts_with("loss 0.5000 "), "{message}");
+                    Some(*pos)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(positions.first(), Some(&1), "{text}");
+        assert_eq!(positions.last(), Some(&4), "{text}");
+        assert_eq!(text.lines().count(), reports.len(), "every line parses");
     }
 }

@@ -1,12 +1,18 @@
 //! Resume-by-default, shared by the examples: load the latest valid checkpoint into the model,
 //! the optimizer and the loader, or say why training starts fresh.
+//!
+//! `--fresh` means "start this launch over", not "start every attempt over": the launcher
+//! repeats the command line on each `--max-restarts` restart, so [`StartFrom::new`] turns
+//! `--fresh` into [`StartFrom::Scratch`] on the first attempt only, and restarts resume from
+//! the checkpoints this launch wrote.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use ddp_core::DistributedDataLoader;
-use ddp_core::checkpoint::{Checkpointer, LoadOutcome};
+use ddp_core::WorkerContext;
+use ddp_core::checkpoint::{Checkpointer, LoadOutcome, TrainingState};
 
 /// Where training continues: the first epoch to run and the global step count so far.
 #[derive(Debug, Clone, Copy, Default)]
@@ -17,7 +23,36 @@ pub struct StartPoint {
     pub step: u64,
 }
 
-/// Loads the latest valid checkpoint unless `fresh`; rank 0 says what happened on stderr.
+/// What to do with the checkpoints already in the directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFrom {
+    /// Resume from the latest valid checkpoint, if there is one (the default).
+    Latest,
+    /// `--fresh` on the launch's first attempt: ignore existing checkpoints and start over.
+    Scratch,
+    /// `--fresh`, but this is restart `n` of the launch: resume from the checkpoints this
+    /// launch wrote (the first attempt already started over).
+    LatestAfterRestart(u32),
+}
+
+impl StartFrom {
+    /// `--fresh` (`fresh`) applied to this attempt: only the first attempt of a launch starts
+    /// over ([`WorkerContext::is_restart`]).
+    pub fn new(fresh: bool, ctx: &WorkerContext) -> Self {
+        match (fresh, ctx.is_restart()) {
+            (false, _) => StartFrom::Latest,
+            (true, false) => StartFrom::Scratch,
+            (true, true) => StartFrom::LatestAfterRestart(ctx.restart_count()),
+        }
+    }
+}
+
+/// Loads the latest valid checkpoint, or starts over for [`StartFrom::Scratch`]; rank 0 says
+/// what happened on stderr.
+///
+/// Starting over in a directory that already holds checkpoints first saves the initial state
+/// as checkpoint `step-0000000000`, so `latest` names this run from its first step: a restart
+/// (or the next plain run) then resumes this run, never the older one that was set aside.
 ///
 /// # Collective
 /// Every rank calls it (the checkpoint travels from rank 0).
@@ -25,7 +60,7 @@ pub struct StartPoint {
 pub fn resume_or_start<B, M, O, I, Out>(
     name: &str,
     checkpoints: &Checkpointer,
-    fresh: bool,
+    start: StartFrom,
     device: &B::Device,
     model: &mut M,
     optim: &mut O,
@@ -38,14 +73,36 @@ where
     O: Optimizer<M, B>,
 {
     let main = checkpoints.process_group().rank() == 0;
-    if fresh {
-        if main {
-            eprintln!(
-                "{name}: --fresh: ignoring checkpoints in {}",
-                checkpoints.config().dir().display()
-            );
+    let dir = checkpoints.config().dir().display();
+    match start {
+        StartFrom::Scratch => {
+            // Rank-local listing: only rank 0's answer counts, so share it. An unreadable
+            // directory counts as holding checkpoints: the save then fails on every rank alike.
+            let mut older = [u8::from(
+                main && checkpoints.latest().map_or(true, |l| l.is_some()),
+            )];
+            checkpoints
+                .process_group()
+                .broadcast(&mut older, 0)
+                .context("sharing whether older checkpoints exist")?;
+            if main {
+                eprintln!("{name}: --fresh: ignoring checkpoints in {dir}");
+            }
+            if older[0] == 1 {
+                checkpoints
+                    .save(
+                        model,
+                        optim,
+                        &TrainingState::new(0, 0).with_sampler(loader.state()),
+                    )
+                    .context("saving the initial state of the fresh run")?;
+            }
+            return Ok(StartPoint::default());
         }
-        return Ok(StartPoint::default());
+        StartFrom::LatestAfterRestart(n) if main => eprintln!(
+            "{name}: restart {n} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
+        ),
+        StartFrom::Latest | StartFrom::LatestAfterRestart(_) => {}
     }
     match checkpoints.load_latest(device, model, optim)? {
         LoadOutcome::Resumed(resumed) => {

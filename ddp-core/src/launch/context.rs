@@ -58,6 +58,23 @@ impl WorkerContext {
     pub fn restart_count(&self) -> u32 {
         self.env.restart_count
     }
+    /// Whether this attempt is a restart of the group (`--max-restarts`) rather than the
+    /// launch's first attempt.
+    ///
+    /// A restart continues the same run: resume from the latest checkpoint and ignore flags
+    /// that mean "start over" (such as the examples' `--fresh`). The command line is repeated
+    /// unchanged on every attempt, so honouring `--fresh` again would throw away the progress
+    /// the restart exists to keep.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: ddp_core::WorkerContext, fresh_flag: bool) {
+    /// // `--fresh` applies to the first attempt of a launch only.
+    /// let start_over = fresh_flag && !ctx.is_restart();
+    /// # }
+    /// ```
+    pub fn is_restart(&self) -> bool {
+        self.env.is_restart()
+    }
     /// Whether this is rank 0 (the one that logs and saves checkpoints).
     pub fn is_main(&self) -> bool {
         self.env.rank == 0

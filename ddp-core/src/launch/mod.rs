@@ -31,8 +31,9 @@
 //! }
 //!
 //! fn train(ctx: WorkerContext, args: &Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//!     // With --max-restarts, a restarted group resumes from its latest checkpoint here.
-//!     let first_epoch = if ctx.restart_count() > 0 { /* load checkpoint */ 0 } else { 0 };
+//!     // With --max-restarts, a restarted group resumes from its latest checkpoint here
+//!     // (and ignores "start over" flags: they were meant for the first attempt).
+//!     let first_epoch = if ctx.is_restart() { /* load checkpoint */ 0 } else { 0 };
 //!     for epoch in first_epoch..args.epochs {
 //!         let mut loss = [1.0f32 / (epoch + 1) as f32];
 //!         ctx.process_group().all_reduce(&mut loss, ReduceOp::Avg)?;
@@ -71,6 +72,13 @@
 //! variable, `GLIBC_TUNABLES` or `LD_PRELOAD` is set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
 //! index is the local rank. Standard input is closed (`/dev/null`).
 //!
+//! # Output and progress
+//! Workers' lines are printed prefixed with `[rank N]: `. A worker's stderr is a pipe, so when
+//! the launcher's stderr is a terminal, global rank 0 also gets `DDP_PROGRESS_FD`, an inherited
+//! pipe for [`EpochProgress`](crate::EpochProgress) reports: the launcher draws rank 0's bar live
+//! and prints every worker's lines above it. Otherwise (a file, a pipe, `TERM=dumb`) rank 0
+//! prints a line every few seconds. `DDP_PROGRESS=bar|lines|auto` overrides the choice.
+//!
 //! The job token is random per job, or `DDP_JOB_TOKEN` when set. **Multi-node jobs require it
 //! set, to the same secret, on every node** (otherwise the launcher refuses to start).
 //!
@@ -80,8 +88,13 @@
 //! `SLURM_NTASKS`/`SLURM_STEP_NUM_TASKS`, `SLURM_LOCALID`, tasks per node, `SLURM_NODEID`; the
 //! master is `MASTER_ADDR` or the first host of the step's node list, else
 //! `SLURM_LAUNCH_NODE_IPADDR`; the port is `MASTER_PORT` or derived from the job and step ids)
-//! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`; `MASTER_ADDR`
-//! needed across nodes, `MASTER_PORT` defaults to 29500). See [`WorkerEnv`].
+//! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`). Under
+//! `mpirun` nothing else is needed on one host: `MASTER_ADDR` defaults to `127.0.0.1` when every
+//! rank is local (across hosts, set it: `mpirun -x MASTER_ADDR=<host of rank 0> ...`), and
+//! `MASTER_PORT` and the job token default to values derived from the Open MPI job id
+//! (`OMPI_MCA_ess_base_jobid`, or `PMIX_NAMESPACE` on Open MPI 5; port in 10000..60000), so
+//! concurrent jobs on one host use different ports and cannot join each other. A port that is
+//! taken makes rank 0 fail, and `mpirun` then stops the job. See [`WorkerEnv`].
 //!
 //! # Failures, restarts, signals
 //! - When a worker exits non-zero or is killed by a signal, the others get SIGTERM, then
@@ -89,7 +102,9 @@
 //!   code or signal, and its last `--tail-lines` (20) lines of output.
 //! - With `--max-restarts N` the whole group is restarted up to `N` times, with a fresh
 //!   `MASTER_PORT` unless `--master-port` fixed it, and `DDP_RESTART_COUNT` incremented;
-//!   training that resumes from its latest checkpoint continues where it stopped.
+//!   training that resumes from its latest checkpoint continues where it stopped. Every attempt
+//!   gets the same command line, so a flag like `--fresh` must only apply when
+//!   [`WorkerContext::is_restart`] is false, or each restart would start the run over.
 //! - SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every worker, which then get
 //!   the grace period before SIGKILL (a second signal skips it); the launcher then fails with
 //!   [`LaunchError::Interrupted`].
@@ -115,6 +130,7 @@ mod args;
 mod context;
 mod env;
 mod error;
+mod live;
 mod output;
 mod plan;
 mod rendezvous;

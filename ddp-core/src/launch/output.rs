@@ -3,6 +3,7 @@
 //! the failure summary. Reading never waits on anything but the pipe, so a chatty worker never
 //! blocks on a full pipe (unless the launcher's own stdout is blocked).
 
+use super::live::{Console, Stream};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -49,20 +50,13 @@ impl Tail {
     }
 }
 
-/// Which of the launcher's streams a pipe is copied to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stream {
-    Stdout,
-    Stderr,
-    /// Only the log file and the tail (keeps unit test output clean).
-    #[cfg(test)]
-    Quiet,
-}
-
 /// Where one pipe's lines go.
 pub(crate) struct Sink {
     pub(crate) prefix: String,
+    /// Which of the launcher's streams the pipe is copied to.
     pub(crate) stream: Stream,
+    /// Writes around rank 0's live bar, if one is shown.
+    pub(crate) console: Arc<Console>,
     pub(crate) log: Option<Arc<Mutex<File>>>,
     pub(crate) tail: Arc<Tail>,
 }
@@ -75,18 +69,8 @@ impl Sink {
         out.extend_from_slice(self.prefix.as_bytes());
         out.extend_from_slice(line);
         out.push(b'\n');
-        // Write errors (a closed stdout, a full disk) must not stop the draining: ignore them.
-        match self.stream {
-            Stream::Stdout => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(&out).and_then(|()| o.flush());
-            }
-            Stream::Stderr => {
-                let _ = std::io::stderr().lock().write_all(&out);
-            }
-            #[cfg(test)]
-            Stream::Quiet => {}
-        }
+        self.console.write(self.stream, &out);
+        // Write errors (a full disk) must not stop the draining: ignore them.
         if let Some(log) = &self.log {
             let mut f = log.lock().unwrap_or_else(PoisonError::into_inner);
             let _ = f.write_all(&out[self.prefix.len()..]);
@@ -159,6 +143,7 @@ mod tests {
             Sink {
                 prefix: "[rank 0]: ".into(),
                 stream: Stream::Quiet,
+                console: Arc::new(Console::new(false, indicatif::ProgressDrawTarget::hidden)),
                 log: Some(log),
                 tail: tail.clone(),
             },

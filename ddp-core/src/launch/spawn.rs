@@ -2,10 +2,12 @@
 //! that waits for it and reports its exit.
 
 use super::error::LaunchError;
-use super::output::{Sink, Stream, Tail, pump};
+use super::live::{Console, Stream, follow_reports};
+use super::output::{Sink, Tail, pump};
 use super::plan::LaunchPlan;
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
@@ -50,7 +52,8 @@ impl Worker {
     }
 }
 
-/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`.
+/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`; its
+/// output goes through `console`, and global rank 0 gets `console`'s report pipe if it is live.
 ///
 /// Must be called on the thread that supervises the workers until they end: Linux delivers
 /// `PR_SET_PDEATHSIG` when the *thread* that forked the child exits.
@@ -60,6 +63,7 @@ pub(crate) fn spawn_worker(
     restart_count: u32,
     master_port: u16,
     log_dir: Option<&std::path::Path>,
+    console: &Arc<Console>,
     events: Sender<ExitEvent>,
 ) -> Result<Worker, LaunchError> {
     let rank = plan.global_rank(local_rank);
@@ -77,7 +81,25 @@ pub(crate) fn spawn_worker(
         // and killpg reaches whatever the worker started.
         .process_group(0);
     die_with_launcher(&mut cmd);
-    let mut child = cmd.spawn().map_err(|source| match source.kind() {
+    // Rank 0's progress reports, when the launcher draws its bar. Both ends are close-on-exec;
+    // only this child gets the write end, and the launcher's copy is closed once it started
+    // (below), so the reader sees end of file when rank 0 is gone.
+    let reports = match console.is_live() && rank == 0 {
+        true => Some(io::pipe().map_err(|source| LaunchError::Spawn {
+            rank,
+            program: program.clone(),
+            source,
+        })?),
+        false => None,
+    };
+    if let Some((_, writer)) = &reports {
+        let fd = writer.as_raw_fd();
+        cmd.envs(console.report_env(rank, fd));
+        inherit_fd(&mut cmd, fd);
+    }
+    let spawned = cmd.spawn();
+    let reports = reports.map(|(reader, _writer)| reader);
+    let mut child = spawned.map_err(|source| match source.kind() {
         io::ErrorKind::NotFound => LaunchError::ProgramNotFound {
             program: program.clone(),
             reason: "no such file, or its interpreter is missing".into(),
@@ -152,6 +174,7 @@ pub(crate) fn spawn_worker(
         let sink = Sink {
             prefix: prefix.clone(),
             stream,
+            console: console.clone(),
             log: log.clone(),
             tail: tail.clone(),
         };
@@ -160,6 +183,16 @@ pub(crate) fn spawn_worker(
             if stream == Stream::Stdout { "o" } else { "e" }
         );
         match pump(name, pipe, sink) {
+            Ok(h) => worker.readers.push(h),
+            Err(e) => {
+                let err = fail(&worker, e);
+                let _ = child.wait();
+                return Err(err);
+            }
+        }
+    }
+    if let Some(reader) = reports {
+        match follow_reports(format!("ddp-progress-{rank}"), reader, console.clone()) {
             Ok(h) => worker.readers.push(h),
             Err(e) => {
                 let err = fail(&worker, e);
@@ -180,6 +213,21 @@ pub(crate) fn spawn_worker(
         return Err(fail(&worker, e));
     }
     Ok(worker)
+}
+
+/// Lets the child keep descriptor `fd` across `exec` (it is close-on-exec in the launcher, so
+/// no other child inherits it).
+fn inherit_fd(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    // SAFETY: the closure runs between fork and exec and only calls fcntl, which is
+    // async-signal-safe, on a descriptor the launcher keeps open until the spawn returned.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Makes the worker receive SIGKILL when the launcher dies, even by SIGKILL:

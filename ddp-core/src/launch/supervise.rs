@@ -7,12 +7,14 @@
 //! SIGKILL to every group. A second signal to the launcher skips the grace period.
 
 use super::error::LaunchError;
+use super::live::Console;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signals::{SignalGuard, signal_name};
 use super::spawn::{ExitEvent, Worker, spawn_worker};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
@@ -37,7 +39,8 @@ pub(crate) fn run(plan: &LaunchPlan) -> Result<(), LaunchError> {
     } else {
         None
     };
-    let result = run_attempts(plan, &signals, rdzv.as_mut());
+    let console = Console::from_env();
+    let result = run_attempts(plan, &signals, &console, rdzv.as_mut());
     if let Some(rdzv) = rdzv {
         rdzv.close();
     }
@@ -47,6 +50,7 @@ pub(crate) fn run(plan: &LaunchPlan) -> Result<(), LaunchError> {
 fn run_attempts(
     plan: &LaunchPlan,
     signals: &SignalGuard,
+    console: &Arc<Console>,
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<(), LaunchError> {
     let mut restart_count = 0u32;
@@ -72,6 +76,7 @@ fn run_attempts(
             port,
             log_dir,
             signals,
+            console,
             rdzv.as_deref_mut(),
         )?;
         let summary = match outcome {
@@ -223,6 +228,7 @@ fn run_attempt(
     port: u16,
     log_dir: Option<PathBuf>,
     signals: &SignalGuard,
+    console: &Arc<Console>,
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<Outcome, LaunchError> {
     let (tx, events) = channel();
@@ -238,6 +244,7 @@ fn run_attempt(
             restart_count,
             port,
             log_dir.as_deref(),
+            console,
             tx.clone(),
         ) {
             Ok(w) => group.workers.push(w),
@@ -295,6 +302,9 @@ fn run_attempt(
         }
     }
 
+    // The launcher's own messages follow: no bar under them (rank 0's report reader clears it
+    // too, once rank 0 is gone).
+    console.clear();
     // Tell the other nodes first, so they stop while we do.
     if let Some(r) = rdzv.as_deref() {
         if let Some(sig) = interrupted {

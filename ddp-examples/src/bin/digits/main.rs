@@ -21,7 +21,7 @@ use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::DigitsMlp;
-use ddp_examples::resume::{StartPoint, resume_or_start};
+use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -50,7 +50,8 @@ struct Args {
     /// Where checkpoints go.
     #[arg(long, default_value = "runs/digits")]
     checkpoint_dir: String,
-    /// Ignore existing checkpoints and start over.
+    /// Ignore existing checkpoints and start over (on the launch's first attempt only:
+    /// --max-restarts restarts resume this run's checkpoints).
     #[arg(long)]
     fresh: bool,
     /// Which burn backend to train on.
@@ -83,6 +84,8 @@ impl TrainOn for Digits<'_> {
 
 fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
+    // --fresh starts the launch over; a --max-restarts restart resumes what it wrote.
+    let start_from = StartFrom::new(args.fresh, &ctx);
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let (train_items, test_items) = split(load_digits()?, args.seed, 0.8);
@@ -125,7 +128,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     } = resume_or_start(
         "digits",
         &checkpoints,
-        args.fresh,
+        start_from,
         &device,
         &mut model,
         &mut optim,

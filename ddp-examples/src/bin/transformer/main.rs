@@ -20,7 +20,7 @@ use ddp_core::{
 use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::{GptShape, TinyGpt};
-use ddp_examples::resume::{StartPoint, resume_or_start};
+use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
 use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence};
 use std::process::ExitCode;
 
@@ -70,7 +70,8 @@ struct Args {
     /// Where checkpoints go.
     #[arg(long, default_value = "runs/transformer")]
     checkpoint_dir: String,
-    /// Ignore existing checkpoints and start over.
+    /// Ignore existing checkpoints and start over (on the launch's first attempt only:
+    /// --max-restarts restarts resume this run's checkpoints).
     #[arg(long)]
     fresh: bool,
     /// Which burn backend to train on.
@@ -112,6 +113,8 @@ impl TrainOn for Transformer<'_> {
 
 fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
+    // --fresh starts the launch over; a --max-restarts restart resumes what it wrote.
+    let start_from = StartFrom::new(args.fresh, &ctx);
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let shape = GptShape {
@@ -159,7 +162,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     } = resume_or_start(
         "transformer",
         &checkpoints,
-        args.fresh,
+        start_from,
         &device,
         &mut model,
         &mut optim,
