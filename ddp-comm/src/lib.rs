@@ -13,6 +13,8 @@
 //!   [`send`](ProcessGroup::send)/[`recv`](ProcessGroup::recv); `*_async` variants return a
 //!   [`Work`]. Element types ([`Element`]): `f32`, `f64`, `i32`, `i64`, `u8`, `f16`, `bf16`.
 //! - [`ProcessGroup::new_group`] makes subgroups.
+//! - [`ProcessGroup::abort`] fails a group on purpose, from any thread (a rank whose backward
+//!   pass failed): peers fail promptly with its reason instead of waiting for the timeout.
 //!
 //! ## Transports
 //! - TCP (always): ring reduce-scatter + all-gather over a full mesh of non-blocking sockets,
@@ -51,6 +53,7 @@
 //! - **Failure.** A peer that dies or stalls makes the others fail within the timeout with an
 //!   error naming it (in shared memory, a dead process is noticed within about 100 ms of
 //!   waiting for it). A failed group is unusable afterwards ([`CommError::Aborted`]).
+//!   [`ProcessGroup::abort`] fails it on purpose, publishing the caller's reason first.
 //! - **Safety nets.** Connections prove the job token ([`TOKEN_ENV`]); frames larger than
 //!   announced or allowed are rejected before anything is allocated.
 //! - **Shutdown.** Dropping a group joins its thread, closes its sockets and marks its

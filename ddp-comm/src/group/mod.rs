@@ -11,7 +11,9 @@
 //! # Failure
 //! The first failure makes the group unusable on that rank ([`CommError::Aborted`](crate::CommError)
 //! afterwards); peers blocked on it fail at once, naming it. Create a new group to continue.
+//! [`ProcessGroup::abort`] does the same on purpose, from any thread, with the caller's reason.
 
+mod abort;
 mod collectives;
 mod config;
 mod job_thread;

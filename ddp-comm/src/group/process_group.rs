@@ -23,6 +23,12 @@ use std::time::Duration;
 /// [`ProcessGroup::global_rank_of`] and [`ProcessGroup::group_rank_of`] translate; errors always
 /// name global ranks.
 ///
+/// # Abort
+/// [`ProcessGroup::abort`] fails the group on purpose, from any thread, when this rank cannot go
+/// on (its backward pass failed, say): peers waiting on this rank fail promptly with an error
+/// that carries the reason, instead of waiting for the timeout, and every later call on this
+/// rank returns [`CommError::Aborted`].
+///
 /// # Shutdown
 /// Dropping the last clone lets queued collectives finish, closes every connection and joins the
 /// communication thread. On the rank that hosts the store, it then waits (up to the timeout) for
@@ -248,8 +254,11 @@ impl ProcessGroup {
     ///
     /// # Errors
     /// An empty list, a duplicate, or a rank that is not a member of this group; rendezvous
-    /// failures among the members.
+    /// failures among the members; [`CommError::Aborted`] after [`ProcessGroup::abort`].
     pub fn new_group(&self, ranks: &[usize]) -> Result<Option<ProcessGroup>> {
+        if let Some(e) = self.inner.worker.aborted() {
+            return Err(e);
+        }
         let index = self.inner.subgroups.fetch_add(1, Ordering::SeqCst);
         let mut sorted = ranks.to_vec();
         sorted.sort_unstable();
@@ -293,6 +302,28 @@ impl ProcessGroup {
             Some(self.inner.clone()),
         )
         .map(Some)
+    }
+
+    /// Fails the group at once, from any thread, and tells the peers why.
+    ///
+    /// Call it when this rank cannot take part in the next collectives (a gradient could not
+    /// be computed, say), so the peers do not wait the whole timeout for it. It publishes
+    /// `reason` as this rank's failure report in the store (`failure/<rank>`), then closes the
+    /// group's connections and marks its shared-memory slot aborted. That happens at once, even
+    /// while this rank's communication thread is blocked inside a collective, which then fails.
+    ///
+    /// Afterwards:
+    /// - on this rank, the running collective, every queued one and every later call returns
+    ///   [`CommError::Aborted`] containing `reason` ([`ProcessGroup::new_group`] too);
+    /// - a peer waiting on this rank, or next talking to it, fails within about a second with
+    ///   an error naming this rank and ending in `; rank R reported: aborted: <reason>`. Over
+    ///   shared memory every peer on the host notices at once; over TCP, a peer blocked on a
+    ///   third rank notices when that rank moves on (or at the timeout).
+    ///
+    /// Only the first call acts; later ones do nothing. It aborts this group only, not its
+    /// parent or its subgroups. Publishing waits at most about a second for the store.
+    pub fn abort(&self, reason: &str) {
+        self.inner.worker.abort(reason);
     }
 
     /// Destroys this handle. The group shuts down when its last clone is gone (see

@@ -7,6 +7,7 @@
 //! blames a rank that blames another...), so every rank names the rank where the trouble
 //! started even when it is several hops away (e.g. behind a host's leader).
 
+use super::abort::Abort;
 use super::job_thread::{JobThread, serve};
 use super::work::Work;
 use crate::collective::Fingerprint;
@@ -14,6 +15,7 @@ use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::Transport;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a failing rank waits for the blamed peer's own report.
@@ -28,6 +30,7 @@ pub(crate) struct WorkerState {
     reporter: Option<Store>,
     my_rank: usize,
     failed: Option<String>,
+    abort: Arc<Abort>,
 }
 
 impl WorkerState {
@@ -37,6 +40,9 @@ impl WorkerState {
         fp: &Fingerprint,
         f: impl FnOnce(&mut dyn Transport) -> Result<R>,
     ) -> Result<R> {
+        if let Some(e) = self.abort.error() {
+            return Err(e);
+        }
         if let Some(first) = &self.failed {
             return Err(CommError::Aborted(first.clone()));
         }
@@ -54,6 +60,14 @@ impl WorkerState {
     }
 
     fn fail(&mut self, e: CommError) -> CommError {
+        if let Some(aborted) = self.abort.error() {
+            // The abort closed our connections under this collective: its error (a "closed"
+            // peer) is a consequence, and the abort already published the reason.
+            tracing::debug!(rank = self.my_rank, error = %e, "collective ended by abort");
+            self.transport.abort();
+            self.failed = Some(aborted.to_string());
+            return aborted;
+        }
         // First complete the error with what the blamed peer reported (a peer reports before
         // it closes its connections, so in a cascade its report is already there), then report
         // it ourselves, then close: every rank's report carries the chain back to the rank
@@ -121,6 +135,7 @@ impl WorkerState {
 /// Handle to the communication thread; dropping it lets the queue drain and joins the thread.
 pub(crate) struct Worker {
     thread: JobThread<WorkerState>,
+    abort: Arc<Abort>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -136,16 +151,33 @@ impl Worker {
         my_rank: usize,
         name: String,
     ) -> Result<Worker> {
+        let abort = Arc::new(Abort::new(
+            transport.abort_handle()?,
+            reporter.clone(),
+            my_rank,
+        ));
         let state = WorkerState {
             transport,
             reporter,
             my_rank,
             failed: None,
+            abort: Arc::clone(&abort),
         };
         // Dropping the state when the queue closes closes the transport's connections.
         let thread = JobThread::spawn(name, move |rx| drop(serve(rx, state)))
             .map_err(|e| CommError::io("starting the communication thread", e))?;
-        Ok(Worker { thread })
+        Ok(Worker { thread, abort })
+    }
+
+    /// Fails the group at once from any thread: publishes `reason` in the store, then closes
+    /// the connections, even under a running collective. Only the first call acts.
+    pub(crate) fn abort(&self, reason: &str) {
+        self.abort.abort(reason);
+    }
+
+    /// The error every call returns once the group was aborted.
+    pub(crate) fn aborted(&self) -> Option<CommError> {
+        self.abort.error()
     }
 
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].

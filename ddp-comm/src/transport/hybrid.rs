@@ -20,7 +20,7 @@
 
 use super::shm::{self, SetupSpec, ShmGroup};
 use super::tcp::{MeshSpec, TcpTransport};
-use super::{Parts, Transport, TransportKind};
+use super::{AbortHandle, Parts, Transport, TransportKind};
 use crate::collective::Fingerprint;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, divide_bytes};
@@ -346,5 +346,16 @@ impl Transport for HybridTransport {
             leaders.abort();
         }
         self.tcp.abort();
+    }
+
+    fn abort_handle(&self) -> Result<AbortHandle> {
+        let mut handle = self.tcp.abort_handle()?;
+        if let Some(leaders) = &self.leaders {
+            handle = handle.merge(leaders.abort_handle()?);
+        }
+        if let Some(shm) = &self.shm {
+            handle = handle.merge(AbortHandle::from_shm(shm.abort_handle()));
+        }
+        Ok(handle)
     }
 }

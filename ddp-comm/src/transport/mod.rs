@@ -12,11 +12,13 @@
 //! [`Fingerprint`]; the typed, user-facing API lives in [`crate::group`]. A transport is owned by
 //! its group's communication thread, which calls it in issue order.
 
+mod abort;
 pub(crate) mod hybrid;
 pub(crate) mod parts;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
+pub(crate) use abort::AbortHandle;
 pub(crate) use hybrid::{ConnectSpec, Connected, connect};
 pub(crate) use parts::Parts;
 
@@ -146,4 +148,10 @@ pub(crate) trait Transport: Send {
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()>;
     /// Closes every connection so peers blocked on this rank fail at once instead of timing out.
     fn abort(&mut self);
+    /// A handle that does what [`Transport::abort`] does from another thread, while this
+    /// transport may be blocked in a collective (which then fails promptly).
+    ///
+    /// # Errors
+    /// Duplicating a socket failed (out of file descriptors).
+    fn abort_handle(&self) -> Result<AbortHandle>;
 }

@@ -14,6 +14,7 @@ use crate::collective::{CollectiveKind, Fingerprint};
 use crate::dtype::DataType;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -78,7 +79,8 @@ impl Counter {
 /// The local ranks of one host and their shared segment, from this rank's point of view.
 #[derive(Debug)]
 pub(crate) struct ShmGroup {
-    pub(super) seg: Segment,
+    /// Shared with [`ShmAbort`] handles, which may outlive a borrow of the group.
+    pub(super) seg: Arc<Segment>,
     pub(super) layout: Layout,
     /// This rank's slot.
     pub(super) me: usize,
@@ -108,7 +110,7 @@ impl ShmGroup {
             })
             .collect();
         ShmGroup {
-            seg,
+            seg: Arc::new(seg),
             layout,
             me,
             ranks,
@@ -296,6 +298,34 @@ impl ShmGroup {
         }
     }
 
+    /// Fails if this rank's own slot was aborted (from another thread, through an
+    /// [`ShmAbort`]), or if any peer aborted: the group is dead then, even when the rank we wait
+    /// for is healthy, so nobody should wait for the timeout.
+    fn check_group(&self, fp: &Fingerprint) -> Result<()> {
+        if self.state(self.me).load(SeqCst) != STATE_OPEN {
+            return Err(CommError::Aborted(format!(
+                "{}: this rank aborted the group",
+                fp.label()
+            )));
+        }
+        match self
+            .peers()
+            .find(|&q| self.state(q).load(SeqCst) == STATE_ABORTED)
+        {
+            Some(q) => self.check_open(q, fp),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a sleeper may sleep: nobody aborted, and `late` is still open.
+    fn may_sleep(&self, late: usize) -> bool {
+        self.state(late).load(SeqCst) == STATE_OPEN
+            && self.state(self.me).load(SeqCst) == STATE_OPEN
+            && self
+                .peers()
+                .all(|q| self.state(q).load(SeqCst) != STATE_ABORTED)
+    }
+
     /// Fails if a peer that has not reached `target` is no longer running.
     fn check_alive(&self, c: Counter, target: u64, fp: &Fingerprint) -> Result<()> {
         for q in self
@@ -336,6 +366,7 @@ impl ShmGroup {
                 Some(q) => late = q,
             }
             self.check_open(late, fp)?;
+            self.check_group(fp)?;
             if Instant::now() >= spin_end {
                 break;
             }
@@ -344,8 +375,10 @@ impl ShmGroup {
         loop {
             self.waiters().fetch_add(1, SeqCst);
             let epoch = self.epoch().load(SeqCst);
+            // Checked after loading the epoch: an abort changes the state before it bumps the
+            // epoch, so either we see the state here or the futex sees the new epoch.
             if let Some(q) = self.lagging(c, target)
-                && self.state(q).load(SeqCst) == STATE_OPEN
+                && self.may_sleep(q)
             {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if !left.is_zero() {
@@ -358,6 +391,7 @@ impl ShmGroup {
                 Some(q) => late = q,
             }
             self.check_open(late, fp)?;
+            self.check_group(fp)?;
             let now = Instant::now();
             if now.duration_since(last_check) >= POLL {
                 self.check_alive(c, target, fp)?;
@@ -377,9 +411,34 @@ impl ShmGroup {
 
     /// Marks this rank's slot aborted and wakes everyone, so peers blocked on it fail at once.
     pub(crate) fn abort(&self) {
-        self.state(self.me).fetch_max(STATE_ABORTED, SeqCst);
-        self.epoch().fetch_add(1, SeqCst);
-        futex_wake_all(self.epoch());
+        self.abort_handle().abort();
+    }
+
+    /// A handle that aborts this rank's slot from any thread, even while this group's own
+    /// thread waits in a collective (it wakes up too, and fails).
+    pub(crate) fn abort_handle(&self) -> ShmAbort {
+        ShmAbort {
+            seg: Arc::clone(&self.seg),
+            state: self.layout.slot(self.me) + S_STATE,
+        }
+    }
+}
+
+/// Aborts one rank's shared-memory slot; keeps the mapping alive as long as it exists.
+#[derive(Debug)]
+pub(crate) struct ShmAbort {
+    seg: Arc<Segment>,
+    /// Offset of the slot's state word.
+    state: usize,
+}
+
+impl ShmAbort {
+    /// Marks the slot aborted and wakes every sleeper on the segment. Idempotent.
+    pub(crate) fn abort(&self) {
+        self.seg.u32_at(self.state).fetch_max(STATE_ABORTED, SeqCst);
+        let epoch = self.seg.u32_at(H_EPOCH);
+        epoch.fetch_add(1, SeqCst);
+        futex_wake_all(epoch);
     }
 }
 

@@ -54,7 +54,9 @@
 //! `waiters`, so publishers only make the wake system call when somebody sleeps). Every 100 ms
 //! of sleep it checks that the ranks it waits for are alive (`/proc/<pid>/stat`: gone, a
 //! zombie, or a different start time means dead). A closed or aborted slot, a dead process,
-//! or the collective's deadline ends the wait with an error naming the rank.
+//! or the collective's deadline ends the wait with an error naming the rank. So does an
+//! aborted slot of any rank of the host, even one not waited for, and this rank's own slot
+//! aborted from another thread (`ProcessGroup::abort`): the group is dead then.
 //!
 //! # Lifetime of the name
 //! Once every rank of the host has mapped the segment, the leader unlinks its name: the memory
@@ -69,5 +71,5 @@ mod layout;
 mod setup;
 mod sys;
 
-pub(crate) use engine::ShmGroup;
+pub(crate) use engine::{ShmAbort, ShmGroup};
 pub(crate) use setup::{SetupSpec, setup};

@@ -13,9 +13,9 @@ use super::duplex::{Conn, Ctx, Exchange, Relay, Sink, run_step};
 use super::mesh::{MeshSpec, connect_mesh};
 use crate::collective::Fingerprint;
 use crate::collective::schedule::{all_gather_step, reduce_scatter_step, segments};
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::reduce_op::{ReduceOp, divide_bytes};
-use crate::transport::Transport;
+use crate::transport::{AbortHandle, Transport};
 use std::net::Shutdown;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -385,6 +385,23 @@ impl Transport for TcpTransport {
         for c in self.conns.iter().flatten() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+    }
+
+    fn abort_handle(&self) -> Result<AbortHandle> {
+        let streams = self
+            .conns
+            .iter()
+            .flatten()
+            .map(|c| {
+                c.stream.try_clone().map_err(|e| {
+                    CommError::io(
+                        format!("duplicating the connection to rank {} for abort", c.rank),
+                        e,
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(AbortHandle::from_streams(streams))
     }
 }
 
