@@ -85,6 +85,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod collective;
+mod deadline;
 mod dtype;
 mod error;
 mod group;
@@ -95,6 +96,7 @@ mod reduce_op;
 pub mod store;
 mod transport;
 
+pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use error::{CommError, Result};
 pub use group::{ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming};

@@ -184,3 +184,20 @@ fn unreachable_store_fails_within_the_timeout() {
     assert!(matches!(e, CommError::StoreUnreachable { .. }), "{e}");
     assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
 }
+
+/// `Instant + Duration` and `Duration + Duration` panic on overflow: a huge configured timeout
+/// is a config error, and a huge per-call timeout waits as long as allowed instead of panicking.
+#[test]
+fn huge_timeouts_are_config_errors_or_clamped_never_panics() {
+    let (_s, addr) = server("");
+    let e = Store::connect(&addr, StoreConfig::new().with_timeout(Duration::MAX))
+        .expect_err("a timeout of Duration::MAX is refused");
+    assert!(
+        matches!(e, CommError::InvalidConfig { .. }) && e.to_string().contains("maximum"),
+        "{e}"
+    );
+    let st = client(&addr, "");
+    st.set("k", b"v").unwrap();
+    assert_eq!(st.get_timeout("k", Duration::MAX).unwrap(), b"v");
+    st.wait(&["k"], Duration::MAX).unwrap();
+}

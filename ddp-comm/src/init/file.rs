@@ -43,7 +43,7 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
 }
 
 fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
-    let deadline = Instant::now() + config.timeout;
+    let deadline = crate::deadline::deadline_after(config.timeout);
     let mut last = String::from("the file does not exist yet");
     while Instant::now() < deadline {
         if let Some((addr, nonce)) = read_address(path) {

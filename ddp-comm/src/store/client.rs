@@ -4,6 +4,7 @@ use super::config::StoreConfig;
 use super::protocol::{
     FrameReader, FrameWriter, HELLO_MAGIC, Op, ReadFrameError, Status, VERSION, read_frame,
 };
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -43,7 +44,8 @@ impl Store {
     /// [`CommError::StoreUnreachable`] when no connection succeeds in time,
     /// [`CommError::Unauthorized`] when the server rejects the token.
     pub fn connect(addr: &str, config: StoreConfig) -> Result<Store> {
-        let deadline = Instant::now() + config.timeout;
+        crate::deadline::check_timeout("store timeout", config.timeout)?;
+        let deadline = deadline_after(config.timeout);
         let mut last_err;
         loop {
             match try_connect(addr, deadline) {
@@ -255,7 +257,9 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<(Status, Vec<u8>)> {
         let mut conn = self.lock();
-        let reply_timeout = wait.unwrap_or(Duration::ZERO) + self.config.timeout.max(REPLY_MARGIN);
+        let reply_timeout = wait
+            .unwrap_or(Duration::ZERO)
+            .saturating_add(self.config.timeout.max(REPLY_MARGIN));
         conn.set_read_timeout(Some(reply_timeout))
             .map_err(|e| CommError::io(format!("store {op}"), e))?;
         let lost = |e: io::Error| {

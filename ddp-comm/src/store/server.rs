@@ -9,6 +9,7 @@ use super::protocol::{
     FrameReader, FrameWriter, HELLO_MAGIC, MAX_HELLO_BYTES, Malformed, Op, ReadFrameError, Status,
     VERSION, read_frame,
 };
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::collections::HashMap;
 use std::io::{self, ErrorKind};
@@ -114,7 +115,7 @@ impl StoreServer {
     /// Waits until at most `keep` clients remain connected, or `timeout` passes. Rank 0 calls
     /// this before shutting the store down, so slower ranks can finish their last store calls.
     pub fn wait_for_clients(&self, keep: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         while self.num_clients() > keep {
             if Instant::now() >= deadline {
                 return false;
@@ -395,7 +396,7 @@ fn wait_until(
     timeout: Duration,
     ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
 ) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<u8>>> {
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let mut map = lock(&shared.map);
     while !ready(&map) && !shared.shutdown.load(Ordering::SeqCst) {
         let now = Instant::now();

@@ -7,6 +7,7 @@
 //! rejection, logged, and ignored. The listener is closed once the mesh is complete.
 
 use super::duplex::Conn;
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use std::io::{self, Read, Write};
@@ -42,7 +43,7 @@ pub(crate) struct MeshSpec<'a> {
 pub(crate) fn connect_mesh(spec: &MeshSpec<'_>) -> Result<Vec<Option<Conn>>> {
     let n = spec.ranks.len();
     let me = spec.group_rank;
-    let deadline = Instant::now() + spec.timeout;
+    let deadline = deadline_after(spec.timeout);
     let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
     if n == 1 {
         return Ok(conns);
