@@ -55,7 +55,9 @@
 //!   waiting for it). A failed group is unusable afterwards ([`CommError::Aborted`]).
 //!   [`ProcessGroup::abort`] fails it on purpose, publishing the caller's reason first.
 //! - **Safety nets.** Connections prove the job token ([`TOKEN_ENV`]); frames larger than
-//!   announced or allowed are rejected before anything is allocated.
+//!   announced or allowed are rejected before anything is allocated. The store listens on
+//!   `MASTER_ADDR`'s interface only (loopback for a single-host job); a connection that has
+//!   not proved the token gets one total deadline for its hello, and at most 64 wait at once.
 //! - **Shutdown.** Dropping a group joins its thread, closes its sockets and marks its
 //!   shared-memory slot closed (peers still waiting for it fail at once).
 //!
@@ -86,6 +88,7 @@
 
 mod collective;
 mod deadline;
+mod deadline_io;
 mod dtype;
 mod error;
 mod group;

@@ -1,17 +1,19 @@
 //! Joining a job: [`init_process_group`] and the ways ranks find the store.
 //!
 //! - `env://`: `MASTER_ADDR` and `MASTER_PORT` from the environment (what `ddp-run` and
-//!   torchrun set); rank 0 hosts the store on `MASTER_PORT`.
+//!   torchrun set); rank 0 hosts the store on `MASTER_PORT`, listening on `MASTER_ADDR`'s
+//!   interface only (loopback for a single-host job; see `bind`).
 //! - `tcp://host:port`: the same with an explicit address.
 //! - `file:///path`: rank 0 hosts the store on a free port and writes its address to the file;
 //!   the others read it from there (the file must be on a filesystem every rank sees). Rank 0
 //!   removes the file once everyone has joined.
 
+mod bind;
 mod file;
 
 use crate::error::{CommError, Result};
 use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
-use crate::store::{Store, StoreServer};
+use crate::store::Store;
 use std::path::PathBuf;
 
 /// Where the ranks meet.
@@ -132,12 +134,7 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
         InitMethod::Env => unreachable!("resolved above"),
         InitMethod::Tcp { host, port } => {
             let server = if config.rank == 0 {
-                let bind = if host.contains(':') {
-                    format!("[::]:{port}")
-                } else {
-                    format!("0.0.0.0:{port}")
-                };
-                Some(StoreServer::bind(bind, config.store_config())?)
+                Some(bind::bind_store(&host, port, config.store_config())?)
             } else {
                 None
             };

@@ -8,7 +8,10 @@
 //! # Security
 //! A client proves the job token in its first frame; anyone else is disconnected. The token is
 //! a guard against mixing jobs and stray connections, not encryption: run jobs on a trusted
-//! network.
+//! network. A connection that has not proved the token gets a total deadline
+//! ([`StoreConfig::hello_timeout`]) however slowly it sends, and at most
+//! 64 such connections are kept at a time (a new one pushes out the oldest), so strangers
+//! cannot hold the server's threads or keep real ranks out.
 //!
 //! # Timeouts
 //! Every blocking call has a deadline; `get` and `wait` report the keys still missing.
@@ -19,5 +22,5 @@ mod protocol;
 mod server;
 
 pub use client::Store;
-pub use config::{DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};
+pub use config::{DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};
 pub use server::StoreServer;

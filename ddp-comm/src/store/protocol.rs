@@ -5,7 +5,10 @@
 //! and the bytes; numbers are little-endian. Every length is checked against what is left of the
 //! frame, and a frame is checked against the configured maximum before anything is allocated.
 
+use crate::deadline_io::{read_exact_by, write_all_by};
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
 
 /// Magic sent in the hello frame, so a stray client fails fast.
 pub(crate) const HELLO_MAGIC: &[u8; 4] = b"DDPS";
@@ -99,13 +102,21 @@ impl FrameWriter {
         self.body.extend_from_slice(b);
         self
     }
-    /// Writes length and body in one call.
-    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
+    /// The frame: length, then body.
+    pub(crate) fn frame(self) -> Vec<u8> {
         let mut frame = Vec::with_capacity(4 + self.body.len());
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&self.body);
-        w.write_all(&frame)?;
+        frame
+    }
+    /// Writes length and body in one call.
+    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
+        w.write_all(&self.frame())?;
         w.flush()
+    }
+    /// [`FrameWriter::send`] before `deadline`, to a peer that is not trusted yet.
+    pub(crate) fn send_by(self, stream: &mut TcpStream, deadline: Instant) -> io::Result<()> {
+        write_all_by(stream, &self.frame(), deadline)
     }
 }
 
@@ -179,6 +190,23 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Vec<u8>, ReadF
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(ReadFrameError::Io)?;
+    Ok(body)
+}
+
+/// [`read_frame`] against a total deadline: for the hello, read before the peer is trusted.
+pub(crate) fn read_frame_by(
+    stream: &mut TcpStream,
+    max: usize,
+    deadline: Instant,
+) -> Result<Vec<u8>, ReadFrameError> {
+    let mut len = [0u8; 4];
+    read_exact_by(stream, &mut len, deadline).map_err(ReadFrameError::Io)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(ReadFrameError::TooLarge { len, max });
+    }
+    let mut body = vec![0u8; len];
+    read_exact_by(stream, &mut body, deadline).map_err(ReadFrameError::Io)?;
     Ok(body)
 }
 

@@ -3,15 +3,21 @@
 //! Rank 0 hosts it for the job. A client must first send a hello frame with the job token; a
 //! client that sends anything else, a wrong token, or a frame over the limit is disconnected and
 //! logged, and the others keep being served.
+//!
+//! Until a connection has proved the token it is *pending*: it must finish its hello within
+//! [`StoreConfig::hello_timeout`] in total, and at most [`MAX_PENDING`] are kept; one more
+//! pushes out the oldest (a real rank says hello within milliseconds, so the oldest pending
+//! connection is the likeliest to be a stranger). Idle or dripping strangers therefore cannot
+//! exhaust threads nor lock real ranks out.
 
 use super::config::StoreConfig;
 use super::protocol::{
     FrameReader, FrameWriter, HELLO_MAGIC, MAX_HELLO_BYTES, Malformed, Op, ReadFrameError, Status,
-    VERSION, read_frame,
+    VERSION, read_frame, read_frame_by,
 };
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, ErrorKind};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,8 +25,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an unauthenticated connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections kept at once that have not proved the token yet.
+pub(crate) const MAX_PENDING: usize = 64;
 /// How often the accept loop checks for shutdown.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
@@ -49,6 +55,8 @@ struct Shared {
     clients: AtomicUsize,
     /// Every open connection, so shutdown can unblock their threads.
     conns: Mutex<Vec<(u64, TcpStream)>>,
+    /// Connections still in their hello, oldest first (ids into `conns`).
+    pending: Mutex<VecDeque<u64>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -87,6 +95,7 @@ impl StoreServer {
             config,
             clients: AtomicUsize::new(0),
             conns: Mutex::new(Vec::new()),
+            pending: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
@@ -128,13 +137,20 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::SeqCst);
-        self.shared.changed.notify_all();
-        for (_, c) in lock(&self.shared.conns).iter() {
-            let _ = c.shutdown(Shutdown::Both);
+        {
+            // Under the map's lock: a handler between its check of `shutdown` and its wait on
+            // the condition variable holds the lock, so it cannot miss this notification.
+            let _map = lock(&self.shared.map);
+            self.shared.shutdown.store(true, Ordering::SeqCst);
+            self.shared.changed.notify_all();
         }
+        // The accept thread first: once it is gone no connection can be added behind our back,
+        // so shutting down every listed one below wakes every handler for good.
         if let Some(t) = self.accept_thread.take() {
             let _ = t.join();
+        }
+        for (_, c) in lock(&self.shared.conns).iter() {
+            let _ = c.shutdown(Shutdown::Both);
         }
         let threads: Vec<_> = lock(&self.shared.threads).drain(..).collect();
         for t in threads {
@@ -183,23 +199,59 @@ fn spawn_handler(
 ) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
+    let deadline = deadline_after(shared.config.hello_timeout);
     lock(&shared.conns).push((id, stream.try_clone()?));
+    admit_pending(shared, id);
     let s = shared.clone();
     let handle = std::thread::Builder::new()
         .name("ddp-store-client".into())
         .spawn(move || {
-            serve_client(&s, stream, peer);
+            serve_client(&s, stream, peer, id, deadline);
             lock(&s.conns).retain(|(cid, _)| *cid != id);
         })?;
     lock(&shared.threads).push(handle);
     Ok(())
 }
 
-fn serve_client(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
-    if !authenticate(shared, &mut stream, peer) {
+/// Lists connection `id` as pending, pushing out the oldest pending one when there are
+/// already [`MAX_PENDING`].
+fn admit_pending(shared: &Shared, id: u64) {
+    let evicted = {
+        let mut pending = lock(&shared.pending);
+        let evicted = if pending.len() >= MAX_PENDING {
+            pending.pop_front()
+        } else {
+            None
+        };
+        pending.push_back(id);
+        evicted
+    };
+    if let Some(old) = evicted {
+        tracing::warn!(
+            limit = MAX_PENDING,
+            "store: too many connections without a hello; dropping the oldest"
+        );
+        if let Some((_, c)) = lock(&shared.conns).iter().find(|(cid, _)| *cid == old) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn serve_client(
+    shared: &Shared,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    deadline: Instant,
+) {
+    let trusted = authenticate(shared, &mut stream, peer, deadline);
+    lock(&shared.pending).retain(|p| *p != id);
+    if !trusted {
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }
+    // The hello's deadline no longer applies: requests wait as long as their own timeouts.
+    let _ = stream.set_write_timeout(None);
     shared.clients.fetch_add(1, Ordering::SeqCst);
     loop {
         let body = match read_frame(&mut stream, shared.config.max_frame_bytes) {
@@ -231,10 +283,15 @@ fn serve_client(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Reads and checks the hello frame; answers and returns false on any problem.
-fn authenticate(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> bool {
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let body = match read_frame(stream, MAX_HELLO_BYTES) {
+/// Reads and checks the hello frame before `deadline`; answers and returns false on any
+/// problem.
+fn authenticate(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> bool {
+    let body = match read_frame_by(stream, MAX_HELLO_BYTES, deadline) {
         Ok(b) => b,
         Err(ReadFrameError::TooLarge { len, max }) => {
             tracing::warn!(%peer, len, max, "store: rejected a client whose first frame is too large (not a ddp client?)");
@@ -269,10 +326,12 @@ fn authenticate(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> bo
             tracing::warn!(%peer, %reason, "store: rejected a client");
             let _ = FrameWriter::new(Status::Unauthorized as u8)
                 .bytes(reason.as_bytes())
-                .send(stream);
+                .send_by(stream, deadline);
             false
         }
-        None => FrameWriter::new(Status::Ok as u8).send(stream).is_ok(),
+        None => FrameWriter::new(Status::Ok as u8)
+            .send_by(stream, deadline)
+            .is_ok(),
     }
 }
 
