@@ -86,6 +86,7 @@
 //! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod auth;
 mod collective;
 mod deadline;
 mod deadline_io;
@@ -99,6 +100,7 @@ mod reduce_op;
 pub mod store;
 mod transport;
 
+pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use error::{CommError, Result};

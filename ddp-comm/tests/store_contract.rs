@@ -201,3 +201,22 @@ fn huge_timeouts_are_config_errors_or_clamped_never_panics() {
     assert_eq!(st.get_timeout("k", Duration::MAX).unwrap(), b"v");
     st.wait(&["k"], Duration::MAX).unwrap();
 }
+
+/// The store and the mesh share one token limit; a longer token is a config error up front,
+/// not a hello the server refuses as oversized.
+#[test]
+fn a_token_over_the_shared_limit_is_a_config_error() {
+    let long = vec![b'x'; ddp_comm::MAX_TOKEN_BYTES + 1];
+    let e = StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_token(&long))
+        .expect_err("the server refuses it");
+    assert!(matches!(e, CommError::InvalidConfig { .. }), "{e}");
+    let (_s, addr) = server("");
+    let e =
+        Store::connect(&addr, StoreConfig::new().with_token(&long)).expect_err("so does a client");
+    assert!(matches!(e, CommError::InvalidConfig { .. }), "{e}");
+    let ok = vec![b'x'; ddp_comm::MAX_TOKEN_BYTES];
+    let (_s, addr) = server(std::str::from_utf8(&ok).unwrap());
+    client(&addr, std::str::from_utf8(&ok).unwrap())
+        .set("k", b"v")
+        .unwrap();
+}

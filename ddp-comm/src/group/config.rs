@@ -1,5 +1,6 @@
 //! [`ProcessGroupConfig`]: who this process is in the job, and the group's settings.
 
+use crate::auth::check_token;
 use crate::deadline::{check_timeout, parse_timeout_secs};
 use crate::error::{CommError, Result};
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
@@ -32,7 +33,8 @@ pub struct ProcessGroupConfig {
     /// Deadline for rendezvous and for each collective. Defaults to 300 s; at most
     /// [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
     pub timeout: Duration,
-    /// Shared job token that every connection must present. Defaults to none.
+    /// Shared job token that every connection must present. Defaults to none; at most
+    /// [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES).
     pub token: Vec<u8>,
     /// Socket send/receive buffer size to request; `None` keeps the kernel's auto-tuning.
     pub socket_buffer_bytes: Option<usize>,
@@ -228,7 +230,8 @@ impl ProcessGroupConfig {
                 ),
             ));
         }
-        check_timeout("timeout", self.timeout)
+        check_timeout("timeout", self.timeout)?;
+        check_token(TOKEN_ENV, &self.token)
     }
 
     pub(crate) fn store_config(&self) -> StoreConfig {
@@ -294,6 +297,17 @@ mod tests {
         let c = ProcessGroupConfig::from_vars(env).expect("valid");
         assert_eq!(c.timeout, Duration::from_secs(60));
         assert_eq!(c.transport, Some(TransportKind::Auto));
+    }
+
+    #[test]
+    fn a_token_over_the_shared_limit_is_a_config_error() {
+        let long = vec![b'x'; crate::MAX_TOKEN_BYTES + 1];
+        let e = ProcessGroupConfig::new(0, 1)
+            .with_token(&long)
+            .validate()
+            .expect_err("too long")
+            .to_string();
+        assert!(e.starts_with("DDP_JOB_TOKEN: "), "{e}");
     }
 
     #[test]

@@ -45,6 +45,7 @@ impl Store {
     /// [`CommError::Unauthorized`] when the server rejects the token.
     pub fn connect(addr: &str, config: StoreConfig) -> Result<Store> {
         crate::deadline::check_timeout("store timeout", config.timeout)?;
+        crate::auth::check_token("store token", &config.token)?;
         let deadline = deadline_after(config.timeout);
         let mut last_err;
         loop {

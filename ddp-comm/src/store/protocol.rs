@@ -14,8 +14,9 @@ use std::time::Instant;
 pub(crate) const HELLO_MAGIC: &[u8; 4] = b"DDPS";
 /// Protocol version; bump on any incompatible change.
 pub(crate) const VERSION: u16 = 1;
-/// The hello frame is read before the client is trusted, so it gets a small limit.
-pub(crate) const MAX_HELLO_BYTES: usize = 4096;
+/// The hello frame is read before the client is trusted, so it gets a small limit: the
+/// longest token and the fixed fields.
+pub(crate) const MAX_HELLO_BYTES: usize = crate::auth::MAX_TOKEN_BYTES + 64;
 
 /// Request opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -81,7 +81,12 @@ impl StoreServer {
     }
 
     /// Serves on an already bound listener.
+    ///
+    /// # Errors
+    /// A token longer than [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES); I/O errors configuring
+    /// the listener or starting its thread.
     pub fn from_listener(listener: TcpListener, config: StoreConfig) -> Result<StoreServer> {
+        crate::auth::check_token("store token", &config.token)?;
         let local = listener
             .local_addr()
             .map_err(|e| CommError::io("store: reading the listener's address", e))?;
@@ -316,7 +321,7 @@ fn authenticate(
         Some(format!(
             "protocol version {version}, server speaks {VERSION}"
         ))
-    } else if !constant_time_eq(token, &shared.config.token) {
+    } else if !crate::auth::constant_time_eq(token, &shared.config.token) {
         Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
     } else {
         None
@@ -333,10 +338,6 @@ fn authenticate(
             .send_by(stream, deadline)
             .is_ok(),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn ok() -> FrameWriter {
