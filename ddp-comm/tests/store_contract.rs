@@ -118,19 +118,20 @@ fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
 
     // Random bytes instead of a hello.
     let mut g = TcpStream::connect(&addr).unwrap();
-    g.write_all(&[
-        0x13, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-    ])
-    .unwrap();
-    // A frame header announcing 4 GiB: refused before allocating.
+    g.write_all(&[0xde; 64]).unwrap();
+    // A hello that announces 65535 bytes of claims: refused before reading (or allocating) them.
     let mut big = TcpStream::connect(&addr).unwrap();
-    big.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    // Both are disconnected: a read sees EOF (or a reset), not a hang.
+    let mut hello = b"DDPA\x01\x01".to_vec();
+    hello.extend_from_slice(&u16::MAX.to_le_bytes());
+    hello.extend_from_slice(&[0; 32]);
+    big.write_all(&hello).unwrap();
+    // Both are refused at once (status 1 and a reason) and disconnected, not left hanging.
     for c in [&mut g, &mut big] {
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut buf = [0u8; 64];
-        let n = c.read(&mut buf).unwrap_or(0);
-        assert!(n == 0 || buf[0] != 0, "server must not accept a stranger");
+        let mut reply = Vec::new();
+        c.read_to_end(&mut reply)
+            .expect("the server closes the connection");
+        assert_eq!(reply.first(), Some(&1), "a refusal, not a challenge");
     }
     // An authenticated client that sends an oversized frame is dropped too; the others go on.
     let small =

@@ -94,10 +94,11 @@ fn a_hello_dripped_one_byte_at_a_time_is_cut_at_the_deadline() {
     let (_s, addr) = server(DEADLINE);
     let mut drip = TcpStream::connect(&addr).expect("connect");
     let start = Instant::now();
-    // A frame announcing 4000 bytes, then a byte every 100 ms: each read sees data well within
-    // any per-read timeout, but the whole hello would take minutes.
-    let mut bytes = 4000u32.to_le_bytes().to_vec();
-    bytes.extend(std::iter::repeat_n(0u8, 4000));
+    // A well-formed hello announcing 64 bytes of claims, a byte every 100 ms: each read sees
+    // data well within any per-read timeout, but the whole hello would take 10 s.
+    let mut bytes = b"DDPA\x01\x01".to_vec();
+    bytes.extend_from_slice(&64u16.to_le_bytes());
+    bytes.extend(std::iter::repeat_n(7u8, 32 + 64));
     let mut cut_after = None;
     for b in bytes {
         if drip.write_all(&[b]).is_err() || closed_within(&drip, Duration::from_millis(100)) {

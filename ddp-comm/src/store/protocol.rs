@@ -1,28 +1,20 @@
-//! The store's wire format: length-prefixed frames of an opcode and fields.
+//! The store's wire format after the hello (`auth`): length-prefixed frames of an opcode and
+//! fields.
 //!
 //! Frame: `u32` little-endian body length, then the body. A request body is an opcode byte and
 //! its fields; a response body is a status byte and its fields. Byte strings are a `u32` length
 //! and the bytes; numbers are little-endian. Every length is checked against what is left of the
 //! frame, and a frame is checked against the configured maximum before anything is allocated.
 
-use crate::deadline_io::{read_exact_by, write_all_by};
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::time::Instant;
 
-/// Magic sent in the hello frame, so a stray client fails fast.
-pub(crate) const HELLO_MAGIC: &[u8; 4] = b"DDPS";
-/// Protocol version; bump on any incompatible change.
-pub(crate) const VERSION: u16 = 1;
-/// The hello frame is read before the client is trusted, so it gets a small limit: the
-/// longest token and the fixed fields.
-pub(crate) const MAX_HELLO_BYTES: usize = crate::auth::MAX_TOKEN_BYTES + 64;
+/// Protocol version, carried in the hello's claims; bump on any incompatible change.
+pub(crate) const VERSION: u16 = 2;
 
 /// Request opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Op {
-    Hello = 1,
     Set = 2,
     Get = 3,
     Add = 4,
@@ -36,7 +28,6 @@ pub(crate) enum Op {
 impl Op {
     pub(crate) fn from_u8(v: u8) -> Option<Op> {
         Some(match v {
-            1 => Op::Hello,
             2 => Op::Set,
             3 => Op::Get,
             4 => Op::Add,
@@ -95,29 +86,17 @@ impl FrameWriter {
         self.body.extend_from_slice(&v.to_le_bytes());
         self
     }
-    pub(crate) fn u16(mut self, v: u16) -> Self {
-        self.body.extend_from_slice(&v.to_le_bytes());
-        self
-    }
     pub(crate) fn raw(mut self, b: &[u8]) -> Self {
         self.body.extend_from_slice(b);
         self
     }
-    /// The frame: length, then body.
-    pub(crate) fn frame(self) -> Vec<u8> {
+    /// Writes length and body in one call.
+    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
         let mut frame = Vec::with_capacity(4 + self.body.len());
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&self.body);
-        frame
-    }
-    /// Writes length and body in one call.
-    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
-        w.write_all(&self.frame())?;
+        w.write_all(&frame)?;
         w.flush()
-    }
-    /// [`FrameWriter::send`] before `deadline`, to a peer that is not trusted yet.
-    pub(crate) fn send_by(self, stream: &mut TcpStream, deadline: Instant) -> io::Result<()> {
-        write_all_by(stream, &self.frame(), deadline)
     }
 }
 
@@ -146,10 +125,6 @@ impl<'a> FrameReader<'a> {
     pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, Malformed> {
         Ok(self.take(1, what)?[0])
     }
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, Malformed> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
     pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, Malformed> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -162,9 +137,6 @@ impl<'a> FrameReader<'a> {
     }
     pub(crate) fn i64(&mut self, what: &'static str) -> Result<i64, Malformed> {
         Ok(self.u64(what)? as i64)
-    }
-    pub(crate) fn raw(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Malformed> {
-        self.take(n, what)
     }
     pub(crate) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], Malformed> {
         let n = self.u32(what)? as usize;
@@ -191,23 +163,6 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Vec<u8>, ReadF
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(ReadFrameError::Io)?;
-    Ok(body)
-}
-
-/// [`read_frame`] against a total deadline: for the hello, read before the peer is trusted.
-pub(crate) fn read_frame_by(
-    stream: &mut TcpStream,
-    max: usize,
-    deadline: Instant,
-) -> Result<Vec<u8>, ReadFrameError> {
-    let mut len = [0u8; 4];
-    read_exact_by(stream, &mut len, deadline).map_err(ReadFrameError::Io)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > max {
-        return Err(ReadFrameError::TooLarge { len, max });
-    }
-    let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, deadline).map_err(ReadFrameError::Io)?;
     Ok(body)
 }
 

@@ -1,8 +1,8 @@
 //! The store server: a key-value map behind a TCP listener, one thread per client.
 //!
-//! Rank 0 hosts it for the job. A client must first send a hello frame with the job token; a
-//! client that sends anything else, a wrong token, or a frame over the limit is disconnected and
-//! logged, and the others keep being served.
+//! Rank 0 hosts it for the job. A connection must first complete the hello (`auth`: both sides
+//! prove the job token); one that sends anything else, cannot prove the token, or later sends
+//! a frame over the limit is disconnected and logged, and the others keep being served.
 //!
 //! Until a connection has proved the token it is *pending*: it must finish its hello within
 //! [`StoreConfig::hello_timeout`] in total, and at most [`MAX_PENDING`] are kept; one more
@@ -12,9 +12,9 @@
 
 use super::config::StoreConfig;
 use super::protocol::{
-    FrameReader, FrameWriter, HELLO_MAGIC, MAX_HELLO_BYTES, Malformed, Op, ReadFrameError, Status,
-    VERSION, read_frame, read_frame_by,
+    FrameReader, FrameWriter, Malformed, Op, ReadFrameError, Status, VERSION, read_frame,
 };
+use crate::auth::{self, Kind};
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::collections::{HashMap, VecDeque};
@@ -288,56 +288,42 @@ fn serve_client(
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Reads and checks the hello frame before `deadline`; answers and returns false on any
-/// problem.
+/// Runs the hello (both sides prove the token) before `deadline`; returns whether the client
+/// is in. Refusals are logged and, where it can still hear, told to the client.
 fn authenticate(
     shared: &Shared,
     stream: &mut TcpStream,
     peer: SocketAddr,
     deadline: Instant,
 ) -> bool {
-    let body = match read_frame_by(stream, MAX_HELLO_BYTES, deadline) {
-        Ok(b) => b,
-        Err(ReadFrameError::TooLarge { len, max }) => {
-            tracing::warn!(%peer, len, max, "store: rejected a client whose first frame is too large (not a ddp client?)");
-            return false;
-        }
-        Err(ReadFrameError::Io(e)) => {
-            tracing::debug!(%peer, error = %e, "store: client left before hello");
+    let verified = match auth::respond(stream, &shared.config.token, Kind::Store, deadline) {
+        Ok(v) => v,
+        Err(reason) => {
+            tracing::warn!(%peer, %reason, "store: rejected a connection");
             return false;
         }
     };
-    let _ = stream.set_read_timeout(None);
-    let mut r = FrameReader::new(&body);
-    let ok_shape = r.u8("op").ok() == Some(Op::Hello as u8)
-        && r.raw(4, "magic").ok() == Some(HELLO_MAGIC.as_slice());
-    if !ok_shape {
-        tracing::warn!(%peer, "store: rejected a client that did not start with a ddp hello");
-        return false;
-    }
-    let version = r.u16("version").unwrap_or(0);
-    let token = r.bytes("token").unwrap_or(&[]);
-    let reason = if version != VERSION {
-        Some(format!(
-            "protocol version {version}, server speaks {VERSION}"
-        ))
-    } else if !crate::auth::constant_time_eq(token, &shared.config.token) {
-        Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
+    let version = match verified.claims.as_slice() {
+        [a, b] => Some(u16::from_le_bytes([*a, *b])),
+        _ => None,
+    };
+    let verdict = if version == Some(VERSION) {
+        Ok(())
     } else {
-        None
+        Err(format!(
+            "store protocol version {version:?}, the server speaks {VERSION}"
+        ))
     };
-    match reason {
-        Some(reason) => {
-            tracing::warn!(%peer, %reason, "store: rejected a client");
-            let _ = FrameWriter::new(Status::Unauthorized as u8)
-                .bytes(reason.as_bytes())
-                .send_by(stream, deadline);
-            false
-        }
-        None => FrameWriter::new(Status::Ok as u8)
-            .send_by(stream, deadline)
-            .is_ok(),
+    if let Err(reason) = &verdict {
+        tracing::warn!(%peer, %reason, "store: rejected a client");
     }
+    let answered = auth::answer(
+        stream,
+        verdict.as_ref().map(|_| ()).map_err(String::as_str),
+        deadline,
+    );
+    let _ = stream.set_read_timeout(None);
+    verdict.is_ok() && answered.is_ok()
 }
 
 fn ok() -> FrameWriter {
@@ -348,7 +334,6 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
     let mut r = FrameReader::new(body);
     let op = Op::from_u8(r.u8("opcode")?).ok_or(Malformed("opcode"))?;
     Ok(match op {
-        Op::Hello => return Err(Malformed("opcode (hello sent twice)")),
         Op::Set => {
             let key = r.bytes("key")?.to_vec();
             let value = r.bytes("value")?.to_vec();

@@ -2,9 +2,11 @@
 //!
 //! Each rank listens on an ephemeral port of the interface it uses to reach the store, publishes
 //! `addr/<group rank>` in the group's store namespace, connects to every lower rank and accepts
-//! every higher one. A connecting peer proves the job token and says which group and rank it
-//! is; anything else on the port (garbage, a wrong token, an oversized hello) is answered with a
-//! rejection, logged, and ignored. The listener is closed once the mesh is complete.
+//! every higher one. Both ends prove the job token (the shared hello, `auth`), and the
+//! connecting peer claims which group (its id, which includes the job's random nonce), size
+//! and rank it is, under its proof; anything else on the port (garbage, a wrong token, an
+//! oversized hello, another group) is answered with a rejection, logged, and ignored. The
+//! listener is closed once the mesh is complete.
 //!
 //! Hellos are read concurrently, one thread each, against one total deadline per connection:
 //! a stranger that connects and says nothing (or drips bytes) delays nobody, so the ranks that
@@ -12,21 +14,18 @@
 //! more pushes out the oldest. Strangers still talking when the mesh is complete are cut off.
 
 use super::duplex::Conn;
-use crate::auth::{MAX_TOKEN_BYTES, constant_time_eq};
+use crate::auth::{self, HelloError, Kind};
 use crate::deadline::deadline_after;
-use crate::deadline_io::{read_exact_by, write_all_by};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 4] = b"DDPH";
-const VERSION: u8 = 1;
-/// magic, version, 3 reserved, group rank, group size, group id, token length.
-const HELLO_FIXED: usize = 4 + 1 + 3 + 4 + 4 + 8 + 2;
+/// Bytes of a mesh hello's claims: group rank, group size (u32 LE each), group id (u64 LE).
+const CLAIMS_BYTES: usize = 16;
 /// How long, in total, an accepted connection gets to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most hellos read at once.
@@ -40,7 +39,8 @@ pub(crate) struct MeshSpec<'a> {
     /// Global rank of each group rank.
     pub(crate) ranks: &'a [usize],
     pub(crate) group_rank: usize,
-    /// Hash of the group's name, so two groups' connections can never be mixed up.
+    /// Hash of the job nonce and the group's name, so two groups' connections can never be
+    /// mixed up, and strangers cannot guess it.
     pub(crate) group_id: u64,
     pub(crate) token: &'a [u8],
     pub(crate) timeout: Duration,
@@ -124,17 +124,43 @@ fn set_buffer_sizes(stream: &TcpStream, bytes: usize) {
     }
 }
 
-fn hello(spec: &MeshSpec<'_>) -> Vec<u8> {
-    let mut h = Vec::with_capacity(HELLO_FIXED + spec.token.len());
-    h.extend_from_slice(MAGIC);
-    h.push(VERSION);
-    h.extend_from_slice(&[0; 3]);
-    h.extend_from_slice(&(spec.group_rank as u32).to_le_bytes());
-    h.extend_from_slice(&(spec.ranks.len() as u32).to_le_bytes());
-    h.extend_from_slice(&spec.group_id.to_le_bytes());
-    h.extend_from_slice(&(spec.token.len() as u16).to_le_bytes());
-    h.extend_from_slice(spec.token);
-    h
+/// What a connecting rank claims to be; covered by its proof of the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claims {
+    pub(crate) group_rank: u32,
+    pub(crate) group_size: u32,
+    pub(crate) group_id: u64,
+}
+
+impl Claims {
+    fn of(spec: &MeshSpec<'_>) -> Claims {
+        Claims {
+            group_rank: spec.group_rank as u32,
+            group_size: spec.ranks.len() as u32,
+            group_id: spec.group_id,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> [u8; CLAIMS_BYTES] {
+        let mut b = [0u8; CLAIMS_BYTES];
+        b[0..4].copy_from_slice(&self.group_rank.to_le_bytes());
+        b[4..8].copy_from_slice(&self.group_size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.group_id.to_le_bytes());
+        b
+    }
+
+    /// `None` unless `b` is exactly one encoded [`Claims`].
+    pub(crate) fn decode(b: &[u8]) -> Option<Claims> {
+        let b: &[u8; CLAIMS_BYTES] = b.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[8..16]);
+        Some(Claims {
+            group_rank: u32_at(0),
+            group_size: u32_at(4),
+            group_id: u64::from_le_bytes(id),
+        })
+    }
 }
 
 fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<TcpStream> {
@@ -153,22 +179,24 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
             Ok(mut s) => {
-                let ctx = || format!("rendezvous: greeting rank {global} at {addr}");
-                write_all_by(&mut s, &hello(spec), deadline)
-                    .map_err(|e| CommError::io(ctx(), e))?;
-                let mut status = [0u8; 1];
-                read_exact_by(&mut s, &mut status, deadline)
-                    .map_err(|e| CommError::io(ctx(), e))?;
-                if status[0] != 0 {
-                    let mut msg = Vec::new();
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-                    let _ = (&mut s).take(1024).read_to_end(&mut msg);
-                    return Err(CommError::Unauthorized {
+                let claims = Claims::of(spec).encode();
+                return match auth::initiate(&mut s, spec.token, Kind::Mesh, &claims, deadline) {
+                    Ok(()) => Ok(s),
+                    Err(HelloError::Refused(reason)) => Err(CommError::Unauthorized {
                         peer: format!("rank {global}"),
-                        reason: String::from_utf8_lossy(&msg).into_owned(),
-                    });
-                }
-                return Ok(s);
+                        reason,
+                    }),
+                    Err(HelloError::Unproven) => Err(CommError::Unauthorized {
+                        peer: format!("rank {global} at {addr}"),
+                        reason: "it could not prove the job token (is DDP_JOB_TOKEN the same on \
+                                 every rank?)"
+                            .into(),
+                    }),
+                    Err(HelloError::Io(e)) => Err(CommError::io(
+                        format!("rendezvous: greeting rank {global} at {addr}"),
+                        e,
+                    )),
+                };
             }
             Err(e) => last = e,
         }
@@ -324,11 +352,11 @@ fn admit(
     let ack_deadline = deadline_after(HELLO_TIMEOUT);
     if conns[peer].is_some() {
         let reason = format!("group rank {peer} is already connected");
-        reject(&mut stream, &reason, ack_deadline);
+        let _ = auth::answer(&mut stream, Err(&reason), ack_deadline);
         tracing::warn!(%from, %reason, "rendezvous: rejected a connection");
         return Ok(());
     }
-    if let Err(e) = write_all_by(&mut stream, &[0], ack_deadline) {
+    if let Err(e) = auth::answer(&mut stream, Ok(()), ack_deadline) {
         tracing::warn!(%from, error = %e, "rendezvous: could not acknowledge a hello");
         return Ok(());
     }
@@ -336,64 +364,27 @@ fn admit(
     Ok(())
 }
 
-/// Tells a refused peer why (best effort).
-fn reject(s: &mut TcpStream, reason: &str, deadline: Instant) {
-    let mut msg = vec![1u8];
-    msg.extend_from_slice(reason.as_bytes());
-    let _ = write_all_by(s, &msg, deadline);
-}
-
-/// Reads and validates a hello before `deadline`; on any problem answers with a rejection and
-/// returns the reason. Whether the rank is already connected is for the accept loop to say.
+/// Runs the accepting side of a hello before `deadline` and checks the claims; returns the
+/// peer's group rank, or why it was refused (having told it). Whether the rank is already
+/// connected is for the accept loop to say.
 fn read_hello(
     spec: &MeshSpec<'_>,
     mut s: TcpStream,
     deadline: Instant,
 ) -> Result<(usize, TcpStream), String> {
-    let refuse = |s: &mut TcpStream, reason: String| -> String {
-        reject(s, &reason, deadline);
-        reason
-    };
     let _ = s.set_nonblocking(false);
-    let mut fixed = [0u8; HELLO_FIXED];
-    if let Err(e) = read_exact_by(&mut s, &mut fixed, deadline) {
-        return Err(format!("no complete hello: {e}"));
-    }
-    if &fixed[0..4] != MAGIC || fixed[4] != VERSION {
-        return Err(refuse(
-            &mut s,
-            "not a ddp-comm hello (bad magic or version)".into(),
-        ));
-    }
-    let u32_at = |i: usize| {
-        u32::from_le_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]) as usize
-    };
-    let (peer, size) = (u32_at(8), u32_at(12));
-    let mut gid = [0u8; 8];
-    gid.copy_from_slice(&fixed[16..24]);
-    let token_len = u16::from_le_bytes([fixed[24], fixed[25]]) as usize;
-    if token_len > MAX_TOKEN_BYTES {
-        return Err(refuse(
-            &mut s,
-            format!("token of {token_len} bytes exceeds {MAX_TOKEN_BYTES}"),
-        ));
-    }
-    let mut token = vec![0u8; token_len];
-    if let Err(e) = read_exact_by(&mut s, &mut token, deadline) {
-        return Err(format!("truncated hello: {e}"));
-    }
+    let verified = auth::respond(&mut s, spec.token, Kind::Mesh, deadline)?;
     let n = spec.ranks.len();
-    let reason = if !constant_time_eq(&token, spec.token) {
-        Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
-    } else if u64::from_le_bytes(gid) != spec.group_id || size != n {
-        Some("hello for another process group".to_string())
-    } else if peer <= spec.group_rank || peer >= n {
-        Some(format!("unexpected group rank {peer}"))
-    } else {
-        None
+    let reason = match Claims::decode(&verified.claims) {
+        None => "malformed mesh claims".to_string(),
+        Some(c) if c.group_id != spec.group_id || c.group_size as usize != n => {
+            "hello for another process group".to_string()
+        }
+        Some(c) if (c.group_rank as usize) <= spec.group_rank || c.group_rank as usize >= n => {
+            format!("unexpected group rank {}", c.group_rank)
+        }
+        Some(c) => return Ok((c.group_rank as usize, s)),
     };
-    match reason {
-        Some(r) => Err(refuse(&mut s, r)),
-        None => Ok((peer, s)),
-    }
+    let _ = auth::answer(&mut s, Err(&reason), deadline);
+    Err(reason)
 }

@@ -1,8 +1,18 @@
-//! The job token, as the store and the TCP mesh check it.
+//! The job token, and the hello every store and mesh connection starts with.
 //!
-//! One limit for both ([`MAX_TOKEN_BYTES`], checked when a config is used, so a long token is a
-//! clear config error rather than a hello the other side refuses) and one comparison, in
-//! constant time, so a stranger cannot learn the token byte by byte from response times.
+//! - `hello`: the messages and the HMAC-SHA256 proofs, as pure functions over bytes.
+//! - `handshake`: running it over a socket against one total deadline.
+//!
+//! Both sides of every connection prove they hold the token without sending it (a
+//! challenge-response over fresh nonces from both sides), so neither a stranger nor a replayed
+//! recording gets in, and a rank never talks to a server that cannot prove the token either.
+//! One token limit ([`MAX_TOKEN_BYTES`]) is checked when a config is used.
+
+mod handshake;
+mod hello;
+
+pub(crate) use handshake::{HelloError, answer, initiate, respond};
+pub(crate) use hello::Kind;
 
 use crate::error::{CommError, Result};
 
@@ -27,16 +37,6 @@ pub(crate) fn check_token(what: &str, token: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Whether `a == b`, taking the same time whatever bytes differ (the length is not secret).
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // Keep the optimiser from turning the fold into an early-exit comparison.
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,13 +51,5 @@ mod tests {
             e.starts_with("DDP_JOB_TOKEN: ") && e.contains("1024"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn equality_is_exact() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret!"));
-        assert!(constant_time_eq(b"", b""));
     }
 }
