@@ -85,4 +85,28 @@ mod tests {
         assert!(d > Instant::now() + Duration::from_secs(364 * 24 * 3600));
         assert!(deadline_after(Duration::ZERO) <= Instant::now());
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text is a timeout within `1..=MAX_TIMEOUT` or an error; a deadline from any
+            /// duration is made without overflow.
+            #[test]
+            fn any_timeout_text_parses_safely(text in "\\PC{0,24}", secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+                if let Ok(t) = parse_timeout_secs("T", &text) {
+                    prop_assert!(!t.is_zero() && t <= MAX_TIMEOUT);
+                }
+                match parse_timeout_secs("T", &secs.to_string()) {
+                    Ok(t) => prop_assert_eq!(t.as_secs(), secs),
+                    Err(_) => prop_assert!(secs == 0 || secs > MAX_TIMEOUT.as_secs()),
+                }
+                let _ = deadline_after(Duration::new(secs, nanos));
+            }
+        }
+    }
 }

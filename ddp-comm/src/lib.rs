@@ -98,6 +98,8 @@ mod group;
 mod init;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(test)]
+mod proptest_support;
 mod reduce_op;
 pub mod store;
 mod transport;

@@ -228,4 +228,99 @@ mod tests {
         assert!(matches!(e, HelloError::Unproven), "{e:?}");
         fake.join().expect("fake");
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+        use std::io::Write;
+        use std::net::{Shutdown, TcpListener};
+        use std::time::Duration;
+
+        /// Writes `data` in pieces of the given sizes to a fresh connection, then closes it;
+        /// returns our end.
+        fn peer_sending(
+            data: Vec<u8>,
+            splits: Vec<usize>,
+        ) -> (TcpStream, std::thread::JoinHandle<()>) {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let writer = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                let mut pos = 0;
+                for n in splits.iter().cycle().take(data.len()) {
+                    if pos >= data.len() {
+                        break;
+                    }
+                    let end = (pos + n.max(&1)).min(data.len());
+                    if s.write_all(&data[pos..end]).is_err() {
+                        return;
+                    }
+                    pos = end;
+                }
+                let _ = s.write_all(&data[pos.min(data.len())..]);
+                let _ = s.shutdown(Shutdown::Write);
+                // Keep reading what the other side answers until it closes.
+                let _ = std::io::copy(&mut s, &mut std::io::sink());
+            });
+            let (s, _) = l.accept().expect("accept");
+            (s, writer)
+        }
+
+        fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..200),
+                // Plausible starts: the magic and version, then anything.
+                proptest::collection::vec(any::<u8>(), 0..200).prop_map(|mut v| {
+                    let mut b = b"DDPA\x01".to_vec();
+                    b.append(&mut v);
+                    b
+                }),
+                // A status byte 0 or 1, then anything (what an initiator reads).
+                (0u8..2, proptest::collection::vec(any::<u8>(), 0..200)).prop_map(|(s, mut v)| {
+                    v.insert(0, s);
+                    v
+                }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// A responder fed any bytes, split anyhow, refuses them (nobody can prove the token
+            /// without it) and returns at once when the peer stops, never panicking.
+            #[test]
+            fn respond_refuses_any_bytes_promptly(
+                data in hostile_bytes(),
+                splits in proptest::collection::vec(0usize..20, 1..6),
+            ) {
+                let (mut s, writer) = peer_sending(data, splits);
+                let start = Instant::now();
+                let r = respond(&mut s, b"tok", Kind::Mesh, Instant::now() + Duration::from_secs(5));
+                prop_assert!(r.is_err());
+                prop_assert!(start.elapsed() < Duration::from_secs(3));
+                drop(s);
+                writer.join().expect("writer");
+            }
+
+            /// An initiator talking to a peer that sends any bytes fails (or, never, succeeds)
+            /// without panicking, reading at most a capped refusal.
+            #[test]
+            fn initiate_survives_any_answer(
+                data in hostile_bytes(),
+                splits in proptest::collection::vec(0usize..20, 1..6),
+            ) {
+                let (mut s, writer) = peer_sending(data, splits);
+                let start = Instant::now();
+                let r = initiate(&mut s, b"tok", Kind::Store, b"", Instant::now() + Duration::from_secs(5));
+                prop_assert!(r.is_err());
+                if let Err(HelloError::Refused(msg)) = r {
+                    prop_assert!(msg.len() <= 4 * super::super::hello::MAX_MESSAGE);
+                }
+                prop_assert!(start.elapsed() < Duration::from_secs(3));
+                drop(s);
+                writer.join().expect("writer");
+            }
+        }
+    }
 }

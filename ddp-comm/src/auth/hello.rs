@@ -273,4 +273,63 @@ mod tests {
             "claims"
         );
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any bytes decode to a hello or a reason, and a decoded hello's claims are within
+            /// the limit.
+            #[test]
+            fn hello_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
+                if let Ok(h) = decode_client_hello(&bytes) {
+                    prop_assert!(h.claims.len() <= MAX_CLAIMS);
+                }
+            }
+
+            /// A valid-looking start with any kind, version and claims length.
+            #[test]
+            fn hello_heads_never_panic(
+                version in any::<u8>(),
+                kind in any::<u8>(),
+                claims_len in any::<u16>(),
+                nonce in any::<[u8; NONCE_BYTES]>(),
+            ) {
+                let mut fixed = [0u8; CLIENT_HELLO_FIXED];
+                fixed[..4].copy_from_slice(MAGIC);
+                fixed[4] = version;
+                fixed[5] = kind;
+                fixed[6..8].copy_from_slice(&claims_len.to_le_bytes());
+                fixed[8..].copy_from_slice(&nonce);
+                if let Ok(h) = decode_head(&fixed) {
+                    prop_assert!(h.claims_len <= MAX_CLAIMS);
+                    prop_assert_eq!(h.nonce, nonce);
+                }
+            }
+
+            #[test]
+            fn hellos_round_trip(
+                mesh in any::<bool>(),
+                nonce in any::<[u8; NONCE_BYTES]>(),
+                claims in proptest::collection::vec(any::<u8>(), 0..=MAX_CLAIMS),
+            ) {
+                let kind = if mesh { Kind::Mesh } else { Kind::Store };
+                let h = ClientHello { kind, nonce, claims };
+                prop_assert_eq!(decode_client_hello(&h.encode()), Ok(h));
+            }
+
+            /// However long a refusal claims to be, at most `MAX_MESSAGE` bytes are read.
+            #[test]
+            fn refusals_are_capped(len in any::<[u8; 2]>(), message in ".{0,1100}") {
+                prop_assert!(refusal_len(len) <= MAX_MESSAGE);
+                let encoded = encode_refusal(&message);
+                prop_assert!(encoded.len() <= 3 + MAX_MESSAGE);
+                prop_assert_eq!(refusal_len([encoded[1], encoded[2]]), encoded.len() - 3);
+            }
+        }
+    }
 }

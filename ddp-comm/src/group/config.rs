@@ -319,4 +319,33 @@ mod tests {
             .to_string();
         assert!(err.contains("LOCAL_RANK"), "{err}");
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any environment is a valid config or an error naming a variable; never a panic.
+            #[test]
+            fn any_environment_reads_safely(
+                rank in "\\PC{0,22}",
+                world in "\\PC{0,22}",
+                timeout in "\\PC{0,22}",
+                transport in "\\PC{0,8}",
+            ) {
+                let env = super::vars(&[
+                    ("RANK", &rank),
+                    ("WORLD_SIZE", &world),
+                    (TIMEOUT_ENV, &timeout),
+                    (TRANSPORT_ENV, &transport),
+                ]);
+                if let Ok(c) = ProcessGroupConfig::from_vars(env) {
+                    prop_assert!(c.validate().is_ok());
+                }
+            }
+        }
+    }
 }

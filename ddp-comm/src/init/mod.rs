@@ -200,4 +200,33 @@ mod tests {
         let e = InitMethod::parse("tcp://h:0").unwrap_err().to_string();
         assert!(e.contains("port 0"), "{e}");
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text is a method or a config error; never a panic (multi-byte characters,
+            /// brackets and colons anywhere included).
+            #[test]
+            fn any_url_parses_safely(url in "(env|tcp|file|udp)?(://)?\\PC{0,24}") {
+                let _ = InitMethod::parse(&url);
+            }
+
+            #[test]
+            fn tcp_urls_round_trip(host in "[a-z0-9.]{1,20}", port in 1u16..) {
+                prop_assert_eq!(
+                    InitMethod::parse(&format!("tcp://{host}:{port}")).ok(),
+                    Some(InitMethod::Tcp { host: host.clone(), port })
+                );
+                prop_assert_eq!(
+                    InitMethod::parse(&format!("tcp://[{host}]:{port}")).ok(),
+                    Some(InitMethod::Tcp { host, port })
+                );
+            }
+        }
+    }
 }

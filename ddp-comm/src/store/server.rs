@@ -12,7 +12,7 @@
 
 use super::config::StoreConfig;
 use super::protocol::{
-    FrameReader, FrameWriter, Malformed, Op, ReadFrameError, Status, VERSION, read_frame,
+    FrameWriter, Malformed, ReadFrameError, Request, Status, VERSION, read_frame,
 };
 use crate::auth::{self, Kind};
 use crate::deadline::deadline_after;
@@ -331,46 +331,32 @@ fn ok() -> FrameWriter {
 }
 
 fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed> {
-    let mut r = FrameReader::new(body);
-    let op = Op::from_u8(r.u8("opcode")?).ok_or(Malformed("opcode"))?;
-    Ok(match op {
-        Op::Set => {
-            let key = r.bytes("key")?.to_vec();
-            let value = r.bytes("value")?.to_vec();
-            lock(&shared.map).insert(key, value);
+    Ok(match Request::decode(body)? {
+        Request::Set { key, value } => {
+            lock(&shared.map).insert(key.to_vec(), value.to_vec());
             shared.changed.notify_all();
             ok()
         }
-        Op::Get => {
-            let key = r.bytes("key")?;
-            let timeout = Duration::from_millis(r.u64("timeout")?);
+        Request::Get { key, timeout } => {
             let map = wait_until(shared, timeout, |m| m.contains_key(key));
             match map.get(key) {
                 Some(v) => ok().bytes(v),
                 None => FrameWriter::new(Status::Timeout as u8),
             }
         }
-        Op::Add => {
-            let key = r.bytes("key")?.to_vec();
-            let delta = r.i64("delta")?;
+        Request::Add { key, delta } => {
             let mut map = lock(&shared.map);
             let current = map
-                .get(&key)
+                .get(key)
                 .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
                 .unwrap_or(0);
             let new = current.wrapping_add(delta);
-            map.insert(key, new.to_string().into_bytes());
+            map.insert(key.to_vec(), new.to_string().into_bytes());
             drop(map);
             shared.changed.notify_all();
             ok().i64(new)
         }
-        Op::Wait => {
-            let n = r.u32("key count")? as usize;
-            let mut keys = Vec::with_capacity(n.min(1024));
-            for _ in 0..n {
-                keys.push(r.bytes("key")?);
-            }
-            let timeout = Duration::from_millis(r.u64("timeout")?);
+        Request::Wait { keys, timeout } => {
             let map = wait_until(shared, timeout, |m| keys.iter().all(|k| m.contains_key(*k)));
             let missing: Vec<&[u8]> = keys
                 .iter()
@@ -388,10 +374,11 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
                 FrameWriter::new(Status::Timeout as u8).bytes(joined.as_bytes())
             }
         }
-        Op::CompareSet => {
-            let key = r.bytes("key")?;
-            let expected = r.bytes("expected")?;
-            let desired = r.bytes("desired")?;
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => {
             let mut map = lock(&shared.map);
             let current = map.get(key).cloned();
             let result = match current {
@@ -410,26 +397,20 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
             shared.changed.notify_all();
             ok().bytes(&result)
         }
-        Op::Delete => {
-            let key = r.bytes("key")?;
+        Request::Delete { key } => {
             let removed = lock(&shared.map).remove(key).is_some();
             ok().raw(&[removed as u8])
         }
-        Op::NumKeys => {
-            let prefix = r.bytes("prefix")?;
+        Request::NumKeys { prefix } => {
             let n = lock(&shared.map)
                 .keys()
                 .filter(|k| k.starts_with(prefix))
                 .count();
             ok().u64(n as u64)
         }
-        Op::Check => {
-            let n = r.u32("key count")? as usize;
+        Request::Check { keys } => {
             let map = lock(&shared.map);
-            let mut all = true;
-            for _ in 0..n {
-                all &= map.contains_key(r.bytes("key")?);
-            }
+            let all = keys.iter().all(|k| map.contains_key(*k));
             ok().raw(&[all as u8])
         }
     })

@@ -411,4 +411,30 @@ mod tests {
             assert!(e.contains(&text), "{e}");
         }
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text is a size or an error, never an overflow panic; a number with a suffix
+            /// is exactly that many bytes when it fits.
+            #[test]
+            fn any_size_parses_safely(text in "\\PC{0,24}", n in any::<u64>(), suffix in prop_oneof![Just(""), Just("k"), Just("K"), Just("M"), Just("m")]) {
+                let _ = parse_bytes(&text);
+                let shift = match suffix { "k" | "K" => 10, "m" | "M" => 20, _ => 0 };
+                let expected = usize::try_from(n).ok().and_then(|n| n.checked_mul(1 << shift));
+                prop_assert_eq!(parse_bytes(&format!("{n}{suffix}")).ok(), expected);
+            }
+
+            #[test]
+            fn any_chunk_request_is_whole_pages_within_bounds(asked in any::<usize>(), local in any::<usize>()) {
+                let c = chunk_bytes(asked, local);
+                prop_assert!(c.is_multiple_of(PAGE) && (PAGE..=MAX_CHUNK).contains(&c));
+            }
+        }
+    }
 }

@@ -388,3 +388,28 @@ fn read_hello(
     let _ = auth::answer(&mut s, Err(&reason), deadline);
     Err(reason)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proptest_support::config;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any claim bytes decode to nothing or to claims that encode back to them.
+        #[test]
+        fn claims_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            if let Some(c) = Claims::decode(&bytes) {
+                prop_assert_eq!(&c.encode()[..], &bytes[..]);
+            }
+        }
+
+        #[test]
+        fn claims_round_trip(group_rank in any::<u32>(), group_size in any::<u32>(), group_id in any::<u64>()) {
+            let c = Claims { group_rank, group_size, group_id };
+            prop_assert_eq!(Claims::decode(&c.encode()), Some(c));
+        }
+    }
+}
