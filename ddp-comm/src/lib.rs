@@ -54,8 +54,12 @@
 //!   error naming it (in shared memory, a dead process is noticed within about 100 ms of
 //!   waiting for it). A failed group is unusable afterwards ([`CommError::Aborted`]).
 //!   [`ProcessGroup::abort`] fails it on purpose, publishing the caller's reason first.
-//! - **Safety nets.** Connections prove the job token ([`TOKEN_ENV`]); frames larger than
-//!   announced or allowed are rejected before anything is allocated.
+//! - **Safety nets.** Both ends of every store and mesh connection prove the job token
+//!   ([`TOKEN_ENV`]) to each other without sending it (HMAC-SHA256 challenge-response over
+//!   fresh nonces, so recordings cannot be replayed); group ids include a random per-job nonce.
+//!   Frames larger than announced or allowed are rejected before anything is allocated. The store listens on
+//!   `MASTER_ADDR`'s interface only (loopback for a single-host job); a connection that has
+//!   not proved the token gets one total deadline for its hello, and at most 64 wait at once.
 //! - **Shutdown.** Dropping a group joins its thread, closes its sockets and marks its
 //!   shared-memory slot closed (peers still waiting for it fail at once).
 //!
@@ -84,17 +88,24 @@
 //! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod auth;
 mod collective;
+mod deadline;
+mod deadline_io;
 mod dtype;
 mod error;
 mod group;
 mod init;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(test)]
+mod proptest_support;
 mod reduce_op;
 pub mod store;
 mod transport;
 
+pub use auth::MAX_TOKEN_BYTES;
+pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use error::{CommError, Result};
 pub use group::{ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming};

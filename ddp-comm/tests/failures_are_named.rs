@@ -216,7 +216,7 @@ fn out_of_range_root_is_an_error_not_a_panic() {
     }
 }
 
-/// Strangers on a rank's rendezvous port (garbage, an oversized hello, a wrong token) are
+/// Strangers on a rank's rendezvous port (garbage, an oversized hello, a wrong proof) are
 /// rejected and the job goes on.
 #[test]
 fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
@@ -250,19 +250,21 @@ fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
         let mut c = TcpStream::connect(&rank0_addr).unwrap();
         c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nmore junk to fill the hello")
             .unwrap();
-        // A well-formed hello announcing a 65535-byte token (over the limit).
+        // A well-formed hello announcing 65535 bytes of claims (over the limit).
         let mut c2 = TcpStream::connect(&rank0_addr).unwrap();
-        let mut hello = b"DDPH\x01\0\0\0".to_vec();
-        hello.extend_from_slice(&1u32.to_le_bytes());
-        hello.extend_from_slice(&2u32.to_le_bytes());
-        hello.extend_from_slice(&[0; 8]);
+        let mut hello = b"DDPA\x01\x02".to_vec();
         hello.extend_from_slice(&u16::MAX.to_le_bytes());
+        hello.extend_from_slice(&[0; 32]);
         c2.write_all(&hello).unwrap();
-        // A hello with the wrong token.
+        // A hello claiming to be rank 1, then a made-up proof (it does not know the token).
         let mut c3 = TcpStream::connect(&rank0_addr).unwrap();
-        let mut bad = hello[..24].to_vec();
-        bad.extend_from_slice(&5u16.to_le_bytes());
-        bad.extend_from_slice(b"wrong");
+        let mut bad = hello[..6].to_vec();
+        bad.extend_from_slice(&16u16.to_le_bytes());
+        bad.extend_from_slice(&[0; 32]);
+        bad.extend_from_slice(&1u32.to_le_bytes());
+        bad.extend_from_slice(&2u32.to_le_bytes());
+        bad.extend_from_slice(&[0; 8]);
+        bad.extend_from_slice(&[0x55; 32]);
         c3.write_all(&bad).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let rank1 = s.spawn(|| {

@@ -130,3 +130,34 @@ fn invalid_rank_is_rejected_before_any_network_call() {
     .to_string();
     assert!(e.contains("rank 2 is outside 0..2"), "{e}");
 }
+
+/// This host's address on the network (the source address of its default route), if any.
+fn network_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    // Connecting a UDP socket sends nothing; it only picks the route and source address.
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn a_loopback_master_addr_keeps_the_store_off_the_network() {
+    let Some(ip) = network_ip() else {
+        eprintln!("no network interface besides loopback: nothing to check");
+        return;
+    };
+    let port = free_port();
+    let m = InitMethod::parse(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    let pg = init_process_group(&m, ProcessGroupConfig::new(0, 1)).unwrap();
+    // The store is up (the group joined through it) but not reachable from the network.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let from_network = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::new(ip, port),
+        Duration::from_secs(2),
+    );
+    assert!(
+        from_network.is_err(),
+        "the store of a single-host job answers on {ip}:{port}"
+    );
+    drop(pg);
+}

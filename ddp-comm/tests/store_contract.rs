@@ -118,19 +118,20 @@ fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
 
     // Random bytes instead of a hello.
     let mut g = TcpStream::connect(&addr).unwrap();
-    g.write_all(&[
-        0x13, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-    ])
-    .unwrap();
-    // A frame header announcing 4 GiB: refused before allocating.
+    g.write_all(&[0xde; 64]).unwrap();
+    // A hello that announces 65535 bytes of claims: refused before reading (or allocating) them.
     let mut big = TcpStream::connect(&addr).unwrap();
-    big.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    // Both are disconnected: a read sees EOF (or a reset), not a hang.
+    let mut hello = b"DDPA\x01\x01".to_vec();
+    hello.extend_from_slice(&u16::MAX.to_le_bytes());
+    hello.extend_from_slice(&[0; 32]);
+    big.write_all(&hello).unwrap();
+    // Both are refused at once (status 1 and a reason) and disconnected, not left hanging.
     for c in [&mut g, &mut big] {
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut buf = [0u8; 64];
-        let n = c.read(&mut buf).unwrap_or(0);
-        assert!(n == 0 || buf[0] != 0, "server must not accept a stranger");
+        let mut reply = Vec::new();
+        c.read_to_end(&mut reply)
+            .expect("the server closes the connection");
+        assert_eq!(reply.first(), Some(&1), "a refusal, not a challenge");
     }
     // An authenticated client that sends an oversized frame is dropped too; the others go on.
     let small =
@@ -183,4 +184,40 @@ fn unreachable_store_fails_within_the_timeout() {
     assert!(start.elapsed() < Duration::from_secs(5));
     assert!(matches!(e, CommError::StoreUnreachable { .. }), "{e}");
     assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+}
+
+/// `Instant + Duration` and `Duration + Duration` panic on overflow: a huge configured timeout
+/// is a config error, and a huge per-call timeout waits as long as allowed instead of panicking.
+#[test]
+fn huge_timeouts_are_config_errors_or_clamped_never_panics() {
+    let (_s, addr) = server("");
+    let e = Store::connect(&addr, StoreConfig::new().with_timeout(Duration::MAX))
+        .expect_err("a timeout of Duration::MAX is refused");
+    assert!(
+        matches!(e, CommError::InvalidConfig { .. }) && e.to_string().contains("maximum"),
+        "{e}"
+    );
+    let st = client(&addr, "");
+    st.set("k", b"v").unwrap();
+    assert_eq!(st.get_timeout("k", Duration::MAX).unwrap(), b"v");
+    st.wait(&["k"], Duration::MAX).unwrap();
+}
+
+/// The store and the mesh share one token limit; a longer token is a config error up front,
+/// not a hello the server refuses as oversized.
+#[test]
+fn a_token_over_the_shared_limit_is_a_config_error() {
+    let long = vec![b'x'; ddp_comm::MAX_TOKEN_BYTES + 1];
+    let e = StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_token(&long))
+        .expect_err("the server refuses it");
+    assert!(matches!(e, CommError::InvalidConfig { .. }), "{e}");
+    let (_s, addr) = server("");
+    let e =
+        Store::connect(&addr, StoreConfig::new().with_token(&long)).expect_err("so does a client");
+    assert!(matches!(e, CommError::InvalidConfig { .. }), "{e}");
+    let ok = vec![b'x'; ddp_comm::MAX_TOKEN_BYTES];
+    let (_s, addr) = server(std::str::from_utf8(&ok).unwrap());
+    client(&addr, std::str::from_utf8(&ok).unwrap())
+        .set("k", b"v")
+        .unwrap();
 }

@@ -1,8 +1,10 @@
 //! [`ProcessGroupConfig`]: who this process is in the job, and the group's settings.
 
+use crate::auth::check_token;
+use crate::deadline::{check_timeout, parse_timeout_secs};
 use crate::error::{CommError, Result};
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
-use crate::transport::TransportKind;
+use crate::transport::{TRANSPORT_ENV, TransportKind};
 use std::time::Duration;
 
 /// Environment variable holding the job token (set by the launcher).
@@ -28,9 +30,11 @@ pub struct ProcessGroupConfig {
     pub local_rank: usize,
     /// Number of processes on this host. Defaults to `world_size`.
     pub local_world_size: usize,
-    /// Deadline for rendezvous and for each collective. Defaults to 300 s.
+    /// Deadline for rendezvous and for each collective. Defaults to 300 s; at most
+    /// [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
     pub timeout: Duration,
-    /// Shared job token that every connection must present. Defaults to none.
+    /// Shared job token that every connection must present. Defaults to none; at most
+    /// [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES).
     pub token: Vec<u8>,
     /// Socket send/receive buffer size to request; `None` keeps the kernel's auto-tuning.
     pub socket_buffer_bytes: Option<usize>,
@@ -95,22 +99,46 @@ impl ProcessGroupConfig {
     /// [`CommError::InvalidConfig`] naming the variable when one is missing or unparsable, or
     /// when the values contradict each other.
     pub fn from_env() -> Result<Self> {
-        let rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
-        let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
+        Self::from_vars(|name| match std::env::var(name) {
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(CommError::config(name, "value is not valid UTF-8"))
+            }
+        })
+    }
+
+    /// [`ProcessGroupConfig::from_env`] over any source of variables (a pure function, so it
+    /// can be tested without touching the process environment).
+    fn from_vars(var: impl Fn(&str) -> Result<Option<String>>) -> Result<Self> {
+        let usize_var = |name: &str| -> Result<Option<usize>> {
+            var(name)?
+                .map(|v| {
+                    v.trim().parse::<usize>().map_err(|_| {
+                        CommError::config(name, format!("'{v}' is not a non-negative integer"))
+                    })
+                })
+                .transpose()
+        };
+        let rank = usize_var("RANK")?.ok_or_else(|| missing("RANK"))?;
+        let world_size = usize_var("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
         let mut c = ProcessGroupConfig::new(rank, world_size);
-        if let Some(lr) = env_usize("LOCAL_RANK")? {
+        if let Some(lr) = usize_var("LOCAL_RANK")? {
             c.local_rank = lr;
         }
-        if let Some(lws) = env_usize("LOCAL_WORLD_SIZE")? {
+        if let Some(lws) = usize_var("LOCAL_WORLD_SIZE")? {
             c.local_world_size = lws;
         }
-        if let Some(t) = env_usize(TIMEOUT_ENV)? {
-            c.timeout = Duration::from_secs(t as u64);
+        if let Some(t) = var(TIMEOUT_ENV)? {
+            c.timeout = parse_timeout_secs(TIMEOUT_ENV, &t)?;
         }
-        if let Ok(token) = std::env::var(TOKEN_ENV) {
+        if let Some(token) = var(TOKEN_ENV)? {
             c.token = token.into_bytes();
         }
-        c.transport = Some(TransportKind::from_env()?);
+        c.transport = Some(match var(TRANSPORT_ENV)? {
+            Some(v) if !v.trim().is_empty() => v.parse()?,
+            _ => TransportKind::Auto,
+        });
         c.validate()?;
         Ok(c)
     }
@@ -202,10 +230,8 @@ impl ProcessGroupConfig {
                 ),
             ));
         }
-        if self.timeout.is_zero() {
-            return Err(CommError::config("timeout", "must be longer than zero"));
-        }
-        Ok(())
+        check_timeout("timeout", self.timeout)?;
+        check_token(TOKEN_ENV, &self.token)
     }
 
     pub(crate) fn store_config(&self) -> StoreConfig {
@@ -220,21 +246,6 @@ fn missing(name: &str) -> CommError {
         name,
         "environment variable is not set (launch with ddp-run, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)",
     )
-}
-
-/// Reads an optional non-negative integer variable.
-fn env_usize(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Ok(v) => {
-            v.trim().parse::<usize>().map(Some).map_err(|_| {
-                CommError::config(name, format!("'{v}' is not a non-negative integer"))
-            })
-        }
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            Err(CommError::config(name, "value is not valid UTF-8"))
-        }
-    }
 }
 
 #[cfg(test)]
@@ -259,6 +270,46 @@ mod tests {
         assert!(err.contains("WORLD_SIZE: must be at least 1"), "{err}");
     }
 
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Result<Option<String>> + use<> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| Ok(map.get(name).cloned())
+    }
+
+    #[test]
+    fn huge_timeout_is_a_config_error_not_a_panic() {
+        for secs in ["9223372036854775808", "18446744073709551615", "31536001"] {
+            let env = vars(&[("RANK", "0"), ("WORLD_SIZE", "1"), (TIMEOUT_ENV, secs)]);
+            let e = ProcessGroupConfig::from_vars(env)
+                .expect_err(secs)
+                .to_string();
+            assert!(e.starts_with("DDP_TIMEOUT_SECS: "), "{e}");
+        }
+        let e = ProcessGroupConfig::new(0, 1)
+            .with_timeout(Duration::MAX)
+            .validate()
+            .expect_err("Duration::MAX")
+            .to_string();
+        assert!(e.contains("maximum"), "{e}");
+        let env = vars(&[("RANK", "1"), ("WORLD_SIZE", "2"), (TIMEOUT_ENV, "60")]);
+        let c = ProcessGroupConfig::from_vars(env).expect("valid");
+        assert_eq!(c.timeout, Duration::from_secs(60));
+        assert_eq!(c.transport, Some(TransportKind::Auto));
+    }
+
+    #[test]
+    fn a_token_over_the_shared_limit_is_a_config_error() {
+        let long = vec![b'x'; crate::MAX_TOKEN_BYTES + 1];
+        let e = ProcessGroupConfig::new(0, 1)
+            .with_token(&long)
+            .validate()
+            .expect_err("too long")
+            .to_string();
+        assert!(e.starts_with("DDP_JOB_TOKEN: "), "{e}");
+    }
+
     #[test]
     fn local_rank_must_fit_local_world() {
         let err = ProcessGroupConfig::new(3, 4)
@@ -267,5 +318,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("LOCAL_RANK"), "{err}");
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any environment is a valid config or an error naming a variable; never a panic.
+            #[test]
+            fn any_environment_reads_safely(
+                rank in "\\PC{0,22}",
+                world in "\\PC{0,22}",
+                timeout in "\\PC{0,22}",
+                transport in "\\PC{0,8}",
+            ) {
+                let env = super::vars(&[
+                    ("RANK", &rank),
+                    ("WORLD_SIZE", &world),
+                    (TIMEOUT_ENV, &timeout),
+                    (TRANSPORT_ENV, &transport),
+                ]);
+                if let Ok(c) = ProcessGroupConfig::from_vars(env) {
+                    prop_assert!(c.validate().is_ok());
+                }
+            }
+        }
     }
 }

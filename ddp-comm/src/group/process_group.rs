@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     /// Bytes handed to collectives so far (see [`ProcessGroup::payload_bytes`]).
     payload: AtomicU64,
     subgroups: AtomicU64,
+    /// The job's random nonce (agreed through the store), part of every group id.
+    job_nonce: Vec<u8>,
     /// Keeps the parent (and so the store it may host) alive while a subgroup exists.
     _parent: Option<Arc<Inner>>,
     /// Declared last: dropped after every store connection above is closed.
@@ -62,6 +64,16 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.worker.shutdown();
     }
+}
+
+/// Where a group comes from: the whole job (with the store rank 0 may host, and the job's
+/// nonce), or a parent group it is a subgroup of.
+enum Lineage {
+    World {
+        server: Option<HostedStore>,
+        job_nonce: Vec<u8>,
+    },
+    Sub(Arc<Inner>),
 }
 
 /// The store server rank 0 runs for the job; stops once the other ranks have left.
@@ -110,14 +122,14 @@ impl ProcessGroup {
         config.validate()?;
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
+        let job_nonce = job_nonce(&store)?;
         Self::connect(
             "world".into(),
             store,
             ranks,
             group_rank,
             config,
-            server,
-            None,
+            Lineage::World { server, job_nonce },
         )
     }
 
@@ -127,16 +139,22 @@ impl ProcessGroup {
         ranks: Vec<usize>,
         group_rank: usize,
         config: ProcessGroupConfig,
-        server: Option<HostedStore>,
-        parent: Option<Arc<Inner>>,
+        lineage: Lineage,
     ) -> Result<ProcessGroup> {
+        let (server, parent, job_nonce) = match lineage {
+            Lineage::World { server, job_nonce } => (server, None, job_nonce),
+            Lineage::Sub(parent) => {
+                let nonce = parent.job_nonce.clone();
+                (None, Some(parent), nonce)
+            }
+        };
         let store = root_store.with_prefix(&format!("pg/{name}/"));
         let spec = ConnectSpec {
             mesh: MeshSpec {
                 store: &store,
                 ranks: &ranks,
                 group_rank,
-                group_id: fnv1a(name.as_bytes()),
+                group_id: group_id(&job_nonce, &name),
                 token: &config.token,
                 timeout: config.timeout,
                 socket_buffer_bytes: config.socket_buffer_bytes,
@@ -173,6 +191,7 @@ impl ProcessGroup {
                 seq: AtomicU64::new(0),
                 payload: AtomicU64::new(0),
                 subgroups: AtomicU64::new(0),
+                job_nonce,
                 _parent: parent,
                 _server: server,
             }),
@@ -301,8 +320,7 @@ impl ProcessGroup {
             sorted,
             group_rank,
             self.inner.config.clone(),
-            None,
-            Some(self.inner.clone()),
+            Lineage::Sub(self.inner.clone()),
         )
         .map(Some)
     }
@@ -360,9 +378,27 @@ impl ProcessGroup {
     }
 }
 
-/// FNV-1a, a stable 64-bit hash for group names.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100000001b3)
-    })
+/// The store key of the job's nonce.
+const JOB_NONCE_KEY: &str = "job/nonce";
+
+/// The job's random nonce: the first rank to get here sets it, every rank reads the same.
+/// A stranger who knows a group's name still cannot tell its id without it.
+fn job_nonce(store: &Store) -> Result<Vec<u8>> {
+    let candidate: [u8; 16] = rand::random();
+    let hex: String = candidate.iter().map(|b| format!("{b:02x}")).collect();
+    store.compare_set(JOB_NONCE_KEY, b"", hex.as_bytes())
+}
+
+/// A group's id: the job's nonce and the group's name, hashed (SHA-256, first 8 bytes), so two
+/// groups, or one group of two jobs, never share an id.
+fn group_id(job_nonce: &[u8], name: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update((job_nonce.len() as u64).to_le_bytes())
+        .chain_update(job_nonce)
+        .chain_update(name.as_bytes())
+        .finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(id)
 }

@@ -7,7 +7,7 @@
 
 use crate::error::{CommError, Result};
 use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
-use crate::store::{Store, StoreServer};
+use crate::store::Store;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ pub(super) fn init(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGro
 
 fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     let advertise = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
-    let server = StoreServer::bind("0.0.0.0:0", config.store_config())?;
+    let server = super::bind::bind_store(&advertise, 0, config.store_config())?;
     let addr = format!("{advertise}:{}", server.local_addr().port());
     let store = Store::connect(&addr, config.store_config())?;
     let nonce = format!("{:016x}", rand::random::<u64>());
@@ -43,7 +43,7 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
 }
 
 fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
-    let deadline = Instant::now() + config.timeout;
+    let deadline = crate::deadline::deadline_after(config.timeout);
     let mut last = String::from("the file does not exist yet");
     while Instant::now() < deadline {
         if let Some((addr, nonce)) = read_address(path) {

@@ -1,17 +1,19 @@
 //! Joining a job: [`init_process_group`] and the ways ranks find the store.
 //!
 //! - `env://`: `MASTER_ADDR` and `MASTER_PORT` from the environment (what `ddp-run` and
-//!   torchrun set); rank 0 hosts the store on `MASTER_PORT`.
+//!   torchrun set); rank 0 hosts the store on `MASTER_PORT`, listening on `MASTER_ADDR`'s
+//!   interface only (loopback for a single-host job; see `bind`).
 //! - `tcp://host:port`: the same with an explicit address.
 //! - `file:///path`: rank 0 hosts the store on a free port and writes its address to the file;
 //!   the others read it from there (the file must be on a filesystem every rank sees). Rank 0
 //!   removes the file once everyone has joined.
 
+mod bind;
 mod file;
 
 use crate::error::{CommError, Result};
 use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
-use crate::store::{Store, StoreServer};
+use crate::store::Store;
 use std::path::PathBuf;
 
 /// Where the ranks meet.
@@ -132,12 +134,7 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
         InitMethod::Env => unreachable!("resolved above"),
         InitMethod::Tcp { host, port } => {
             let server = if config.rank == 0 {
-                let bind = if host.contains(':') {
-                    format!("[::]:{port}")
-                } else {
-                    format!("0.0.0.0:{port}")
-                };
-                Some(StoreServer::bind(bind, config.store_config())?)
+                Some(bind::bind_store(&host, port, config.store_config())?)
             } else {
                 None
             };
@@ -202,5 +199,34 @@ mod tests {
         assert!(e.contains("expected env://"), "{e}");
         let e = InitMethod::parse("tcp://h:0").unwrap_err().to_string();
         assert!(e.contains("port 0"), "{e}");
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text is a method or a config error; never a panic (multi-byte characters,
+            /// brackets and colons anywhere included).
+            #[test]
+            fn any_url_parses_safely(url in "(env|tcp|file|udp)?(://)?\\PC{0,24}") {
+                let _ = InitMethod::parse(&url);
+            }
+
+            #[test]
+            fn tcp_urls_round_trip(host in "[a-z0-9.]{1,20}", port in 1u16..) {
+                prop_assert_eq!(
+                    InitMethod::parse(&format!("tcp://{host}:{port}")).ok(),
+                    Some(InitMethod::Tcp { host: host.clone(), port })
+                );
+                prop_assert_eq!(
+                    InitMethod::parse(&format!("tcp://[{host}]:{port}")).ok(),
+                    Some(InitMethod::Tcp { host, port })
+                );
+            }
+        }
     }
 }

@@ -153,4 +153,27 @@ mod tests {
         let e = exchange(&store, "lonely", 1, || unreachable!("only rank 0 creates")).unwrap_err();
         assert!(e.to_string().contains("nccl/lonely/unique_id"), "{e}");
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Whatever a store holds under the key, it is an id exactly when it has 128 bytes,
+            /// which then encode back unchanged; anything else is an error naming its length.
+            #[test]
+            fn any_stored_value_decodes_safely(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+                match decode(&bytes, "k") {
+                    Ok(id) => prop_assert_eq!(encode(&id), bytes),
+                    Err(e) => {
+                        prop_assert!(bytes.len() != ID_BYTES);
+                        prop_assert!(e.to_string().contains(&bytes.len().to_string()));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,9 +1,9 @@
 //! The store client: blocking request/response calls with timeouts and key prefixes.
 
 use super::config::StoreConfig;
-use super::protocol::{
-    FrameReader, FrameWriter, HELLO_MAGIC, Op, ReadFrameError, Status, VERSION, read_frame,
-};
+use super::protocol::{FrameReader, FrameWriter, Op, ReadFrameError, Status, VERSION, read_frame};
+use crate::auth::{self, HelloError, Kind};
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -43,11 +43,14 @@ impl Store {
     /// [`CommError::StoreUnreachable`] when no connection succeeds in time,
     /// [`CommError::Unauthorized`] when the server rejects the token.
     pub fn connect(addr: &str, config: StoreConfig) -> Result<Store> {
-        let deadline = Instant::now() + config.timeout;
+        crate::deadline::check_timeout("store timeout", config.timeout)?;
+        crate::auth::check_token("store token", &config.token)?;
+        let deadline = deadline_after(config.timeout);
         let mut last_err;
         loop {
             match try_connect(addr, deadline) {
-                Ok(stream) => {
+                Ok(mut stream) => {
+                    hello(&mut stream, addr, &config.token, deadline)?;
                     let addr_resolved = stream
                         .peer_addr()
                         .map_err(|e| CommError::io("store: reading the peer address", e))?;
@@ -57,7 +60,6 @@ impl Store {
                         prefix: String::new(),
                         config,
                     };
-                    store.hello(addr)?;
                     return Ok(store);
                 }
                 Err(e) => last_err = e,
@@ -228,25 +230,6 @@ impl Store {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn hello(&self, addr: &str) -> Result<()> {
-        let req = FrameWriter::new(Op::Hello as u8)
-            .raw(HELLO_MAGIC)
-            .u16(VERSION)
-            .bytes(&self.config.token);
-        match self.call("hello", req, None) {
-            Ok(_) => Ok(()),
-            Err(CommError::StoreProtocol { reason, .. })
-                if reason.starts_with("unauthorized: ") =>
-            {
-                Err(CommError::Unauthorized {
-                    peer: format!("store at {addr}"),
-                    reason: reason["unauthorized: ".len()..].to_string(),
-                })
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// Sends one request and reads its reply; `wait` is the server-side wait included in it.
     fn call(
         &self,
@@ -255,7 +238,9 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<(Status, Vec<u8>)> {
         let mut conn = self.lock();
-        let reply_timeout = wait.unwrap_or(Duration::ZERO) + self.config.timeout.max(REPLY_MARGIN);
+        let reply_timeout = wait
+            .unwrap_or(Duration::ZERO)
+            .saturating_add(self.config.timeout.max(REPLY_MARGIN));
         conn.set_read_timeout(Some(reply_timeout))
             .map_err(|e| CommError::io(format!("store {op}"), e))?;
         let lost = |e: io::Error| {
@@ -298,6 +283,34 @@ impl Store {
             }
         }
     }
+}
+
+/// Runs the hello on a new connection: the server and this client prove the token to each
+/// other (see `auth`).
+fn hello(stream: &mut TcpStream, addr: &str, token: &[u8], deadline: Instant) -> Result<()> {
+    let claims = VERSION.to_le_bytes();
+    let unauthorized = |reason: String| CommError::Unauthorized {
+        peer: format!("store at {addr}"),
+        reason,
+    };
+    match auth::initiate(stream, token, Kind::Store, &claims, deadline) {
+        Ok(()) => {}
+        Err(HelloError::Refused(reason)) => return Err(unauthorized(reason)),
+        Err(HelloError::Unproven) => {
+            return Err(unauthorized(
+                "it could not prove the job token (is DDP_JOB_TOKEN the same on every rank, \
+                 and is this a ddp-comm store?)"
+                    .into(),
+            ));
+        }
+        Err(HelloError::Io(e)) => {
+            return Err(CommError::io(format!("store: hello with {addr}"), e));
+        }
+    }
+    // The hello's deadline is over; each call sets its own.
+    stream
+        .set_write_timeout(None)
+        .map_err(|e| CommError::io("store: configuring the connection", e))
 }
 
 fn protocol(op: &'static str, reason: impl Into<String>) -> CommError {

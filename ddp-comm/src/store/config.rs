@@ -6,6 +6,8 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default largest frame the store accepts (keys and values are small; 64 MiB is generous).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+/// Default time a new connection gets, in total, to complete its hello.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Store settings, written in burn's config style:
 /// `StoreConfig::new().with_timeout(Duration::from_secs(30)).with_token("secret")`.
@@ -17,6 +19,9 @@ pub struct StoreConfig {
     pub token: Vec<u8>,
     /// Largest frame accepted; a longer one closes the connection without allocating it.
     pub max_frame_bytes: usize,
+    /// Server side: total time a new connection gets to complete its hello, however slowly
+    /// its bytes arrive; it is dropped at this deadline.
+    pub hello_timeout: Duration,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -33,6 +38,7 @@ impl std::fmt::Debug for StoreConfig {
                 },
             )
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("hello_timeout", &self.hello_timeout)
             .finish()
     }
 }
@@ -43,12 +49,13 @@ impl Default for StoreConfig {
             timeout: DEFAULT_TIMEOUT,
             token: Vec::new(),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
         }
     }
 }
 
 impl StoreConfig {
-    /// Defaults: 300 s timeout, no token, 64 MiB frames.
+    /// Defaults: 300 s timeout, no token, 64 MiB frames, 10 s for a hello.
     pub fn new() -> Self {
         Self::default()
     }
@@ -65,6 +72,11 @@ impl StoreConfig {
     /// Sets the largest accepted frame.
     pub fn with_max_frame_bytes(mut self, max: usize) -> Self {
         self.max_frame_bytes = max;
+        self
+    }
+    /// Sets the total time a new connection gets to complete its hello (server side).
+    pub fn with_hello_timeout(mut self, timeout: Duration) -> Self {
+        self.hello_timeout = timeout;
         self
     }
 }

@@ -6,9 +6,15 @@
 //! - [`StoreConfig`]: timeout, job token, frame limit.
 //!
 //! # Security
-//! A client proves the job token in its first frame; anyone else is disconnected. The token is
-//! a guard against mixing jobs and stray connections, not encryption: run jobs on a trusted
-//! network.
+//! Every connection starts with a hello in which client and server prove the job token to each
+//! other without sending it (HMAC-SHA256 over fresh nonces from both sides, see `auth`), so a
+//! recorded session cannot be replayed and a rank never trusts a server that cannot prove the
+//! token; anyone else is disconnected. This guards against mixing jobs and against strangers,
+//! but is not encryption: the data itself travels in the clear, so run jobs on a trusted
+//! network. A connection that has not proved the token gets a total deadline
+//! ([`StoreConfig::hello_timeout`]) however slowly it sends, and at most
+//! 64 such connections are kept at a time (a new one pushes out the oldest), so strangers
+//! cannot hold the server's threads or keep real ranks out.
 //!
 //! # Timeouts
 //! Every blocking call has a deadline; `get` and `wait` report the keys still missing.
@@ -19,5 +25,5 @@ mod protocol;
 mod server;
 
 pub use client::Store;
-pub use config::{DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};
+pub use config::{DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};
 pub use server::StoreServer;

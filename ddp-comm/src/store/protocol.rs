@@ -1,4 +1,5 @@
-//! The store's wire format: length-prefixed frames of an opcode and fields.
+//! The store's wire format after the hello (`auth`): length-prefixed frames of an opcode and
+//! fields.
 //!
 //! Frame: `u32` little-endian body length, then the body. A request body is an opcode byte and
 //! its fields; a response body is a status byte and its fields. Byte strings are a `u32` length
@@ -6,19 +7,15 @@
 //! frame, and a frame is checked against the configured maximum before anything is allocated.
 
 use std::io::{self, Read, Write};
+use std::time::Duration;
 
-/// Magic sent in the hello frame, so a stray client fails fast.
-pub(crate) const HELLO_MAGIC: &[u8; 4] = b"DDPS";
-/// Protocol version; bump on any incompatible change.
-pub(crate) const VERSION: u16 = 1;
-/// The hello frame is read before the client is trusted, so it gets a small limit.
-pub(crate) const MAX_HELLO_BYTES: usize = 4096;
+/// Protocol version, carried in the hello's claims; bump on any incompatible change.
+pub(crate) const VERSION: u16 = 2;
 
 /// Request opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Op {
-    Hello = 1,
     Set = 2,
     Get = 3,
     Add = 4,
@@ -32,7 +29,6 @@ pub(crate) enum Op {
 impl Op {
     pub(crate) fn from_u8(v: u8) -> Option<Op> {
         Some(match v {
-            1 => Op::Hello,
             2 => Op::Set,
             3 => Op::Get,
             4 => Op::Add,
@@ -91,13 +87,14 @@ impl FrameWriter {
         self.body.extend_from_slice(&v.to_le_bytes());
         self
     }
-    pub(crate) fn u16(mut self, v: u16) -> Self {
-        self.body.extend_from_slice(&v.to_le_bytes());
-        self
-    }
     pub(crate) fn raw(mut self, b: &[u8]) -> Self {
         self.body.extend_from_slice(b);
         self
+    }
+    /// The body alone (what the receiving side decodes), for tests.
+    #[cfg(test)]
+    pub(crate) fn frame_body(self) -> Vec<u8> {
+        self.body
     }
     /// Writes length and body in one call.
     pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
@@ -116,12 +113,16 @@ pub(crate) struct FrameReader<'a> {
 }
 
 /// A malformed field: what was being read.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Malformed(pub(crate) &'static str);
 
 impl<'a> FrameReader<'a> {
     pub(crate) fn new(body: &'a [u8]) -> Self {
         FrameReader { body }
+    }
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.body.len()
     }
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Malformed> {
         if self.body.len() < n {
@@ -133,10 +134,6 @@ impl<'a> FrameReader<'a> {
     }
     pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, Malformed> {
         Ok(self.take(1, what)?[0])
-    }
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, Malformed> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
     }
     pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, Malformed> {
         let b = self.take(4, what)?;
@@ -151,12 +148,94 @@ impl<'a> FrameReader<'a> {
     pub(crate) fn i64(&mut self, what: &'static str) -> Result<i64, Malformed> {
         Ok(self.u64(what)? as i64)
     }
-    pub(crate) fn raw(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Malformed> {
-        self.take(n, what)
-    }
     pub(crate) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], Malformed> {
         let n = self.u32(what)? as usize;
         self.take(n, what)
+    }
+}
+
+/// A request as the server understands it, borrowing from the frame body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Request<'a> {
+    Set {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Get {
+        key: &'a [u8],
+        timeout: Duration,
+    },
+    Add {
+        key: &'a [u8],
+        delta: i64,
+    },
+    Wait {
+        keys: Vec<&'a [u8]>,
+        timeout: Duration,
+    },
+    CompareSet {
+        key: &'a [u8],
+        expected: &'a [u8],
+        desired: &'a [u8],
+    },
+    Delete {
+        key: &'a [u8],
+    },
+    NumKeys {
+        prefix: &'a [u8],
+    },
+    Check {
+        keys: Vec<&'a [u8]>,
+    },
+}
+
+impl<'a> Request<'a> {
+    /// Decodes a request body (a pure function: any bytes give a request or [`Malformed`]).
+    /// A key count is only believed as far as the body holds keys, so a lying count allocates
+    /// nothing.
+    pub(crate) fn decode(body: &'a [u8]) -> Result<Request<'a>, Malformed> {
+        let mut r = FrameReader::new(body);
+        let op = Op::from_u8(r.u8("opcode")?).ok_or(Malformed("opcode"))?;
+        let keys = |r: &mut FrameReader<'a>| -> Result<Vec<&'a [u8]>, Malformed> {
+            let n = r.u32("key count")? as usize;
+            // Every key takes at least its 4-byte length, so the body bounds the count.
+            if n > r.remaining() / 4 {
+                return Err(Malformed("key count"));
+            }
+            (0..n).map(|_| r.bytes("key")).collect()
+        };
+        Ok(match op {
+            Op::Set => Request::Set {
+                key: r.bytes("key")?,
+                value: r.bytes("value")?,
+            },
+            Op::Get => Request::Get {
+                key: r.bytes("key")?,
+                timeout: Duration::from_millis(r.u64("timeout")?),
+            },
+            Op::Add => Request::Add {
+                key: r.bytes("key")?,
+                delta: r.i64("delta")?,
+            },
+            Op::Wait => Request::Wait {
+                keys: keys(&mut r)?,
+                timeout: Duration::from_millis(r.u64("timeout")?),
+            },
+            Op::CompareSet => Request::CompareSet {
+                key: r.bytes("key")?,
+                expected: r.bytes("expected")?,
+                desired: r.bytes("desired")?,
+            },
+            Op::Delete => Request::Delete {
+                key: r.bytes("key")?,
+            },
+            Op::NumKeys => Request::NumKeys {
+                prefix: r.bytes("prefix")?,
+            },
+            Op::Check => Request::Check {
+                keys: keys(&mut r)?,
+            },
+        })
     }
 }
 
@@ -222,5 +301,85 @@ mod tests {
     fn field_length_beyond_body_is_malformed() {
         let body = [0xff, 0xff, 0, 0, 1, 2];
         assert!(FrameReader::new(&body).bytes("key").is_err());
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::{Chunked, config};
+        use proptest::prelude::*;
+
+        fn op() -> impl Strategy<Value = u8> {
+            prop_oneof![0u8..12, any::<u8>()]
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any body decodes to a request or a `Malformed`, without panicking; a request's
+            /// keys all lie inside the body.
+            #[test]
+            fn request_decode_never_panics(op in op(), rest in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let mut body = vec![op];
+                body.extend_from_slice(&rest);
+                if let Ok(Request::Wait { keys, .. } | Request::Check { keys }) = Request::decode(&body) {
+                    prop_assert!(keys.iter().map(|k| k.len() + 4).sum::<usize>() <= body.len());
+                }
+            }
+
+            /// What the client encodes, the server decodes.
+            #[test]
+            fn requests_round_trip(
+                key in proptest::collection::vec(any::<u8>(), 0..40),
+                value in proptest::collection::vec(any::<u8>(), 0..40),
+                ms in any::<u64>(),
+                keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..8), 0..6),
+            ) {
+                let body = FrameWriter::new(Op::Set as u8).bytes(&key).bytes(&value).frame_body();
+                prop_assert_eq!(Request::decode(&body), Ok(Request::Set { key: &key, value: &value }));
+                let body = FrameWriter::new(Op::Get as u8).bytes(&key).u64(ms).frame_body();
+                prop_assert_eq!(
+                    Request::decode(&body),
+                    Ok(Request::Get { key: &key, timeout: Duration::from_millis(ms) })
+                );
+                let mut w = FrameWriter::new(Op::Wait as u8).raw(&(keys.len() as u32).to_le_bytes());
+                for k in &keys {
+                    w = w.bytes(k);
+                }
+                let body = w.u64(ms).frame_body();
+                let expected: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                prop_assert_eq!(
+                    Request::decode(&body),
+                    Ok(Request::Wait { keys: expected, timeout: Duration::from_millis(ms) })
+                );
+            }
+
+            /// Any byte stream, split anyhow, gives a frame of at most `max` bytes, a
+            /// `TooLarge` after reading only the 4-byte length (nothing allocated), or an I/O
+            /// error; never a panic or a hang.
+            #[test]
+            fn read_frame_respects_its_limit_on_any_split(
+                data in proptest::collection::vec(any::<u8>(), 0..600),
+                splits in proptest::collection::vec(0usize..16, 0..8),
+                max in 0usize..512,
+            ) {
+                let mut r = Chunked::new(data.clone(), splits);
+                match read_frame(&mut r, max) {
+                    Ok(body) => {
+                        prop_assert!(body.len() <= max);
+                        prop_assert_eq!(&body[..], &data[4..4 + body.len()]);
+                    }
+                    Err(ReadFrameError::TooLarge { len, .. }) => {
+                        prop_assert!(len > max);
+                        prop_assert_eq!(r.consumed(), 4);
+                    }
+                    Err(ReadFrameError::Io(_)) => {
+                        // Only a stream that ends early fails.
+                        let short = data.len() < 4
+                            || data.len() < 4 + u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                        prop_assert!(short);
+                    }
+                }
+            }
+        }
     }
 }

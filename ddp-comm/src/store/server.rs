@@ -1,16 +1,23 @@
 //! The store server: a key-value map behind a TCP listener, one thread per client.
 //!
-//! Rank 0 hosts it for the job. A client must first send a hello frame with the job token; a
-//! client that sends anything else, a wrong token, or a frame over the limit is disconnected and
-//! logged, and the others keep being served.
+//! Rank 0 hosts it for the job. A connection must first complete the hello (`auth`: both sides
+//! prove the job token); one that sends anything else, cannot prove the token, or later sends
+//! a frame over the limit is disconnected and logged, and the others keep being served.
+//!
+//! Until a connection has proved the token it is *pending*: it must finish its hello within
+//! [`StoreConfig::hello_timeout`] in total, and at most [`MAX_PENDING`] are kept; one more
+//! pushes out the oldest (a real rank says hello within milliseconds, so the oldest pending
+//! connection is the likeliest to be a stranger). Idle or dripping strangers therefore cannot
+//! exhaust threads nor lock real ranks out.
 
 use super::config::StoreConfig;
 use super::protocol::{
-    FrameReader, FrameWriter, HELLO_MAGIC, MAX_HELLO_BYTES, Malformed, Op, ReadFrameError, Status,
-    VERSION, read_frame,
+    FrameWriter, Malformed, ReadFrameError, Request, Status, VERSION, read_frame,
 };
+use crate::auth::{self, Kind};
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, ErrorKind};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,8 +25,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an unauthenticated connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections kept at once that have not proved the token yet.
+pub(crate) const MAX_PENDING: usize = 64;
 /// How often the accept loop checks for shutdown.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
@@ -48,6 +55,8 @@ struct Shared {
     clients: AtomicUsize,
     /// Every open connection, so shutdown can unblock their threads.
     conns: Mutex<Vec<(u64, TcpStream)>>,
+    /// Connections still in their hello, oldest first (ids into `conns`).
+    pending: Mutex<VecDeque<u64>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -72,7 +81,12 @@ impl StoreServer {
     }
 
     /// Serves on an already bound listener.
+    ///
+    /// # Errors
+    /// A token longer than [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES); I/O errors configuring
+    /// the listener or starting its thread.
     pub fn from_listener(listener: TcpListener, config: StoreConfig) -> Result<StoreServer> {
+        crate::auth::check_token("store token", &config.token)?;
         let local = listener
             .local_addr()
             .map_err(|e| CommError::io("store: reading the listener's address", e))?;
@@ -86,6 +100,7 @@ impl StoreServer {
             config,
             clients: AtomicUsize::new(0),
             conns: Mutex::new(Vec::new()),
+            pending: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
@@ -114,7 +129,7 @@ impl StoreServer {
     /// Waits until at most `keep` clients remain connected, or `timeout` passes. Rank 0 calls
     /// this before shutting the store down, so slower ranks can finish their last store calls.
     pub fn wait_for_clients(&self, keep: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         while self.num_clients() > keep {
             if Instant::now() >= deadline {
                 return false;
@@ -127,13 +142,20 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::SeqCst);
-        self.shared.changed.notify_all();
-        for (_, c) in lock(&self.shared.conns).iter() {
-            let _ = c.shutdown(Shutdown::Both);
+        {
+            // Under the map's lock: a handler between its check of `shutdown` and its wait on
+            // the condition variable holds the lock, so it cannot miss this notification.
+            let _map = lock(&self.shared.map);
+            self.shared.shutdown.store(true, Ordering::SeqCst);
+            self.shared.changed.notify_all();
         }
+        // The accept thread first: once it is gone no connection can be added behind our back,
+        // so shutting down every listed one below wakes every handler for good.
         if let Some(t) = self.accept_thread.take() {
             let _ = t.join();
+        }
+        for (_, c) in lock(&self.shared.conns).iter() {
+            let _ = c.shutdown(Shutdown::Both);
         }
         let threads: Vec<_> = lock(&self.shared.threads).drain(..).collect();
         for t in threads {
@@ -182,23 +204,59 @@ fn spawn_handler(
 ) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
+    let deadline = deadline_after(shared.config.hello_timeout);
     lock(&shared.conns).push((id, stream.try_clone()?));
+    admit_pending(shared, id);
     let s = shared.clone();
     let handle = std::thread::Builder::new()
         .name("ddp-store-client".into())
         .spawn(move || {
-            serve_client(&s, stream, peer);
+            serve_client(&s, stream, peer, id, deadline);
             lock(&s.conns).retain(|(cid, _)| *cid != id);
         })?;
     lock(&shared.threads).push(handle);
     Ok(())
 }
 
-fn serve_client(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
-    if !authenticate(shared, &mut stream, peer) {
+/// Lists connection `id` as pending, pushing out the oldest pending one when there are
+/// already [`MAX_PENDING`].
+fn admit_pending(shared: &Shared, id: u64) {
+    let evicted = {
+        let mut pending = lock(&shared.pending);
+        let evicted = if pending.len() >= MAX_PENDING {
+            pending.pop_front()
+        } else {
+            None
+        };
+        pending.push_back(id);
+        evicted
+    };
+    if let Some(old) = evicted {
+        tracing::warn!(
+            limit = MAX_PENDING,
+            "store: too many connections without a hello; dropping the oldest"
+        );
+        if let Some((_, c)) = lock(&shared.conns).iter().find(|(cid, _)| *cid == old) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn serve_client(
+    shared: &Shared,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    deadline: Instant,
+) {
+    let trusted = authenticate(shared, &mut stream, peer, deadline);
+    lock(&shared.pending).retain(|p| *p != id);
+    if !trusted {
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }
+    // The hello's deadline no longer applies: requests wait as long as their own timeouts.
+    let _ = stream.set_write_timeout(None);
     shared.clients.fetch_add(1, Ordering::SeqCst);
     loop {
         let body = match read_frame(&mut stream, shared.config.max_frame_bytes) {
@@ -230,53 +288,42 @@ fn serve_client(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Reads and checks the hello frame; answers and returns false on any problem.
-fn authenticate(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> bool {
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let body = match read_frame(stream, MAX_HELLO_BYTES) {
-        Ok(b) => b,
-        Err(ReadFrameError::TooLarge { len, max }) => {
-            tracing::warn!(%peer, len, max, "store: rejected a client whose first frame is too large (not a ddp client?)");
-            return false;
-        }
-        Err(ReadFrameError::Io(e)) => {
-            tracing::debug!(%peer, error = %e, "store: client left before hello");
+/// Runs the hello (both sides prove the token) before `deadline`; returns whether the client
+/// is in. Refusals are logged and, where it can still hear, told to the client.
+fn authenticate(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> bool {
+    let verified = match auth::respond(stream, &shared.config.token, Kind::Store, deadline) {
+        Ok(v) => v,
+        Err(reason) => {
+            tracing::warn!(%peer, %reason, "store: rejected a connection");
             return false;
         }
     };
-    let _ = stream.set_read_timeout(None);
-    let mut r = FrameReader::new(&body);
-    let ok_shape = r.u8("op").ok() == Some(Op::Hello as u8)
-        && r.raw(4, "magic").ok() == Some(HELLO_MAGIC.as_slice());
-    if !ok_shape {
-        tracing::warn!(%peer, "store: rejected a client that did not start with a ddp hello");
-        return false;
-    }
-    let version = r.u16("version").unwrap_or(0);
-    let token = r.bytes("token").unwrap_or(&[]);
-    let reason = if version != VERSION {
-        Some(format!(
-            "protocol version {version}, server speaks {VERSION}"
-        ))
-    } else if !constant_time_eq(token, &shared.config.token) {
-        Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
+    let version = match verified.claims.as_slice() {
+        [a, b] => Some(u16::from_le_bytes([*a, *b])),
+        _ => None,
+    };
+    let verdict = if version == Some(VERSION) {
+        Ok(())
     } else {
-        None
+        Err(format!(
+            "store protocol version {version:?}, the server speaks {VERSION}"
+        ))
     };
-    match reason {
-        Some(reason) => {
-            tracing::warn!(%peer, %reason, "store: rejected a client");
-            let _ = FrameWriter::new(Status::Unauthorized as u8)
-                .bytes(reason.as_bytes())
-                .send(stream);
-            false
-        }
-        None => FrameWriter::new(Status::Ok as u8).send(stream).is_ok(),
+    if let Err(reason) = &verdict {
+        tracing::warn!(%peer, %reason, "store: rejected a client");
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let answered = auth::answer(
+        stream,
+        verdict.as_ref().map(|_| ()).map_err(String::as_str),
+        deadline,
+    );
+    let _ = stream.set_read_timeout(None);
+    verdict.is_ok() && answered.is_ok()
 }
 
 fn ok() -> FrameWriter {
@@ -284,47 +331,32 @@ fn ok() -> FrameWriter {
 }
 
 fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed> {
-    let mut r = FrameReader::new(body);
-    let op = Op::from_u8(r.u8("opcode")?).ok_or(Malformed("opcode"))?;
-    Ok(match op {
-        Op::Hello => return Err(Malformed("opcode (hello sent twice)")),
-        Op::Set => {
-            let key = r.bytes("key")?.to_vec();
-            let value = r.bytes("value")?.to_vec();
-            lock(&shared.map).insert(key, value);
+    Ok(match Request::decode(body)? {
+        Request::Set { key, value } => {
+            lock(&shared.map).insert(key.to_vec(), value.to_vec());
             shared.changed.notify_all();
             ok()
         }
-        Op::Get => {
-            let key = r.bytes("key")?;
-            let timeout = Duration::from_millis(r.u64("timeout")?);
+        Request::Get { key, timeout } => {
             let map = wait_until(shared, timeout, |m| m.contains_key(key));
             match map.get(key) {
                 Some(v) => ok().bytes(v),
                 None => FrameWriter::new(Status::Timeout as u8),
             }
         }
-        Op::Add => {
-            let key = r.bytes("key")?.to_vec();
-            let delta = r.i64("delta")?;
+        Request::Add { key, delta } => {
             let mut map = lock(&shared.map);
             let current = map
-                .get(&key)
+                .get(key)
                 .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
                 .unwrap_or(0);
             let new = current.wrapping_add(delta);
-            map.insert(key, new.to_string().into_bytes());
+            map.insert(key.to_vec(), new.to_string().into_bytes());
             drop(map);
             shared.changed.notify_all();
             ok().i64(new)
         }
-        Op::Wait => {
-            let n = r.u32("key count")? as usize;
-            let mut keys = Vec::with_capacity(n.min(1024));
-            for _ in 0..n {
-                keys.push(r.bytes("key")?);
-            }
-            let timeout = Duration::from_millis(r.u64("timeout")?);
+        Request::Wait { keys, timeout } => {
             let map = wait_until(shared, timeout, |m| keys.iter().all(|k| m.contains_key(*k)));
             let missing: Vec<&[u8]> = keys
                 .iter()
@@ -342,10 +374,11 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
                 FrameWriter::new(Status::Timeout as u8).bytes(joined.as_bytes())
             }
         }
-        Op::CompareSet => {
-            let key = r.bytes("key")?;
-            let expected = r.bytes("expected")?;
-            let desired = r.bytes("desired")?;
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => {
             let mut map = lock(&shared.map);
             let current = map.get(key).cloned();
             let result = match current {
@@ -364,26 +397,20 @@ fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed
             shared.changed.notify_all();
             ok().bytes(&result)
         }
-        Op::Delete => {
-            let key = r.bytes("key")?;
+        Request::Delete { key } => {
             let removed = lock(&shared.map).remove(key).is_some();
             ok().raw(&[removed as u8])
         }
-        Op::NumKeys => {
-            let prefix = r.bytes("prefix")?;
+        Request::NumKeys { prefix } => {
             let n = lock(&shared.map)
                 .keys()
                 .filter(|k| k.starts_with(prefix))
                 .count();
             ok().u64(n as u64)
         }
-        Op::Check => {
-            let n = r.u32("key count")? as usize;
+        Request::Check { keys } => {
             let map = lock(&shared.map);
-            let mut all = true;
-            for _ in 0..n {
-                all &= map.contains_key(r.bytes("key")?);
-            }
+            let all = keys.iter().all(|k| map.contains_key(*k));
             ok().raw(&[all as u8])
         }
     })
@@ -395,7 +422,7 @@ fn wait_until(
     timeout: Duration,
     ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
 ) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<u8>>> {
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let mut map = lock(&shared.map);
     while !ready(&map) && !shared.shutdown.load(Ordering::SeqCst) {
         let now = Instant::now();

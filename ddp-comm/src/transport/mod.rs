@@ -155,3 +155,23 @@ pub(crate) trait Transport: Send {
     /// Duplicating a socket failed (out of file descriptors).
     fn abort_handle(&self) -> Result<AbortHandle>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proptest_support::config;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any text is a transport or a config error naming the variable.
+        #[test]
+        fn any_transport_name_parses_safely(text in "\\PC{0,12}") {
+            match text.parse::<TransportKind>() {
+                Ok(k) => prop_assert_eq!(k.name(), text.trim().to_ascii_lowercase()),
+                Err(e) => prop_assert!(e.to_string().starts_with(TRANSPORT_ENV)),
+            }
+        }
+    }
+}

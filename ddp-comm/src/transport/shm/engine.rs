@@ -11,6 +11,7 @@ use super::layout::{
 };
 use super::sys::{Segment, futex_wait, futex_wake_all};
 use crate::collective::{CollectiveKind, Fingerprint};
+use crate::deadline::deadline_after;
 use crate::dtype::DataType;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
@@ -270,7 +271,7 @@ impl ShmGroup {
 
     /// The deadline of a collective starting now.
     pub(super) fn deadline(&self) -> Instant {
-        Instant::now() + self.timeout
+        deadline_after(self.timeout)
     }
 
     fn peers(&self) -> impl Iterator<Item = usize> + '_ {
@@ -351,7 +352,7 @@ impl ShmGroup {
         if self.lagging(c, target).is_none() {
             return Ok(());
         }
-        let spin_end = Instant::now() + self.patience.spin;
+        let spin_end = deadline_after(self.patience.spin);
         let mut late;
         loop {
             if self.patience.yield_cpu {

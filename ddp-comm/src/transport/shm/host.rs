@@ -2,6 +2,7 @@
 //! plain file operations.
 
 use super::layout::{HEADER_BYTES, Header};
+use super::sys::open_own_file;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -82,8 +83,9 @@ fn stat(pid: u32) -> Option<(char, u64)> {
 
 /// Removes segments that crashed runs left in `dir`: files named `ddp-*` whose header names a
 /// creator in our pid namespace that is no longer alive (and empty `ddp-*` files older than a
-/// few minutes). Live jobs' segments, other namespaces' segments and foreign files are left
-/// alone. Returns how many were removed.
+/// few minutes). Live jobs' segments, other namespaces' segments, other users' files and
+/// anything that is not a regular file are left alone (and never blocked on). Returns how
+/// many were removed.
 pub(super) fn remove_stale_segments(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -110,7 +112,7 @@ pub(super) fn remove_stale_segments(dir: &Path) -> usize {
                 .is_some_and(|age| age > EMPTY_SEGMENT_GRACE)
         } else {
             let mut head = [0u8; HEADER_BYTES];
-            let header = std::fs::File::open(&path)
+            let header = open_own_file(&path, false)
                 .and_then(|mut f| f.read_exact(&mut head))
                 .ok()
                 .and_then(|()| Header::decode(&head));

@@ -100,11 +100,16 @@ impl Header {
 
     /// Decodes a header; `None` for anything that is not a valid segment of this version.
     pub(super) fn decode(h: &[u8]) -> Option<Header> {
-        if h.len() < HEADER_BYTES || h[0..8] != MAGIC {
+        let h: &[u8; HEADER_BYTES] = h.get(..HEADER_BYTES)?.try_into().ok()?;
+        if h[0..8] != MAGIC {
             return None;
         }
-        let u32_at = |i: usize| u32::from_ne_bytes(h[i..i + 4].try_into().unwrap());
-        let u64_at = |i: usize| u64::from_ne_bytes(h[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[i..i + 8]);
+            u64::from_ne_bytes(b)
+        };
         if u32_at(8) != VERSION {
             return None;
         }
@@ -162,5 +167,58 @@ mod tests {
         assert_eq!(l.total_bytes(), l.slot(3) + l.slot_bytes());
         assert!(l.fp(0, MAX_NBUF - 1) + FP_BYTES <= l.slot(0) + PAGE);
         const { assert!(S_CONSUMED + 8 <= S_FP) };
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any bytes (a segment another process wrote) decode to nothing or to a header
+            /// whose layout is valid and agrees with its total size.
+            #[test]
+            fn any_segment_header_decodes_safely(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+                if let Some(h) = Header::decode(&bytes) {
+                    prop_assert!(h.layout.valid());
+                }
+            }
+
+            /// The same with a valid magic and version, so the layout checks are reached.
+            #[test]
+            fn plausible_headers_decode_safely(
+                local in any::<u32>(),
+                nbuf in any::<u32>(),
+                chunk in any::<u64>(),
+                total in any::<u64>(),
+            ) {
+                let mut h = [0u8; HEADER_BYTES];
+                h[0..8].copy_from_slice(&MAGIC);
+                h[8..12].copy_from_slice(&VERSION.to_ne_bytes());
+                h[12..16].copy_from_slice(&local.to_ne_bytes());
+                h[16..20].copy_from_slice(&nbuf.to_ne_bytes());
+                h[24..32].copy_from_slice(&chunk.to_ne_bytes());
+                h[56..64].copy_from_slice(&total.to_ne_bytes());
+                if let Some(d) = Header::decode(&h) {
+                    prop_assert!(d.layout.valid());
+                    prop_assert_eq!(d.layout.total_bytes() as u64, total);
+                }
+            }
+
+            #[test]
+            fn valid_headers_round_trip(
+                local in 1usize..=64,
+                nbuf in 1usize..=MAX_NBUF,
+                pages in 1usize..=256,
+                pid in any::<u32>(),
+                start in any::<u64>(),
+                pid_ns in any::<u64>(),
+            ) {
+                let h = Header { layout: Layout { local, nbuf, chunk: pages * PAGE }, pid, start, pid_ns };
+                prop_assert_eq!(Header::decode(&h.encode()), Some(h));
+            }
+        }
     }
 }

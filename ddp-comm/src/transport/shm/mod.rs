@@ -59,6 +59,10 @@
 //! aborted from another thread (`ProcessGroup::abort`): the group is dead then.
 //!
 //! # Lifetime of the name
+//! `/dev/shm` is writable by every user, so whatever is found under a segment's name is
+//! distrusted: it is opened without following symbolic links or blocking (a FIFO), and mapped
+//! only if it is a regular file owned by this user (checked on the open descriptor).
+//!
 //! Once every rank of the host has mapped the segment, the leader unlinks its name: the memory
 //! lives until the last rank unmaps it, and a crash cannot leave it behind. Only a crash during
 //! setup can; the next leader on the host removes `ddp-*` segments whose creator (same pid

@@ -16,6 +16,7 @@ use super::engine::ShmGroup;
 use super::host::{ProcId, SEGMENT_PREFIX, SHM_DIR, pid_ns, remove_stale_segments};
 use super::layout::{HEADER_BYTES, Header, Layout, PAGE};
 use super::sys::Segment;
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::{TRANSPORT_ENV, TransportKind};
@@ -34,6 +35,8 @@ const DEFAULT_CHUNK: usize = 512 << 10;
 /// Staging buffers per rank: a pipelined all-reduce fills step `k + 1` while peers still read
 /// step `k`, and three buffers let it do so without waiting for step `k - 1`'s readers.
 const NBUF: usize = 3;
+/// Largest staging buffer: more gains nothing and `/dev/shm` is finite.
+const MAX_CHUNK: usize = 256 << 20;
 
 /// What a group needs to set up shared memory.
 #[derive(Debug)]
@@ -82,7 +85,7 @@ impl Topology {
 pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
     let n = spec.ranks.len();
     let me = spec.group_rank;
-    let deadline = Instant::now() + spec.timeout;
+    let deadline = deadline_after(spec.timeout);
     let get = |key: String| -> Result<String> {
         let left = deadline.saturating_duration_since(Instant::now());
         Ok(String::from_utf8_lossy(&spec.store.get_timeout(&key, left)?).into_owned())
@@ -90,6 +93,7 @@ pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
     if n == 1 {
         return Ok(Topology::singletons(1));
     }
+    let chunk = requested_chunk(spec.buffer_bytes)?;
     spec.store.set(
         &format!("shm/hello/{me}"),
         format!("{}\n{}", spec.requested, spec.host_id).as_bytes(),
@@ -137,7 +141,7 @@ pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
         "-".to_string()
     } else {
         let attempt = if me == leader {
-            let outcome = create(spec, local.len());
+            let outcome = create(spec, local.len(), chunk);
             let published = match &outcome {
                 Ok((_, _, path)) => path
                     .file_name()
@@ -241,26 +245,43 @@ impl Drop for Unlink {
     }
 }
 
-/// The staging buffer size: the config's, else [`BUFFER_ENV`], else the default; whole pages,
-/// large enough for every rank's part of a reduce-scatter step.
-fn chunk_bytes(configured: Option<usize>, local: usize) -> usize {
-    let asked = configured
-        .or_else(|| std::env::var(BUFFER_ENV).ok().and_then(|v| parse_bytes(&v)))
-        .unwrap_or(DEFAULT_CHUNK);
+/// The staging buffer size asked for: the config's, else [`BUFFER_ENV`], else the default.
+///
+/// # Errors
+/// [`BUFFER_ENV`] is set to something that is not a size: a config error on every rank that
+/// has it, rather than a silent fallback on one.
+fn requested_chunk(configured: Option<usize>) -> Result<usize> {
+    match configured {
+        Some(bytes) => Ok(bytes),
+        None => match std::env::var(BUFFER_ENV) {
+            Ok(v) => parse_bytes(&v).map_err(|reason| CommError::config(BUFFER_ENV, reason)),
+            Err(_) => Ok(DEFAULT_CHUNK),
+        },
+    }
+}
+
+/// The staging buffer size used: whole pages, at most [`MAX_CHUNK`], large enough for every
+/// rank's part of a reduce-scatter step.
+fn chunk_bytes(asked: usize, local: usize) -> usize {
     asked
-        .clamp(PAGE, 256 << 20)
-        .max(local * 64)
+        .clamp(PAGE, MAX_CHUNK)
+        .max(local.saturating_mul(64).min(MAX_CHUNK))
         .next_multiple_of(PAGE)
 }
 
-fn parse_bytes(s: &str) -> Option<usize> {
+/// Parses a byte count with an optional `K` or `M` suffix (binary units); never overflows.
+pub(crate) fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
     let t = s.trim().to_ascii_uppercase();
-    let (num, mult) = match t.as_bytes().last()? {
-        b'K' => (&t[..t.len() - 1], 1 << 10),
-        b'M' => (&t[..t.len() - 1], 1 << 20),
-        _ => (&t[..], 1),
+    let (num, shift) = match t.as_bytes().last() {
+        Some(b'K') => (&t[..t.len() - 1], 10),
+        Some(b'M') => (&t[..t.len() - 1], 20),
+        _ => (&t[..], 0),
     };
-    num.parse::<usize>().ok().map(|v| v * mult)
+    let v = num
+        .parse::<usize>()
+        .map_err(|_| format!("'{s}' is not a byte count (e.g. 4096, 64K, 2M)"))?;
+    v.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is more bytes than this machine can address"))
 }
 
 /// The job id in segment names: [`JOB_ID_ENV`], or one random id per job agreed through the
@@ -284,11 +305,15 @@ fn job_id(root_store: &Store) -> Result<String> {
 }
 
 /// The leader's part: clears stale segments, creates and maps a new one.
-fn create(spec: &SetupSpec<'_>, local: usize) -> Result<(Segment, Layout, PathBuf), String> {
+fn create(
+    spec: &SetupSpec<'_>,
+    local: usize,
+    chunk: usize,
+) -> Result<(Segment, Layout, PathBuf), String> {
     let layout = Layout {
         local,
         nbuf: NBUF,
-        chunk: chunk_bytes(spec.buffer_bytes, local),
+        chunk: chunk_bytes(chunk, local),
     };
     let dir = Path::new(SHM_DIR);
     remove_stale_segments(dir);
@@ -357,12 +382,59 @@ mod tests {
 
     #[test]
     fn chunk_size_is_whole_pages_and_parses_suffixes() {
-        assert_eq!(parse_bytes("64K"), Some(65536));
-        assert_eq!(parse_bytes(" 2m "), Some(2 << 20));
-        assert_eq!(parse_bytes("5000"), Some(5000));
-        assert_eq!(parse_bytes("x"), None);
-        assert_eq!(chunk_bytes(Some(5000), 2), 2 * PAGE);
-        assert_eq!(chunk_bytes(Some(1), 2), PAGE);
-        assert!(chunk_bytes(Some(PAGE), 4096) >= 4096 * 64);
+        assert_eq!(parse_bytes("64K"), Ok(65536));
+        assert_eq!(parse_bytes(" 2m "), Ok(2 << 20));
+        assert_eq!(parse_bytes("5000"), Ok(5000));
+        assert!(parse_bytes("x").is_err());
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("K").is_err());
+        assert_eq!(chunk_bytes(5000, 2), 2 * PAGE);
+        assert_eq!(chunk_bytes(1, 2), PAGE);
+        assert!(chunk_bytes(PAGE, 4096) >= 4096 * 64);
+        assert_eq!(chunk_bytes(usize::MAX, usize::MAX), MAX_CHUNK);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors_not_panics() {
+        let max_k = (usize::MAX >> 10).to_string();
+        assert_eq!(
+            parse_bytes(&format!("{max_k}K")),
+            Ok((usize::MAX >> 10) << 10)
+        );
+        for text in [
+            format!("{}K", (usize::MAX >> 10) + 1),
+            format!("{}M", usize::MAX >> 19),
+            "18446744073709551615M".to_string(),
+            "99999999999999999999999".to_string(),
+        ] {
+            let e = parse_bytes(&text).expect_err(&text);
+            assert!(e.contains(&text), "{e}");
+        }
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any text is a size or an error, never an overflow panic; a number with a suffix
+            /// is exactly that many bytes when it fits.
+            #[test]
+            fn any_size_parses_safely(text in "\\PC{0,24}", n in any::<u64>(), suffix in prop_oneof![Just(""), Just("k"), Just("K"), Just("M"), Just("m")]) {
+                let _ = parse_bytes(&text);
+                let shift = match suffix { "k" | "K" => 10, "m" | "M" => 20, _ => 0 };
+                let expected = usize::try_from(n).ok().and_then(|n| n.checked_mul(1 << shift));
+                prop_assert_eq!(parse_bytes(&format!("{n}{suffix}")).ok(), expected);
+            }
+
+            #[test]
+            fn any_chunk_request_is_whole_pages_within_bounds(asked in any::<usize>(), local in any::<usize>()) {
+                let c = chunk_bytes(asked, local);
+                prop_assert!(c.is_multiple_of(PAGE) && (PAGE..=MAX_CHUNK).contains(&c));
+            }
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -49,6 +49,7 @@ impl Segment {
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)?;
         // The header first: from here on a crash leaves a file that names its creator.
         file.write_all(header)?;
@@ -61,10 +62,11 @@ impl Segment {
         Self::map(&file, len)
     }
 
-    /// Maps an existing segment, whole.
+    /// Maps an existing segment, whole, if it is ours (see [`open_own_file`]).
     pub(super) fn open(path: &Path) -> io::Result<Segment> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let len = file.metadata()?.len() as usize;
+        let file = open_own_file(path, true)?;
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "segment too large"))?;
         Self::map(&file, len)
     }
 
@@ -200,6 +202,62 @@ impl Drop for Segment {
     }
 }
 
+/// Opens a file under `/dev/shm` that another process named, refusing anything a different
+/// user could have planted there: a symbolic link (never followed: `O_NOFOLLOW`), a FIFO or
+/// device (never blocked on: `O_NONBLOCK`; refused after `fstat`), or a file owned by another
+/// user. The checks are made on the open descriptor, so the name cannot be swapped between
+/// check and use.
+pub(super) fn open_own_file(path: &Path, write: bool) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is a symbolic link; refusing to follow it",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is {what}, not a shared-memory segment", path.display()),
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this user (uid {me}); refusing to map it",
+                path.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    Ok(file)
+}
+
 /// Sleeps while `word` still holds `expected`, for at most `timeout` (or until woken). Spurious
 /// returns are fine: callers re-check their condition.
 pub(super) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
@@ -274,6 +332,63 @@ mod tests {
             futex_wake_all(a.u32_at(128));
         });
         assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    /// Runs `f` on another thread and fails if it takes more than two seconds (a FIFO opened
+    /// without `O_NONBLOCK` would block forever).
+    fn quickly<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(2))
+            .expect("the open must not block")
+    }
+
+    #[test]
+    fn shm_symlink_is_refused() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let real = dir.path().join("real");
+        let _seg = Segment::create(&real, 8192, b"hello").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = quickly(move || Segment::open(&link)).expect_err("a symlink must be refused");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // Creating through a symlink is refused too (it must not create the link's target).
+        let target = dir.path().join("target");
+        let link = dir.path().join("link2");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(Segment::create(&link, 8192, b"").is_err());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn shm_fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let f = fifo.clone();
+        let e = quickly(move || Segment::open(&f)).expect_err("a FIFO must be refused");
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        // Read-only (the stale-segment scan) is what blocks without O_NONBLOCK.
+        let e = quickly(move || open_own_file(&fifo, false)).expect_err("read-only too");
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn shm_segment_of_another_user_is_refused() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("foreign");
+        let _seg = Segment::create(&path, 8192, b"hello").unwrap();
+        // Only root can give a file away; as any other user this check cannot be staged.
+        if std::os::unix::fs::chown(&path, Some(65534), Some(65534)).is_err() {
+            eprintln!("not root: cannot plant a file owned by another user, check skipped");
+            return;
+        }
+        let e = Segment::open(&path).expect_err("another user's file must be refused");
+        assert!(e.to_string().contains("uid 65534"), "{e}");
     }
 
     #[test]

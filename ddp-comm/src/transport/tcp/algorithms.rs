@@ -13,12 +13,13 @@ use super::duplex::{Conn, Ctx, Exchange, Relay, Sink, run_step};
 use super::mesh::{MeshSpec, connect_mesh};
 use crate::collective::Fingerprint;
 use crate::collective::schedule::{all_gather_step, reduce_scatter_step, segments};
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use crate::reduce_op::{ReduceOp, divide_bytes};
 use crate::transport::{AbortHandle, Transport};
 use std::net::Shutdown;
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of the scratch buffer that received data is reduced from: small enough to stay in cache.
 const SCRATCH_BYTES: usize = 256 << 10;
@@ -59,7 +60,7 @@ impl TcpTransport {
         Ctx {
             fp,
             my_rank: self.ranks[self.group_rank],
-            deadline: Instant::now() + self.timeout,
+            deadline: deadline_after(self.timeout),
             timeout: self.timeout,
         }
     }

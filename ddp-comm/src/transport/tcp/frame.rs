@@ -154,4 +154,61 @@ mod tests {
             "{err}"
         );
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        /// Any valid fingerprint: every kind (1..=9), type (1..=7) and op (none, 1..=5).
+        fn fingerprint() -> impl Strategy<Value = Fingerprint> {
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u32>(),
+                1u8..=9,
+                1u8..=7,
+                0u8..=5,
+            )
+                .prop_filter_map(
+                    "a valid kind, dtype and op",
+                    |(seq, count, root, kind, dtype, op)| {
+                        Some(Fingerprint {
+                            seq,
+                            kind: CollectiveKind::from_u8(kind)?,
+                            dtype: DataType::from_u8(dtype)?,
+                            op: if op == 0 {
+                                None
+                            } else {
+                                Some(ReduceOp::from_u8(op)?)
+                            },
+                            count,
+                            root,
+                        })
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Any 40 bytes are checked without panicking, and pass only if they are exactly
+            /// the expected header.
+            #[test]
+            fn any_header_is_checked_safely(
+                h in any::<[u8; HEADER_BYTES]>(),
+                fp in fingerprint(),
+                payload in any::<usize>(),
+            ) {
+                if check(&h, &fp, payload, 0, 1).is_ok() {
+                    prop_assert_eq!(h, encode(&fp, payload));
+                }
+            }
+
+            #[test]
+            fn headers_round_trip(fp in fingerprint(), payload in any::<usize>()) {
+                prop_assert!(check(&encode(&fp, payload), &fp, payload, 0, 1).is_ok());
+            }
+        }
+    }
 }

@@ -2,25 +2,34 @@
 //!
 //! Each rank listens on an ephemeral port of the interface it uses to reach the store, publishes
 //! `addr/<group rank>` in the group's store namespace, connects to every lower rank and accepts
-//! every higher one. A connecting peer proves the job token and says which group and rank it
-//! is; anything else on the port (garbage, a wrong token, an oversized hello) is answered with a
-//! rejection, logged, and ignored. The listener is closed once the mesh is complete.
+//! every higher one. Both ends prove the job token (the shared hello, `auth`), and the
+//! connecting peer claims which group (its id, which includes the job's random nonce), size
+//! and rank it is, under its proof; anything else on the port (garbage, a wrong token, an
+//! oversized hello, another group) is answered with a rejection, logged, and ignored. The
+//! listener is closed once the mesh is complete.
+//!
+//! Hellos are read concurrently, one thread each, against one total deadline per connection:
+//! a stranger that connects and says nothing (or drips bytes) delays nobody, so the ranks that
+//! do connect are never blamed for it. At most [`MAX_PENDING`] hellos are read at once; one
+//! more pushes out the oldest. Strangers still talking when the mesh is complete are cut off.
 
 use super::duplex::Conn;
+use crate::auth::{self, HelloError, Kind};
+use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use crate::store::Store;
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 4] = b"DDPH";
-const VERSION: u8 = 1;
-/// magic, version, 3 reserved, group rank, group size, group id, token length.
-const HELLO_FIXED: usize = 4 + 1 + 3 + 4 + 4 + 8 + 2;
-/// Longest token a hello may carry; a longer announcement is rejected unread.
-const MAX_TOKEN_BYTES: usize = 1024;
-/// How long an accepted connection gets to send its hello.
+/// Bytes of a mesh hello's claims: group rank, group size (u32 LE each), group id (u64 LE).
+const CLAIMS_BYTES: usize = 16;
+/// How long, in total, an accepted connection gets to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most hellos read at once.
+const MAX_PENDING: usize = 64;
 
 /// What a rank needs to join a group's mesh.
 #[derive(Debug)]
@@ -30,7 +39,8 @@ pub(crate) struct MeshSpec<'a> {
     /// Global rank of each group rank.
     pub(crate) ranks: &'a [usize],
     pub(crate) group_rank: usize,
-    /// Hash of the group's name, so two groups' connections can never be mixed up.
+    /// Hash of the job nonce and the group's name, so two groups' connections can never be
+    /// mixed up, and strangers cannot guess it.
     pub(crate) group_id: u64,
     pub(crate) token: &'a [u8],
     pub(crate) timeout: Duration,
@@ -42,7 +52,7 @@ pub(crate) struct MeshSpec<'a> {
 pub(crate) fn connect_mesh(spec: &MeshSpec<'_>) -> Result<Vec<Option<Conn>>> {
     let n = spec.ranks.len();
     let me = spec.group_rank;
-    let deadline = Instant::now() + spec.timeout;
+    let deadline = deadline_after(spec.timeout);
     let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
     if n == 1 {
         return Ok(conns);
@@ -114,17 +124,43 @@ fn set_buffer_sizes(stream: &TcpStream, bytes: usize) {
     }
 }
 
-fn hello(spec: &MeshSpec<'_>) -> Vec<u8> {
-    let mut h = Vec::with_capacity(HELLO_FIXED + spec.token.len());
-    h.extend_from_slice(MAGIC);
-    h.push(VERSION);
-    h.extend_from_slice(&[0; 3]);
-    h.extend_from_slice(&(spec.group_rank as u32).to_le_bytes());
-    h.extend_from_slice(&(spec.ranks.len() as u32).to_le_bytes());
-    h.extend_from_slice(&spec.group_id.to_le_bytes());
-    h.extend_from_slice(&(spec.token.len() as u16).to_le_bytes());
-    h.extend_from_slice(spec.token);
-    h
+/// What a connecting rank claims to be; covered by its proof of the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claims {
+    pub(crate) group_rank: u32,
+    pub(crate) group_size: u32,
+    pub(crate) group_id: u64,
+}
+
+impl Claims {
+    fn of(spec: &MeshSpec<'_>) -> Claims {
+        Claims {
+            group_rank: spec.group_rank as u32,
+            group_size: spec.ranks.len() as u32,
+            group_id: spec.group_id,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> [u8; CLAIMS_BYTES] {
+        let mut b = [0u8; CLAIMS_BYTES];
+        b[0..4].copy_from_slice(&self.group_rank.to_le_bytes());
+        b[4..8].copy_from_slice(&self.group_size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.group_id.to_le_bytes());
+        b
+    }
+
+    /// `None` unless `b` is exactly one encoded [`Claims`].
+    pub(crate) fn decode(b: &[u8]) -> Option<Claims> {
+        let b: &[u8; CLAIMS_BYTES] = b.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[8..16]);
+        Some(Claims {
+            group_rank: u32_at(0),
+            group_size: u32_at(4),
+            group_id: u64::from_le_bytes(id),
+        })
+    }
 }
 
 fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<TcpStream> {
@@ -143,23 +179,24 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
             Ok(mut s) => {
-                let ctx = || format!("rendezvous: greeting rank {global} at {addr}");
-                s.set_read_timeout(Some(left.max(Duration::from_millis(100))))
-                    .map_err(|e| CommError::io(ctx(), e))?;
-                s.write_all(&hello(spec))
-                    .map_err(|e| CommError::io(ctx(), e))?;
-                let mut status = [0u8; 1];
-                s.read_exact(&mut status)
-                    .map_err(|e| CommError::io(ctx(), e))?;
-                if status[0] != 0 {
-                    let mut msg = Vec::new();
-                    let _ = s.take(1024).read_to_end(&mut msg);
-                    return Err(CommError::Unauthorized {
+                let claims = Claims::of(spec).encode();
+                return match auth::initiate(&mut s, spec.token, Kind::Mesh, &claims, deadline) {
+                    Ok(()) => Ok(s),
+                    Err(HelloError::Refused(reason)) => Err(CommError::Unauthorized {
                         peer: format!("rank {global}"),
-                        reason: String::from_utf8_lossy(&msg).into_owned(),
-                    });
-                }
-                return Ok(s);
+                        reason,
+                    }),
+                    Err(HelloError::Unproven) => Err(CommError::Unauthorized {
+                        peer: format!("rank {global} at {addr}"),
+                        reason: "it could not prove the job token (is DDP_JOB_TOKEN the same on \
+                                 every rank?)"
+                            .into(),
+                    }),
+                    Err(HelloError::Io(e)) => Err(CommError::io(
+                        format!("rendezvous: greeting rank {global} at {addr}"),
+                        e,
+                    )),
+                };
             }
             Err(e) => last = e,
         }
@@ -176,6 +213,10 @@ fn connect_peer(spec: &MeshSpec<'_>, peer: usize, deadline: Instant) -> Result<T
     }
 }
 
+/// A hello read on its own thread: the connection's id and where it came from, and the peer's
+/// group rank and stream, or why it was refused.
+type HelloOutcome = (u64, SocketAddr, Result<(usize, TcpStream), String>);
+
 fn accept_peers(
     spec: &MeshSpec<'_>,
     listener: &TcpListener,
@@ -185,21 +226,82 @@ fn accept_peers(
     listener
         .set_nonblocking(true)
         .map_err(|e| CommError::io("rendezvous: configuring the listener", e))?;
+    let mut pending: VecDeque<(u64, TcpStream)> = VecDeque::new();
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<HelloOutcome>();
+        let outcome = accept_until_complete(
+            spec,
+            listener,
+            conns,
+            deadline,
+            &mut pending,
+            |id, from, stream| {
+                let tx = tx.clone();
+                let hello_deadline = deadline.min(deadline_after(HELLO_TIMEOUT));
+                std::thread::Builder::new()
+                    .name("ddp-comm-hello".into())
+                    .spawn_scoped(scope, move || {
+                        let _ = tx.send((id, from, read_hello(spec, stream, hello_deadline)));
+                    })
+                    .map(drop)
+            },
+            &rx,
+        );
+        // Whoever is still saying hello now is not a rank we need: cut them off so the scope
+        // (which joins their threads) ends at once.
+        for (_, s) in &pending {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        outcome
+    })
+}
+
+/// The accept loop: hands each new connection to `start_hello`, takes in the hellos that
+/// finish, until every higher rank is connected or the deadline passes.
+fn accept_until_complete(
+    spec: &MeshSpec<'_>,
+    listener: &TcpListener,
+    conns: &mut [Option<Conn>],
+    deadline: Instant,
+    pending: &mut VecDeque<(u64, TcpStream)>,
+    mut start_hello: impl FnMut(u64, SocketAddr, TcpStream) -> io::Result<()>,
+    finished: &mpsc::Receiver<HelloOutcome>,
+) -> Result<()> {
     let missing = |conns: &[Option<Conn>]| -> Vec<usize> {
         (spec.group_rank + 1..conns.len())
             .filter(|&p| conns[p].is_none())
             .collect()
     };
+    let mut next_id = 0u64;
     loop {
+        while let Ok(outcome) = finished.try_recv() {
+            take(spec, conns, pending, outcome)?;
+        }
         let waiting = missing(conns);
         if waiting.is_empty() {
             return Ok(());
         }
         match listener.accept() {
-            Ok((stream, from)) => match read_hello(spec, stream, conns, deadline) {
-                Ok((peer, stream)) => conns[peer] = Some(finish(spec, stream, peer)?),
-                Err(reason) => tracing::warn!(%from, %reason, "rendezvous: rejected a connection"),
-            },
+            Ok((stream, from)) => {
+                next_id += 1;
+                if pending.len() >= MAX_PENDING
+                    && let Some((_, oldest)) = pending.pop_front()
+                {
+                    tracing::warn!(
+                        limit = MAX_PENDING,
+                        "rendezvous: too many hellos at once; dropping the oldest"
+                    );
+                    let _ = oldest.shutdown(Shutdown::Both);
+                }
+                let started = stream.try_clone().and_then(|handle| {
+                    pending.push_back((next_id, handle));
+                    start_hello(next_id, from, stream)
+                });
+                if let Err(e) = started {
+                    pending.retain(|(p, _)| *p != next_id);
+                    tracing::warn!(%from, error = %e, "rendezvous: could not read a hello");
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     let names: Vec<String> =
@@ -211,7 +313,10 @@ fn accept_peers(
                         detail: format!(" (rank(s) {} never connected)", names.join(", ")),
                     });
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                // Wait for a hello to finish, or a moment before looking for new connections.
+                if let Ok(outcome) = finished.recv_timeout(Duration::from_millis(5)) {
+                    take(spec, conns, pending, outcome)?;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(CommError::io("rendezvous: accept", e)),
@@ -219,64 +324,92 @@ fn accept_peers(
     }
 }
 
-/// Reads and validates a hello; on any problem answers with a rejection and returns the reason.
+/// Takes in a finished hello: admits the peer or logs why it was refused.
+fn take(
+    spec: &MeshSpec<'_>,
+    conns: &mut [Option<Conn>],
+    pending: &mut VecDeque<(u64, TcpStream)>,
+    (id, from, outcome): HelloOutcome,
+) -> Result<()> {
+    pending.retain(|(p, _)| *p != id);
+    match outcome {
+        Ok((peer, stream)) => admit(spec, conns, peer, stream, from),
+        Err(reason) => {
+            tracing::warn!(%from, %reason, "rendezvous: rejected a connection");
+            Ok(())
+        }
+    }
+}
+
+/// Takes a peer whose hello was valid, unless its rank is already connected, and acknowledges.
+fn admit(
+    spec: &MeshSpec<'_>,
+    conns: &mut [Option<Conn>],
+    peer: usize,
+    mut stream: TcpStream,
+    from: SocketAddr,
+) -> Result<()> {
+    let ack_deadline = deadline_after(HELLO_TIMEOUT);
+    if conns[peer].is_some() {
+        let reason = format!("group rank {peer} is already connected");
+        let _ = auth::answer(&mut stream, Err(&reason), ack_deadline);
+        tracing::warn!(%from, %reason, "rendezvous: rejected a connection");
+        return Ok(());
+    }
+    if let Err(e) = auth::answer(&mut stream, Ok(()), ack_deadline) {
+        tracing::warn!(%from, error = %e, "rendezvous: could not acknowledge a hello");
+        return Ok(());
+    }
+    conns[peer] = Some(finish(spec, stream, peer)?);
+    Ok(())
+}
+
+/// Runs the accepting side of a hello before `deadline` and checks the claims; returns the
+/// peer's group rank, or why it was refused (having told it). Whether the rank is already
+/// connected is for the accept loop to say.
 fn read_hello(
     spec: &MeshSpec<'_>,
     mut s: TcpStream,
-    conns: &[Option<Conn>],
     deadline: Instant,
 ) -> Result<(usize, TcpStream), String> {
-    let reject = |s: &mut TcpStream, reason: String| -> String {
-        let mut msg = vec![1u8];
-        msg.extend_from_slice(reason.as_bytes());
-        let _ = s.write_all(&msg);
-        reason
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
     let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(
-        HELLO_TIMEOUT.min(left).max(Duration::from_millis(100)),
-    ));
-    let mut fixed = [0u8; HELLO_FIXED];
-    if let Err(e) = s.read_exact(&mut fixed) {
-        return Err(format!("no complete hello: {e}"));
-    }
-    if &fixed[0..4] != MAGIC || fixed[4] != VERSION {
-        return Err(reject(
-            &mut s,
-            "not a ddp-comm hello (bad magic or version)".into(),
-        ));
-    }
-    let u32_at = |i: usize| {
-        u32::from_le_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]) as usize
+    let verified = auth::respond(&mut s, spec.token, Kind::Mesh, deadline)?;
+    let n = spec.ranks.len();
+    let reason = match Claims::decode(&verified.claims) {
+        None => "malformed mesh claims".to_string(),
+        Some(c) if c.group_id != spec.group_id || c.group_size as usize != n => {
+            "hello for another process group".to_string()
+        }
+        Some(c) if (c.group_rank as usize) <= spec.group_rank || c.group_rank as usize >= n => {
+            format!("unexpected group rank {}", c.group_rank)
+        }
+        Some(c) => return Ok((c.group_rank as usize, s)),
     };
-    let (peer, size) = (u32_at(8), u32_at(12));
-    let mut gid = [0u8; 8];
-    gid.copy_from_slice(&fixed[16..24]);
-    let token_len = u16::from_le_bytes([fixed[24], fixed[25]]) as usize;
-    if token_len > MAX_TOKEN_BYTES {
-        return Err(reject(
-            &mut s,
-            format!("token of {token_len} bytes exceeds {MAX_TOKEN_BYTES}"),
-        ));
+    let _ = auth::answer(&mut s, Err(&reason), deadline);
+    Err(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proptest_support::config;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any claim bytes decode to nothing or to claims that encode back to them.
+        #[test]
+        fn claims_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            if let Some(c) = Claims::decode(&bytes) {
+                prop_assert_eq!(&c.encode()[..], &bytes[..]);
+            }
+        }
+
+        #[test]
+        fn claims_round_trip(group_rank in any::<u32>(), group_size in any::<u32>(), group_id in any::<u64>()) {
+            let c = Claims { group_rank, group_size, group_id };
+            prop_assert_eq!(Claims::decode(&c.encode()), Some(c));
+        }
     }
-    let mut token = vec![0u8; token_len];
-    if let Err(e) = s.read_exact(&mut token) {
-        return Err(format!("truncated hello: {e}"));
-    }
-    let reason = if token != spec.token {
-        Some("wrong or missing job token (set DDP_JOB_TOKEN to the job's token)".to_string())
-    } else if u64::from_le_bytes(gid) != spec.group_id || size != conns.len() {
-        Some("hello for another process group".to_string())
-    } else if peer <= spec.group_rank || peer >= conns.len() || conns[peer].is_some() {
-        Some(format!("unexpected group rank {peer}"))
-    } else {
-        None
-    };
-    if let Some(r) = reason {
-        return Err(reject(&mut s, r));
-    }
-    s.write_all(&[0])
-        .map_err(|e| format!("could not acknowledge: {e}"))?;
-    Ok((peer, s))
 }

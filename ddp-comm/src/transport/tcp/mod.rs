@@ -2,7 +2,7 @@
 //!
 //! - `frame`: the header (fingerprint + payload length) in front of every payload.
 //! - `duplex`: the poll-driven engine that sends and receives one step at a time.
-//! - `mesh`: connection setup, token check, rejection of strangers.
+//! - `mesh`: connection setup, the mutual token check (`auth`), rejection of strangers.
 //! - `algorithms`: the collectives, built from steps.
 
 mod algorithms;
