@@ -58,14 +58,17 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
     /// Tap depths for [`DdpConfig::automatic_overlap`], once learned.
     depth_plan: Option<Arc<DepthPlan>>,
-    /// The forward to learn the depth plan from: its taps, start and end clocks.
-    learning: Option<(Arc<TapScope<B::InnerBackend>>, u64, u64)>,
+    /// The forward to learn the depth plan from.
+    learning: Option<Learning<B::InnerBackend>>,
     poisoned: Option<String>,
     forward_times: Option<(Instant, Instant)>,
     last_stats: Option<StepStats>,
     timeline: Option<Timeline>,
     step: u64,
 }
+
+/// A forward's taps with its start and end clocks, for [`DepthPlan::learn`].
+type Learning<I> = (Arc<TapScope<I>>, u64, u64);
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

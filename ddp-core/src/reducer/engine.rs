@@ -46,14 +46,14 @@ pub(crate) enum Held<I: Backend> {
     Host(HostGrad),
 }
 
+/// A reduced bucket: one gradient per slot (in bucket order), `None` where the slot had no
+/// gradient and nothing was reduced for it, and when the collective ran.
+pub(crate) type Reduced<I> = (Vec<Option<FloatTensor<I>>>, Option<WorkTiming>);
+
 /// A launched bucket.
 pub(crate) trait PendingBucket<I: Backend>: Send {
-    /// Waits for the reduction; returns one gradient per slot of the bucket (in bucket order),
-    /// `None` where the slot had no gradient and nothing was reduced for it.
-    fn wait(
-        self: Box<Self>,
-        slots: &[&Slot<I>],
-    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError>;
+    /// Waits for the reduction.
+    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError>;
 }
 
 /// How gradients are kept and how a full bucket is reduced.
@@ -81,10 +81,7 @@ pub(crate) struct LocalEngine;
 struct Ready<I: Backend>(Vec<Option<FloatTensor<I>>>);
 
 impl<I: Backend> PendingBucket<I> for Ready<I> {
-    fn wait(
-        self: Box<Self>,
-        _slots: &[&Slot<I>],
-    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+    fn wait(self: Box<Self>, _slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         Ok((self.0, None))
     }
 }
@@ -220,10 +217,7 @@ fn parts<I: Backend, T: HostElement>(
 struct Parts<T: HostElement>(Work<Vec<Vec<T>>>);
 
 impl<I: Backend, T: HostElement> PendingBucket<I> for Parts<T> {
-    fn wait(
-        self: Box<Self>,
-        slots: &[&Slot<I>],
-    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         let (result, timing) = self.0.wait_timed();
         let bufs = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
         let tensors = slots
@@ -268,10 +262,7 @@ struct Narrowed<H: ddp_comm::Element> {
 }
 
 impl<I: Backend, H: ddp_comm::Element> PendingBucket<I> for Narrowed<H> {
-    fn wait(
-        self: Box<Self>,
-        slots: &[&Slot<I>],
-    ) -> Result<(Vec<Option<FloatTensor<I>>>, Option<WorkTiming>), DdpError> {
+    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         let Narrowed { work, bufs, widen } = *self;
         let (result, timing) = work.wait_timed();
         let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
