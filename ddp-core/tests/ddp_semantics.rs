@@ -695,10 +695,9 @@ fn misuse_is_a_clear_error_naming_the_rule() {
             let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
             ddp.backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
                 .unwrap();
-            let pred = ddp
-                .forward(|m| m.forward(batch(&[2], &device).0, false))
-                .unwrap();
-            let stale = old_loss + MseLoss::new().forward(pred, y.slice([0..1]), Reduction::Mean);
+            let (x2, y2) = batch(&[2], &device);
+            let pred = ddp.forward(|m| m.forward(x2, false)).unwrap();
+            let stale = old_loss + MseLoss::new().forward(pred, y2, Reduction::Mean);
             ddp.backward(stale).unwrap_err()
         }) {
             assert!(
