@@ -80,12 +80,15 @@ impl<I: Backend> ParamTable<I> {
         B: AutodiffBackend<InnerBackend = I>,
         M: AutodiffModule<B>,
     {
-        flush_running_states::<B, M>(module);
+        // Visit first: it initialises lazy parameters in module order, drawing from burn's RNG
+        // exactly as plain training would. Cloning an uninitialised module (as the flush below
+        // does) would make the clone draw values of its own and shift every later draw.
         let mut describe = Describe::<B> {
             path: Vec::new(),
             entries: Vec::new(),
         };
         module.visit(&mut describe);
+        flush_running_states::<B, M>(module);
         let mut entries = describe.entries;
         for index in shared_state_indices::<B, M>(module, &entries) {
             entries[index].kind = ParamKind::Buffer;

@@ -64,8 +64,8 @@ pub struct TapScope<I: Backend> {
     /// The anchor chain (untracked identity nodes of depth 0, 1, 2, ...), boxed because its
     /// element type depends on the checkpoint strategy of the autodiff backend.
     anchors: Mutex<Vec<Box<dyn Any + Send>>>,
-    /// `(parameter index, forward clock)` at each tap's creation, for [`DepthPlan::learn`].
-    first_use: Mutex<Vec<(usize, u64)>>,
+    /// Parameter indices in the order their taps were created, for [`DepthPlan::learn`].
+    first_use: Mutex<Vec<usize>>,
     pending: Mutex<Vec<PendingTap<I>>>,
     early: AtomicUsize,
 }
@@ -400,11 +400,6 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
     }
 }
 
-/// The forward clock: burn's global autodiff node counter, which every new node advances.
-pub(crate) fn forward_clock() -> u64 {
-    burn::backend::autodiff::NodeId::new().value
-}
-
 /// Levels added to each estimated depth: an estimate a level too shallow would let the tap
 /// run after the layer below has started its backward, while one too deep costs nothing.
 const DEPTH_MARGIN: usize = 2;
@@ -412,37 +407,36 @@ const DEPTH_MARGIN: usize = 2;
 /// Where to anchor each parameter's tap so that backward reaches it right after the
 /// parameter's last consumer: learned once, from a forward without anchors.
 ///
-/// A tap created at its parameter's first use in the forward (taps are created lazily) sees how
-/// far the forward has come in the node clock; scaled to the loss's depth, that estimates the
-/// depth of the layer's input. Too deep is harmless (the consumer moves deeper and the tap still
-/// runs right after it); too shallow only runs it later. The plan is frozen after learning:
-/// anchored graphs are deeper, and learning from them would push the anchors deeper each step.
+/// Taps are created lazily, at each parameter's first use in the forward; the `k`-th of `n`
+/// first uses is estimated to happen `k / n` of the way through the forward, which, scaled to
+/// the loss's depth, estimates the depth of the layer's input. (burn's node counter would be a
+/// finer clock, but it is global: other threads' autodiff work, ranks as threads in tests,
+/// would make the estimate vary from run to run.) Too deep is harmless (the consumer moves
+/// deeper and the tap still runs right after it); too shallow only runs it later. The plan is
+/// frozen after learning: anchored graphs are deeper, and learning from them would push the
+/// anchors deeper each step.
 #[derive(Debug, Clone)]
 pub(crate) struct DepthPlan {
     depth: Vec<Option<usize>>,
 }
 
 impl DepthPlan {
-    /// Learns from one forward's taps: their creation clocks between `start` and `end`, and the
-    /// loss's depth.
+    /// Learns from one forward's taps (their order of first use) and the loss's depth.
     pub(crate) fn learn<I: Backend>(
         scope: &TapScope<I>,
-        start: u64,
-        end: u64,
         loss_depth: usize,
         params: usize,
     ) -> DepthPlan {
         let mut depth = vec![None; params];
-        let span = end.saturating_sub(start).max(1) as f64;
-        for &(index, clock) in scope
+        let first_use = scope
             .first_use
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            let fraction = clock.saturating_sub(start) as f64 / span;
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = first_use.len().max(1) as f64;
+        for (k, &index) in first_use.iter().enumerate() {
+            let estimate = (k as f64 / n * loss_depth as f64).ceil() as usize;
             if let Some(d) = depth.get_mut(index) {
-                *d = Some((fraction * loss_depth as f64).ceil() as usize + DEPTH_MARGIN);
+                *d = Some(estimate + DEPTH_MARGIN);
             }
         }
         DepthPlan { depth }
@@ -513,7 +507,7 @@ impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
                             .first_use
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .push((index, forward_clock()));
+                            .push(index);
                         let primitive = tensor.clone().into_primitive().tensor();
                         let out = match depth {
                             Some(d) => B::tap_at(primitive, index, &scope, d),

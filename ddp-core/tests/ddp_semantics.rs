@@ -707,3 +707,27 @@ fn misuse_is_a_clear_error_naming_the_rule() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Construction draws nothing from burn's RNG.
+
+#[test]
+fn wrapping_a_lazy_model_draws_the_same_initial_weights_as_plain_burn() {
+    use burn::tensor::backend::Backend as _;
+    let device = Default::default();
+    // Plain burn: seed, build (parameters are lazy), first use initialises them in module order.
+    B::seed(&device, 11);
+    let plain = flat_params(&Mlp::<B>::new(&device, 8));
+    let wrapped = run_ranks(1, |pg| {
+        B::seed(&device, 11);
+        let ddp =
+            DistributedDataParallel::new(Mlp::<B>::new(&device, 8), pg, DdpConfig::new()).unwrap();
+        flat_params(ddp.module())
+    });
+    assert_eq!(
+        bits(&wrapped[0]),
+        bits(&plain),
+        "DDP construction changed the model's initial weights (a clone of the lazy model drew \
+         values of its own)"
+    );
+}

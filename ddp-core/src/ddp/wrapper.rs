@@ -8,7 +8,7 @@ use crate::error::DdpError;
 use crate::model_sync::{broadcast_module, verify_same_model};
 use crate::params::{ParamKind, ParamTable};
 use crate::reducer::{BucketEngine, HostEngine, LocalEngine, Reducer};
-use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope, forward_clock};
+use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
@@ -58,17 +58,14 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
     /// Tap depths for [`DdpConfig::automatic_overlap`], once learned.
     depth_plan: Option<Arc<DepthPlan>>,
-    /// The forward to learn the depth plan from.
-    learning: Option<Learning<B::InnerBackend>>,
+    /// The taps of the forward to learn the depth plan from.
+    learning: Option<Arc<TapScope<B::InnerBackend>>>,
     poisoned: Option<String>,
     forward_times: Option<(Instant, Instant)>,
     last_stats: Option<StepStats>,
     timeline: Option<Timeline>,
     step: u64,
 }
-
-/// A forward's taps with its start and end clocks, for [`DepthPlan::learn`].
-type Learning<I> = (Arc<TapScope<I>>, u64, u64);
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,7 +229,6 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             lazy,
             self.depth_plan.clone(),
         ));
-        let clock = forward_clock();
         let boundary_scope = scope.clone();
         let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
             Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
@@ -241,7 +237,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         // 3. The user's forward; it may update buffers (running statistics).
         let out = with_boundary(boundary, || f(&tapped));
         if lazy && self.depth_plan.is_none() {
-            self.learning = Some((scope.clone(), clock, forward_clock()));
+            self.learning = Some(scope.clone());
         }
         self.buffers.mark_updated();
         self.scopes.push(scope);
@@ -296,9 +292,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         //    (first in every rank's collective queue).
         let buffers = self.buffers.start::<B, M>(&self.pg, self.inner())?;
         let learn = match self.learning.take() {
-            Some((scope, c0, c1)) if sync => {
+            Some(scope) if sync => {
                 let depth = B::depth(&loss.clone().into_primitive().tensor());
-                Some((scope, c0, c1, depth))
+                Some((scope, depth))
             }
             _ => None,
         };
@@ -311,9 +307,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.clear_scopes();
         // 3. The remaining buckets; wait for all of them; averaged gradients.
         let reduced = self.reducer.finish(&self.table)?;
-        if let Some((scope, c0, c1, depth)) = learn {
+        if let Some((scope, depth)) = learn {
             let n = self.table.entries.len();
-            self.depth_plan = Some(Arc::new(DepthPlan::learn(&scope, c0, c1, depth, n)));
+            self.depth_plan = Some(Arc::new(DepthPlan::learn(&scope, depth, n)));
         }
         // 4. Every rank takes rank 0's buffers.
         match buffers {
