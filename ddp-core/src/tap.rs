@@ -172,6 +172,53 @@ struct TapState<B: Backend> {
     handed: Arc<AtomicBool>,
 }
 
+impl<B: Backend> TapState<B> {
+    /// Sends the tap's gradient to the sink (unless a boundary already did: the caller checks
+    /// `handed`).
+    fn hand_off(&self, grad: FloatTensor<B>) {
+        self.sink
+            .on_gradient(self.param_index, self.generation, grad);
+    }
+}
+
+/// Finishes a prepared tap op (plain or anchored): its state, and its entry in the scope's
+/// pending taps so that a boundary can hand it over early.
+fn finish_tap<B, C, BO, const N: usize>(
+    kind: OpsKind<BO, B, TapState<B>, C, N>,
+    primitive: B::FloatTensorPrimitive,
+    param_index: usize,
+    scope: &TapScope<B>,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    BO: Backward<B, N, State = TapState<B>>,
+{
+    match kind {
+        OpsKind::Tracked(prep) => {
+            let handed = Arc::new(AtomicBool::new(false));
+            let state = TapState {
+                param_index,
+                generation: scope.generation,
+                sink: scope.sink.clone(),
+                handed: handed.clone(),
+            };
+            let out = prep.finish(state, primitive);
+            scope
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(PendingTap {
+                    index: param_index,
+                    tensor: out.clone(),
+                    handed,
+                });
+            out
+        }
+        OpsKind::UnTracked(prep) => prep.finish(primitive),
+    }
+}
+
 impl<B: Backend> Clone for TapState<B> {
     fn clone(&self) -> Self {
         TapState {
@@ -203,13 +250,10 @@ impl<B: Backend> Backward<B, 1> for Tap {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        if ops.state.handed.swap(true, Ordering::AcqRel) {
-            return; // a boundary already handed this gradient over
+        if !ops.state.handed.swap(true, Ordering::AcqRel) {
+            let grad = grads.consume::<B>(&ops.node);
+            ops.state.hand_off(grad);
         }
-        let grad = grads.consume::<B>(&ops.node);
-        ops.state
-            .sink
-            .on_gradient(ops.state.param_index, ops.state.generation, grad);
     }
 }
 
@@ -226,13 +270,10 @@ impl<B: Backend> Backward<B, 2> for AnchoredTap {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        if ops.state.handed.swap(true, Ordering::AcqRel) {
-            return;
+        if !ops.state.handed.swap(true, Ordering::AcqRel) {
+            let grad = grads.consume::<B>(&ops.node);
+            ops.state.hand_off(grad);
         }
-        let grad = grads.consume::<B>(&ops.node);
-        ops.state
-            .sink
-            .on_gradient(ops.state.param_index, ops.state.generation, grad);
     }
 }
 
@@ -319,33 +360,11 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         param_index: usize,
         scope: &Arc<TapScope<B>>,
     ) -> FloatTensor<Self> {
-        let handed = Arc::new(AtomicBool::new(false));
-        let state = TapState {
-            param_index,
-            generation: scope.generation,
-            sink: scope.sink.clone(),
-            handed: handed.clone(),
-        };
-        match Tap
+        let kind = Tap
             .prepare::<C>([tensor.node.clone()])
             .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = prep.finish(state, tensor.primitive);
-                scope
-                    .pending
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(PendingTap {
-                        index: param_index,
-                        tensor: out.clone(),
-                        handed,
-                    });
-                out
-            }
-            OpsKind::UnTracked(prep) => prep.finish(tensor.primitive),
-        }
+            .stateful();
+        finish_tap(kind, tensor.primitive, param_index, scope)
     }
 
     fn tap_at(
@@ -355,33 +374,11 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         depth: usize,
     ) -> FloatTensor<Self> {
         let anchor = anchor_at::<B, C>(scope, &tensor, depth);
-        let handed = Arc::new(AtomicBool::new(false));
-        let state = TapState {
-            param_index,
-            generation: scope.generation,
-            sink: scope.sink.clone(),
-            handed: handed.clone(),
-        };
-        match AnchoredTap
+        let kind = AnchoredTap
             .prepare::<C>([tensor.node.clone(), anchor.node.clone()])
             .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = prep.finish(state, tensor.primitive);
-                scope
-                    .pending
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(PendingTap {
-                        index: param_index,
-                        tensor: out.clone(),
-                        handed,
-                    });
-                out
-            }
-            OpsKind::UnTracked(prep) => prep.finish(tensor.primitive),
-        }
+            .stateful();
+        finish_tap(kind, tensor.primitive, param_index, scope)
     }
 
     fn depth(tensor: &FloatTensor<Self>) -> usize {
