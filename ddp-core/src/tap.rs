@@ -238,38 +238,21 @@ impl<B: Backend> fmt::Debug for TapState<B> {
     }
 }
 
+/// The tap op: `Tap::<1>` sits on the parameter alone; `Tap::<2>` has a second, untracked
+/// parent (an anchor) that only sets its depth.
 #[derive(Debug)]
-struct Tap;
+struct Tap<const N: usize>;
 
-impl<B: Backend> Backward<B, 1> for Tap {
+impl<B: Backend, const N: usize> Backward<B, N> for Tap<N> {
     type State = TapState<B>;
 
     fn backward(
         self,
-        ops: Ops<Self::State, 1>,
+        ops: Ops<Self::State, N>,
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        if !ops.state.handed.swap(true, Ordering::AcqRel) {
-            let grad = grads.consume::<B>(&ops.node);
-            ops.state.hand_off(grad);
-        }
-    }
-}
-
-/// A tap with a second, untracked parent that only sets its depth.
-#[derive(Debug)]
-struct AnchoredTap;
-
-impl<B: Backend> Backward<B, 2> for AnchoredTap {
-    type State = TapState<B>;
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
+        // Unless a boundary already handed the gradient over.
         if !ops.state.handed.swap(true, Ordering::AcqRel) {
             let grad = grads.consume::<B>(&ops.node);
             ops.state.hand_off(grad);
@@ -360,7 +343,7 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         param_index: usize,
         scope: &Arc<TapScope<B>>,
     ) -> FloatTensor<Self> {
-        let kind = Tap
+        let kind = Tap::<1>
             .prepare::<C>([tensor.node.clone()])
             .compute_bound()
             .stateful();
@@ -374,7 +357,7 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         depth: usize,
     ) -> FloatTensor<Self> {
         let anchor = anchor_at::<B, C>(scope, &tensor, depth);
-        let kind = AnchoredTap
+        let kind = Tap::<2>
             .prepare::<C>([tensor.node.clone(), anchor.node.clone()])
             .compute_bound()
             .stateful();
