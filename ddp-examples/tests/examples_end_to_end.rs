@@ -1,35 +1,15 @@
 //! The examples as a user runs them: two processes, real data, checkpoints, resume.
 
+mod common;
+
+use common::{clean_command, output, percent_after};
 use std::path::Path;
-use std::process::Command;
 
+/// Runs an example to the end in a clean environment: (success, stdout, stderr).
 fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new(bin);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DDP_") || k == "RANK" || k == "WORLD_SIZE" || k.starts_with("MASTER_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.args(args).output().expect("starting the example");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The number after `label` in `text`, e.g. `accuracy 98.61%`.
-fn percent_after(text: &str, label: &str) -> f64 {
-    let at = text
-        .find(label)
-        .unwrap_or_else(|| panic!("no '{label}' in:\n{text}"))
-        + label.len();
-    text[at..]
-        .trim_start()
-        .split('%')
-        .next()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no percentage after '{label}' in:\n{text}"))
+    let mut cmd = clean_command(bin);
+    cmd.args(args);
+    output(cmd)
 }
 
 #[test]
