@@ -360,7 +360,7 @@ fn f64_models_reduce_in_f64_and_start_from_rank_zeros_exact_weights() {
     const PER_RANK: usize = 4;
     let base = Mlp::<B>::new(&Default::default(), 8).map(&mut ToF64);
     let init = flat_f64(&base);
-    for world in [2, 3] {
+    for world in 1..=4 {
         let mut model = base.clone();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         for step in 0..STEPS {
@@ -431,55 +431,87 @@ struct Frozen<B: Backend> {
 #[test]
 fn a_frozen_backbone_is_never_sent_again() {
     const BACKBONE: usize = 6 * 256 + 256;
-    let results = run_ranks(2, |pg| {
-        let device = Default::default();
-        let rank = pg.rank();
-        let model = Frozen::<B> {
-            backbone: LinearConfig::new(6, 256).init(&device).no_grad(),
-            head: LinearConfig::new(256, 3).init(&device),
-        };
-        let pg_handle = pg.clone();
-        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
-        let backbone_before = flat_params(&ddp.module().backbone);
-        let mut sgd = SgdConfig::new().init::<B, Frozen<B>>();
-        let sent_before = pg_handle.payload_bytes();
-        for step in 0..3 {
-            let (x, y) = batch(&shard(step, 2, 4, rank), &device);
-            let pred = ddp
-                .forward(|m| m.head.forward(m.backbone.forward(x)))
-                .unwrap();
-            let grads = ddp
-                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
-                .unwrap();
-            ddp.optimizer_step(&mut sgd, 0.1, grads);
-        }
-        let sent = pg_handle.payload_bytes() - sent_before;
-        (
-            backbone_before,
-            flat_params(&ddp.module().backbone),
-            flat_params(&ddp.module().head),
-            sent,
-        )
-    });
+    const STEPS: usize = 3;
+    let device = Default::default();
+    let initial = Frozen::<B> {
+        backbone: LinearConfig::new(6, 256).init(&device).no_grad(),
+        head: LinearConfig::new(256, 3).init(&device),
+    };
+    flat_params(&initial); // initialise, so that clones share the values
     let head_bytes = (256 * 3 + 3) * 4;
-    for (r, (before, after, head, sent)) in results.iter().enumerate() {
-        assert_eq!(
-            bits(before),
-            bits(after),
-            "rank {r}: the frozen backbone moved"
-        );
-        assert_eq!(
-            bits(before),
-            bits(&results[0].0),
-            "rank {r}: backbones differ"
-        );
-        assert_eq!(bits(head), bits(&results[0].2), "rank {r}: heads differ");
-        // Per step: the head's gradients, a flag per trainable parameter, nothing else.
+    for world in 1..=4 {
+        // One process with the union batch.
+        let mut model = initial.clone();
+        let mut sgd = SgdConfig::new().init::<B, Frozen<B>>();
+        for step in 0..STEPS {
+            let all: Vec<usize> = (0..world).flat_map(|r| shard(step, world, 4, r)).collect();
+            let (x, y) = batch(&all, &device);
+            let pred = model.head.forward(model.backbone.forward(x));
+            let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
+            model = sgd.step(0.1, model, grads);
+        }
+        let reference = flat_params(&model.head);
+        let results = run_ranks(world, |pg| {
+            let rank = pg.rank();
+            let pg_handle = pg.clone();
+            let mut ddp =
+                DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+            let backbone_before = flat_params(&ddp.module().backbone);
+            let mut sgd = SgdConfig::new().init::<B, Frozen<B>>();
+            let sent_before = pg_handle.payload_bytes();
+            for step in 0..STEPS {
+                let (x, y) = batch(&shard(step, world, 4, rank), &device);
+                let pred = ddp
+                    .forward(|m| m.head.forward(m.backbone.forward(x)))
+                    .unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+            }
+            let sent = pg_handle.payload_bytes() - sent_before;
+            (
+                backbone_before,
+                flat_params(&ddp.module().backbone),
+                flat_params(&ddp.module().head),
+                sent,
+            )
+        });
+        for (r, (before, after, head, sent)) in results.iter().enumerate() {
+            assert_eq!(
+                bits(before),
+                bits(after),
+                "world {world} rank {r}: the frozen backbone moved"
+            );
+            assert_eq!(
+                bits(before),
+                bits(&results[0].0),
+                "world {world} rank {r}: backbones differ"
+            );
+            assert_eq!(
+                bits(head),
+                bits(&results[0].2),
+                "world {world} rank {r}: heads differ"
+            );
+            // Per step: the head's gradients and a flag per trainable parameter, nothing else
+            // (nothing at all with one rank).
+            let expected = if world == 1 {
+                0..1
+            } else {
+                STEPS * head_bytes..STEPS * (head_bytes + 64)
+            };
+            assert!(
+                expected.contains(&(*sent as usize)),
+                "world {world} rank {r}: {sent} bytes went through collectives in {STEPS} steps; \
+                 the head's gradients are {head_bytes} bytes a step and the frozen backbone {} bytes",
+                BACKBONE * 4
+            );
+        }
+        let diff = max_rel_diff(&results[0].2, &reference);
         assert!(
-            *sent < 3 * (head_bytes + 64) && *sent >= 3 * head_bytes,
-            "rank {r}: {sent} bytes went through collectives in 3 steps; the head's gradients \
-             are {head_bytes} bytes a step and the frozen backbone {} bytes",
-            BACKBONE * 4
+            diff < 1e-5,
+            "world {world}: the head differs from one process by {diff}"
         );
     }
 }
@@ -489,69 +521,76 @@ fn a_frozen_backbone_is_never_sent_again() {
 
 #[test]
 fn a_checkpoint_loaded_into_the_wrapped_model_is_what_trains() {
-    const PER_RANK: usize = 4;
-    let dir = tempfile::tempdir().unwrap();
-    let saved_init = to_bytes(&Mlp::<B>::new(&Default::default(), 16));
-    let other_init = to_bytes(&Mlp::<B>::new(&Default::default(), 16));
-    // Save a checkpoint of `saved_init` (rank 0 writes it).
-    run_ranks(2, |pg| {
-        let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &saved_init);
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
-        let ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
-        let optim = SgdConfig::new().init::<B, Mlp<B>>();
-        ckpt.save(ddp.module(), &optim, &TrainingState::new(1, 0))
-            .unwrap();
-    });
-    // Reference: one process trains the saved weights.
-    let mut model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &saved_init);
-    let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
-    for step in 0..3 {
-        let all: Vec<usize> = (0..2).flat_map(|r| shard(step, 2, PER_RANK, r)).collect();
-        let (x, y) = batch(&all, &Default::default());
-        let loss = MseLoss::new().forward(model.forward(x, false), y, Reduction::Mean);
-        let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
-        model = sgd.step(0.1, model, grads);
-    }
-    let reference = flat_params(&model);
-    let ranks = run_ranks(2, |pg| {
-        let rank = pg.rank();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
-        // Wrap other weights (other ids), train a step, then load the checkpoint into it.
-        let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &other_init);
-        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+    for world in 1..=4 {
+        let dir = tempfile::tempdir().unwrap();
+        const PER_RANK: usize = 4;
+        let saved_init = to_bytes(&Mlp::<B>::new(&Default::default(), 16));
+        let other_init = to_bytes(&Mlp::<B>::new(&Default::default(), 16));
+        // Save a checkpoint of `saved_init` (rank 0 writes it).
+        run_ranks(world, |pg| {
+            let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &saved_init);
+            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+            let ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+            let optim = SgdConfig::new().init::<B, Mlp<B>>();
+            ckpt.save(ddp.module(), &optim, &TrainingState::new(1, 0))
+                .unwrap();
+        });
+        // Reference: one process trains the saved weights.
+        let mut model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &saved_init);
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
-        let (x, y) = batch(&shard(9, 2, PER_RANK, rank), &Default::default());
-        let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
-        let grads = ddp
-            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
-            .unwrap();
-        ddp.optimizer_step(&mut sgd, 0.1, grads);
-        let mut loaded = ddp.module().clone();
-        let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
-        let outcome = ckpt
-            .load_latest(&Default::default(), &mut loaded, &mut sgd)
-            .unwrap();
-        assert!(
-            matches!(outcome, LoadOutcome::Resumed(_)),
-            "the checkpoint loads"
-        );
-        ddp.set_module(loaded).unwrap();
         for step in 0..3 {
-            let (x, y) = batch(&shard(step, 2, PER_RANK, rank), &Default::default());
+            let all: Vec<usize> = (0..world)
+                .flat_map(|r| shard(step, world, PER_RANK, r))
+                .collect();
+            let (x, y) = batch(&all, &Default::default());
+            let loss = MseLoss::new().forward(model.forward(x, false), y, Reduction::Mean);
+            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
+            model = sgd.step(0.1, model, grads);
+        }
+        let reference = flat_params(&model);
+        let ranks = run_ranks(world, |pg| {
+            let rank = pg.rank();
+            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+            // Wrap other weights (other ids), train a step, then load the checkpoint into it.
+            let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &other_init);
+            let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
+            let (x, y) = batch(&shard(9, world, PER_RANK, rank), &Default::default());
             let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
             let grads = ddp
                 .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
                 .unwrap();
             ddp.optimizer_step(&mut sgd, 0.1, grads);
-        }
-        flat_params(ddp.module())
-    });
-    assert_eq!(bits(&ranks[0]), bits(&ranks[1]), "replicas differ");
-    let diff = max_rel_diff(&ranks[0], &reference);
-    assert!(
-        diff < 1e-5,
-        "the loaded weights did not train as one process would ({diff})"
-    );
+            let mut loaded = ddp.module().clone();
+            let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
+            let outcome = ckpt
+                .load_latest(&Default::default(), &mut loaded, &mut sgd)
+                .unwrap();
+            assert!(
+                matches!(outcome, LoadOutcome::Resumed(_)),
+                "the checkpoint loads"
+            );
+            ddp.set_module(loaded).unwrap();
+            for step in 0..3 {
+                let (x, y) = batch(&shard(step, world, PER_RANK, rank), &Default::default());
+                let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+            }
+            flat_params(ddp.module())
+        });
+        assert!(
+            ranks.iter().all(|p| bits(p) == bits(&ranks[0])),
+            "world {world}: replicas differ"
+        );
+        let diff = max_rel_diff(&ranks[0], &reference);
+        assert!(
+            diff < 1e-5,
+            "the loaded weights did not train as one process would ({diff})"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
