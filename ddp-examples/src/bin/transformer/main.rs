@@ -64,6 +64,10 @@ struct Args {
     /// Mark a layer boundary before each layer, so gradients leave during backward.
     #[arg(long)]
     boundaries: bool,
+    /// Anchor the gradient taps at depths learned on the first step instead
+    /// (`DdpConfig::automatic_overlap`, experimental): no marks in the model.
+    #[arg(long)]
+    automatic_overlap: bool,
     /// Write a Chrome trace of the first steps here (rank 0).
     #[arg(long)]
     timeline: Option<String>,
@@ -169,15 +173,18 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         &mut loader,
         args.epochs,
     )?;
-    let config = DdpConfig::new().with_timeline_path(args.timeline.clone());
+    let config = DdpConfig::new()
+        .with_timeline_path(args.timeline.clone())
+        .with_automatic_overlap(args.automatic_overlap);
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
     if rank == 0 {
         let params: usize = ddp.module().num_params();
         eprintln!(
-            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}",
+            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}, automatic overlap {}",
             args.layers,
             args.batch_size,
-            if args.boundaries { "on" } else { "off" }
+            if args.boundaries { "on" } else { "off" },
+            if args.automatic_overlap { "on" } else { "off" }
         );
     }
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
