@@ -36,17 +36,19 @@ pub(crate) fn read_exact_by(
         match stream.read(&mut buf[pos..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => pos += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if retryable(&e) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// A socket timeout or interruption before the deadline: try again with the time left.
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 /// Writes all of `buf` to `stream` before `deadline` (a peer that does not read cannot hold us).
@@ -64,13 +66,7 @@ pub(crate) fn write_all_by(
         match stream.write(&buf[pos..]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => pos += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if retryable(&e) => {}
             Err(e) => return Err(e),
         }
     }
