@@ -85,6 +85,20 @@ pub enum DdpError {
     /// The configuration is invalid.
     #[error("invalid DDP config: {0}")]
     InvalidConfig(String),
+    /// A communication hook failed on a bucket.
+    #[error("communication hook '{hook}' failed on bucket {bucket}: {source}")]
+    CommHook {
+        /// The hook's name.
+        hook: String,
+        /// The bucket's index.
+        bucket: usize,
+        /// What the hook returned.
+        #[source]
+        source: crate::hooks::HookError,
+    },
+    /// [`join`](crate::DistributedDataParallel::join) found ranks that disagree on the step.
+    #[error("uneven inputs: {0}")]
+    Join(String),
     /// Writing the timeline failed.
     #[error("writing the timeline to {path}: {source}")]
     Timeline {

@@ -96,6 +96,7 @@ mod boundary;
 pub mod bucket;
 mod ddp;
 mod error;
+pub mod hooks;
 mod model_sync;
 mod params;
 pub mod progress;

@@ -78,36 +78,38 @@ impl BufferSync {
         pg: &ProcessGroup,
         module: M,
     ) -> Result<M, DdpError> {
-        match self.start::<B, M>(pg, &module)? {
+        match self.start::<B, M>(pg, &module, 0)? {
             Some(pending) => self.finish::<B, M>(pending, module),
             None => Ok(module),
         }
     }
 
-    /// Starts broadcasting rank 0's current buffers; `None` when there is nothing to send.
+    /// Starts broadcasting `root`'s current buffers (rank 0, or the first rank still training
+    /// when some have joined); `None` when there is nothing to send.
     pub(crate) fn start<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
         pg: &ProcessGroup,
         module: &M,
+        root: usize,
     ) -> Result<Option<PendingBuffers>, DdpError> {
         if !self.enabled {
             return Ok(None);
         }
-        let bytes = if pg.rank() == 0 {
+        let bytes = if pg.rank() == root {
             read_values::<B, M>(module, &self.select, false)
         } else {
             vec![0; self.wire_bytes]
         };
         if bytes.len() != self.wire_bytes {
             return Err(DdpError::Internal(format!(
-                "rank 0's buffers take {} bytes, expected {}",
+                "rank {root}'s buffers take {} bytes, expected {}",
                 bytes.len(),
                 self.wire_bytes
             )));
         }
         Ok(Some(PendingBuffers {
-            work: pg.broadcast_async(bytes, 0),
-            root: pg.rank() == 0,
+            work: pg.broadcast_async(bytes, root),
+            root: pg.rank() == root,
         }))
     }
 
@@ -120,7 +122,7 @@ impl BufferSync {
         let bytes = pending
             .work
             .wait()
-            .map_err(DdpError::comm("broadcasting buffers from rank 0"))?;
+            .map_err(DdpError::comm("broadcasting buffers"))?;
         let module = if pending.root {
             module
         } else {

@@ -35,9 +35,16 @@ pub struct DdpConfig {
     /// for what it measured.
     #[config(default = false)]
     pub automatic_overlap: bool,
-    /// Gradient compression for the all-reduce.
+    /// Gradient compression for the all-reduce: the [`Fp16CompressHook`](crate::hooks::Fp16CompressHook)
+    /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook.
     #[config(default = "GradientCompression::None")]
     pub compression: GradientCompression,
+    /// Ranks may run out of batches at different steps (PyTorch's `Join`): every backward first
+    /// agrees, in one tiny all-reduce, on which ranks still train, and a rank with no batches
+    /// left calls [`join`](crate::DistributedDataParallel::join), which answers the others'
+    /// steps with zero gradients (not counted in the average) until every rank has joined.
+    #[config(default = false)]
+    pub uneven_inputs: bool,
     /// Write a Chrome trace (chrome://tracing, Perfetto) of the steps to this file on rank 0.
     pub timeline_path: Option<String>,
     /// How many steps the timeline records.

@@ -1,20 +1,21 @@
 //! [`DistributedDataParallel`]: N processes training one model as if it were one process with
 //! an N times larger batch.
 
-use super::buffers::BufferSync;
-use super::config::DdpConfig;
+use super::buffers::{BufferSync, PendingBuffers};
+use super::config::{DdpConfig, GradientCompression};
 use crate::boundary::{BoundaryFn, with_boundary};
 use crate::error::DdpError;
+use crate::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
 use crate::model_sync::{broadcast_module, verify_same_model};
 use crate::params::{ParamKind, ParamTable};
-use crate::reducer::{BucketEngine, HostEngine, LocalEngine, Reducer};
+use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer};
 use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
-use ddp_comm::ProcessGroup;
+use ddp_comm::{ProcessGroup, ReduceOp};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +38,10 @@ use std::time::Instant;
 /// - [`backward_no_sync`](Self::backward_no_sync) accumulates locally (gradient accumulation);
 ///   the next `backward` reduces the sum.
 /// - [`optimizer_step`](Self::optimizer_step) applies your optimizer to the wrapped module.
+/// - [`register_comm_hook`](Self::register_comm_hook) replaces how buckets are averaged
+///   (compression, [PowerSGD](crate::hooks::PowerSgdHook)).
+/// - With [`DdpConfig::uneven_inputs`], ranks may have different numbers of batches: a rank
+///   that runs out calls [`join`](Self::join).
 ///
 /// # Errors are final
 /// An error from `forward`, `backward`, `backward_no_sync` or `set_module` (a peer failed, a
@@ -52,6 +57,9 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     config: DdpConfig,
     table: ParamTable<B::InnerBackend>,
     kinds: Arc<Vec<ParamKind>>,
+    /// How buckets are reduced; kept across `set_module` (a hook keeps its state).
+    engine: Arc<dyn BucketEngine<B::InnerBackend>>,
+    hooked: bool,
     reducer: Arc<Reducer<B::InnerBackend>>,
     buffers: BufferSync,
     /// The taps of the forwards since the last backward.
@@ -97,7 +105,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table)?;
         // Ids now come from rank 0: describe again.
         let table = ParamTable::describe::<B, M>(&module);
-        let reducer = Arc::new(make_reducer(&pg, &config, &table));
+        let engine = make_engine(&pg, &config)?;
+        let reducer = Arc::new(make_reducer(&pg, &config, &table, engine.clone()));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
             _ => None,
@@ -117,6 +126,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             table,
             pg,
             config,
+            engine,
+            hooked: false,
             reducer,
             scopes: Vec::new(),
             depth_plan: None,
@@ -181,10 +192,51 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         let module = broadcast_module::<B, M>(&self.pg, module, &table)?;
         self.table = ParamTable::describe::<B, M>(&module);
-        self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table));
+        self.reducer = Arc::new(make_reducer(
+            &self.pg,
+            &self.config,
+            &self.table,
+            self.engine.clone(),
+        ));
         self.clear_scopes();
         self.buffers.mark_synced();
         self.module = Some(module);
+        Ok(())
+    }
+
+    /// Replaces how buckets of f32 gradients are averaged (PyTorch's `register_comm_hook`):
+    /// each bucket goes to `hook` on a communication thread while backward goes on. See
+    /// [`hooks`](crate::hooks) for the shipped hooks and when to use which.
+    ///
+    /// Every rank registers the same hook with the same settings, once, before the first
+    /// forward.
+    ///
+    /// # Errors
+    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, or with
+    /// [`DdpConfig::compression`] set (compression is itself a hook).
+    pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
+        self.check_usable()?;
+        if self.hooked || self.step > 0 || !self.scopes.is_empty() {
+            return Err(DdpError::InvalidConfig(
+                "register_comm_hook: register one hook, before the first forward".into(),
+            ));
+        }
+        if self.config.compression != GradientCompression::None {
+            return Err(DdpError::InvalidConfig(format!(
+                "register_comm_hook: DdpConfig::compression is {:?}, which is itself a hook; \
+                 set it to None to register another one",
+                self.config.compression
+            )));
+        }
+        let engine: Arc<dyn BucketEngine<B::InnerBackend>> = Arc::new(HookEngine::new(
+            HostEngine {
+                pg: self.pg.clone(),
+            },
+            Box::new(hook),
+        )?);
+        self.engine = engine.clone();
+        self.hooked = true;
+        self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, engine));
         Ok(())
     }
 
@@ -287,10 +339,14 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         loss: Tensor<B, D>,
         sync: bool,
     ) -> Result<Option<GradientsParams>, DdpError> {
-        self.reducer.begin(sync)?;
+        // 0. With uneven inputs: which ranks still train (the others answer from `join`).
+        let round = self.join_round(true, sync)?;
+        self.reducer.begin(sync, round.active)?;
         // 1. Rank 0's buffers, as this step's forward left them, travel while backward runs
         //    (first in every rank's collective queue).
-        let buffers = self.buffers.start::<B, M>(&self.pg, self.inner())?;
+        let buffers = self
+            .buffers
+            .start::<B, M>(&self.pg, self.inner(), round.root)?;
         let learn = match self.learning.take() {
             Some(scope) if sync => {
                 let depth = B::depth(&loss.clone().into_primitive().tensor());
@@ -312,13 +368,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             self.depth_plan = Some(Arc::new(DepthPlan::learn(&scope, depth, n)));
         }
         // 4. Every rank takes rank 0's buffers.
-        match buffers {
-            Some(pending) => {
-                let module = self.module.take().expect("module present");
-                self.module = Some(self.buffers.finish::<B, M>(pending, module)?);
-            }
-            None => self.buffers.settle_local::<B, M>(self.inner()),
-        }
+        self.land_buffers(buffers)?;
         let Some((grads, buckets)) = reduced else {
             return Ok(None);
         };
@@ -334,6 +384,114 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.step += 1;
         self.record(&times)?;
         Ok(Some(grads))
+    }
+
+    fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
+        match buffers {
+            Some(pending) => {
+                let module = self.module.take().expect("module present");
+                self.module = Some(self.buffers.finish::<B, M>(pending, module)?);
+            }
+            None => self.buffers.settle_local::<B, M>(self.inner()),
+        }
+        Ok(())
+    }
+
+    /// With [`DdpConfig::uneven_inputs`]: one small all-reduce in which every rank says whether
+    /// it still trains and whether this step synchronises.
+    fn join_round(&self, training: bool, sync: bool) -> Result<JoinRound, DdpError> {
+        let world = self.pg.world_size();
+        if !self.config.uneven_inputs || world == 1 {
+            return Ok(JoinRound {
+                active: world,
+                root: 0,
+                sync,
+            });
+        }
+        let rank = self.pg.rank();
+        let mut flags = vec![0u8; 2 * world];
+        if training {
+            flags[rank] = 1;
+            flags[world + rank] = u8::from(sync);
+        }
+        self.pg
+            .all_reduce(&mut flags, ReduceOp::Max)
+            .map_err(DdpError::comm("agreeing on which ranks still have data"))?;
+        let training: Vec<usize> = (0..world).filter(|&r| flags[r] == 1).collect();
+        let (syncing, accumulating): (Vec<usize>, Vec<usize>) =
+            training.iter().partition(|&&r| flags[world + r] == 1);
+        if !syncing.is_empty() && !accumulating.is_empty() {
+            return Err(DdpError::Join(format!(
+                "in the same step ranks {syncing:?} called backward and ranks {accumulating:?} \
+                 called backward_no_sync; every rank still training must make the same call"
+            )));
+        }
+        Ok(JoinRound {
+            active: training.len(),
+            root: training.first().copied().unwrap_or(0),
+            sync: !syncing.is_empty(),
+        })
+    }
+
+    /// For a rank with no batches left, with [`DdpConfig::uneven_inputs`] (PyTorch's `Join`):
+    /// answers the other ranks' steps until every rank has called `join`, then returns how many
+    /// steps it answered. In each of them this rank sends zero gradients, which are not counted
+    /// in the average (the gradients are averaged over the ranks still training), and applies
+    /// the averaged gradients with `optimizer` like everyone else, so models *and* optimizer
+    /// states stay identical on every rank: a checkpoint written by rank 0 afterwards is
+    /// everyone's. Buffers come from the first rank still training.
+    ///
+    /// Every rank calls `join` once after its last step (the last ones to finish return at
+    /// once). Until every rank has joined, make no other collective call (checkpoint saves,
+    /// evaluation) in the training loop: save after `join`.
+    ///
+    /// # Errors
+    /// [`DdpError::InvalidConfig`] without [`DdpConfig::uneven_inputs`]; [`DdpError::Join`]
+    /// when training ranks disagree on `backward` vs `backward_no_sync` in a step;
+    /// [`DdpError::Comm`]. All are final (see [Errors are final](Self#errors-are-final)).
+    pub fn join<O: Optimizer<M, B>>(
+        &mut self,
+        optimizer: &mut O,
+        lr: f64,
+    ) -> Result<usize, DdpError> {
+        self.check_usable()?;
+        let result = self.answer_until_all_joined(optimizer, lr);
+        self.guard(result)
+    }
+
+    fn answer_until_all_joined<O: Optimizer<M, B>>(
+        &mut self,
+        optimizer: &mut O,
+        lr: f64,
+    ) -> Result<usize, DdpError> {
+        if !self.config.uneven_inputs {
+            return Err(DdpError::InvalidConfig(
+                "join needs DdpConfig::with_uneven_inputs(true) on every rank".into(),
+            ));
+        }
+        if !self.scopes.is_empty() {
+            return Err(DdpError::Join(
+                "join was called after a forward whose backward never ran".into(),
+            ));
+        }
+        let mut answered = 0;
+        loop {
+            let round = self.join_round(false, false)?;
+            if round.active == 0 || self.pg.world_size() == 1 {
+                return Ok(answered);
+            }
+            // The same collectives, in the same order, as `step` on the training ranks.
+            self.reducer.begin_shadow(round.sync, round.active)?;
+            let buffers = self
+                .buffers
+                .start::<B, M>(&self.pg, self.inner(), round.root)?;
+            let reduced = self.reducer.finish(&self.table)?;
+            self.land_buffers(buffers)?;
+            if let Some((grads, _)) = reduced {
+                self.optimizer_step(optimizer, lr, grads);
+            }
+            answered += 1;
+        }
     }
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
@@ -422,23 +580,38 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 }
 
-/// The reducer for `table`: gradients stay on the device at world size 1; otherwise they are
-/// reduced in host buffers over the group's transports.
+/// Who trains in this step (see [`DdpConfig::uneven_inputs`]).
+struct JoinRound {
+    active: usize,
+    /// Where buffers come from: the first rank still training.
+    root: usize,
+    sync: bool,
+}
+
+/// How buckets are reduced: gradients stay on the device at world size 1; otherwise they are
+/// reduced in host buffers over the group's transports; compression is a hook.
+fn make_engine<I: burn::tensor::backend::Backend>(
+    pg: &ProcessGroup,
+    config: &DdpConfig,
+) -> Result<Arc<dyn BucketEngine<I>>, DdpError> {
+    let host = || HostEngine { pg: pg.clone() };
+    Ok(match config.compression {
+        GradientCompression::Fp16 => Arc::new(HookEngine::new(host(), Box::new(Fp16CompressHook))?),
+        GradientCompression::Bf16 => Arc::new(HookEngine::new(host(), Box::new(Bf16CompressHook))?),
+        GradientCompression::None if pg.world_size() == 1 => Arc::new(LocalEngine),
+        GradientCompression::None => Arc::new(host()),
+    })
+}
+
+/// The reducer for `table`, reducing buckets through `engine`.
 fn make_reducer<I: burn::tensor::backend::Backend>(
     pg: &ProcessGroup,
     config: &DdpConfig,
     table: &ParamTable<I>,
+    engine: Arc<dyn BucketEngine<I>>,
 ) -> Reducer<I> {
     let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
-    let (engine, control): (Box<dyn BucketEngine<I>>, _) = if pg.world_size() == 1 {
-        (Box::new(LocalEngine), None)
-    } else {
-        let engine = HostEngine {
-            pg: pg.clone(),
-            compression: config.compression,
-        };
-        (Box::new(engine), Some(pg.clone()))
-    };
+    let control = (pg.world_size() > 1).then(|| pg.clone());
     Reducer::new(
         table,
         engine,

@@ -9,11 +9,12 @@
 //!
 //! - [`LocalEngine`] (world size 1): gradients stay tensors on their device; nothing moves.
 //! - [`HostEngine`]: gradients are read into host memory in their own dtype, and a bucket is one
-//!   coalesced all-reduce over ddp-comm (shared memory or TCP), optionally narrowed to
-//!   fp16/bf16 on the wire.
+//!   coalesced all-reduce over ddp-comm (shared memory or TCP).
+//! - [`HookEngine`](super::hook_engine::HookEngine): f32 buckets go through a user's
+//!   [`CommHook`](crate::hooks::CommHook) (fp16/bf16 compression, PowerSGD) on a thread of its
+//!   own.
 
 use super::host_grad::{HostElement, HostGrad};
-use crate::GradientCompression;
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -62,10 +63,11 @@ pub(crate) trait BucketEngine<I: Backend>: Send + Sync {
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError>;
     /// Adds a further gradient of the same slot.
     fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError>;
-    /// Starts reducing a bucket; `grads` has one entry per slot, `None` where this rank has no
-    /// gradient for it (it counts as zeros).
+    /// Starts reducing a bucket; `bucket` is its (index, number of buckets), `grads` has one
+    /// entry per slot, `None` where this rank has no gradient for it (it counts as zeros).
     fn launch(
         &self,
+        bucket: (usize, usize),
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
@@ -100,6 +102,7 @@ impl<I: Backend> BucketEngine<I> for LocalEngine {
 
     fn launch(
         &self,
+        _bucket: (usize, usize),
         _slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
@@ -118,7 +121,6 @@ impl<I: Backend> BucketEngine<I> for LocalEngine {
 /// Gradients in host memory, buckets all-reduced over the process group's CPU transports.
 pub(crate) struct HostEngine {
     pub(crate) pg: ProcessGroup,
-    pub(crate) compression: GradientCompression,
 }
 
 impl<I: Backend> BucketEngine<I> for HostEngine {
@@ -162,6 +164,7 @@ impl<I: Backend> BucketEngine<I> for HostEngine {
 
     fn launch(
         &self,
+        _bucket: (usize, usize),
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
@@ -181,19 +184,12 @@ impl<I: Backend> BucketEngine<I> for HostEngine {
                 }
             });
         }
-        let scale = 1.0 / self.pg.world_size() as f32;
-        Ok(match (dtype, self.compression) {
-            (DType::F32, GradientCompression::Fp16) => {
-                narrowed::<I, _>(&self.pg, host, |v| f16::from_f32(v * scale), f16::to_f32)?
-            }
-            (DType::F32, GradientCompression::Bf16) => {
-                narrowed::<I, _>(&self.pg, host, |v| bf16::from_f32(v * scale), bf16::to_f32)?
-            }
-            (DType::F32, GradientCompression::None) => parts::<I, f32>(&self.pg, host)?,
-            (DType::F64, _) => parts::<I, f64>(&self.pg, host)?,
-            (DType::F16, _) => parts::<I, f16>(&self.pg, host)?,
-            (DType::BF16, _) => parts::<I, bf16>(&self.pg, host)?,
-            (other, _) => return Err(internal(&format!("no reduction for {other:?}"))),
+        Ok(match dtype {
+            DType::F32 => parts::<I, f32>(&self.pg, host)?,
+            DType::F64 => parts::<I, f64>(&self.pg, host)?,
+            DType::F16 => parts::<I, f16>(&self.pg, host)?,
+            DType::BF16 => parts::<I, bf16>(&self.pg, host)?,
+            other => return Err(internal(&format!("no reduction for {other:?}"))),
         })
     }
 }
@@ -231,54 +227,4 @@ impl<I: Backend, T: HostElement> PendingBucket<I> for Parts<T> {
 
 fn to_tensor<I: Backend>(slot: &Slot<I>, data: TensorData) -> FloatTensor<I> {
     I::float_from_data(data, &slot.device)
-}
-
-/// An f32 bucket narrowed to half precision on the wire: scaled by `1 / world_size` while
-/// narrowing (so the half-precision sum cannot overflow where the average would not), summed,
-/// and widened back into the f32 buffers it came from.
-fn narrowed<I: Backend, H: ddp_comm::Element>(
-    pg: &ProcessGroup,
-    host: Vec<HostGrad>,
-    narrow: impl Fn(f32) -> H,
-    widen: fn(H) -> f32,
-) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-    let bufs = host
-        .into_iter()
-        .map(f32::unwrap)
-        .collect::<Option<Vec<Vec<f32>>>>()
-        .ok_or_else(|| internal("a compressed bucket holds a non-f32 gradient"))?;
-    let flat: Vec<H> = bufs.iter().flatten().map(|v| narrow(*v)).collect();
-    Ok(Box::new(Narrowed {
-        work: pg.all_reduce_async(flat, ReduceOp::Sum),
-        bufs,
-        widen,
-    }))
-}
-
-struct Narrowed<H: ddp_comm::Element> {
-    work: Work<Vec<H>>,
-    bufs: Vec<Vec<f32>>,
-    widen: fn(H) -> f32,
-}
-
-impl<I: Backend, H: ddp_comm::Element> PendingBucket<I> for Narrowed<H> {
-    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
-        let Narrowed { work, bufs, widen } = *self;
-        let (result, timing) = work.wait_timed();
-        let half = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
-        let mut at = 0;
-        let mut tensors = Vec::with_capacity(bufs.len());
-        for (slot, mut g) in slots.iter().zip(bufs) {
-            let src = half
-                .get(at..at + g.len())
-                .ok_or_else(|| internal("the compressed result is shorter than its bucket"))?;
-            g.iter_mut().zip(src).for_each(|(d, h)| *d = widen(*h));
-            at += g.len();
-            tensors.push(Some(to_tensor(
-                slot,
-                TensorData::new(g, slot.shape.clone()),
-            )));
-        }
-        Ok((tensors, timing))
-    }
 }

@@ -18,9 +18,11 @@
 //! *How* a bucket is reduced is the engine's business ([`engine`]).
 
 mod engine;
+mod hook_engine;
 mod host_grad;
 
 pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
+pub(crate) use hook_engine::HookEngine;
 pub(crate) use host_grad::HostGrad;
 
 use crate::bucket::BucketLayout;
@@ -34,7 +36,7 @@ use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, WorkTiming};
 use engine::{Held, PendingBucket};
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 /// Timings of one synchronised backward, for the timeline and overlap statistics.
@@ -53,8 +55,9 @@ pub(crate) struct BucketTimes {
 enum Phase {
     /// Between backwards: tap events now come from a plain `loss.backward()`.
     Idle,
-    /// Inside `ddp.backward` (`sync`) or `ddp.backward_no_sync`.
-    Backward { sync: bool },
+    /// Inside `ddp.backward` (`sync`) or `ddp.backward_no_sync`; `shadow` on a rank that has
+    /// joined (no data left): it only answers the others' collectives.
+    Backward { sync: bool, shadow: bool },
 }
 
 struct State<I: Backend> {
@@ -80,6 +83,8 @@ struct State<I: Backend> {
     times: BucketTimes,
     /// The first error of this backward; later events are dropped.
     error: Option<DdpError>,
+    /// Ranks still training in this step (all of them unless some have joined).
+    active: usize,
 }
 
 /// Shared between the DDP wrapper and the taps (as their [`GradientSink`]).
@@ -88,7 +93,8 @@ pub(crate) struct Reducer<I: Backend> {
     slots: Vec<Slot<I>>,
     /// Parameter index (module order) to slot; `None` for buffers and frozen parameters.
     slot_of: Vec<Option<usize>>,
-    engine: Box<dyn BucketEngine<I>>,
+    engine: Arc<dyn BucketEngine<I>>,
+    world: usize,
     /// For the control collectives (used parameters, bucket order); `None` at world size 1.
     pg: Option<ProcessGroup>,
     first_cap_bytes: usize,
@@ -99,7 +105,7 @@ impl<I: Backend> Reducer<I> {
     /// A reducer for `table`'s trainable parameters; `pg` is `None` at world size 1.
     pub(crate) fn new(
         table: &ParamTable<I>,
-        engine: Box<dyn BucketEngine<I>>,
+        engine: Arc<dyn BucketEngine<I>>,
         pg: Option<ProcessGroup>,
         first_cap_bytes: usize,
         cap_bytes: usize,
@@ -125,6 +131,7 @@ impl<I: Backend> Reducer<I> {
             rebuilt: false,
             times: BucketTimes::default(),
             error: None,
+            active: 1,
             layout,
         };
         Reducer {
@@ -132,6 +139,7 @@ impl<I: Backend> Reducer<I> {
             slots,
             slot_of,
             engine,
+            world: pg.as_ref().map_or(1, ProcessGroup::world_size),
             pg,
             first_cap_bytes,
             cap_bytes,
@@ -170,14 +178,37 @@ impl<I: Backend> Reducer<I> {
         Ok(s.generation)
     }
 
-    /// Arms the reducer for one backward.
-    pub(crate) fn begin(&self, sync: bool) -> Result<(), DdpError> {
+    /// Arms the reducer for one backward; `active` ranks are still training (the others have
+    /// joined and contribute zeros).
+    pub(crate) fn begin(&self, sync: bool, active: usize) -> Result<(), DdpError> {
         let mut s = self.lock();
         take_stray(&mut s)?;
         if s.forwards == 0 {
             return Err(DdpError::BackwardWithoutForward);
         }
-        s.phase = Phase::Backward { sync };
+        self.arm(
+            &mut s,
+            Phase::Backward {
+                sync,
+                shadow: false,
+            },
+            active,
+        );
+        Ok(())
+    }
+
+    /// Arms the reducer on a rank that has joined: no forward, no gradients; `finish` launches
+    /// every bucket with zeros, as the training ranks' buckets.
+    pub(crate) fn begin_shadow(&self, sync: bool, active: usize) -> Result<(), DdpError> {
+        let mut s = self.lock();
+        take_stray(&mut s)?;
+        self.arm(&mut s, Phase::Backward { sync, shadow: true }, active);
+        Ok(())
+    }
+
+    fn arm(&self, s: &mut State<I>, phase: Phase, active: usize) {
+        s.phase = phase;
+        s.active = active;
         s.events = 0;
         s.next_launch = 0;
         s.error = None;
@@ -192,7 +223,6 @@ impl<I: Backend> Reducer<I> {
             comm: vec![None; n],
             unpacked: vec![None; n],
         };
-        Ok(())
     }
 
     /// Ends a backward; the forwards before it are consumed. With `sync`, returns the averaged
@@ -202,7 +232,7 @@ impl<I: Backend> Reducer<I> {
         table: &ParamTable<I>,
     ) -> Result<Option<(GradientsParams, BucketTimes)>, DdpError> {
         let mut s = self.lock();
-        let Phase::Backward { sync } = std::mem::replace(&mut s.phase, Phase::Idle) else {
+        let Phase::Backward { sync, shadow } = std::mem::replace(&mut s.phase, Phase::Idle) else {
             return Err(DdpError::Internal("finish without begin".into()));
         };
         s.generation += 1;
@@ -212,7 +242,7 @@ impl<I: Backend> Reducer<I> {
             s.held.iter_mut().for_each(|g| *g = None);
             return Err(e);
         }
-        if s.events == 0 && !self.slots.is_empty() {
+        if s.events == 0 && !self.slots.is_empty() && !shadow {
             return Err(DdpError::NoGradients);
         }
         if !sync {
@@ -223,19 +253,33 @@ impl<I: Backend> Reducer<I> {
             let b = s.next_launch;
             self.launch(&mut s, b)?;
         }
-        let used = self.used_anywhere(&mut s)?;
-        let mut grads = GradientsParams::new();
+        // Every bucket is in before the control collectives: a hook's thread may still be
+        // communicating, and the order of collectives must be the same on every rank.
+        let mut results = Vec::with_capacity(s.layout.buckets.len());
         for b in 0..s.layout.buckets.len() {
             let pending = s.in_flight[b]
                 .take()
                 .ok_or_else(|| DdpError::Internal(format!("bucket {b} was never launched")))?;
-            let bucket = s.layout.buckets[b].slots.clone();
-            let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
+            let slots: Vec<&Slot<I>> = s.layout.buckets[b]
+                .slots
+                .iter()
+                .map(|&i| &self.slots[i])
+                .collect();
             let (reduced, timing) = pending.wait(&slots)?;
             s.times.comm[b] = timing;
+            results.push(reduced);
+        }
+        let used = self.used_anywhere(&mut s)?;
+        // Ranks that joined sent zeros: the average is over the ranks still training.
+        let rescale = (s.active < self.world).then(|| self.world as f32 / s.active as f32);
+        let mut grads = GradientsParams::new();
+        for (b, reduced) in results.into_iter().enumerate() {
             let t0 = Instant::now();
-            for (&slot, grad) in bucket.iter().zip(reduced) {
-                if let (true, Some(grad)) = (used[slot], grad) {
+            for (&slot, grad) in s.layout.buckets[b].slots.iter().zip(reduced) {
+                if let (true, Some(mut grad)) = (used[slot], grad) {
+                    if let Some(factor) = rescale {
+                        grad = I::float_mul_scalar(grad, factor.into());
+                    }
                     let entry = &table.entries[self.slots[slot].entries[0]];
                     (entry.register)(&mut grads, entry.id, grad);
                 }
@@ -278,7 +322,8 @@ impl<I: Backend> Reducer<I> {
         let bucket = &s.layout.buckets[b].slots;
         let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
         let grads: Vec<Option<Held<I>>> = bucket.iter().map(|&i| s.held[i].take()).collect();
-        let pending = self.engine.launch(&slots, grads)?;
+        let count = s.layout.buckets.len();
+        let pending = self.engine.launch((b, count), &slots, grads)?;
         s.in_flight[b] = Some(pending);
         Ok(())
     }
@@ -342,7 +387,7 @@ impl<I: Backend> Reducer<I> {
         let Some(slot) = self.slot_of.get(param_index).copied().flatten() else {
             return Ok(()); // buffers and frozen parameters have no taps; nothing to do
         };
-        let Phase::Backward { sync } = s.phase else {
+        let Phase::Backward { sync, .. } = s.phase else {
             s.stray_events += 1;
             return Ok(());
         };

@@ -1,0 +1,249 @@
+//! PowerSGD (Vogels et al., 2019), as PyTorch's `powerSGD_hook`: each gradient matrix M (n×m) is
+//! sent as two thin matrices P (n×r) and Q (m×r) with M ≈ P·Qᵀ, and what the approximation
+//! missed is added to the next step's gradient (error feedback), so nothing is lost for good.
+
+use super::linalg::{matmul, matmul_t, orthogonalize, outer};
+use super::{CommHook, GradBucket, HookError};
+use crate::DdpError;
+use burn::config::Config;
+use ddp_comm::{ProcessGroup, ReduceOp};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// Settings of [`PowerSgdHook`], with PyTorch's names and meaning.
+#[derive(Config, Debug)]
+pub struct PowerSgdConfig {
+    /// Rank of the approximation: bytes grow linearly with it, and so does the accuracy.
+    #[config(default = 1)]
+    pub rank: usize,
+    /// Steps averaged exactly before compression starts (PyTorch's `start_powerSGD_iter`):
+    /// early training moves fast, and the bucket layout settles after the first step.
+    #[config(default = 10)]
+    pub start_iter: usize,
+    /// A matrix is compressed only when `n·m / ((n+m)·rank)` reaches this; smaller ones and
+    /// vectors (biases) are averaged exactly.
+    #[config(default = 2.0)]
+    pub min_compression_rate: f64,
+    /// Start each step's power iteration from the previous step's Q (one iteration then
+    /// suffices).
+    #[config(default = true)]
+    pub warm_start: bool,
+    /// Add what the approximation missed to the next step's gradient.
+    #[config(default = true)]
+    pub error_feedback: bool,
+    /// Seed of the random initial Q (the same on every rank).
+    #[config(default = 0)]
+    pub seed: u64,
+    /// Added to column norms in the orthogonalisation, so a zero column cannot divide by zero.
+    #[config(default = 1e-8)]
+    pub orthogonalization_epsilon: f32,
+}
+
+impl PowerSgdConfig {
+    /// The hook.
+    ///
+    /// # Errors
+    /// [`DdpError::InvalidConfig`] for a rank of 0, or a `start_iter` below 2 with warm start or
+    /// error feedback (their state is per bucket, and buckets are laid out again after the
+    /// first step).
+    pub fn init(&self) -> Result<PowerSgdHook, DdpError> {
+        if self.rank == 0 {
+            return Err(DdpError::InvalidConfig(
+                "PowerSGD rank must be at least 1".into(),
+            ));
+        }
+        if self.start_iter < 2 && (self.warm_start || self.error_feedback) {
+            return Err(DdpError::InvalidConfig(format!(
+                "PowerSGD start_iter is {}: with warm start or error feedback it must be at \
+                 least 2, because buckets are laid out again after the first step",
+                self.start_iter
+            )));
+        }
+        Ok(PowerSgdHook {
+            rng: ChaCha8Rng::seed_from_u64(self.seed),
+            config: self.clone(),
+            iter: 0,
+            error: HashMap::new(),
+            q_memory: HashMap::new(),
+        })
+    }
+}
+
+/// The PowerSGD communication hook; see [`PowerSgdConfig`] and the [module docs](super).
+#[derive(Debug)]
+pub struct PowerSgdHook {
+    config: PowerSgdConfig,
+    rng: ChaCha8Rng,
+    /// Steps seen (counted at each step's last bucket).
+    iter: usize,
+    /// Per bucket: what the last approximation missed.
+    error: HashMap<usize, Vec<f32>>,
+    /// Per bucket: the last Q of every compressed matrix, concatenated.
+    q_memory: HashMap<usize, Vec<f32>>,
+}
+
+/// A compressed matrix: its range in the bucket, its shape and the rank used.
+struct Matrix {
+    range: Range<usize>,
+    n: usize,
+    m: usize,
+    r: usize,
+}
+
+impl PowerSgdHook {
+    /// Steps seen so far.
+    pub fn iterations(&self) -> usize {
+        self.iter
+    }
+
+    fn split(&self, bucket: &GradBucket) -> (Vec<Matrix>, Vec<Range<usize>>) {
+        let mut matrices = Vec::new();
+        let mut plain = Vec::new();
+        for p in bucket.parameters() {
+            let numel = p.numel();
+            if p.shape.len() >= 2 && numel > 0 {
+                let n = p.shape[0];
+                let m = numel / n;
+                let r = self.config.rank.min(n).min(m);
+                let rate = (n * m) as f64 / ((n + m) * r) as f64;
+                if rate >= self.config.min_compression_rate {
+                    matrices.push(Matrix {
+                        range: p.range(),
+                        n,
+                        m,
+                        r,
+                    });
+                    continue;
+                }
+            }
+            plain.push(p.range());
+        }
+        (matrices, plain)
+    }
+
+    fn compress(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        let index = bucket.index();
+        let len = bucket.buffer().len();
+        let eps = self.config.orthogonalization_epsilon;
+        if self.config.error_feedback {
+            let error = self.error.entry(index).or_insert_with(|| vec![0.0; len]);
+            if error.len() == len {
+                bucket
+                    .buffer_mut()
+                    .iter_mut()
+                    .zip(error.iter())
+                    .for_each(|(g, e)| *g += e);
+            }
+        }
+        let input = self.config.error_feedback.then(|| bucket.buffer().to_vec());
+        let (matrices, plain) = self.split(bucket);
+
+        // Vectors and small matrices: one exact average.
+        let mut exact: Vec<f32> = plain
+            .iter()
+            .flat_map(|r| bucket.buffer()[r.clone()].iter().copied())
+            .collect();
+        if !exact.is_empty() {
+            pg.all_reduce(&mut exact, ReduceOp::Avg)?;
+            let mut at = 0;
+            for r in &plain {
+                let n = r.len();
+                bucket.buffer_mut()[r.clone()].copy_from_slice(&exact[at..at + n]);
+                at += n;
+            }
+        }
+        if matrices.is_empty() {
+            return Ok(());
+        }
+
+        // Q: last step's (warm start) or fresh random orthonormal columns, equal on every rank.
+        let q_len: usize = matrices.iter().map(|x| x.m * x.r).sum();
+        let mut q = match self.q_memory.remove(&index) {
+            Some(q) if self.config.warm_start && q.len() == q_len => q,
+            _ => {
+                let mut q: Vec<f32> = (0..q_len).map(|_| normal(&mut self.rng)).collect();
+                let mut at = 0;
+                for x in &matrices {
+                    orthogonalize(&mut q[at..at + x.m * x.r], x.m, x.r, eps);
+                    at += x.m * x.r;
+                }
+                q
+            }
+        };
+        // P = M·Q, summed over ranks, orthogonalised.
+        let p_len: usize = matrices.iter().map(|x| x.n * x.r).sum();
+        let mut p = vec![0.0f32; p_len];
+        let (mut pa, mut qa) = (0, 0);
+        for x in &matrices {
+            let (pn, qn) = (x.n * x.r, x.m * x.r);
+            let grad = &bucket.buffer()[x.range.clone()];
+            matmul(grad, &q[qa..qa + qn], &mut p[pa..pa + pn], x.n, x.m, x.r);
+            pa += pn;
+            qa += qn;
+        }
+        pg.all_reduce(&mut p, ReduceOp::Sum)?;
+        let mut pa = 0;
+        for x in &matrices {
+            orthogonalize(&mut p[pa..pa + x.n * x.r], x.n, x.r, eps);
+            pa += x.n * x.r;
+        }
+        // Q = Mᵀ·P, averaged over ranks; the result is P·Qᵀ.
+        let (mut pa, mut qa) = (0, 0);
+        for x in &matrices {
+            let (pn, qn) = (x.n * x.r, x.m * x.r);
+            let grad = &bucket.buffer()[x.range.clone()];
+            matmul_t(grad, &p[pa..pa + pn], &mut q[qa..qa + qn], x.n, x.m, x.r);
+            pa += pn;
+            qa += qn;
+        }
+        pg.all_reduce(&mut q, ReduceOp::Avg)?;
+        let (mut pa, mut qa) = (0, 0);
+        for x in &matrices {
+            let (pn, qn) = (x.n * x.r, x.m * x.r);
+            let out = &mut bucket.buffer_mut()[x.range.clone()];
+            outer(&p[pa..pa + pn], &q[qa..qa + qn], out, x.n, x.m, x.r, 1.0);
+            pa += pn;
+            qa += qn;
+        }
+        if self.config.warm_start {
+            self.q_memory.insert(index, q);
+        }
+        if let Some(input) = input {
+            let error: Vec<f32> = input
+                .iter()
+                .zip(bucket.buffer())
+                .map(|(i, o)| i - o)
+                .collect();
+            self.error.insert(index, error);
+        }
+        Ok(())
+    }
+}
+
+impl CommHook for PowerSgdHook {
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        let result = if self.iter < self.config.start_iter {
+            pg.all_reduce(bucket.buffer_mut(), ReduceOp::Avg)
+                .map_err(HookError::from)
+        } else {
+            self.compress(bucket, pg)
+        };
+        if bucket.is_last() {
+            self.iter += 1;
+        }
+        result
+    }
+
+    fn name(&self) -> &str {
+        "PowerSGD"
+    }
+}
+
+/// A standard normal sample (Box-Muller), from the hook's seeded generator.
+fn normal(rng: &mut ChaCha8Rng) -> f32 {
+    let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+    let u2: f64 = rng.random();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}

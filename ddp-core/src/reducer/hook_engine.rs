@@ -1,0 +1,135 @@
+//! [`HookEngine`]: buckets reduced by a user's [`CommHook`] on a communication thread.
+//!
+//! The hook runs on its own thread, one bucket after another in launch order, so backward keeps
+//! going while it communicates, and every rank issues the hook's collectives in the same
+//! order. The reducer waits for every bucket before its own control collectives, so those
+//! never interleave with the hook's.
+
+use super::engine::{BucketEngine, Held, HostEngine, PendingBucket, Reduced, Slot};
+use super::host_grad::HostGrad;
+use crate::error::DdpError;
+use crate::hooks::{BucketParam, CommHook, GradBucket};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, TensorData};
+use ddp_comm::ProcessGroup;
+use std::sync::mpsc;
+
+struct Job {
+    bucket: GradBucket,
+    reply: mpsc::Sender<Result<GradBucket, DdpError>>,
+}
+
+/// f32 buckets go through the hook; buckets of other dtypes through [`HostEngine`].
+pub(crate) struct HookEngine {
+    host: HostEngine,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl HookEngine {
+    /// Starts the hook's thread; it ends when the engine is dropped.
+    pub(crate) fn new(
+        host: HostEngine,
+        mut hook: Box<dyn CommHook>,
+    ) -> Result<HookEngine, DdpError> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let pg: ProcessGroup = host.pg.clone();
+        std::thread::Builder::new()
+            .name(format!("ddp-hook-{}", pg.rank()))
+            .spawn(move || {
+                for Job { mut bucket, reply } in rx {
+                    let index = bucket.index();
+                    let result = hook.reduce(&mut bucket, &pg).map(|()| bucket);
+                    let result = result.map_err(|source| DdpError::CommHook {
+                        hook: hook.name().to_string(),
+                        bucket: index,
+                        source,
+                    });
+                    // The reducer may have given up on this step already.
+                    let _ = reply.send(result);
+                }
+            })
+            .map_err(|e| DdpError::Internal(format!("starting the hook thread: {e}")))?;
+        Ok(HookEngine { host, jobs })
+    }
+}
+
+impl<I: Backend> BucketEngine<I> for HookEngine {
+    fn hold(
+        &self,
+        slot: &Slot<I>,
+        grad: burn::tensor::ops::FloatTensor<I>,
+    ) -> Result<Held<I>, DdpError> {
+        BucketEngine::<I>::hold(&self.host, slot, grad)
+    }
+
+    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        BucketEngine::<I>::add(&self.host, slot, acc, more)
+    }
+
+    fn launch(
+        &self,
+        bucket: (usize, usize),
+        slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        if slots.first().map(|s| s.dtype) != Some(DType::F32) {
+            return self.host.launch(bucket, slots, grads);
+        }
+        let total: usize = slots.iter().map(|s| s.numel()).sum();
+        let mut buffer = Vec::with_capacity(total);
+        let mut params = Vec::with_capacity(slots.len());
+        for (slot, g) in slots.iter().zip(grads) {
+            params.push(BucketParam {
+                path: slot.path.clone(),
+                shape: slot.shape.clone(),
+                offset: buffer.len(),
+            });
+            match g {
+                Some(Held::Host(HostGrad::F32(v))) => buffer.extend_from_slice(&v),
+                // Unused here: zeros, so every rank's hook sees the same layout.
+                None => buffer.resize(buffer.len() + slot.numel(), 0.0),
+                Some(_) => {
+                    return Err(DdpError::Internal(
+                        "bucket engine: an f32 bucket holds a non-f32 gradient".into(),
+                    ));
+                }
+            }
+        }
+        let (reply, result) = mpsc::channel();
+        let (index, count) = bucket;
+        let job = Job {
+            bucket: GradBucket::new(index, count, buffer, params),
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))?;
+        Ok(Box::new(HookPending { result }))
+    }
+}
+
+struct HookPending {
+    result: mpsc::Receiver<Result<GradBucket, DdpError>>,
+}
+
+impl<I: Backend> PendingBucket<I> for HookPending {
+    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
+        let bucket = self
+            .result
+            .recv()
+            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))??;
+        let buffer = bucket.into_buffer();
+        let mut at = 0;
+        let mut tensors = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let n = slot.numel();
+            let values = buffer.get(at..at + n).ok_or_else(|| {
+                DdpError::Internal("the hook's result is shorter than its bucket".into())
+            })?;
+            at += n;
+            let data = TensorData::new(values.to_vec(), slot.shape.clone());
+            tensors.push(Some(I::float_from_data(data, &slot.device)));
+        }
+        Ok((tensors, None))
+    }
+}
