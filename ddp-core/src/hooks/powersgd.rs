@@ -2,7 +2,7 @@
 //! sent as two thin matrices P (n×r) and Q (m×r) with M ≈ P·Qᵀ, and what the approximation
 //! missed is added to the next step's gradient (error feedback), so nothing is lost for good.
 
-use super::linalg::{matmul, matmul_t, orthogonalize, outer};
+use super::linalg::{expand, orthogonalize, project, project_t};
 use super::{CommHook, GradBucket, HookError};
 use crate::DdpError;
 use burn::config::Config;
@@ -80,7 +80,7 @@ pub struct PowerSgdHook {
     iter: usize,
     /// Per bucket: what the last approximation missed.
     error: HashMap<usize, Vec<f32>>,
-    /// Per bucket: the last Q of every compressed matrix, concatenated.
+    /// Per bucket: the last Q of every compressed matrix, transposed (r×m), concatenated.
     q_memory: HashMap<usize, Vec<f32>>,
 }
 
@@ -179,7 +179,7 @@ impl PowerSgdHook {
         for x in &matrices {
             let (pn, qn) = (x.n * x.r, x.m * x.r);
             let grad = &bucket.buffer()[x.range.clone()];
-            matmul(grad, &q[qa..qa + qn], &mut p[pa..pa + pn], x.n, x.m, x.r);
+            project(grad, &q[qa..qa + qn], &mut p[pa..pa + pn], x.n, x.m, x.r);
             pa += pn;
             qa += qn;
         }
@@ -194,7 +194,7 @@ impl PowerSgdHook {
         for x in &matrices {
             let (pn, qn) = (x.n * x.r, x.m * x.r);
             let grad = &bucket.buffer()[x.range.clone()];
-            matmul_t(grad, &p[pa..pa + pn], &mut q[qa..qa + qn], x.n, x.m, x.r);
+            project_t(grad, &p[pa..pa + pn], &mut q[qa..qa + qn], x.n, x.m, x.r);
             pa += pn;
             qa += qn;
         }
@@ -203,7 +203,7 @@ impl PowerSgdHook {
         for x in &matrices {
             let (pn, qn) = (x.n * x.r, x.m * x.r);
             let out = &mut bucket.buffer_mut()[x.range.clone()];
-            outer(&p[pa..pa + pn], &q[qa..qa + qn], out, x.n, x.m, x.r, 1.0);
+            expand(&p[pa..pa + pn], &q[qa..qa + qn], out, x.n, x.m, x.r);
             pa += pn;
             qa += qn;
         }
