@@ -13,6 +13,7 @@ use burn::tensor::ElementConversion;
 use clap::Parser;
 use ddp_core::TapBackend;
 use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
+use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, WorkerContext,
@@ -71,6 +72,10 @@ struct Args {
     /// Write a Chrome trace of the first steps here (rank 0).
     #[arg(long)]
     timeline: Option<String>,
+    /// Average gradients with the PowerSGD communication hook of this rank (for slow links;
+    /// exact averaging for the first 10 steps).
+    #[arg(long, value_name = "RANK")]
+    powersgd: Option<usize>,
     /// Where checkpoints go.
     #[arg(long, default_value = "runs/transformer")]
     checkpoint_dir: String,
@@ -177,6 +182,9 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         .with_timeline_path(args.timeline.clone())
         .with_automatic_overlap(args.automatic_overlap);
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
+    if let Some(r) = args.powersgd {
+        ddp.register_comm_hook(PowerSgdConfig::new().with_rank(r).init()?)?;
+    }
     if rank == 0 {
         let params: usize = ddp.module().num_params();
         eprintln!(
