@@ -245,8 +245,9 @@ enum Resume {
     ZeroWithoutState,
 }
 
-/// A fresh random model resumed from `dir` trains `SAVE_AT..STEPS`.
-fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> Vec<f32> {
+/// A fresh random model resumed from `dir` trains `SAVE_AT..STEPS`; returns its parameters and
+/// the ids of the parameters whose state the ZeRO optimizer holds (empty for `Plain`).
+fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> (Vec<f32>, BTreeSet<u64>) {
     let device = Default::default();
     let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
     let mut model = Mlp::<B>::new(&device, HIDDEN);
@@ -262,8 +263,12 @@ fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> Vec<f32> {
     };
     assert_eq!(resumed.state.global_step, SAVE_AT as u64);
     let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+    let mut held = BTreeSet::new();
     match how {
-        Resume::Zero => train(&mut ddp, &mut zero, SAVE_AT..STEPS),
+        Resume::Zero => {
+            train(&mut ddp, &mut zero, SAVE_AT..STEPS);
+            held = zero.local_state().keys().map(ParamId::val).collect();
+        }
         Resume::Plain => train(&mut ddp, &mut plain, SAVE_AT..STEPS),
         Resume::ZeroWithoutState => {
             let mut fresh =
@@ -271,7 +276,29 @@ fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> Vec<f32> {
             train(&mut ddp, &mut fresh, SAVE_AT..STEPS)
         }
     }
-    flat_params(ddp.module())
+    (flat_params(ddp.module()), held)
+}
+
+/// Checks that the ranks' shards of the state are disjoint and hold all six tensors of the Mlp.
+fn assert_sharded(ranks: &[(Vec<f32>, BTreeSet<u64>)], world: usize) {
+    let mut seen = BTreeSet::new();
+    for (r, (_, ids)) in ranks.iter().enumerate() {
+        for id in ids {
+            assert!(
+                seen.insert(*id),
+                "resumed at world {world}: rank {r} holds state another rank also holds"
+            );
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        6,
+        "resumed at world {world}: the shards together are the whole state"
+    );
+}
+
+fn params_only(ranks: Vec<(Vec<f32>, BTreeSet<u64>)>) -> Vec<Vec<f32>> {
+    ranks.into_iter().map(|(p, _)| p).collect()
 }
 
 #[test]
@@ -289,6 +316,8 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
 
     // Same world size: the same operations in the same order, so bitwise equal.
     let same = run_ranks(2, |pg| resume(pg, dir.path(), Resume::Zero));
+    assert_sharded(&same, 2);
+    let same = params_only(same);
     assert_replicas_identical(&same, "resumed at world 2");
     assert!(
         same[0]
@@ -301,6 +330,10 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
     // Other world sizes: the gradient average rounds differently.
     for (world, how) in [(3, Resume::Zero), (1, Resume::Zero), (1, Resume::Plain)] {
         let ranks = run_ranks(world, |pg| resume(pg, dir.path(), how));
+        if how == Resume::Zero {
+            assert_sharded(&ranks, world);
+        }
+        let ranks = params_only(ranks);
         assert_replicas_identical(&ranks, &format!("resumed at world {world}"));
         let diff = max_abs_diff(&ranks[0], &uninterrupted);
         assert!(
@@ -309,7 +342,9 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
         );
     }
     // Control: without the optimizer state the run ends elsewhere.
-    let control = run_ranks(3, |pg| resume(pg, dir.path(), Resume::ZeroWithoutState)).remove(0);
+    let control = run_ranks(3, |pg| resume(pg, dir.path(), Resume::ZeroWithoutState))
+        .remove(0)
+        .0;
     let diff = max_abs_diff(&control, &uninterrupted);
     assert!(
         diff > 1e-4,
