@@ -112,6 +112,7 @@ fn same_parameters_as_plain_ddp_with_adam_at_world_1_to_4() {
         });
         assert_replicas_identical(&zero, &format!("world {world}"));
         let diff = max_abs_diff(&zero[0], &plain[0]);
+        eprintln!("world {world}: max |ZeRO - plain DDP| = {diff:e}");
         assert!(
             diff <= 1e-6,
             "world {world}: ZeRO differs from plain DDP + Adam by {diff}"
@@ -336,6 +337,7 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
         let ranks = params_only(ranks);
         assert_replicas_identical(&ranks, &format!("resumed at world {world}"));
         let diff = max_abs_diff(&ranks[0], &uninterrupted);
+        eprintln!("resumed at world {world} ({how:?}): max |resumed - uninterrupted| = {diff:e}");
         assert!(
             diff <= 1e-6,
             "resumed at world {world} ({how:?}): differs from the uninterrupted run by {diff}"
