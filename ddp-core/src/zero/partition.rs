@@ -22,7 +22,7 @@ impl Partition {
             .filter_map(|(i, s)| s.map(|s| (i, s)))
             .collect();
         // Stable: equal sizes keep module order.
-        order.sort_by(|a, b| b.1.cmp(&a.1));
+        order.sort_by_key(|&(_, size)| std::cmp::Reverse(size));
         let mut owners = vec![None; sizes.len()];
         let mut loads = vec![0usize; world];
         for (index, size) in order {
