@@ -1,6 +1,7 @@
 //! ZeroRedundancyOptimizer: the same parameters as plain DDP with Adam, each rank holding about
 //! `1/world` of Adam's state, and checkpoints that resume at another world size.
 
+mod checkpoint_common;
 mod common;
 
 use burn::module::{Module, ParamId};
@@ -12,9 +13,12 @@ use burn::optim::{Adam, AdamConfig, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use checkpoint_common::capture_logs;
 use common::*;
 use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, ZeroRedundancyOptimizer};
+use ddp_core::{
+    DdpConfig, DistributedDataParallel, ProcessGroup, ZeroError, ZeroRedundancyOptimizer,
+};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -351,5 +355,71 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
     assert!(
         diff > 1e-4,
         "a fresh optimizer state changed nothing ({diff})"
+    );
+}
+
+#[test]
+fn a_plain_checkpoint_save_of_a_sharded_state_warns_and_save_checkpoint_does_not() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = run_ranks(2, |pg| {
+        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        train(&mut ddp, &mut optim, 0..1);
+        let ((), right) = capture_logs(|| {
+            optim
+                .save_checkpoint(&ckpt, ddp.module(), &TrainingState::new(0, 1))
+                .unwrap();
+        });
+        let ((), wrong) = capture_logs(|| {
+            ckpt.save(ddp.module(), &optim, &TrainingState::new(0, 2))
+                .unwrap();
+        });
+        (right, wrong)
+    });
+    let (right, wrong) = &logs[0];
+    assert!(
+        !right.contains("to_record without consolidate_state"),
+        "{right}"
+    );
+    assert!(
+        wrong.contains("this rank's shard only") && wrong.contains("save_checkpoint"),
+        "rank 0 saved a shard without a warning: {wrong}"
+    );
+}
+
+#[test]
+fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_optimizer() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        let (x, y) = batch(&shard(0, 2, rank), &Default::default());
+        let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+        let grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        if rank == 1 {
+            ddp.process_group().abort("rank 1 ran out of memory");
+            return None;
+        }
+        let module = ddp.module().clone();
+        let first = optim.try_step(LR, module.clone(), grads);
+        let second = optim.try_step(LR, module, burn::optim::GradientsParams::new());
+        Some((first.err(), second.err()))
+    });
+    let (first, second) = results[0].as_ref().expect("rank 0's outcome");
+    match first {
+        Some(e @ ZeroError::Broadcast { .. }) => assert!(
+            e.to_string().contains("rank 1 ran out of memory"),
+            "the error does not carry the peer's reason: {e}"
+        ),
+        other => panic!("expected a broadcast error, got {other:?}"),
+    }
+    assert!(
+        matches!(second, Some(ZeroError::Poisoned { .. })),
+        "a step after a failure must be refused: {second:?}"
     );
 }
