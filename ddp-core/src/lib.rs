@@ -27,6 +27,8 @@
 //! - [`launch`](mod@launch): [`launch()`] makes a training binary launch itself once per rank (torchrun
 //!   for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both supervise the
 //!   workers, stop them all on a failure and restart the group with `--max-restarts`.
+//! - [`zero`]: [`ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
+//!   (ZeRO stage 1), with checkpoints that resume at another world size.
 //! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
 //! - [`bucket::assign_buckets`]: the bucketing rule; [`TapBackend`]: the backends DDP can tap
 //!   (every `Autodiff<B>`).
@@ -132,3 +134,5 @@ pub mod checkpoint;
 pub use checkpoint::{
     CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome, Resumed, TrainingState,
 };
+pub mod zero;
+pub use zero::{ZeroError, ZeroRedundancyOptimizer};

@@ -177,3 +177,68 @@ fn transformer_learns_to_reverse_sequences() {
     assert!(accuracy >= 90.0, "token accuracy {accuracy}%:\n{out}");
     assert!(ckpt.join("latest").is_file());
 }
+
+/// The number after `label` on the line that has it ("... state on rank 0: 1234 bytes").
+fn number_after(text: &str, label: &str) -> u64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no '{label}' in:\n{text}"))
+        + label.len();
+    text[at..]
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number after '{label}' in:\n{text}"))
+}
+
+#[test]
+fn transformer_with_zero_learns_halves_adams_state_and_resumes_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args = |nproc: &'static str, epochs: &'static str| {
+        let mut a = vec![
+            "--nproc-per-node",
+            nproc,
+            "--epochs",
+            epochs,
+            "--train-size",
+            "1024",
+            "--d-model",
+            "64",
+            "--layers",
+            "2",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ];
+        if nproc == "2" {
+            a.push("--zero");
+        }
+        a
+    };
+    let bin = env!("CARGO_BIN_EXE_transformer");
+    let (ok, out, err) = run(bin, &args("2", "2"));
+    assert!(ok, "transformer --zero failed:\n{out}\n{err}");
+    assert!(err.contains("zero on"), "{err}");
+    let accuracy = percent_after(&out, "token accuracy");
+    assert!(
+        accuracy >= 90.0,
+        "token accuracy {accuracy}% with --zero:\n{out}"
+    );
+    let sharded = number_after(&out, "optimizer state on rank 0:");
+
+    // One process, plain Adam, from the checkpoint ZeRO wrote: the whole state.
+    let (ok, out, err) = run(bin, &args("1", "3"));
+    assert!(ok, "resuming without --zero failed:\n{out}\n{err}");
+    assert!(err.contains("resuming from"), "{err}");
+    let accuracy = percent_after(&out, "token accuracy");
+    assert!(
+        accuracy >= 90.0,
+        "token accuracy {accuracy}% after resuming:\n{out}"
+    );
+    let whole = number_after(&out, "optimizer state on rank 0:");
+    let ratio = whole as f64 / sharded as f64;
+    assert!(
+        (1.8..=2.2).contains(&ratio),
+        "plain Adam holds {whole} bytes, a ZeRO rank of 2 {sharded}: ratio {ratio:.2}, not about 2"
+    );
+}

@@ -16,14 +16,17 @@ use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    EpochProgress, LaunchArgs, WorkerContext,
+    EpochProgress, LaunchArgs, ProcessGroup, WorkerContext, ZeroRedundancyOptimizer,
 };
 use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
 use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence};
+use optim::TrainingOptimizer;
 use std::process::ExitCode;
+
+mod optim;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -69,6 +72,9 @@ struct Args {
     /// (`DdpConfig::automatic_overlap`, experimental): no marks in the model.
     #[arg(long)]
     automatic_overlap: bool,
+    /// Shard Adam's state across the ranks (`ZeroRedundancyOptimizer`, ZeRO stage 1).
+    #[arg(long)]
+    zero: bool,
     /// Write a Chrome trace of the first steps here (rank 0).
     #[arg(long)]
     timeline: Option<String>,
@@ -116,11 +122,22 @@ struct Transformer<'a>(&'a Args);
 
 impl TrainOn for Transformer<'_> {
     fn train<B: TapBackend>(self, ctx: WorkerContext, device: B::Device) -> Result<()> {
-        train::<B>(ctx, self.0, device)
+        let adam = || AdamConfig::new().init::<B, TinyGpt<B>>();
+        match self.0.zero {
+            true => train::<B, _>(ctx, self.0, device, |pg| {
+                ZeroRedundancyOptimizer::new(adam(), pg.clone())
+            }),
+            false => train::<B, _>(ctx, self.0, device, |_| adam()),
+        }
     }
 }
 
-fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> Result<()> {
+fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
+    ctx: WorkerContext,
+    args: &Args,
+    device: B::Device,
+    make_optim: impl FnOnce(&ProcessGroup) -> O,
+) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
     // --fresh starts the launch over; a --max-restarts restart resumes what it wrote.
     let start_from = StartFrom::new(args.fresh, &ctx);
@@ -148,7 +165,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         .build(train_set, sampler)
         .context("building the data loader")?;
 
-    let mut optim = AdamConfig::new().init::<B, TinyGpt<B>>();
+    let mut optim = make_optim(&pg);
     let run_config = RunConfig {
         batch_size: args.batch_size,
         lr: args.lr,
@@ -188,11 +205,12 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     if rank == 0 {
         let params: usize = ddp.module().num_params();
         eprintln!(
-            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}, automatic overlap {}",
+            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}, automatic overlap {}, zero {}",
             args.layers,
             args.batch_size,
             if args.boundaries { "on" } else { "off" },
-            if args.automatic_overlap { "on" } else { "off" }
+            if args.automatic_overlap { "on" } else { "off" },
+            if args.zero { "on" } else { "off" }
         );
     }
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
@@ -226,7 +244,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         }
         progress.finish();
         let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
-        last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
+        last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
     }
 
     // Token accuracy on held-out sequences, sharded across ranks.
@@ -260,6 +278,10 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
             start.elapsed().as_secs_f64(),
             overlap.get(overlap.len() / 2).copied().unwrap_or(0.0) * 100.0
         );
+    }
+    let state_bytes = optim.state_bytes()?;
+    if rank == 0 {
+        println!("transformer: optimizer state on rank 0: {state_bytes} bytes");
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());

@@ -1,0 +1,43 @@
+//! The errors of [`ZeroRedundancyOptimizer`](super::ZeroRedundancyOptimizer).
+
+use crate::DdpError;
+use crate::checkpoint::CheckpointError;
+
+/// Failures of the sharded optimizer. Any of them aborts the process group (the peers fail at
+/// once with this rank's reason) and makes the optimizer refuse later steps
+/// ([`ZeroError::Poisoned`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ZeroError {
+    /// Broadcasting the updated parameters from their owners failed (a peer died, or sent
+    /// bytes that do not fit this rank's model).
+    #[error("sharing the parameters updated by rank {owner}: {source}")]
+    Broadcast {
+        /// The rank whose shard was being shared.
+        owner: usize,
+        /// What failed.
+        #[source]
+        source: DdpError,
+    },
+    /// Gathering the shards' optimizer state on rank 0 failed.
+    #[error("gathering the optimizer state on rank 0 ({context}): {reason}")]
+    Consolidate {
+        /// What was being done.
+        context: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Saving the consolidated state failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// An earlier step failed; the process group was aborted.
+    #[error(
+        "the sharded optimizer is unusable after an earlier error (the process group was \
+         aborted): {first}; restart the job (with `--max-restarts` it resumes from the latest \
+         checkpoint)"
+    )]
+    Poisoned {
+        /// The first error.
+        first: String,
+    },
+}
