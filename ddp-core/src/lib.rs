@@ -19,6 +19,10 @@
 //! 3. After backward the reducer launches what is left, agrees on which parameters some rank
 //!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
 //! 4. `ddp.optimizer_step(..)` applies your optimizer.
+//! - [`hooks`]: how a bucket is averaged ([`DistributedDataParallel::register_comm_hook`]):
+//!   fp16/bf16 compression, PowerSGD, or your own [`hooks::CommHook`].
+//! - [`DdpConfig::uneven_inputs`] and [`DistributedDataParallel::join`]: ranks with different
+//!   numbers of batches (PyTorch's `Join`).
 //! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
 //!   as soon as that layer's backward is done.
 //! - [`checkpoint`]: [`Checkpointer`] writes model (safetensors),
