@@ -111,7 +111,7 @@ mod tap;
 mod timeline;
 
 pub use boundary::layer_boundary;
-pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression};
+pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
 pub use error::DdpError;
 pub use progress::{EpochProgress, EpochSummary};
 pub use tap::TapBackend;

@@ -61,7 +61,7 @@ fn train_reference(init: &[u8], world: usize, opt: Opt) -> Vec<f32> {
 }
 
 /// Returns each rank's parameters after every step.
-fn train_ddp(init: &[u8], world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
+fn train_ddp(init: &[u8], world: usize, opt: Opt, config: &DdpConfig) -> Vec<Vec<Vec<f32>>> {
     run_ranks(world, |pg| {
         let device = Default::default();
         // Only rank 0 starts from the reference weights; the others start from their own random
@@ -72,7 +72,7 @@ fn train_ddp(init: &[u8], world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
             Mlp::<B>::new(&device, 16)
         };
         let rank = pg.rank();
-        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+        let mut ddp = DistributedDataParallel::new(model, pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
         let mut history = Vec::new();
@@ -92,9 +92,13 @@ fn train_ddp(init: &[u8], world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
 }
 
 fn check(world: usize, opt: Opt) {
+    check_with(world, opt, &DdpConfig::new());
+}
+
+fn check_with(world: usize, opt: Opt, config: &DdpConfig) {
     let init = init_bytes();
     let reference = train_reference(&init, world, opt);
-    let ranks = train_ddp(&init, world, opt);
+    let ranks = train_ddp(&init, world, opt, config);
     for (r, history) in ranks.iter().enumerate().skip(1) {
         for (step, params) in history.iter().enumerate() {
             assert!(
@@ -124,6 +128,19 @@ fn sgd_with_n_ranks_equals_one_process_with_n_times_the_batch() {
 fn adam_with_n_ranks_equals_one_process_with_n_times_the_batch() {
     for world in [2, 3, 4] {
         check(world, Opt::Adam);
+    }
+}
+
+/// The GPU path's host staging (one device-to-host copy per bucket), on the CPU backend: small
+/// buckets so several parameters share one.
+#[test]
+fn staging_per_bucket_with_n_ranks_equals_one_process_with_n_times_the_batch() {
+    let config = DdpConfig::new()
+        .with_host_staging(ddp_core::HostStaging::PerBucket)
+        .with_bucket_cap_mb(0.0005)
+        .with_first_bucket_cap_mb(0.0001);
+    for world in [1, 2, 3, 4] {
+        check_with(world, Opt::Adam, &config);
     }
 }
 

@@ -12,6 +12,17 @@ pub enum BackendKind {
     Cuda,
 }
 
+impl BackendKind {
+    /// How DDP stages gradients for the CPU transports on this backend: in place on the CPU,
+    /// one device-to-host copy per bucket on a GPU.
+    pub fn host_staging(self) -> ddp_core::HostStaging {
+        match self {
+            BackendKind::Flex => ddp_core::HostStaging::PerGradient,
+            BackendKind::Cuda => ddp_core::HostStaging::PerBucket,
+        }
+    }
+}
+
 /// Fails with a clear message when the CUDA backend is asked for but cannot work: the binary was
 /// built without the `cuda` feature, or no CUDA driver is installed. (Without this check the
 /// first tensor operation would panic on a device thread.)

@@ -13,6 +13,19 @@ pub enum GradientCompression {
     Bf16,
 }
 
+/// How gradients reach the CPU transports (shared memory, TCP) when ranks do not reduce on the
+/// device.
+#[derive(Config, Debug, PartialEq, Eq, Copy)]
+pub enum HostStaging {
+    /// Each gradient is read on its own as backward produces it. On CPU backends this is free
+    /// (the gradient's own buffer is reduced in place, no copy): the default.
+    PerGradient,
+    /// Gradients stay on the device until their bucket is full; the bucket is then
+    /// concatenated on the device and read in one copy, reduced, and written back in one copy.
+    /// For GPU backends: one device synchronisation per bucket instead of one per parameter.
+    PerBucket,
+}
+
 /// Settings of the DDP wrapper, in burn's config style:
 /// `DdpConfig::new().with_bucket_cap_mb(25.0).with_first_bucket_cap_mb(1.0)`.
 #[derive(Config, Debug)]
@@ -39,6 +52,9 @@ pub struct DdpConfig {
     /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook.
     #[config(default = "GradientCompression::None")]
     pub compression: GradientCompression,
+    /// How gradients are staged in host memory for the CPU transports (world size > 1).
+    #[config(default = "HostStaging::PerGradient")]
+    pub host_staging: HostStaging,
     /// Ranks may run out of batches at different steps (PyTorch's `Join`): every backward first
     /// agrees, in one tiny all-reduce, on which ranks still train, and a rank with no batches
     /// left calls [`join`](crate::DistributedDataParallel::join), which answers the others'

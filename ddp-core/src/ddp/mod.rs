@@ -8,5 +8,5 @@ mod buffers;
 mod config;
 mod wrapper;
 
-pub use config::{DdpConfig, GradientCompression};
+pub use config::{DdpConfig, GradientCompression, HostStaging};
 pub use wrapper::DistributedDataParallel;

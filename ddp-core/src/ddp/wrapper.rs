@@ -2,13 +2,13 @@
 //! an N times larger batch.
 
 use super::buffers::{BufferSync, PendingBuffers};
-use super::config::{DdpConfig, GradientCompression};
+use super::config::{DdpConfig, GradientCompression, HostStaging};
 use crate::boundary::{BoundaryFn, with_boundary};
 use crate::error::DdpError;
 use crate::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
 use crate::model_sync::{broadcast_module, verify_same_model};
 use crate::params::{ParamKind, ParamTable};
-use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer};
+use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer, StagedEngine};
 use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
@@ -599,7 +599,10 @@ fn make_engine<I: burn::tensor::backend::Backend>(
         GradientCompression::Fp16 => Arc::new(HookEngine::new(host(), Box::new(Fp16CompressHook))?),
         GradientCompression::Bf16 => Arc::new(HookEngine::new(host(), Box::new(Bf16CompressHook))?),
         GradientCompression::None if pg.world_size() == 1 => Arc::new(LocalEngine),
-        GradientCompression::None => Arc::new(host()),
+        GradientCompression::None => match config.host_staging {
+            HostStaging::PerGradient => Arc::new(host()),
+            HostStaging::PerBucket => Arc::new(StagedEngine { pg: pg.clone() }),
+        },
     })
 }
 

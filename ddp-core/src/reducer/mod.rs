@@ -20,10 +20,12 @@
 mod engine;
 mod hook_engine;
 mod host_grad;
+mod staged_engine;
 
 pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
 pub(crate) use hook_engine::HookEngine;
 pub(crate) use host_grad::HostGrad;
+pub(crate) use staged_engine::StagedEngine;
 
 use crate::bucket::BucketLayout;
 use crate::error::DdpError;

@@ -197,7 +197,8 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     )?;
     let config = DdpConfig::new()
         .with_timeline_path(args.timeline.clone())
-        .with_automatic_overlap(args.automatic_overlap);
+        .with_automatic_overlap(args.automatic_overlap)
+        .with_host_staging(args.backend.host_staging());
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
     if let Some(r) = args.powersgd {
         ddp.register_comm_hook(PowerSgdConfig::new().with_rank(r).init()?)?;

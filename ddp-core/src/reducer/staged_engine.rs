@@ -1,0 +1,132 @@
+//! [`StagedEngine`]: host staging with one device-to-host copy per bucket, for GPU backends
+//! whose ranks reduce over the CPU transports.
+//!
+//! Reading each gradient on its own costs a device synchronisation per parameter (hundreds per
+//! step). Here gradients stay on the device until their bucket is full; the bucket is then
+//! flattened and concatenated on the device, read in one copy, all-reduced in host memory,
+//! written back in one copy, and each gradient is a slice of that device buffer.
+
+use super::engine::{BucketEngine, Held, PendingBucket, Reduced, Slot};
+use super::host_grad::{HostElement, HostGrad};
+use crate::error::DdpError;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Shape, Slice, TensorData};
+use ddp_comm::{ProcessGroup, ReduceOp, Work, bf16, f16};
+
+/// Gradients kept on the device; one read and one write per bucket.
+pub(crate) struct StagedEngine {
+    pub(crate) pg: ProcessGroup,
+}
+
+fn fail<I: Backend>(slot: &Slot<I>, reason: String) -> DdpError {
+    DdpError::Gradient {
+        path: slot.path.clone(),
+        reason,
+    }
+}
+
+impl<I: Backend> BucketEngine<I> for StagedEngine {
+    fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
+        Ok(Held::Tensor(grad))
+    }
+
+    fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        match (acc, more) {
+            (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
+            _ => Err(DdpError::Internal(
+                "bucket engine: the staged engine holds tensors only".into(),
+            )),
+        }
+    }
+
+    fn launch(
+        &self,
+        _bucket: (usize, usize),
+        slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let first = slots
+            .first()
+            .ok_or_else(|| DdpError::Internal("bucket engine: empty bucket".into()))?;
+        let mut flat = Vec::with_capacity(slots.len());
+        for (slot, g) in slots.iter().zip(grads) {
+            let n = slot.numel();
+            flat.push(match g {
+                Some(Held::Tensor(t)) => I::float_reshape(t, Shape::new([n])),
+                // Unused here: zeros, so every rank launches the same collective.
+                None => {
+                    let zeros = HostGrad::zeros(slot.dtype, n)
+                        .ok_or_else(|| fail(slot, "unsupported dtype reached a bucket".into()))?;
+                    I::float_from_data(zeros.into_data(), &slot.device)
+                }
+                Some(Held::Host(_)) => {
+                    return Err(DdpError::Internal(
+                        "bucket engine: the staged engine holds tensors only".into(),
+                    ));
+                }
+            });
+        }
+        let bucket = if flat.len() == 1 {
+            flat.pop().expect("one tensor")
+        } else {
+            I::float_cat(flat, 0)
+        };
+        // The one device-to-host copy of this bucket.
+        let data = match burn::tensor::try_read_sync(I::float_into_data(bucket)) {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Err(fail(first, format!("reading its bucket: {e:?}"))),
+            None => {
+                return Err(fail(
+                    first,
+                    "reading its bucket: this platform cannot block on the read".into(),
+                ));
+            }
+        };
+        let host = HostGrad::from_data(data).map_err(|r| fail(first, r))?;
+        Ok(match host {
+            HostGrad::F32(v) => start::<I, f32>(&self.pg, v),
+            HostGrad::F64(v) => start::<I, f64>(&self.pg, v),
+            HostGrad::F16(v) => start::<I, f16>(&self.pg, v),
+            HostGrad::BF16(v) => start::<I, bf16>(&self.pg, v),
+        })
+    }
+}
+
+fn start<I: Backend, T: HostElement>(pg: &ProcessGroup, flat: Vec<T>) -> Box<dyn PendingBucket<I>> {
+    Box::new(Staged(pg.all_reduce_async(flat, ReduceOp::Avg)))
+}
+
+struct Staged<T: HostElement>(Work<Vec<T>>);
+
+impl<I: Backend, T: HostElement> PendingBucket<I> for Staged<T> {
+    fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
+        let (result, timing) = self.0.wait_timed();
+        let flat = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
+        let device = &slots
+            .first()
+            .ok_or_else(|| DdpError::Internal("bucket engine: empty bucket".into()))?
+            .device;
+        let total = flat.len();
+        // The one host-to-device copy; each gradient is a slice of it.
+        let bucket = I::float_from_data(TensorData::new(flat, [total]), device);
+        let mut at = 0;
+        let mut tensors = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let n = slot.numel();
+            let range = Slice::new(at as isize, Some((at + n) as isize), 1);
+            let piece = I::float_slice(bucket.clone(), &[range]);
+            tensors.push(Some(I::float_reshape(
+                piece,
+                Shape::from(slot.shape.clone()),
+            )));
+            at += n;
+        }
+        if at != total {
+            return Err(DdpError::Internal(format!(
+                "bucket engine: the reduced bucket has {total} elements, its gradients {at}"
+            )));
+        }
+        Ok((tensors, timing))
+    }
+}
