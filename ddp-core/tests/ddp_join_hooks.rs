@@ -8,8 +8,11 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
 use common::*;
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome};
 use ddp_core::hooks::{CommHook, GradBucket, HookError, PowerSgdConfig};
-use ddp_core::{DdpConfig, DdpError, DistributedDataParallel, ProcessGroup, ReduceOp};
+use ddp_core::{
+    DdpConfig, DdpError, DistributedDataParallel, ProcessGroup, ReduceOp, TrainingState,
+};
 
 /// A model whose weights are drawn now (burn initialises lazily: clones of a fresh model would
 /// each draw their own).
@@ -40,10 +43,12 @@ const LR: f64 = 0.01;
 /// Steps every rank trains together after `join`, so a stale optimizer state would show.
 const AFTER: usize = 2;
 
-/// Rank `r` has `batches[r]` steps of `micro` micro-batches, then joins; then all train
-/// `AFTER` more steps.
+/// Rank `r` has `batches[r]` steps of `micro` micro-batches, then joins; rank 0 saves a
+/// checkpoint, every rank loads it, and all train `AFTER` more steps.
 fn train_uneven(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<(Vec<f32>, usize)> {
     let world = batches.len();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     run_ranks(world, |pg| {
         let rank = pg.rank();
         let config = DdpConfig::new().with_uneven_inputs(true);
@@ -62,6 +67,22 @@ fn train_uneven(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<(Vec<f
             }
         }
         let answered = ddp.join(&mut adam, LR).unwrap();
+        // Rank 0's checkpoint (model and Adam state), written after join, is everyone's: every
+        // rank resumes from it and trains on.
+        let ckpt =
+            Checkpointer::new(CheckpointConfig::new(dir), ddp.process_group().clone()).unwrap();
+        ckpt.save(ddp.module(), &adam, &TrainingState::new(1, 0))
+            .unwrap();
+        let mut model = ddp.module().clone();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        let outcome = ckpt
+            .load_latest(&Default::default(), &mut model, &mut adam)
+            .unwrap();
+        assert!(
+            matches!(outcome, LoadOutcome::Resumed(_)),
+            "the checkpoint loads"
+        );
+        ddp.set_module(model).unwrap();
         for step in 0..AFTER {
             let idx = samples(rank, 1000 + step, 0);
             let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
