@@ -359,3 +359,61 @@ fn powersgd_keeps_replicas_identical_and_sends_far_fewer_bytes() {
     let ratio = (per_step * (steps - start) as u64) as f64 / compressed as f64;
     assert!(ratio >= 3.0, "PowerSGD sent only {ratio:.1}x fewer bytes");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The example, as real processes.
+
+#[test]
+fn the_uneven_inputs_example_trains_three_processes_to_one_model() {
+    let exe = std::env::current_exe().expect("test path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/uneven_inputs
+    let example = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|p| p.join("examples").join("uneven_inputs"))
+        .expect("target directory");
+    assert!(
+        example.exists(),
+        "{} is missing: run `cargo test -p ddp-core` (which builds examples)",
+        example.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(&example);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DDP_")
+            || k.starts_with("MASTER_")
+            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"].contains(&k.as_str())
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(["--nproc-per-node", "3", "--checkpoint-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("running the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut checksums = Vec::new();
+    for (rank, (trained, answered)) in [(3, 4), (5, 2), (7, 0)].into_iter().enumerate() {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("rank {rank}: trained")))
+            .unwrap_or_else(|| panic!("no line from rank {rank}:\n{stdout}"));
+        assert!(
+            line.contains(&format!("trained {trained} steps"))
+                && line.contains(&format!("answered {answered} steps")),
+            "{line}"
+        );
+        checksums.push(line.rsplit(' ').next().unwrap_or_default().to_string());
+    }
+    assert!(
+        checksums.iter().all(|c| c == &checksums[0]),
+        "replicas differ: {checksums:?}\n{stdout}"
+    );
+    assert!(stdout.contains("rank 0: checkpoint"), "{stdout}");
+}
