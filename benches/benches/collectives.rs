@@ -143,8 +143,19 @@ fn run_world_mpi(n: usize, port: u16, args: &[String]) -> Result<()> {
     let status = Command::new("mpirun")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
-        .args(["-x", &format!("WORLD_SIZE={n}"), "-x", "MASTER_ADDR=127.0.0.1"])
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            &n.to_string(),
+        ])
+        .args([
+            "-x",
+            &format!("WORLD_SIZE={n}"),
+            "-x",
+            "MASTER_ADDR=127.0.0.1",
+        ])
         .args(["-x", &format!("MASTER_PORT={port}")])
         .args(["-x", &format!("{}=mpi", ddp_comm::TRANSPORT_ENV)])
         .arg(std::env::current_exe()?)
