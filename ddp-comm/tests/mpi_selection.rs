@@ -2,8 +2,7 @@
 //! get one instead of falling back to another transport. (With the feature, the collectives
 //! run under a real mpirun in `collectives_match_local`.)
 
-use ddp_comm::{ProcessGroupConfig, Store, StoreConfig, StoreServer, TransportKind};
-use std::time::Duration;
+use ddp_comm::TransportKind;
 
 #[test]
 fn mpi_is_a_transport_name() {
@@ -17,6 +16,9 @@ fn mpi_is_a_transport_name() {
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn without_the_feature_mpi_is_refused_naming_the_feature() {
+    use ddp_comm::{ProcessGroupConfig, Store, StoreConfig, StoreServer};
+    use std::time::Duration;
+
     let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).unwrap();
     let timeout = Duration::from_secs(20);
     let store = Store::connect(
