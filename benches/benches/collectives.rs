@@ -4,13 +4,15 @@
 //! cargo bench -p ddp-benches --bench collectives                      # all ops, world 2 and 4
 //! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --max-bytes 64M
 //! cargo bench -p ddp-benches --bench collectives -- --transport shm,tcp --ops all_reduce
+//! cargo bench -p ddp-benches --features mpi --bench collectives -- --transport shm,tcp,mpi
 //! ```
 //!
-//! `--transport` (`auto`, `shm`, `tcp`; comma separated to compare) sets `DDP_TRANSPORT` for the
-//! ranks; every table says which backend the group reports.
+//! `--transport` (`auto`, `shm`, `tcp`, `mpi`; comma separated to compare) sets `DDP_TRANSPORT`
+//! for the ranks; every table says which backend the group reports.
 //!
 //! The bench launches itself once per rank (separate processes, as in a real job), each with
-//! one communication thread. For each size it runs warm-up iterations, then times a fixed number
+//! one communication thread; for `mpi` through `mpirun -np N` (feature `mpi`, Open MPI's
+//! `mpirun` in `PATH`). For each size it runs warm-up iterations, then times a fixed number
 //! of iterations between barriers; `time` is the slowest rank's mean, `algbw = bytes / time`,
 //! `busbw = algbw * factor` (all_reduce `2(n-1)/n`, all_gather and reduce_scatter `(n-1)/n`,
 //! broadcast 1), comparable to link bandwidth at any rank count. After timing, every size is
@@ -30,7 +32,7 @@ struct Args {
     /// World sizes to run, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     world: Vec<usize>,
-    /// Transports to compare, comma separated: auto, shm, tcp (sets DDP_TRANSPORT).
+    /// Transports to compare, comma separated: auto, shm, tcp, mpi (sets DDP_TRANSPORT).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     transport: Vec<String>,
     /// Collectives: all_reduce, broadcast, all_gather, reduce_scatter.
@@ -56,6 +58,12 @@ struct Args {
 
 fn main() -> Result<()> {
     if std::env::var("RANK").is_ok() {
+        return worker();
+    }
+    if let Ok(rank) = std::env::var("OMPI_COMM_WORLD_RANK") {
+        // A rank started by `mpirun` (see `run_world`): the group reads its rank from `RANK`.
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("RANK", rank) };
         return worker();
     }
     let args = Args::parse();
@@ -95,6 +103,9 @@ fn run_world(n: usize, transport: &str) -> Result<()> {
         .local_addr()?
         .port();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if transport.trim() == "mpi" {
+        return run_world_mpi(n, port, &args);
+    }
     let mut children = Vec::new();
     for rank in 0..n {
         let child = Command::new(&exe)
@@ -122,6 +133,37 @@ fn run_world(n: usize, transport: &str) -> Result<()> {
     }
     if !failed.is_empty() {
         bail!("benchmark ranks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The ranks as one `mpirun -np n` job (allowed as root, unbound, oversubscribed), which
+/// forwards rank 0's output.
+fn run_world_mpi(n: usize, port: u16, args: &[String]) -> Result<()> {
+    let status = Command::new("mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            &n.to_string(),
+        ])
+        .args([
+            "-x",
+            &format!("WORLD_SIZE={n}"),
+            "-x",
+            "MASTER_ADDR=127.0.0.1",
+        ])
+        .args(["-x", &format!("MASTER_PORT={port}")])
+        .args(["-x", &format!("{}=mpi", ddp_comm::TRANSPORT_ENV)])
+        .arg(std::env::current_exe()?)
+        .args(args)
+        .status()
+        .context("starting mpirun (Open MPI; Debian: apt-get install -y openmpi-bin)")?;
+    if !status.success() {
+        bail!("mpirun -np {n} failed: {status}");
     }
     Ok(())
 }

@@ -131,6 +131,16 @@ pub enum CommError {
         #[source]
         source: io::Error,
     },
+    /// An MPI call failed (the `mpi` transport); MPI's own message says why.
+    #[error("MPI {op} failed: {message} (MPI error code {code})")]
+    Mpi {
+        /// The MPI function, e.g. `MPI_Allreduce`.
+        op: &'static str,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's description of the code.
+        message: String,
+    },
     /// An earlier collective failed, so the group can no longer be used.
     #[error("process group is unusable after an earlier failure: {0}")]
     Aborted(String),

@@ -1,6 +1,7 @@
 //! Every collective x op x element type x world size {1,2,3,4} x lengths {0, 1, prime, not
 //! divisible by the world size}, checked against a result computed locally, on every transport:
-//! TCP, shared memory (ranks as threads share a host), and two pretend hosts (hierarchical).
+//! TCP, shared memory (ranks as threads share a host), two pretend hosts (hierarchical), and
+//! with the `mpi` feature MPI (ranks as processes under `mpirun`).
 
 mod common;
 
@@ -241,7 +242,7 @@ fn check_type<T: TestValue + PartialOrd>(setup: Setup, n: usize) {
         }
         Ok(())
     });
-    assert_eq!(results.len(), n);
+    assert_eq!(results.len(), setup.ranks_here(n));
 }
 
 macro_rules! per_type {
@@ -267,6 +268,14 @@ macro_rules! per_type {
             #[test]
             fn shm_two_hosts() {
                 (1..=4).for_each(|n| check_type::<$t>(Setup::TwoHosts, n));
+            }
+
+            /// Each world size under its own `mpirun`.
+            #[cfg(feature = "mpi")]
+            #[test]
+            fn mpi() {
+                let test = concat!(stringify!($name), "::mpi");
+                common::mpi::run_test(test, 1..=4, |n| check_type::<$t>(Setup::Mpi, n));
             }
         }
     )*};

@@ -113,7 +113,7 @@ fn transport_names_parse_and_bad_ones_are_rejected() {
     );
     let e = "nccl".parse::<TransportKind>().unwrap_err().to_string();
     assert!(
-        e.contains("DDP_TRANSPORT: 'nccl' is not a transport (expected auto, tcp or shm)"),
+        e.contains("DDP_TRANSPORT: 'nccl' is not a transport (expected auto, tcp, shm or mpi)"),
         "{e}"
     );
     assert_eq!(TransportKind::default().to_string(), "auto");

@@ -7,6 +7,7 @@
 //! - [`hybrid`]: what a group actually runs when some of its ranks share a host: shared memory
 //!   within each host, TCP between hosts, hierarchical all-reduce. [`connect`] decides which
 //!   transport a group gets ([`TransportKind`], `DDP_TRANSPORT`).
+//! - `mpi` (feature `mpi`): MPI's collectives, for jobs started by `mpirun` or `srun`.
 //!
 //! Every transport implements [`Transport`], which works on byte buffers tagged by a
 //! [`Fingerprint`]; the typed, user-facing API lives in [`crate::group`]. A transport is owned by
@@ -14,12 +15,14 @@
 
 mod abort;
 pub(crate) mod hybrid;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 pub(crate) mod parts;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub(crate) use abort::AbortHandle;
-pub(crate) use hybrid::{ConnectSpec, Connected, connect};
+pub(crate) use hybrid::{ConnectSpec, Connected};
 pub(crate) use parts::Parts;
 
 use crate::collective::Fingerprint;
@@ -28,7 +31,7 @@ use crate::reduce_op::ReduceOp;
 use std::fmt;
 use std::str::FromStr;
 
-/// Environment variable choosing the transport: `auto` (default), `shm` or `tcp`.
+/// Environment variable choosing the transport: `auto` (default), `shm`, `tcp` or `mpi`.
 pub const TRANSPORT_ENV: &str = "DDP_TRANSPORT";
 
 /// Which transport a process group uses between ranks that share a host.
@@ -47,13 +50,16 @@ pub enum TransportKind {
     /// Shared memory between ranks on the same host; the group fails to form if it cannot be
     /// set up.
     Shm,
+    /// MPI for every collective (feature `mpi`; jobs started by `mpirun` or `srun`, where each
+    /// rank is its `MPI_COMM_WORLD` rank). Every rank of the group must ask for it.
+    Mpi,
 }
 
 impl TransportKind {
     /// Reads [`TRANSPORT_ENV`] (`DDP_TRANSPORT`); unset or empty means [`TransportKind::Auto`].
     ///
     /// # Errors
-    /// [`CommError::InvalidConfig`] when the value is not `auto`, `tcp` or `shm`.
+    /// [`CommError::InvalidConfig`] when the value is not `auto`, `tcp`, `shm` or `mpi`.
     pub fn from_env() -> Result<TransportKind> {
         match std::env::var(TRANSPORT_ENV) {
             Ok(v) if v.trim().is_empty() => Ok(TransportKind::Auto),
@@ -65,12 +71,13 @@ impl TransportKind {
         }
     }
 
-    /// The lowercase name: `auto`, `tcp` or `shm`.
+    /// The lowercase name: `auto`, `tcp`, `shm` or `mpi`.
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Auto => "auto",
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
+            TransportKind::Mpi => "mpi",
         }
     }
 }
@@ -89,12 +96,29 @@ impl FromStr for TransportKind {
             "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
             "shm" => Ok(TransportKind::Shm),
+            "mpi" => Ok(TransportKind::Mpi),
             _ => Err(CommError::config(
                 TRANSPORT_ENV,
-                format!("'{s}' is not a transport (expected auto, tcp or shm)"),
+                format!("'{s}' is not a transport (expected auto, tcp, shm or mpi)"),
             )),
         }
     }
+}
+
+/// Connects a group with the transport it asked for: MPI for `mpi`, else TCP with shared
+/// memory where ranks share a host ([`hybrid::connect`]).
+pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
+    if spec.transport != TransportKind::Mpi {
+        return hybrid::connect(spec);
+    }
+    #[cfg(feature = "mpi")]
+    return mpi::connect(spec);
+    #[cfg(not(feature = "mpi"))]
+    Err(CommError::config(
+        TRANSPORT_ENV,
+        "mpi: this build has no MPI transport; build with the `mpi` feature of ddp-comm \
+         (needs an MPI library and libclang, e.g. Debian's libopenmpi-dev and libclang-dev)",
+    ))
 }
 
 /// The collectives a transport must provide, on byte buffers. Buffer lengths have been checked by

@@ -1,6 +1,8 @@
 //! Test harness: ranks as threads in one process, sharing a store server.
 #![allow(dead_code)]
 
+pub mod mpi;
+
 use ddp_comm::{
     CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer, TransportKind,
 };
@@ -18,6 +20,9 @@ pub enum Setup {
     /// Two pretend hosts (host ids `rank % 2`), shared memory within each with 4 KiB staging
     /// buffers: the hierarchical path (with 3 ranks, one host has a single rank).
     TwoHosts,
+    /// MPI (`DDP_TRANSPORT=mpi`, feature `mpi`): each rank a process under a real `mpirun`
+    /// (see [`mpi::run_test`]); the harness then returns this process's result only.
+    Mpi,
 }
 
 /// Every setup, for tests that loop over them.
@@ -39,13 +44,14 @@ impl Setup {
                 .with_transport(TransportKind::Shm)
                 .with_shm_buffer_bytes(SMALL_BUFFER)
                 .with_host_id(format!("test-host-{}", rank % 2)),
+            Setup::Mpi => c.with_transport(TransportKind::Mpi),
         }
     }
 
     /// What [`ProcessGroup::shared_memory_groups`] must say for a world of `n`.
     pub fn expected_groups(self, n: usize) -> Vec<Vec<usize>> {
         match self {
-            Setup::Tcp => (0..n).map(|r| vec![r]).collect(),
+            Setup::Tcp | Setup::Mpi => (0..n).map(|r| vec![r]).collect(),
             Setup::Shm | Setup::ShmSmall => vec![(0..n).collect()],
             Setup::TwoHosts => {
                 let mut g: Vec<Vec<usize>> =
@@ -60,10 +66,17 @@ impl Setup {
         }
     }
 
+    /// How many ranks of a world of `n` run in this process (and so how many results the
+    /// harness returns).
+    pub fn ranks_here(self, n: usize) -> usize {
+        if self == Setup::Mpi { 1 } else { n }
+    }
+
     /// What [`ProcessGroup::backend_name`] must say for a world of `n`.
     pub fn expected_backend(self, n: usize) -> &'static str {
         match self {
             Setup::Tcp => "tcp",
+            Setup::Mpi => "mpi",
             Setup::Shm | Setup::ShmSmall if n > 1 => "shm+tcp",
             Setup::TwoHosts if n > 2 => "shm+tcp",
             _ => "tcp",
@@ -93,24 +106,24 @@ pub fn run_world_with<T: Send>(
     timeout: Duration,
     body: impl Fn(ProcessGroup) -> Result<T, CommError> + Sync,
 ) -> Vec<Result<T, CommError>> {
-    run_world_config(
-        n,
-        timeout,
-        |rank| setup.config(rank, n, timeout),
-        |pg| {
-            assert_eq!(
-                pg.backend_name(),
-                setup.expected_backend(n),
-                "{setup:?} with {n} ranks"
-            );
-            assert_eq!(
-                pg.shared_memory_groups(),
-                setup.expected_groups(n),
-                "{setup:?} with {n} ranks"
-            );
-            body(pg)
-        },
-    )
+    let checked = |pg: ProcessGroup| {
+        assert_eq!(
+            pg.backend_name(),
+            setup.expected_backend(n),
+            "{setup:?} with {n} ranks"
+        );
+        assert_eq!(
+            pg.shared_memory_groups(),
+            setup.expected_groups(n),
+            "{setup:?} with {n} ranks"
+        );
+        body(pg)
+    };
+    let config = |rank| setup.config(rank, n, timeout);
+    if setup == Setup::Mpi {
+        return mpi::run_this_rank(n, timeout, config, checked);
+    }
+    run_world_config(n, timeout, config, checked)
 }
 
 fn run_world_config<T: Send>(

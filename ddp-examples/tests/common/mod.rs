@@ -2,6 +2,8 @@
 //! checkpoints, finding a launcher's workers.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod job;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,432 @@
+//! [`MpiTransport`]: collectives over MPI (feature `mpi`, `DDP_TRANSPORT=mpi`), for jobs started
+//! by `mpirun` or `srun`, where MPI drives the fabric (InfiniBand, RoCE, shared memory) better
+//! than TCP sockets.
+//!
+//! - The process group's rank of each process must be its `MPI_COMM_WORLD` rank (true when the
+//!   launcher takes ranks from `mpirun`/`srun`, as `ddp_core::launch` does). Each group gets its
+//!   own communicator (`MPI_Comm_create_group` over its ranks), so groups never mix messages.
+//! - Rendezvous still goes through the store: every member announces itself there first, so a
+//!   rank that did not ask for `mpi` makes the others fail with the store's timeout instead of
+//!   hanging in MPI.
+//! - MPI calls cannot time out or be interrupted: the group's timeout does not apply to them,
+//!   and [`Transport::abort`] only stops further calls. A failed or killed process ends the
+//!   whole job through `mpirun`/`srun`, as usual with MPI.
+//! - `f16`/`bf16` reduce with ddp-comm's own arithmetic (MPI has no half types), so results
+//!   match the other transports; `Avg` is a sum divided locally.
+
+mod call;
+mod runtime;
+mod types;
+
+use super::{AbortHandle, ConnectSpec, Connected, Transport};
+use crate::collective::Fingerprint;
+use crate::error::{CommError, Result};
+use crate::reduce_op::{ReduceOp, divide_bytes};
+use call::{CHUNK_ELEMENTS, check, count};
+use mpi::ffi;
+use std::os::raw::{c_int, c_void};
+use types::{datatype, operation};
+
+/// Tag of point-to-point messages; MPI keeps them in order per sender and communicator.
+const P2P_TAG: c_int = 0;
+
+/// One group's MPI communicator.
+struct Comm(ffi::MPI_Comm);
+
+// SAFETY: the communicator is used by the one thread that owns the transport, under
+// MPI_THREAD_MULTIPLE.
+unsafe impl Send for Comm {}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if runtime::finalized() {
+            return;
+        }
+        // SAFETY: a communicator this transport created and nothing else uses.
+        let rc = unsafe { ffi::MPI_Comm_free(&mut self.0) };
+        if let Err(e) = check("MPI_Comm_free", rc) {
+            tracing::warn!(error = %e, "freeing an MPI communicator failed");
+        }
+    }
+}
+
+/// A process group's transport over its own MPI communicator.
+pub(crate) struct MpiTransport {
+    comm: Comm,
+    /// Group size.
+    n: usize,
+    /// A copy of the input for the collectives MPI cannot run in place portably (MPI_IN_PLACE
+    /// is not exported by rsmpi); `u64` keeps it aligned for every element type.
+    scratch: Vec<u64>,
+}
+
+/// Connects a group over MPI: checks that MPI's ranks are the group's, meets the other members
+/// in the store, and creates the group's communicator.
+pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
+    runtime::ensure_initialized()?;
+    let ranks = spec.mesh.ranks;
+    let me = spec.mesh.group_rank;
+    let (world_rank, world_size) = world_place()?;
+    let mine = ranks[me];
+    let largest = ranks.iter().copied().max().unwrap_or(0);
+    if world_rank != mine || world_size <= largest {
+        return Err(CommError::config(
+            super::TRANSPORT_ENV,
+            format!(
+                "mpi: this process is rank {mine} of the job but rank {world_rank} of \
+                 {world_size} in MPI_COMM_WORLD; start every rank with mpirun or srun and take \
+                 the ranks from them (ddp_core::launch does)"
+            ),
+        ));
+    }
+    meet_in_store(spec)?;
+    let comm = create_comm(ranks, spec.mesh.group_id)?;
+    tracing::debug!(rank = mine, group_size = ranks.len(), "MPI transport ready");
+    Ok(Connected {
+        transport: Box::new(MpiTransport {
+            comm,
+            n: ranks.len(),
+            scratch: Vec::new(),
+        }),
+        backend: "mpi",
+        units: ranks.iter().map(|&r| vec![r]).collect(),
+    })
+}
+
+/// This process's rank and the size of `MPI_COMM_WORLD`.
+fn world_place() -> Result<(usize, usize)> {
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: MPI is initialised; the world communicator always exists.
+    unsafe {
+        check(
+            "MPI_Comm_rank",
+            ffi::MPI_Comm_rank(ffi::RSMPI_COMM_WORLD, &mut rank),
+        )?;
+        check(
+            "MPI_Comm_size",
+            ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut size),
+        )?;
+    }
+    Ok((rank as usize, size as usize))
+}
+
+/// Every member says in the store that it is about to create the communicator, and waits for
+/// the others there, where waits have a deadline (MPI_Comm_create_group has none).
+fn meet_in_store(spec: &ConnectSpec<'_>) -> Result<()> {
+    let store = spec.mesh.store;
+    let deadline = std::time::Instant::now() + spec.mesh.timeout;
+    store.set(&format!("mpi/hello/{}", spec.mesh.group_rank), b"mpi")?;
+    for r in 0..spec.mesh.ranks.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        store
+            .get_timeout(&format!("mpi/hello/{r}"), left)
+            .map_err(|e| {
+                CommError::config(
+                    super::TRANSPORT_ENV,
+                    format!(
+                        "mpi: group rank {r} did not join over MPI ({e}); every rank must set \
+                         DDP_TRANSPORT=mpi"
+                    ),
+                )
+            })?;
+    }
+    Ok(())
+}
+
+/// A communicator over `ranks` (world ranks), created by the members only, with errors
+/// returned instead of aborting the job.
+fn create_comm(ranks: &[usize], group_id: u64) -> Result<Comm> {
+    let members: Vec<c_int> = ranks
+        .iter()
+        .map(|&r| count("MPI_Group_incl", r))
+        .collect::<Result<_>>()?;
+    // Any tag up to 32767 is valid everywhere; it only separates concurrent creations.
+    let tag = (group_id % 32_768) as c_int;
+    // SAFETY: MPI is initialised; handles are created and freed here, the communicator is
+    // returned owned.
+    unsafe {
+        let mut world_group: ffi::MPI_Group = std::mem::zeroed();
+        check(
+            "MPI_Comm_group",
+            ffi::MPI_Comm_group(ffi::RSMPI_COMM_WORLD, &mut world_group),
+        )?;
+        let mut group: ffi::MPI_Group = std::mem::zeroed();
+        let included = ffi::MPI_Group_incl(
+            world_group,
+            members.len() as c_int,
+            members.as_ptr(),
+            &mut group,
+        );
+        ffi::MPI_Group_free(&mut world_group);
+        check("MPI_Group_incl", included)?;
+        let mut comm: ffi::MPI_Comm = ffi::RSMPI_COMM_NULL;
+        let created = ffi::MPI_Comm_create_group(ffi::RSMPI_COMM_WORLD, group, tag, &mut comm);
+        ffi::MPI_Group_free(&mut group);
+        check("MPI_Comm_create_group", created)?;
+        let comm = Comm(comm);
+        check(
+            "MPI_Comm_set_errhandler",
+            ffi::MPI_Comm_set_errhandler(comm.0, ffi::RSMPI_ERRORS_RETURN),
+        )?;
+        Ok(comm)
+    }
+}
+
+/// What empty buffers point to. An empty slice's own pointer is a dangling address such as 1,
+/// which Open MPI reads as `MPI_IN_PLACE`.
+static EMPTY: u64 = 0;
+
+/// Pointer for MPI's `const void*` arguments.
+fn send_ptr(buf: &[u8]) -> *const c_void {
+    if buf.is_empty() {
+        return std::ptr::addr_of!(EMPTY).cast();
+    }
+    buf.as_ptr().cast()
+}
+
+/// Pointer for MPI's `void*` arguments (MPI writes nothing through it for an empty buffer).
+fn recv_ptr(buf: &mut [u8]) -> *mut c_void {
+    if buf.is_empty() {
+        return std::ptr::addr_of!(EMPTY).cast_mut().cast();
+    }
+    buf.as_mut_ptr().cast()
+}
+
+impl MpiTransport {
+    /// `buf` copied into the aligned scratch buffer, returned as bytes.
+    fn copy_to_scratch(&mut self, buf: &[u8]) -> &[u8] {
+        self.scratch.clear();
+        self.scratch.resize(buf.len().div_ceil(8), 0);
+        let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.scratch)[..buf.len()];
+        bytes.copy_from_slice(buf);
+        bytes
+    }
+
+    fn avg_divisor(&self, op: ReduceOp) -> Option<usize> {
+        (op == ReduceOp::Avg).then_some(self.n)
+    }
+}
+
+impl Transport for MpiTransport {
+    fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
+        let size = fp.dtype.size_bytes();
+        let comm = self.comm.0;
+        let input = self.copy_to_scratch(buf).as_ptr();
+        for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
+            let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
+            let n = ((end - start) / size) as c_int;
+            // SAFETY: both ranges hold `n` elements; the scratch copy does not overlap `buf`.
+            let rc = unsafe {
+                ffi::MPI_Allreduce(
+                    input.add(start).cast(),
+                    recv_ptr(&mut buf[start..end]),
+                    n,
+                    dt,
+                    mop,
+                    comm,
+                )
+            };
+            check("MPI_Allreduce", rc)?;
+        }
+        if let Some(d) = self.avg_divisor(op) {
+            divide_bytes(fp.dtype, buf, d);
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, _fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        for piece in buf.chunks_mut(CHUNK_ELEMENTS) {
+            let n = piece.len() as c_int;
+            // SAFETY: `piece` holds `n` bytes on every rank (checked by the caller).
+            let rc =
+                unsafe { ffi::MPI_Bcast(recv_ptr(piece), n, byte, root as c_int, self.comm.0) };
+            check("MPI_Bcast", rc)?;
+        }
+        Ok(())
+    }
+
+    fn all_gather(&mut self, _fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let n = count("all_gather", input.len())?;
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        // SAFETY: `output` holds `world * input.len()` bytes (checked by the caller).
+        let rc = unsafe {
+            ffi::MPI_Allgather(
+                send_ptr(input),
+                n,
+                byte,
+                recv_ptr(output),
+                n,
+                byte,
+                self.comm.0,
+            )
+        };
+        check("MPI_Allgather", rc)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = count("reduce_scatter", output.len() / fp.dtype.size_bytes())?;
+        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
+        // SAFETY: `input` holds `world * output.len()` bytes (checked by the caller).
+        let rc = unsafe {
+            ffi::MPI_Reduce_scatter_block(
+                send_ptr(input),
+                recv_ptr(output),
+                n,
+                dt,
+                mop,
+                self.comm.0,
+            )
+        };
+        check("MPI_Reduce_scatter_block", rc)?;
+        if let Some(d) = self.avg_divisor(op) {
+            divide_bytes(fp.dtype, output, d);
+        }
+        Ok(())
+    }
+
+    fn reduce(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
+        let size = fp.dtype.size_bytes();
+        let comm = self.comm.0;
+        let input = self.copy_to_scratch(buf).as_ptr();
+        let mut rank: c_int = 0;
+        // SAFETY: a valid communicator.
+        check("MPI_Comm_rank", unsafe {
+            ffi::MPI_Comm_rank(comm, &mut rank)
+        })?;
+        let is_root = rank as usize == root;
+        for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
+            let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
+            let n = ((end - start) / size) as c_int;
+            // SAFETY: both ranges hold `n` elements; only the root's receive buffer is written,
+            // so other ranks keep their input.
+            let rc = unsafe {
+                ffi::MPI_Reduce(
+                    input.add(start).cast(),
+                    recv_ptr(&mut buf[start..end]),
+                    n,
+                    dt,
+                    mop,
+                    root as c_int,
+                    comm,
+                )
+            };
+            check("MPI_Reduce", rc)?;
+        }
+        if let (true, Some(d)) = (is_root, self.avg_divisor(op)) {
+            divide_bytes(fp.dtype, buf, d);
+        }
+        Ok(())
+    }
+
+    fn gather(
+        &mut self,
+        _fp: &Fingerprint,
+        input: &[u8],
+        output: Option<&mut [u8]>,
+        root: usize,
+    ) -> Result<()> {
+        let n = count("gather", input.len())?;
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        let out = output.map_or(std::ptr::null_mut(), recv_ptr);
+        // SAFETY: on the root `out` holds `world * input.len()` bytes; elsewhere it is ignored.
+        let rc = unsafe {
+            ffi::MPI_Gather(
+                send_ptr(input),
+                n,
+                byte,
+                out,
+                n,
+                byte,
+                root as c_int,
+                self.comm.0,
+            )
+        };
+        check("MPI_Gather", rc)
+    }
+
+    fn scatter(
+        &mut self,
+        _fp: &Fingerprint,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
+        let n = count("scatter", output.len())?;
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        let src = input.map_or(std::ptr::null(), send_ptr);
+        // SAFETY: on the root `src` holds `world * output.len()` bytes; elsewhere it is ignored.
+        let rc = unsafe {
+            ffi::MPI_Scatter(
+                src,
+                n,
+                byte,
+                recv_ptr(output),
+                n,
+                byte,
+                root as c_int,
+                self.comm.0,
+            )
+        };
+        check("MPI_Scatter", rc)
+    }
+
+    fn barrier(&mut self, _fp: &Fingerprint) -> Result<()> {
+        // SAFETY: a valid communicator.
+        check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.comm.0) })
+    }
+
+    fn send(&mut self, _fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        let n = count("send", buf.len())?;
+        // SAFETY: `buf` holds `n` bytes.
+        let rc =
+            unsafe { ffi::MPI_Send(send_ptr(buf), n, byte, dst as c_int, P2P_TAG, self.comm.0) };
+        check("MPI_Send", rc)
+    }
+
+    fn recv(&mut self, _fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
+        // SAFETY: reading constants the MPI library exports.
+        let (byte, ignore) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_STATUS_IGNORE) };
+        let n = count("recv", buf.len())?;
+        // SAFETY: `buf` holds `n` bytes; a longer message is an MPI error (truncation).
+        let rc = unsafe {
+            ffi::MPI_Recv(
+                recv_ptr(buf),
+                n,
+                byte,
+                src as c_int,
+                P2P_TAG,
+                self.comm.0,
+                ignore,
+            )
+        };
+        check("MPI_Recv", rc)
+    }
+
+    /// MPI calls cannot be interrupted: the group refuses further calls (see the module docs).
+    fn abort(&mut self) {}
+
+    fn abort_handle(&self) -> Result<AbortHandle> {
+        Ok(AbortHandle::default())
+    }
+}
