@@ -390,3 +390,76 @@ fn chatty_workers_never_block_and_every_line_is_prefixed_on_its_stream() {
         "no unprefixed or torn lines"
     );
 }
+
+/// A rank stopped with SIGSTOP never fails itself: the rank that times out waiting for it exits
+/// first. The summary must name the stopped rank as the root cause and the other as its
+/// victim, soon after the timeout (the stopped rank is continued so that SIGTERM reaches it,
+/// not left for the whole grace period), and leave no process behind.
+#[test]
+fn a_stopped_rank_is_the_root_cause_and_the_rank_that_timed_out_is_its_victim() {
+    const TIMEOUT_SECS: u64 = 3;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run();
+    // A long grace period: only continuing the stopped rank ends the job in time.
+    cmd.env("DDP_TIMEOUT_SECS", TIMEOUT_SECS.to_string())
+        .args(["--nproc-per-node", "2", "--grace-period", "40", "--"])
+        .arg(worker_path())
+        .args(["--mode", "loop", "--pid-dir"])
+        .arg(dir.path());
+    let mut launcher = start(cmd);
+    let pids = wait_for_pids(dir.path(), 2, &mut launcher);
+    let stopped = pids
+        .iter()
+        .find(|(n, _)| n == "rank1-attempt0")
+        .map(|(_, p)| *p)
+        .expect("rank 1 pid");
+    // Let the loop run a little, then stop rank 1.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain syscall on the pid our worker wrote.
+    assert_eq!(unsafe { libc::kill(stopped, libc::SIGSTOP) }, 0);
+    let stopped_at = std::time::Instant::now();
+    let out = launcher.finish();
+    let took = stopped_at.elapsed();
+    assert_all_gone(&pids, Duration::from_secs(2));
+
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    // The timeout, the 2 s wait for the blamed rank's report, and slack for a loaded machine.
+    assert!(
+        took < Duration::from_secs(TIMEOUT_SECS + 12),
+        "the job ended {took:?} after the stop\n{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains(
+            "root cause:    rank 1 reported no failure of its own: it stalled (stopped, hung or too slow)"
+        ),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr
+            .contains("it was killed by SIGTERM (signal 15) when the launcher stopped the job"),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "victim:        rank 0 (failed because of rank 1): all_reduce #"
+        )) && out.stderr.contains(&format!(
+            "timed out after {TIMEOUT_SECS}s waiting for rank 1"
+        )),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains("first failure: rank 0 "),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr
+            .contains("ddp-run: error: root cause rank 1; first failure: rank 0"),
+        "{}",
+        out.all()
+    );
+}

@@ -6,6 +6,10 @@
 //! peer are completed with what that peer reported, following the chain of blame (a rank that
 //! blames a rank that blames another...), so every rank names the rank where the trouble
 //! started even when it is several hops away (e.g. behind a host's leader).
+//!
+//! A launcher learns the same chain without the store (which lives in rank 0 and may be the
+//! thing that hangs): with [`FAILURE_FILE_ENV`] set, the first failure is also written to that
+//! file, before any store call that could block.
 
 use super::abort::Abort;
 use super::job_thread::{JobThread, serve};
@@ -23,6 +27,12 @@ const REPORT_WAIT: Duration = Duration::from_secs(2);
 /// How long it waits for each further report along the chain of blame (those ranks failed
 /// before the one we blame, so their reports are usually there already).
 const CHAIN_WAIT: Duration = Duration::from_millis(500);
+
+/// Environment variable naming a file where this process writes its group's first failure, for
+/// the launcher that started it (`ddp-run` sets it per rank). Format, UTF-8 text: a first line
+/// `blame <rank>` (the rank this one timed out on or lost, the next link of the chain) or
+/// `blame none`, then the error message.
+pub const FAILURE_FILE_ENV: &str = "DDP_FAILURE_FILE";
 
 /// What jobs run against on the communication thread.
 pub(crate) struct WorkerState {
@@ -73,7 +83,15 @@ impl WorkerState {
         // it ourselves, then close: every rank's report carries the chain back to the rank
         // where the trouble started.
         let e = self.with_peer_report(e);
+        write_failure_file(&e);
         if let Some(store) = &self.reporter {
+            // The blame goes first: a peer that reads our report then follows it at once.
+            if let Some(peer) = e.peer() {
+                let _ = store.set(
+                    &format!("failure/{}/blame", self.my_rank),
+                    peer.to_string().as_bytes(),
+                );
+            }
             let _ = store.set(
                 &format!("failure/{}", self.my_rank),
                 e.to_string().as_bytes(),
@@ -129,6 +147,30 @@ impl WorkerState {
             },
             other => other,
         }
+    }
+}
+
+/// Writes `e` to the file named by [`FAILURE_FILE_ENV`], unless unset or already written (the
+/// first failure of any group in this process is the one that counts).
+fn write_failure_file(e: &CommError) {
+    let Some(path) = std::env::var_os(FAILURE_FILE_ENV) else {
+        return;
+    };
+    let blame = e.peer().map_or("none".to_string(), |p| p.to_string());
+    let report = format!("blame {blame}\n{e}\n");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, report.as_bytes()));
+    match written {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => tracing::warn!(
+            path = %std::path::Path::new(&path).display(),
+            %err,
+            "cannot write the failure report for the launcher"
+        ),
     }
 }
 

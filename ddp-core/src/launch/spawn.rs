@@ -52,8 +52,8 @@ impl Worker {
     }
 }
 
-/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`; its
-/// output goes through `console`, and global rank 0 gets `console`'s report pipe if it is live.
+/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`, its
+/// failure report going to `failure_file` (see [`super::blame`]); its output goes through `console`, and global rank 0 gets `console`'s report pipe if it is live.
 ///
 /// Must be called on the thread that supervises the workers until they end: Linux delivers
 /// `PR_SET_PDEATHSIG` when the *thread* that forked the child exits.
@@ -63,6 +63,7 @@ pub(crate) fn spawn_worker(
     restart_count: u32,
     master_port: u16,
     log_dir: Option<&std::path::Path>,
+    failure_file: &std::path::Path,
     console: &Arc<Console>,
     events: Sender<ExitEvent>,
 ) -> Result<Worker, LaunchError> {
@@ -72,6 +73,7 @@ pub(crate) fn spawn_worker(
     cmd.arg0(&plan.command.arg0)
         .args(&plan.command.args)
         .envs(plan.worker_env(local_rank, restart_count, master_port))
+        .env(ddp_comm::FAILURE_FILE_ENV, failure_file)
         // Workers live in their own process groups: they would otherwise get SIGTTIN when
         // reading a terminal they do not own, so they read nothing.
         .stdin(Stdio::null())

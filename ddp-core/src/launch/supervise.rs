@@ -6,6 +6,7 @@
 //! interruption) to every worker's process group, up to `--grace-period` for them to exit, then
 //! SIGKILL to every group. A second signal to the launcher skips the grace period.
 
+use super::blame::{FailureDir, trace_root};
 use super::error::LaunchError;
 use super::live::Console;
 use super::plan::LaunchPlan;
@@ -90,6 +91,7 @@ fn run_attempts(
                         restart_count,
                         max_restarts: plan.max_restarts,
                         others: Vec::new(),
+                        root_cause: None,
                     },
                 },
             },
@@ -178,6 +180,9 @@ impl Group {
             tracing::info!(signal = %signal_name(sig), running = self.running(), "stopping workers");
             for w in &self.workers {
                 w.signal_group(sig);
+                // A stopped worker (SIGSTOP, a debugger's detach...) acts on the signal only
+                // once continued; without this it would sit out the whole grace period.
+                w.signal_group(libc::SIGCONT);
             }
             self.wait_until(Instant::now() + grace, || {
                 signals.received() >= cut_short_at
@@ -231,6 +236,7 @@ fn run_attempt(
     console: &Arc<Console>,
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<Outcome, LaunchError> {
+    let failures = FailureDir::create(restart_count)?;
     let (tx, events) = channel();
     let mut group = Group {
         workers: Vec::with_capacity(plan.nproc_per_node),
@@ -244,6 +250,7 @@ fn run_attempt(
             restart_count,
             port,
             log_dir.as_deref(),
+            &failures.file_for(plan.global_rank(local_rank)),
             console,
             tx.clone(),
         ) {
@@ -364,14 +371,21 @@ fn run_attempt(
         (None, Some(cause)) => cause,
         (None, None) => return Ok(Outcome::Succeeded),
     };
-    let skip = match &cause {
-        FailureCause::Rank(r) => Some(r.local_rank),
-        _ => None,
+    let (skip, root_cause) = match &cause {
+        FailureCause::Rank(r) => {
+            let reports = failures.read(group.workers.iter().map(|w| w.rank));
+            (Some(r.local_rank), trace_root(r.rank, &reports))
+        }
+        _ => (None, None),
     };
+    if let Some(root) = &root_cause {
+        tracing::error!(root = root.rank, first = ?first.map(|(l, _)| plan.global_rank(l)), "root cause of the failure");
+    }
     Ok(Outcome::Failed(FailureSummary {
         cause,
         restart_count,
         max_restarts: plan.max_restarts,
         others: others(skip),
+        root_cause,
     }))
 }
