@@ -443,11 +443,11 @@ fn a_stopped_rank_is_the_root_cause_and_the_rank_that_timed_out_is_its_victim() 
         out.all()
     );
     assert!(
-        out.stderr.contains(&format!(
-            "victim:        rank 0 (failed because of rank 1): all_reduce #"
-        )) && out.stderr.contains(&format!(
-            "timed out after {TIMEOUT_SECS}s waiting for rank 1"
-        )),
+        out.stderr
+            .contains("victim:        rank 0 (failed because of rank 1): all_reduce #")
+            && out.stderr.contains(&format!(
+                "timed out after {TIMEOUT_SECS}s waiting for rank 1"
+            )),
         "{}",
         out.all()
     );

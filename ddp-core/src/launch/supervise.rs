@@ -12,7 +12,7 @@ use super::live::Console;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signals::{SignalGuard, signal_name};
-use super::spawn::{ExitEvent, Worker, spawn_worker};
+use super::spawn::{AttemptFiles, ExitEvent, Worker, spawn_worker};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -249,8 +249,10 @@ fn run_attempt(
             local_rank,
             restart_count,
             port,
-            log_dir.as_deref(),
-            &failures.file_for(plan.global_rank(local_rank)),
+            AttemptFiles {
+                log_dir: log_dir.as_deref(),
+                failures: &failures,
+            },
             console,
             tx.clone(),
         ) {
