@@ -19,7 +19,7 @@ use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::Transport;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 /// How long a failing rank waits for the blamed peer's own report.
@@ -27,6 +27,10 @@ const REPORT_WAIT: Duration = Duration::from_secs(2);
 /// How long it waits for each further report along the chain of blame (those ranks failed
 /// before the one we blame, so their reports are usually there already).
 const CHAIN_WAIT: Duration = Duration::from_millis(500);
+/// The most a failing rank spends following the chain of blame through the store.
+const CHAIN_DEADLINE: Duration = Duration::from_secs(4);
+/// The most a failing rank waits for the store to take its own report.
+const PUBLISH_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Environment variable naming a file where this process writes its group's first failure, for
 /// the launcher that started it (`ddp-run` sets it per rank). Format, UTF-8 text: a first line
@@ -81,71 +85,112 @@ impl WorkerState {
         // First complete the error with what the blamed peer reported (a peer reports before
         // it closes its connections, so in a cascade its report is already there), then report
         // it ourselves, then close: every rank's report carries the chain back to the rank
-        // where the trouble started.
-        let e = self.with_peer_report(e);
+        // where the trouble started. The store lives in rank 0, which may be the rank that
+        // stalled: every store call here runs on a helper thread with a deadline, so a frozen
+        // store delays this rank's exit by seconds, not by the store's reply timeout.
+        let e = match (&self.reporter, e.peer()) {
+            (Some(store), Some(peer)) => {
+                let (store, me) = (store.clone(), self.my_rank);
+                let detail = bounded("ddp-comm-blame", CHAIN_DEADLINE, move || {
+                    peer_reports(&store, me, peer)
+                })
+                .unwrap_or_default();
+                with_detail(e, detail)
+            }
+            _ => e,
+        };
         write_failure_file(&e);
         if let Some(store) = &self.reporter {
-            // The blame goes first: a peer that reads our report then follows it at once.
-            if let Some(peer) = e.peer() {
-                let _ = store.set(
-                    &format!("failure/{}/blame", self.my_rank),
-                    peer.to_string().as_bytes(),
+            let (store, me, peer, report) = (store.clone(), self.my_rank, e.peer(), e.to_string());
+            let published = bounded("ddp-comm-report", PUBLISH_DEADLINE, move || {
+                // The blame goes first: a peer that reads our report then follows it at once.
+                if let Some(peer) = peer {
+                    store.set(&format!("failure/{me}/blame"), peer.to_string().as_bytes())?;
+                }
+                store.set(&format!("failure/{me}"), report.as_bytes())
+            });
+            if !matches!(published, Some(Ok(()))) {
+                tracing::warn!(
+                    rank = self.my_rank,
+                    "could not publish the failure report in the store"
                 );
             }
-            let _ = store.set(
-                &format!("failure/{}", self.my_rank),
-                e.to_string().as_bytes(),
-            );
         }
         self.transport.abort();
         tracing::error!(rank = self.my_rank, error = %e, "collective failed; the process group is now unusable");
         self.failed = Some(e.to_string());
         e
     }
+}
 
-    fn with_peer_report(&self, e: CommError) -> CommError {
-        let (Some(store), Some(peer)) = (&self.reporter, e.peer()) else {
-            return e;
+/// What the ranks along the chain of blame from `peer` reported, as `; rank R reported: ...`
+/// for each (empty if `peer` reported nothing in time).
+fn peer_reports(store: &Store, my_rank: usize, peer: usize) -> String {
+    let mut detail = String::new();
+    let mut visited = vec![my_rank];
+    let mut next = Some(peer);
+    while let Some(p) = next.take().filter(|p| !visited.contains(p)) {
+        let wait = if visited.len() == 1 {
+            REPORT_WAIT
+        } else {
+            CHAIN_WAIT
         };
-        let mut detail = String::new();
-        let mut visited = vec![self.my_rank];
-        let mut next = Some(peer);
-        while let Some(p) = next.take().filter(|p| !visited.contains(p)) {
-            let wait = if visited.len() == 1 {
-                REPORT_WAIT
-            } else {
-                CHAIN_WAIT
-            };
-            let Ok(report) = store.get_timeout(&format!("failure/{p}"), wait) else {
-                break;
-            };
-            detail.push_str(&format!(
-                "; rank {p} reported: {}",
-                String::from_utf8_lossy(&report)
-            ));
-            visited.push(p);
-            let blame = format!("failure/{p}/blame");
-            if store.check(&[blame.as_str()]).unwrap_or(false) {
-                next = store
-                    .get(&blame)
-                    .ok()
-                    .and_then(|b| String::from_utf8_lossy(&b).parse::<usize>().ok());
-            }
+        let Ok(report) = store.get_timeout(&format!("failure/{p}"), wait) else {
+            break;
+        };
+        detail.push_str(&format!(
+            "; rank {p} reported: {}",
+            String::from_utf8_lossy(&report)
+        ));
+        visited.push(p);
+        let blame = format!("failure/{p}/blame");
+        if store.check(&[blame.as_str()]).unwrap_or(false) {
+            next = store
+                .get(&blame)
+                .ok()
+                .and_then(|b| String::from_utf8_lossy(&b).parse::<usize>().ok());
         }
-        if detail.is_empty() {
-            return e;
-        }
-        match e {
-            CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
-            CommError::Timeout {
-                op, peer, timeout, ..
-            } => CommError::Timeout {
-                op,
-                peer,
-                timeout,
-                detail,
-            },
-            other => other,
+    }
+    detail
+}
+
+/// `e` with `detail` (what the blamed ranks reported) appended, for errors that blame a peer.
+fn with_detail(e: CommError, detail: String) -> CommError {
+    if detail.is_empty() {
+        return e;
+    }
+    match e {
+        CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
+        CommError::Timeout {
+            op, peer, timeout, ..
+        } => CommError::Timeout {
+            op,
+            peer,
+            timeout,
+            detail,
+        },
+        other => other,
+    }
+}
+
+/// Runs `f` on a helper thread and waits at most `deadline` for its result; `None` if it did
+/// not finish in time (the thread is left to finish or to die with the process).
+fn bounded<T: Send + 'static>(
+    name: &str,
+    deadline: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(deadline).ok(),
+        Err(e) => {
+            tracing::warn!(%e, "cannot start {name}");
+            None
         }
     }
 }
