@@ -122,6 +122,11 @@ impl FailureDir {
         self.path.join(format!("rank_{rank}.failure"))
     }
 
+    /// Whether global rank `rank` has written its failure report (it may still be writing it).
+    pub(crate) fn has_report(&self, rank: usize) -> bool {
+        self.file_for(rank).exists()
+    }
+
     /// The reports of `ranks` that wrote one.
     pub(crate) fn read(
         &self,

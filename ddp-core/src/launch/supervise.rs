@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(50);
 /// How long to wait for workers to be reaped after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(30);
+/// How long a worker that reported a communication failure may take to exit on its own before
+/// the launcher stops the job: its group is unusable, but as the host of the workers' store
+/// rank 0 would otherwise wait up to a whole timeout for a stalled peer to disconnect.
+const REPORT_GRACE: Duration = Duration::from_secs(2);
 /// How long to wait for the output threads to drain the pipes once every worker is gone.
 const DRAIN_WAIT: Duration = Duration::from_secs(5);
 
@@ -283,6 +287,9 @@ fn run_attempt(
     let mut first: Option<(usize, WorkerExit)> = None;
     let mut remote: Option<FailureCause> = None;
     let mut interrupted: Option<i32> = None;
+    // The first running worker that wrote a failure report, and when it was seen.
+    let mut reported: Option<(usize, Instant)> = None;
+    let mut stopped_for_report: Option<usize> = None;
     while group.running() > 0 {
         match group.events.recv_timeout(TICK) {
             Ok(ev) => {
@@ -309,6 +316,21 @@ fn run_attempt(
             remote = Some(cause);
             break;
         }
+        match reported {
+            None => {
+                reported = group
+                    .workers
+                    .iter()
+                    .zip(&group.exits)
+                    .find(|(w, exit)| exit.is_none() && failures.has_report(w.rank))
+                    .map(|(w, _)| (w.local_rank, Instant::now()));
+            }
+            Some((local_rank, since)) if since.elapsed() >= REPORT_GRACE => {
+                stopped_for_report = Some(local_rank);
+                break;
+            }
+            Some(_) => {}
+        }
     }
 
     // The launcher's own messages follow: no bar under them (rank 0's report reader clears it
@@ -326,6 +348,13 @@ fn run_attempt(
         } else if let Some((local_rank, exit)) = first {
             let what = format!(
                 "rank {} (local rank {local_rank} on node {}) {exit}",
+                plan.global_rank(local_rank),
+                plan.node_rank
+            );
+            r.report_failure(restart_count, &what, false);
+        } else if let Some(local_rank) = stopped_for_report {
+            let what = format!(
+                "rank {} (local rank {local_rank} on node {}) reported a communication failure",
                 plan.global_rank(local_rank),
                 plan.node_rank
             );
@@ -348,6 +377,11 @@ fn run_attempt(
     if let Some(sig) = interrupted {
         return Ok(Outcome::Interrupted(sig));
     }
+    // A worker that reported a failure and did not exit in time counts as the first failure,
+    // with however it ended when stopped.
+    let first = first.or_else(|| {
+        stopped_for_report.map(|l| (l, group.exits[l].unwrap_or(WorkerExit::Code(-1))))
+    });
     let others = |skip: Option<usize>| -> Vec<(usize, WorkerExit)> {
         group
             .workers
