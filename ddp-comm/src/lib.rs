@@ -108,7 +108,9 @@ pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use error::{CommError, Result};
-pub use group::{ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming};
+pub use group::{
+    FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming,
+};
 pub use half::{bf16, f16};
 pub use init::{InitMethod, init_from_env, init_process_group};
 pub use reduce_op::ReduceOp;

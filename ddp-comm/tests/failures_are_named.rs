@@ -136,6 +136,33 @@ fn stalled_peer_is_named_after_the_timeout() {
     }
 }
 
+/// The rank that timed out records whom it blames (`failure/<rank>/blame` in the group's
+/// store namespace), so a rank failing because of it follows the chain to the stalled rank.
+#[test]
+fn a_rank_that_times_out_records_whom_it_blames_in_the_store() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 2, Duration::from_secs(1), |pg| {
+            if pg.rank() == 1 {
+                std::thread::sleep(Duration::from_secs(4));
+            }
+            let mut v = vec![0u8; 8];
+            let failed = pg.all_reduce(&mut v, ReduceOp::Sum).is_err();
+            let blame = pg
+                .store()
+                .get_timeout("failure/0/blame", Duration::from_secs(2))
+                .ok();
+            Ok((failed, blame))
+        });
+        let (failed, blame) = results[0].as_ref().expect("rank 0's check");
+        assert!(failed, "{setup:?}: rank 0 must time out");
+        assert_eq!(
+            blame.as_deref(),
+            Some(&b"1"[..]),
+            "{setup:?}: rank 0 blames rank 1"
+        );
+    }
+}
+
 #[test]
 fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
     for setup in common::SETUPS {

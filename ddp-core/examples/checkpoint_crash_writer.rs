@@ -6,7 +6,8 @@
 //! ```
 //!
 //! The test runs it once to write step 1, then again for step 2 with the test-only hook
-//! `DDP_CHECKPOINT_TEST_PAUSE_MS` set, and SIGKILLs it while it is writing.
+//! `DDP_CHECKPOINT_TEST_CRASH_AT` set, which makes it SIGKILL itself at one phase of the
+//! write. It keeps the last checkpoint only, so a save also prunes.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -37,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
     let store = Store::connect(&server.local_addr().to_string(), StoreConfig::new())?;
     let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1))?;
-    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg)?;
+    let ckpt = Checkpointer::new(CheckpointConfig::new(dir).with_keep_last(1), pg)?;
 
     let device = Default::default();
     let model = Mlp::<B>::new(&device, 8).map(&mut Fill(step as f32));

@@ -31,6 +31,8 @@ enum Mode {
     Sleep,
     /// Print many lines on stdout and stderr, then succeed.
     Chatty,
+    /// All-reduce in a loop forever, printing `step <n>` (the test stops a rank with SIGSTOP).
+    Loop,
 }
 
 #[derive(Debug, Parser)]
@@ -101,6 +103,7 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
             sleep_forever()
         }
         Mode::Chatty => chatty(&ctx, args.lines),
+        Mode::Loop => loop_forever(&ctx),
     }
 }
 
@@ -172,6 +175,20 @@ fn kill_rank1(ctx: &WorkerContext, args: &Args) -> anyhow::Result<()> {
         }
         println!("step {step}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn loop_forever(ctx: &WorkerContext) -> anyhow::Result<()> {
+    for step in 0u64.. {
+        let mut x = [1.0f32; 256];
+        ctx.process_group()
+            .all_reduce(&mut x, ReduceOp::Sum)
+            .with_context(|| format!("rank {} at step {step}", ctx.rank()))?;
+        if ctx.rank() == 0 && step % 50 == 0 {
+            println!("step {step}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
     Ok(())
 }

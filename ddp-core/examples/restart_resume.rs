@@ -1,8 +1,9 @@
 //! Test program: DDP training with a checkpoint every epoch, resumed by default, under `launch()`.
 //!
-//! `restart_resume --nproc-per-node 2 [--max-restarts 1] -- <checkpoint-dir> <output-file> [kill-step]`
+//! `restart_resume --nproc-per-node 2 [--max-restarts 1] [--kill-rank R] -- <checkpoint-dir> <output-file> [kill-step]`
 //!
-//! With `kill-step`, rank 1 SIGKILLs itself at that global step on the first attempt only; with
+//! With `kill-step`, rank `--kill-rank` (default 1) SIGKILLs itself at that global step on the
+//! first attempt only; with
 //! `--max-restarts 1` the launcher restarts the group, which resumes from the last checkpoint.
 //! Rank 0 writes the final parameters (little-endian f32) to `<output-file>`.
 
@@ -29,6 +30,9 @@ type B = Autodiff<Flex>;
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// The rank that kills itself at `kill_step`.
+    #[arg(long, default_value_t = 1)]
+    kill_rank: usize,
     checkpoint_dir: String,
     output: String,
     kill_step: Option<u64>,
@@ -90,7 +94,7 @@ fn train(ctx: WorkerContext, args: &Args) -> Result<()> {
         loader.set_epoch(epoch);
         for batch in loader.iter() {
             let (x, y) = batch?;
-            if attempt == 0 && rank == 1 && args.kill_step == Some(step) {
+            if attempt == 0 && rank == args.kill_rank && args.kill_step == Some(step) {
                 // SAFETY: raising a signal on our own process.
                 unsafe { libc::raise(libc::SIGKILL) };
             }

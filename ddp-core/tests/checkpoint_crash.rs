@@ -1,9 +1,10 @@
-//! A process SIGKILLed while writing a checkpoint leaves the previous one loadable; the next
-//! start removes the partial write and resumes from the previous checkpoint.
+//! A process SIGKILLed at any phase of a checkpoint write loses nothing: the next start
+//! removes the partial write and resumes, bitwise, from the newest committed checkpoint (the
+//! one `latest` names), and saving works as usual afterwards.
 //!
 //! The writer is the helper program `examples/checkpoint_crash_writer.rs`, built by this test
-//! with `cargo build --example` (a no-op when `cargo test` already built it), and slowed down
-//! by the test-only hook `DDP_CHECKPOINT_TEST_PAUSE_MS`.
+//! with `cargo build --example` (a no-op when `cargo test` already built it); the test-only
+//! hook `DDP_CHECKPOINT_TEST_CRASH_AT` makes it SIGKILL itself at a named phase.
 
 mod checkpoint_common;
 mod common;
@@ -11,12 +12,11 @@ mod common;
 use checkpoint_common::*;
 use common::*;
 use ddp_core::checkpoint::{
-    CheckpointConfig, Checkpointer, LATEST_FILE, MANIFEST_FILE, MODEL_FILE, TEST_PAUSE_ENV,
-    TrainingState, checkpoint_name,
+    CRASH_POINTS, CheckpointConfig, Checkpointer, LATEST_FILE, TEST_CRASH_AT_ENV, checkpoint_name,
 };
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 const EXAMPLE: &str = "checkpoint_crash_writer";
 
@@ -69,124 +69,102 @@ fn writer_binary() -> PathBuf {
     path
 }
 
-fn tmp_dirs(dir: &Path) -> Vec<String> {
-    entries_with_prefix(dir, ".tmp-")
+/// Runs the writer for `step`, SIGKILLing itself at `crash_at` if given; checks how it ended.
+fn write_step(writer: &Path, dir: &Path, step: u64, crash_at: Option<&str>) {
+    let mut cmd = Command::new(writer);
+    cmd.arg(dir).arg(step.to_string()).env("RUST_LOG", "warn");
+    match crash_at {
+        Some(point) => cmd.env(TEST_CRASH_AT_ENV, point),
+        None => cmd.env_remove(TEST_CRASH_AT_ENV),
+    };
+    let out = cmd.output().expect("run the writer");
+    let log = String::from_utf8_lossy(&out.stderr);
+    match crash_at {
+        None => assert!(out.status.success(), "writer failed: {log}"),
+        Some(point) => assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGKILL),
+            "the writer was to kill itself at {point}: {} {log}",
+            out.status
+        ),
+    }
 }
 
-#[test]
-fn sigkill_during_a_save_leaves_the_previous_checkpoint_loadable() {
-    let writer = writer_binary();
-    let dir = tempfile::tempdir().expect("tempdir");
+fn latest(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join(LATEST_FILE))
+        .expect("latest")
+        .trim()
+        .to_string()
+}
 
-    // Checkpoint 1, written completely.
-    let out = Command::new(&writer)
-        .arg(dir.path())
-        .arg("1")
-        .output()
-        .expect("run the writer");
-    assert!(
-        out.status.success(),
-        "writer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        std::fs::read_to_string(dir.path().join(LATEST_FILE))
-            .expect("latest")
-            .trim(),
-        checkpoint_name(1)
-    );
-
-    // Checkpoint 2, paused after each file and killed mid-write.
-    let mut child = Command::new(&writer)
-        .arg(dir.path())
-        .arg("2")
-        .env(TEST_PAUSE_ENV, "3000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the writer");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let partial = loop {
-        let ready = tmp_dirs(dir.path())
-            .into_iter()
-            .map(|n| dir.path().join(n))
-            .find(|p| p.join(MODEL_FILE).exists());
-        if let Some(p) = ready {
-            break p;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the writer exited ({status}) before it was killed");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the writer never started checkpoint 2"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // SAFETY: kill(2) on our own child's pid; no memory is involved.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
-    assert_eq!(rc, 0, "SIGKILL failed");
-    let status = child.wait().expect("wait for the writer");
-    assert!(!status.success(), "the writer was killed");
-
-    // The crash left a partial temporary directory and nothing else.
-    assert!(partial.is_dir(), "the partial write is still there");
-    assert!(
-        !partial.join(MANIFEST_FILE).exists(),
-        "killed before the manifest"
-    );
-    assert!(
-        !dir.path().join(checkpoint_name(2)).exists(),
-        "checkpoint 2 never appeared"
-    );
-    assert_eq!(
-        std::fs::read_to_string(dir.path().join(LATEST_FILE))
-            .expect("latest")
-            .trim(),
-        checkpoint_name(1)
-    );
-
-    // The next start cleans up and resumes from checkpoint 1.
-    let ((resumed, params), log) = run_ranks(1, |pg| {
+/// Loads the newest committed checkpoint of `dir` as a new run would; returns its name, its
+/// user note, its parameters, and the log.
+fn resume(dir: &Path) -> (String, Option<String>, Vec<f32>, String) {
+    let ((name, note, params), log) = run_ranks(1, |pg| {
         capture_logs(|| {
             let device = Default::default();
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+            let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg).expect("new");
             let mut model = Mlp::<B>::new(&device, 8);
             let mut optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
             let outcome = ckpt
                 .load_latest(&device, &mut model, &mut optim)
                 .expect("load");
-            (
-                outcome.into_resumed().expect("resumed from checkpoint 1"),
-                flat_params(&model),
-            )
+            let resumed = outcome.into_resumed().expect("resumed from a checkpoint");
+            assert!(resumed.invalid.is_empty(), "{:?}", resumed.invalid);
+            let note = resumed.state.user::<String>().expect("user note");
+            (resumed.info.name, note, flat_params(&model))
         })
     })
     .remove(0);
-    assert_eq!(
-        tmp_dirs(dir.path()),
-        Vec::<String>::new(),
-        "no temporary directory remains"
-    );
-    assert!(log.contains("removed the leftover"), "{log}");
-    assert_eq!(resumed.info.name, checkpoint_name(1));
-    assert!(resumed.invalid.is_empty());
-    assert_eq!(
-        resumed.state.user::<String>().expect("user").as_deref(),
-        Some("written by step 1")
-    );
-    assert!(
-        !params.is_empty() && params.iter().all(|&v| v == 1.0),
-        "checkpoint 1's parameters"
-    );
+    (name, note, params, log)
+}
 
-    // And the directory works as usual afterwards.
-    run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
-        let model = Mlp::<B>::new(&Default::default(), 8);
-        let optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
-        ckpt.save(&model, &optim, &TrainingState::new(0, 2))
-            .expect("save step 2");
-        assert_eq!(ckpt.latest().expect("latest"), Some(checkpoint_name(2)));
-    });
+#[test]
+fn sigkill_at_every_phase_of_a_save_loses_nothing() {
+    let writer = writer_binary();
+    let committed_at = CRASH_POINTS
+        .iter()
+        .position(|p| *p == "after-latest")
+        .expect("after-latest is a crash point");
+    for (i, point) in CRASH_POINTS.iter().enumerate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_step(&writer, dir.path(), 1, None);
+        assert_eq!(latest(dir.path()), checkpoint_name(1));
+        write_step(&writer, dir.path(), 2, Some(point));
+
+        // Before `latest` moves the save is not committed: the run resumes from step 1 (a
+        // step-2 directory renamed into place but never named by `latest` is ignored).
+        let expected: u64 = if i >= committed_at { 2 } else { 1 };
+        let (name, note, params, log) = resume(dir.path());
+        assert_eq!(name, checkpoint_name(expected), "crash {point}: {log}");
+        assert_eq!(
+            note.as_deref(),
+            Some(format!("written by step {expected}").as_str()),
+            "crash {point}"
+        );
+        let bits = (expected as f32).to_bits();
+        assert!(
+            !params.is_empty() && params.iter().all(|v| v.to_bits() == bits),
+            "crash {point}: the parameters of step {expected}, bit for bit"
+        );
+        // The next start removed whatever the crash left half-done.
+        for prefix in [".tmp-", ".trash-"] {
+            assert_eq!(
+                entries_with_prefix(dir.path(), prefix),
+                Vec::<String>::new(),
+                "crash {point}: no {prefix} leftover after the next start"
+            );
+        }
+
+        // Saving works as usual afterwards, and the save is the one a new run resumes.
+        write_step(&writer, dir.path(), 2, None);
+        assert_eq!(latest(dir.path()), checkpoint_name(2), "crash {point}");
+        let (name, _, params, log) = resume(dir.path());
+        assert_eq!(name, checkpoint_name(2), "crash {point}: {log}");
+        assert!(params.iter().all(|v| v.to_bits() == 2f32.to_bits()));
+        assert!(
+            !dir.path().join(checkpoint_name(1)).exists(),
+            "crash {point}: step 1 pruned (keep last 1)"
+        );
+    }
 }

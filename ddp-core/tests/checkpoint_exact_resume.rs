@@ -140,3 +140,99 @@ fn optimizer_and_sampler_state_both_matter() {
         "resuming without the loader position should differ from the uninterrupted run"
     );
 }
+
+/// Without a shared filesystem every rank has its own checkpoint directory and only rank 0's is
+/// written; a later run resumes on every rank, bitwise exactly, because rank 0 sends the
+/// checkpoint to the ranks whose directory is empty.
+#[test]
+fn resume_with_a_directory_per_rank_is_bitwise_exact_world_2() {
+    let world = 2;
+    let init = init_bytes();
+    let reference = uninterrupted(world, &init);
+    let dirs: Vec<tempfile::TempDir> = (0..world)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    let own_dir = |rank: usize| dirs[rank].path().join("checkpoints");
+    run_ranks(world, |pg| {
+        let dir = own_dir(pg.rank());
+        run(pg, &init, &dir, Start::Init, Stop::AfterEpoch(0))
+    });
+    let written = |rank: usize| -> Vec<String> {
+        match std::fs::read_dir(own_dir(rank)) {
+            Ok(entries) => entries
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    };
+    assert!(
+        written(0).contains(&ddp_core::checkpoint::LATEST_FILE.to_string()),
+        "rank 0 wrote its checkpoint: {:?}",
+        written(0)
+    );
+    assert_eq!(
+        written(1),
+        Vec::<String>::new(),
+        "rank 1's directory stays empty"
+    );
+
+    let second = run_ranks(world, |pg| {
+        let dir = own_dir(pg.rank());
+        run(pg, &init, &dir, Start::Resume, Stop::Never)
+    });
+    for (rank, r) in second.iter().enumerate() {
+        let resumed = r.resumed.as_ref().expect("resumed");
+        assert_eq!(resumed.state.epoch, 0, "rank {rank}");
+        assert!(
+            bitwise_eq(&r.params, &reference[0]),
+            "rank {rank} resumed from rank 0's checkpoint is not bitwise equal to the uninterrupted run"
+        );
+    }
+    assert_eq!(written(1), Vec::<String>::new(), "rank 1 never writes");
+}
+
+/// Checkpoint files are deterministic: two identical runs write the same `model.safetensors`
+/// bytes, and so do repeated saves of one model (burn hands its metadata over in a `HashMap`,
+/// whose order differs between maps: eight saves would almost surely show it).
+#[test]
+fn identical_runs_write_identical_model_bytes() {
+    use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, MODEL_FILE, TrainingState};
+    let init = init_bytes();
+    let model_bytes = |dir: &std::path::Path| -> Vec<u8> {
+        let ckpt =
+            std::fs::read_to_string(dir.join(ddp_core::checkpoint::LATEST_FILE)).expect("latest");
+        std::fs::read(dir.join(ckpt.trim()).join(MODEL_FILE)).expect("model file")
+    };
+    let train_once = || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        run_ranks(2, |pg| {
+            run(pg, &init, dir.path(), Start::Init, Stop::AfterEpoch(0))
+        });
+        model_bytes(dir.path())
+    };
+    let (a, b) = (train_once(), train_once());
+    assert!(
+        !a.is_empty() && a == b,
+        "two identical runs wrote different model bytes"
+    );
+
+    let dirs: Vec<tempfile::TempDir> = (0..8)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    run_ranks(1, |pg| {
+        let model = load_init(&init);
+        for dir in &dirs {
+            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone())
+                .expect("checkpointer");
+            ckpt.save(&model, &adam(), &TrainingState::new(0, 1))
+                .expect("save");
+        }
+    });
+    let first = model_bytes(dirs[0].path());
+    for (i, dir) in dirs.iter().enumerate() {
+        assert!(
+            model_bytes(dir.path()) == first,
+            "save {i} of the same model wrote different bytes"
+        );
+    }
+}

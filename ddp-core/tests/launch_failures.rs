@@ -390,3 +390,96 @@ fn chatty_workers_never_block_and_every_line_is_prefixed_on_its_stream() {
         "no unprefixed or torn lines"
     );
 }
+
+/// A rank stopped with SIGSTOP never fails itself: the rank that times out waiting for it exits
+/// first. The summary must name the stopped rank as the root cause and the rank that timed out
+/// as its victim, soon after the timeout (the stopped rank is continued so that SIGTERM reaches
+/// it, not left for the whole grace period), and leave no process behind. Returns the output.
+fn stop_one_rank(nproc: usize, stopped: usize) -> Finished {
+    // Long enough that rank 0 lingering a whole timeout for its store would show.
+    const TIMEOUT_SECS: u64 = 8;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run();
+    // A long grace period: only continuing the stopped rank ends the job in time.
+    cmd.env("DDP_TIMEOUT_SECS", TIMEOUT_SECS.to_string())
+        .args([
+            "--nproc-per-node",
+            &nproc.to_string(),
+            "--grace-period",
+            "40",
+            "--",
+        ])
+        .arg(worker_path())
+        .args(["--mode", "loop", "--pid-dir"])
+        .arg(dir.path());
+    let mut launcher = start(cmd);
+    let pids = wait_for_pids(dir.path(), nproc, &mut launcher);
+    let pid = pids
+        .iter()
+        .find(|(n, _)| *n == format!("rank{stopped}-attempt0"))
+        .map(|(_, p)| *p)
+        .expect("pid of the rank to stop");
+    // Let the loop run a little, then stop the rank.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain syscall on the pid our worker wrote.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped_at = std::time::Instant::now();
+    let out = launcher.finish();
+    let took = stopped_at.elapsed();
+    assert_all_gone(&pids, Duration::from_secs(2));
+
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    // The timeout, the 2 s a failing rank waits for the blamed rank's report (bounded even when
+    // the store's host is the stopped rank), the launcher's 2 s for a rank that reported a
+    // failure to exit, and slack for a loaded machine; not a second timeout.
+    assert!(
+        took < Duration::from_secs(TIMEOUT_SECS + 7),
+        "the job ended {took:?} after the stop\n{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "root cause:    rank {stopped} reported no failure of its own: it stalled (stopped, hung or too slow)"
+        )) && out
+            .stderr
+            .contains("it was killed by SIGTERM (signal 15) when the launcher stopped the job"),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("(failed because of rank {stopped}): "))
+            && out.stderr.contains(&format!(
+                "timed out after {TIMEOUT_SECS}s waiting for rank {stopped}"
+            )),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "ddp-run: error: root cause rank {stopped}; first failure: rank "
+        )),
+        "{}",
+        out.all()
+    );
+    out
+}
+
+#[test]
+fn a_stopped_rank_is_the_root_cause_and_the_rank_that_timed_out_is_its_victim() {
+    let out = stop_one_rank(2, 1);
+    assert!(
+        out.stderr
+            .contains("victim:        rank 0 (failed because of rank 1): all_reduce #")
+            && out.stderr.contains("first failure: rank 0 "),
+        "{}",
+        out.all()
+    );
+}
+
+/// Rank 0 hosts the workers' store: stopped, it freezes the store too. The rank that times out
+/// still reports (its store calls have deadlines) and the launcher still finds the root cause.
+#[test]
+fn a_stopped_rank_0_is_the_root_cause_although_it_hosts_the_store() {
+    stop_one_rank(3, 0);
+}

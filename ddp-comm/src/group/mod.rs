@@ -27,3 +27,4 @@ pub(crate) use job_thread::{Job, JobThread, serve};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
 pub use work::{Work, WorkTiming};
+pub use worker::FAILURE_FILE_ENV;

@@ -6,6 +6,10 @@
 //! peer are completed with what that peer reported, following the chain of blame (a rank that
 //! blames a rank that blames another...), so every rank names the rank where the trouble
 //! started even when it is several hops away (e.g. behind a host's leader).
+//!
+//! A launcher learns the same chain without the store (which lives in rank 0 and may be the
+//! thing that hangs): with [`FAILURE_FILE_ENV`] set, the first failure is also written to that
+//! file, before any store call that could block.
 
 use super::abort::Abort;
 use super::job_thread::{JobThread, serve};
@@ -15,7 +19,7 @@ use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::Transport;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 /// How long a failing rank waits for the blamed peer's own report.
@@ -23,6 +27,16 @@ const REPORT_WAIT: Duration = Duration::from_secs(2);
 /// How long it waits for each further report along the chain of blame (those ranks failed
 /// before the one we blame, so their reports are usually there already).
 const CHAIN_WAIT: Duration = Duration::from_millis(500);
+/// The most a failing rank spends following the chain of blame through the store.
+const CHAIN_DEADLINE: Duration = Duration::from_secs(4);
+/// The most a failing rank waits for the store to take its own report.
+const PUBLISH_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Environment variable naming a file where this process writes its group's first failure, for
+/// the launcher that started it (`ddp-run` sets it per rank). Format, UTF-8 text: a first line
+/// `blame <rank>` (the rank this one timed out on or lost, the next link of the chain) or
+/// `blame none`, then the error message.
+pub const FAILURE_FILE_ENV: &str = "DDP_FAILURE_FILE";
 
 /// What jobs run against on the communication thread.
 pub(crate) struct WorkerState {
@@ -71,64 +85,137 @@ impl WorkerState {
         // First complete the error with what the blamed peer reported (a peer reports before
         // it closes its connections, so in a cascade its report is already there), then report
         // it ourselves, then close: every rank's report carries the chain back to the rank
-        // where the trouble started.
-        let e = self.with_peer_report(e);
+        // where the trouble started. The store lives in rank 0, which may be the rank that
+        // stalled: every store call here runs on a helper thread with a deadline, so a frozen
+        // store delays this rank's exit by seconds, not by the store's reply timeout.
+        let e = match (&self.reporter, e.peer()) {
+            (Some(store), Some(peer)) => {
+                let (store, me) = (store.clone(), self.my_rank);
+                let detail = bounded("ddp-comm-blame", CHAIN_DEADLINE, move || {
+                    peer_reports(&store, me, peer)
+                })
+                .unwrap_or_default();
+                with_detail(e, detail)
+            }
+            _ => e,
+        };
+        write_failure_file(&e);
         if let Some(store) = &self.reporter {
-            let _ = store.set(
-                &format!("failure/{}", self.my_rank),
-                e.to_string().as_bytes(),
-            );
+            let (store, me, peer, report) = (store.clone(), self.my_rank, e.peer(), e.to_string());
+            let published = bounded("ddp-comm-report", PUBLISH_DEADLINE, move || {
+                // The blame goes first: a peer that reads our report then follows it at once.
+                if let Some(peer) = peer {
+                    store.set(&format!("failure/{me}/blame"), peer.to_string().as_bytes())?;
+                }
+                store.set(&format!("failure/{me}"), report.as_bytes())
+            });
+            if !matches!(published, Some(Ok(()))) {
+                tracing::warn!(
+                    rank = self.my_rank,
+                    "could not publish the failure report in the store"
+                );
+            }
         }
         self.transport.abort();
         tracing::error!(rank = self.my_rank, error = %e, "collective failed; the process group is now unusable");
         self.failed = Some(e.to_string());
         e
     }
+}
 
-    fn with_peer_report(&self, e: CommError) -> CommError {
-        let (Some(store), Some(peer)) = (&self.reporter, e.peer()) else {
-            return e;
+/// What the ranks along the chain of blame from `peer` reported, as `; rank R reported: ...`
+/// for each (empty if `peer` reported nothing in time).
+fn peer_reports(store: &Store, my_rank: usize, peer: usize) -> String {
+    let mut detail = String::new();
+    let mut visited = vec![my_rank];
+    let mut next = Some(peer);
+    while let Some(p) = next.take().filter(|p| !visited.contains(p)) {
+        let wait = if visited.len() == 1 {
+            REPORT_WAIT
+        } else {
+            CHAIN_WAIT
         };
-        let mut detail = String::new();
-        let mut visited = vec![self.my_rank];
-        let mut next = Some(peer);
-        while let Some(p) = next.take().filter(|p| !visited.contains(p)) {
-            let wait = if visited.len() == 1 {
-                REPORT_WAIT
-            } else {
-                CHAIN_WAIT
-            };
-            let Ok(report) = store.get_timeout(&format!("failure/{p}"), wait) else {
-                break;
-            };
-            detail.push_str(&format!(
-                "; rank {p} reported: {}",
-                String::from_utf8_lossy(&report)
-            ));
-            visited.push(p);
-            let blame = format!("failure/{p}/blame");
-            if store.check(&[blame.as_str()]).unwrap_or(false) {
-                next = store
-                    .get(&blame)
-                    .ok()
-                    .and_then(|b| String::from_utf8_lossy(&b).parse::<usize>().ok());
-            }
+        let Ok(report) = store.get_timeout(&format!("failure/{p}"), wait) else {
+            break;
+        };
+        detail.push_str(&format!(
+            "; rank {p} reported: {}",
+            String::from_utf8_lossy(&report)
+        ));
+        visited.push(p);
+        let blame = format!("failure/{p}/blame");
+        if store.check(&[blame.as_str()]).unwrap_or(false) {
+            next = store
+                .get(&blame)
+                .ok()
+                .and_then(|b| String::from_utf8_lossy(&b).parse::<usize>().ok());
         }
-        if detail.is_empty() {
-            return e;
+    }
+    detail
+}
+
+/// `e` with `detail` (what the blamed ranks reported) appended, for errors that blame a peer.
+fn with_detail(e: CommError, detail: String) -> CommError {
+    if detail.is_empty() {
+        return e;
+    }
+    match e {
+        CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
+        CommError::Timeout {
+            op, peer, timeout, ..
+        } => CommError::Timeout {
+            op,
+            peer,
+            timeout,
+            detail,
+        },
+        other => other,
+    }
+}
+
+/// Runs `f` on a helper thread and waits at most `deadline` for its result; `None` if it did
+/// not finish in time (the thread is left to finish or to die with the process).
+fn bounded<T: Send + 'static>(
+    name: &str,
+    deadline: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(deadline).ok(),
+        Err(e) => {
+            tracing::warn!(%e, "cannot start {name}");
+            None
         }
-        match e {
-            CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
-            CommError::Timeout {
-                op, peer, timeout, ..
-            } => CommError::Timeout {
-                op,
-                peer,
-                timeout,
-                detail,
-            },
-            other => other,
-        }
+    }
+}
+
+/// Writes `e` to the file named by [`FAILURE_FILE_ENV`], unless unset or already written (the
+/// first failure of any group in this process is the one that counts).
+fn write_failure_file(e: &CommError) {
+    let Some(path) = std::env::var_os(FAILURE_FILE_ENV) else {
+        return;
+    };
+    let blame = e.peer().map_or("none".to_string(), |p| p.to_string());
+    let report = format!("blame {blame}\n{e}\n");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, report.as_bytes()));
+    match written {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => tracing::warn!(
+            path = %std::path::Path::new(&path).display(),
+            %err,
+            "cannot write the failure report for the launcher"
+        ),
     }
 }
 

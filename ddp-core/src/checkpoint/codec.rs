@@ -6,8 +6,11 @@
 //!   of safetensors. `param_ids.json` maps each module path to its id, and a restored module
 //!   takes the saved ids, so the optimizer state reattaches to the right parameters (on every
 //!   rank, since DDP made every rank hold rank 0's ids before the save).
+//! - The safetensors header is rewritten in canonical form (sorted keys), so equal tensors
+//!   give equal bytes.
 //! - The optimizer state goes through burn's `BinBytesRecorder` at full precision.
 
+use super::canonical::canonical_safetensors;
 use super::error::CheckpointError;
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE};
 use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
@@ -34,6 +37,8 @@ pub(crate) fn encode_model<B: Backend, M: ModuleSnapshot<B>>(
         .save_into(&mut store)
         .map_err(|e| fail(e.to_string()))?;
     let bytes = store.get_bytes().map_err(|e| fail(e.to_string()))?;
+    // Equal tensors must give equal bytes (burn writes its metadata in a random order).
+    let bytes = canonical_safetensors(&bytes).map_err(fail)?;
     let mut ids = ParamIds::new();
     for snapshot in model.collect(None, None, false) {
         if let Some(id) = snapshot.tensor_id {

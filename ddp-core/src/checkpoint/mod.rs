@@ -44,8 +44,9 @@
 //! [`DistributedDataParallel`](crate::DistributedDataParallel) (which registers ids at
 //! construction).
 //!
-//! **Test-only hook.** [`TEST_PAUSE_ENV`] (`DDP_CHECKPOINT_TEST_PAUSE_MS`) makes the writer
-//! sleep after each file, so tests can kill it mid-write. Never set it in production.
+//! **Test-only hook.** [`TEST_CRASH_AT_ENV`] (`DDP_CHECKPOINT_TEST_CRASH_AT`) makes the writer
+//! SIGKILL its own process at one of the [`CRASH_POINTS`] of a save, so tests can show that a
+//! crash at each phase loses nothing. Never set it in production.
 //!
 //! # A training loop
 //!
@@ -127,9 +128,11 @@
 //! # Ok(()) }
 //! ```
 
+mod canonical;
 mod checkpointer;
 mod codec;
 mod config;
+mod crash_point;
 mod error;
 mod manifest;
 mod outcome;
@@ -141,6 +144,7 @@ mod writer;
 
 pub use checkpointer::Checkpointer;
 pub use config::{CheckpointConfig, run_config_hash};
+pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
@@ -148,4 +152,4 @@ pub use manifest::{
 };
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
 pub use state::{FRAMEWORK_VERSION, TrainingState};
-pub use writer::{LATEST_FILE, TEST_PAUSE_ENV, checkpoint_name, parse_checkpoint_name};
+pub use writer::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};

@@ -10,13 +10,13 @@
 //! A crash at any point leaves the previous checkpoint and the previous `latest` intact;
 //! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
 
+use super::crash_point::crash_point;
 use super::error::CheckpointError;
 use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::state::FRAMEWORK_VERSION;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// The pointer file naming the newest complete checkpoint.
 pub const LATEST_FILE: &str = "latest";
@@ -24,10 +24,6 @@ pub const LATEST_FILE: &str = "latest";
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
 /// Prefix of checkpoints being deleted or replaced.
 pub(crate) const TRASH_PREFIX: &str = ".trash-";
-/// **Test-only hook.** When set to a number of milliseconds, the writer sleeps that long after
-/// each file it writes into the temporary directory, so a test can kill the process mid-write.
-/// Never set it in production.
-pub const TEST_PAUSE_ENV: &str = "DDP_CHECKPOINT_TEST_PAUSE_MS";
 
 /// The directory name of the checkpoint taken at `global_step`.
 pub fn checkpoint_name(global_step: u64) -> String {
@@ -70,6 +66,7 @@ pub(crate) fn write_checkpoint(
         }
     };
 
+    crash_point("before-rename");
     let target = dir.join(name);
     let trash = if target.exists() {
         // Same step saved again: move the old one aside; `latest` may name it for a moment,
@@ -87,8 +84,10 @@ pub(crate) fn write_checkpoint(
         }
         return Err(e);
     }
+    crash_point("after-rename");
     sync_dir(dir)?;
     write_latest(dir, name)?;
+    crash_point("after-latest");
     if let Some(trash) = trash
         && let Err(e) = remove_path(&trash)
     {
@@ -106,19 +105,12 @@ fn fill_temporary(
     global_step: u64,
     files: &[(&str, Vec<u8>)],
 ) -> Result<Manifest, CheckpointError> {
-    let pause = test_pause();
+    crash_point("before-files");
     let mut entries = Vec::with_capacity(files.len());
     for (file, bytes) in files {
         write_synced(&tmp.join(file), bytes)?;
         entries.push(FileEntry::of(file, bytes));
-        if let Some(pause) = pause {
-            tracing::warn!(
-                file,
-                ?pause,
-                "{TEST_PAUSE_ENV} is set: pausing the checkpoint writer (test-only)"
-            );
-            std::thread::sleep(pause);
-        }
+        crash_point(&format!("after-{file}"));
     }
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
@@ -138,6 +130,7 @@ fn fill_temporary(
 pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     let tmp = dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{}", std::process::id()));
     write_synced(&tmp, format!("{name}\n").as_bytes())?;
+    crash_point("before-latest");
     rename(&tmp, &dir.join(LATEST_FILE))?;
     sync_dir(dir)
 }
@@ -160,6 +153,7 @@ pub(crate) fn prune(
     for (_, name) in names.into_iter().take(excess) {
         let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
         rename(&dir.join(&name), &trash)?;
+        crash_point("during-prune");
         remove_path(&trash)?;
         removed.push(name);
     }
@@ -266,11 +260,6 @@ fn remove_path(path: &Path) -> Result<(), CheckpointError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-fn test_pause() -> Option<Duration> {
-    let ms: u64 = std::env::var(TEST_PAUSE_ENV).ok()?.trim().parse().ok()?;
-    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 #[cfg(test)]

@@ -141,6 +141,18 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
+    /// The private directory for the workers' failure reports could not be created.
+    #[error(
+        "cannot create the directory for the workers' failure reports {}: {source} (is TMPDIR writable?)",
+        path.display()
+    )]
+    FailureDir {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The launcher could not install its signal handlers, or another launcher runs in this process.
     #[error("cannot install the launcher's signal handlers: {reason}")]
     Signals {

@@ -127,6 +127,7 @@
 #![warn(missing_docs)]
 
 mod args;
+mod blame;
 mod context;
 mod env;
 mod error;
@@ -141,6 +142,7 @@ mod supervise;
 mod worker;
 
 pub use args::{LaunchArgs, NprocPerNode};
+pub use blame::{RootCause, Victim};
 pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;

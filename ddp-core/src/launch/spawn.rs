@@ -1,6 +1,7 @@
 //! Starting one worker: its own process group, `PR_SET_PDEATHSIG`, piped output, and a thread
 //! that waits for it and reports its exit.
 
+use super::blame::FailureDir;
 use super::error::LaunchError;
 use super::live::{Console, Stream, follow_reports};
 use super::output::{Sink, Tail, pump};
@@ -52,8 +53,17 @@ impl Worker {
     }
 }
 
-/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`; its
-/// output goes through `console`, and global rank 0 gets `console`'s report pipe if it is live.
+/// Where one attempt's workers write: their logs (with `--log-dir`) and failure reports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttemptFiles<'a> {
+    /// `--log-dir/attempt_<n>`, if logging to files.
+    pub(crate) log_dir: Option<&'a std::path::Path>,
+    /// The failure reports (see [`super::blame`]).
+    pub(crate) failures: &'a FailureDir,
+}
+
+/// Starts local rank `local_rank` of attempt `restart_count`, its store on `master_port`, its
+/// log and failure report in `files`; its output goes through `console`, and global rank 0 gets `console`'s report pipe if it is live.
 ///
 /// Must be called on the thread that supervises the workers until they end: Linux delivers
 /// `PR_SET_PDEATHSIG` when the *thread* that forked the child exits.
@@ -62,7 +72,7 @@ pub(crate) fn spawn_worker(
     local_rank: usize,
     restart_count: u32,
     master_port: u16,
-    log_dir: Option<&std::path::Path>,
+    files: AttemptFiles<'_>,
     console: &Arc<Console>,
     events: Sender<ExitEvent>,
 ) -> Result<Worker, LaunchError> {
@@ -72,6 +82,7 @@ pub(crate) fn spawn_worker(
     cmd.arg0(&plan.command.arg0)
         .args(&plan.command.args)
         .envs(plan.worker_env(local_rank, restart_count, master_port))
+        .env(ddp_comm::FAILURE_FILE_ENV, files.failures.file_for(rank))
         // Workers live in their own process groups: they would otherwise get SIGTTIN when
         // reading a terminal they do not own, so they read nothing.
         .stdin(Stdio::null())
@@ -135,7 +146,7 @@ pub(crate) fn spawn_worker(
         }
     };
 
-    let log = match log_dir {
+    let log = match files.log_dir {
         Some(dir) => {
             let path = dir.join(format!("rank_{rank}.log"));
             match File::create(&path) {

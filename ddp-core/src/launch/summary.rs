@@ -1,5 +1,6 @@
 //! [`FailureSummary`]: which rank failed first, how, and its last lines of output.
 
+use super::blame::RootCause;
 use super::signals::signal_name;
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
@@ -117,6 +118,9 @@ pub struct FailureSummary {
     pub max_restarts: u32,
     /// This node's other ranks and how they ended (most were stopped by the launcher).
     pub others: Vec<(usize, WorkerExit)>,
+    /// Where the chain of blame from the first failure ends, when that rank failed because of
+    /// another (it timed out waiting for it, or lost its connection).
+    pub root_cause: Option<RootCause>,
 }
 
 impl FailureSummary {
@@ -124,6 +128,15 @@ impl FailureSummary {
     pub fn report(&self) -> String {
         let rule = "=".repeat(72);
         let mut out = format!("{rule}\nddp launcher: worker failure\n");
+        if let Some(root) = &self.root_cause {
+            out.push_str(&format!("  root cause:    {}\n", self.root_line(root)));
+            for v in &root.victims {
+                out.push_str(&format!(
+                    "  victim:        rank {} (failed because of rank {}): {}\n",
+                    v.rank, v.blamed, v.message
+                ));
+            }
+        }
         out.push_str(&format!("  first failure: {}\n", self.cause));
         out.push_str(&format!(
             "  attempt:       {} of {} (--max-restarts {})\n",
@@ -160,10 +173,34 @@ impl FailureSummary {
         out.push('\n');
         out
     }
+
+    /// `rank <r> (pid ..): <what it reported, or that it reported nothing>; <how it ended>`.
+    fn root_line(&self, root: &RootCause) -> String {
+        let local = self
+            .others
+            .iter()
+            .find(|(rank, _)| *rank == root.rank)
+            .map(|(_, exit)| *exit);
+        let mut line = format!("rank {}", root.rank);
+        match &root.own_report {
+            Some(report) => line.push_str(&format!(" failed: {report}")),
+            None => line.push_str(
+                " reported no failure of its own: it stalled (stopped, hung or too slow) or its \
+                 report is on another node",
+            ),
+        }
+        if let Some(exit) = local {
+            line.push_str(&format!("; it {exit} when the launcher stopped the job"));
+        }
+        line
+    }
 }
 
 impl fmt::Display for FailureSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(root) = &self.root_cause {
+            write!(f, "root cause rank {}; first failure: ", root.rank)?;
+        }
         write!(
             f,
             "{} (attempt {} of {})",
@@ -177,6 +214,7 @@ impl fmt::Display for FailureSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::blame::Victim;
 
     fn failure(exit: WorkerExit, tail: &[&str]) -> FailureSummary {
         FailureSummary {
@@ -195,6 +233,7 @@ mod tests {
                 (0, WorkerExit::Signal(libc::SIGTERM)),
                 (2, WorkerExit::Code(1)),
             ],
+            root_cause: None,
         }
     }
 
@@ -247,6 +286,36 @@ mod tests {
         assert_eq!(
             s.to_string(),
             "rank 1 (local rank 1 on node 0, pid 4321) was killed by SIGKILL (signal 9) (attempt 1 of 1)"
+        );
+    }
+
+    #[test]
+    fn report_names_the_root_cause_and_its_victims_before_the_first_failure() {
+        let mut s = failure(WorkerExit::Code(1), &["error"]);
+        s.root_cause = Some(RootCause {
+            rank: 2,
+            own_report: None,
+            victims: vec![Victim {
+                rank: 1,
+                blamed: 2,
+                message: "all_reduce #7: timed out after 3s waiting for rank 2".into(),
+            }],
+        });
+        s.others = vec![
+            (0, WorkerExit::Code(1)),
+            (2, WorkerExit::Signal(libc::SIGTERM)),
+        ];
+        let report = s.report();
+        assert!(
+            report.contains(
+                "  root cause:    rank 2 reported no failure of its own: it stalled (stopped, hung or too slow) or its report is on another node; it was killed by SIGTERM (signal 15) when the launcher stopped the job\n  victim:        rank 1 (failed because of rank 2): all_reduce #7: timed out after 3s waiting for rank 2\n  first failure: rank 1 "
+            ),
+            "{report}"
+        );
+        assert!(
+            s.to_string()
+                .starts_with("root cause rank 2; first failure: rank 1 "),
+            "{s}"
         );
     }
 

@@ -6,12 +6,13 @@
 //! interruption) to every worker's process group, up to `--grace-period` for them to exit, then
 //! SIGKILL to every group. A second signal to the launcher skips the grace period.
 
+use super::blame::{FailureDir, trace_root};
 use super::error::LaunchError;
 use super::live::Console;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signals::{SignalGuard, signal_name};
-use super::spawn::{ExitEvent, Worker, spawn_worker};
+use super::spawn::{AttemptFiles, ExitEvent, Worker, spawn_worker};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,6 +23,10 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(50);
 /// How long to wait for workers to be reaped after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(30);
+/// How long a worker that reported a communication failure may take to exit on its own before
+/// the launcher stops the job: its group is unusable, but as the host of the workers' store
+/// rank 0 would otherwise wait up to a whole timeout for a stalled peer to disconnect.
+const REPORT_GRACE: Duration = Duration::from_secs(2);
 /// How long to wait for the output threads to drain the pipes once every worker is gone.
 const DRAIN_WAIT: Duration = Duration::from_secs(5);
 
@@ -90,6 +95,7 @@ fn run_attempts(
                         restart_count,
                         max_restarts: plan.max_restarts,
                         others: Vec::new(),
+                        root_cause: None,
                     },
                 },
             },
@@ -178,6 +184,9 @@ impl Group {
             tracing::info!(signal = %signal_name(sig), running = self.running(), "stopping workers");
             for w in &self.workers {
                 w.signal_group(sig);
+                // A stopped worker (SIGSTOP, a debugger's detach...) acts on the signal only
+                // once continued; without this it would sit out the whole grace period.
+                w.signal_group(libc::SIGCONT);
             }
             self.wait_until(Instant::now() + grace, || {
                 signals.received() >= cut_short_at
@@ -231,6 +240,7 @@ fn run_attempt(
     console: &Arc<Console>,
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<Outcome, LaunchError> {
+    let failures = FailureDir::create(restart_count)?;
     let (tx, events) = channel();
     let mut group = Group {
         workers: Vec::with_capacity(plan.nproc_per_node),
@@ -243,7 +253,10 @@ fn run_attempt(
             local_rank,
             restart_count,
             port,
-            log_dir.as_deref(),
+            AttemptFiles {
+                log_dir: log_dir.as_deref(),
+                failures: &failures,
+            },
             console,
             tx.clone(),
         ) {
@@ -274,6 +287,9 @@ fn run_attempt(
     let mut first: Option<(usize, WorkerExit)> = None;
     let mut remote: Option<FailureCause> = None;
     let mut interrupted: Option<i32> = None;
+    // The first running worker that wrote a failure report, and when it was seen.
+    let mut reported: Option<(usize, Instant)> = None;
+    let mut stopped_for_report: Option<usize> = None;
     while group.running() > 0 {
         match group.events.recv_timeout(TICK) {
             Ok(ev) => {
@@ -300,6 +316,21 @@ fn run_attempt(
             remote = Some(cause);
             break;
         }
+        match reported {
+            None => {
+                reported = group
+                    .workers
+                    .iter()
+                    .zip(&group.exits)
+                    .find(|(w, exit)| exit.is_none() && failures.has_report(w.rank))
+                    .map(|(w, _)| (w.local_rank, Instant::now()));
+            }
+            Some((local_rank, since)) if since.elapsed() >= REPORT_GRACE => {
+                stopped_for_report = Some(local_rank);
+                break;
+            }
+            Some(_) => {}
+        }
     }
 
     // The launcher's own messages follow: no bar under them (rank 0's report reader clears it
@@ -317,6 +348,13 @@ fn run_attempt(
         } else if let Some((local_rank, exit)) = first {
             let what = format!(
                 "rank {} (local rank {local_rank} on node {}) {exit}",
+                plan.global_rank(local_rank),
+                plan.node_rank
+            );
+            r.report_failure(restart_count, &what, false);
+        } else if let Some(local_rank) = stopped_for_report {
+            let what = format!(
+                "rank {} (local rank {local_rank} on node {}) reported a communication failure",
                 plan.global_rank(local_rank),
                 plan.node_rank
             );
@@ -339,6 +377,11 @@ fn run_attempt(
     if let Some(sig) = interrupted {
         return Ok(Outcome::Interrupted(sig));
     }
+    // A worker that reported a failure and did not exit in time counts as the first failure,
+    // with however it ended when stopped.
+    let first = first.or_else(|| {
+        stopped_for_report.map(|l| (l, group.exits[l].unwrap_or(WorkerExit::Code(-1))))
+    });
     let others = |skip: Option<usize>| -> Vec<(usize, WorkerExit)> {
         group
             .workers
@@ -364,14 +407,21 @@ fn run_attempt(
         (None, Some(cause)) => cause,
         (None, None) => return Ok(Outcome::Succeeded),
     };
-    let skip = match &cause {
-        FailureCause::Rank(r) => Some(r.local_rank),
-        _ => None,
+    let (skip, root_cause) = match &cause {
+        FailureCause::Rank(r) => {
+            let reports = failures.read(group.workers.iter().map(|w| w.rank));
+            (Some(r.local_rank), trace_root(r.rank, &reports))
+        }
+        _ => (None, None),
     };
+    if let Some(root) = &root_cause {
+        tracing::error!(root = root.rank, first = ?first.map(|(l, _)| plan.global_rank(l)), "root cause of the failure");
+    }
     Ok(Outcome::Failed(FailureSummary {
         cause,
         restart_count,
         max_restarts: plan.max_restarts,
         others: others(skip),
+        root_cause,
     }))
 }
