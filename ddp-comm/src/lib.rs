@@ -90,6 +90,7 @@
 
 mod auth;
 mod collective;
+mod connect;
 mod deadline;
 mod deadline_io;
 mod dtype;

@@ -18,7 +18,7 @@ pub(crate) mod parts;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
-pub(crate) use abort::AbortHandle;
+pub(crate) use abort::{AbortHandle, LiveStreams};
 pub(crate) use hybrid::{ConnectSpec, Connected, connect};
 pub(crate) use parts::Parts;
 
