@@ -1,8 +1,29 @@
-//! The one connect-retry loop: the store client and the rank-to-rank connections both start
-//! before their peer may be listening, so they try again until a deadline.
+//! Connecting and being connected to.
+//!
+//! - [`retry_until`]: the one connect-retry loop: the store client and the rank-to-rank
+//!   connections both start before their peer may be listening, so they try again until a
+//!   deadline.
+//! - [`raise_backlog`]: listeners (the store's, each rank's) that a thousand peers can reach
+//!   at once.
 
 use std::io;
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
+
+/// Listen backlog asked for (the kernel caps it at `net.core.somaxconn`).
+const BACKLOG: libc::c_int = 4096;
+
+/// Lets a thousand peers connect at once: the standard library listens with a backlog of 128,
+/// and a connection beyond the backlog waits a whole second for its SYN to be retried.
+/// Listening again on a listening socket only changes its backlog; failing is harmless.
+pub(crate) fn raise_backlog(listener: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid listening socket; `listen` reads no memory.
+    let rc = unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "could not raise a listen backlog");
+    }
+}
 
 /// What one attempt gave instead of a connection.
 #[derive(Debug)]

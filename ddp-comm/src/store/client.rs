@@ -49,15 +49,28 @@ impl Store {
         crate::deadline::check_timeout("store timeout", config.timeout)?;
         crate::auth::check_token("store token", &config.token)?;
         let deadline = deadline_after(config.timeout);
-        let mut stream = retry_until(deadline, CONNECT_RETRY_PAUSE, || {
-            try_connect(addr, deadline).map_err(Attempt::Retry)
-        })
-        .map_err(|source| CommError::StoreUnreachable {
+        // A server under a connection storm may push a slow hello out; that is retried like a
+        // refused connection. A refusal or an unproven server is final.
+        let mut fatal = None;
+        let connected = retry_until(deadline, CONNECT_RETRY_PAUSE, || {
+            let mut stream = try_connect(addr, deadline).map_err(Attempt::Retry)?;
+            match hello(&mut stream, addr, &config.token, deadline) {
+                Ok(()) => Ok(stream),
+                Err(CommError::Io { source, .. }) => Err(Attempt::Retry(source)),
+                Err(e) => {
+                    fatal = Some(e);
+                    Err(Attempt::GiveUp(io::Error::other("refused")))
+                }
+            }
+        });
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        let stream = connected.map_err(|source| CommError::StoreUnreachable {
             addr: addr.to_string(),
             timeout: config.timeout,
             source,
         })?;
-        hello(&mut stream, addr, &config.token, deadline)?;
         let addr_resolved = stream
             .peer_addr()
             .map_err(|e| CommError::io("store: reading the peer address", e))?;

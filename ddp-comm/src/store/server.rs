@@ -8,10 +8,12 @@
 //!
 //! Until a connection has proved the token it is *pending*: it must finish its hello within
 //! [`StoreConfig::hello_timeout`] in total (a `tokio::time` deadline on the whole hello,
-//! however slowly its bytes arrive), and at most [`MAX_PENDING`] are kept; one more pushes out
-//! the oldest (a real rank says hello within milliseconds, so the oldest pending connection is
-//! the likeliest to be a stranger). Idle or dripping strangers therefore cannot exhaust the
-//! server nor lock real ranks out.
+//! however slowly its bytes arrive), and at most [`MAX_PENDING`] run at once. With that many
+//! running, new connections wait in the listen backlog and the oldest hello is pushed out once
+//! it has run [`PENDING_GRACE`] (a real rank says hello within milliseconds, so the oldest
+//! pending connection is the likeliest to be a stranger; a real client pushed out in a storm
+//! simply connects again). Idle or dripping strangers therefore cannot exhaust the server nor
+//! lock real ranks out.
 //!
 //! Shutdown stops the event loop and drops every task with it: each client's socket closes,
 //! including those waiting in `get` or `wait`, so no waiter can sleep through it.
@@ -32,6 +34,10 @@ use tokio::task::AbortHandle;
 
 /// Most connections kept at once that have not proved the token yet.
 pub(crate) const MAX_PENDING: usize = 64;
+/// How long a hello may run before, with [`MAX_PENDING`] running, it is pushed out to make
+/// room: under a storm of real ranks every hello gets this long (the others wait in the
+/// listen backlog meanwhile), and idle strangers still cannot hold the slots.
+const PENDING_GRACE: Duration = Duration::from_millis(50);
 /// How long the accept loop pauses after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -79,6 +85,7 @@ impl StoreServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| CommError::io("store: configuring the listener", e))?;
+        crate::connect::raise_backlog(&listener);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -149,10 +156,10 @@ impl Drop for StoreServer {
     }
 }
 
-/// Connections still in their hello, oldest first.
+/// Connections still in their hello, oldest first: id, when accepted, the task.
 #[derive(Debug, Default)]
 struct Pending {
-    tasks: VecDeque<(u64, AbortHandle)>,
+    tasks: VecDeque<(u64, tokio::time::Instant, AbortHandle)>,
 }
 
 fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
@@ -165,8 +172,32 @@ async fn accept_loop(
     mut stop: oneshot::Receiver<()>,
 ) {
     let pending = Arc::new(Mutex::new(Pending::default()));
+    let slot_freed = Arc::new(tokio::sync::Notify::new());
     let mut next_id = 0u64;
     loop {
+        // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
+        loop {
+            let oldest = {
+                let p = lock(&pending);
+                (p.tasks.len() >= MAX_PENDING)
+                    .then(|| p.tasks.front().map(|(_, since, _)| *since))
+                    .flatten()
+            };
+            let Some(since) = oldest else { break };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = slot_freed.notified() => {}
+                _ = tokio::time::sleep_until(since + PENDING_GRACE) => {
+                    if let Some((_, _, task)) = lock(&pending).tasks.pop_front() {
+                        tracing::warn!(
+                            limit = MAX_PENDING,
+                            "store: too many connections without a hello; dropping the oldest"
+                        );
+                        task.abort();
+                    }
+                }
+            }
+        }
         let accepted = tokio::select! {
             _ = &mut stop => return,
             accepted = listener.accept() => accepted,
@@ -183,27 +214,15 @@ async fn accept_loop(
         next_id += 1;
         let id = next_id;
         let deadline = tokio::time::Instant::from_std(deadline_after(served.config.hello_timeout));
-        let p = pending.clone();
+        let (p, freed) = (pending.clone(), slot_freed.clone());
         let task = tokio::spawn(serve(served.clone(), stream, peer, deadline, move || {
-            lock(&p).tasks.retain(|(t, _)| *t != id);
+            lock(&p).tasks.retain(|(t, _, _)| *t != id);
+            freed.notify_one();
         }));
         // The task cannot have run yet (this loop has not yielded), so it is listed before it
         // can take itself off the list.
-        let evicted = {
-            let mut p = lock(&pending);
-            p.tasks.push_back((id, task.abort_handle()));
-            if p.tasks.len() > MAX_PENDING {
-                p.tasks.pop_front()
-            } else {
-                None
-            }
-        };
-        if let Some((_, oldest)) = evicted {
-            tracing::warn!(
-                limit = MAX_PENDING,
-                "store: too many connections without a hello; dropping the oldest"
-            );
-            oldest.abort();
-        }
+        lock(&pending)
+            .tasks
+            .push_back((id, tokio::time::Instant::now(), task.abort_handle()));
     }
 }

@@ -37,17 +37,19 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// Runs the hello before `deadline`; `on_trusted` is called once the client is in (the server
-/// stops counting it as pending), then requests are served until the client leaves.
+/// Runs the hello before `deadline`; `hello_done` is called when it ends, however it ends (the
+/// server stops counting the connection as pending), then a trusted client's requests are
+/// served until it leaves.
 pub(super) async fn serve(
     served: Arc<Served>,
     mut stream: TcpStream,
     peer: SocketAddr,
     deadline: tokio::time::Instant,
-    on_trusted: impl FnOnce(),
+    hello_done: impl FnOnce(),
 ) {
-    let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream));
-    match hello.await {
+    let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
+    hello_done();
+    match hello {
         Ok(Ok(())) => {}
         Ok(Err(reason)) => {
             tracing::warn!(%peer, %reason, "store: rejected a connection");
@@ -62,7 +64,6 @@ pub(super) async fn serve(
             return;
         }
     }
-    on_trusted();
     let _counted = Counted::new(&served.clients);
     loop {
         let body = match read_frame(&mut stream, served.config.max_frame_bytes).await {

@@ -74,6 +74,7 @@ impl Acceptor {
         listener
             .set_nonblocking(true)
             .map_err(|e| CommError::io(ctx("configuring the listener"), e))?;
+        crate::connect::raise_backlog(&listener);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
