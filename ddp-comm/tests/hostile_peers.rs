@@ -335,28 +335,29 @@ fn launch(attack: Attack, addr: &str, target: Target, replay: &[u8]) -> Launched
 }
 
 impl Launched {
-    /// Stops the attack and says whether it was answered as it should have been.
-    fn finish(self, attack: Attack) -> Result<(), String> {
-        if attack == Attack::Idle {
-            // At most 64 connections without a hello are kept; the others are pushed out (the
-            // store gives each 50 ms before it does, so the last ones may still be going),
-            // long before any hello deadline.
-            let start = Instant::now();
-            let mut closed = vec![false; self.held.len()];
-            loop {
-                for (c, s) in closed.iter_mut().zip(&self.held) {
-                    *c = *c || closed_now(s);
-                }
-                let open = closed.iter().filter(|c| !**c).count();
-                if open <= 64 {
-                    break;
-                }
-                if start.elapsed() > Duration::from_millis(1500) {
-                    return Err(format!("{open} of {IDLE} idle connections are still open"));
-                }
-                std::thread::sleep(Duration::from_millis(50));
+    /// While the job still runs: at most 64 idle connections are kept without a hello; the
+    /// others are pushed out (the store gives each 50 ms first, so the last ones may still be
+    /// going), long before any hello deadline.
+    fn check_idle(&self) -> Result<(), String> {
+        let start = Instant::now();
+        let mut closed = vec![false; self.held.len()];
+        loop {
+            for (c, s) in closed.iter_mut().zip(&self.held) {
+                *c = *c || closed_now(s);
             }
+            let open = closed.iter().filter(|c| !**c).count();
+            if open <= 64 {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_millis(1500) {
+                return Err(format!("{open} of {IDLE} idle connections are still open"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops the attack and says whether it was answered as it should have been.
+    fn finish(self) -> Result<(), String> {
         self.stop.store(true, Ordering::SeqCst);
         drop(self.held);
         for c in self.checks {
@@ -369,7 +370,12 @@ impl Launched {
 
 /// One rank: forms the group, then trains (an all-reduce per step, a gather to rank 0 at
 /// `GATHER_STEP`), checking every result. Rank 0 lets the attacker start at `ATTACK_STEP`.
-fn rank(r: usize, addr: &str, attack_now: Option<mpsc::Sender<()>>) -> Result<(), String> {
+fn rank(
+    r: usize,
+    addr: &str,
+    attack_now: Option<mpsc::Sender<()>>,
+    release: &AtomicBool,
+) -> Result<(), String> {
     let store = Store::connect(addr, store_config()).map_err(|e| e.to_string())?;
     let pg = ProcessGroup::with_store(store, group_config(r)).map_err(|e| e.to_string())?;
     let total: f32 = (1..=WORLD).map(|x| x as f32).sum();
@@ -399,7 +405,13 @@ fn rank(r: usize, addr: &str, attack_now: Option<mpsc::Sender<()>>) -> Result<()
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    pg.barrier().map_err(|e| e.to_string())
+    pg.barrier().map_err(|e| e.to_string())?;
+    // Keep the group (and its listener) alive until the attack has been looked at.
+    let held = Instant::now();
+    while !release.load(Ordering::SeqCst) && held.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }
 
 /// Runs one job under one attack; `Err` says what went wrong.
@@ -423,11 +435,13 @@ fn run_case(attack: Attack, target: Target, phase: Phase) -> Result<(), String> 
     }
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let mut attack_now = (phase == Phase::Training).then_some(go_tx);
-    let (results, launched) = std::thread::scope(|s| {
+    let release = AtomicBool::new(false);
+    let release = &release;
+    let (results, launched, idle) = std::thread::scope(|s| {
         let addr = &addr;
         let rank0 = {
             let a = attack_now.take();
-            s.spawn(move || rank(0, addr, a))
+            s.spawn(move || rank(0, addr, a, release))
         };
         let mut mesh_addr = None;
         if target == Target::Mesh {
@@ -451,7 +465,7 @@ fn run_case(attack: Attack, target: Target, phase: Phase) -> Result<(), String> 
         let early = (phase == Phase::Rendezvous && attack != Attack::Replay)
             .then(|| launch(attack, &attacked, target, &replay));
         let others: Vec<_> = (1..WORLD)
-            .map(|r| s.spawn(move || rank(r, addr, None)))
+            .map(|r| s.spawn(move || rank(r, addr, None, release)))
             .collect();
         let launched = match phase {
             Phase::Rendezvous if attack == Attack::Replay => {
@@ -469,9 +483,16 @@ fn run_case(attack: Attack, target: Target, phase: Phase) -> Result<(), String> 
                 launch(attack, &attacked, target, &replay)
             }
         };
+        let idle = if attack == Attack::Idle {
+            // All ranks are still in the job (or have failed, which the results say).
+            launched.check_idle()
+        } else {
+            Ok(())
+        };
+        release.store(true, Ordering::SeqCst);
         let mut results = vec![rank0.join().expect("rank 0")];
         results.extend(others.into_iter().map(|h| h.join().expect("rank")));
-        (results, launched)
+        (results, launched, idle)
     });
     for (r, result) in results.into_iter().enumerate() {
         result.map_err(|e| format!("rank {r} failed: {e}"))?;
@@ -483,7 +504,8 @@ fn run_case(attack: Attack, target: Target, phase: Phase) -> Result<(), String> 
     if blamed != 0 {
         return Err(format!("{blamed} failure report(s) in the store"));
     }
-    launched.finish(attack)?;
+    idle?;
+    launched.finish()?;
     if attack == Attack::Replay && target == Target::Store {
         if probe.check(&["replayed"]).map_err(|e| e.to_string())? {
             return Err("the replayed session's set ran".into());
