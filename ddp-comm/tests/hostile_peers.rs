@@ -137,10 +137,13 @@ fn hello_with_key(addr: &str, target: Target, key: &[u8]) -> Option<(u8, String)
     read_verdict(&mut s)
 }
 
+/// What each proxied client sent, one buffer per connection.
+type Recordings = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
 /// A TCP proxy to `target` that records what each client sends, one recording per connection.
 struct Proxy {
     addr: String,
-    recordings: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    recordings: Recordings,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -174,7 +177,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr").to_string();
-        let recordings: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let recordings: Recordings = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (recs, stopped) = (recordings.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
@@ -506,10 +509,11 @@ fn run_case(attack: Attack, target: Target, phase: Phase) -> Result<(), String> 
     }
     idle?;
     launched.finish()?;
-    if attack == Attack::Replay && target == Target::Store {
-        if probe.check(&["replayed"]).map_err(|e| e.to_string())? {
-            return Err("the replayed session's set ran".into());
-        }
+    if attack == Attack::Replay
+        && target == Target::Store
+        && probe.check(&["replayed"]).map_err(|e| e.to_string())?
+    {
+        return Err("the replayed session's set ran".into());
     }
     drop(proxy);
     Ok(())

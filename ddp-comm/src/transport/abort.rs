@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// Everything needed to abort a transport without touching it; cheap to keep for its lifetime.
 #[derive(Debug, Default)]
 pub(crate) struct AbortHandle {
-    streams: Vec<TcpStream>,
     shm: Vec<ShmAbort>,
     live: Vec<Arc<LiveStreams>>,
 }
@@ -78,7 +77,6 @@ impl AbortHandle {
 
     /// Adds what `other` aborts to what this handle aborts.
     pub(crate) fn merge(mut self, other: AbortHandle) -> AbortHandle {
-        self.streams.extend(other.streams);
         self.shm.extend(other.shm);
         self.live.extend(other.live);
         self
@@ -89,9 +87,6 @@ impl AbortHandle {
     pub(crate) fn abort(&self) {
         for s in &self.shm {
             s.abort();
-        }
-        for s in &self.streams {
-            let _ = s.shutdown(Shutdown::Both);
         }
         for l in &self.live {
             l.abort();
