@@ -17,8 +17,9 @@
 //!   pass failed): peers fail promptly with its reason instead of waiting for the timeout.
 //!
 //! ## Transports
-//! - TCP (always): ring reduce-scatter + all-gather over a full mesh of non-blocking sockets,
-//!   streaming through a cache-sized scratch buffer; works within and across hosts.
+//! - TCP (always): ring reduce-scatter + all-gather over non-blocking sockets, connected on
+//!   demand (ring neighbours while the group forms, other pairs when first needed), streaming
+//!   through a cache-sized scratch buffer; works within and across hosts.
 //! - Shared memory (default between ranks on one host): ranks that share a host (same
 //!   hostname, boot id, network and pid namespace, as published through the store) map one
 //!   segment under `/dev/shm` and all-reduce as reduce-scatter + all-gather through it, reading
@@ -90,6 +91,7 @@
 
 mod auth;
 mod collective;
+mod connect;
 mod deadline;
 mod deadline_io;
 mod dtype;

@@ -130,7 +130,7 @@ fn garbage_and_oversized_frames_are_dropped_without_harming_the_store() {
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut reply = Vec::new();
         c.read_to_end(&mut reply)
-            .expect("the server closes the connection");
+            .unwrap_or_else(|e| panic!("the server closes the connection: {e} after {reply:?}"));
         assert_eq!(reply.first(), Some(&1), "a refusal, not a challenge");
     }
     // An authenticated client that sends an oversized frame is dropped too; the others go on.

@@ -1,6 +1,7 @@
-//! Running the hello (see `hello`) over a socket, against one total deadline: [`initiate`] on
-//! the connecting side; [`respond`] then [`answer`] on the accepting side, which may check the
-//! peer's claims in between (the mesh refuses a rank that is already connected).
+//! Running the hello (see `hello`): [`initiate`] on the connecting side, over a blocking socket
+//! against one total deadline; [`Responder`], the accepting side's steps, which the event loops
+//! drive (`async_respond`), checking the peer's claims before the verdict (the mesh refuses a
+//! rank that is already connected).
 
 use super::hello::{
     self, CLIENT_HELLO_FIXED, ClientHello, Kind, NONCE_BYTES, PROOF_BYTES, Role, decode_challenge,
@@ -86,63 +87,85 @@ pub(crate) struct Verified {
     pub(crate) claims: Vec<u8>,
 }
 
-/// The accepting side, up to the verdict: reads the hello, proves the token, checks the
-/// initiator's proof. On failure the initiator has been told why (when it can still hear it)
-/// and the reason is returned, for the log. The caller then checks the claims and calls
-/// [`answer`].
-///
-/// # Errors
-/// The reason the connection is refused.
-pub(crate) fn respond(
-    s: &mut TcpStream,
-    token: &[u8],
+/// The accepting side's steps as pure functions over the bytes read, so the blocking
+/// [`respond`] and the store's async server run exactly the same checks.
+#[derive(Debug)]
+pub(crate) struct Responder<'t> {
+    token: &'t [u8],
     kind: Kind,
-    deadline: Instant,
-) -> Result<Verified, String> {
-    let refuse = |s: &mut TcpStream, reason: String| -> String {
-        let _ = write_all_by(s, &encode_refusal(&reason), deadline);
-        reason
-    };
-    let mut fixed = [0u8; CLIENT_HELLO_FIXED];
-    read_exact_by(s, &mut fixed, deadline).map_err(|e| format!("no complete hello: {e}"))?;
-    let head = decode_head(&fixed).map_err(|r| refuse(s, r))?;
-    if head.kind != kind {
-        return Err(refuse(
-            s,
-            format!("a {:?} hello on a {kind:?} port", head.kind),
-        ));
-    }
-    let mut hello = fixed.to_vec();
-    hello.resize(CLIENT_HELLO_FIXED + head.claims_len, 0);
-    read_exact_by(s, &mut hello[CLIENT_HELLO_FIXED..], deadline)
-        .map_err(|e| format!("truncated hello: {e}"))?;
-    let nonce = hello::nonce();
-    let proof = hello::prove(token, Role::Responder, &hello, &nonce).map_err(|r| refuse(s, r))?;
-    write_all_by(s, &encode_challenge(&nonce, &proof), deadline)
-        .map_err(|e| format!("could not send the challenge: {e}"))?;
-    let mut theirs = [0u8; PROOF_BYTES];
-    read_exact_by(s, &mut theirs, deadline).map_err(|e| format!("no proof: {e}"))?;
-    if !hello::verify(token, Role::Initiator, &hello, &nonce, &theirs) {
-        return Err(refuse(s, WRONG_TOKEN.into()));
-    }
-    Ok(Verified {
-        claims: hello[CLIENT_HELLO_FIXED..].to_vec(),
-    })
+    hello: Vec<u8>,
+    nonce: [u8; NONCE_BYTES],
 }
 
-/// Ends an accepted hello: `Ok` admits the initiator, `Err` refuses it with the message.
-///
-/// # Errors
-/// The socket failed or the deadline passed.
-pub(crate) fn answer(
-    s: &mut TcpStream,
-    verdict: Result<(), &str>,
-    deadline: Instant,
-) -> io::Result<()> {
-    match verdict {
-        Ok(()) => write_all_by(s, &[0], deadline),
-        Err(reason) => write_all_by(s, &encode_refusal(reason), deadline),
+impl<'t> Responder<'t> {
+    /// Bytes of the hello's fixed part, read first.
+    pub(crate) const FIXED: usize = CLIENT_HELLO_FIXED;
+    /// Bytes of the initiator's proof, read last.
+    pub(crate) const PROOF: usize = PROOF_BYTES;
+
+    pub(crate) fn new(token: &'t [u8], kind: Kind) -> Self {
+        Responder {
+            token,
+            kind,
+            hello: Vec::new(),
+            nonce: hello::nonce(),
+        }
     }
+
+    /// Takes the hello's fixed part; returns how many claim bytes to read next.
+    ///
+    /// # Errors
+    /// Why the hello is refused.
+    pub(crate) fn head(&mut self, fixed: &[u8; CLIENT_HELLO_FIXED]) -> Result<usize, String> {
+        let head = decode_head(fixed)?;
+        if head.kind != self.kind {
+            return Err(format!("a {:?} hello on a {:?} port", head.kind, self.kind));
+        }
+        self.hello = fixed.to_vec();
+        Ok(head.claims_len)
+    }
+
+    /// Takes the claims; returns the challenge to send (our nonce and our proof).
+    ///
+    /// # Errors
+    /// Why the hello is refused.
+    pub(crate) fn claims(&mut self, claims: &[u8]) -> Result<Vec<u8>, String> {
+        self.hello.extend_from_slice(claims);
+        let proof = hello::prove(self.token, Role::Responder, &self.hello, &self.nonce)?;
+        Ok(encode_challenge(&self.nonce, &proof))
+    }
+
+    /// Checks the initiator's proof.
+    ///
+    /// # Errors
+    /// [`WRONG_TOKEN`] when it does not prove the token.
+    pub(crate) fn proof(self, theirs: &[u8; PROOF_BYTES]) -> Result<Verified, String> {
+        if !hello::verify(
+            self.token,
+            Role::Initiator,
+            &self.hello,
+            &self.nonce,
+            theirs,
+        ) {
+            return Err(WRONG_TOKEN.into());
+        }
+        Ok(Verified {
+            claims: self.hello[CLIENT_HELLO_FIXED..].to_vec(),
+        })
+    }
+}
+
+/// The verdict bytes: 0 admits, a refusal says why.
+pub(crate) fn verdict_bytes(verdict: Result<(), &str>) -> Vec<u8> {
+    match verdict {
+        Ok(()) => vec![0],
+        Err(reason) => encode_refusal(reason),
+    }
+}
+
+/// The refusal bytes sent before a connection is dropped mid-hello.
+pub(crate) fn refusal_bytes(reason: &str) -> Vec<u8> {
+    encode_refusal(reason)
 }
 
 /// Reads a status byte: `None` for 0 (go on), the message for a refusal.
@@ -176,6 +199,34 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// The accepting side as the event loops run it (`async_respond`), on a blocking socket:
+    /// the hello, then admission, before `deadline`; returns the verified claims.
+    pub(super) fn respond(
+        s: &mut TcpStream,
+        token: &[u8],
+        kind: Kind,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let s = s.try_clone().map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            let mut s = tokio::net::TcpStream::from_std(s).map_err(|e| e.to_string())?;
+            let at = tokio::time::Instant::from_std(deadline);
+            let run = async {
+                let v = crate::auth::event_loop::respond(&mut s, token, kind).await?;
+                crate::auth::event_loop::answer(&mut s, Ok(())).await?;
+                Ok(v.claims)
+            };
+            tokio::time::timeout_at(at, run)
+                .await
+                .map_err(|_| "deadline".to_string())?
+        })
+    }
+
     /// Runs `respond` + `answer(Ok)` with `token` on one connection, returning its outcome.
     fn responder(
         token: &'static [u8],
@@ -187,9 +238,7 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
-            let v = respond(&mut s, token, Kind::Mesh, deadline())?;
-            answer(&mut s, Ok(()), deadline()).map_err(|e| e.to_string())?;
-            Ok(v.claims)
+            respond(&mut s, token, Kind::Mesh, deadline())
         });
         (addr, t)
     }
@@ -231,6 +280,7 @@ mod tests {
 
     mod properties {
         use super::super::*;
+        use super::respond;
         use crate::proptest_support::config;
         use proptest::prelude::*;
         use std::io::Write;

@@ -2,16 +2,22 @@
 //!
 //! - `hello`: the messages and the HMAC-SHA256 proofs, as pure functions over bytes.
 //! - `handshake`: running it over a socket against one total deadline.
+//! - `async_respond`: the accepting side on a tokio socket, for event loops.
 //!
 //! Both sides of every connection prove they hold the token without sending it (a
 //! challenge-response over fresh nonces from both sides), so neither a stranger nor a replayed
 //! recording gets in, and a rank never talks to a server that cannot prove the token either.
 //! One token limit ([`MAX_TOKEN_BYTES`]) is checked when a config is used.
 
+mod async_respond;
 mod handshake;
 mod hello;
 
-pub(crate) use handshake::{HelloError, answer, initiate, respond};
+pub(crate) use handshake::{HelloError, initiate};
+/// The accepting side on a tokio socket (the store's and the mesh listener's event loops).
+pub(crate) mod event_loop {
+    pub(crate) use super::async_respond::{answer, close_gracefully, respond};
+}
 pub(crate) use hello::Kind;
 
 use crate::error::{CommError, Result};

@@ -1,6 +1,8 @@
-//! The fingerprint of one collective call.
+//! The fingerprint of one collective call: what it is, the one word every transport carries
+//! it in, and the mismatch error when two ranks disagree.
 
 use crate::dtype::DataType;
+use crate::error::CommError;
 use crate::reduce_op::ReduceOp;
 use std::fmt;
 
@@ -95,6 +97,55 @@ impl Fingerprint {
     pub(crate) fn label(&self) -> String {
         format!("{} #{}", self.kind.name(), self.seq)
     }
+
+    /// Kind, type, op and root in one word, the form every transport carries them in (with
+    /// `seq` and `count` beside it): byte 0 the kind, byte 1 the type, byte 2 the op (0 for
+    /// none), bytes 4..8 the root, little-endian.
+    pub(crate) fn packed(&self) -> u64 {
+        self.kind as u64
+            | (self.dtype as u64) << 8
+            | (self.op.map_or(0, |o| o as u64)) << 16
+            | (self.root as u64) << 32
+    }
+
+    /// The fingerprint carried as `seq`, `count` and [`Fingerprint::packed`]; `None` when the
+    /// kind, type or op is unknown (a peer of another version, or garbage).
+    pub(crate) fn unpack(seq: u64, count: u64, packed: u64) -> Option<Fingerprint> {
+        Some(Fingerprint {
+            seq,
+            kind: CollectiveKind::from_u8(packed as u8)?,
+            dtype: DataType::from_u8((packed >> 8) as u8)?,
+            op: match (packed >> 16) as u8 {
+                0 => None,
+                v => Some(ReduceOp::from_u8(v)?),
+            },
+            count,
+            root: (packed >> 32) as u32,
+        })
+    }
+
+    /// Checks that global rank `peer` runs the same collective as this rank (`my_rank`).
+    ///
+    /// # Errors
+    /// [`CommError::Mismatch`] naming both ranks and both calls.
+    pub(crate) fn expect_same(
+        &self,
+        theirs: &Fingerprint,
+        my_rank: usize,
+        peer: usize,
+    ) -> Result<(), CommError> {
+        if theirs == self {
+            return Ok(());
+        }
+        let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
+        Err(CommError::Mismatch {
+            seq: self.seq,
+            rank: my_rank,
+            ours: describe(self),
+            peer,
+            theirs: describe(theirs),
+        })
+    }
 }
 
 impl fmt::Display for Fingerprint {
@@ -115,6 +166,22 @@ impl fmt::Display for Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proptest_support::config;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any word unpacks to nothing or to a fingerprint that packs back to it (the unused
+        /// byte 3 aside).
+        #[test]
+        fn any_packed_word_unpacks_safely(seq in any::<u64>(), count in any::<u64>(), packed in any::<u64>()) {
+            if let Some(fp) = Fingerprint::unpack(seq, count, packed) {
+                prop_assert_eq!(fp.packed(), packed & !(0xff << 24));
+                prop_assert_eq!((fp.seq, fp.count), (seq, count));
+            }
+        }
+    }
 
     #[test]
     fn display_names_op_type_count_and_root() {

@@ -3,6 +3,7 @@
 use super::config::StoreConfig;
 use super::protocol::{FrameReader, FrameWriter, Op, ReadFrameError, Status, VERSION, read_frame};
 use crate::auth::{self, HelloError, Kind};
+use crate::connect::{Attempt, retry_until};
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::io;
@@ -10,6 +11,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// Pause between attempts to reach a store that does not listen yet.
+const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Extra time the client allows the server beyond a call's own timeout.
 const REPLY_MARGIN: Duration = Duration::from_secs(10);
 
@@ -46,33 +49,37 @@ impl Store {
         crate::deadline::check_timeout("store timeout", config.timeout)?;
         crate::auth::check_token("store token", &config.token)?;
         let deadline = deadline_after(config.timeout);
-        let mut last_err;
-        loop {
-            match try_connect(addr, deadline) {
-                Ok(mut stream) => {
-                    hello(&mut stream, addr, &config.token, deadline)?;
-                    let addr_resolved = stream
-                        .peer_addr()
-                        .map_err(|e| CommError::io("store: reading the peer address", e))?;
-                    let store = Store {
-                        conn: Arc::new(Mutex::new(stream)),
-                        addr: addr_resolved,
-                        prefix: String::new(),
-                        config,
-                    };
-                    return Ok(store);
+        // A server under a connection storm may push a slow hello out; that is retried like a
+        // refused connection. A refusal or an unproven server is final.
+        let mut fatal = None;
+        let connected = retry_until(deadline, CONNECT_RETRY_PAUSE, || {
+            let mut stream = try_connect(addr, deadline).map_err(Attempt::Retry)?;
+            match hello(&mut stream, addr, &config.token, deadline) {
+                Ok(()) => Ok(stream),
+                Err(CommError::Io { source, .. }) => Err(Attempt::Retry(source)),
+                Err(e) => {
+                    fatal = Some(e);
+                    Err(Attempt::GiveUp(io::Error::other("refused")))
                 }
-                Err(e) => last_err = e,
             }
-            if Instant::now() >= deadline {
-                return Err(CommError::StoreUnreachable {
-                    addr: addr.to_string(),
-                    timeout: config.timeout,
-                    source: last_err,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        });
+        if let Some(e) = fatal {
+            return Err(e);
         }
+        let stream = connected.map_err(|source| CommError::StoreUnreachable {
+            addr: addr.to_string(),
+            timeout: config.timeout,
+            source,
+        })?;
+        let addr_resolved = stream
+            .peer_addr()
+            .map_err(|e| CommError::io("store: reading the peer address", e))?;
+        Ok(Store {
+            conn: Arc::new(Mutex::new(stream)),
+            addr: addr_resolved,
+            prefix: String::new(),
+            config,
+        })
     }
 
     /// Opens a second, independent connection with the same namespace, for a thread that must

@@ -1,6 +1,7 @@
 //! The rendezvous store: a small TCP key-value service that ranks use to find each other.
 //!
-//! - [`StoreServer`]: hosted by rank 0 (or by a launcher); one thread per client.
+//! - [`StoreServer`]: hosted by rank 0 (or by a launcher); one event loop (a tokio runtime on
+//!   its own thread) serves every client.
 //! - [`Store`]: the client, with `set`, `get`, `add`, `wait`, `compare_set`, `delete`,
 //!   `num_keys`, `check`, and [`Store::with_prefix`] namespaces.
 //! - [`StoreConfig`]: timeout, job token, frame limit.
@@ -14,7 +15,7 @@
 //! network. A connection that has not proved the token gets a total deadline
 //! ([`StoreConfig::hello_timeout`]) however slowly it sends, and at most
 //! 64 such connections are kept at a time (a new one pushes out the oldest), so strangers
-//! cannot hold the server's threads or keep real ranks out.
+//! cannot exhaust the server or keep real ranks out.
 //!
 //! # Timeouts
 //! Every blocking call has a deadline; `get` and `wait` report the keys still missing.
@@ -23,6 +24,8 @@ mod client;
 mod config;
 mod protocol;
 mod server;
+mod session;
+mod state;
 
 pub use client::Store;
 pub use config::{DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};

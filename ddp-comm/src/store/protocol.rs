@@ -96,12 +96,16 @@ impl FrameWriter {
     pub(crate) fn frame_body(self) -> Vec<u8> {
         self.body
     }
-    /// Writes length and body in one call.
-    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
+    /// The whole frame: length, then body.
+    pub(crate) fn into_frame(self) -> Vec<u8> {
         let mut frame = Vec::with_capacity(4 + self.body.len());
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&self.body);
-        w.write_all(&frame)?;
+        frame
+    }
+    /// Writes length and body in one call.
+    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
+        w.write_all(&self.into_frame())?;
         w.flush()
     }
 }
@@ -248,14 +252,21 @@ pub(crate) enum ReadFrameError {
     TooLarge { len: usize, max: usize },
 }
 
+/// The body length a frame header announces, refused (before anything is allocated) when it
+/// is longer than `max`.
+pub(crate) fn body_len(header: [u8; 4], max: usize) -> Result<usize, ReadFrameError> {
+    let len = u32::from_le_bytes(header) as usize;
+    if len > max {
+        return Err(ReadFrameError::TooLarge { len, max });
+    }
+    Ok(len)
+}
+
 /// Reads one frame, refusing (before allocating) any body longer than `max`.
 pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Vec<u8>, ReadFrameError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(ReadFrameError::Io)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > max {
-        return Err(ReadFrameError::TooLarge { len, max });
-    }
+    let len = body_len(len, max)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(ReadFrameError::Io)?;
     Ok(body)

@@ -1,69 +1,61 @@
-//! The store server: a key-value map behind a TCP listener, one thread per client.
+//! The store server: a key-value map behind a TCP listener, served by one event loop.
 //!
-//! Rank 0 hosts it for the job. A connection must first complete the hello (`auth`: both sides
+//! Rank 0 hosts it for the job. The server runs a single-threaded tokio runtime on its own
+//! thread: every client is a task on it, never a thread, so thousands of ranks (or strangers)
+//! cost a few kilobytes each. A connection must first complete the hello (`auth`: both sides
 //! prove the job token); one that sends anything else, cannot prove the token, or later sends
 //! a frame over the limit is disconnected and logged, and the others keep being served.
 //!
 //! Until a connection has proved the token it is *pending*: it must finish its hello within
-//! [`StoreConfig::hello_timeout`] in total, and at most [`MAX_PENDING`] are kept; one more
-//! pushes out the oldest (a real rank says hello within milliseconds, so the oldest pending
-//! connection is the likeliest to be a stranger). Idle or dripping strangers therefore cannot
-//! exhaust threads nor lock real ranks out.
+//! [`StoreConfig::hello_timeout`] in total (a `tokio::time` deadline on the whole hello,
+//! however slowly its bytes arrive), and at most [`MAX_PENDING`] run at once. With that many
+//! running, new connections wait in the listen backlog and the oldest hello is pushed out once
+//! it has run [`PENDING_GRACE`] (a real rank says hello within milliseconds, so the oldest
+//! pending connection is the likeliest to be a stranger; a real client pushed out in a storm
+//! simply connects again). Idle or dripping strangers therefore cannot exhaust the server nor
+//! lock real ranks out.
+//!
+//! Shutdown stops the event loop and drops every task with it: each client's socket closes,
+//! including those waiting in `get` or `wait`, so no waiter can sleep through it.
 
 use super::config::StoreConfig;
-use super::protocol::{
-    FrameWriter, Malformed, ReadFrameError, Request, Status, VERSION, read_frame,
-};
-use crate::auth::{self, Kind};
+use super::session::{Served, serve};
+use super::state::State;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
-use std::collections::{HashMap, VecDeque};
-use std::io::{self, ErrorKind};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 
 /// Most connections kept at once that have not proved the token yet.
 pub(crate) const MAX_PENDING: usize = 64;
-/// How often the accept loop checks for shutdown.
-const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// How long a hello may run before, with [`MAX_PENDING`] running, it is pushed out to make
+/// room: under a storm of real ranks every hello gets this long (the others wait in the
+/// listen backlog meanwhile), and idle strangers still cannot hold the slots.
+const PENDING_GRACE: Duration = Duration::from_millis(50);
+/// How long the accept loop pauses after a failed accept (out of file descriptors, say).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// A running store server. Dropping it disconnects every client and joins every thread.
+/// A running store server. Dropping it disconnects every client and stops its thread.
 pub struct StoreServer {
     addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept_thread: Option<JoinHandle<()>>,
+    served: Arc<Served>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for StoreServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreServer")
             .field("addr", &self.addr)
-            .field("clients", &self.shared.clients.load(Ordering::Relaxed))
+            .field("clients", &self.served.clients.load(Ordering::Relaxed))
             .finish()
     }
-}
-
-struct Shared {
-    map: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
-    changed: Condvar,
-    shutdown: AtomicBool,
-    config: StoreConfig,
-    /// Authenticated clients currently connected.
-    clients: AtomicUsize,
-    /// Every open connection, so shutdown can unblock their threads.
-    conns: Mutex<Vec<(u64, TcpStream)>>,
-    /// Connections still in their hello, oldest first (ids into `conns`).
-    pending: Mutex<VecDeque<u64>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A handler thread that panicked cannot leave the map half-updated (each update is one
-    // insert), so a poisoned lock is still safe to use.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl StoreServer {
@@ -84,7 +76,7 @@ impl StoreServer {
     ///
     /// # Errors
     /// A token longer than [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES); I/O errors configuring
-    /// the listener or starting its thread.
+    /// the listener or starting the event loop's thread.
     pub fn from_listener(listener: TcpListener, config: StoreConfig) -> Result<StoreServer> {
         crate::auth::check_token("store token", &config.token)?;
         let local = listener
@@ -93,26 +85,38 @@ impl StoreServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| CommError::io("store: configuring the listener", e))?;
-        let shared = Arc::new(Shared {
-            map: Mutex::new(HashMap::new()),
-            changed: Condvar::new(),
-            shutdown: AtomicBool::new(false),
+        crate::connect::raise_backlog(&listener);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| CommError::io("store: starting the event loop", e))?;
+        let listener = {
+            let _in_runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| CommError::io("store: registering the listener", e))?
+        };
+        let served = Arc::new(Served {
+            state: State::new(),
             config,
             clients: AtomicUsize::new(0),
-            conns: Mutex::new(Vec::new()),
-            pending: Mutex::new(VecDeque::new()),
-            threads: Mutex::new(Vec::new()),
         });
-        let s = shared.clone();
-        let accept_thread = std::thread::Builder::new()
-            .name("ddp-store-accept".into())
-            .spawn(move || accept_loop(listener, s))
-            .map_err(|e| CommError::io("store: starting the accept thread", e))?;
+        let (stop, stopped) = oneshot::channel();
+        let s = served.clone();
+        let thread = std::thread::Builder::new()
+            .name("ddp-store".into())
+            .spawn(move || {
+                runtime.block_on(accept_loop(listener, s, stopped));
+                // Dropping the runtime drops every client task, closing its socket.
+                drop(runtime);
+            })
+            .map_err(|e| CommError::io("store: starting the event loop's thread", e))?;
         tracing::debug!(%local, "store server listening");
         Ok(StoreServer {
             addr: local,
-            shared,
-            accept_thread: Some(accept_thread),
+            served,
+            stop: Some(stop),
+            thread: Some(thread),
         })
     }
 
@@ -123,7 +127,7 @@ impl StoreServer {
 
     /// Number of authenticated clients currently connected.
     pub fn num_clients(&self) -> usize {
-        self.shared.clients.load(Ordering::SeqCst)
+        self.served.clients.load(Ordering::SeqCst)
     }
 
     /// Waits until at most `keep` clients remain connected, or `timeout` passes. Rank 0 calls
@@ -142,298 +146,83 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        {
-            // Under the map's lock: a handler between its check of `shutdown` and its wait on
-            // the condition variable holds the lock, so it cannot miss this notification.
-            let _map = lock(&self.shared.map);
-            self.shared.shutdown.store(true, Ordering::SeqCst);
-            self.shared.changed.notify_all();
+        if let Some(stop) = self.stop.take() {
+            // The loop may already be gone (its thread panicked); then there is nothing to stop.
+            let _ = stop.send(());
         }
-        // The accept thread first: once it is gone no connection can be added behind our back,
-        // so shutting down every listed one below wakes every handler for good.
-        if let Some(t) = self.accept_thread.take() {
-            let _ = t.join();
-        }
-        for (_, c) in lock(&self.shared.conns).iter() {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        let threads: Vec<_> = lock(&self.shared.threads).drain(..).collect();
-        for t in threads {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+/// Connections still in their hello, oldest first: id, when accepted, the task.
+#[derive(Debug, Default)]
+struct Pending {
+    tasks: VecDeque<(u64, tokio::time::Instant, AbortHandle)>,
+}
+
+fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    p.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    served: Arc<Served>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let pending = Arc::new(Mutex::new(Pending::default()));
+    let slot_freed = Arc::new(tokio::sync::Notify::new());
     let mut next_id = 0u64;
-    while !shared.shutdown.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                next_id += 1;
-                let id = next_id;
-                if let Err(e) = spawn_handler(&shared, stream, peer, id) {
-                    tracing::warn!(%peer, error = %e, "store: could not serve a client");
+    loop {
+        // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
+        loop {
+            let oldest = {
+                let p = lock(&pending);
+                (p.tasks.len() >= MAX_PENDING)
+                    .then(|| p.tasks.front().map(|(_, since, _)| *since))
+                    .flatten()
+            };
+            let Some(since) = oldest else { break };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = slot_freed.notified() => {}
+                _ = tokio::time::sleep_until(since + PENDING_GRACE) => {
+                    if let Some((_, _, task)) = lock(&pending).tasks.pop_front() {
+                        tracing::warn!(
+                            limit = MAX_PENDING,
+                            "store: too many connections without a hello; dropping the oldest"
+                        );
+                        task.abort();
+                    }
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+        }
+        let accepted = tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(conn) => conn,
             Err(e) => {
                 tracing::warn!(error = %e, "store: accept failed");
-                std::thread::sleep(ACCEPT_POLL);
-            }
-        }
-        reap_finished(&shared);
-    }
-}
-
-fn reap_finished(shared: &Shared) {
-    let mut threads = lock(&shared.threads);
-    let (done, running): (Vec<_>, Vec<_>) = threads.drain(..).partition(|t| t.is_finished());
-    *threads = running;
-    drop(threads);
-    for t in done {
-        let _ = t.join();
-    }
-}
-
-fn spawn_handler(
-    shared: &Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    let deadline = deadline_after(shared.config.hello_timeout);
-    lock(&shared.conns).push((id, stream.try_clone()?));
-    admit_pending(shared, id);
-    let s = shared.clone();
-    let handle = std::thread::Builder::new()
-        .name("ddp-store-client".into())
-        .spawn(move || {
-            serve_client(&s, stream, peer, id, deadline);
-            lock(&s.conns).retain(|(cid, _)| *cid != id);
-        })?;
-    lock(&shared.threads).push(handle);
-    Ok(())
-}
-
-/// Lists connection `id` as pending, pushing out the oldest pending one when there are
-/// already [`MAX_PENDING`].
-fn admit_pending(shared: &Shared, id: u64) {
-    let evicted = {
-        let mut pending = lock(&shared.pending);
-        let evicted = if pending.len() >= MAX_PENDING {
-            pending.pop_front()
-        } else {
-            None
-        };
-        pending.push_back(id);
-        evicted
-    };
-    if let Some(old) = evicted {
-        tracing::warn!(
-            limit = MAX_PENDING,
-            "store: too many connections without a hello; dropping the oldest"
-        );
-        if let Some((_, c)) = lock(&shared.conns).iter().find(|(cid, _)| *cid == old) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-fn serve_client(
-    shared: &Shared,
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-    deadline: Instant,
-) {
-    let trusted = authenticate(shared, &mut stream, peer, deadline);
-    lock(&shared.pending).retain(|p| *p != id);
-    if !trusted {
-        let _ = stream.shutdown(Shutdown::Both);
-        return;
-    }
-    // The hello's deadline no longer applies: requests wait as long as their own timeouts.
-    let _ = stream.set_write_timeout(None);
-    shared.clients.fetch_add(1, Ordering::SeqCst);
-    loop {
-        let body = match read_frame(&mut stream, shared.config.max_frame_bytes) {
-            Ok(body) => body,
-            Err(ReadFrameError::Io(_)) => break, // client left
-            Err(ReadFrameError::TooLarge { len, max }) => {
-                tracing::warn!(%peer, len, max, "store: frame over the limit, disconnecting client");
-                break;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
             }
         };
-        if shared.shutdown.load(Ordering::SeqCst) {
-            break;
-        }
-        let reply = match handle_request(shared, &body) {
-            Ok(reply) => reply,
-            Err(Malformed(what)) => {
-                tracing::warn!(%peer, what, "store: malformed request, disconnecting client");
-                let _ = FrameWriter::new(Status::BadRequest as u8)
-                    .bytes(format!("malformed request: bad {what}").as_bytes())
-                    .send(&mut stream);
-                break;
-            }
-        };
-        if reply.send(&mut stream).is_err() {
-            break;
-        }
+        let _ = stream.set_nodelay(true);
+        next_id += 1;
+        let id = next_id;
+        let deadline = tokio::time::Instant::from_std(deadline_after(served.config.hello_timeout));
+        let (p, freed) = (pending.clone(), slot_freed.clone());
+        let task = tokio::spawn(serve(served.clone(), stream, peer, deadline, move || {
+            lock(&p).tasks.retain(|(t, _, _)| *t != id);
+            freed.notify_one();
+        }));
+        // The task cannot have run yet (this loop has not yielded), so it is listed before it
+        // can take itself off the list.
+        lock(&pending)
+            .tasks
+            .push_back((id, tokio::time::Instant::now(), task.abort_handle()));
     }
-    shared.clients.fetch_sub(1, Ordering::SeqCst);
-    let _ = stream.shutdown(Shutdown::Both);
-}
-
-/// Runs the hello (both sides prove the token) before `deadline`; returns whether the client
-/// is in. Refusals are logged and, where it can still hear, told to the client.
-fn authenticate(
-    shared: &Shared,
-    stream: &mut TcpStream,
-    peer: SocketAddr,
-    deadline: Instant,
-) -> bool {
-    let verified = match auth::respond(stream, &shared.config.token, Kind::Store, deadline) {
-        Ok(v) => v,
-        Err(reason) => {
-            tracing::warn!(%peer, %reason, "store: rejected a connection");
-            return false;
-        }
-    };
-    let version = match verified.claims.as_slice() {
-        [a, b] => Some(u16::from_le_bytes([*a, *b])),
-        _ => None,
-    };
-    let verdict = if version == Some(VERSION) {
-        Ok(())
-    } else {
-        Err(format!(
-            "store protocol version {version:?}, the server speaks {VERSION}"
-        ))
-    };
-    if let Err(reason) = &verdict {
-        tracing::warn!(%peer, %reason, "store: rejected a client");
-    }
-    let answered = auth::answer(
-        stream,
-        verdict.as_ref().map(|_| ()).map_err(String::as_str),
-        deadline,
-    );
-    let _ = stream.set_read_timeout(None);
-    verdict.is_ok() && answered.is_ok()
-}
-
-fn ok() -> FrameWriter {
-    FrameWriter::new(Status::Ok as u8)
-}
-
-fn handle_request(shared: &Shared, body: &[u8]) -> Result<FrameWriter, Malformed> {
-    Ok(match Request::decode(body)? {
-        Request::Set { key, value } => {
-            lock(&shared.map).insert(key.to_vec(), value.to_vec());
-            shared.changed.notify_all();
-            ok()
-        }
-        Request::Get { key, timeout } => {
-            let map = wait_until(shared, timeout, |m| m.contains_key(key));
-            match map.get(key) {
-                Some(v) => ok().bytes(v),
-                None => FrameWriter::new(Status::Timeout as u8),
-            }
-        }
-        Request::Add { key, delta } => {
-            let mut map = lock(&shared.map);
-            let current = map
-                .get(key)
-                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
-                .unwrap_or(0);
-            let new = current.wrapping_add(delta);
-            map.insert(key.to_vec(), new.to_string().into_bytes());
-            drop(map);
-            shared.changed.notify_all();
-            ok().i64(new)
-        }
-        Request::Wait { keys, timeout } => {
-            let map = wait_until(shared, timeout, |m| keys.iter().all(|k| m.contains_key(*k)));
-            let missing: Vec<&[u8]> = keys
-                .iter()
-                .copied()
-                .filter(|k| !map.contains_key(*k))
-                .collect();
-            if missing.is_empty() {
-                ok()
-            } else {
-                let joined = missing
-                    .iter()
-                    .map(|k| String::from_utf8_lossy(k).into_owned())
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                FrameWriter::new(Status::Timeout as u8).bytes(joined.as_bytes())
-            }
-        }
-        Request::CompareSet {
-            key,
-            expected,
-            desired,
-        } => {
-            let mut map = lock(&shared.map);
-            let current = map.get(key).cloned();
-            let result = match current {
-                None if expected.is_empty() => {
-                    map.insert(key.to_vec(), desired.to_vec());
-                    desired.to_vec()
-                }
-                None => expected.to_vec(),
-                Some(cur) if cur == expected => {
-                    map.insert(key.to_vec(), desired.to_vec());
-                    desired.to_vec()
-                }
-                Some(cur) => cur,
-            };
-            drop(map);
-            shared.changed.notify_all();
-            ok().bytes(&result)
-        }
-        Request::Delete { key } => {
-            let removed = lock(&shared.map).remove(key).is_some();
-            ok().raw(&[removed as u8])
-        }
-        Request::NumKeys { prefix } => {
-            let n = lock(&shared.map)
-                .keys()
-                .filter(|k| k.starts_with(prefix))
-                .count();
-            ok().u64(n as u64)
-        }
-        Request::Check { keys } => {
-            let map = lock(&shared.map);
-            let all = keys.iter().all(|k| map.contains_key(*k));
-            ok().raw(&[all as u8])
-        }
-    })
-}
-
-/// Blocks on the condition variable until `ready` holds, the timeout passes, or shutdown.
-fn wait_until(
-    shared: &Shared,
-    timeout: Duration,
-    ready: impl Fn(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
-) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<u8>>> {
-    let deadline = deadline_after(timeout);
-    let mut map = lock(&shared.map);
-    while !ready(&map) && !shared.shutdown.load(Ordering::SeqCst) {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        map = shared
-            .changed
-            .wait_timeout(map, deadline - now)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
-    }
-    map
 }

@@ -9,35 +9,76 @@
 
 use super::shm::ShmAbort;
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Everything needed to abort a transport without touching it; cheap to keep for its lifetime.
 #[derive(Debug, Default)]
 pub(crate) struct AbortHandle {
-    streams: Vec<TcpStream>,
     shm: Vec<ShmAbort>,
+    live: Vec<Arc<LiveStreams>>,
+}
+
+/// The sockets of a transport that connects on demand: its connections so far, and any made
+/// later. Once aborted, every socket added afterwards is shut down at once, and the transport
+/// sees [`LiveStreams::aborted`] while it waits for a connection.
+#[derive(Debug, Default)]
+pub(crate) struct LiveStreams {
+    aborted: AtomicBool,
+    streams: Mutex<Vec<TcpStream>>,
+}
+
+impl LiveStreams {
+    /// Registers a duplicate of `stream` (shut down now if already aborted).
+    ///
+    /// # Errors
+    /// Duplicating the socket failed (out of file descriptors).
+    pub(crate) fn add(&self, stream: &TcpStream) -> std::io::Result<()> {
+        let dup = stream.try_clone()?;
+        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.aborted.load(Ordering::SeqCst) {
+            let _ = dup.shutdown(Shutdown::Both);
+        }
+        streams.push(dup);
+        Ok(())
+    }
+
+    /// Whether [`LiveStreams::abort`] was called.
+    pub(crate) fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Shuts every registered socket down, and every one registered later.
+    pub(crate) fn abort(&self) {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        self.aborted.store(true, Ordering::SeqCst);
+        for s in streams.iter() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 impl AbortHandle {
-    /// A handle over duplicates of these sockets.
-    pub(crate) fn from_streams(streams: Vec<TcpStream>) -> AbortHandle {
-        AbortHandle {
-            streams,
-            shm: Vec::new(),
-        }
-    }
-
     /// A handle over this shared-memory slot.
     pub(crate) fn from_shm(shm: ShmAbort) -> AbortHandle {
         AbortHandle {
-            streams: Vec::new(),
             shm: vec![shm],
+            ..AbortHandle::default()
+        }
+    }
+
+    /// A handle over a transport's connections, present and future.
+    pub(crate) fn from_live(live: Arc<LiveStreams>) -> AbortHandle {
+        AbortHandle {
+            live: vec![live],
+            ..AbortHandle::default()
         }
     }
 
     /// Adds what `other` aborts to what this handle aborts.
     pub(crate) fn merge(mut self, other: AbortHandle) -> AbortHandle {
-        self.streams.extend(other.streams);
         self.shm.extend(other.shm);
+        self.live.extend(other.live);
         self
     }
 
@@ -47,8 +88,8 @@ impl AbortHandle {
         for s in &self.shm {
             s.abort();
         }
-        for s in &self.streams {
-            let _ = s.shutdown(Shutdown::Both);
+        for l in &self.live {
+            l.abort();
         }
     }
 }

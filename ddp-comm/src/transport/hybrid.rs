@@ -1,8 +1,8 @@
 //! Choosing a group's transport, and [`HybridTransport`]: shared memory within each host, TCP
 //! between hosts.
 //!
-//! Every group keeps its full TCP mesh (point-to-point messages, and the collectives that have
-//! no hierarchical form). Ranks that share a host (see `shm::setup`) form a *unit* with one
+//! Every group keeps its TCP transport (point-to-point messages, and the collectives that have
+//! no hierarchical form), whose connections are made when first needed. Ranks that share a host (see `shm::setup`) form a *unit* with one
 //! shared-memory segment; the lowest rank of each unit is its *leader*, and the leaders have a
 //! TCP mesh of their own.
 //!
@@ -13,7 +13,7 @@
 //!     element on one rank and copy it, so every rank ends bitwise identical.
 //!   - broadcast: within the root's unit, then between leaders, then within the other units.
 //!   - barrier: within units, between leaders, within units again.
-//!   - the others run over the full mesh, after a fingerprint check within the unit (shared
+//!   - the others run over TCP, after a fingerprint check within the unit (shared
 //!     memory) and between the leaders (TCP), so ranks that issue different collectives get a
 //!     mismatch instead of waiting on different connections.
 //! - Every rank alone on its host (or `tcp` asked for): plain [`TcpTransport`].
@@ -29,7 +29,7 @@ use crate::store::Store;
 /// What a group needs to connect.
 #[derive(Debug)]
 pub(crate) struct ConnectSpec<'a> {
-    /// The full mesh; its store is the group's namespace.
+    /// The TCP transport; its store is the group's namespace.
     pub(crate) mesh: MeshSpec<'a>,
     /// The job's root store namespace.
     pub(crate) root_store: &'a Store,
@@ -141,7 +141,7 @@ pub(crate) struct HybridTransport {
     shm: Option<ShmGroup>,
     /// The leaders' mesh, on leaders of a multi-unit group.
     leaders: Option<TcpTransport>,
-    /// The full mesh.
+    /// The TCP transport over the whole group.
     tcp: TcpTransport,
 }
 

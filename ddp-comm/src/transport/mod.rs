@@ -1,7 +1,7 @@
 //! Transports: how a process group's bytes move between ranks.
 //!
-//! - [`tcp`]: a full mesh of TCP connections running ring algorithms; works within a host and
-//!   across hosts.
+//! - [`tcp`]: TCP connections made on demand (ring neighbours first) running ring algorithms;
+//!   works within a host and across hosts.
 //! - [`shm`]: shared memory between the ranks of one host (segments under `/dev/shm`, futex
 //!   waits), used by [`hybrid`].
 //! - [`hybrid`]: what a group actually runs when some of its ranks share a host: shared memory
@@ -21,7 +21,7 @@ pub(crate) mod parts;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
-pub(crate) use abort::AbortHandle;
+pub(crate) use abort::{AbortHandle, LiveStreams};
 pub(crate) use hybrid::{ConnectSpec, Connected};
 pub(crate) use parts::Parts;
 

@@ -10,11 +10,9 @@ use super::layout::{
     STATE_ABORTED, STATE_CLOSED, STATE_OPEN,
 };
 use super::sys::{Segment, futex_wait, futex_wake_all};
-use crate::collective::{CollectiveKind, Fingerprint};
+use crate::collective::Fingerprint;
 use crate::deadline::deadline_after;
-use crate::dtype::DataType;
 use crate::error::{CommError, Result};
-use crate::reduce_op::ReduceOp;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -203,13 +201,9 @@ impl ShmGroup {
         let at = self
             .layout
             .fp(self.me, (k % self.layout.nbuf as u64) as usize);
-        let packed = fp.kind as u64
-            | (fp.dtype as u64) << 8
-            | (fp.op.map_or(0, |o| o as u64)) << 16
-            | (fp.root as u64) << 32;
         self.seg.u64_at(at).store(fp.seq, SeqCst);
         self.seg.u64_at(at + 8).store(fp.count, SeqCst);
-        self.seg.u64_at(at + 16).store(packed, SeqCst);
+        self.seg.u64_at(at + 16).store(fp.packed(), SeqCst);
         self.publish(Counter::Posted, k + 1);
     }
 
@@ -222,16 +216,7 @@ impl ShmGroup {
                 from: format!("rank {}", self.global(q)),
                 reason: "unknown collective kind, type or op in its shared-memory slot".into(),
             })?;
-            if theirs != *fp {
-                let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
-                return Err(CommError::Mismatch {
-                    seq: fp.seq,
-                    rank: self.global(self.me),
-                    ours: describe(fp),
-                    peer: self.global(q),
-                    theirs: describe(&theirs),
-                });
-            }
+            fp.expect_same(&theirs, self.global(self.me), self.global(q))?;
         }
         Ok(())
     }
@@ -241,17 +226,7 @@ impl ShmGroup {
         let seq = self.seg.u64_at(at).load(SeqCst);
         let count = self.seg.u64_at(at + 8).load(SeqCst);
         let packed = self.seg.u64_at(at + 16).load(SeqCst);
-        Some(Fingerprint {
-            seq,
-            kind: CollectiveKind::from_u8(packed as u8)?,
-            dtype: DataType::from_u8((packed >> 8) as u8)?,
-            op: match (packed >> 16) as u8 {
-                0 => None,
-                v => Some(ReduceOp::from_u8(v)?),
-            },
-            count,
-            root: (packed >> 32) as u32,
-        })
+        Fingerprint::unpack(seq, count, packed)
     }
 
     /// Says that this rank's phase-two output of step `k` is in place.

@@ -10,11 +10,11 @@
 //! - barrier: a one-byte all-reduce.
 
 use super::duplex::{Conn, Ctx, Exchange, Relay, Sink, run_step};
-use super::mesh::{MeshSpec, connect_mesh};
+use super::mesh::{Mesh, MeshSpec};
 use crate::collective::Fingerprint;
 use crate::collective::schedule::{all_gather_step, reduce_scatter_step, segments};
 use crate::deadline::deadline_after;
-use crate::error::{CommError, Result};
+use crate::error::Result;
 use crate::reduce_op::{ReduceOp, divide_bytes};
 use crate::transport::{AbortHandle, Transport};
 use std::net::Shutdown;
@@ -29,7 +29,7 @@ const SCRATCH_BYTES: usize = 256 << 10;
 pub(crate) struct TcpTransport {
     group_rank: usize,
     ranks: Vec<usize>,
-    conns: Vec<Option<Conn>>,
+    mesh: Mesh,
     send_seq: Vec<u64>,
     recv_seq: Vec<u64>,
     timeout: Duration,
@@ -39,12 +39,12 @@ pub(crate) struct TcpTransport {
 
 impl TcpTransport {
     pub(crate) fn connect(spec: &MeshSpec<'_>) -> Result<TcpTransport> {
-        let conns = connect_mesh(spec)?;
+        let mesh = Mesh::start(spec)?;
         let n = spec.ranks.len();
         Ok(TcpTransport {
             group_rank: spec.group_rank,
             ranks: spec.ranks.to_vec(),
-            conns,
+            mesh,
             send_seq: vec![0; n],
             recv_seq: vec![0; n],
             timeout: spec.timeout,
@@ -66,13 +66,18 @@ impl TcpTransport {
     }
 
     fn conn(&self, group_rank: usize) -> &Conn {
-        // The mesh holds a connection for every other rank; asking for our own is a bug here.
-        self.conns[group_rank].as_ref().unwrap_or_else(|| {
-            panic!(
-                "tcp transport: no connection from rank {} to itself",
-                self.group_rank
-            )
-        })
+        self.mesh.conn(group_rank)
+    }
+
+    /// Connects, if not yet done, the ranks a collective rooted at `root` talks to directly:
+    /// every other rank on the root, the root elsewhere.
+    fn ensure_rooted(&mut self, root: usize, op: &str) -> Result<()> {
+        if self.group_rank == root {
+            let others: Vec<usize> = (0..self.n()).filter(|&p| p != root).collect();
+            self.mesh.ensure(&others, op)
+        } else {
+            self.mesh.ensure(&[root], op)
+        }
     }
 
     fn right(&self) -> usize {
@@ -246,6 +251,7 @@ impl Transport for TcpTransport {
         if n == 1 {
             return Ok(());
         }
+        self.ensure_rooted(root, "reduce")?;
         let ctx = self.ctx(fp);
         let segs = self.byte_segments(fp, fp.count as usize);
         let me = self.group_rank;
@@ -287,6 +293,9 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
+        if self.n() > 1 {
+            self.ensure_rooted(root, "gather")?;
+        }
         match output {
             Some(out) => {
                 let blocks = self.blocks(input.len());
@@ -323,6 +332,9 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
+        if self.n() > 1 {
+            self.ensure_rooted(root, "scatter")?;
+        }
         let ctx = self.ctx(fp);
         match input {
             Some(inp) => {
@@ -354,6 +366,7 @@ impl Transport for TcpTransport {
     }
 
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
+        self.mesh.ensure(&[dst], "send")?;
         let fp = Fingerprint {
             seq: self.send_seq[dst],
             ..*fp
@@ -370,6 +383,7 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
+        self.mesh.ensure(&[src], "recv")?;
         let fp = Fingerprint {
             seq: self.recv_seq[src],
             ..*fp
@@ -383,26 +397,14 @@ impl Transport for TcpTransport {
     }
 
     fn abort(&mut self) {
-        for c in self.conns.iter().flatten() {
+        for c in self.mesh.conns() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+        self.mesh.live().abort();
     }
 
     fn abort_handle(&self) -> Result<AbortHandle> {
-        let streams = self
-            .conns
-            .iter()
-            .flatten()
-            .map(|c| {
-                c.stream.try_clone().map_err(|e| {
-                    CommError::io(
-                        format!("duplicating the connection to rank {} for abort", c.rank),
-                        e,
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(AbortHandle::from_streams(streams))
+        Ok(AbortHandle::from_live(self.mesh.live()))
     }
 }
 

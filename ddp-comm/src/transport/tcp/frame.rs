@@ -1,30 +1,25 @@
 //! The 40-byte header in front of every payload between ranks.
 //!
 //! ```text
-//! 0..4   magic "DDPC"       4  version     5  kind      6  dtype     7  reduce op (0 = none)
-//! 8..12  root or tag (u32)  12..16 reserved (0)
+//! 0..4   magic "DDPC"       4  version     5..8 reserved (0)
+//! 8..16  kind, type, op, root: `Fingerprint::packed` (the word shared memory carries too)
 //! 16..24 sequence number    24..32 element count          32..40 payload bytes
 //! ```
 //! The receiver always knows how many bytes it expects, so a header that announces anything
 //! else is rejected before a byte of payload is read.
 
-use crate::collective::{CollectiveKind, Fingerprint};
-use crate::dtype::DataType;
+use crate::collective::Fingerprint;
 use crate::error::CommError;
-use crate::reduce_op::ReduceOp;
 
 pub(crate) const HEADER_BYTES: usize = 40;
 const MAGIC: &[u8; 4] = b"DDPC";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 pub(crate) fn encode(fp: &Fingerprint, payload_bytes: usize) -> [u8; HEADER_BYTES] {
     let mut h = [0u8; HEADER_BYTES];
     h[0..4].copy_from_slice(MAGIC);
     h[4] = VERSION;
-    h[5] = fp.kind as u8;
-    h[6] = fp.dtype as u8;
-    h[7] = fp.op.map_or(0, |o| o as u8);
-    h[8..12].copy_from_slice(&fp.root.to_le_bytes());
+    h[8..16].copy_from_slice(&fp.packed().to_le_bytes());
     h[16..24].copy_from_slice(&fp.seq.to_le_bytes());
     h[24..32].copy_from_slice(&fp.count.to_le_bytes());
     h[32..40].copy_from_slice(&(payload_bytes as u64).to_le_bytes());
@@ -58,23 +53,17 @@ pub(crate) fn check(
             reason: format!("protocol version {} but this rank speaks {VERSION}", h[4]),
         });
     }
-    let theirs = decode_fingerprint(h).ok_or_else(|| CommError::Protocol {
-        from: from(),
-        reason: format!(
-            "unknown collective kind {}, dtype {} or op {}",
-            h[5], h[6], h[7]
-        ),
-    })?;
-    if theirs != *expected {
-        let describe = |fp: &Fingerprint| format!("{} as collective #{}", fp, fp.seq);
-        return Err(CommError::Mismatch {
-            seq: expected.seq,
-            rank: my_rank,
-            ours: describe(expected),
-            peer,
-            theirs: describe(&theirs),
-        });
-    }
+    let theirs =
+        Fingerprint::unpack(u64_at(h, 16), u64_at(h, 24), u64_at(h, 8)).ok_or_else(|| {
+            CommError::Protocol {
+                from: from(),
+                reason: format!(
+                    "unknown collective kind {}, dtype {} or op {}",
+                    h[8], h[9], h[10]
+                ),
+            }
+        })?;
+    expected.expect_same(&theirs, my_rank, peer)?;
     let payload = u64_at(h, 32);
     if payload != expected_payload as u64 {
         return Err(CommError::Protocol {
@@ -88,23 +77,12 @@ pub(crate) fn check(
     Ok(())
 }
 
-fn decode_fingerprint(h: &[u8; HEADER_BYTES]) -> Option<Fingerprint> {
-    Some(Fingerprint {
-        kind: CollectiveKind::from_u8(h[5])?,
-        dtype: DataType::from_u8(h[6])?,
-        op: match h[7] {
-            0 => None,
-            v => Some(ReduceOp::from_u8(v)?),
-        },
-        root: u32::from_le_bytes([h[8], h[9], h[10], h[11]]),
-        seq: u64_at(h, 16),
-        count: u64_at(h, 24),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::CollectiveKind;
+    use crate::dtype::DataType;
+    use crate::reduce_op::ReduceOp;
 
     fn fp() -> Fingerprint {
         Fingerprint::new(5, CollectiveKind::AllReduce, DataType::F32, 100).with_op(ReduceOp::Sum)
@@ -157,6 +135,7 @@ mod tests {
 
     mod properties {
         use super::super::*;
+        use super::{CollectiveKind, DataType, ReduceOp};
         use crate::proptest_support::config;
         use proptest::prelude::*;
 

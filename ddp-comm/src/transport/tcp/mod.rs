@@ -1,10 +1,13 @@
-//! The TCP transport: ring algorithms over a full mesh of non-blocking sockets.
+//! The TCP transport: ring algorithms over non-blocking sockets, connected on demand.
 //!
 //! - `frame`: the header (fingerprint + payload length) in front of every payload.
 //! - `duplex`: the poll-driven engine that sends and receives one step at a time.
-//! - `mesh`: connection setup, the mutual token check (`auth`), rejection of strangers.
+//! - `acceptor`: the listener's event loop, the mutual token check (`auth`), rejection of
+//!   strangers.
+//! - `mesh`: connections made when first needed (the ring neighbours while the group forms).
 //! - `algorithms`: the collectives, built from steps.
 
+mod acceptor;
 mod algorithms;
 mod duplex;
 mod frame;

@@ -1,0 +1,123 @@
+//! One client connection on the store's event loop: the hello against its deadline, then
+//! requests until the client leaves.
+
+use super::config::StoreConfig;
+use super::protocol::{FrameWriter, Malformed, ReadFrameError, Status, VERSION, body_len};
+use super::state::State;
+use crate::auth::{Kind, event_loop};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What a connection task needs from the server.
+#[derive(Debug)]
+pub(super) struct Served {
+    pub(super) state: State,
+    pub(super) config: StoreConfig,
+    /// Authenticated clients currently connected.
+    pub(super) clients: AtomicUsize,
+}
+
+/// Counts a client for as long as it is held, however its task ends (even when the event loop
+/// drops it at shutdown).
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Counted(n)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs the hello before `deadline`; `hello_done` is called when it ends, however it ends (the
+/// server stops counting the connection as pending), then a trusted client's requests are
+/// served until it leaves.
+pub(super) async fn serve(
+    served: Arc<Served>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+    hello_done: impl FnOnce(),
+) {
+    let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
+    hello_done();
+    match hello {
+        Ok(Ok(())) => {}
+        Ok(Err(reason)) => {
+            tracing::warn!(%peer, %reason, "store: rejected a connection");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                %peer,
+                timeout = ?served.config.hello_timeout,
+                "store: no complete hello before the deadline, dropping the connection"
+            );
+            return;
+        }
+    }
+    let _counted = Counted::new(&served.clients);
+    loop {
+        let body = match read_frame(&mut stream, served.config.max_frame_bytes).await {
+            Ok(body) => body,
+            Err(ReadFrameError::Io(_)) => return, // client left
+            Err(ReadFrameError::TooLarge { len, max }) => {
+                tracing::warn!(%peer, len, max, "store: frame over the limit, disconnecting client");
+                return;
+            }
+        };
+        let reply = match served.state.handle(&body).await {
+            Ok(reply) => reply,
+            Err(Malformed(what)) => {
+                tracing::warn!(%peer, what, "store: malformed request, disconnecting client");
+                let refusal = FrameWriter::new(Status::BadRequest as u8)
+                    .bytes(format!("malformed request: bad {what}").as_bytes());
+                let _ = stream.write_all(&refusal.into_frame()).await;
+                event_loop::close_gracefully(&mut stream).await;
+                return;
+            }
+        };
+        if stream.write_all(&reply.into_frame()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one frame, refusing (before allocating) any body longer than `max`.
+async fn read_frame(stream: &mut TcpStream, max: usize) -> Result<Vec<u8>, ReadFrameError> {
+    let mut header = [0u8; 4];
+    stream
+        .read_exact(&mut header)
+        .await
+        .map_err(ReadFrameError::Io)?;
+    let mut body = vec![0u8; body_len(header, max)?];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(ReadFrameError::Io)?;
+    Ok(body)
+}
+
+/// The hello (`auth`), then the protocol version check; the client is told why it is refused
+/// when it can still hear it.
+async fn authenticate(served: &Served, stream: &mut TcpStream) -> Result<(), String> {
+    let verified = event_loop::respond(stream, &served.config.token, Kind::Store).await?;
+    let version = match verified.claims.as_slice() {
+        [a, b] => Some(u16::from_le_bytes([*a, *b])),
+        _ => None,
+    };
+    if version != Some(VERSION) {
+        let reason = format!("store protocol version {version:?}, the server speaks {VERSION}");
+        let _ = event_loop::answer(stream, Err(&reason)).await;
+        return Err(reason);
+    }
+    event_loop::answer(stream, Ok(())).await
+}
