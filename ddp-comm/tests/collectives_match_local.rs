@@ -3,6 +3,7 @@
 //! TCP, shared memory (ranks as threads share a host), two pretend hosts (hierarchical), and
 //! with the `mpi` feature MPI (ranks as processes under `mpirun`).
 
+#[path = "comm/common/mod.rs"]
 mod common;
 
 use common::{SETUPS, SMALL_BUFFER, Setup, run_ok_with};

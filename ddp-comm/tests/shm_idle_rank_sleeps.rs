@@ -1,6 +1,7 @@
 //! An idle rank sleeps on the futex instead of spinning. Its own test binary, so that no
 //! other test's threads add to the process's CPU time.
 
+#[path = "comm/common/mod.rs"]
 mod common;
 
 use common::{Setup, run_ok_with};

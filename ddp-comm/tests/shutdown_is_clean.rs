@@ -1,6 +1,7 @@
 //! Dropping a group leaves no thread and no socket behind. Its own test binary, so no other
 //! test's threads or sockets disturb the count.
 
+#[path = "comm/common/mod.rs"]
 mod common;
 
 use common::run_ok;

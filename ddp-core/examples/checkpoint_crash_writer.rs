@@ -1,4 +1,4 @@
-//! Helper program of `tests/checkpoint_crash.rs` (not a user example): a one-rank run that
+//! Helper program of `tests/core/checkpoint_crash.rs` (not a user example): a one-rank run that
 //! saves checkpoint `step-<STEP>` of a model whose every parameter equals `STEP`, then exits.
 //!
 //! ```text
@@ -9,7 +9,7 @@
 //! `DDP_CHECKPOINT_TEST_CRASH_AT` set, which makes it SIGKILL itself at one phase of the
 //! write. It keeps the last checkpoint only, so a save also prunes.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/core/common/mod.rs"]
 mod common;
 
 use burn::module::{Module, ModuleMapper, Param};

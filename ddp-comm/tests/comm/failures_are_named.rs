@@ -1,0 +1,306 @@
+//! Failures end in errors that name the rank at fault, within the timeout, never a hang: over
+//! TCP, over shared memory, and (where the world is large enough) across two pretend hosts.
+use crate::common::{Setup, run_world, run_world_with};
+use ddp_comm::{CommError, ReduceOp, Store, StoreConfig};
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const BOTH: [Setup; 2] = [Setup::Tcp, Setup::Shm];
+
+#[test]
+fn mismatched_collectives_name_both_ranks_and_both_calls() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 2, Duration::from_secs(20), |pg| {
+            let mut v = vec![1.0f32; 4];
+            if pg.rank() == 0 {
+                pg.all_reduce(&mut v, ReduceOp::Sum)
+            } else {
+                pg.broadcast(&mut v, 0)
+            }
+        });
+        for (rank, r) in results.iter().enumerate() {
+            let e = r.as_ref().expect_err("a mismatch must fail").to_string();
+            assert!(
+                e.contains("all_reduce(f32 x 4, sum)"),
+                "{setup:?} rank {rank}: {e}"
+            );
+            assert!(
+                e.contains("broadcast(f32 x 4, root 0)"),
+                "{setup:?} rank {rank}: {e}"
+            );
+            assert!(e.contains("mismatch"), "{setup:?} rank {rank}: {e}");
+        }
+    }
+}
+
+/// Two hosts that disagree: the leaders see each other's frames (or fingerprint checks), and
+/// the mismatch, naming both calls, is reported well before the timeout. (A rank that only
+/// sends, like a broadcast root, may finish first, as over TCP.)
+#[test]
+fn mismatch_across_hosts_fails_every_rank_quickly() {
+    type Call = fn(&ddp_comm::ProcessGroup, &mut Vec<f32>) -> ddp_comm::Result<()>;
+    let calls: [(&str, Call); 4] = [
+        ("all_reduce(f32 x 4, sum)", |pg, v| {
+            pg.all_reduce(v, ReduceOp::Sum)
+        }),
+        ("broadcast(f32 x 4, root 0)", |pg, v| pg.broadcast(v, 0)),
+        ("all_gather(f32 x 4)", |pg, v| {
+            let mut out = vec![0.0; 4 * pg.world_size()];
+            pg.all_gather(v, &mut out)
+        }),
+        ("barrier(u8 x 1)", |pg, _| pg.barrier()),
+    ];
+    for (a, call_a) in calls {
+        for (b, call_b) in calls.into_iter().filter(|(b, _)| *b != a) {
+            let start = Instant::now();
+            // Host 0: ranks 0 and 2; host 1: ranks 1 and 3.
+            let results = run_world_with(Setup::TwoHosts, 4, Duration::from_secs(30), |pg| {
+                let mut v = vec![1.0f32; 4];
+                let r = if pg.rank() % 2 == 0 {
+                    call_a(&pg, &mut v)
+                } else {
+                    call_b(&pg, &mut v)
+                };
+                // A rank that finished (a broadcast root) keeps its connections open a moment:
+                // closing a socket with unread data resets it, and the peer could lose the
+                // frame that shows the mismatch.
+                std::thread::sleep(Duration::from_millis(500));
+                r
+            });
+            assert!(
+                results.iter().any(|r| r.is_err()),
+                "{a} vs {b}: a mismatch must fail"
+            );
+            let all: Vec<String> = results
+                .iter()
+                .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+                .collect();
+            let all = all.join("\n");
+            assert!(
+                all.contains("mismatch") && all.contains(a) && all.contains(b),
+                "{a} vs {b}:\n{all}"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{a} vs {b}: no rank waits for the timeout"
+            );
+        }
+    }
+}
+
+#[test]
+fn different_lengths_are_a_mismatch() {
+    for setup in crate::common::SETUPS {
+        let results = run_world_with(setup, 3, Duration::from_secs(20), |pg| {
+            let mut v = vec![1i64; if pg.rank() == 2 { 5 } else { 4 }];
+            pg.all_reduce(&mut v, ReduceOp::Max)
+        });
+        assert!(results.iter().all(|r| r.is_err()), "{setup:?}");
+        let all: String = results
+            .iter()
+            .map(|r| r.as_ref().unwrap_err().to_string())
+            .collect();
+        assert!(
+            all.contains("i64 x 5") && all.contains("i64 x 4"),
+            "{setup:?}: {all}"
+        );
+    }
+}
+
+#[test]
+fn stalled_peer_is_named_after_the_timeout() {
+    for setup in BOTH {
+        let start = Instant::now();
+        let results = run_world_with(setup, 2, Duration::from_secs(1), |pg| {
+            if pg.rank() == 1 {
+                std::thread::sleep(Duration::from_secs(4));
+            }
+            let mut v = vec![0u8; 8];
+            pg.all_reduce(&mut v, ReduceOp::Sum)
+        });
+        let e = results[0].as_ref().expect_err("rank 0 must time out");
+        assert!(
+            matches!(e, CommError::Timeout { peer: 1, .. }),
+            "{setup:?}: {e}"
+        );
+        assert!(
+            e.to_string().contains("waiting for rank 1"),
+            "{setup:?}: {e}"
+        );
+        assert!(results[1].is_err(), "the late rank finds the group aborted");
+        assert!(start.elapsed() < Duration::from_secs(15));
+    }
+}
+
+/// The rank that timed out records whom it blames (`failure/<rank>/blame` in the group's
+/// store namespace), so a rank failing because of it follows the chain to the stalled rank.
+#[test]
+fn a_rank_that_times_out_records_whom_it_blames_in_the_store() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 2, Duration::from_secs(1), |pg| {
+            if pg.rank() == 1 {
+                std::thread::sleep(Duration::from_secs(4));
+            }
+            let mut v = vec![0u8; 8];
+            let failed = pg.all_reduce(&mut v, ReduceOp::Sum).is_err();
+            let blame = pg
+                .store()
+                .get_timeout("failure/0/blame", Duration::from_secs(2))
+                .ok();
+            Ok((failed, blame))
+        });
+        let (failed, blame) = results[0].as_ref().expect("rank 0's check");
+        assert!(failed, "{setup:?}: rank 0 must time out");
+        assert_eq!(
+            blame.as_deref(),
+            Some(&b"1"[..]),
+            "{setup:?}: rank 0 blames rank 1"
+        );
+    }
+}
+
+#[test]
+fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
+    for setup in crate::common::SETUPS {
+        let start = Instant::now();
+        let results = run_world_with(setup, 3, Duration::from_secs(60), |pg| {
+            if pg.rank() == 2 {
+                return Ok(()); // leaves: dropping the group closes its connections
+            }
+            let mut v = vec![1.0f32; 1 << 16];
+            pg.all_reduce(&mut v, ReduceOp::Sum)
+        });
+        for (rank, result) in results.iter().enumerate().take(2) {
+            let e = result
+                .as_ref()
+                .expect_err("the collective cannot complete")
+                .to_string();
+            assert!(
+                e.contains("rank 2"),
+                "{setup:?}: rank {rank} should name rank 2: {e}"
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{setup:?}: detected by the closed connection or slot, not the 60 s timeout"
+        );
+    }
+}
+
+#[test]
+fn bad_argument_on_one_rank_fails_its_peers_with_its_message() {
+    for setup in BOTH {
+        let start = Instant::now();
+        let results = run_world_with(setup, 2, Duration::from_secs(60), |pg| {
+            let input = [1.0f32; 3];
+            let mut out = vec![0.0f32; if pg.rank() == 0 { 5 } else { 6 }];
+            pg.all_gather(&input, &mut out)
+        });
+        let e0 = results[0].as_ref().unwrap_err().to_string();
+        assert!(
+            e0.contains("all_gather: output has 5 elements, expected 6"),
+            "{setup:?}: {e0}"
+        );
+        let e1 = results[1].as_ref().unwrap_err().to_string();
+        assert!(
+            e1.contains("rank 0") && e1.contains("output has 5 elements"),
+            "{setup:?}: {e1}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20));
+    }
+}
+
+#[test]
+fn group_is_unusable_after_a_failure() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 2, Duration::from_secs(20), |pg| {
+            let mut v = vec![0.0f32; if pg.rank() == 0 { 1 } else { 2 }];
+            let first = pg.all_reduce(&mut v, ReduceOp::Sum);
+            assert!(first.is_err());
+            pg.barrier()
+        });
+        for r in results {
+            assert!(matches!(r, Err(CommError::Aborted(_))), "{setup:?}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn out_of_range_root_is_an_error_not_a_panic() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 2, Duration::from_secs(20), |pg| {
+            let mut v = [0u8; 4];
+            pg.broadcast(&mut v, 2)
+        });
+        for r in results {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("root 2 is outside 0..2"), "{setup:?}: {e}");
+        }
+    }
+}
+
+/// Strangers on a rank's rendezvous port (garbage, an oversized hello, a wrong proof) are
+/// rejected and the job goes on.
+#[test]
+fn garbage_on_a_rank_port_is_rejected_and_the_job_continues() {
+    let results = run_world(2, Duration::from_secs(30), |pg| {
+        let mut v = vec![pg.rank() as f32 + 1.0; 100];
+        pg.all_reduce(&mut v, ReduceOp::Sum)?;
+        Ok(v)
+    });
+    // The harness connects rank 0 and 1 directly; to attack the port during rendezvous we run
+    // a job whose rank 1 arrives late, and send junk to rank 0 in the meantime.
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|v| v[0] == 3.0))
+    );
+
+    let server = ddp_comm::StoreServer::bind("127.0.0.1:0", StoreConfig::new()).unwrap();
+    let addr = server.local_addr().to_string();
+    std::thread::scope(|s| {
+        let rank0 = s.spawn(|| {
+            let store = Store::connect(&addr, StoreConfig::new()).unwrap();
+            let pg =
+                ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(0, 2))
+                    .unwrap();
+            let mut v = vec![1u8; 10];
+            pg.all_reduce(&mut v, ReduceOp::Sum).map(|_| v)
+        });
+        let probe = Store::connect(&addr, StoreConfig::new()).unwrap();
+        let rank0_addr = String::from_utf8(probe.get("pg/world/addr/0").unwrap()).unwrap();
+        // Garbage.
+        let mut c = TcpStream::connect(&rank0_addr).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nmore junk to fill the hello")
+            .unwrap();
+        // A well-formed hello announcing 65535 bytes of claims (over the limit).
+        let mut c2 = TcpStream::connect(&rank0_addr).unwrap();
+        let mut hello = b"DDPA\x01\x02".to_vec();
+        hello.extend_from_slice(&u16::MAX.to_le_bytes());
+        hello.extend_from_slice(&[0; 32]);
+        c2.write_all(&hello).unwrap();
+        // A hello claiming to be rank 1, then a made-up proof (it does not know the token).
+        let mut c3 = TcpStream::connect(&rank0_addr).unwrap();
+        let mut bad = hello[..6].to_vec();
+        bad.extend_from_slice(&16u16.to_le_bytes());
+        bad.extend_from_slice(&[0; 32]);
+        bad.extend_from_slice(&1u32.to_le_bytes());
+        bad.extend_from_slice(&2u32.to_le_bytes());
+        bad.extend_from_slice(&[0; 8]);
+        bad.extend_from_slice(&[0x55; 32]);
+        c3.write_all(&bad).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let rank1 = s.spawn(|| {
+            let store = Store::connect(&addr, StoreConfig::new()).unwrap();
+            let pg =
+                ddp_comm::ProcessGroup::with_store(store, ddp_comm::ProcessGroupConfig::new(1, 2))
+                    .unwrap();
+            let mut v = vec![2u8; 10];
+            pg.all_reduce(&mut v, ReduceOp::Sum).map(|_| v)
+        });
+        assert_eq!(rank0.join().unwrap().unwrap(), vec![3u8; 10]);
+        assert_eq!(rank1.join().unwrap().unwrap(), vec![3u8; 10]);
+        drop((c, c2, c3));
+    });
+}

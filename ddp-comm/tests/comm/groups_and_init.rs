@@ -1,0 +1,160 @@
+//! Subgroups, rank translation, and the tcp:// and file:// init methods.
+use crate::common::run_ok;
+use ddp_comm::{InitMethod, ProcessGroupConfig, ReduceOp, init_process_group};
+use std::time::Duration;
+
+#[test]
+fn subgroups_reduce_among_their_members_only() {
+    let results = run_ok(4, |pg| {
+        let evens = pg.new_group(&[0, 2])?;
+        let odds = pg.new_group(&[3, 1])?;
+        let mine = if pg.rank() % 2 == 0 {
+            evens.as_ref()
+        } else {
+            odds.as_ref()
+        };
+        let sub = mine.expect("every rank is in one of the two");
+        assert!(evens.is_some() != odds.is_some());
+        assert_eq!(sub.world_size(), 2);
+        assert_eq!(sub.rank(), pg.rank() / 2);
+        assert_eq!(sub.global_rank_of(sub.rank()), Some(pg.rank()));
+        assert_eq!(sub.group_rank_of(pg.rank()), Some(sub.rank()));
+        let mut v = vec![pg.rank() as i32; 5];
+        sub.all_reduce(&mut v, ReduceOp::Sum)?;
+        // The world group still works alongside.
+        let mut w = vec![1i32; 3];
+        pg.all_reduce(&mut w, ReduceOp::Sum)?;
+        assert_eq!(w, vec![4; 3]);
+        Ok((sub.ranks().to_vec(), v[0]))
+    });
+    assert_eq!(results[0], (vec![0, 2], 2));
+    assert_eq!(results[1], (vec![1, 3], 4));
+    assert_eq!(results[2], (vec![0, 2], 2));
+    assert_eq!(results[3], (vec![1, 3], 4));
+}
+
+#[test]
+fn new_group_rejects_bad_lists() {
+    run_ok(2, |pg| {
+        let e = pg.new_group(&[]).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        let e = pg.new_group(&[1, 1]).unwrap_err().to_string();
+        assert!(e.contains("duplicates"), "{e}");
+        let e = pg.new_group(&[0, 5]).unwrap_err().to_string();
+        assert!(e.contains("global rank 5 is not a member"), "{e}");
+        Ok(())
+    });
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run_init(n: usize, method: InitMethod) -> Vec<f64> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let method = method.clone();
+                s.spawn(move || {
+                    let config = ProcessGroupConfig::new(rank, n)
+                        .with_timeout(Duration::from_secs(30))
+                        .with_token("tok");
+                    let pg = init_process_group(&method, config).unwrap();
+                    let mut v = vec![rank as f64; 4];
+                    pg.all_reduce(&mut v, ReduceOp::Avg).unwrap();
+                    v[0]
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn tcp_init_hosts_the_store_on_rank_zero() {
+    let m = InitMethod::parse(&format!("tcp://127.0.0.1:{}", free_port())).unwrap();
+    assert_eq!(run_init(3, m), vec![1.0; 3]);
+}
+
+#[test]
+fn file_init_meets_through_a_file_and_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rendezvous");
+    // A stale file from a "crashed" run must not mislead anyone.
+    std::fs::write(
+        &path,
+        format!("127.0.0.1:{} 0123456789abcdef\n", free_port()),
+    )
+    .unwrap();
+    let m = InitMethod::parse(&format!("file://{}", path.display())).unwrap();
+    assert_eq!(run_init(2, m), vec![0.5; 2]);
+    assert!(!path.exists(), "rank 0 removes the rendezvous file");
+}
+
+#[test]
+fn port_in_use_on_rank_zero_is_reported() {
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = init_process_group(
+        &InitMethod::Tcp {
+            host: "127.0.0.1".into(),
+            port,
+        },
+        ProcessGroupConfig::new(0, 2).with_timeout(Duration::from_secs(2)),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(&format!("{port}")) && e.contains("MASTER_PORT"),
+        "{e}"
+    );
+}
+
+#[test]
+fn invalid_rank_is_rejected_before_any_network_call() {
+    let e = init_process_group(
+        &InitMethod::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+        },
+        ProcessGroupConfig::new(2, 2),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("rank 2 is outside 0..2"), "{e}");
+}
+
+/// This host's address on the network (the source address of its default route), if any.
+fn network_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    // Connecting a UDP socket sends nothing; it only picks the route and source address.
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn a_loopback_master_addr_keeps_the_store_off_the_network() {
+    let Some(ip) = network_ip() else {
+        eprintln!("no network interface besides loopback: nothing to check");
+        return;
+    };
+    let port = free_port();
+    let m = InitMethod::parse(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    let pg = init_process_group(&m, ProcessGroupConfig::new(0, 1)).unwrap();
+    // The store is up (the group joined through it) but not reachable from the network.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let from_network = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::new(ip, port),
+        Duration::from_secs(2),
+    );
+    assert!(
+        from_network.is_err(),
+        "the store of a single-host job answers on {ip}:{port}"
+    );
+    drop(pg);
+}

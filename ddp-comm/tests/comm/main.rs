@@ -1,0 +1,15 @@
+//! All of this crate's integration tests in one binary: burn is linked once instead of
+//! once per file. Each module is one former test file; `cargo test --test comm NAME`
+//! filters as before.
+
+mod common;
+
+mod abort_is_prompt;
+mod failures_are_named;
+mod groups_and_init;
+mod hello_is_mutual;
+mod mesh_strangers;
+mod mpi_selection;
+mod shm_setup;
+mod store_contract;
+mod store_strangers;

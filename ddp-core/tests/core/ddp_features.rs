@@ -1,0 +1,317 @@
+//! DDP options: layer boundaries, compression, timeline, tied parameters, buffers.
+use crate::common::*;
+use burn::module::{Module, Param};
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
+use burn::optim::SgdConfig;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use ddp_core::{DdpConfig, DistributedDataParallel, GradientCompression, layer_boundary};
+
+/// Three layers with boundaries between them when `marked`.
+#[derive(Module, Debug)]
+struct Deep<B: Backend> {
+    l1: Linear<B>,
+    l2: Linear<B>,
+    l3: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> Deep<B> {
+    fn new(device: &B::Device) -> Self {
+        Deep {
+            l1: LinearConfig::new(6, 32).init(device),
+            l2: LinearConfig::new(32, 32).init(device),
+            l3: LinearConfig::new(32, 3).init(device),
+            act: Relu::new(),
+        }
+    }
+    fn forward(&self, x: Tensor<B, 2>, marked: bool) -> Tensor<B, 2> {
+        let mark = |t: Tensor<B, 2>| if marked { layer_boundary(t) } else { t };
+        let x = mark(self.act.forward(self.l1.forward(x)));
+        let x = mark(self.act.forward(self.l2.forward(x)));
+        self.l3.forward(x)
+    }
+}
+
+/// A model whose lazy parameters are initialised, so that its clones share their values (a clone
+/// of an uninitialised burn module draws new ones).
+fn initial_deep() -> Deep<B> {
+    let m = Deep::<B>::new(&Default::default());
+    flat_params(&m);
+    m
+}
+
+/// Trains from one initial model: burn's RNG is global, so models created concurrently on rank
+/// threads would depend on the interleaving.
+fn train_deep_from(initial: &Deep<B>, marked: bool, config: DdpConfig) -> Vec<(Vec<f32>, usize)> {
+    run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config.clone()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+        let mut early = 0;
+        for step in 0..4 {
+            let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+            let (x, y) = batch(&idx, &device);
+            let pred = ddp.forward(|m| m.forward(x, marked)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            early += ddp.last_step_stats().unwrap().early_gradients;
+            ddp.optimizer_step(&mut sgd, 0.1, grads);
+        }
+        (flat_params(ddp.module()), early)
+    })
+}
+
+fn small_buckets() -> DdpConfig {
+    // ~1 KiB buckets: several buckets even for this small model.
+    DdpConfig::new()
+        .with_bucket_cap_mb(0.001)
+        .with_first_bucket_cap_mb(0.001)
+}
+
+#[test]
+fn layer_boundaries_hand_gradients_over_early_and_change_nothing() {
+    let initial = initial_deep();
+    let plain = train_deep_from(&initial, false, small_buckets());
+    let marked = train_deep_from(&initial, true, small_buckets());
+    assert_eq!(
+        plain[0].1, 0,
+        "without boundaries nothing is handed over early"
+    );
+    assert!(
+        marked[0].1 > 0,
+        "boundaries must hand some gradients over early"
+    );
+    for r in 0..2 {
+        assert_eq!(
+            marked[r].0, plain[r].0,
+            "rank {r}: boundaries must not change the result"
+        );
+    }
+    assert_eq!(marked[0].0, marked[1].0);
+}
+
+#[test]
+fn layer_boundary_outside_ddp_is_the_identity() {
+    let device = Default::default();
+    let x = Tensor::<B, 2>::ones([2, 3], &device);
+    let y = layer_boundary(x.clone());
+    assert_eq!(x.into_data(), y.into_data());
+}
+
+#[test]
+fn fp16_and_bf16_compression_stay_close_and_identical_across_ranks() {
+    let initial = initial_deep();
+    let exact = train_deep_from(&initial, false, DdpConfig::new());
+    for c in [GradientCompression::Fp16, GradientCompression::Bf16] {
+        let got = train_deep_from(&initial, false, DdpConfig::new().with_compression(c));
+        assert_eq!(got[0].0, got[1].0, "{c:?}: replicas identical");
+        // Relative to the weights' scale: half precision keeps ~3 significant digits, so a
+        // weight near zero can differ by more than itself.
+        let scale = exact[0].0.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = got[0]
+            .0
+            .iter()
+            .zip(&exact[0].0)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+            / scale;
+        assert!(
+            diff < 0.01,
+            "{c:?}: differs from f32 by {diff} of the largest weight"
+        );
+        assert!(
+            got[0].0 != exact[0].0,
+            "{c:?}: compression had no effect at all"
+        );
+    }
+}
+
+#[test]
+fn timeline_writes_a_chrome_trace_with_every_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let config = small_buckets().with_timeline_path(Some(path.display().to_string()));
+    let stats = run_ranks(2, |pg| {
+        let device = Default::default();
+        let mut ddp =
+            DistributedDataParallel::new(Deep::<B>::new(&device), pg, config.clone()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+        let (x, y) = batch(&[0, 1, 2], &device);
+        let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+        let grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        ddp.optimizer_step(&mut sgd, 0.1, grads);
+        ddp.last_step_stats().cloned().unwrap()
+    });
+    let text = std::fs::read_to_string(&path).expect("rank 0 wrote the trace");
+    for phase in [
+        "forward",
+        "backward",
+        "bucket 0 ready",
+        "all_reduce bucket 0",
+        "unpack bucket 0",
+        "optimizer",
+    ] {
+        assert!(
+            text.contains(&format!("\"{phase}\"")),
+            "trace lacks {phase}"
+        );
+    }
+    assert!(text.starts_with("{\"traceEvents\":["));
+    assert!(stats[0].buckets > 1);
+    assert!(stats[0].comm > std::time::Duration::ZERO);
+    assert!((0.0..=1.0).contains(&stats[0].overlap_fraction()));
+}
+
+/// A weight used twice (tied): its gradient must be the sum of both uses.
+#[derive(Module, Debug)]
+struct Tied<B: Backend> {
+    w: Param<Tensor<B, 2>>,
+}
+
+#[test]
+fn tied_parameter_used_twice_gets_its_full_gradient() {
+    let results = run_ranks(2, |pg| {
+        let device = Default::default();
+        let model = Tied::<B> {
+            w: Param::from_tensor(Tensor::ones([3, 3], &device)),
+        };
+        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, Tied<B>>();
+        let x = Tensor::<B, 2>::ones([1, 3], &device);
+        // y = (x W) W: W is used by two matmuls.
+        let y = ddp
+            .forward(|m| x.clone().matmul(m.w.val()).matmul(m.w.val()))
+            .unwrap();
+        let grads = ddp.backward(y.sum()).unwrap();
+        ddp.optimizer_step(&mut sgd, 1.0, grads);
+        flat_params(ddp.module())
+    });
+    // Single-process reference with plain autodiff.
+    let device = Default::default();
+    let w = Tensor::<B, 2>::ones([3, 3], &device).require_grad();
+    let x = Tensor::<B, 2>::ones([1, 3], &device);
+    let g = x.matmul(w.clone()).matmul(w.clone()).sum().backward();
+    let expected: Vec<f32> = (Tensor::<B, 2>::ones([3, 3], &device).inner() - w.grad(&g).unwrap())
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert_eq!(results[0], expected);
+    assert_eq!(results[1], expected);
+}
+
+/// Batch norm's running statistics are buffers: rank 0's are copied to every rank before each
+/// forward (PyTorch's broadcast_buffers default).
+#[derive(Module, Debug)]
+struct WithNorm<B: Backend> {
+    fc: Linear<B>,
+    norm: BatchNorm<B>,
+}
+
+fn train_with_norm(broadcast_buffers: bool) -> Vec<Vec<f32>> {
+    run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let model = WithNorm::<B> {
+            fc: LinearConfig::new(6, 4).init(&device),
+            norm: BatchNormConfig::new(4).init(&device),
+        };
+        let config = DdpConfig::new().with_broadcast_buffers(broadcast_buffers);
+        let mut ddp = DistributedDataParallel::new(model, pg, config).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, WithNorm<B>>();
+        for step in 0..3 {
+            // Different data per rank: local running stats would diverge.
+            let idx: Vec<usize> = (0..4).map(|i| 100 * rank + step * 4 + i).collect();
+            let (x, y) = batch(&idx, &device);
+            let pred = ddp
+                .forward(|m| {
+                    let h = m.fc.forward(x);
+                    m.norm.forward(h.unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2)
+                })
+                .unwrap();
+            let y = y.slice([0..4, 0..3]).pad((0, 1, 0, 0), 0.0);
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            ddp.optimizer_step(&mut sgd, 0.1, grads);
+        }
+        // One more forward syncs buffers from rank 0 before running.
+        let (x, _) = batch(&[0], &device);
+        let _ = ddp.forward(|m| m.fc.forward(x)).unwrap();
+        flat_params(ddp.module())
+    })
+}
+
+#[test]
+fn buffers_follow_rank_zero() {
+    let synced = train_with_norm(true);
+    assert_eq!(
+        synced[0], synced[1],
+        "parameters and running statistics match rank 0"
+    );
+    let local = train_with_norm(false);
+    assert_ne!(
+        local[0], local[1],
+        "without the broadcast the running statistics diverge"
+    );
+}
+
+/// With boundaries marked, a boundary hands over the taps that have not fired yet: plain taps
+/// (which fire at the end of backward) are all handed over early; anchored taps
+/// (`automatic_overlap`) mostly fire on their own, right after their layer's backward, so fewer
+/// are left to hand over. Deterministic: it observes the order of backward's steps, not time.
+#[test]
+fn automatic_overlap_fires_taps_before_the_end_of_backward_and_changes_nothing() {
+    let initial = initial_deep();
+    let run = |automatic: bool| {
+        run_ranks(2, |pg| {
+            let device = Default::default();
+            let rank = pg.rank();
+            let config = small_buckets().with_automatic_overlap(automatic);
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+            let mut early = Vec::new();
+            for step in 0..4 {
+                let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+                let (x, y) = batch(&idx, &device);
+                let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                early.push(ddp.last_step_stats().unwrap().early_gradients);
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+            }
+            (flat_params(ddp.module()), early)
+        })
+    };
+    let plain = run(false);
+    let anchored = run(true);
+    for r in 0..2 {
+        let diff = max_rel_diff(&anchored[r].0, &plain[r].0);
+        assert!(
+            diff < 1e-6,
+            "rank {r}: anchored taps changed the result by {diff}"
+        );
+        assert!(
+            plain[r].1.iter().all(|&e| e > 0),
+            "rank {r}: plain taps wait for the boundaries: {:?}",
+            plain[r].1
+        );
+        // Step 0 learns the depths (plain taps); from step 1 on most taps fire on their own.
+        assert_eq!(anchored[r].1[0], plain[r].1[0], "rank {r}: step 0 learns");
+        for step in 1..4 {
+            assert!(
+                anchored[r].1[step] < plain[r].1[step],
+                "rank {r} step {step}: anchored taps must fire before the boundaries reach \
+                 more of them than plain taps: {:?} vs {:?}",
+                anchored[r].1,
+                plain[r].1
+            );
+        }
+    }
+    assert_eq!(anchored[0].0, anchored[1].0, "replicas differ");
+}

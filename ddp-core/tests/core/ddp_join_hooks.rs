@@ -1,0 +1,416 @@
+//! Uneven inputs (`join`) and communication hooks, each against one process that applies the
+//! same averaged updates.
+use crate::common::*;
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::optim::{AdamConfig, Optimizer};
+use burn::tensor::Tensor;
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome};
+use ddp_core::hooks::{CommHook, GradBucket, HookError, PowerSgdConfig};
+use ddp_core::{
+    DdpConfig, DdpError, DistributedDataParallel, ProcessGroup, ReduceOp, TrainingState,
+};
+
+/// A model whose weights are drawn now (burn initialises lazily: clones of a fresh model would
+/// each draw their own).
+fn model(hidden: usize) -> Mlp<B> {
+    let m = Mlp::<B>::new(&Default::default(), hidden);
+    let record = m.clone().into_record();
+    m.load_record(record)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Micro-batch `micro` of step `step` of rank `rank`: 4 samples of its own.
+fn samples(rank: usize, step: usize, micro: usize) -> Vec<usize> {
+    (0..4)
+        .map(|i| ((rank * 97 + step * 13 + micro * 7) * 4 + i) % 500)
+        .collect()
+}
+
+fn loss_of(m: &Mlp<B>, idx: &[usize]) -> Tensor<B, 1> {
+    let device = Default::default();
+    let (x, y) = batch(idx, &device);
+    MseLoss::new().forward(m.forward(x, false), y, Reduction::Mean)
+}
+
+const LR: f64 = 0.01;
+/// Steps every rank trains together after `join`, so a stale optimizer state would show.
+const AFTER: usize = 2;
+
+/// Rank `r` has `batches[r]` steps of `micro` micro-batches, then joins; rank 0 saves a
+/// checkpoint, every rank loads it, and all train `AFTER` more steps.
+fn train_uneven(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<(Vec<f32>, usize)> {
+    let world = batches.len();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let config = DdpConfig::new().with_uneven_inputs(true);
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        for step in 0..batches[rank] {
+            for k in 0..micro {
+                let idx = samples(rank, step, k);
+                let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+                if k + 1 < micro {
+                    ddp.backward_no_sync(loss).unwrap();
+                } else {
+                    let grads = ddp.backward(loss).unwrap();
+                    ddp.optimizer_step(&mut adam, LR, grads);
+                }
+            }
+        }
+        let answered = ddp.join(&mut adam, LR).unwrap();
+        // Rank 0's checkpoint (model and Adam state), written after join, is everyone's: every
+        // rank resumes from it and trains on.
+        let ckpt =
+            Checkpointer::new(CheckpointConfig::new(dir), ddp.process_group().clone()).unwrap();
+        ckpt.save(ddp.module(), &adam, &TrainingState::new(1, 0))
+            .unwrap();
+        let mut model = ddp.module().clone();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        let outcome = ckpt
+            .load_latest(&Default::default(), &mut model, &mut adam)
+            .unwrap();
+        assert!(
+            matches!(outcome, LoadOutcome::Resumed(_)),
+            "the checkpoint loads"
+        );
+        ddp.set_module(model).unwrap();
+        for step in 0..AFTER {
+            let idx = samples(rank, 1000 + step, 0);
+            let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+            let grads = ddp.backward(loss).unwrap();
+            ddp.optimizer_step(&mut adam, LR, grads);
+        }
+        (flat_params(ddp.module()), answered)
+    })
+}
+
+/// One process: step `s` averages the gradients of the ranks that still had data.
+fn reference(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<f32> {
+    let mut model = initial.clone();
+    let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+    let steps = *batches.iter().max().unwrap();
+    let apply = |model: Mlp<B>, adam: &mut _, ranks: &[usize], step: usize, micro: usize| {
+        let mut total: Option<Tensor<B, 1>> = None;
+        for k in 0..micro {
+            for &r in ranks {
+                let l = loss_of(&model, &samples(r, step, k)) / ranks.len() as f32;
+                total = Some(match total {
+                    Some(t) => t + l,
+                    None => l,
+                });
+            }
+        }
+        let grads = burn::optim::GradientsParams::from_grads(total.unwrap().backward(), &model);
+        Optimizer::step(adam, LR, model, grads)
+    };
+    for step in 0..steps {
+        let ranks: Vec<usize> = (0..batches.len()).filter(|&r| batches[r] > step).collect();
+        model = apply(model, &mut adam, &ranks, step, micro);
+    }
+    let all: Vec<usize> = (0..batches.len()).collect();
+    for step in 0..AFTER {
+        model = apply(model, &mut adam, &all, 1000 + step, 1);
+    }
+    flat_params(&model)
+}
+
+fn check_uneven(batches: &[usize], micro: usize) {
+    let initial = model(16);
+    let got = train_uneven(&initial, batches, micro);
+    let want = reference(&initial, batches, micro);
+    let longest = *batches.iter().max().unwrap();
+    for (rank, (params, answered)) in got.iter().enumerate() {
+        assert_eq!(
+            bits(params),
+            bits(&got[0].0),
+            "rank {rank} differs from rank 0"
+        );
+        assert_eq!(
+            *answered,
+            (longest - batches[rank]) * micro,
+            "rank {rank} answered"
+        );
+    }
+    let diff = max_rel_diff(&got[0].0, &want);
+    assert!(
+        diff < 1e-5,
+        "uneven inputs {batches:?}: max relative diff {diff}"
+    );
+}
+
+#[test]
+fn ranks_with_3_5_and_7_batches_train_like_one_process_averaging_the_ranks_with_data() {
+    check_uneven(&[3, 5, 7], 1);
+    check_uneven(&[7, 3, 5], 1);
+}
+
+#[test]
+fn join_works_with_gradient_accumulation() {
+    check_uneven(&[2, 4], 2);
+}
+
+#[test]
+fn join_without_uneven_inputs_is_a_clear_error() {
+    let initial = model(8);
+    let errs = run_ranks(2, |pg| {
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        ddp.join(&mut adam, LR).unwrap_err().to_string()
+    });
+    for e in errs {
+        assert!(e.contains("with_uneven_inputs(true)"), "{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communication hooks.
+
+/// A user's hook: an exact average, checking what DDP hands it.
+struct CheckedAverage {
+    buckets_seen: Vec<usize>,
+}
+
+impl CommHook for CheckedAverage {
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        let mut end = 0;
+        for p in bucket.parameters() {
+            if p.offset != end {
+                return Err(format!("{} starts at {}, expected {end}", p.path, p.offset).into());
+            }
+            end = p.range().end;
+        }
+        if end != bucket.buffer().len() {
+            return Err("the parameters do not tile the buffer".into());
+        }
+        self.buckets_seen.push(bucket.index());
+        pg.all_reduce(bucket.buffer_mut(), ReduceOp::Avg)?;
+        Ok(())
+    }
+}
+
+fn train_with(
+    initial: &Mlp<B>,
+    world: usize,
+    steps: usize,
+    config: DdpConfig,
+    hook: impl Fn() -> Option<Box<dyn FnOnce(&mut DistributedDataParallel<B, Mlp<B>>)>> + Sync,
+) -> Vec<(Vec<f32>, u64)> {
+    run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let handle = pg.clone();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config.clone()).unwrap();
+        if let Some(register) = hook() {
+            register(&mut ddp);
+        }
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        let before = handle.payload_bytes();
+        for step in 0..steps {
+            let idx = samples(rank, step, 0);
+            let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+            let grads = ddp.backward(loss).unwrap();
+            ddp.optimizer_step(&mut adam, LR, grads);
+        }
+        (flat_params(ddp.module()), handle.payload_bytes() - before)
+    })
+}
+
+#[test]
+fn a_users_hook_sees_whole_buckets_in_order_and_its_average_is_ddps() {
+    let initial = model(16);
+    // Small buckets: several per step.
+    let config = DdpConfig::new()
+        .with_bucket_cap_mb(0.0002)
+        .with_first_bucket_cap_mb(0.0002);
+    let plain = train_with(&initial, 2, 3, config.clone(), || None);
+    let hooked = train_with(&initial, 2, 3, config, || {
+        Some(Box::new(|ddp: &mut DistributedDataParallel<B, Mlp<B>>| {
+            ddp.register_comm_hook(CheckedAverage {
+                buckets_seen: Vec::new(),
+            })
+            .unwrap()
+        }))
+    });
+    for (rank, ((p, _), (h, _))) in plain.iter().zip(&hooked).enumerate() {
+        assert_eq!(
+            bits(p),
+            bits(h),
+            "rank {rank}: the hook's average differs from DDP's"
+        );
+    }
+}
+
+/// Fails on bucket 1 of the second step on rank 1.
+struct FailingHook {
+    calls: usize,
+}
+
+impl CommHook for FailingHook {
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        self.calls += 1;
+        if pg.rank() == 1 && self.calls > 2 {
+            return Err("out of carrier pigeons".into());
+        }
+        pg.all_reduce(bucket.buffer_mut(), ReduceOp::Avg)?;
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "pigeon post"
+    }
+}
+
+#[test]
+fn a_failing_hook_is_named_on_its_rank_and_its_peer_fails_at_once() {
+    let initial = model(16);
+    let errors = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let config = DdpConfig::new()
+            .with_bucket_cap_mb(0.0002)
+            .with_first_bucket_cap_mb(0.0002);
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        ddp.register_comm_hook(FailingHook { calls: 0 }).unwrap();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        let start = std::time::Instant::now();
+        for step in 0..3 {
+            let idx = samples(rank, step, 0);
+            let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+            match ddp.backward(loss) {
+                Ok(grads) => ddp.optimizer_step(&mut adam, LR, grads),
+                Err(e) => return (e.to_string(), start.elapsed()),
+            }
+        }
+        ("no error".to_string(), start.elapsed())
+    });
+    assert!(
+        errors[1].0.contains("pigeon post") && errors[1].0.contains("out of carrier pigeons"),
+        "{}",
+        errors[1].0
+    );
+    assert!(
+        errors[0].0.contains("out of carrier pigeons"),
+        "rank 0: {}",
+        errors[0].0
+    );
+    assert!(
+        errors[0].1.as_secs() < 30,
+        "rank 0 waited {:?}",
+        errors[0].1
+    );
+}
+
+#[test]
+fn hooks_are_registered_before_the_first_forward_and_not_with_compression() {
+    let initial = model(8);
+    run_ranks(1, |pg| {
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        let idx = samples(0, 0, 0);
+        let _ = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+        let err = ddp
+            .register_comm_hook(PowerSgdConfig::new().init().unwrap())
+            .unwrap_err();
+        assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
+    });
+    run_ranks(1, |pg| {
+        let config = DdpConfig::new().with_compression(ddp_core::GradientCompression::Fp16);
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        let err = ddp
+            .register_comm_hook(PowerSgdConfig::new().init().unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("compression"), "{err}");
+    });
+    assert!(PowerSgdConfig::new().with_start_iter(1).init().is_err());
+    assert!(PowerSgdConfig::new().with_rank(0).init().is_err());
+}
+
+#[test]
+fn powersgd_keeps_replicas_identical_and_sends_far_fewer_bytes() {
+    // Matrices large enough for compression to matter: 6×64 and 64×3.
+    let initial = model(64);
+    let steps = 12;
+    let start = 2;
+    let plain = train_with(&initial, 2, steps, DdpConfig::new(), || None);
+    let powersgd = train_with(&initial, 2, steps, DdpConfig::new(), || {
+        Some(Box::new(
+            move |ddp: &mut DistributedDataParallel<B, Mlp<B>>| {
+                let hook = PowerSgdConfig::new().with_start_iter(start).init().unwrap();
+                ddp.register_comm_hook(hook).unwrap()
+            },
+        ))
+    });
+    assert_eq!(
+        bits(&powersgd[0].0),
+        bits(&powersgd[1].0),
+        "replicas differ"
+    );
+    let diff = max_rel_diff(&powersgd[0].0, &plain[0].0);
+    assert!(diff > 0.0, "PowerSGD changed nothing");
+    // Bytes of the compressed steps only: the plain run's per-step bytes times the same steps.
+    let per_step = plain[0].1 / steps as u64;
+    let compressed = powersgd[0].1 - per_step * start as u64;
+    let ratio = (per_step * (steps - start) as u64) as f64 / compressed as f64;
+    assert!(ratio >= 3.0, "PowerSGD sent only {ratio:.1}x fewer bytes");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The example, as real processes.
+
+#[test]
+fn the_uneven_inputs_example_trains_three_processes_to_one_model() {
+    let exe = std::env::current_exe().expect("test path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/uneven_inputs
+    let example = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|p| p.join("examples").join("uneven_inputs"))
+        .expect("target directory");
+    assert!(
+        example.exists(),
+        "{} is missing: run `cargo test -p ddp-core` (which builds examples)",
+        example.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(&example);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DDP_")
+            || k.starts_with("MASTER_")
+            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"].contains(&k.as_str())
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(["--nproc-per-node", "3", "--checkpoint-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("running the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut checksums = Vec::new();
+    for (rank, (trained, answered)) in [(3, 4), (5, 2), (7, 0)].into_iter().enumerate() {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("rank {rank}: trained")))
+            .unwrap_or_else(|| panic!("no line from rank {rank}:\n{stdout}"));
+        assert!(
+            line.contains(&format!("trained {trained} steps"))
+                && line.contains(&format!("answered {answered} steps")),
+            "{line}"
+        );
+        checksums.push(line.rsplit(' ').next().unwrap_or_default().to_string());
+    }
+    assert!(
+        checksums.iter().all(|c| c == &checksums[0]),
+        "replicas differ: {checksums:?}\n{stdout}"
+    );
+    assert!(stdout.contains("rank 0: checkpoint"), "{stdout}");
+}

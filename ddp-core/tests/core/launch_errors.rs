@@ -1,0 +1,318 @@
+//! Clear errors for bad launches, before any worker starts.
+use crate::launch_common::*;
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+fn assert_usage_error(out: &Finished, expected: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", out.all());
+    assert!(
+        out.stderr.contains(expected),
+        "expected {expected:?} in\n{}",
+        out.all()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}
+
+#[test]
+fn taken_master_port_is_reported_before_any_worker_starts() {
+    let taken = TcpListener::bind("0.0.0.0:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        &port.to_string(),
+        "--",
+    ])
+    .arg(worker_path())
+    .args(["--mode", "sleep", "--pid-dir"])
+    .arg(dir.path());
+    let out = run(cmd);
+    assert_usage_error(
+        &out,
+        &format!(
+            "ddp-run: error: port {port} on 0.0.0.0 is already in use: pick another --master-port"
+        ),
+    );
+    assert!(pids_in(dir.path()).is_empty(), "no worker may start");
+    drop(taken);
+}
+
+#[test]
+fn unknown_flag_is_rejected_by_the_parser() {
+    let mut cmd = ddp_run();
+    cmd.args(["--bogus", "1", "--", "true"]);
+    assert_usage_error(&run(cmd), "unexpected argument '--bogus' found");
+}
+
+#[test]
+fn unparsable_flag_value_is_rejected_with_the_value() {
+    let mut cmd = ddp_run();
+    cmd.args(["--nproc-per-node", "two", "--", "true"]);
+    assert_usage_error(
+        &run(cmd),
+        "invalid value 'two' for '--nproc-per-node <N|auto>': expected a number of processes or 'auto', got 'two'",
+    );
+}
+
+#[test]
+fn missing_program_is_a_usage_error() {
+    let mut cmd = ddp_run();
+    cmd.args(["--nproc-per-node", "2"]);
+    assert_usage_error(
+        &run(cmd),
+        "the following required arguments were not provided",
+    );
+}
+
+#[test]
+fn zero_processes_per_node_is_rejected() {
+    let mut cmd = ddp_run();
+    cmd.args(["--nproc-per-node", "0", "--", "true"]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: --nproc-per-node must be at least 1, got 0",
+    );
+}
+
+#[test]
+fn zero_processes_per_node_is_rejected_by_the_launch_api_too() {
+    let mut cmd = worker();
+    cmd.args(["--nproc-per-node", "0"]);
+    let out = run(cmd);
+    assert!(!out.status.success(), "{}", out.all());
+    assert!(
+        out.stderr
+            .contains("Error: --nproc-per-node must be at least 1, got 0"),
+        "{}",
+        out.all()
+    );
+}
+
+#[test]
+fn program_that_does_not_exist_is_named() {
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nproc-per-node",
+        "2",
+        "--",
+        "/nonexistent/train",
+        "--epochs",
+        "3",
+    ]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: program '/nonexistent/train' was not found: no such file",
+    );
+
+    let mut cmd = ddp_run();
+    cmd.args(["--", "no-such-trainer-anywhere"]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: program 'no-such-trainer-anywhere' was not found: no executable 'no-such-trainer-anywhere' in PATH",
+    );
+}
+
+#[test]
+fn directory_as_program_cannot_be_executed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run();
+    cmd.arg("--").arg(dir.path());
+    assert_usage_error(&run(cmd), "cannot be executed: it is a directory");
+}
+
+#[test]
+fn node_rank_outside_nnodes_is_rejected() {
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29500",
+        "--",
+        "true",
+    ]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: --node-rank 2 is out of range for --nnodes 2 (node ranks are 0..=1)",
+    );
+}
+
+#[test]
+fn multi_node_needs_master_address_port_and_token() {
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-port",
+        "29500",
+        "--",
+        "true",
+    ]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: --master-addr is required when --nnodes is 2",
+    );
+
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--",
+        "true",
+    ]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: --master-port is required when --nnodes is 2",
+    );
+
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nnodes",
+        "2",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "1",
+        "--",
+        "true",
+    ]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: a multi-node job (--nnodes 2) needs a shared job token: set DDP_JOB_TOKEN",
+    );
+}
+
+#[test]
+fn standalone_contradicting_flags_are_rejected() {
+    let mut cmd = ddp_run();
+    cmd.args(["--standalone", "--nnodes", "2", "--", "true"]);
+    assert_usage_error(
+        &run(cmd),
+        "ddp-run: error: --standalone runs one node on this host with a free port, but --nnodes 2 was also given",
+    );
+}
+
+fn two_node_args(node_rank: usize, port: u16, extra: &[&str]) -> Command {
+    let mut cmd = ddp_run();
+    cmd.env("DDP_JOB_TOKEN", "loopback-secret").args([
+        "--nnodes",
+        "2",
+        "--node-rank",
+        &node_rank.to_string(),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        &port.to_string(),
+    ]);
+    cmd.args(extra);
+    cmd
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("0.0.0.0:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+#[test]
+fn taken_rendezvous_port_on_node_0_is_reported() {
+    let taken = TcpListener::bind("0.0.0.0:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let out = run(two_node_args(0, port, &["--", "true"]));
+    assert_usage_error(
+        &out,
+        &format!("ddp-run: error: port {port} on 0.0.0.0 is already in use"),
+    );
+    drop(taken);
+}
+
+#[test]
+fn node_without_node_0_gives_up_after_the_join_timeout() {
+    let port = free_port();
+    let out = run(two_node_args(
+        1,
+        port,
+        &["--join-timeout", "1", "--", "true"],
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains(&format!(
+            "ddp-run: error: rendezvous of node 1 through 127.0.0.1:{port} failed: node 0's launcher did not answer within 1s"
+        )),
+        "{}",
+        out.all()
+    );
+}
+
+#[test]
+fn nodes_with_different_settings_or_tokens_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    // Node 0 waits for node 1 (on the same host, over loopback).
+    let mut node0 = two_node_args(0, port, &["--nproc-per-node", "2", "--"]);
+    node0
+        .arg(worker_path())
+        .args(["--mode", "sleep", "--pid-dir"])
+        .arg(dir.path());
+    let node0 = start(node0);
+
+    let out = run(two_node_args(
+        1,
+        port,
+        &["--nproc-per-node", "1", "--", "true"],
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains(
+            "node 0 runs with --nnodes 2 --nproc-per-node 2 --max-restarts 0 but this node with \
+             --nnodes 2 --nproc-per-node 1 --max-restarts 0: every node must use the same settings"
+        ),
+        "{}",
+        out.all()
+    );
+
+    let mut wrong_token = two_node_args(1, port, &["--nproc-per-node", "2", "--", "true"]);
+    wrong_token.env("DDP_JOB_TOKEN", "another-secret");
+    let out = run(wrong_token);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr
+            .contains("set the same DDP_JOB_TOKEN on every node"),
+        "{}",
+        out.all()
+    );
+
+    // Node 0 never started a worker (nobody joined) and stops cleanly when told to.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(pids_in(dir.path()).is_empty());
+    // SAFETY: signalling the launcher this test started.
+    unsafe { libc::kill(node0.child.id() as i32, libc::SIGTERM) };
+    let out = node0.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        out.all()
+    );
+    assert!(
+        out.stderr.contains("the launcher received SIGTERM"),
+        "{}",
+        out.all()
+    );
+}

@@ -1,0 +1,26 @@
+//! All of this crate's integration tests in one binary: burn is linked once instead of
+//! once per file. Each module is one former test file; `cargo test --test core NAME`
+//! filters as before.
+
+mod checkpoint_common;
+mod common;
+mod launch_common;
+
+mod checkpoint_collective;
+mod checkpoint_corruption;
+mod checkpoint_crash;
+mod checkpoint_exact_resume;
+mod checkpoint_interop;
+mod checkpoint_rotation;
+mod checkpoint_world_size;
+mod ddp_equivalence;
+mod ddp_features;
+mod ddp_join_hooks;
+mod ddp_semantics;
+mod launch_env;
+mod launch_errors;
+mod launch_failures;
+mod launch_multinode;
+mod launch_progress;
+mod launch_restart_resume;
+mod zero;

@@ -1,0 +1,421 @@
+//! ZeroRedundancyOptimizer: the same parameters as plain DDP with Adam, each rank holding about
+//! `1/world` of Adam's state, and checkpoints that resume at another world size.
+use crate::checkpoint_common::capture_logs;
+use crate::common::*;
+use burn::module::{Module, ParamId};
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{Adam, AdamConfig, Optimizer};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+use ddp_core::{
+    DdpConfig, DistributedDataParallel, ProcessGroup, ZeroError, ZeroRedundancyOptimizer,
+};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+const HIDDEN: usize = 16;
+/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
+const GLOBAL_BATCH: usize = 12;
+const LR: f64 = 0.01;
+
+type MlpAdam = OptimizerAdaptor<Adam, Mlp<B>, B>;
+
+fn adam<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<Adam, M, B> {
+    AdamConfig::new()
+        .with_weight_decay(Some(WeightDecayConfig::new(1e-2)))
+        .init()
+}
+
+/// Rank `rank`'s contiguous share of global step `step`.
+fn shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
+    let per = GLOBAL_BATCH / world;
+    (0..per)
+        .map(|i| step * GLOBAL_BATCH + rank * per + i)
+        .collect()
+}
+
+fn to_bytes<M: Module<B>>(m: &M) -> Vec<u8> {
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("record")
+}
+
+fn mlp_from(bytes: &[u8]) -> Mlp<B> {
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &Default::default()).expect("load");
+    Mlp::<B>::new(&Default::default(), HIDDEN).load_record(record)
+}
+
+/// Trains `ddp` over global steps `steps` with `optim`; `extra` is used on even steps only, so
+/// some steps leave it without a gradient.
+fn train<O: Optimizer<Mlp<B>, B>>(
+    ddp: &mut DistributedDataParallel<B, Mlp<B>>,
+    optim: &mut O,
+    steps: std::ops::Range<usize>,
+) {
+    let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
+    let device = Default::default();
+    for step in steps {
+        let (x, y) = batch(&shard(step, world, rank), &device);
+        let pred = ddp
+            .forward(|m| m.forward(x, step % 2 == 0))
+            .expect("forward");
+        let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+        let grads = ddp.backward(loss).expect("backward");
+        ddp.optimizer_step(optim, LR, grads);
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn assert_replicas_identical(ranks: &[Vec<f32>], what: &str) {
+    for (r, p) in ranks.iter().enumerate() {
+        assert!(
+            p.iter()
+                .zip(&ranks[0])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: rank {r}'s parameters differ from rank 0's"
+        );
+    }
+}
+
+const STEPS: usize = 6;
+
+#[test]
+fn same_parameters_as_plain_ddp_with_adam_at_world_1_to_4() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    for world in 1..=4 {
+        let plain = run_ranks(world, |pg| {
+            let mut ddp =
+                DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+            let mut optim: MlpAdam = adam();
+            train(&mut ddp, &mut optim, 0..STEPS);
+            flat_params(ddp.module())
+        });
+        let zero = run_ranks(world, |pg| {
+            let mut ddp =
+                DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+            let mut optim =
+                ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+            train(&mut ddp, &mut optim, 0..STEPS);
+            flat_params(ddp.module())
+        });
+        assert_replicas_identical(&zero, &format!("world {world}"));
+        let diff = max_abs_diff(&zero[0], &plain[0]);
+        eprintln!("world {world}: max |ZeRO - plain DDP| = {diff:e}");
+        assert!(
+            diff <= 1e-6,
+            "world {world}: ZeRO differs from plain DDP + Adam by {diff}"
+        );
+        let moved = max_abs_diff(&zero[0], &flat_params(&mlp_from(&init)));
+        assert!(
+            moved > 1e-3,
+            "world {world}: training moved nothing ({moved})"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory: twelve equal layers, so a balanced partition is exact at world 1-4.
+
+#[derive(Module, Debug)]
+struct Deep<B: Backend> {
+    layers: Vec<Linear<B>>,
+    act: Relu,
+}
+
+impl<B: Backend> Deep<B> {
+    fn new(device: &B::Device) -> Self {
+        Deep {
+            layers: (0..12)
+                .map(|_| LinearConfig::new(16, 16).init(device))
+                .collect(),
+            act: Relu::new(),
+        }
+    }
+
+    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+        for layer in &self.layers {
+            x = self.act.forward(layer.forward(x));
+        }
+        x
+    }
+}
+
+/// Each rank's optimizer state after two steps: its serialised size and its parameter ids.
+fn deep_state(world: usize, init: &[u8]) -> Vec<(usize, BTreeSet<u64>)> {
+    run_ranks(world, |pg| {
+        let device = Default::default();
+        let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let record = Recorder::<B>::load(&rec, init.to_vec(), &device).expect("load");
+        let model = Deep::<B>::new(&device).load_record(record);
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+        let mut optim =
+            ZeroRedundancyOptimizer::new(adam::<Deep<B>>(), ddp.process_group().clone());
+        for step in 0..2 {
+            let n = GLOBAL_BATCH / world;
+            let xs: Vec<f32> = (0..n * 16)
+                .map(|k| (((step * 31 + rank * 7 + k * 13) % 19) as f32 - 9.0) / 9.0)
+                .collect();
+            let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [n, 16]), &device);
+            let pred = ddp.forward(|m| m.forward(x)).unwrap();
+            let loss = MseLoss::new().forward(pred.clone(), pred.ones_like(), Reduction::Mean);
+            let grads = ddp.backward(loss).unwrap();
+            ddp.optimizer_step(&mut optim, LR, grads);
+        }
+        let bytes = Recorder::<B>::record(&rec, optim.local_state(), ()).expect("record");
+        assert_eq!(optim.local_state_bytes().unwrap(), bytes.len());
+        let ids = optim.local_state().keys().map(ParamId::val).collect();
+        (bytes.len(), ids)
+    })
+}
+
+#[test]
+fn each_rank_keeps_about_one_over_world_of_the_adam_state() {
+    let init = to_bytes(&Deep::<B>::new(&Default::default()));
+    let full = deep_state(1, &init).remove(0);
+    assert_eq!(full.1.len(), 24, "world 1 holds every parameter's state");
+    for world in 2..=4 {
+        let ranks = deep_state(world, &init);
+        let sizes: Vec<usize> = ranks.iter().map(|(b, _)| *b).collect();
+        eprintln!(
+            "world {world}: optimizer state bytes per rank {sizes:?} (world 1: {})",
+            full.0
+        );
+        let mut seen = BTreeSet::new();
+        for (r, (_, ids)) in ranks.iter().enumerate() {
+            for id in ids {
+                assert!(
+                    seen.insert(*id),
+                    "world {world}: rank {r} holds state another rank also holds"
+                );
+            }
+        }
+        assert_eq!(
+            seen, full.1,
+            "world {world}: the shards together are the whole state"
+        );
+        let bound = full.0 as f64 / world as f64 * 1.05;
+        for (r, bytes) in sizes.iter().enumerate() {
+            assert!(
+                (*bytes as f64) <= bound,
+                "world {world}: rank {r} holds {bytes} bytes of optimizer state, over 1.05 x {} / {world}",
+                full.0
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: saved at world 2, resumed at world 1, 2 and 3.
+
+const SAVE_AT: usize = 3;
+
+/// Trains from `init` with ZeRO for `0..SAVE_AT` and saves; returns this rank's parameters.
+fn train_and_save(pg: ProcessGroup, init: &[u8], dir: &Path) -> Vec<f32> {
+    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let mut ddp = DistributedDataParallel::new(mlp_from(init), pg, DdpConfig::new()).unwrap();
+    let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+    train(&mut ddp, &mut optim, 0..SAVE_AT);
+    let state = TrainingState::new(0, SAVE_AT as u64);
+    optim
+        .save_checkpoint(&ckpt, ddp.module(), &state)
+        .expect("save");
+    flat_params(ddp.module())
+}
+
+/// How a resumed run treats the optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resume {
+    /// ZeRO, its state loaded from the checkpoint.
+    Zero,
+    /// Plain Adam, its state loaded from the checkpoint ZeRO wrote.
+    Plain,
+    /// ZeRO with a fresh state (a control: the state matters).
+    ZeroWithoutState,
+}
+
+/// A fresh random model resumed from `dir` trains `SAVE_AT..STEPS`; returns its parameters and
+/// the ids of the parameters whose state the ZeRO optimizer holds (empty for `Plain`).
+fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> (Vec<f32>, BTreeSet<u64>) {
+    let device = Default::default();
+    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let mut model = Mlp::<B>::new(&device, HIDDEN);
+    let mut zero = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+    let mut plain: MlpAdam = adam();
+    let outcome = match how {
+        Resume::Plain => ckpt.load_latest(&device, &mut model, &mut plain),
+        _ => ckpt.load_latest(&device, &mut model, &mut zero),
+    }
+    .expect("load_latest");
+    let LoadOutcome::Resumed(resumed) = outcome else {
+        panic!("expected a resume, got {outcome}");
+    };
+    assert_eq!(resumed.state.global_step, SAVE_AT as u64);
+    let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+    let mut held = BTreeSet::new();
+    match how {
+        Resume::Zero => {
+            train(&mut ddp, &mut zero, SAVE_AT..STEPS);
+            held = zero.local_state().keys().map(ParamId::val).collect();
+        }
+        Resume::Plain => train(&mut ddp, &mut plain, SAVE_AT..STEPS),
+        Resume::ZeroWithoutState => {
+            let mut fresh =
+                ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+            train(&mut ddp, &mut fresh, SAVE_AT..STEPS)
+        }
+    }
+    (flat_params(ddp.module()), held)
+}
+
+/// Checks that the ranks' shards of the state are disjoint and hold all six tensors of the Mlp.
+fn assert_sharded(ranks: &[(Vec<f32>, BTreeSet<u64>)], world: usize) {
+    let mut seen = BTreeSet::new();
+    for (r, (_, ids)) in ranks.iter().enumerate() {
+        for id in ids {
+            assert!(
+                seen.insert(*id),
+                "resumed at world {world}: rank {r} holds state another rank also holds"
+            );
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        6,
+        "resumed at world {world}: the shards together are the whole state"
+    );
+}
+
+fn params_only(ranks: Vec<(Vec<f32>, BTreeSet<u64>)>) -> Vec<Vec<f32>> {
+    ranks.into_iter().map(|(p, _)| p).collect()
+}
+
+#[test]
+fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let uninterrupted = run_ranks(2, |pg| {
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        train(&mut ddp, &mut optim, 0..STEPS);
+        flat_params(ddp.module())
+    })
+    .remove(0);
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_ranks(2, |pg| train_and_save(pg, &init, dir.path()));
+
+    // Same world size: the same operations in the same order, so bitwise equal.
+    let same = run_ranks(2, |pg| resume(pg, dir.path(), Resume::Zero));
+    assert_sharded(&same, 2);
+    let same = params_only(same);
+    assert_replicas_identical(&same, "resumed at world 2");
+    assert!(
+        same[0]
+            .iter()
+            .zip(&uninterrupted)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "resumed at world 2: differs from the uninterrupted run by {}",
+        max_abs_diff(&same[0], &uninterrupted)
+    );
+    // Other world sizes: the gradient average rounds differently.
+    for (world, how) in [(3, Resume::Zero), (1, Resume::Zero), (1, Resume::Plain)] {
+        let ranks = run_ranks(world, |pg| resume(pg, dir.path(), how));
+        if how == Resume::Zero {
+            assert_sharded(&ranks, world);
+        }
+        let ranks = params_only(ranks);
+        assert_replicas_identical(&ranks, &format!("resumed at world {world}"));
+        let diff = max_abs_diff(&ranks[0], &uninterrupted);
+        eprintln!("resumed at world {world} ({how:?}): max |resumed - uninterrupted| = {diff:e}");
+        assert!(
+            diff <= 1e-6,
+            "resumed at world {world} ({how:?}): differs from the uninterrupted run by {diff}"
+        );
+    }
+    // Control: without the optimizer state the run ends elsewhere.
+    let control = run_ranks(3, |pg| resume(pg, dir.path(), Resume::ZeroWithoutState))
+        .remove(0)
+        .0;
+    let diff = max_abs_diff(&control, &uninterrupted);
+    assert!(
+        diff > 1e-4,
+        "a fresh optimizer state changed nothing ({diff})"
+    );
+}
+
+#[test]
+fn a_plain_checkpoint_save_of_a_sharded_state_warns_and_save_checkpoint_does_not() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = run_ranks(2, |pg| {
+        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        train(&mut ddp, &mut optim, 0..1);
+        let ((), right) = capture_logs(|| {
+            optim
+                .save_checkpoint(&ckpt, ddp.module(), &TrainingState::new(0, 1))
+                .unwrap();
+        });
+        let ((), wrong) = capture_logs(|| {
+            ckpt.save(ddp.module(), &optim, &TrainingState::new(0, 2))
+                .unwrap();
+        });
+        (right, wrong)
+    });
+    let (right, wrong) = &logs[0];
+    assert!(
+        !right.contains("to_record without consolidate_state"),
+        "{right}"
+    );
+    assert!(
+        wrong.contains("this rank's shard only") && wrong.contains("save_checkpoint"),
+        "rank 0 saved a shard without a warning: {wrong}"
+    );
+}
+
+#[test]
+fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_optimizer() {
+    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        let (x, y) = batch(&shard(0, 2, rank), &Default::default());
+        let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+        let grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        if rank == 1 {
+            ddp.process_group().abort("rank 1 ran out of memory");
+            return None;
+        }
+        let module = ddp.module().clone();
+        let first = optim.try_step(LR, module.clone(), grads);
+        let second = optim.try_step(LR, module, burn::optim::GradientsParams::new());
+        Some((first.err(), second.err()))
+    });
+    let (first, second) = results[0].as_ref().expect("rank 0's outcome");
+    match first {
+        Some(e @ ZeroError::Broadcast { .. }) => assert!(
+            e.to_string().contains("rank 1 ran out of memory"),
+            "the error does not carry the peer's reason: {e}"
+        ),
+        other => panic!("expected a broadcast error, got {other:?}"),
+    }
+    assert!(
+        matches!(second, Some(ZeroError::Poisoned { .. })),
+        "a step after a failure must be refused: {second:?}"
+    );
+}

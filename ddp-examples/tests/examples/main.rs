@@ -1,0 +1,10 @@
+//! All of this crate's integration tests in one binary: burn is linked once instead of
+//! once per file. Each module is one former test file; `cargo test --test examples NAME`
+//! filters as before.
+
+mod common;
+
+mod examples_end_to_end;
+mod open_mpi;
+mod restart_fresh;
+mod slurm;
