@@ -10,7 +10,10 @@ use ddp_core::{EvalTotals, ExactShard};
 
 /// Whether the "model" gets sample `i` right, and its loss: fixed, uneven over the indices.
 fn score(i: usize) -> (bool, f64) {
-    (i % 3 != 0 && i % 7 != 5, (i % 5) as f64 * 0.25 + 0.1)
+    (
+        !i.is_multiple_of(3) && i % 7 != 5,
+        (i % 5) as f64 * 0.25 + 0.1,
+    )
 }
 
 fn single_process(len: usize) -> EvalTotals {

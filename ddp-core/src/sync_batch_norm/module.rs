@@ -221,15 +221,11 @@ impl<B: SyncBatchNormBackend> SyncBatchNorm<B> {
             Tensor::cat(vec![local_sum, count], 0),
             "all-reducing the per-channel sums",
         )?;
-        let total_value: f32 = sums
-            .clone()
-            .slice([channels..channels + 1])
-            .into_scalar()
-            .elem();
+        let total_value: f32 = sums.clone().narrow(0, channels, 1).into_scalar().elem();
         if total_value <= 0.0 {
             return Err(SyncBatchNormError::EmptyGlobalBatch);
         }
-        let mean = sums.slice([0..channels]).div_scalar(total_value);
+        let mean = sums.narrow(0, 0, channels).div_scalar(total_value);
 
         // Squared deviations from the global mean, as burn's BatchNorm computes the variance.
         let centered = input.sub(mean.clone().reshape(stat_shape));
