@@ -29,8 +29,8 @@ use super::{SyncBatchNormBackend, SyncBatchNormError, SyncBatchNormGroup};
 /// `running_var`), so records and safetensors files move between the two; see
 /// [`from_batch_norm`](Self::from_batch_norm) and [`into_batch_norm`](Self::into_batch_norm).
 ///
-/// Cost: two small all-reduces (2 x channels + 1 floats) per layer in forward and two in
-/// backward, on the statistics group, each blocking the calling thread.
+/// Cost: two small all-reduces (channels + 1, then channels floats) per layer in forward and
+/// two in backward, on the statistics group, each blocking the calling thread.
 #[derive(Module, Debug)]
 pub struct SyncBatchNorm<B: Backend> {
     /// Scale per channel.
@@ -144,7 +144,8 @@ impl<B: SyncBatchNormBackend> SyncBatchNorm<B> {
     ///
     /// # Collective
     /// In training with a group, every rank of the group calls it for this layer, in the same
-    /// order as its other layers (any batch size, including 0 on some ranks).
+    /// order as its other layers (batch sizes may differ between ranks; uneven sizes are
+    /// tested, an empty batch on one rank is not).
     ///
     /// # Errors
     /// A bad input shape, a failed all-reduce, or a global batch with no sample.
