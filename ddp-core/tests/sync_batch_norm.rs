@@ -171,10 +171,12 @@ fn check_world(sizes: &[usize]) {
 
 #[test]
 fn equals_one_process_on_the_union_batch_at_world_1_to_4_with_uneven_batches() {
+    // World 1 to 4, uneven sizes, and one rank with an empty batch.
     check_world(&[5]);
     check_world(&[3, 1]);
     check_world(&[2, 4, 1]);
     check_world(&[1, 3, 2, 5]);
+    check_world(&[0, 4, 2]);
 }
 
 #[test]

@@ -144,8 +144,8 @@ impl<B: SyncBatchNormBackend> SyncBatchNorm<B> {
     ///
     /// # Collective
     /// In training with a group, every rank of the group calls it for this layer, in the same
-    /// order as its other layers (batch sizes may differ between ranks; uneven sizes are
-    /// tested, an empty batch on one rank is not).
+    /// order as its other layers (batch sizes may differ between ranks, an empty batch on some
+    /// ranks included).
     ///
     /// # Errors
     /// A bad input shape, a failed all-reduce, or a global batch with no sample.
