@@ -33,6 +33,10 @@
 //!   workers, stop them all on a failure and restart the group with `--max-restarts`.
 //! - [`zero`]: [`ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
 //!   (ZeRO stage 1), with checkpoints that resume at another world size.
+//! - [`metrics`]: evaluation without padding: [`ExactShard`] puts each test sample on exactly
+//!   one rank and [`EvalTotals`] all-reduces the counts, so accuracy covers the test set once.
+//! - [`sync_batch_norm`]: [`SyncBatchNorm`], batch norm over the global batch with gradients
+//!   through the statistics.
 //! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
 //! - [`bucket::assign_buckets`]: the bucketing rule; [`TapBackend`]: the backends DDP can tap
 //!   (every `Autodiff<B>`).
@@ -103,17 +107,23 @@ pub mod bucket;
 mod ddp;
 mod error;
 pub mod hooks;
+pub mod metrics;
 mod model_sync;
 mod params;
 pub mod progress;
 mod reducer;
+pub mod sync_batch_norm;
 mod tap;
 mod timeline;
 
 pub use boundary::layer_boundary;
 pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
 pub use error::DdpError;
+pub use metrics::EvalTotals;
 pub use progress::{EpochProgress, EpochSummary};
+pub use sync_batch_norm::{
+    SyncBatchNorm, SyncBatchNormBackend, SyncBatchNormError, SyncBatchNormGroup,
+};
 pub use tap::TapBackend;
 pub use timeline::StepStats;
 
@@ -121,7 +131,7 @@ pub use timeline::StepStats;
 pub use ddp_data as data;
 pub use ddp_data::{
     DataError, DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSampler,
-    DistributedSamplerConfig, SamplerState,
+    DistributedSamplerConfig, ExactShard, SamplerState,
 };
 
 #[cfg(feature = "cuda")]

@@ -8,6 +8,9 @@
 //!   `num_replicas`-th index from `r`), shuffled by a documented,
 //!   platform-independent permutation of `seed + epoch` (see
 //!   [`sampler::permutation`]).
+//! * [`ExactShard`]: for evaluation, each index on exactly one rank (no
+//!   padding, no duplicates), so metrics summed over ranks cover the dataset
+//!   exactly once.
 //! * [`BatchSampler`]: groups one rank's indices into batches.
 //! * [`DistributedDataLoaderBuilder`] / [`DistributedDataLoader`]: loads the
 //!   batches of a burn [`Dataset`](burn::data::dataset::Dataset) with a burn
@@ -89,4 +92,4 @@ pub mod sampler;
 pub use batch_sampler::BatchSampler;
 pub use error::DataError;
 pub use loader::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedDataLoaderIter};
-pub use sampler::{DistributedSampler, DistributedSamplerConfig, SamplerState};
+pub use sampler::{DistributedSampler, DistributedSamplerConfig, ExactShard, SamplerState};

@@ -1,23 +1,72 @@
-//! Accuracy over a test set sharded across ranks: each rank scores every `world`-th item (no
-//! padding, so nothing is counted twice) and the counts are all-reduced.
+//! Evaluation over a test set sharded across ranks without padding: each rank scores its
+//! [`ExactShard`] (every item on exactly one rank) and the counts are all-reduced with
+//! [`EvalTotals`], so the accuracy is over exactly the test set.
 
-use anyhow::Result;
-use ddp_core::{ProcessGroup, ReduceOp};
+use anyhow::{Context, Result};
+use burn::data::dataloader::batcher::Batcher;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Tensor};
+use ddp_core::{EvalTotals, ExactShard, ProcessGroup};
 
-/// Items `rank, rank + world, ...` of `0..len`.
+use crate::digits::{DigitBatcher, DigitItem};
+
+/// Items `rank, rank + world, ...` of `0..len` (this rank's [`ExactShard`]).
 pub fn shard(len: usize, rank: usize, world: usize) -> Vec<usize> {
-    (rank..len).step_by(world.max(1)).collect()
+    match ExactShard::new(len, world, rank) {
+        Ok(shard) => shard.indices().collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
-/// Sums `(correct, total)` over ranks and returns the accuracy, the same on every rank.
+/// Sums `(correct, total)` over ranks and returns the accuracy and the total, the same on every
+/// rank.
 pub fn all_reduce_accuracy(
     pg: &ProcessGroup,
     correct: usize,
     total: usize,
 ) -> Result<(f64, usize)> {
-    let mut v = [correct as i64, total as i64];
-    pg.all_reduce(&mut v, ReduceOp::Sum)?;
-    Ok((v[0] as f64 / v[1].max(1) as f64, v[1] as usize))
+    let mut totals = EvalTotals::default();
+    totals.add(correct as u64, total as u64, 0.0);
+    let global = totals.all_reduce(pg)?;
+    Ok((global.accuracy().unwrap_or(0.0), global.count as usize))
+}
+
+/// Scores `classify` (images `[n, 64]` to logits `[n, 10]`) on this rank's shard of `test`, in
+/// batches of `batch_size`, and returns the totals over every rank: correct predictions, images
+/// counted (exactly `test.len()`) and the summed cross-entropy.
+pub fn evaluate_digits<B: Backend>(
+    pg: &ProcessGroup,
+    test: &[DigitItem],
+    batch_size: usize,
+    device: &B::Device,
+    classify: impl Fn(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Result<EvalTotals> {
+    let shard =
+        ExactShard::new(test.len(), pg.world_size(), pg.rank()).context("sharding the test set")?;
+    let indices: Vec<usize> = shard.indices().collect();
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let mut totals = EvalTotals::default();
+    for chunk in indices.chunks(batch_size.max(1)) {
+        let items = chunk.iter().map(|&i| test[i].clone()).collect();
+        let batch = Batcher::<B, _, _>::batch(&DigitBatcher, items, device);
+        let logits = classify(batch.images);
+        let mean_loss: f64 = loss_fn
+            .forward(logits.clone(), batch.targets.clone())
+            .into_scalar()
+            .elem();
+        let hits: i64 = logits
+            .argmax(1)
+            .squeeze::<1>()
+            .equal(batch.targets)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem();
+        let n = chunk.len() as u64;
+        totals.add(hits as u64, n, mean_loss * n as f64);
+    }
+    Ok(totals.all_reduce(pg)?)
 }
 
 #[cfg(test)]

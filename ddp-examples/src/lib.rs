@@ -1,9 +1,11 @@
 //! Shared pieces of the example programs: data sets, models, backend selection, evaluation.
 //!
 //! - [`digits`]: the UCI handwritten digits, its seeded split, dataset and batcher.
-//! - [`models`]: the classifiers the examples train.
+//! - [`models`]: the classifiers the examples train (an MLP, a CNN with `SyncBatchNorm`, a
+//!   small transformer).
 //! - [`backend`]: `--backend flex|cuda` and the checks that make a missing GPU an error message.
-//! - [`eval`]: accuracy over a test set sharded across ranks and all-reduced.
+//! - [`eval`]: accuracy and loss over a test set sharded across ranks without padding
+//!   (every image on exactly one rank), all-reduced.
 //! - [`resume`]: resume-by-default from the latest checkpoint, shared by the examples.
 //! - [`reverse`]: the synthetic sequence-reversal task of the transformer example.
 #![warn(missing_docs, missing_debug_implementations)]

@@ -147,3 +147,63 @@ mod tests {
         assert_ne!(run(a), run(c), "position 4 does see token 4");
     }
 }
+
+/// A small convolutional classifier for the 8x8 digits with synchronised batch norm:
+/// `[conv 3x3 -> SyncBatchNorm -> relu] x 2 -> 2x2 average pool -> linear`.
+///
+/// With a [`ddp_core::SyncBatchNormGroup`] its batch norms normalise with the statistics of the
+/// global batch (all ranks), so small per-rank batches train like one big batch; without one
+/// they use each rank's own batch, like burn's `BatchNorm`.
+#[derive(Module, Debug)]
+pub struct DigitsCnn<B: Backend> {
+    conv1: burn::nn::conv::Conv2d<B>,
+    norm1: ddp_core::SyncBatchNorm<B>,
+    conv2: burn::nn::conv::Conv2d<B>,
+    norm2: ddp_core::SyncBatchNorm<B>,
+    pool: burn::nn::pool::AvgPool2d,
+    out: Linear<B>,
+    act: Relu,
+}
+
+impl<B: ddp_core::SyncBatchNormBackend> DigitsCnn<B> {
+    /// A new model with `channels` feature maps in its first convolution (twice that in the
+    /// second), its batch norms synchronised over `group` (local statistics with `None`).
+    pub fn new(
+        channels: usize,
+        group: Option<ddp_core::SyncBatchNormGroup>,
+        device: &B::Device,
+    ) -> Self {
+        use burn::nn::PaddingConfig2d;
+        use burn::nn::conv::Conv2dConfig;
+        let conv = |from: usize, to: usize| {
+            Conv2dConfig::new([from, to], [3, 3])
+                .with_padding(PaddingConfig2d::Same)
+                .init(device)
+        };
+        let norm = |features: usize| {
+            let bn = burn::nn::BatchNormConfig::new(features).init(device);
+            ddp_core::SyncBatchNorm::from_batch_norm(bn, group.clone())
+        };
+        DigitsCnn {
+            conv1: conv(1, channels),
+            norm1: norm(channels),
+            conv2: conv(channels, 2 * channels),
+            norm2: norm(2 * channels),
+            pool: burn::nn::pool::AvgPool2dConfig::new([2, 2])
+                .with_strides([2, 2])
+                .init(),
+            out: LinearConfig::new(2 * channels * 16, 10).init(device),
+            act: Relu::new(),
+        }
+    }
+
+    /// Class scores `[n, 10]` for images `[n, 64]` (read as 1x8x8).
+    pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [n, _] = images.dims();
+        let x = images.reshape([n, 1, 8, 8]);
+        let x = self.act.forward(self.norm1.forward(self.conv1.forward(x)));
+        let x = self.act.forward(self.norm2.forward(self.conv2.forward(x)));
+        let x = self.pool.forward(x);
+        self.out.forward(x.flatten(1, 3))
+    }
+}

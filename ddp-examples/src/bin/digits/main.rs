@@ -19,7 +19,7 @@ use ddp_core::{
 };
 use ddp_examples::backend::{BackendKind, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::{all_reduce_accuracy, shard};
+use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsMlp;
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
 use std::process::ExitCode;
@@ -159,31 +159,19 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
     }
 
-    // Evaluation: each rank scores its shard of the test set.
+    // Evaluation: each rank scores its exact shard of the test set (no padding), so the
+    // all-reduced counts cover every test image exactly once.
     let model = ddp.module().clone();
-    let indices = shard(test_items.len(), rank, world);
-    let mut correct = 0usize;
-    for chunk in indices.chunks(256) {
-        let items = chunk.iter().map(|&i| test_items[i].clone()).collect();
-        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
-            &DigitBatcher,
-            items,
-            &device,
-        );
-        let predicted = model.forward(batch.images).argmax(1).squeeze::<1>();
-        let hits: i64 = predicted
-            .equal(batch.targets)
-            .int()
-            .sum()
-            .into_scalar()
-            .elem();
-        correct += hits as usize;
-    }
-    let (accuracy, total) = all_reduce_accuracy(&pg, correct, indices.len())?;
+    let totals = evaluate_digits::<B>(&pg, &test_items, 256, &device, |images| {
+        model.forward(images)
+    })?;
     if rank == 0 {
         println!(
-            "digits: test accuracy {:.2}% on {total} images after {} epochs ({:.1}s of training on {world} rank(s))",
-            accuracy * 100.0,
+            "digits: test accuracy {:.2}% on {} images (each counted once, {} test images), mean loss {:.4}, after {} epochs ({:.1}s of training on {world} rank(s))",
+            totals.accuracy().unwrap_or(0.0) * 100.0,
+            totals.count,
+            test_items.len(),
+            totals.mean_loss().unwrap_or(f64::NAN),
             args.epochs,
             start.elapsed().as_secs_f64()
         );
