@@ -135,7 +135,11 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         &mut loader,
         args.epochs,
     )?;
-    let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new())?;
+    let mut ddp = DistributedDataParallel::new(
+        model,
+        pg.clone(),
+        DdpConfig::new().with_host_staging(args.backend.host_staging()),
+    )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     let start = std::time::Instant::now();

@@ -127,7 +127,11 @@ where
 
     let model = DigitsCnn::<B>::new(args.channels, group, &device);
     let mut optim = AdamConfig::new().init::<B, DigitsCnn<B>>();
-    let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new())?;
+    let mut ddp = DistributedDataParallel::new(
+        model,
+        pg.clone(),
+        DdpConfig::new().with_host_staging(args.backend.host_staging()),
+    )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     let start = std::time::Instant::now();
