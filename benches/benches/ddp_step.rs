@@ -23,20 +23,15 @@
 
 use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
-use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
-use ddp_benches::{median, world_of_one};
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env, layer_boundary};
+use ddp_benches::{BATCH, BenchMlp, bench_batch, median, world_of_one};
+use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;
-const BATCH: usize = 64;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -53,43 +48,6 @@ struct Args {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    l1: Linear<B>,
-    l2: Linear<B>,
-    l3: Linear<B>,
-    act: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(device: &B::Device) -> Self {
-        Mlp {
-            l1: LinearConfig::new(1024, 2048).init(device),
-            l2: LinearConfig::new(2048, 2048).init(device),
-            l3: LinearConfig::new(2048, 10).init(device),
-            act: Relu::new(),
-        }
-    }
-    fn forward(&self, x: Tensor<B, 2>, marked: bool) -> Tensor<B, 2> {
-        let mark = |t: Tensor<B, 2>| if marked { layer_boundary(t) } else { t };
-        let x = mark(self.act.forward(self.l1.forward(x)));
-        let x = mark(self.act.forward(self.l2.forward(x)));
-        self.l3.forward(x)
-    }
-}
-
-fn data(device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-    let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), device);
-    let y = Tensor::<B, 1, Int>::from_data(
-        burn::tensor::TensorData::new(
-            (0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(),
-            [BATCH],
-        ),
-        device,
-    );
-    (x, y)
 }
 
 /// Minor page faults of this process so far (first touches of memory the allocator just got
@@ -153,15 +111,15 @@ fn world1(args: &Args) -> Result<()> {
     let device = Default::default();
     let (_server, pg) = world_of_one()?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut plain_model = Mlp::<B>::new(&device);
-    let mut plain_opt = SgdConfig::new().init::<B, Mlp<B>>();
-    let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device), pg, DdpConfig::new())?;
-    let mut ddp_opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let mut plain_model = BenchMlp::<B>::new(&device);
+    let mut plain_opt = SgdConfig::new().init::<B, BenchMlp<B>>();
+    let mut ddp = DistributedDataParallel::new(BenchMlp::<B>::new(&device), pg, DdpConfig::new())?;
+    let mut ddp_opt = SgdConfig::new().init::<B, BenchMlp<B>>();
     let (mut plain, mut wrapped) = (Vec::new(), Vec::new());
     let rounds = 4;
     for round in 0..=rounds {
         for _ in 0..args.steps.div_ceil(rounds) {
-            let (x, y) = data(&device);
+            let (x, y) = bench_batch::<B>(&device);
             let t = Instant::now();
             let loss = loss_fn.forward(plain_model.forward(x, false), y);
             let grads = GradientsParams::from_grads(loss.backward(), &plain_model);
@@ -171,7 +129,7 @@ fn world1(args: &Args) -> Result<()> {
             }
         }
         for _ in 0..args.steps.div_ceil(rounds) {
-            let (x, y) = data(&device);
+            let (x, y) = bench_batch::<B>(&device);
             let t = Instant::now();
             let out = ddp.forward(|m| m.forward(x, false))?;
             let grads = ddp.backward(loss_fn.forward(out, y))?;
@@ -317,8 +275,8 @@ fn measure_world2(
 ) -> Result<Measured> {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut ddp = DistributedDataParallel::new(Mlp::<B>::new(&device), pg.clone(), config)?;
-    let mut opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let mut ddp = DistributedDataParallel::new(BenchMlp::<B>::new(&device), pg.clone(), config)?;
+    let mut opt = SgdConfig::new().init::<B, BenchMlp<B>>();
     let (mut sync, mut no_sync, mut optim, mut overlap, mut comm, mut after) = (
         Vec::new(),
         Vec::new(),
@@ -331,7 +289,7 @@ fn measure_world2(
     let rounds = 4;
     for round in 0..=rounds {
         for _ in 0..args.steps.div_ceil(rounds) {
-            let (x, y) = data(&device);
+            let (x, y) = bench_batch::<B>(&device);
             let f = minor_faults();
             let t = Instant::now();
             let out = ddp.forward(|m| m.forward(x, marked))?;
@@ -349,7 +307,7 @@ fn measure_world2(
             }
         }
         for _ in 0..args.steps.div_ceil(rounds) {
-            let (x, y) = data(&device);
+            let (x, y) = bench_batch::<B>(&device);
             let f = minor_faults();
             let t = Instant::now();
             let out = ddp.forward(|m| m.forward(x, marked))?;
@@ -360,7 +318,7 @@ fn measure_world2(
             }
         }
         // Flush the accumulated gradients so the next round starts clean (not timed).
-        let (x, y) = data(&device);
+        let (x, y) = bench_batch::<B>(&device);
         let out = ddp.forward(|m| m.forward(x, marked))?;
         let _ = ddp.backward(loss_fn.forward(out, y))?;
     }

@@ -13,21 +13,16 @@
 
 use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
-use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::SgdConfig;
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
-use ddp_benches::median;
+use ddp_benches::{BATCH, BenchMlp, bench_batch, median};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;
-const BATCH: usize = 64;
 const START_ITER: usize = 2;
 
 #[derive(Parser, Debug, Clone)]
@@ -41,30 +36,6 @@ struct Args {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    l1: Linear<B>,
-    l2: Linear<B>,
-    l3: Linear<B>,
-    act: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(device: &B::Device) -> Self {
-        Mlp {
-            l1: LinearConfig::new(1024, 2048).init(device),
-            l2: LinearConfig::new(2048, 2048).init(device),
-            l3: LinearConfig::new(2048, 10).init(device),
-            act: Relu::new(),
-        }
-    }
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let x = self.act.forward(self.l1.forward(x));
-        let x = self.act.forward(self.l2.forward(x));
-        self.l3.forward(x)
-    }
 }
 
 fn main() -> Result<()> {
@@ -153,7 +124,7 @@ fn measure(pg: &ProcessGroup, args: &Args, rank: Option<usize>) -> Result<(Durat
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut ddp =
-        DistributedDataParallel::new(Mlp::<B>::new(&device), pg.clone(), DdpConfig::new())?;
+        DistributedDataParallel::new(BenchMlp::<B>::new(&device), pg.clone(), DdpConfig::new())?;
     if let Some(r) = rank {
         let hook = PowerSgdConfig::new()
             .with_rank(r)
@@ -161,21 +132,14 @@ fn measure(pg: &ProcessGroup, args: &Args, rank: Option<usize>) -> Result<(Durat
             .init()?;
         ddp.register_comm_hook(hook)?;
     }
-    let mut opt = SgdConfig::new().init::<B, Mlp<B>>();
+    let mut opt = SgdConfig::new().init::<B, BenchMlp<B>>();
     let mut times = Vec::new();
     let mut sent = 0;
     for step in 0..START_ITER + 2 + args.steps {
-        let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), &device);
-        let y = Tensor::<B, 1, Int>::from_data(
-            burn::tensor::TensorData::new(
-                (0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(),
-                [BATCH],
-            ),
-            &device,
-        );
+        let (x, y) = bench_batch::<B>(&device);
         let before = pg.payload_bytes();
         let t = Instant::now();
-        let out = ddp.forward(|m| m.forward(x))?;
+        let out = ddp.forward(|m| m.forward(x, false))?;
         let grads = ddp.backward(loss_fn.forward(out, y))?;
         ddp.optimizer_step(&mut opt, 0.01, grads);
         if step >= START_ITER + 2 {

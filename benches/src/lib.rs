@@ -1,8 +1,53 @@
 //! Benchmarks for ddp-burn (see `benches/`), and the few helpers they share.
 
 use anyhow::Result;
-use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer, layer_boundary};
 use std::time::Duration;
+
+/// Samples per rank in the DDP step benches.
+pub const BATCH: usize = 64;
+
+/// The DDP step benches' model: MLP 1024-2048-2048-10 (6.3M parameters, 24 MiB of f32
+/// gradients).
+#[derive(Module, Debug)]
+pub struct BenchMlp<B: Backend> {
+    l1: Linear<B>,
+    l2: Linear<B>,
+    l3: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> BenchMlp<B> {
+    /// A new model with burn's default initialisation.
+    pub fn new(device: &B::Device) -> Self {
+        BenchMlp {
+            l1: LinearConfig::new(1024, 2048).init(device),
+            l2: LinearConfig::new(2048, 2048).init(device),
+            l3: LinearConfig::new(2048, 10).init(device),
+            act: Relu::new(),
+        }
+    }
+
+    /// Class scores; `marked` puts a layer boundary after each hidden layer.
+    pub fn forward(&self, x: Tensor<B, 2>, marked: bool) -> Tensor<B, 2> {
+        let mark = |t: Tensor<B, 2>| if marked { layer_boundary(t) } else { t };
+        let x = mark(self.act.forward(self.l1.forward(x)));
+        let x = mark(self.act.forward(self.l2.forward(x)));
+        self.l3.forward(x)
+    }
+}
+
+/// A random batch of [`BATCH`] inputs and labels for [`BenchMlp`].
+pub fn bench_batch<B: Backend>(device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), device);
+    let labels: Vec<i64> = (0..BATCH as i64).map(|i| i % 10).collect();
+    let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [BATCH]), device);
+    (x, y)
+}
 
 /// Parses a byte size such as `4096`, `4K`, `64M` or `1G` (powers of 1024).
 ///

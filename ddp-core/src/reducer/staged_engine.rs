@@ -6,7 +6,7 @@
 //! flattened and concatenated on the device, read in one copy, all-reduced in host memory,
 //! written back in one copy, and each gradient is a slice of that device buffer.
 
-use super::engine::{BucketEngine, Held, PendingBucket, Reduced, Slot};
+use super::engine::{BucketEngine, Held, LocalEngine, PendingBucket, Reduced, Slot};
 use super::host_grad::{HostElement, HostGrad};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
@@ -27,17 +27,12 @@ fn fail<I: Backend>(slot: &Slot<I>, reason: String) -> DdpError {
 }
 
 impl<I: Backend> BucketEngine<I> for StagedEngine {
-    fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        Ok(Held::Tensor(grad))
+    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
+        LocalEngine.hold(slot, grad)
     }
 
-    fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        match (acc, more) {
-            (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
-            _ => Err(DdpError::Internal(
-                "bucket engine: the staged engine holds tensors only".into(),
-            )),
-        }
+    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        LocalEngine.add(slot, acc, more)
     }
 
     fn launch(

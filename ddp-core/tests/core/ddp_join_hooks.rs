@@ -362,28 +362,8 @@ fn powersgd_keeps_replicas_identical_and_sends_far_fewer_bytes() {
 
 #[test]
 fn the_uneven_inputs_example_trains_three_processes_to_one_model() {
-    let exe = std::env::current_exe().expect("test path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/uneven_inputs
-    let example = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .map(|p| p.join("examples").join("uneven_inputs"))
-        .expect("target directory");
-    assert!(
-        example.exists(),
-        "{} is missing: run `cargo test -p ddp-core` (which builds examples)",
-        example.display()
-    );
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = std::process::Command::new(&example);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DDP_")
-            || k.starts_with("MASTER_")
-            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"].contains(&k.as_str())
-        {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = crate::launch_common::example("uneven_inputs");
     let out = cmd
         .args(["--nproc-per-node", "3", "--checkpoint-dir"])
         .arg(dir.path())

@@ -2,33 +2,12 @@
 //! training resumes from the last checkpoint, and the final parameters equal an uninterrupted
 //! run's, bitwise.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn program() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|p| p.join("examples").join("restart_resume"))
-        .expect("target directory");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo test -p ddp-core` (which builds examples)",
-        path.display()
-    );
-    path
-}
+use std::path::Path;
 
 fn run(dir: &Path, name: &str, extra: &[&str], tail: &[&str]) -> (bool, String, Vec<u8>) {
     let ckpt = dir.join(format!("{name}-ckpt"));
     let out = dir.join(format!("{name}.bin"));
-    let mut cmd = Command::new(program());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DDP_") || k == "RANK" || k == "WORLD_SIZE" || k.starts_with("MASTER_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = crate::launch_common::example("restart_resume");
     if !extra.contains(&"--nproc-per-node") {
         cmd.args(["--nproc-per-node", "2"]);
     }

@@ -19,19 +19,25 @@ pub fn ddp_run() -> Command {
 
 /// The `launch_worker` example (built by `cargo test`, which builds examples).
 pub fn worker_path() -> PathBuf {
+    example_path("launch_worker")
+}
+
+/// ddp-core's example `name` (built by `cargo test`, which builds examples); a missing or stale
+/// build is a failure saying how to build it.
+pub fn example_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/launch_worker
+    // target/<profile>/deps/<test> -> target/<profile>/examples/<name>
     let path = exe
         .parent()
         .and_then(Path::parent)
-        .map(|p| p.join("examples").join("launch_worker"))
+        .map(|p| p.join("examples").join(name))
         .expect("target directory");
     let hint = "run `cargo test -p ddp-core` (which builds examples) or `cargo build -p ddp-core --examples`";
     let built = std::fs::metadata(&path)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{}: {e}: {hint}", path.display()));
     // `cargo test --test <name>` alone does not rebuild examples: refuse a stale one.
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/launch_worker.rs");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.rs"));
     if let Ok(edited) = std::fs::metadata(&source).and_then(|m| m.modified()) {
         assert!(
             edited <= built,
@@ -42,11 +48,16 @@ pub fn worker_path() -> PathBuf {
     path
 }
 
-/// The `launch_worker` example run directly (it launches itself).
-pub fn worker() -> Command {
-    let mut cmd = Command::new(worker_path());
+/// ddp-core's example `name`, run directly (it launches itself) in a clean environment.
+pub fn example(name: &str) -> Command {
+    let mut cmd = Command::new(example_path(name));
     clean_env(&mut cmd);
     cmd
+}
+
+/// The `launch_worker` example run directly (it launches itself).
+pub fn worker() -> Command {
+    example("launch_worker")
 }
 
 /// Removes launcher variables the test runner might have, so each test starts from a plain
