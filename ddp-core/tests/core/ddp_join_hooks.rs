@@ -137,10 +137,18 @@ fn check_uneven(batches: &[usize], micro: usize) {
             "rank {rank} answered"
         );
     }
-    let diff = max_rel_diff(&got[0].0, &want);
+    // Largest difference relative to the largest weight: the reference sums the ranks' losses
+    // in another order, and a weight near zero can differ relatively by more after Adam.
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = got[0]
+        .0
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     assert!(
         diff < 1e-5,
-        "uneven inputs {batches:?}: max relative diff {diff}"
+        "uneven inputs {batches:?}: max scaled diff {diff}"
     );
 }
 
