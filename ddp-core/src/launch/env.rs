@@ -310,12 +310,22 @@ fn from_open_mpi(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
 }
 
 /// The port every process of an Open MPI job agrees on without talking: FNV-1a of the job id,
-/// in 10000..60000 (as [`slurm_port`]).
+/// in [`DERIVED_PORTS`] (as [`slurm_port`]).
 pub(crate) fn open_mpi_port(job_id: &str) -> u16 {
     let hash = job_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    10_000 + (hash % 50_000) as u16
+    derived_port(hash)
+}
+
+/// Where derived ports fall: below Linux's ephemeral range (32768..61000 by default), from which
+/// the kernel hands out the ports of outgoing connections and of other programs' listeners, so
+/// such a socket cannot already hold the port a job derives.
+pub(crate) const DERIVED_PORTS: std::ops::Range<u16> = 10_000..32_000;
+
+fn derived_port(spread: u64) -> u16 {
+    let width = u64::from(DERIVED_PORTS.end - DERIVED_PORTS.start);
+    DERIVED_PORTS.start + (spread % width) as u16
 }
 
 fn from_slurm(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
@@ -384,10 +394,9 @@ fn from_slurm(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
 }
 
 /// The port every task of a Slurm step agrees on without talking: derived from the job and step
-/// ids, in 10000..60000.
+/// ids, in [`DERIVED_PORTS`].
 pub(crate) fn slurm_port(job_id: u64, step_id: u64) -> u16 {
-    let spread = job_id.wrapping_mul(7919).wrapping_add(step_id) % 50_000;
-    10_000 + spread as u16
+    derived_port(job_id.wrapping_mul(7919).wrapping_add(step_id))
 }
 
 /// Tasks on node `node_rank`: from `SLURM_STEP_TASKS_PER_NODE` / `SLURM_TASKS_PER_NODE`
@@ -631,7 +640,7 @@ pub(crate) mod tests {
         );
         assert_eq!(env.master_addr, "gpu07");
         assert_eq!(env.master_port, slurm_port(12345, 0));
-        assert!((10_000..60_000).contains(&env.master_port));
+        assert!(DERIVED_PORTS.contains(&env.master_port));
     }
 
     #[test]
@@ -755,7 +764,7 @@ pub(crate) mod tests {
             .expect("worker");
         assert_eq!(r0.master_addr, "127.0.0.1");
         assert_eq!(r0.master_port, open_mpi_port("2041184257"));
-        assert!((10_000..60_000).contains(&r0.master_port));
+        assert!(DERIVED_PORTS.contains(&r0.master_port));
         assert_eq!(
             (r1.master_port, &r1.job_token),
             (r0.master_port, &r0.job_token)
