@@ -21,14 +21,14 @@
 //! allocator settings the launcher gives its workers (`ddp_core::launch::ALLOCATOR_ENV`);
 //! `--glibc-defaults` shows what glibc's defaults cost (about 15,000 faults per step here).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use clap::Parser;
-use ddp_benches::{BATCH, BenchMlp, bench_batch, median, world_of_one};
+use ddp_benches::{BATCH, BenchMlp, bench_batch, median, run_two_ranks, world_of_one};
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;
@@ -164,38 +164,8 @@ fn world1(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn world2(args: &Args) -> Result<()> {
-    let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let forwarded: Vec<String> = std::env::args().skip(1).collect();
-    let children: Vec<_> = (0..2)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(&forwarded)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .stdout(if rank == 0 {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                })
-                .spawn()
-                .with_context(|| format!("spawning rank {rank}"))
-        })
-        .collect::<Result<_>>()?;
-    let mut failed = false;
-    for mut c in children {
-        failed |= !c.wait()?.success();
-    }
-    let _ = args;
-    if failed {
-        bail!("a world-2 rank failed");
-    }
-    Ok(())
+fn world2(_args: &Args) -> Result<()> {
+    run_two_ranks(&[])
 }
 
 struct Measured {

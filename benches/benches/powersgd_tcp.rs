@@ -11,15 +11,14 @@
 //! step (`ProcessGroup::payload_bytes`), and the time the hook spent per step. PowerSGD starts
 //! compressing after 2 exact steps, which are not measured.
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::SgdConfig;
 use clap::Parser;
-use ddp_benches::{BATCH, BenchMlp, bench_batch, median};
+use ddp_benches::{BATCH, BenchMlp, bench_batch, median, run_two_ranks};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;
@@ -46,38 +45,9 @@ fn main() -> Result<()> {
     if std::env::var("RANK").is_ok() {
         return worker();
     }
-    let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let forwarded: Vec<String> = std::env::args().skip(1).collect();
-    let children: Vec<_> = (0..2)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(&forwarded)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env(ddp_comm::TRANSPORT_ENV, "tcp")
-                .envs(ddp_core::launch::ALLOCATOR_ENV)
-                .stdout(if rank == 0 {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                })
-                .spawn()
-                .with_context(|| format!("spawning rank {rank}"))
-        })
-        .collect::<Result<_>>()?;
-    let mut failed = false;
-    for mut c in children {
-        failed |= !c.wait()?.success();
-    }
-    if failed {
-        bail!("a rank failed");
-    }
-    Ok(())
+    let mut env = vec![(ddp_comm::TRANSPORT_ENV, "tcp")];
+    env.extend(ddp_core::launch::ALLOCATOR_ENV);
+    run_two_ranks(&env)
 }
 
 fn worker() -> Result<()> {

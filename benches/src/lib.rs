@@ -1,6 +1,6 @@
 //! Benchmarks for ddp-burn (see `benches/`), and the few helpers they share.
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
@@ -64,6 +64,45 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("'{s}' is not a byte size like 4K or 64M"))
+}
+
+/// Runs this bench binary again as ranks 0 and 1 of a 2-process group on loopback (with `env`
+/// added), forwarding its arguments; rank 0's stdout is shown. Waits for both.
+///
+/// # Errors
+/// A rank cannot start or fails.
+pub fn run_two_ranks(env: &[(&str, &str)]) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let forwarded: Vec<String> = std::env::args().skip(1).collect();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args(&forwarded)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .envs(env.iter().copied())
+                .stdout(if rank == 0 {
+                    std::process::Stdio::inherit()
+                } else {
+                    std::process::Stdio::null()
+                })
+                .spawn()
+                .with_context(|| format!("spawning rank {rank}"))
+        })
+        .collect::<Result<_>>()?;
+    let mut failed = false;
+    for mut c in children {
+        failed |= !c.wait()?.success();
+    }
+    if failed {
+        bail!("a rank of the 2-process run failed");
+    }
+    Ok(())
 }
 
 /// The median of `v` (zero when empty).
