@@ -151,6 +151,10 @@ pub enum CommError {
     #[cfg(feature = "cuda")]
     #[error(transparent)]
     Nccl(#[from] crate::nccl::NcclError),
+    /// The collective watchdog failed the group: a collective did not finish within the
+    /// timeout, or failed; names the collective and the ranks that are behind.
+    #[error("collective watchdog: {0}")]
+    Watchdog(std::sync::Arc<crate::watchdog::WatchdogFailure>),
     /// A rank-tagged wrapper, used when several ranks' failures are collected.
     #[error("rank {rank}: {source}")]
     WithRank {

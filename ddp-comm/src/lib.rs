@@ -9,7 +9,8 @@
 //!   sum, avg, min, max, product), [`broadcast`](ProcessGroup::broadcast),
 //!   [`all_gather`](ProcessGroup::all_gather), [`reduce_scatter`](ProcessGroup::reduce_scatter),
 //!   [`reduce`](ProcessGroup::reduce), [`gather`](ProcessGroup::gather),
-//!   [`scatter`](ProcessGroup::scatter), [`barrier`](ProcessGroup::barrier),
+//!   [`scatter`](ProcessGroup::scatter), [`all_to_all`](ProcessGroup::all_to_all),
+//!   [`barrier`](ProcessGroup::barrier),
 //!   [`send`](ProcessGroup::send)/[`recv`](ProcessGroup::recv); `*_async` variants return a
 //!   [`Work`]. Element types ([`Element`]): `f32`, `f64`, `i32`, `i64`, `u8`, `f16`, `bf16`.
 //! - [`ProcessGroup::new_group`] makes subgroups.
@@ -24,10 +25,10 @@
 //!   hostname, boot id, network and pid namespace, as published through the store) map one
 //!   segment under `/dev/shm` and all-reduce as reduce-scatter + all-gather through it, reading
 //!   each other's staging buffers directly (broadcast, all-gather, reduce-scatter, reduce,
-//!   gather, scatter and barrier too; send/recv stay on TCP); waits yield briefly, then sleep
-//!   on a futex. Across hosts, all-reduce is hierarchical: within each host in shared memory, a
-//!   TCP ring between one leader per host, and back (broadcast and barrier likewise; the other
-//!   collectives use the TCP mesh). [`TransportKind`] / `DDP_TRANSPORT=auto|shm|tcp` chooses;
+//!   gather, scatter, all-to-all and barrier too; send/recv stay on TCP); waits yield briefly,
+//!   then sleep on a futex. Across hosts, all-reduce is hierarchical: within each host in shared
+//!   memory, a TCP ring between one leader per host, and back (broadcast and barrier likewise;
+//!   the other collectives use the TCP mesh). [`TransportKind`] / `DDP_TRANSPORT=auto|shm|tcp` chooses;
 //!   [`ProcessGroup::backend_name`] and [`ProcessGroup::shared_memory_groups`] say what a group
 //!   got. Segment names are unlinked as soon as every local rank has mapped them, so nothing is
 //!   left in `/dev/shm` however a job ends (a crash during setup is cleaned up by the next job).
@@ -43,8 +44,30 @@
 //! and puts each rank on the device of its `LOCAL_RANK`. The communicator lives on its own
 //! thread and CUDA stream (cudarc's `Comm` is not `Send`). A machine without a driver, a GPU or
 //! libnccl gets an `NcclError` that says so (`is_unavailable()`), never a panic. NCCL has no
-//! mismatch detection and no timeout: a rank that issues a different collective, or dies,
-//! leaves the others waiting.
+//! mismatch detection: a rank that issues a different collective corrupts data or stalls.
+//!
+//! ### NCCL timeouts and the watchdog
+//! NCCL has no timeouts of its own; ddp-comm adds them. The communicator is created
+//! non-blocking (`ncclCommInitRankConfig`, polled), so a rank that never joins makes init fail
+//! after the group's timeout (`NcclError::InitTimeout`). Every collective gets a sequence number
+//! and a CUDA event recorded after it, and is supervised by a [`Watchdog`] ([`watchdog`]): a
+//! thread polls the events and `ncclCommGetAsyncError` every 2 ms and publishes this rank's
+//! last issued and completed sequence numbers in the store (`watchdog/<group>/<rank>`). A
+//! collective not finished within `NcclGroupConfig::timeout` (default 10 minutes;
+//! `for_process_group` takes the process group's, `DDP_TIMEOUT_SECS`), or an async error,
+//! aborts the communicator (`ncclCommAbort`), and every waiter and later call gets
+//! [`CommError::Watchdog`]: the stuck collective (sequence number, op, bucket, bytes, how long)
+//! and the ranks that never issued it, or "every rank issued it and none finished" (a network
+//! or NCCL failure). Supervision starts before NCCL is called, so a call that waits for a
+//! missing peer while it is issued (NCCL connects peers on first use) times out the same way.
+//! An error raised on this rank (a CUDA error, a failed enqueue) names no peer as behind, and
+//! the first rank to fail a group tells the others through the store, so they abort too.
+//! After an abort, a collective whose event completes (its kernels exited) still reports the
+//! failure, never garbage as a result.
+//! `synchronize`, `barrier`, the `*_host` calls and dropping the group wait
+//! through the watchdog, so none of them can hang. `NcclGroup::all_reduce_raw_async` queues an
+//! all-reduce of a device address and returns an `NcclWork` whose `wait` reports when it ran
+//! on the GPU (CUDA events mapped onto the host clock).
 //!
 //! ## Contracts
 //! - **Ordering.** Every rank issues the same collectives in the same order. Each frame (and
@@ -105,6 +128,7 @@ mod proptest_support;
 mod reduce_op;
 pub mod store;
 mod transport;
+pub mod watchdog;
 
 pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
@@ -118,12 +142,16 @@ pub use init::{InitMethod, init_from_env, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{Store, StoreConfig, StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};
+pub use watchdog::{CollectiveLabel, Watchdog, WatchdogConfig, WatchdogFailure};
 
 /// The cudarc version ddp-comm is built against, for naming device buffers (`CudaSlice`).
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
-pub use nccl::{NcclElement, NcclError, NcclGroup, NcclGroupConfig, cuda_device_count};
+pub use nccl::{
+    NCCL_DEFAULT_TIMEOUT, NcclDtype, NcclElement, NcclError, NcclGroup, NcclGroupConfig, NcclWork,
+    cuda_device_count, nccl_device_uuid,
+};
 
 /// Whether the CUDA driver library can be loaded. Check it before the first GPU tensor
 /// operation: without a driver, cubecl panics on its device thread instead of returning an error.

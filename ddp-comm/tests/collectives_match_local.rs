@@ -1,5 +1,6 @@
 //! Every collective x op x element type x world size {1,2,3,4} x lengths {0, 1, prime, not
-//! divisible by the world size}, checked against a result computed locally, on every transport:
+//! divisible by the world size} (all-to-all: chunks of 0, 1, a prime and more than any
+//! transport's internal buffer), checked against a result computed locally, on every transport:
 //! TCP, shared memory (ranks as threads share a host), two pretend hosts (hierarchical), and
 //! with the `mpi` feature MPI (ranks as processes under `mpirun`).
 
@@ -119,6 +120,55 @@ fn lengths(setup: Setup, n: usize) -> Vec<usize> {
         l.push(3 * SMALL_BUFFER / 2 + 7);
     }
     l
+}
+
+/// Bytes of the largest all-to-all chunk: more than the TCP transport's scratch buffer
+/// (256 KiB) and the shared-memory staging buffer (512 KiB by default, 4 KiB in the `*Small`
+/// setups), so a chunk streams through several steps everywhere.
+const LARGE_CHUNK_BYTES: usize = (512 << 10) + (8 << 10);
+
+/// Elements per chunk of all-to-all: none, one, a prime, and [`LARGE_CHUNK_BYTES`] and one
+/// (an odd count).
+fn chunk_lengths<T: Element>() -> [usize; 4] {
+    [0, 1, 13, LARGE_CHUNK_BYTES / size_of::<T>() + 1]
+}
+
+/// Element `i` of the chunk rank `src` sends to rank `dst`: every (source, destination) pair of
+/// a world of up to 4 differs at every index, so a chunk from the wrong rank, or for the wrong
+/// rank, never passes for the right one. Values stay in 0..61, exact in every type.
+fn routed<T: TestValue>(src: usize, dst: usize, i: usize) -> T {
+    T::from_i64(((src * 5 + dst * 11 + i) % 61) as i64)
+}
+
+/// All-to-all with chunks of every [`chunk_lengths`], blocking and async, against the chunks
+/// computed locally; and `payload_bytes` counts the input.
+fn check_all_to_all<T: TestValue>(pg: &ProcessGroup) -> ddp_comm::Result<()> {
+    let (r, n) = (pg.rank(), pg.world_size());
+    for c in chunk_lengths::<T>() {
+        let input: Vec<T> = (0..n)
+            .flat_map(|dst| (0..c).map(move |i| routed::<T>(r, dst, i)))
+            .collect();
+        let expected: Vec<T> = (0..n)
+            .flat_map(|src| (0..c).map(move |i| routed::<T>(src, r, i)))
+            .collect();
+        let mut out = vec![T::zeroed(); n * c];
+        let before = pg.payload_bytes();
+        pg.all_to_all(&input, &mut out)?;
+        assert_eq!(
+            pg.payload_bytes() - before,
+            (n * c * size_of::<T>()) as u64,
+            "all_to_all counts its input"
+        );
+        assert!(
+            out == expected,
+            "all_to_all chunk {c} n {n} {}: first difference at {:?}",
+            T::DTYPE,
+            out.iter().zip(&expected).position(|(a, b)| a != b)
+        );
+        let got = pg.all_to_all_async(input).wait()?;
+        assert!(got == expected, "all_to_all_async chunk {c} n {n}");
+    }
+    Ok(())
 }
 
 fn check_type<T: TestValue + PartialOrd>(setup: Setup, n: usize) {
@@ -241,6 +291,7 @@ fn check_type<T: TestValue + PartialOrd>(setup: Setup, n: usize) {
             }
             pg.barrier()?;
         }
+        check_all_to_all::<T>(&pg)?;
         Ok(())
     });
     assert_eq!(results.len(), setup.ranks_here(n));

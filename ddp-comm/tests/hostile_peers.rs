@@ -79,11 +79,11 @@ fn group_config(rank: usize) -> ProcessGroupConfig {
         .with_token(TOKEN)
 }
 
-/// Store hello claims (protocol version 2) and mesh hello claims (rank 1 of a group of
+/// Store hello claims (protocol version 3) and mesh hello claims (rank 1 of a group of
 /// `WORLD` with a guessed id).
 fn claims(target: Target) -> Vec<u8> {
     match target {
-        Target::Store => 2u16.to_le_bytes().to_vec(),
+        Target::Store => 3u16.to_le_bytes().to_vec(),
         Target::Mesh => {
             let mut c = 1u32.to_le_bytes().to_vec();
             c.extend_from_slice(&(WORLD as u32).to_le_bytes());

@@ -6,10 +6,11 @@
 //! shows in every run).
 #![cfg(feature = "cuda")]
 
-use ddp_comm::cudarc::driver::{CudaSlice, DeviceRepr};
+use ddp_comm::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use ddp_comm::{
-    CommError, NcclElement, NcclError, NcclGroup, NcclGroupConfig, ProcessGroup,
-    ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer, bf16, cuda_device_count, f16,
+    CollectiveLabel, CommError, NCCL_DEFAULT_TIMEOUT, NcclDtype, NcclElement, NcclError, NcclGroup,
+    NcclGroupConfig, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer,
+    bf16, cuda_device_count, f16,
 };
 use std::io::Write;
 use std::time::Duration;
@@ -292,4 +293,84 @@ fn without_a_driver_creating_a_group_is_an_error_not_a_panic() {
         cuda_device_count(),
         Err(CommError::Nccl(NcclError::DriverNotFound))
     ));
+}
+
+/// The DDP engine's path: an all-reduce of a device address that returns at once, then its
+/// completion with GPU timing.
+#[test]
+fn raw_async_all_reduce_gives_the_values_and_a_gpu_timing() {
+    let Some(g) = world_one("raw-async") else {
+        return;
+    };
+    let values = [1.5f32, -2.0, 3.25, 0.0, 7.0];
+    for round in 1..=2u64 {
+        let dev = upload(&g, &values);
+        let (ptr, record) = dev.device_ptr(g.stream());
+        drop(record);
+        let label = CollectiveLabel::new("all_reduce").with_bucket(3);
+        // SAFETY: `dev` is a live allocation of 5 f32 on the group's device and stream, not
+        // touched by another stream until the work completes (we wait for it below).
+        let work = unsafe {
+            g.all_reduce_raw_async(ptr, values.len(), NcclDtype::F32, ReduceOp::Sum, label)
+        }
+        .expect("raw all_reduce");
+        assert_eq!(
+            work.seq(),
+            round,
+            "each collective gets the next sequence number"
+        );
+        // `wait` reads both timing events back (a CUDA error there fails it); the timing's
+        // order is clamped by construction, so it is not asserted here.
+        let _timing = work.wait().expect("wait, reading the timing events");
+        assert_eq!(download(&g, &dev), values, "round {round}");
+    }
+}
+
+/// A rank alone in a world of two cannot form the communicator: the init gives up after the
+/// timeout with an error naming the group, instead of hanging.
+#[test]
+fn init_without_the_other_rank_times_out_with_the_group_named() {
+    if !gpu_present() {
+        return;
+    }
+    let (_server, store) = store_pair();
+    let config = NcclGroupConfig::new(0, 2, 0)
+        .with_name("lonely")
+        .with_timeout(Duration::from_secs(3));
+    match NcclGroup::new(&store, config) {
+        Err(CommError::Nccl(NcclError::InitTimeout {
+            group, world_size, ..
+        })) => assert_eq!((group.as_str(), world_size), ("lonely", 2)),
+        Err(CommError::Nccl(e)) if e.is_unavailable() => skip(&e),
+        Err(e) => panic!("expected an init timeout, got {e}"),
+        Ok(_) => panic!("a group of 2 formed with one rank"),
+    }
+}
+
+/// Runs without a GPU: the timeout a group gets by default and from a process group.
+#[test]
+fn the_group_timeout_defaults_to_ten_minutes_and_follows_the_process_group() {
+    assert_eq!(NcclGroupConfig::new(0, 1, 0).timeout, NCCL_DEFAULT_TIMEOUT);
+    assert_eq!(NCCL_DEFAULT_TIMEOUT, Duration::from_secs(600));
+    let (_server, store) = store_pair();
+    let pg = ProcessGroup::with_store(
+        store,
+        ProcessGroupConfig::new(0, 1).with_timeout(Duration::from_secs(42)),
+    )
+    .expect("world 1");
+    assert_eq!(
+        NcclGroupConfig::for_process_group(&pg).timeout,
+        Duration::from_secs(42)
+    );
+}
+
+/// Runs without a GPU: a DDP engine waits for its collectives on other threads.
+#[test]
+fn nccl_work_and_the_group_can_move_between_threads() {
+    fn movable<T: Send>() {}
+    fn shareable<T: Send + Sync>() {}
+    movable::<ddp_comm::NcclWork>();
+    shareable::<NcclGroup>();
+    movable::<ddp_comm::watchdog::WatchedWork>();
+    shareable::<ddp_comm::Watchdog>();
 }

@@ -108,6 +108,24 @@ pub enum DdpError {
         #[source]
         source: std::io::Error,
     },
+    /// The ranks laid their gradient buckets out differently: their all-reduces would not
+    /// match (NCCL would hang or add unrelated gradients), so DDP stops before reducing.
+    #[error(
+        "gradient bucket layouts differ across ranks {when}: rank(s) {ranks} differ from rank 0 \
+         (this is rank {rank}, its buckets hold {buckets} elements); every rank must wrap the \
+         same model (same parameters, shapes and dtypes, in the same order) with the same \
+         bucket_cap_mb and first_bucket_cap_mb"
+    )]
+    BucketLayoutMismatch {
+        /// At which point the layouts were compared.
+        when: &'static str,
+        /// The ranks whose layout differs from rank 0's, comma separated.
+        ranks: String,
+        /// This rank.
+        rank: usize,
+        /// This rank's bucket sizes, in elements.
+        buckets: String,
+    },
     /// A bug in DDP itself: please report it with the message.
     #[error("internal error in DDP: {0}")]
     Internal(String),

@@ -50,6 +50,14 @@
 //! - `cuda`: burn's CUDA backend and NCCL through cudarc; `cuda_driver_present()` (with the
 //!   feature) checks for a driver before the first GPU tensor operation.
 //!
+//! ## GPUs
+//! On `Autodiff<Cuda>` with one GPU per rank, buckets are concatenated on the device and
+//! averaged in place by NCCL, each gradient a slice of its bucket ([`Collectives::Auto`]; the
+//! ranks agree, and fall back to host staging, one copy per bucket, where NCCL cannot run).
+//! [`Collectives::Nccl`] forces NCCL, [`Collectives::Host`] the CPU transports. Bucket layouts
+//! are compared across ranks before the first bucket, so a mismatch is
+//! [`DdpError::BucketLayoutMismatch`], not a hang inside NCCL.
+//!
 //! ## A training loop
 //!
 //! ```no_run
@@ -117,7 +125,7 @@ mod tap;
 mod timeline;
 
 pub use boundary::layer_boundary;
-pub use ddp::{DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
+pub use ddp::{Collectives, DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
 pub use error::DdpError;
 pub use metrics::EvalTotals;
 pub use progress::{EpochProgress, EpochSummary};

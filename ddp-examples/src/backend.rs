@@ -12,13 +12,25 @@ pub enum BackendKind {
     Cuda,
 }
 
-impl BackendKind {
-    /// How DDP stages gradients for the CPU transports on this backend: in place on the CPU,
-    /// one device-to-host copy per bucket on a GPU.
-    pub fn host_staging(self) -> ddp_core::HostStaging {
-        match self {
-            BackendKind::Flex => ddp_core::HostStaging::PerGradient,
-            BackendKind::Cuda => ddp_core::HostStaging::PerBucket,
+/// `--collectives auto|nccl|host`: which collectives reduce the gradient buckets
+/// ([`ddp_core::Collectives`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CollectivesArg {
+    /// NCCL on `--backend cuda` with more than one rank (when every rank can load libnccl),
+    /// otherwise the CPU transports.
+    Auto,
+    /// NCCL, also with one rank; fails naming what is missing when it cannot run.
+    Nccl,
+    /// The CPU transports (shared memory, TCP), gradients staged in host memory.
+    Host,
+}
+
+impl From<CollectivesArg> for ddp_core::Collectives {
+    fn from(arg: CollectivesArg) -> Self {
+        match arg {
+            CollectivesArg::Auto => ddp_core::Collectives::Auto,
+            CollectivesArg::Nccl => ddp_core::Collectives::Nccl,
+            CollectivesArg::Host => ddp_core::Collectives::Host,
         }
     }
 }

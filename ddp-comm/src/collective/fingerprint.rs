@@ -19,6 +19,7 @@ pub(crate) enum CollectiveKind {
     Scatter = 7,
     Barrier = 8,
     SendRecv = 9,
+    AllToAll = 10,
 }
 
 impl CollectiveKind {
@@ -34,6 +35,7 @@ impl CollectiveKind {
             7 => Scatter,
             8 => Barrier,
             9 => SendRecv,
+            10 => AllToAll,
             _ => return None,
         })
     }
@@ -50,6 +52,7 @@ impl CollectiveKind {
             Scatter => "scatter",
             Barrier => "barrier",
             SendRecv => "send/recv",
+            AllToAll => "all_to_all",
         }
     }
 
@@ -62,7 +65,8 @@ impl CollectiveKind {
 /// Everything two ranks must agree on for one collective.
 ///
 /// `count` is the per-rank element count of the call's main buffer (the input of `all_gather`
-/// and `gather`, the output of `reduce_scatter` and `scatter`). For point-to-point messages
+/// and `gather`, the output of `reduce_scatter` and `scatter`, the whole input of `all_to_all`,
+/// all of its chunks). For point-to-point messages
 /// `seq` counts messages between the pair and `root` holds the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fingerprint {
@@ -191,5 +195,8 @@ mod tests {
             Fingerprint::new(3, CollectiveKind::AllReduce, DataType::I64, 7).with_op(ReduceOp::Max);
         assert_eq!(fp.to_string(), "all_reduce(i64 x 7, max)");
         assert_eq!(fp.label(), "all_reduce #3");
+        let fp = Fingerprint::new(4, CollectiveKind::AllToAll, DataType::BF16, 12);
+        assert_eq!(fp.to_string(), "all_to_all(bf16 x 12)");
+        assert_eq!(CollectiveKind::from_u8(10), Some(CollectiveKind::AllToAll));
     }
 }

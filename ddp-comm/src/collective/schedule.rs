@@ -5,6 +5,11 @@
 //! its right neighbour and receives segment `(r + k - 2 - s)` from its left one, adding it in; in
 //! the matching all-gather it sends `(r + k - s)` and receives `(r + k - 1 - s)`. After `n - 1`
 //! steps of each, every rank holds every fully reduced segment.
+//!
+//! All-to-all over point-to-point links is a pairwise exchange: at step `s` (`1..n`) rank `r`
+//! sends its chunk for rank `(r + s) mod n` there and receives from rank `(r - s) mod n`, which
+//! sends to `r` at that same step; every step pairs ranks up as a permutation, so no rank waits
+//! on one that is busy elsewhere.
 
 use std::ops::Range;
 
@@ -41,6 +46,13 @@ pub(crate) fn reduce_scatter_step(
 pub(crate) fn all_gather_step(rank: usize, n: usize, shift: usize, step: usize) -> (usize, usize) {
     let base = (rank + shift) as isize - step as isize;
     (wrap(base, n), wrap(base - 1, n))
+}
+
+/// Ranks `(send to, receive from)` at step `step` (`1..n`) of the pairwise all-to-all exchange
+/// for rank `rank`. Step 0 would be the rank itself: its own chunk is a local copy.
+pub(crate) fn pairwise_step(rank: usize, n: usize, step: usize) -> (usize, usize) {
+    debug_assert!(rank < n && step < n, "rank {rank}, step {step} of {n}");
+    ((rank + step) % n, (rank + n - step) % n)
 }
 
 #[cfg(test)]
@@ -110,6 +122,33 @@ mod tests {
                     }
                 }
                 assert!(full.iter().all(|f| f.iter().all(|&x| x)));
+            }
+        }
+    }
+
+    /// Every ordered pair of distinct ranks exchanges exactly once, at a step where the receiver
+    /// expects that very sender.
+    #[test]
+    fn pairwise_schedule_connects_every_pair_once_with_matching_partners() {
+        for n in 1usize..9 {
+            let mut sent = vec![vec![0u32; n]; n];
+            for step in 1..n {
+                for (r, row) in sent.iter_mut().enumerate() {
+                    let (to, from) = pairwise_step(r, n, step);
+                    assert_ne!(to, r, "n={n} step {step}: rank {r} sends to itself");
+                    assert_eq!(
+                        pairwise_step(to, n, step).1,
+                        r,
+                        "n={n} step {step}: rank {to} receives from rank {r}"
+                    );
+                    assert_eq!(pairwise_step(from, n, step).0, r);
+                    row[to] += 1;
+                }
+            }
+            for (r, row) in sent.iter().enumerate() {
+                for (q, &times) in row.iter().enumerate() {
+                    assert_eq!(times, u32::from(q != r), "n={n}: {r} -> {q}");
+                }
             }
         }
     }

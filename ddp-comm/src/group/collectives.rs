@@ -192,6 +192,63 @@ impl ProcessGroup {
         })
     }
 
+    /// Exchanges equal chunks between every pair of ranks (PyTorch's `all_to_all_single` with
+    /// equal splits): `input` holds `world_size()` chunks of `input.len() / world_size()`
+    /// elements, and chunk `j` goes to rank `j`; `output`, as long as `input`, receives in its
+    /// chunk `i` what rank `i` sent to this rank (its own chunk `rank()` is copied across).
+    /// [`ProcessGroup::payload_bytes`] counts `input`.
+    ///
+    /// # Collective
+    /// Every rank calls it with the same length and type.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] when `input.len()` is not a multiple of `world_size()` or
+    /// `output.len()` differs from it; [`CommError::Mismatch`] naming both ranks and both calls
+    /// when ranks pass different lengths or types (or call another collective); a peer that
+    /// fails or stalls past the timeout, named.
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
+        let check = self.check_all_to_all(input.len(), output.len());
+        let (input, output) = (bytes(input), bytes_mut(output));
+        self.inner.worker.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.all_to_all(&fp, input, output)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::all_to_all`] on the communication thread; `input.len()` must be a
+    /// multiple of the world size, and `wait` returns the received chunks, as many elements as
+    /// `input`.
+    pub fn all_to_all_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
+        let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
+        let check = self.check_all_to_all(input.len(), input.len());
+        let mut output = vec![T::zeroed(); input.len()];
+        self.inner.worker.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                t.all_to_all(&fp, bytes(&input), bytes_mut(&mut output))
+            })?;
+            Ok(output)
+        })
+    }
+
+    /// The lengths of an all-to-all: `input` in `world_size()` equal chunks, `output` as long.
+    fn check_all_to_all(&self, input: usize, output: usize) -> Result<()> {
+        let n = self.world_size();
+        if !input.is_multiple_of(n) {
+            return Err(CommError::arg(
+                "all_to_all",
+                format!(
+                    "input has {input} elements, not a multiple of the world size {n} (one \
+                     equal chunk per rank)"
+                ),
+            ));
+        }
+        self.check_len("all_to_all", "output", output, input)
+    }
+
     /// Reduces `input` (`world_size() * output.len()` elements) across ranks and gives rank `r`
     /// block `r` of the result.
     pub fn reduce_scatter<T: Element>(

@@ -1,7 +1,13 @@
 //! [`NcclGroupConfig`]: who this rank is and which GPU it drives.
 
+use crate::deadline::check_timeout;
 use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
+use std::time::Duration;
+
+/// How long an NCCL collective may run, and the group may take to form, by default: 10
+/// minutes, PyTorch's default for NCCL process groups.
+pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Settings of an [`NcclGroup`](super::NcclGroup), in burn's config style:
 /// `NcclGroupConfig::new(rank, world_size, local_rank).with_name("tensor-parallel")`.
@@ -17,6 +23,12 @@ pub struct NcclGroupConfig {
     /// The group's name, part of the store key its NCCL unique id is published under; unique
     /// among the NCCL groups that meet through one store.
     pub name: String,
+    /// How long the ranks may take to form the communicator, and each collective may run
+    /// (from when it is queued to when it finishes on the GPU), before the group is aborted
+    /// with an error naming the collective and the ranks behind ([`CommError::Watchdog`]).
+    /// Defaults to [`NCCL_DEFAULT_TIMEOUT`] (10 minutes); [`for_process_group`](Self::for_process_group)
+    /// takes the process group's (`DDP_TIMEOUT_SECS`).
+    pub timeout: Duration,
 }
 
 impl NcclGroupConfig {
@@ -28,12 +40,19 @@ impl NcclGroupConfig {
             world_size,
             device,
             name: "default".into(),
+            timeout: NCCL_DEFAULT_TIMEOUT,
         }
     }
 
-    /// The same ranks as `pg`, each on the device of its `LOCAL_RANK`.
+    /// The same ranks as `pg`, each on the device of its `LOCAL_RANK`, with `pg`'s timeout.
     pub fn for_process_group(pg: &ProcessGroup) -> Self {
-        Self::new(pg.rank(), pg.world_size(), pg.local_rank())
+        Self::new(pg.rank(), pg.world_size(), pg.local_rank()).with_timeout(pg.timeout())
+    }
+
+    /// Sets the timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Sets the group's name.
@@ -64,6 +83,7 @@ impl NcclGroupConfig {
                 ),
             ));
         }
+        check_timeout("nccl timeout", self.timeout)?;
         if self.name.is_empty() {
             return Err(CommError::config(
                 "nccl group name",
@@ -94,5 +114,12 @@ mod tests {
                 .is_err()
         );
         assert!(NcclGroupConfig::new(1, 2, 1).validate().is_ok());
+        assert!(
+            NcclGroupConfig::new(0, 1, 0)
+                .with_timeout(std::time::Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert_eq!(NcclGroupConfig::new(0, 1, 0).timeout, NCCL_DEFAULT_TIMEOUT);
     }
 }

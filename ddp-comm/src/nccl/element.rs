@@ -3,7 +3,8 @@
 use crate::dtype::Element;
 use crate::reduce_op::ReduceOp;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::{self, NcclType};
+use cudarc::nccl::NcclType;
+use cudarc::nccl::sys::ncclRedOp_t;
 
 /// An [`Element`] that NCCL can reduce and move: `f32`, `f64`, `i32`, `i64`, `u8`, `f16` and
 /// `bf16`. Implemented for every such type; nothing to implement yourself.
@@ -15,13 +16,13 @@ impl<T: Element + NcclType + DeviceRepr + ValidAsZeroBits> NcclElement for T {}
 ///
 /// `Avg` maps to NCCL's own average (NCCL 2.10 or later): floats are scaled as they are summed,
 /// integers summed and then divided with truncation, which is what [`ReduceOp::Avg`] promises.
-pub(crate) fn nccl_op(op: ReduceOp) -> nccl::ReduceOp {
+pub(crate) fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
     match op {
-        ReduceOp::Sum => nccl::ReduceOp::Sum,
-        ReduceOp::Avg => nccl::ReduceOp::Avg,
-        ReduceOp::Min => nccl::ReduceOp::Min,
-        ReduceOp::Max => nccl::ReduceOp::Max,
-        ReduceOp::Product => nccl::ReduceOp::Prod,
+        ReduceOp::Sum => ncclRedOp_t::ncclSum,
+        ReduceOp::Avg => ncclRedOp_t::ncclAvg,
+        ReduceOp::Min => ncclRedOp_t::ncclMin,
+        ReduceOp::Max => ncclRedOp_t::ncclMax,
+        ReduceOp::Product => ncclRedOp_t::ncclProd,
     }
 }
 
@@ -53,11 +54,12 @@ mod tests {
         ];
         for (op, name) in pairs {
             let got = match nccl_op(op) {
-                nccl::ReduceOp::Sum => "Sum",
-                nccl::ReduceOp::Avg => "Avg",
-                nccl::ReduceOp::Min => "Min",
-                nccl::ReduceOp::Max => "Max",
-                nccl::ReduceOp::Prod => "Prod",
+                ncclRedOp_t::ncclSum => "Sum",
+                ncclRedOp_t::ncclAvg => "Avg",
+                ncclRedOp_t::ncclMin => "Min",
+                ncclRedOp_t::ncclMax => "Max",
+                ncclRedOp_t::ncclProd => "Prod",
+                _ => "other",
             };
             assert_eq!(got, name, "{op}");
         }

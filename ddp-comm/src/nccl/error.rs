@@ -60,6 +60,21 @@ pub enum NcclError {
         /// NCCL's last error message, when it has one (starts with `: `).
         detail: String,
     },
+    /// Not every rank joined the communicator within the group's timeout; the half-made
+    /// communicator was aborted.
+    #[error(
+        "NCCL group '{group}': rank {rank} could not join the communicator of {world_size} ranks within {timeout:?}; the init was aborted. Check that every rank started and called NcclGroup::new with the same group name and world size, that the hosts reach each other (NCCL_SOCKET_IFNAME, firewalls), and set NCCL_DEBUG=INFO for NCCL's own report"
+    )]
+    InitTimeout {
+        /// The group's name.
+        group: String,
+        /// This rank.
+        rank: usize,
+        /// The group's size.
+        world_size: usize,
+        /// The timeout that ran out.
+        timeout: std::time::Duration,
+    },
     /// The store holds something under the unique-id key that is not an NCCL unique id.
     #[error(
         "store key '{key}' holds {len_bytes} bytes, not a {expected}-byte NCCL unique id (is another program using this key?)"
@@ -125,6 +140,25 @@ mod tests {
         let msg = NcclError::DriverNotFound.to_string();
         assert!(msg.starts_with("no CUDA driver found (libcuda could not be loaded)"));
         assert!(NcclError::DriverNotFound.is_unavailable());
+    }
+
+    #[test]
+    fn init_timeout_names_the_group_and_what_to_check() {
+        let e = NcclError::InitTimeout {
+            group: "world".into(),
+            rank: 1,
+            world_size: 4,
+            timeout: std::time::Duration::from_secs(5),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains(
+                "NCCL group 'world': rank 1 could not join the communicator of 4 ranks within 5s"
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("same group name and world size"), "{msg}");
+        assert!(!e.is_unavailable());
     }
 
     #[test]

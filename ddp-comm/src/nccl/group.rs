@@ -1,15 +1,19 @@
 //! [`NcclGroup`]: construction, accessors and the collectives on device buffers.
 
+use super::calls::{Buffers, Call};
 use super::config::NcclGroupConfig;
-use super::element::{NcclElement, nccl_op};
+use super::dtype::NcclDtype;
+use super::element::NcclElement;
 use super::error::NcclError;
 use super::library::{cuda_device_count, require_driver, require_nccl};
 use super::thread::{CommThread, InitSpec};
 use super::unique_id;
+use super::work::NcclWork;
 use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
 use crate::reduce_op::ReduceOp;
 use crate::store::Store;
+use crate::watchdog::CollectiveLabel;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::Id;
 use std::sync::Arc;
@@ -28,12 +32,16 @@ use std::sync::Arc;
 /// The `*_host` methods return when the result is in host memory.
 ///
 /// # Failure
-/// After any NCCL or CUDA failure the group answers [`CommError::Aborted`]. A peer that dies
-/// leaves the others waiting inside NCCL, which has no timeout; the launcher stops the job.
+/// A watchdog supervises every collective ([`crate::watchdog`]): one that has not finished on
+/// the GPU [`timeout`](NcclGroupConfig::timeout) after it was queued, or an asynchronous NCCL
+/// error, aborts the communicator (`ncclCommAbort`), and every waiter and every later call gets
+/// [`CommError::Watchdog`] naming the collective (sequence number, op, bucket, bytes) and the
+/// ranks that never issued it, or saying that all issued it and none finished (a network or
+/// NCCL failure). The same happens after any other NCCL or CUDA failure.
 ///
 /// # Shutdown
-/// Dropping the last clone lets queued collectives finish, then destroys the communicator and
-/// joins its thread.
+/// Dropping the last clone waits for the collectives in flight (at most the timeout, then the
+/// communicator is aborted), finalises and destroys the communicator and joins its thread.
 ///
 /// # Example
 /// ```no_run
@@ -63,7 +71,9 @@ struct Inner {
 impl NcclGroup {
     /// Joins an NCCL group through `store`: rank 0 creates the unique id and publishes it under
     /// `nccl/<name>/unique_id`; the others wait for it (up to the store's timeout). Then every
-    /// rank creates its communicator, which returns once all ranks have joined.
+    /// rank creates its communicator, which returns once all ranks have joined, or fails with
+    /// [`NcclError::InitTimeout`] when they have not within the config's timeout. The group's
+    /// watchdog publishes its progress in `store` under `watchdog/<name>/<rank>`.
     ///
     /// # Collective
     /// Every rank calls it with the same `world_size` and `name`.
@@ -73,9 +83,20 @@ impl NcclGroup {
     /// [`NcclError::NoSuchDevice`] when this machine cannot run NCCL
     /// ([`NcclError::is_unavailable`]); a store timeout naming the key when rank 0 does not
     /// publish; [`NcclError::NameInUse`] on rank 0 when the name was used before in this
-    /// store; NCCL and CUDA failures while creating the communicator.
+    /// store; [`NcclError::InitTimeout`]; NCCL and CUDA failures while creating the
+    /// communicator.
     pub fn new(store: &Store, config: NcclGroupConfig) -> Result<NcclGroup> {
         config.validate()?;
+        // NCCL_COMM_BLOCKING=1 overrides the non-blocking config: init would have no timeout and
+        // a call could block inside NCCL where the watchdog cannot abort it.
+        if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|v| v.trim() == "1") {
+            return Err(CommError::arg(
+                "NcclGroup::new",
+                "NCCL_COMM_BLOCKING=1 makes NCCL's calls blocking, which the watchdog cannot \
+                 time out or abort; unset it"
+                    .to_string(),
+            ));
+        }
         // Check what cudarc would otherwise panic on, before anything touches CUDA or NCCL.
         require_driver()?;
         require_nccl()?;
@@ -95,6 +116,8 @@ impl NcclGroup {
             world_size: config.world_size,
             device: config.device,
             id,
+            store: store.clone(),
+            timeout: config.timeout,
         })?;
         Ok(NcclGroup {
             inner: Arc::new(Inner {
@@ -158,7 +181,8 @@ impl NcclGroup {
     /// rank's buffer holds the same result.
     ///
     /// # Errors
-    /// A buffer on another device; NCCL failures ([`NcclError::Nccl`]).
+    /// A buffer on another device; NCCL failures ([`NcclError::Nccl`]); the watchdog's error
+    /// once the group has failed.
     pub fn all_reduce<T, B>(&self, buf: &mut B, op: ReduceOp) -> Result<()>
     where
         T: NcclElement,
@@ -166,10 +190,72 @@ impl NcclGroup {
     {
         self.check_device("all_reduce", buf.stream())?;
         self.inner.thread.run_blocking("all_reduce", move |s| {
-            s.comm
-                .all_reduce_in_place(buf, &nccl_op(op))
-                .map_err(s.nccl("all_reduce"))?;
+            let stream = s.stream.clone();
+            let count = buf.len();
+            // The guard records the buffer's use on the group's stream when dropped, after the
+            // collective was queued (as cudarc's own Comm does).
+            let (ptr, _record) = buf.device_ptr_mut(&stream);
+            let label = CollectiveLabel::new("all_reduce");
+            // SAFETY: the buffers are on the group's device and stream, sized for the call
+            // (checked above), and borrowed until the work is waited for or recorded.
+            let work = unsafe {
+                s.queue(
+                    Call::AllReduce(op),
+                    label,
+                    Buffers::of::<T>(ptr, ptr, count),
+                )
+            }?;
+            drop(work);
             Ok(())
+        })
+    }
+
+    /// Enqueues an in-place all-reduce of `len` elements of `dtype` at device address `ptr` on
+    /// the group's stream and returns at once. The returned [`NcclWork`] is supervised by the
+    /// group's watchdog; [`NcclWork::wait`] returns when it finished on the GPU, with its
+    /// timing. For a DDP engine that holds gradients in buffers it does not own as cudarc
+    /// slices (e.g. a burn tensor's storage).
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `len`, `dtype` and `op`, in the same order as its
+    /// other collectives.
+    ///
+    /// # Safety
+    /// `ptr` is a device allocation on this group's device (same primary context) holding at
+    /// least `len` elements of `dtype`, that no other stream writes or reads until the returned
+    /// work has completed, and that stays alive until then. When the work ends with the
+    /// watchdog's error, the communicator has been aborted, which stops NCCL's kernels; if the
+    /// abort did not return within its 10 s bound the kernels may still run, so a caller that
+    /// keeps the process (and its memory pool) going should not hand the buffer to anything
+    /// else after such a failure.
+    ///
+    /// # Errors
+    /// NCCL failures; the watchdog's error once the group has failed.
+    pub unsafe fn all_reduce_raw_async(
+        &self,
+        ptr: u64,
+        len: usize,
+        dtype: NcclDtype,
+        op: ReduceOp,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork> {
+        let bytes = len.saturating_mul(dtype.size_bytes());
+        self.inner.thread.run_blocking(label.op, move |s| {
+            // SAFETY: the caller guarantees that `ptr` holds `len` elements of `dtype` on this
+            // device, untouched by other streams until the work completes.
+            unsafe {
+                s.queue(
+                    Call::AllReduce(op),
+                    label,
+                    Buffers {
+                        src: ptr,
+                        dst: ptr,
+                        count: len,
+                        dtype: dtype.nccl(),
+                        bytes,
+                    },
+                )
+            }
         })
     }
 
@@ -188,9 +274,20 @@ impl NcclGroup {
         self.check_device("broadcast", buf.stream())?;
         let root = self.check_root("broadcast", root)?;
         self.inner.thread.run_blocking("broadcast", move |s| {
-            s.comm
-                .broadcast_in_place(buf, root)
-                .map_err(s.nccl("broadcast"))?;
+            let stream = s.stream.clone();
+            let count = buf.len();
+            let (ptr, _record) = buf.device_ptr_mut(&stream);
+            let label = CollectiveLabel::new("broadcast");
+            // SAFETY: the buffers are on the group's device and stream, sized for the call
+            // (checked above), and borrowed until the work is waited for or recorded.
+            let work = unsafe {
+                s.queue(
+                    Call::Broadcast { root },
+                    label,
+                    Buffers::of::<T>(ptr, ptr, count),
+                )
+            }?;
+            drop(work);
             Ok(())
         })
     }
@@ -212,9 +309,16 @@ impl NcclGroup {
         self.check_device("all_gather", recv.stream())?;
         self.check_blocks("all_gather", send.len(), recv.len())?;
         self.inner.thread.run_blocking("all_gather", move |s| {
-            s.comm
-                .all_gather(send, recv)
-                .map_err(s.nccl("all_gather"))?;
+            let stream = s.stream.clone();
+            let count = send.len();
+            let (src, _record_src) = send.device_ptr(&stream);
+            let (dst, _record_dst) = recv.device_ptr_mut(&stream);
+            let label = CollectiveLabel::new("all_gather");
+            // SAFETY: the buffers are on the group's device and stream, sized for the call
+            // (checked above), and borrowed until the work is waited for or recorded.
+            let work =
+                unsafe { s.queue(Call::AllGather, label, Buffers::of::<T>(src, dst, count)) }?;
+            drop(work);
             Ok(())
         })
     }
@@ -237,47 +341,91 @@ impl NcclGroup {
         self.check_device("reduce_scatter", recv.stream())?;
         self.check_blocks("reduce_scatter", recv.len(), send.len())?;
         self.inner.thread.run_blocking("reduce_scatter", move |s| {
-            s.comm
-                .reduce_scatter(send, recv, &nccl_op(op))
-                .map_err(s.nccl("reduce_scatter"))?;
+            let stream = s.stream.clone();
+            let count = recv.len();
+            let (src, _record_src) = send.device_ptr(&stream);
+            let (dst, _record_dst) = recv.device_ptr_mut(&stream);
+            let label = CollectiveLabel::new("reduce_scatter");
+            // SAFETY: the buffers are on the group's device and stream, sized for the call
+            // (checked above), and borrowed until the work is waited for or recorded.
+            let work = unsafe {
+                s.queue(
+                    Call::ReduceScatter(op),
+                    label,
+                    Buffers::of::<T>(src, dst, count),
+                )
+            }?;
+            drop(work);
             Ok(())
         })
     }
 
+    /// Fails the group now, from any thread, for a reason outside NCCL (DDP calls it when a
+    /// step fails on this rank): the communicator is aborted, so collectives in flight end and
+    /// every waiter and later call on this rank gets the watchdog's error with `reason`; and
+    /// `reason` is published in the store first, so every peer's watchdog aborts once it sees
+    /// it (it checks every second; its own abort and report take up to about a second more),
+    /// quoting this rank, instead of waiting for its timeout. Returns that
+    /// error (or the group's earlier failure).
+    pub fn abort(&self, reason: &str) -> CommError {
+        self.inner.thread.fail(reason)
+    }
+
+    /// The group's failure, if it has failed (its watchdog's error: a timeout, an NCCL error,
+    /// an abort here or a peer's failure). Returns at once unless a failure is being recorded
+    /// at this moment; then it waits for that (the abort is given up on after 10 s and the
+    /// report after about 1 s). Lets a caller that waits on something else (a GPU, a thread of
+    /// its own) give up as soon as the group has.
+    ///
+    /// # Errors
+    /// [`CommError::Watchdog`] once the group has failed.
+    pub fn check(&self) -> Result<()> {
+        self.inner.thread.check()
+    }
+
     /// Returns once every rank has reached the barrier and every collective issued before it
-    /// has finished on this rank's GPU: a one-element all-reduce, then a stream sync.
+    /// has finished on this rank's GPU: a one-element all-reduce, waited for through the
+    /// watchdog (so a missing rank gives the watchdog's error after the timeout, not a hang).
     ///
     /// # Collective
     /// Every rank calls it.
     ///
     /// # Errors
-    /// NCCL and CUDA failures.
+    /// NCCL and CUDA failures; the watchdog's error.
     pub fn barrier(&self) -> Result<()> {
         self.inner.thread.run_blocking("barrier", |s| {
-            let mut token = s
-                .stream
+            let stream = s.stream.clone();
+            let mut token = stream
                 .alloc_zeros::<f32>(1)
                 .map_err(s.cuda("allocating the barrier token"))?;
-            s.comm
-                .all_reduce_in_place(&mut token, &nccl_op(ReduceOp::Sum))
-                .map_err(s.nccl("barrier"))?;
-            s.stream
-                .synchronize()
-                .map_err(s.cuda("synchronising after the barrier"))
+            {
+                let (ptr, _record) = token.device_ptr_mut(&stream);
+                // SAFETY: the buffers are on the group's device and stream, sized for the call
+                // (checked above), and borrowed until the work is waited for or recorded.
+                let work = unsafe {
+                    s.queue(
+                        Call::AllReduce(ReduceOp::Sum),
+                        CollectiveLabel::new("barrier"),
+                        Buffers::of::<f32>(ptr, ptr, 1),
+                    )
+                }?;
+                drop(work);
+            }
+            s.drain("synchronising after the barrier")
         })
     }
 
-    /// Waits until every collective issued so far has finished on this rank's GPU. Not a
-    /// collective: other ranks are not involved.
+    /// Waits until every collective issued so far has finished on this rank's GPU, and then the
+    /// rest of the group's stream. Not a collective: other ranks are not involved. Bounded: a
+    /// collective that cannot finish (a missing peer) gives the watchdog's error after the
+    /// timeout.
     ///
     /// # Errors
-    /// CUDA failures (including asynchronous failures of earlier work).
+    /// CUDA failures (including asynchronous failures of earlier work); the watchdog's error.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.thread.run_blocking("synchronize", |s| {
-            s.stream
-                .synchronize()
-                .map_err(s.cuda("synchronising the stream"))
-        })
+        self.inner
+            .thread
+            .run_blocking("synchronize", |s| s.drain("synchronising the stream"))
     }
 
     pub(super) fn thread(&self) -> &CommThread {
@@ -348,7 +496,7 @@ fn new_unique_id(config: &NcclGroupConfig) -> Result<Id> {
         }
         .into()),
         Err(_) => Err(CommError::Aborted(
-            "creating the NCCL unique id panicked (is libnccl too old? NCCL 2.10 or later is needed)"
+            "creating the NCCL unique id panicked (is libnccl too old? NCCL 2.14 or later is needed)"
                 .into(),
         )),
     }

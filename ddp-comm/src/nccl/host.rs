@@ -2,15 +2,18 @@
 //!
 //! The path for data that lives in host memory (tests, small control messages, a host-staged
 //! fallback). Each call allocates its device buffers on the group's stream, which cudarc takes
-//! from the driver's memory pool, and returns when the result is in host memory.
+//! from the driver's memory pool, waits for the collective through the watchdog (bounded by the
+//! timeout) and only then copies back, and returns when the result is in host memory.
 
-use super::element::{NcclElement, nccl_op};
+use super::calls::{Buffers, Call};
+use super::element::NcclElement;
 use super::group::NcclGroup;
 use super::thread::CommState;
 use crate::error::Result;
 use crate::group::Work;
 use crate::reduce_op::ReduceOp;
-use cudarc::driver::CudaSlice;
+use crate::watchdog::CollectiveLabel;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 impl NcclGroup {
     /// [`NcclGroup::all_reduce`] on a host slice.
@@ -27,9 +30,7 @@ impl NcclGroup {
         }
         self.thread().run_blocking("all_reduce_host", move |s| {
             let mut dev = upload(s, buf)?;
-            s.comm
-                .all_reduce_in_place(&mut dev, &nccl_op(op))
-                .map_err(s.nccl("all_reduce"))?;
+            all_reduce_and_wait(s, &mut dev, op)?;
             download(s, &dev, buf)
         })
     }
@@ -53,9 +54,7 @@ impl NcclGroup {
                 return Ok(buf);
             }
             let mut dev = upload(s, &buf)?;
-            s.comm
-                .all_reduce_in_place(&mut dev, &nccl_op(op))
-                .map_err(s.nccl("all_reduce"))?;
+            all_reduce_and_wait(s, &mut dev, op)?;
             download(s, &dev, &mut buf)?;
             Ok(buf)
         })
@@ -81,9 +80,22 @@ impl NcclGroup {
             } else {
                 zeros(s, buf.len())?
             };
-            s.comm
-                .broadcast_in_place(&mut dev, root_i32)
-                .map_err(s.nccl("broadcast"))?;
+            let stream = s.stream.clone();
+            let count = dev.len();
+            {
+                let (ptr, _record) = dev.device_ptr_mut(&stream);
+                let label = CollectiveLabel::new("broadcast");
+                // SAFETY: the buffers are on the group's device and stream, sized for the call
+                // (checked above), and borrowed until the work is waited for or recorded.
+                let work = unsafe {
+                    s.queue(
+                        Call::Broadcast { root: root_i32 },
+                        label,
+                        Buffers::of::<T>(ptr, ptr, count),
+                    )
+                }?;
+                work.watched.wait()?;
+            }
             download(s, &dev, buf)
         })
     }
@@ -104,9 +116,18 @@ impl NcclGroup {
         self.thread().run_blocking("all_gather_host", move |s| {
             let dev_send = upload(s, send)?;
             let mut dev_recv = zeros(s, recv.len())?;
-            s.comm
-                .all_gather(&dev_send, &mut dev_recv)
-                .map_err(s.nccl("all_gather"))?;
+            let stream = s.stream.clone();
+            let count = dev_send.len();
+            {
+                let (src, _record_src) = dev_send.device_ptr(&stream);
+                let (dst, _record_dst) = dev_recv.device_ptr_mut(&stream);
+                let label = CollectiveLabel::new("all_gather");
+                // SAFETY: the buffers are on the group's device and stream, sized for the call
+                // (checked above), and borrowed until the work is waited for or recorded.
+                let work =
+                    unsafe { s.queue(Call::AllGather, label, Buffers::of::<T>(src, dst, count)) }?;
+                work.watched.wait()?;
+            }
             download(s, &dev_recv, recv)
         })
     }
@@ -132,12 +153,47 @@ impl NcclGroup {
         self.thread().run_blocking("reduce_scatter_host", move |s| {
             let dev_send = upload(s, send)?;
             let mut dev_recv = zeros(s, recv.len())?;
-            s.comm
-                .reduce_scatter(&dev_send, &mut dev_recv, &nccl_op(op))
-                .map_err(s.nccl("reduce_scatter"))?;
+            let stream = s.stream.clone();
+            let count = dev_recv.len();
+            {
+                let (src, _record_src) = dev_send.device_ptr(&stream);
+                let (dst, _record_dst) = dev_recv.device_ptr_mut(&stream);
+                let label = CollectiveLabel::new("reduce_scatter");
+                // SAFETY: the buffers are on the group's device and stream, sized for the call
+                // (checked above), and borrowed until the work is waited for or recorded.
+                let work = unsafe {
+                    s.queue(
+                        Call::ReduceScatter(op),
+                        label,
+                        Buffers::of::<T>(src, dst, count),
+                    )
+                }?;
+                work.watched.wait()?;
+            }
             download(s, &dev_recv, recv)
         })
     }
+}
+
+/// All-reduces `dev` in place and waits, through the watchdog, until it finished on the GPU.
+fn all_reduce_and_wait<T: NcclElement>(
+    s: &mut CommState,
+    dev: &mut CudaSlice<T>,
+    op: ReduceOp,
+) -> Result<()> {
+    let stream = s.stream.clone();
+    let count = dev.len();
+    let (ptr, _record) = dev.device_ptr_mut(&stream);
+    // SAFETY: the buffers are on the group's device and stream, sized for the call
+    // (checked above), and borrowed until the work is waited for or recorded.
+    let work = unsafe {
+        s.queue(
+            Call::AllReduce(op),
+            CollectiveLabel::new("all_reduce"),
+            Buffers::of::<T>(ptr, ptr, count),
+        )
+    }?;
+    work.watched.wait()
 }
 
 fn upload<T: NcclElement>(s: &CommState, host: &[T]) -> Result<CudaSlice<T>> {
@@ -152,7 +208,8 @@ fn zeros<T: NcclElement>(s: &CommState, len: usize) -> Result<CudaSlice<T>> {
         .map_err(s.cuda("allocating a device buffer"))
 }
 
-/// Copies `dev` into `host` and waits, so the caller can read `host` at once.
+/// Copies `dev` into `host` and waits, so the caller can read `host` at once. Called only after
+/// the collective that wrote `dev` finished, so the wait cannot be held up by a peer.
 fn download<T: NcclElement>(s: &CommState, dev: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
     s.stream
         .memcpy_dtoh(dev, host)

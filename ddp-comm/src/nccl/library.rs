@@ -23,6 +23,28 @@ pub fn cuda_device_count() -> Result<usize> {
     }
 }
 
+/// Checks that NCCL can run on CUDA device `device` of this process (driver, libnccl, the
+/// device) and returns the device's UUID, which names the physical GPU whatever
+/// `CUDA_VISIBLE_DEVICES` made its ordinal: ranks can tell whether they would share a GPU,
+/// which NCCL refuses.
+///
+/// # Errors
+/// [`NcclError::DriverNotFound`], [`NcclError::LibraryNotFound`], [`NcclError::NoSuchDevice`],
+/// or a driver error reading the UUID.
+pub fn nccl_device_uuid(device: usize) -> Result<[u8; 16]> {
+    require_driver()?;
+    require_nccl()?;
+    let count = cuda_device_count()?;
+    if device >= count {
+        return Err(NcclError::NoSuchDevice { device, count }.into());
+    }
+    let ordinal = i32::try_from(device).unwrap_or(i32::MAX);
+    let uuid = cudarc::driver::result::device::get(ordinal)
+        .and_then(cudarc::driver::result::device::get_uuid)
+        .map_err(NcclError::cuda("reading the device's UUID", device))?;
+    Ok(uuid.bytes.map(|b| b as u8))
+}
+
 /// Fails with [`NcclError::DriverNotFound`] unless libcuda can be loaded.
 pub(crate) fn require_driver() -> Result<()> {
     if crate::cuda_driver_present() {

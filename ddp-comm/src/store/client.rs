@@ -1,13 +1,17 @@
 //! The store client: blocking request/response calls with timeouts and key prefixes.
 
 use super::config::StoreConfig;
-use super::protocol::{FrameReader, FrameWriter, Op, ReadFrameError, Status, VERSION, read_frame};
+use super::multi_get;
+use super::protocol::{
+    FrameReader, FrameWriter, Malformed, Op, ReadFrameError, Status, VERSION, read_frame,
+};
 use crate::auth::{self, HelloError, Kind};
 use crate::connect::{Attempt, retry_until};
 use crate::deadline::deadline_after;
+use crate::deadline_io::read_exact_by;
 use crate::error::{CommError, Result};
 use std::io;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -54,7 +58,7 @@ impl Store {
         let mut fatal = None;
         let connected = retry_until(deadline, CONNECT_RETRY_PAUSE, || {
             let mut stream = try_connect(addr, deadline).map_err(Attempt::Retry)?;
-            match hello(&mut stream, addr, &config.token, deadline) {
+            match hello(&mut stream, addr, &config.token, VERSION, deadline) {
                 Ok(()) => Ok(stream),
                 Err(CommError::Io { source, .. }) => Err(Attempt::Retry(source)),
                 Err(e) => {
@@ -227,6 +231,46 @@ impl Store {
         Ok(body.first() == Some(&1))
     }
 
+    /// The values of `keys` in one round trip, in the order asked: `None` for a key that is
+    /// not set. It never waits (unlike [`Store::get`]), and one request replaces a
+    /// [`Store::check`] and a `get` per key, which matters when many ranks read many keys at
+    /// once (the watchdog's failure report reads every rank's progress this way); it is
+    /// PyTorch c10d's `multi_get`, without the wait.
+    ///
+    /// # Errors
+    /// [`CommError::StoreProtocol`] when the request or the values would exceed the store's
+    /// frame limit ([`StoreConfig::with_max_frame_bytes`]): read fewer keys at once. The
+    /// connection stays usable after the store's refusal; a request over the server's own
+    /// (smaller) limit makes the server drop the connection.
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
+        const OP: &str = "multi_get";
+        let count = u32::try_from(keys.len())
+            .map_err(|_| protocol(OP, format!("{} keys in one request", keys.len())))?;
+        let mut req = FrameWriter::new(Op::MultiGet as u8).u32(count);
+        for k in keys {
+            req = req.bytes(self.key(k).as_bytes());
+        }
+        if req.body_len() > self.config.max_frame_bytes {
+            return Err(protocol(
+                OP,
+                format!(
+                    "a request for {} keys is {} bytes, over the {} byte frame limit; read \
+                     fewer keys at once",
+                    keys.len(),
+                    req.body_len(),
+                    self.config.max_frame_bytes
+                ),
+            ));
+        }
+        let (_, body) = self.call(OP, req, None)?;
+        multi_get::decode(&body, keys.len()).map_err(|Malformed(what)| {
+            protocol(
+                OP,
+                format!("malformed reply to {} keys: bad {what}", keys.len()),
+            )
+        })
+    }
+
     fn key(&self, key: &str) -> String {
         format!("{}{}", self.prefix, key)
     }
@@ -250,7 +294,10 @@ impl Store {
             .saturating_add(self.config.timeout.max(REPLY_MARGIN));
         conn.set_read_timeout(Some(reply_timeout))
             .map_err(|e| CommError::io(format!("store {op}"), e))?;
-        let lost = |e: io::Error| {
+        // Any I/O error may leave part of a frame unread, and the next call would take it for
+        // its reply: the connection is shut down, so later calls fail saying it was lost.
+        let lost = |conn: &TcpStream, e: io::Error| {
+            let _ = conn.shutdown(Shutdown::Both);
             CommError::io(
                 format!(
                     "store {op}: lost the connection to the store at {} (did rank 0 exit?)",
@@ -259,14 +306,25 @@ impl Store {
                 e,
             )
         };
-        req.send(&mut *conn).map_err(lost)?;
+        if let Err(e) = req.send(&mut *conn) {
+            return Err(lost(&conn, e));
+        }
         let body = match read_frame(&mut *conn, self.config.max_frame_bytes) {
             Ok(b) => b,
-            Err(ReadFrameError::Io(e)) => return Err(lost(e)),
+            Err(ReadFrameError::Io(e)) => return Err(lost(&conn, e)),
             Err(ReadFrameError::TooLarge { len, max }) => {
+                // Skip the reply without keeping it, so the next call reads its own; within
+                // the reply's timeout in all, however slowly the bytes come.
+                let deadline = deadline_after(reply_timeout);
+                if let Err(e) = skip_by(&mut conn, len as u64, deadline) {
+                    return Err(lost(&conn, e));
+                }
                 return Err(protocol(
                     op,
-                    format!("reply of {len} bytes exceeds the {max} byte limit"),
+                    format!(
+                        "reply of {len} bytes exceeds this client's {max} byte frame limit \
+                         (is the store's limit larger?)"
+                    ),
                 ));
             }
         };
@@ -276,6 +334,20 @@ impl Store {
         let status = Status::from_u8(status).ok_or_else(|| protocol(op, "unknown status"))?;
         match status {
             Status::Ok | Status::Timeout => Ok((status, rest.to_vec())),
+            Status::TooLarge => {
+                let mut r = FrameReader::new(rest);
+                let size = match (r.u64("size"), r.u64("limit")) {
+                    (Ok(len), Ok(max)) => format!(" ({len} bytes, the limit is {max})"),
+                    _ => String::new(),
+                };
+                Err(protocol(
+                    op,
+                    format!(
+                        "the reply would exceed the store's frame limit{size}; read fewer keys \
+                         at once"
+                    ),
+                ))
+            }
             Status::Unauthorized | Status::BadRequest => {
                 let msg = FrameReader::new(rest)
                     .bytes("message")
@@ -292,10 +364,29 @@ impl Store {
     }
 }
 
+/// Reads and discards `len` bytes from `conn` before `deadline`.
+fn skip_by(conn: &mut TcpStream, mut len: u64, deadline: Instant) -> io::Result<()> {
+    let mut scratch = [0u8; 64 * 1024];
+    while len > 0 {
+        let n = scratch
+            .len()
+            .min(usize::try_from(len).unwrap_or(usize::MAX));
+        read_exact_by(conn, &mut scratch[..n], deadline)?;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
 /// Runs the hello on a new connection: the server and this client prove the token to each
-/// other (see `auth`).
-fn hello(stream: &mut TcpStream, addr: &str, token: &[u8], deadline: Instant) -> Result<()> {
-    let claims = VERSION.to_le_bytes();
+/// other (see `auth`), and the client claims to speak protocol `version`.
+fn hello(
+    stream: &mut TcpStream,
+    addr: &str,
+    token: &[u8],
+    version: u16,
+    deadline: Instant,
+) -> Result<()> {
+    let claims = version.to_le_bytes();
     let unauthorized = |reason: String| CommError::Unauthorized {
         peer: format!("store at {addr}"),
         reason,
@@ -350,4 +441,29 @@ fn try_connect(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
         }
     }
     Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreServer;
+
+    /// A rank built from another ddp-comm version is refused at the hello, told which
+    /// versions differ and what to do.
+    #[test]
+    fn should_refuse_another_protocol_version_saying_to_rebuild_from_one_version() {
+        let server =
+            StoreServer::bind("127.0.0.1:0", StoreConfig::new().with_token("t")).expect("bind");
+        let addr = server.local_addr().to_string();
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        let deadline = deadline_after(Duration::from_secs(5));
+        let e = hello(&mut stream, &addr, b"t", VERSION - 1, deadline)
+            .expect_err("an older version is refused")
+            .to_string();
+        let older = format!("version {}", VERSION - 1);
+        assert!(e.contains(&older), "{e}");
+        assert!(e.contains("same ddp-comm version"), "{e}");
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        hello(&mut stream, &addr, b"t", VERSION, deadline).expect("this version is admitted");
+    }
 }

@@ -3,7 +3,8 @@
 //! - [`StoreServer`]: hosted by rank 0 (or by a launcher); one event loop (a tokio runtime on
 //!   its own thread) serves every client.
 //! - [`Store`]: the client, with `set`, `get`, `add`, `wait`, `compare_set`, `delete`,
-//!   `num_keys`, `check`, and [`Store::with_prefix`] namespaces.
+//!   `num_keys`, `check`, `multi_get` (many keys in one round trip, without waiting), and
+//!   [`Store::with_prefix`] namespaces.
 //! - [`StoreConfig`]: timeout, job token, frame limit.
 //!
 //! # Security
@@ -22,6 +23,7 @@
 
 mod client;
 mod config;
+mod multi_get;
 mod protocol;
 mod server;
 mod session;

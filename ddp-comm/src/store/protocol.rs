@@ -10,7 +10,10 @@ use std::io::{self, Read, Write};
 use std::time::Duration;
 
 /// Protocol version, carried in the hello's claims; bump on any incompatible change.
-pub(crate) const VERSION: u16 = 2;
+///
+/// 3: `MultiGet` and the `TooLarge` status. A version-2 server would take opcode 10 for a
+/// malformed request and drop the connection, so mixed versions are refused at the hello.
+pub(crate) const VERSION: u16 = 3;
 
 /// Request opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +27,7 @@ pub(crate) enum Op {
     Delete = 7,
     NumKeys = 8,
     Check = 9,
+    MultiGet = 10,
 }
 
 impl Op {
@@ -37,6 +41,7 @@ impl Op {
             7 => Op::Delete,
             8 => Op::NumKeys,
             9 => Op::Check,
+            10 => Op::MultiGet,
             _ => return None,
         })
     }
@@ -50,6 +55,8 @@ pub(crate) enum Status {
     Timeout = 1,
     Unauthorized = 2,
     BadRequest = 3,
+    /// The reply would exceed the frame limit: `u64` reply body length, `u64` limit.
+    TooLarge = 4,
 }
 
 impl Status {
@@ -59,6 +66,7 @@ impl Status {
             1 => Status::Timeout,
             2 => Status::Unauthorized,
             3 => Status::BadRequest,
+            4 => Status::TooLarge,
             _ => return None,
         })
     }
@@ -79,6 +87,10 @@ impl FrameWriter {
         self.body.extend_from_slice(b);
         self
     }
+    pub(crate) fn u32(mut self, v: u32) -> Self {
+        self.body.extend_from_slice(&v.to_le_bytes());
+        self
+    }
     pub(crate) fn u64(mut self, v: u64) -> Self {
         self.body.extend_from_slice(&v.to_le_bytes());
         self
@@ -95,6 +107,10 @@ impl FrameWriter {
     #[cfg(test)]
     pub(crate) fn frame_body(self) -> Vec<u8> {
         self.body
+    }
+    /// Length of the body so far.
+    pub(crate) fn body_len(&self) -> usize {
+        self.body.len()
     }
     /// The whole frame: length, then body.
     pub(crate) fn into_frame(self) -> Vec<u8> {
@@ -191,6 +207,9 @@ pub(crate) enum Request<'a> {
     Check {
         keys: Vec<&'a [u8]>,
     },
+    MultiGet {
+        keys: Vec<&'a [u8]>,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -237,6 +256,9 @@ impl<'a> Request<'a> {
                 prefix: r.bytes("prefix")?,
             },
             Op::Check => Request::Check {
+                keys: keys(&mut r)?,
+            },
+            Op::MultiGet => Request::MultiGet {
                 keys: keys(&mut r)?,
             },
         })
@@ -309,6 +331,44 @@ mod tests {
     }
 
     #[test]
+    fn multi_get_decodes_its_keys_and_refuses_a_lying_key_count() {
+        let body = FrameWriter::new(Op::MultiGet as u8)
+            .u32(3)
+            .bytes(b"a")
+            .bytes(b"")
+            .bytes(b"a")
+            .frame_body();
+        assert_eq!(
+            Request::decode(&body),
+            Ok(Request::MultiGet {
+                keys: vec![b"a", b"", b"a"]
+            })
+        );
+        let none = FrameWriter::new(Op::MultiGet as u8).u32(0).frame_body();
+        assert_eq!(
+            Request::decode(&none),
+            Ok(Request::MultiGet { keys: Vec::new() })
+        );
+        // Four billion keys announced, room for two: refused before any allocation.
+        let lying = FrameWriter::new(Op::MultiGet as u8)
+            .u32(u32::MAX)
+            .bytes(b"")
+            .bytes(b"")
+            .frame_body();
+        assert_eq!(Request::decode(&lying), Err(Malformed("key count")));
+        // A count the body's size allows, but the second key runs past the end.
+        let short = FrameWriter::new(Op::MultiGet as u8)
+            .u32(3)
+            .bytes(b"")
+            .raw(&[5, 0, 0, 0, 0, 0, 0, 0])
+            .frame_body();
+        assert_eq!(Request::decode(&short), Err(Malformed("key")));
+        assert_eq!(Op::from_u8(10), Some(Op::MultiGet));
+        assert_eq!(Op::from_u8(11), None);
+        assert_eq!(Status::from_u8(4), Some(Status::TooLarge));
+    }
+
+    #[test]
     fn field_length_beyond_body_is_malformed() {
         let body = [0xff, 0xff, 0, 0, 1, 2];
         assert!(FrameReader::new(&body).bytes("key").is_err());
@@ -332,7 +392,10 @@ mod tests {
             fn request_decode_never_panics(op in op(), rest in proptest::collection::vec(any::<u8>(), 0..256)) {
                 let mut body = vec![op];
                 body.extend_from_slice(&rest);
-                if let Ok(Request::Wait { keys, .. } | Request::Check { keys }) = Request::decode(&body) {
+                if let Ok(
+                    Request::Wait { keys, .. } | Request::Check { keys } | Request::MultiGet { keys },
+                ) = Request::decode(&body)
+                {
                     prop_assert!(keys.iter().map(|k| k.len() + 4).sum::<usize>() <= body.len());
                 }
             }
@@ -360,8 +423,31 @@ mod tests {
                 let expected: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
                 prop_assert_eq!(
                     Request::decode(&body),
-                    Ok(Request::Wait { keys: expected, timeout: Duration::from_millis(ms) })
+                    Ok(Request::Wait { keys: expected.clone(), timeout: Duration::from_millis(ms) })
                 );
+                let mut w = FrameWriter::new(Op::MultiGet as u8).u32(keys.len() as u32);
+                for k in &keys {
+                    w = w.bytes(k);
+                }
+                let body = w.frame_body();
+                prop_assert_eq!(Request::decode(&body), Ok(Request::MultiGet { keys: expected }));
+            }
+
+            /// A `MultiGet` announcing more keys than follow (a lying count, up to
+            /// `u32::MAX`) is `Malformed`, never a panic nor an allocation the body does not
+            /// back.
+            #[test]
+            fn multi_get_with_a_lying_key_count_is_malformed(
+                keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..8), 0..6),
+                extra in prop_oneof![1u32..4, any::<u32>()],
+            ) {
+                let announced = (keys.len() as u32).saturating_add(extra);
+                let mut w = FrameWriter::new(Op::MultiGet as u8).u32(announced);
+                for k in &keys {
+                    w = w.bytes(k);
+                }
+                let body = w.frame_body();
+                prop_assert!(Request::decode(&body).is_err());
             }
 
             /// Any byte stream, split anyhow, gives a frame of at most `max` bytes, a

@@ -74,7 +74,11 @@ pub(super) async fn serve(
                 return;
             }
         };
-        let reply = match served.state.handle(&body).await {
+        let reply = match served
+            .state
+            .handle(&body, served.config.max_frame_bytes)
+            .await
+        {
             Ok(reply) => reply,
             Err(Malformed(what)) => {
                 tracing::warn!(%peer, what, "store: malformed request, disconnecting client");
@@ -115,7 +119,12 @@ async fn authenticate(served: &Served, stream: &mut TcpStream) -> Result<(), Str
         _ => None,
     };
     if version != Some(VERSION) {
-        let reason = format!("store protocol version {version:?}, the server speaks {VERSION}");
+        let theirs = version.map_or_else(|| "unknown".to_string(), |v| v.to_string());
+        let reason = format!(
+            "the client speaks store protocol version {theirs} and the store (rank 0 or the \
+             launcher) speaks {VERSION}: build every rank and the launcher from the same \
+             ddp-comm version"
+        );
         let _ = event_loop::answer(stream, Err(&reason)).await;
         return Err(reason);
     }

@@ -5,6 +5,7 @@
 //! A waiting request subscribes to the channel *before* it looks at the map, so a change made
 //! between its look and its sleep still wakes it: no wake-up can be missed.
 
+use super::multi_get;
 use super::protocol::{FrameWriter, Malformed, Request, Status};
 use crate::deadline::deadline_after;
 use std::collections::HashMap;
@@ -56,11 +57,16 @@ impl State {
         }
     }
 
-    /// Carries out one request and builds its reply.
+    /// Carries out one request and builds its reply; a reply whose size depends on the
+    /// request (`MultiGet`) is refused with `TooLarge` rather than exceed `max_reply` bytes.
     ///
     /// # Errors
     /// [`Malformed`] when the body is not a request.
-    pub(super) async fn handle(&self, body: &[u8]) -> Result<FrameWriter, Malformed> {
+    pub(super) async fn handle(
+        &self,
+        body: &[u8],
+        max_reply: usize,
+    ) -> Result<FrameWriter, Malformed> {
         Ok(match Request::decode(body)? {
             Request::Set { key, value } => {
                 self.lock().insert(key.to_vec(), value.to_vec());
@@ -136,6 +142,11 @@ impl State {
                 let map = self.lock();
                 let all = keys.iter().all(|k| map.contains_key(*k));
                 ok().raw(&[all as u8])
+            }
+            Request::MultiGet { keys } => {
+                let map = self.lock();
+                let values = keys.iter().map(|k| map.get(*k).map(Vec::as_slice));
+                multi_get::encode(values, max_reply)
             }
         })
     }

@@ -15,7 +15,9 @@
 //!   - barrier: within units, between leaders, within units again.
 //!   - the others run over TCP, after a fingerprint check within the unit (shared
 //!     memory) and between the leaders (TCP), so ranks that issue different collectives get a
-//!     mismatch instead of waiting on different connections.
+//!     mismatch instead of waiting on different connections. All-to-all among them is the
+//!     pairwise exchange over the whole group's TCP mesh, between ranks of one host too:
+//!     correct, not hierarchical.
 //! - Every rank alone on its host (or `tcp` asked for): plain [`TcpTransport`].
 
 use super::shm::{self, SetupSpec, ShmGroup};
@@ -312,6 +314,21 @@ impl Transport for HybridTransport {
         }
         self.agree(fp)?;
         self.tcp.scatter(fp, input, output, root)
+    }
+
+    /// One unit: in shared memory, each rank reading its blocks straight out of the peers'
+    /// staging buffers. Several units: after the fingerprint check ([`HybridTransport::agree`]),
+    /// the pairwise exchange over the group's TCP mesh, every pair of ranks directly (ranks of
+    /// one host too, over loopback): correct, not hierarchical.
+    fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        if self.single {
+            return match self.shm.as_mut() {
+                Some(shm) => shm.all_to_all(fp, input, output),
+                None => self.tcp.all_to_all(fp, input, output),
+            };
+        }
+        self.agree(fp)?;
+        self.tcp.all_to_all(fp, input, output)
     }
 
     fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {

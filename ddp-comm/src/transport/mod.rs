@@ -166,6 +166,10 @@ pub(crate) trait Transport: Send {
         output: &mut [u8],
         root: usize,
     ) -> Result<()>;
+    /// `input` and `output` hold `world` blocks of `input.len() / world` bytes: block `q` of
+    /// `input` goes to rank `q`, block `q` of `output` comes from rank `q` (this rank's own block
+    /// is copied across).
+    fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()>;
     fn barrier(&mut self, fp: &Fingerprint) -> Result<()>;
     /// `fp.seq` is ignored: the transport numbers messages per peer.
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()>;

@@ -1,7 +1,7 @@
 //! Failures end in errors that name the rank at fault, within the timeout, never a hang: over
 //! TCP, over shared memory, and (where the world is large enough) across two pretend hosts.
 use crate::common::{Setup, run_world, run_world_with};
-use ddp_comm::{CommError, ReduceOp, Store, StoreConfig};
+use ddp_comm::{CommError, ProcessGroup, ReduceOp, Store, StoreConfig};
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -40,9 +40,13 @@ fn mismatched_collectives_name_both_ranks_and_both_calls() {
 #[test]
 fn mismatch_across_hosts_fails_every_rank_quickly() {
     type Call = fn(&ddp_comm::ProcessGroup, &mut Vec<f32>) -> ddp_comm::Result<()>;
-    let calls: [(&str, Call); 4] = [
+    let calls: [(&str, Call); 5] = [
         ("all_reduce(f32 x 4, sum)", |pg, v| {
             pg.all_reduce(v, ReduceOp::Sum)
+        }),
+        ("all_to_all(f32 x 4)", |pg, v| {
+            let mut out = vec![0.0; v.len()];
+            pg.all_to_all(v, &mut out)
         }),
         ("broadcast(f32 x 4, root 0)", |pg, v| pg.broadcast(v, 0)),
         ("all_gather(f32 x 4)", |pg, v| {
@@ -108,27 +112,107 @@ fn different_lengths_are_a_mismatch() {
     }
 }
 
+/// All-to-all lengths that differ between ranks (each a valid multiple of the world size) are a
+/// mismatch naming both lengths, reported well before the timeout, never a hang or garbage.
+#[test]
+fn all_to_all_lengths_that_differ_between_ranks_are_a_mismatch() {
+    for setup in crate::common::SETUPS {
+        let start = Instant::now();
+        let results = run_world_with(setup, 3, Duration::from_secs(30), |pg| {
+            let len = if pg.rank() == 2 { 15 } else { 12 };
+            let mut out = vec![0i64; len];
+            pg.all_to_all(&vec![1i64; len], &mut out)
+        });
+        assert!(results.iter().all(|r| r.is_err()), "{setup:?}");
+        let all: String = results
+            .iter()
+            .map(|r| r.as_ref().unwrap_err().to_string())
+            .collect();
+        assert!(
+            all.contains("all_to_all(i64 x 15)") && all.contains("all_to_all(i64 x 12)"),
+            "{setup:?}: {all}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{setup:?}: no rank waits for the timeout"
+        );
+    }
+}
+
+/// A length that is not a multiple of the world size (async here), or an output that is not as
+/// long as the input, fails that rank with a clear message, and its peers with that message.
+#[test]
+fn all_to_all_bad_length_on_one_rank_fails_its_peers_with_its_message() {
+    type Bad = fn(&ProcessGroup) -> ddp_comm::Result<()>;
+    let cases: [(&str, Bad); 2] = [
+        (
+            "all_to_all: input has 7 elements, not a multiple of the world size 2",
+            |pg| pg.all_to_all_async(vec![1u8; 7]).wait().map(drop),
+        ),
+        ("all_to_all: output has 6 elements, expected 8", |pg| {
+            pg.all_to_all(&[1u8; 8], &mut [0u8; 6])
+        }),
+    ];
+    for (setup, (message, bad)) in BOTH.into_iter().flat_map(|s| cases.map(|c| (s, c))) {
+        let start = Instant::now();
+        let results = run_world_with(setup, 2, Duration::from_secs(60), |pg| {
+            if pg.rank() == 0 {
+                bad(&pg)
+            } else {
+                pg.all_to_all(&[1u8; 8], &mut [0u8; 8])
+            }
+        });
+        let e0 = results[0].as_ref().unwrap_err().to_string();
+        assert!(e0.contains(message), "{setup:?}: {e0}");
+        let e1 = results[1].as_ref().unwrap_err().to_string();
+        let reason = message.trim_start_matches("all_to_all: ");
+        assert!(
+            e1.contains("rank 0") && e1.contains(reason),
+            "{setup:?}: {e1}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20));
+    }
+}
+
+/// A collective every rank runs, on `len` elements per rank, for the tests of dead and stalled
+/// peers: all-reduce (ring neighbours) and all-to-all (every pair of ranks).
+type PeerCall = fn(&ProcessGroup, usize) -> ddp_comm::Result<()>;
+const PEER_CALLS: [(&str, PeerCall); 2] = [
+    ("all_reduce", |pg, len| {
+        let mut v = vec![1.0f32; len];
+        pg.all_reduce(&mut v, ReduceOp::Sum)
+    }),
+    ("all_to_all", |pg, len| {
+        let len = len.next_multiple_of(pg.world_size());
+        let mut out = vec![0.0f32; len];
+        pg.all_to_all(&vec![1.0f32; len], &mut out)
+    }),
+];
+
 #[test]
 fn stalled_peer_is_named_after_the_timeout() {
-    for setup in BOTH {
+    for (setup, (what, call)) in BOTH.into_iter().flat_map(|s| PEER_CALLS.map(|c| (s, c))) {
         let start = Instant::now();
         let results = run_world_with(setup, 2, Duration::from_secs(1), |pg| {
             if pg.rank() == 1 {
                 std::thread::sleep(Duration::from_secs(4));
             }
-            let mut v = vec![0u8; 8];
-            pg.all_reduce(&mut v, ReduceOp::Sum)
+            call(&pg, 8)
         });
         let e = results[0].as_ref().expect_err("rank 0 must time out");
         assert!(
             matches!(e, CommError::Timeout { peer: 1, .. }),
-            "{setup:?}: {e}"
+            "{setup:?} {what}: {e}"
         );
         assert!(
             e.to_string().contains("waiting for rank 1"),
-            "{setup:?}: {e}"
+            "{setup:?} {what}: {e}"
         );
-        assert!(results[1].is_err(), "the late rank finds the group aborted");
+        // The late rank of an all-reduce needs data its peer never sent; that of an all-to-all
+        // of two may find its peer's whole chunk handed over before the timeout, and finish.
+        if what == "all_reduce" {
+            assert!(results[1].is_err(), "the late rank finds the group aborted");
+        }
         assert!(start.elapsed() < Duration::from_secs(15));
     }
 }
@@ -162,14 +246,16 @@ fn a_rank_that_times_out_records_whom_it_blames_in_the_store() {
 
 #[test]
 fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
-    for setup in crate::common::SETUPS {
+    let cases = crate::common::SETUPS
+        .into_iter()
+        .flat_map(|s| PEER_CALLS.map(|c| (s, c)));
+    for (setup, (what, call)) in cases {
         let start = Instant::now();
         let results = run_world_with(setup, 3, Duration::from_secs(60), |pg| {
             if pg.rank() == 2 {
                 return Ok(()); // leaves: dropping the group closes its connections
             }
-            let mut v = vec![1.0f32; 1 << 16];
-            pg.all_reduce(&mut v, ReduceOp::Sum)
+            call(&pg, 1 << 16)
         });
         for (rank, result) in results.iter().enumerate().take(2) {
             let e = result
@@ -178,12 +264,12 @@ fn departed_peer_is_named_by_every_rank_without_waiting_for_the_timeout() {
                 .to_string();
             assert!(
                 e.contains("rank 2"),
-                "{setup:?}: rank {rank} should name rank 2: {e}"
+                "{setup:?} {what}: rank {rank} should name rank 2: {e}"
             );
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "{setup:?}: detected by the closed connection or slot, not the 60 s timeout"
+            "{setup:?} {what}: detected by the closed connection or slot, not the 60 s timeout"
         );
     }
 }

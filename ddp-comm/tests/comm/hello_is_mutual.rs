@@ -116,12 +116,12 @@ fn group_ids_depend_on_a_per_job_nonce() {
 fn a_client_that_cannot_prove_the_token_gets_nothing_done() {
     let server = StoreServer::bind("127.0.0.1:0", config("secret")).expect("bind");
     let addr = server.local_addr().to_string();
-    // A well-formed store hello (claims: protocol version 2), a made-up proof, then a `set`.
+    // A well-formed store hello (claims: protocol version 3), a made-up proof, then a `set`.
     let mut s = TcpStream::connect(&addr).expect("connect");
     let mut hello = b"DDPA\x01\x01".to_vec();
     hello.extend_from_slice(&2u16.to_le_bytes());
     hello.extend_from_slice(&[7; 32]);
-    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.extend_from_slice(&3u16.to_le_bytes());
     s.write_all(&hello).expect("hello");
     let mut challenge = [0u8; 65];
     s.read_exact(&mut challenge).expect("a challenge");

@@ -12,4 +12,6 @@ mod mesh_strangers;
 mod mpi_selection;
 mod shm_setup;
 mod store_contract;
+mod store_multi_get;
 mod store_strangers;
+mod watchdog_names_the_stuck;

@@ -13,10 +13,30 @@ pub enum GradientCompression {
     Bf16,
 }
 
+/// Which collectives reduce the gradient buckets.
+#[derive(Config, Debug, PartialEq, Eq, Copy)]
+pub enum Collectives {
+    /// NCCL on the GPU when the model is on burn's CUDA backend, the world size is above 1 and
+    /// every rank can load libnccl; otherwise the process group's CPU transports, with
+    /// [`HostStaging`]. The ranks agree on the choice.
+    Auto,
+    /// NCCL, also at world size 1 (to measure its overhead): gradients never leave the device.
+    /// Constructing DDP fails, naming what is missing, when the crate was built without the
+    /// `cuda` feature, the model is not on burn's CUDA backend, or the driver, libnccl or the
+    /// device cannot be found.
+    Nccl,
+    /// The process group's CPU transports (shared memory, TCP), with [`HostStaging`].
+    Host,
+}
+
 /// How gradients reach the CPU transports (shared memory, TCP) when ranks do not reduce on the
 /// device.
 #[derive(Config, Debug, PartialEq, Eq, Copy)]
 pub enum HostStaging {
+    /// [`PerBucket`](Self::PerBucket) for models on a CUDA GPU (burn's CUDA backend, fused or
+    /// not), otherwise
+    /// [`PerGradient`](Self::PerGradient).
+    Auto,
     /// Each gradient is read on its own as backward produces it. On CPU backends this is free
     /// (the gradient's own buffer is reduced in place, no copy): the default.
     PerGradient,
@@ -52,8 +72,11 @@ pub struct DdpConfig {
     /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook.
     #[config(default = "GradientCompression::None")]
     pub compression: GradientCompression,
+    /// Which collectives reduce the buckets: NCCL on the GPU or the CPU transports.
+    #[config(default = "Collectives::Auto")]
+    pub collectives: Collectives,
     /// How gradients are staged in host memory for the CPU transports (world size > 1).
-    #[config(default = "HostStaging::PerGradient")]
+    #[config(default = "HostStaging::Auto")]
     pub host_staging: HostStaging,
     /// Ranks may run out of batches at different steps (PyTorch's `Join`): every backward first
     /// agrees, in one tiny all-reduce, on which ranks still train, and a rank with no batches

@@ -2,13 +2,14 @@
 //! an N times larger batch.
 
 use super::buffers::{BufferSync, PendingBuffers};
-use super::config::{DdpConfig, GradientCompression, HostStaging};
+use super::config::{Collectives, DdpConfig, GradientCompression};
+use super::engine_choice::make_engine;
 use crate::boundary::{BoundaryFn, with_boundary};
 use crate::error::DdpError;
-use crate::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
+use crate::hooks::CommHook;
 use crate::model_sync::{broadcast_module, verify_same_model};
 use crate::params::{ParamKind, ParamTable};
-use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer, StagedEngine};
+use crate::reducer::{BucketEngine, HookEngine, HostEngine, Reducer};
 use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
@@ -105,7 +106,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table)?;
         // Ids now come from rank 0: describe again.
         let table = ParamTable::describe::<B, M>(&module);
-        let engine = make_engine(&pg, &config)?;
+        let engine = make_engine(&pg, &config, &table)?;
         let reducer = Arc::new(make_reducer(&pg, &config, &table, engine.clone()));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
@@ -219,6 +220,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         if self.hooked || self.step > 0 || !self.scopes.is_empty() {
             return Err(DdpError::InvalidConfig(
                 "register_comm_hook: register one hook, before the first forward".into(),
+            ));
+        }
+        if self.config.collectives == Collectives::Nccl {
+            return Err(DdpError::InvalidConfig(
+                "register_comm_hook: communication hooks run on the CPU transports; with \
+                 Collectives::Nccl there is none (use Collectives::Auto or Host)"
+                    .into(),
             ));
         }
         if self.config.compression != GradientCompression::None {
@@ -531,6 +539,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         if let Err(e) = &result {
             let reason = e.to_string();
             tracing::error!(rank = self.pg.rank(), error = %reason, "DDP failed; aborting the process group");
+            // The NCCL group first: its peers then quote this rank's reason, not the error a
+            // peer gets once the process group is aborted.
+            self.engine.abort(&reason);
             if self.pg.world_size() > 1 {
                 self.pg.abort(&reason);
             }
@@ -586,24 +597,6 @@ struct JoinRound {
     /// Where buffers come from: the first rank still training.
     root: usize,
     sync: bool,
-}
-
-/// How buckets are reduced: gradients stay on the device at world size 1; otherwise they are
-/// reduced in host buffers over the group's transports; compression is a hook.
-fn make_engine<I: burn::tensor::backend::Backend>(
-    pg: &ProcessGroup,
-    config: &DdpConfig,
-) -> Result<Arc<dyn BucketEngine<I>>, DdpError> {
-    let host = || HostEngine { pg: pg.clone() };
-    Ok(match config.compression {
-        GradientCompression::Fp16 => Arc::new(HookEngine::new(host(), Box::new(Fp16CompressHook))?),
-        GradientCompression::Bf16 => Arc::new(HookEngine::new(host(), Box::new(Bf16CompressHook))?),
-        GradientCompression::None if pg.world_size() == 1 => Arc::new(LocalEngine),
-        GradientCompression::None => match config.host_staging {
-            HostStaging::PerGradient => Arc::new(host()),
-            HostStaging::PerBucket => Arc::new(StagedEngine { pg: pg.clone() }),
-        },
-    })
 }
 
 /// The reducer for `table`, reducing buckets through `engine`.

@@ -71,6 +71,10 @@ pub(crate) trait BucketEngine<I: Backend>: Send + Sync {
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
+    /// This rank's DDP failed (`reason`): fail whatever the engine communicates through
+    /// besides the process group (which DDP aborts itself), so peers waiting in it fail
+    /// promptly naming this rank instead of at their timeout.
+    fn abort(&self, _reason: &str) {}
 }
 
 fn internal(what: &str) -> DdpError {

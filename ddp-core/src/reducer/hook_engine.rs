@@ -11,12 +11,14 @@ use crate::error::DdpError;
 use crate::hooks::{BucketParam, CommHook, GradBucket};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
-use ddp_comm::ProcessGroup;
+use ddp_comm::{ProcessGroup, WorkTiming};
 use std::sync::mpsc;
+use std::time::Instant;
 
 struct Job {
     bucket: GradBucket,
-    reply: mpsc::Sender<Result<GradBucket, DdpError>>,
+    queued: Instant,
+    reply: mpsc::Sender<(Result<GradBucket, DdpError>, WorkTiming)>,
 }
 
 /// f32 buckets go through the hook; buckets of other dtypes through [`HostEngine`].
@@ -36,16 +38,28 @@ impl HookEngine {
         std::thread::Builder::new()
             .name(format!("ddp-hook-{}", pg.rank()))
             .spawn(move || {
-                for Job { mut bucket, reply } in rx {
+                for Job {
+                    mut bucket,
+                    queued,
+                    reply,
+                } in rx
+                {
                     let index = bucket.index();
+                    let started = Instant::now();
                     let result = hook.reduce(&mut bucket, &pg).map(|()| bucket);
+                    // The hook's run is the bucket's communication, for the timeline.
+                    let timing = WorkTiming {
+                        queued,
+                        started,
+                        finished: Instant::now(),
+                    };
                     let result = result.map_err(|source| DdpError::CommHook {
                         hook: hook.name().to_string(),
                         bucket: index,
                         source,
                     });
                     // The reducer may have given up on this step already.
-                    let _ = reply.send(result);
+                    let _ = reply.send((result, timing));
                 }
             })
             .map_err(|e| DdpError::Internal(format!("starting the hook thread: {e}")))?;
@@ -99,6 +113,7 @@ impl<I: Backend> BucketEngine<I> for HookEngine {
         let (index, count) = bucket;
         let job = Job {
             bucket: GradBucket::new(index, count, buffer, params),
+            queued: Instant::now(),
             reply,
         };
         self.jobs
@@ -109,15 +124,16 @@ impl<I: Backend> BucketEngine<I> for HookEngine {
 }
 
 struct HookPending {
-    result: mpsc::Receiver<Result<GradBucket, DdpError>>,
+    result: mpsc::Receiver<(Result<GradBucket, DdpError>, WorkTiming)>,
 }
 
 impl<I: Backend> PendingBucket<I> for HookPending {
     fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
-        let bucket = self
+        let (bucket, timing) = self
             .result
             .recv()
-            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))??;
+            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))?;
+        let bucket = bucket?;
         let buffer = bucket.into_buffer();
         let mut at = 0;
         let mut tensors = Vec::with_capacity(slots.len());
@@ -130,6 +146,6 @@ impl<I: Backend> PendingBucket<I> for HookPending {
             let data = TensorData::new(values.to_vec(), slot.shape.clone());
             tensors.push(Some(I::float_from_data(data, &slot.device)));
         }
-        Ok((tensors, None))
+        Ok((tensors, Some(timing)))
     }
 }

@@ -43,17 +43,6 @@ impl HostGrad {
         })
     }
 
-    /// The values as tensor data of shape `[len]`.
-    pub(crate) fn into_data(self) -> TensorData {
-        let n = [self.len()];
-        match self {
-            HostGrad::F32(v) => TensorData::new(v, n),
-            HostGrad::F64(v) => TensorData::new(v, n),
-            HostGrad::F16(v) => TensorData::new(v, n),
-            HostGrad::BF16(v) => TensorData::new(v, n),
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
         match self {
             HostGrad::F32(v) => v.len(),

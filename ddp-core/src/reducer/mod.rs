@@ -18,13 +18,21 @@
 //! *How* a bucket is reduced is the engine's business ([`engine`]).
 
 mod engine;
+mod flat_bucket;
 mod hook_engine;
 mod host_grad;
+mod layout_check;
+#[cfg(feature = "cuda")]
+mod nccl_engine;
+#[cfg(feature = "cuda")]
+mod nccl_issuer;
 mod staged_engine;
 
 pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
 pub(crate) use hook_engine::HookEngine;
 pub(crate) use host_grad::HostGrad;
+#[cfg(feature = "cuda")]
+pub(crate) use nccl_engine::NcclEngine;
 pub(crate) use staged_engine::StagedEngine;
 
 use crate::bucket::BucketLayout;
@@ -82,6 +90,8 @@ struct State<I: Backend> {
     stray_events: usize,
     arrival: Vec<usize>,
     rebuilt: bool,
+    /// Whether the ranks compared their bucket layouts since the last re-layout.
+    layout_verified: bool,
     times: BucketTimes,
     /// The first error of this backward; later events are dropped.
     error: Option<DdpError>,
@@ -131,6 +141,7 @@ impl<I: Backend> Reducer<I> {
             stray_events: 0,
             arrival: Vec::with_capacity(n),
             rebuilt: false,
+            layout_verified: false,
             times: BucketTimes::default(),
             error: None,
             active: 1,
@@ -195,8 +206,7 @@ impl<I: Backend> Reducer<I> {
                 shadow: false,
             },
             active,
-        );
-        Ok(())
+        )
     }
 
     /// Arms the reducer on a rank that has joined: no forward, no gradients; `finish` launches
@@ -204,11 +214,16 @@ impl<I: Backend> Reducer<I> {
     pub(crate) fn begin_shadow(&self, sync: bool, active: usize) -> Result<(), DdpError> {
         let mut s = self.lock();
         take_stray(&mut s)?;
-        self.arm(&mut s, Phase::Backward { sync, shadow: true }, active);
-        Ok(())
+        self.arm(&mut s, Phase::Backward { sync, shadow: true }, active)
     }
 
-    fn arm(&self, s: &mut State<I>, phase: Phase, active: usize) {
+    fn arm(&self, s: &mut State<I>, phase: Phase, active: usize) -> Result<(), DdpError> {
+        if let (Phase::Backward { sync: true, .. }, false, Some(pg)) =
+            (phase, s.layout_verified, &self.pg)
+        {
+            layout_check::verify(pg, &self.slots, &s.layout, "before the first bucket")?;
+            s.layout_verified = true;
+        }
         s.phase = phase;
         s.active = active;
         s.events = 0;
@@ -225,6 +240,7 @@ impl<I: Backend> Reducer<I> {
             comm: vec![None; n],
             unpacked: vec![None; n],
         };
+        Ok(())
     }
 
     /// Ends a backward; the forwards before it are consumed. With `sync`, returns the averaged
@@ -371,6 +387,9 @@ impl<I: Backend> Reducer<I> {
         let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
         s.layout = layout(&self.slots, order, self.first_cap_bytes, self.cap_bytes);
         s.in_flight = s.layout.buckets.iter().map(|_| None).collect();
+        if let Some(pg) = &self.pg {
+            layout_check::verify(pg, &self.slots, &s.layout, "after re-laying them out")?;
+        }
         tracing::debug!(
             buckets = s.layout.buckets.len(),
             "rebuilt gradient buckets in arrival order"

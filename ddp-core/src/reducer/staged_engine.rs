@@ -7,11 +7,12 @@
 //! written back in one copy, and each gradient is a slice of that device buffer.
 
 use super::engine::{BucketEngine, Held, LocalEngine, PendingBucket, Reduced, Slot};
+use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad};
 use crate::error::DdpError;
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Shape, Slice, TensorData};
 use ddp_comm::{ProcessGroup, ReduceOp, Work, bf16, f16};
 
 /// Gradients kept on the device; one read and one write per bucket.
@@ -44,29 +45,7 @@ impl<I: Backend> BucketEngine<I> for StagedEngine {
         let first = slots
             .first()
             .ok_or_else(|| DdpError::Internal("bucket engine: empty bucket".into()))?;
-        let mut flat = Vec::with_capacity(slots.len());
-        for (slot, g) in slots.iter().zip(grads) {
-            let n = slot.numel();
-            flat.push(match g {
-                Some(Held::Tensor(t)) => I::float_reshape(t, Shape::new([n])),
-                // Unused here: zeros, so every rank launches the same collective.
-                None => {
-                    let zeros = HostGrad::zeros(slot.dtype, n)
-                        .ok_or_else(|| fail(slot, "unsupported dtype reached a bucket".into()))?;
-                    I::float_from_data(zeros.into_data(), &slot.device)
-                }
-                Some(Held::Host(_)) => {
-                    return Err(DdpError::Internal(
-                        "bucket engine: the staged engine holds tensors only".into(),
-                    ));
-                }
-            });
-        }
-        let bucket = if flat.len() == 1 {
-            flat.pop().expect("one tensor")
-        } else {
-            I::float_cat(flat, 0)
-        };
+        let (bucket, layout) = flatten(slots, grads)?;
         // The one device-to-host copy of this bucket.
         let data = match burn::tensor::try_read_sync(I::float_into_data(bucket)) {
             Some(Ok(d)) => d,
@@ -80,23 +59,33 @@ impl<I: Backend> BucketEngine<I> for StagedEngine {
         };
         let host = HostGrad::from_data(data).map_err(|r| fail(first, r))?;
         Ok(match host {
-            HostGrad::F32(v) => start::<I, f32>(&self.pg, v),
-            HostGrad::F64(v) => start::<I, f64>(&self.pg, v),
-            HostGrad::F16(v) => start::<I, f16>(&self.pg, v),
-            HostGrad::BF16(v) => start::<I, bf16>(&self.pg, v),
+            HostGrad::F32(v) => start::<I, f32>(&self.pg, v, layout),
+            HostGrad::F64(v) => start::<I, f64>(&self.pg, v, layout),
+            HostGrad::F16(v) => start::<I, f16>(&self.pg, v, layout),
+            HostGrad::BF16(v) => start::<I, bf16>(&self.pg, v, layout),
         })
     }
 }
 
-fn start<I: Backend, T: HostElement>(pg: &ProcessGroup, flat: Vec<T>) -> Box<dyn PendingBucket<I>> {
-    Box::new(Staged(pg.all_reduce_async(flat, ReduceOp::Avg)))
+fn start<I: Backend, T: HostElement>(
+    pg: &ProcessGroup,
+    flat: Vec<T>,
+    layout: FlatLayout,
+) -> Box<dyn PendingBucket<I>> {
+    Box::new(Staged {
+        work: pg.all_reduce_async(flat, ReduceOp::Avg),
+        layout,
+    })
 }
 
-struct Staged<T: HostElement>(Work<Vec<T>>);
+struct Staged<T: HostElement> {
+    work: Work<Vec<T>>,
+    layout: FlatLayout,
+}
 
 impl<I: Backend, T: HostElement> PendingBucket<I> for Staged<T> {
     fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
-        let (result, timing) = self.0.wait_timed();
+        let (result, timing) = self.work.wait_timed();
         let flat = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
         let device = &slots
             .first()
@@ -105,23 +94,7 @@ impl<I: Backend, T: HostElement> PendingBucket<I> for Staged<T> {
         let total = flat.len();
         // The one host-to-device copy; each gradient is a slice of it.
         let bucket = I::float_from_data(TensorData::new(flat, [total]), device);
-        let mut at = 0;
-        let mut tensors = Vec::with_capacity(slots.len());
-        for slot in slots {
-            let n = slot.numel();
-            let range = Slice::new(at as isize, Some((at + n) as isize), 1);
-            let piece = I::float_slice(bucket.clone(), &[range]);
-            tensors.push(Some(I::float_reshape(
-                piece,
-                Shape::from(slot.shape.clone()),
-            )));
-            at += n;
-        }
-        if at != total {
-            return Err(DdpError::Internal(format!(
-                "bucket engine: the reduced bucket has {total} elements, its gradients {at}"
-            )));
-        }
+        let tensors = unflatten(bucket, &self.layout, slots)?;
         Ok((tensors, timing))
     }
 }

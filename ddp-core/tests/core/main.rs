@@ -18,6 +18,8 @@ mod ddp_features;
 mod ddp_join_hooks;
 mod ddp_semantics;
 mod exact_evaluation;
+#[cfg(feature = "cuda")]
+mod gpu_cuda;
 mod launch_env;
 mod launch_errors;
 mod launch_failures;

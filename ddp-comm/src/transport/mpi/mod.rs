@@ -13,6 +13,9 @@
 //!   whole job through `mpirun`/`srun`, as usual with MPI.
 //! - `f16`/`bf16` reduce with ddp-comm's own arithmetic (MPI has no half types), so results
 //!   match the other transports; `Avg` is a sum divided locally.
+//! - Collectives carry no fingerprint here: ranks that call different collectives, or pass
+//!   different lengths, make an erroneous MPI program (MPI's error, or a hang), not ddp-comm's
+//!   named mismatch.
 
 mod call;
 mod runtime;
@@ -387,6 +390,18 @@ impl Transport for MpiTransport {
             )
         };
         check("MPI_Scatter", rc)
+    }
+
+    /// `MPI_Alltoall`, one block of the element type per rank.
+    fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let n = count("all_to_all", input.len() / self.n / fp.dtype.size_bytes())?;
+        let dt = datatype(fp.dtype);
+        // SAFETY: `input` and `output` each hold `world` blocks of `n` elements (checked by the
+        // caller) and do not overlap.
+        let rc = unsafe {
+            ffi::MPI_Alltoall(send_ptr(input), n, dt, recv_ptr(output), n, dt, self.comm.0)
+        };
+        check("MPI_Alltoall", rc)
     }
 
     fn barrier(&mut self, _fp: &Fingerprint) -> Result<()> {

@@ -202,14 +202,7 @@ impl ShmGroup {
         for s in 0..steps(m / e, per) {
             let els = piece(s, per, m / e);
             let r = els.start * e..els.end * e;
-            let k = self.begin(fp, deadline)?;
-            let mine = self.buf(me, k);
-            for q in (0..n).filter(|&q| q != me) {
-                self.seg
-                    .write(mine + q * sub, &input[q * m + r.start..q * m + r.end]);
-            }
-            self.post(k, fp);
-            self.wait_posted(k, fp, deadline)?;
+            let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
             let out = &mut output[r.clone()];
             out.copy_from_slice(&input[me * m + r.start..me * m + r.end]);
             for q in (0..n).filter(|&q| q != me) {
@@ -259,6 +252,65 @@ impl ShmGroup {
             self.finish(k);
         }
         Ok(())
+    }
+
+    /// Exchanges blocks between every pair of slots: `input` and `output` hold `n` blocks of
+    /// `output.len() / n` bytes, and slot `q`'s block `me` lands in this rank's block `q`. Each
+    /// step every rank posts its part of every block but its own, each in the part of its
+    /// staging buffer set aside for the slot it goes to (as scatter does), and copies the part
+    /// set aside for it straight out of every peer's staging buffer; its own block is a local
+    /// copy.
+    pub(crate) fn all_to_all(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
+        let m = output.len() / n;
+        let per = self.per_part(e, n);
+        let sub = per * e;
+        output[me * m..(me + 1) * m].copy_from_slice(&input[me * m..(me + 1) * m]);
+        for s in 0..steps(m / e, per) {
+            let els = piece(s, per, m / e);
+            let r = els.start * e..els.end * e;
+            let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
+            for q in (0..n).filter(|&q| q != me) {
+                self.seg.read(
+                    self.buf(q, k) + me * sub,
+                    &mut output[q * m + r.start..q * m + r.end],
+                );
+            }
+            self.finish(k);
+        }
+        Ok(())
+    }
+
+    /// One step of reduce-scatter and all-to-all: writes bytes `r` of every peer's block of
+    /// `input` (`n` blocks of `m` bytes) into this rank's next staging buffer, block `q` in the
+    /// part set aside for slot `q` (`sub` bytes each), and waits until every rank has posted
+    /// its own. Returns the staging buffer's index, for reading the parts set aside for this
+    /// rank and then [`finish`](Self::finish).
+    fn post_blocks(
+        &mut self,
+        fp: &Fingerprint,
+        input: &[u8],
+        m: usize,
+        r: &Range<usize>,
+        sub: usize,
+        deadline: Instant,
+    ) -> Result<u64> {
+        let (n, me) = (self.n(), self.me);
+        let k = self.begin(fp, deadline)?;
+        let mine = self.buf(me, k);
+        for q in (0..n).filter(|&q| q != me) {
+            self.seg
+                .write(mine + q * sub, &input[q * m + r.start..q * m + r.end]);
+        }
+        self.post(k, fp);
+        self.wait_posted(k, fp, deadline)?;
+        Ok(k)
     }
 
     /// Returns once every rank of the host has arrived (with the same fingerprint).

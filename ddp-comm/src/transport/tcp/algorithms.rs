@@ -7,12 +7,14 @@
 //! - broadcast: a pipelined chain from the root; each link forwards bytes as they arrive.
 //! - reduce: ring reduce-scatter, then every rank sends its reduced segment to the root.
 //! - gather / scatter: direct transfers to / from the root.
+//! - all-to-all: the pairwise exchange (`schedule::pairwise_step`), `n - 1` steps each sending
+//!   one block to one peer while receiving one from another, over connections to every peer.
 //! - barrier: a one-byte all-reduce.
 
 use super::duplex::{Conn, Ctx, Exchange, Relay, Sink, run_step};
 use super::mesh::{Mesh, MeshSpec};
 use crate::collective::Fingerprint;
-use crate::collective::schedule::{all_gather_step, reduce_scatter_step, segments};
+use crate::collective::schedule::{all_gather_step, pairwise_step, reduce_scatter_step, segments};
 use crate::deadline::deadline_after;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, divide_bytes};
@@ -358,6 +360,29 @@ impl Transport for TcpTransport {
                 &mut Exchange::new(&[], Sink::copy(output)),
             ),
         }
+    }
+
+    fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let (n, me) = (self.n(), self.group_rank);
+        let blocks = self.blocks(input.len() / n);
+        output[blocks[me].clone()].copy_from_slice(&input[blocks[me].clone()]);
+        if n == 1 {
+            return Ok(());
+        }
+        let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+        self.mesh.ensure(&others, "all_to_all")?;
+        let ctx = self.ctx(fp);
+        for step in 1..n {
+            let (to, from) = pairwise_step(me, n, step);
+            let rx = Sink::copy(&mut output[blocks[from].clone()]);
+            run_step(
+                &ctx,
+                Some(self.conn(to)),
+                Some(self.conn(from)),
+                &mut Exchange::new(&input[blocks[to].clone()], rx),
+            )?;
+        }
+        Ok(())
     }
 
     fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {

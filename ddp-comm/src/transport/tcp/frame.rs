@@ -139,13 +139,13 @@ mod tests {
         use crate::proptest_support::config;
         use proptest::prelude::*;
 
-        /// Any valid fingerprint: every kind (1..=9), type (1..=7) and op (none, 1..=5).
+        /// Any valid fingerprint: every kind (1..=10), type (1..=7) and op (none, 1..=5).
         fn fingerprint() -> impl Strategy<Value = Fingerprint> {
             (
                 any::<u64>(),
                 any::<u64>(),
                 any::<u32>(),
-                1u8..=9,
+                1u8..=10,
                 1u8..=7,
                 0u8..=5,
             )

@@ -3,15 +3,17 @@
 //! A test calls [`run_test`] with its own name: outside `mpirun` it starts `mpirun -np N` on
 //! this test binary filtered to that test, once per world size, and fails with the ranks'
 //! output if any fails; inside, each process is one rank and runs the body. Rank 0 hosts the
-//! store on a port the outer process picked.
+//! store on a port the kernel gives it and writes that port to a file the outer process named;
+//! the other ranks read it there. (A port picked by the outer process and released could be
+//! taken by `mpirun`'s own daemons before rank 0 binds it: CI once failed that way.)
 
 use ddp_comm::{CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The store's port, passed to the ranks by the outer test.
-const STORE_PORT_ENV: &str = "DDP_TEST_MPI_STORE_PORT";
+/// The file where rank 0 writes the store's port, named to the ranks by the outer test.
+const STORE_PORT_FILE_ENV: &str = "DDP_TEST_MPI_STORE_PORT_FILE";
 
 /// This process's place in the MPI job, if `mpirun` started it.
 fn mpi_place() -> Option<(usize, usize)> {
@@ -26,10 +28,8 @@ pub fn run_test(test: &str, worlds: impl IntoIterator<Item = usize>, body: impl 
         return;
     }
     for n in worlds {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let dir = tempfile::tempdir().expect("a temporary directory for the store's port");
+        let port_file = dir.path().join("store-port");
         let out = Command::new(mpirun())
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -40,7 +40,10 @@ pub fn run_test(test: &str, worlds: impl IntoIterator<Item = usize>, body: impl 
                 "-np",
                 &n.to_string(),
             ])
-            .args(["-x", &format!("{STORE_PORT_ENV}={port}")])
+            .args([
+                "-x",
+                &format!("{STORE_PORT_FILE_ENV}={}", port_file.display()),
+            ])
             .arg(std::env::current_exe().expect("this test binary"))
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .output()
@@ -88,15 +91,48 @@ pub fn run_this_rank<T>(
         size, n,
         "the test asked for {n} ranks, mpirun started {size}"
     );
-    let port: u16 = std::env::var(STORE_PORT_ENV)
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{STORE_PORT_ENV} is not set: start ranks with run_test"));
+    let port_file: PathBuf = std::env::var_os(STORE_PORT_FILE_ENV)
+        .unwrap_or_else(|| panic!("{STORE_PORT_FILE_ENV} is not set: start ranks with run_test"))
+        .into();
+    let server = (rank == 0).then(|| {
+        let server =
+            StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("binding the store");
+        publish_port(&port_file, server.local_addr().port());
+        server
+    });
+    let port = match &server {
+        Some(server) => server.local_addr().port(),
+        None => read_port(&port_file, timeout),
+    };
     let addr = format!("127.0.0.1:{port}");
-    let _server = (rank == 0)
-        .then(|| StoreServer::bind(&addr, StoreConfig::new()).expect("binding the store"));
     let result = Store::connect(&addr, StoreConfig::new().with_timeout(timeout))
         .and_then(|store| ProcessGroup::with_store(store, config(rank)))
         .and_then(body);
     vec![result]
+}
+
+/// Writes `port` to `file` whole: to a sibling first, then renamed, so a reader never sees a
+/// partial number.
+fn publish_port(file: &Path, port: u16) {
+    let partial = file.with_extension("partial");
+    std::fs::write(&partial, port.to_string()).expect("writing the store's port");
+    std::fs::rename(&partial, file).expect("publishing the store's port");
+}
+
+/// Waits up to `timeout` for rank 0 to publish the store's port in `file`.
+fn read_port(file: &Path, timeout: Duration) -> u16 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            return text
+                .parse()
+                .unwrap_or_else(|e| panic!("{} holds {text:?}, not a port: {e}", file.display()));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank 0 did not publish the store's port in {} within {timeout:?}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -17,7 +17,7 @@ use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, WorkerContext,
 };
-use ddp_examples::backend::{BackendKind, TrainOn, run};
+use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsMlp;
@@ -57,6 +57,9 @@ struct Args {
     /// Which burn backend to train on.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
+    /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
+    #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
+    collectives: CollectivesArg,
 }
 
 /// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
@@ -138,7 +141,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     let mut ddp = DistributedDataParallel::new(
         model,
         pg.clone(),
-        DdpConfig::new().with_host_staging(args.backend.host_staging()),
+        DdpConfig::new().with_collectives(args.collectives.into()),
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 

@@ -19,7 +19,7 @@ use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, SyncBatchNormBackend, SyncBatchNormGroup, TapBackend, WorkerContext,
 };
-use ddp_examples::backend::{BackendKind, check_available};
+use ddp_examples::backend::{BackendKind, CollectivesArg, check_available};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsCnn;
@@ -55,6 +55,9 @@ struct Args {
     /// Which burn backend to train on.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
+    /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
+    #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
+    collectives: CollectivesArg,
 }
 
 fn main() -> ExitCode {
@@ -130,7 +133,7 @@ where
     let mut ddp = DistributedDataParallel::new(
         model,
         pg.clone(),
-        DdpConfig::new().with_host_staging(args.backend.host_staging()),
+        DdpConfig::new().with_collectives(args.collectives.into()),
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 

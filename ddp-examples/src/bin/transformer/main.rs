@@ -18,7 +18,7 @@ use ddp_core::{
     DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
     EpochProgress, LaunchArgs, ProcessGroup, WorkerContext, ZeroRedundancyOptimizer,
 };
-use ddp_examples::backend::{BackendKind, TrainOn, run};
+use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
@@ -92,6 +92,9 @@ struct Args {
     /// Which burn backend to train on.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
+    /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
+    #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
+    collectives: CollectivesArg,
 }
 
 /// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
@@ -198,7 +201,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let config = DdpConfig::new()
         .with_timeline_path(args.timeline.clone())
         .with_automatic_overlap(args.automatic_overlap)
-        .with_host_staging(args.backend.host_staging());
+        .with_collectives(args.collectives.into());
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
     if let Some(r) = args.powersgd {
         ddp.register_comm_hook(PowerSgdConfig::new().with_rank(r).init()?)?;

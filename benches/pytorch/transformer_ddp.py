@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""PyTorch DDP (NCCL, world 1) on the same transformer shape as the `transformer_step` bench.
+
+GPU check 5 of issue 14: run on the GPU machine next to
+`transformer_step --backend cuda --collectives nccl` and compare the step times.
+
+    python3 benches/pytorch/transformer_ddp.py [--steps 20] [--device cuda:0]
+
+The model mirrors the `transformer` example's TinyGpt: token and position embeddings
+(vocabulary 12, 14 positions, width 256), 4 pre-norm encoder layers (4 heads, feed-forward
+1024 with GELU as burn's default, no dropout) with a causal mask, a final LayerNorm and a
+linear head; batches of 32 sequences of 13 tokens; cross-entropy on the 6 positions that hold
+the reversed digits (7..13 of the input, `scored_positions` in ddp-examples); Adam with lr
+0.002. As in the Rust bench, each step's batch is on the device before its timer starts,
+plain steps and DDP steps are interleaved in rounds, each step ends with
+torch.cuda.synchronize(), and times are medians.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+SEQ_LEN = 6
+BATCH = 32
+VOCAB = 12
+BOS, SEP = 10, 11
+D_MODEL, HEADS, LAYERS = 256, 4, 4
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per configuration")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--port", type=int, default=29533, help="rendezvous port on 127.0.0.1")
+    args = parser.parse_args()
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+    except ImportError as e:
+        print(f"transformer_ddp.py: PyTorch is not installed ({e}); run it where torch is", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("transformer_ddp.py: torch sees no CUDA device; this check needs a GPU", file=sys.stderr)
+        return 2
+
+    class TinyGpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = nn.Embedding(VOCAB, D_MODEL)
+            self.position = nn.Embedding(2 * SEQ_LEN + 2, D_MODEL)
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(
+                    D_MODEL,
+                    HEADS,
+                    4 * D_MODEL,
+                    dropout=0.0,
+                    activation="gelu",
+                    norm_first=True,
+                    batch_first=True,
+                )
+                for _ in range(LAYERS)
+            )
+            self.norm = nn.LayerNorm(D_MODEL)
+            self.head = nn.Linear(D_MODEL, VOCAB)
+
+        def forward(self, tokens):
+            seq = tokens.shape[1]
+            positions = torch.arange(seq, device=tokens.device).unsqueeze(0)
+            x = self.token(tokens) + self.position(positions)
+            mask = nn.Transformer.generate_square_subsequent_mask(seq, device=tokens.device)
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, is_causal=True)
+            return self.head(self.norm(x))
+
+    device = torch.device(args.device)
+    torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    generator = torch.Generator().manual_seed(7)
+
+    def batch():
+        digits = torch.randint(0, 10, (BATCH, SEQ_LEN), generator=generator)
+        bos = torch.full((BATCH, 1), BOS)
+        sep = torch.full((BATCH, 1), SEP)
+        seqs = torch.cat([bos, digits, sep, digits.flip(1)], dim=1).to(device)
+        return seqs[:, :-1], seqs[:, 1:]
+
+    scored = slice(SEQ_LEN + 1, 2 * SEQ_LEN + 1)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(model, opt, inputs, targets):
+        logits = model(inputs)[:, scored]
+        loss = loss_fn(logits.reshape(-1, VOCAB), targets[:, scored].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    torch.manual_seed(42)
+    plain = TinyGpt().to(device)
+    ddp = nn.parallel.DistributedDataParallel(TinyGpt().to(device), device_ids=[device.index])
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=0.002)
+    ddp_opt = torch.optim.Adam(ddp.parameters(), lr=0.002)
+    params = sum(p.numel() for p in plain.parameters())
+    times = {"plain": [], "ddp": []}
+    rounds = 4
+    per_round = -(-args.steps // rounds)
+    for r in range(rounds + 1):
+        for name, model, opt in (("plain", plain, plain_opt), ("ddp", ddp, ddp_opt)):
+            for _ in range(per_round):
+                inputs, targets = batch()
+                torch.cuda.synchronize(device)
+                t = time.perf_counter()
+                step(model, opt, inputs, targets)
+                torch.cuda.synchronize(device)
+                if r > 0:
+                    times[name].append(time.perf_counter() - t)
+    p, d = statistics.median(times["plain"]), statistics.median(times["ddp"])
+    print(f"# PyTorch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
+          f"{torch.cuda.get_device_name(device)}")
+    print(f"# transformer step, world 1: {params / 1e6:.1f}M parameters, batch {BATCH} x "
+          f"{2 * SEQ_LEN + 1} tokens, Adam, {rounds * per_round} steps per row (median)")
+    print(f"  {'plain PyTorch':<28} {p * 1e3:>10.2f} ms/step")
+    print(f"  {'DDP (NCCL, world 1)':<28} {d * 1e3:>10.2f} ms/step")
+    print(f"  ratio DDP / plain: {d / p:.3f}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+//! [`WatchdogConfig`]: which group and rank a watchdog supervises, and how often it looks.
+
+use crate::deadline::check_timeout;
+use crate::error::{CommError, Result};
+use std::time::Duration;
+
+/// Settings of a [`Watchdog`](super::Watchdog), in burn's config style:
+/// `WatchdogConfig::new("world", rank, world_size, Duration::from_secs(600))`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchdogConfig {
+    /// The supervised group's name, part of the store keys (`watchdog/<group>/<rank>`).
+    pub group: String,
+    /// This process's rank in the group.
+    pub rank: usize,
+    /// Number of ranks in the group.
+    pub world_size: usize,
+    /// How long an item may stay incomplete after it was issued before the group is failed.
+    pub timeout: Duration,
+    /// How often in-flight items and the async-error probe are polled. Defaults to 2 ms.
+    pub poll_interval: Duration,
+    /// Least time between two progress publications in the store (failures are published at
+    /// once). Defaults to 100 ms.
+    pub publish_interval: Duration,
+    /// How long, after a failure, the watchdog waits for the peers' progress from the store
+    /// before it reports without it. Defaults to 900 ms.
+    pub report_budget: Duration,
+    /// How often the store is checked for a peer's failure of the group
+    /// (`watchdog/<group>/failed`): a rank whose watchdog failed publishes it, and the others
+    /// abort too instead of waiting for their own timeout. Defaults to 1 s.
+    pub peer_check_interval: Duration,
+}
+
+impl WatchdogConfig {
+    /// A watchdog for `rank` of the `world_size` ranks of `group`, failing items after
+    /// `timeout`.
+    pub fn new(
+        group: impl Into<String>,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Self {
+        WatchdogConfig {
+            group: group.into(),
+            rank,
+            world_size,
+            timeout,
+            poll_interval: Duration::from_millis(2),
+            publish_interval: Duration::from_millis(100),
+            report_budget: Duration::from_millis(900),
+            peer_check_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Sets the poll interval.
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Sets the least time between progress publications.
+    pub fn with_publish_interval(mut self, interval: Duration) -> Self {
+        self.publish_interval = interval;
+        self
+    }
+
+    /// Sets how long a failure report waits for the peers' progress.
+    pub fn with_report_budget(mut self, budget: Duration) -> Self {
+        self.report_budget = budget;
+        self
+    }
+
+    /// Sets how often the store is checked for a peer's failure.
+    pub fn with_peer_check_interval(mut self, interval: Duration) -> Self {
+        self.peer_check_interval = interval;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.group.is_empty() {
+            return Err(CommError::config(
+                "watchdog group",
+                "the group name is empty; give the group a name",
+            ));
+        }
+        if self.rank >= self.world_size {
+            return Err(CommError::config(
+                "watchdog rank",
+                format!(
+                    "rank {} is out of range for world size {}",
+                    self.rank, self.world_size
+                ),
+            ));
+        }
+        check_timeout("watchdog timeout", self.timeout)?;
+        for (what, d) in [
+            ("watchdog poll interval", self.poll_interval),
+            ("watchdog publish interval", self.publish_interval),
+            ("watchdog report budget", self.report_budget),
+            ("watchdog peer check interval", self.peer_check_interval),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(60) {
+                return Err(CommError::config(
+                    what,
+                    format!("{d:?} is not between 1 ns and 60 s"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn should_reject_a_rank_outside_the_world_and_a_zero_interval() {
+        let ok = WatchdogConfig::new("g", 1, 2, Duration::from_secs(1));
+        assert!(ok.validate().is_ok());
+        let e = WatchdogConfig::new("g", 2, 2, Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("rank 2 is out of range"), "{e}");
+        assert!(
+            ok.clone()
+                .with_poll_interval(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            WatchdogConfig::new("", 0, 1, Duration::from_secs(1))
+                .validate()
+                .is_err()
+        );
+    }
+}

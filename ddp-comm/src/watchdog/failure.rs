@@ -1,0 +1,293 @@
+//! [`WatchdogFailure`]: what a watchdog found when it failed a group, and who is to blame.
+
+use super::probe::CollectiveLabel;
+use super::progress::{ranks_behind, ranks_finished};
+use std::fmt;
+use std::time::Duration;
+
+/// The collective a watchdog failed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckWork {
+    /// Its sequence number in the group (the first collective is 1).
+    pub seq: u64,
+    /// What it is.
+    pub label: CollectiveLabel,
+    /// Bytes it carries on this rank.
+    pub bytes: usize,
+    /// How long it had been in flight when the watchdog gave up.
+    pub waited: Duration,
+}
+
+/// Why the watchdog failed the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureCause {
+    /// An item was still incomplete after the timeout.
+    Timeout(Duration),
+    /// An error on this rank: an item's probe reported one (a CUDA error querying its event),
+    /// or the caller did ([`Watchdog::fail`](super::Watchdog::fail), e.g. a failed enqueue).
+    /// No peer is blamed for it.
+    Failed(String),
+    /// The communicator's async-error probe reported an error.
+    AsyncError(String),
+    /// Another rank's watchdog failed the group first; what it published
+    /// (`watchdog/<group>/failed`: its own error, naming it and the cause).
+    PeerFailed(String),
+}
+
+/// One rank's progress as it published it in the store (`None`: it never published).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankProgress {
+    /// The rank.
+    pub rank: usize,
+    /// Its last issued sequence number.
+    pub issued: Option<u64>,
+    /// Its last completed sequence number.
+    pub completed: Option<u64>,
+}
+
+/// What the store said about every rank's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerProgress {
+    /// Every rank's entry, in rank order.
+    Known(Vec<RankProgress>),
+    /// The store could not be read in time; why.
+    Unknown(String),
+}
+
+/// The error a [`Watchdog`](super::Watchdog) gives every waiter and every later call once it
+/// has failed its group; reaches callers as [`CommError::Watchdog`](crate::CommError::Watchdog).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchdogFailure {
+    /// The group's name.
+    pub group: String,
+    /// The rank that reports.
+    pub rank: usize,
+    /// Why it failed.
+    pub cause: FailureCause,
+    /// The collective the failure is about: the one that timed out or whose probe failed, the
+    /// oldest in flight when the communicator or a peer failed; none for an error outside any
+    /// collective ([`Watchdog::fail`](super::Watchdog::fail)).
+    pub stuck: Option<StuckWork>,
+    /// Every rank's progress, as far as the store told.
+    pub peers: PeerProgress,
+}
+
+impl WatchdogFailure {
+    /// The ranks that never issued the stuck collective (empty when none is known to be
+    /// behind, when the peers' progress is unknown, and for a failure on this rank).
+    pub fn ranks_behind(&self) -> Vec<usize> {
+        match (&self.cause, &self.stuck, &self.peers) {
+            (FailureCause::Failed(_) | FailureCause::PeerFailed(_), _, _) => Vec::new(),
+            (_, Some(stuck), PeerProgress::Known(peers)) => ranks_behind(peers, stuck.seq),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl WatchdogFailure {
+    /// What failed and why, without the peers' progress: what the first failing rank publishes
+    /// for the others (`watchdog/<group>/failed`) before it aborts and reads the store.
+    pub fn headline(&self) -> String {
+        struct Headline<'a>(&'a WatchdogFailure);
+        impl fmt::Display for Headline<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.write_headline(f)
+            }
+        }
+        Headline(self).to_string()
+    }
+
+    fn write_headline(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "group '{}' rank {}: ", self.group, self.rank)?;
+        match &self.stuck {
+            Some(s) => {
+                write!(f, "{} #{}", s.label.op, s.seq)?;
+                if let Some(b) = s.label.bucket {
+                    write!(f, " (bucket {b}, {} bytes)", s.bytes)?;
+                } else {
+                    write!(f, " ({} bytes)", s.bytes)?;
+                }
+                match &self.cause {
+                    FailureCause::Timeout(t) => write!(
+                        f,
+                        " did not finish within the timeout of {t:?} (in flight for {:.1?})",
+                        s.waited
+                    )?,
+                    FailureCause::Failed(why) => {
+                        write!(f, " failed after {:.1?}: {why}", s.waited)?
+                    }
+                    FailureCause::AsyncError(why) => write!(
+                        f,
+                        " was in flight for {:.1?} when the communicator failed: {why}",
+                        s.waited
+                    )?,
+                    FailureCause::PeerFailed(why) => write!(
+                        f,
+                        " was in flight for {:.1?} when another rank failed the group [{why}]",
+                        s.waited
+                    )?,
+                }
+            }
+            None => match &self.cause {
+                FailureCause::AsyncError(why) => {
+                    write!(f, "the communicator failed with nothing in flight: {why}")?
+                }
+                FailureCause::Failed(why) => write!(f, "failed: {why}")?,
+                FailureCause::PeerFailed(why) => {
+                    write!(f, "another rank failed the group [{why}]")?
+                }
+                FailureCause::Timeout(t) => write!(f, "timed out after {t:?}")?,
+            },
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for WatchdogFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_headline(f)?;
+        write!(f, "; the communicator was aborted. ")?;
+        if let FailureCause::PeerFailed(_) = &self.cause {
+            return write!(
+                f,
+                "The cause is that rank's (in brackets; its own error says more)."
+            );
+        }
+        if let FailureCause::Failed(_) = &self.cause {
+            // Peers that have not reached this rank's collectives are waiting for it, not
+            // behind it: naming them would send the reader to the wrong logs.
+            return write!(
+                f,
+                "The error arose on this rank; the other ranks are told through the store and abort too."
+            );
+        }
+        let Some(stuck) = &self.stuck else {
+            return write!(f, "Check the other ranks' logs.");
+        };
+        match &self.peers {
+            PeerProgress::Unknown(why) => write!(
+                f,
+                "The other ranks' progress is unknown ({why}); check their logs."
+            ),
+            PeerProgress::Known(peers) => {
+                let behind = ranks_behind(peers, stuck.seq);
+                if !behind.is_empty() {
+                    write!(f, "Behind: ")?;
+                    for (i, r) in behind.iter().enumerate() {
+                        let p = peers.iter().find(|p| p.rank == *r);
+                        let sep = if i == 0 { "" } else { ", " };
+                        match p.and_then(|p| p.issued) {
+                            Some(issued) => write!(f, "{sep}rank {r} (issued up to #{issued})")?,
+                            None => write!(f, "{sep}rank {r} (never issued a collective)")?,
+                        }
+                    }
+                    write!(
+                        f,
+                        " never issued #{}: they are stuck before it (compute, data loading, a different code path) or dead; check their logs",
+                        stuck.seq
+                    )
+                } else {
+                    let finished = ranks_finished(peers, stuck.seq);
+                    if finished.is_empty() {
+                        write!(
+                            f,
+                            "Every rank issued #{} and none finished it: a network or NCCL failure (set NCCL_DEBUG=WARN)",
+                            stuck.seq
+                        )
+                    } else {
+                        write!(
+                            f,
+                            "Every rank issued #{}; rank(s) {finished:?} finished it and the others did not: a network or NCCL failure (set NCCL_DEBUG=WARN)",
+                            stuck.seq
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for WatchdogFailure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(peers: PeerProgress) -> WatchdogFailure {
+        WatchdogFailure {
+            group: "world".into(),
+            rank: 0,
+            cause: FailureCause::Timeout(Duration::from_secs(600)),
+            stuck: Some(StuckWork {
+                seq: 7,
+                label: CollectiveLabel::new("all_reduce").with_bucket(2),
+                bytes: 1024,
+                waited: Duration::from_secs(600),
+            }),
+            peers,
+        }
+    }
+
+    fn rank(rank: usize, issued: Option<u64>) -> RankProgress {
+        RankProgress {
+            rank,
+            issued,
+            completed: issued.map(|i| i.saturating_sub(1)),
+        }
+    }
+
+    #[test]
+    fn should_say_which_ranks_never_published_or_are_behind() {
+        let f = failure(PeerProgress::Known(vec![
+            rank(0, Some(7)),
+            rank(1, Some(5)),
+            rank(2, None),
+        ]));
+        assert_eq!(f.ranks_behind(), vec![1, 2]);
+        let msg = f.to_string();
+        assert!(
+            msg.starts_with("group 'world' rank 0: all_reduce #7 (bucket 2, 1024 bytes) did not finish within the timeout of 600s"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("Behind: rank 1 (issued up to #5), rank 2 (never issued a collective) never issued #7"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn should_blame_no_peer_for_a_failure_on_this_rank() {
+        let mut f = failure(PeerProgress::Known(vec![
+            rank(0, Some(7)),
+            rank(1, Some(5)),
+        ]));
+        f.cause = FailureCause::Failed("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        assert!(f.ranks_behind().is_empty());
+        let msg = f.to_string();
+        assert!(
+            msg.contains("failed after 600.0s: CUDA_ERROR_ILLEGAL_ADDRESS"),
+            "{msg}"
+        );
+        assert!(msg.contains("The error arose on this rank"), "{msg}");
+        assert!(!msg.contains("Behind"), "{msg}");
+        f.stuck = None;
+        assert!(
+            f.to_string()
+                .starts_with("group 'world' rank 0: failed: CUDA_ERROR_ILLEGAL_ADDRESS;"),
+            "{f}"
+        );
+    }
+
+    #[test]
+    fn should_say_when_the_peers_progress_is_unknown() {
+        let f = failure(PeerProgress::Unknown(
+            "the store did not answer within 900ms".into(),
+        ));
+        assert!(f.ranks_behind().is_empty());
+        assert!(
+            f.to_string()
+                .contains("progress is unknown (the store did not answer within 900ms)"),
+            "{f}"
+        );
+    }
+}

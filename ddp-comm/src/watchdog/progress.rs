@@ -1,0 +1,112 @@
+//! How a rank's progress travels through the store, and what the peers' progress says about a
+//! stuck collective.
+
+use super::failure::{PeerProgress, RankProgress};
+
+/// The store key of `rank`'s progress in `group`.
+pub(crate) fn key(group: &str, rank: usize) -> String {
+    format!("watchdog/{group}/{rank}")
+}
+
+/// The store key where the first rank whose watchdog failed `group` says why.
+pub(crate) fn failed_key(group: &str) -> String {
+    format!("watchdog/{group}/failed")
+}
+
+/// Last issued and last completed sequence numbers (0: none yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Progress {
+    pub(crate) issued: u64,
+    pub(crate) completed: u64,
+}
+
+impl Progress {
+    /// The value stored under [`key`]: `"<issued> <completed>"`, readable with any store tool.
+    pub(crate) fn encode(self) -> Vec<u8> {
+        format!("{} {}", self.issued, self.completed).into_bytes()
+    }
+
+    /// Parses [`Progress::encode`]'s output; `None` for anything else.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Progress> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let (issued, completed) = text.split_once(' ')?;
+        Some(Progress {
+            issued: issued.parse().ok()?,
+            completed: completed.parse().ok()?,
+        })
+    }
+}
+
+/// The ranks that never issued collective `seq`: their published `issued` is below it, or
+/// they never published (counted as having issued nothing).
+pub(crate) fn ranks_behind(peers: &[RankProgress], seq: u64) -> Vec<usize> {
+    peers
+        .iter()
+        .filter(|p| p.issued.unwrap_or(0) < seq)
+        .map(|p| p.rank)
+        .collect()
+}
+
+/// The ranks whose published progress says they finished collective `seq`.
+pub(crate) fn ranks_finished(peers: &[RankProgress], seq: u64) -> Vec<usize> {
+    peers
+        .iter()
+        .filter(|p| p.completed.unwrap_or(0) >= seq)
+        .map(|p| p.rank)
+        .collect()
+}
+
+/// Replaces this rank's published entry by what it knows locally (fresher than the store).
+pub(crate) fn with_own(peers: PeerProgress, rank: usize, own: Progress) -> PeerProgress {
+    match peers {
+        PeerProgress::Known(mut list) => {
+            for p in &mut list {
+                if p.rank == rank {
+                    p.issued = Some(own.issued);
+                    p.completed = Some(own.completed);
+                }
+            }
+            PeerProgress::Known(list)
+        }
+        unknown => unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: usize, issued: Option<u64>, completed: Option<u64>) -> RankProgress {
+        RankProgress {
+            rank,
+            issued,
+            completed,
+        }
+    }
+
+    #[test]
+    fn should_round_trip_progress_and_reject_other_values() {
+        let p = Progress {
+            issued: 12,
+            completed: 9,
+        };
+        assert_eq!(Progress::decode(&p.encode()), Some(p));
+        assert_eq!(p.encode(), b"12 9");
+        assert_eq!(Progress::decode(b"12"), None);
+        assert_eq!(Progress::decode(b"a b"), None);
+        assert_eq!(Progress::decode(&[0xff, b' ', b'1']), None);
+    }
+
+    #[test]
+    fn should_count_a_rank_that_never_published_as_behind() {
+        let peers = [
+            rank(0, Some(7), Some(6)),
+            rank(1, Some(5), Some(5)),
+            rank(2, None, None),
+            rank(3, Some(8), Some(7)),
+        ];
+        assert_eq!(ranks_behind(&peers, 7), vec![1, 2]);
+        assert_eq!(ranks_finished(&peers, 7), vec![3]);
+        assert_eq!(key("world", 3), "watchdog/world/3");
+    }
+}

@@ -1,0 +1,212 @@
+//! The thread that publishes a rank's progress in the store and, after a failure, reads every
+//! rank's. Store calls happen here so that a slow store never delays the watchdog's polling,
+//! and a report that takes too long is abandoned rather than waited for.
+
+use super::failure::{PeerProgress, RankProgress};
+use super::progress::{Progress, failed_key, key};
+use crate::store::Store;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Ranks' keys read per `multi_get` in a report: one round trip per 1,024 ranks, each request
+/// and reply far below the store's frame limit (progress values are a few bytes).
+const READ_CHUNK: usize = 1024;
+/// How long the thread sleeps when it has nothing left to publish.
+const IDLE: Duration = Duration::from_secs(3600);
+
+enum Message {
+    Progress(Progress),
+    Report {
+        own: Progress,
+        reply: SyncSender<PeerProgress>,
+    },
+    /// This rank failed the group: why, for `watchdog/<group>/failed` (unless a peer was first).
+    Failed(String),
+}
+
+/// Where the store thread leaves a peer's failure for the polling thread: what the first
+/// failing rank published.
+pub(crate) type PeerFailure = Arc<Mutex<Option<String>>>;
+
+/// Handle to the publishing thread. Dropping it lets the thread publish the last progress and
+/// exit on its own (it is not joined: a dead store could hold it up to the store's timeout).
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    tx: Sender<Message>,
+}
+
+/// What the thread needs to know.
+pub(crate) struct ReporterSpec {
+    pub(crate) store: Store,
+    pub(crate) group: String,
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
+    pub(crate) interval: Duration,
+    /// How often `watchdog/<group>/failed` is checked.
+    pub(crate) peer_check: Duration,
+    pub(crate) peer_failure: PeerFailure,
+}
+
+impl Reporter {
+    /// Starts the thread; it owns `spec.store` (a connection of its own).
+    pub(crate) fn start(spec: ReporterSpec) -> std::io::Result<Reporter> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("ddp-watchdog-store-{}", spec.rank))
+            .spawn(move || run(spec, rx))?;
+        Ok(Reporter { tx })
+    }
+
+    /// Queues `p` for publication (throttled).
+    pub(crate) fn progress(&self, p: Progress) {
+        let _ = self.tx.send(Message::Progress(p));
+    }
+
+    /// Publishes why this rank failed the group, for the peers (not waited for).
+    pub(crate) fn failed(&self, why: String) {
+        let _ = self.tx.send(Message::Failed(why));
+    }
+
+    /// Publishes `own` at once and returns every rank's progress, or why it is unknown when the
+    /// store does not answer within `budget`.
+    pub(crate) fn report(&self, own: Progress, budget: Duration) -> PeerProgress {
+        let (reply, answer) = mpsc::sync_channel(1);
+        if self.tx.send(Message::Report { own, reply }).is_err() {
+            return PeerProgress::Unknown("the store thread has exited".into());
+        }
+        match answer.recv_timeout(budget) {
+            Ok(peers) => peers,
+            Err(RecvTimeoutError::Timeout) => {
+                PeerProgress::Unknown(format!("the store did not answer within {budget:?}"))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                PeerProgress::Unknown("the store thread has exited".into())
+            }
+        }
+    }
+}
+
+fn run(spec: ReporterSpec, rx: Receiver<Message>) {
+    let own_key = key(&spec.group, spec.rank);
+    let failed = failed_key(&spec.group);
+    // Until a failure of the group is known (a peer's, or this rank's own).
+    let mut watch_peers = true;
+    let mut next_peer_check = Instant::now() + spec.peer_check;
+    let mut check_warned = false;
+    let mut latest = Progress::default();
+    let mut published = None;
+    let mut last_time: Option<Instant> = None;
+    let mut warned = false;
+    let mut publish = |p: Progress,
+                       published: &mut Option<Progress>,
+                       last: &mut Option<Instant>| {
+        *last = Some(Instant::now());
+        match spec.store.set(&own_key, &p.encode()) {
+            Ok(()) => *published = Some(p),
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot publish this rank's progress in the store");
+            }
+            Err(_) => {}
+        }
+    };
+    loop {
+        let due = last_time.map_or(Duration::ZERO, |t| {
+            spec.interval.saturating_sub(t.elapsed())
+        });
+        let mut wait = if published == Some(latest) { IDLE } else { due };
+        if watch_peers {
+            wait = wait.min(next_peer_check.saturating_duration_since(Instant::now()));
+        }
+        match rx.recv_timeout(wait) {
+            Ok(Message::Progress(p)) => latest = p,
+            Ok(Message::Report { own, reply }) => {
+                // Never publish less than was already sent: `own` was read when the failure
+                // began, and a poll may have sent a later mark since.
+                latest = Progress {
+                    issued: latest.issued.max(own.issued),
+                    completed: latest.completed.max(own.completed),
+                };
+                let own = latest;
+                publish(own, &mut published, &mut last_time);
+                let _ = reply.send(read_all(&spec));
+                continue;
+            }
+            Ok(Message::Failed(why)) => {
+                watch_peers = false;
+                // compare_set with an empty `expected` sets only a missing key: the first
+                // failing rank's reason stays.
+                if let Err(e) = spec.store.compare_set(&failed, b"", why.as_bytes()) {
+                    tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot publish this rank's failure in the store");
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                if published != Some(latest) {
+                    publish(latest, &mut published, &mut last_time);
+                }
+                return;
+            }
+        }
+        if watch_peers && Instant::now() >= next_peer_check {
+            next_peer_check = Instant::now() + spec.peer_check;
+            match peer_failed(&spec.store, &failed) {
+                Ok(Some(why)) => {
+                    watch_peers = false;
+                    *spec
+                        .peer_failure
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(why);
+                }
+                Ok(None) => {}
+                Err(e) if !check_warned => {
+                    check_warned = true;
+                    tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot check the store for a peer's failure");
+                }
+                Err(_) => {}
+            }
+        }
+        let due = last_time.is_none_or(|t| t.elapsed() >= spec.interval);
+        if published != Some(latest) && due {
+            publish(latest, &mut published, &mut last_time);
+        }
+    }
+}
+
+/// What a peer published when it failed the group, if one did (one round trip).
+fn peer_failed(store: &Store, failed: &str) -> crate::error::Result<Option<String>> {
+    let why = store.multi_get(&[failed])?.into_iter().next().flatten();
+    Ok(why.map(|why| String::from_utf8_lossy(&why).into_owned()))
+}
+
+/// Every rank's published progress, [`READ_CHUNK`] ranks per round trip; a rank without a
+/// key never published.
+fn read_all(spec: &ReporterSpec) -> PeerProgress {
+    let mut peers = Vec::with_capacity(spec.world_size);
+    for start in (0..spec.world_size).step_by(READ_CHUNK) {
+        let ranks = start..spec.world_size.min(start + READ_CHUNK);
+        let keys: Vec<String> = ranks.clone().map(|r| key(&spec.group, r)).collect();
+        let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = match spec.store.multi_get(&names) {
+            Ok(values) => values,
+            Err(e) => {
+                let (first, last) = (ranks.start, ranks.end - 1);
+                let k = key(&spec.group, first);
+                return PeerProgress::Unknown(format!(
+                    "reading the progress of ranks {first} to {last} ('{k}', ...): {e}"
+                ));
+            }
+        };
+        for (rank, value) in ranks.zip(values) {
+            let progress = value.and_then(|bytes| Progress::decode(&bytes));
+            peers.push(RankProgress {
+                rank,
+                issued: progress.map(|p| p.issued),
+                completed: progress.map(|p| p.completed),
+            });
+        }
+    }
+    PeerProgress::Known(peers)
+}

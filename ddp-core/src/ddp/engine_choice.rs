@@ -1,0 +1,183 @@
+//! Which [`BucketEngine`] reduces the buckets ([`DdpConfig::collectives`],
+//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]).
+//!
+//! - NCCL on the GPU ([`NcclEngine`](crate::reducer::NcclEngine), feature `cuda`) when the
+//!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
+//! - Otherwise world size 1 keeps gradients where they are, and larger worlds reduce over the
+//!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
+//!   the GPU.
+
+use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
+use crate::error::DdpError;
+use crate::hooks::{Bf16CompressHook, Fp16CompressHook};
+use crate::params::ParamTable;
+use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, StagedEngine};
+use burn::tensor::backend::Backend;
+use ddp_comm::ProcessGroup;
+use std::sync::Arc;
+
+/// The engine for `config` on this model (collective: every rank calls it).
+pub(super) fn make_engine<I: Backend>(
+    pg: &ProcessGroup,
+    config: &DdpConfig,
+    table: &ParamTable<I>,
+) -> Result<Arc<dyn BucketEngine<I>>, DdpError> {
+    let host = || HostEngine { pg: pg.clone() };
+    let hook = match config.compression {
+        GradientCompression::None => None,
+        GradientCompression::Fp16 => Some(HookEngine::new(host(), Box::new(Fp16CompressHook))?),
+        GradientCompression::Bf16 => Some(HookEngine::new(host(), Box::new(Bf16CompressHook))?),
+    };
+    if let Some(hook) = hook {
+        if config.collectives == Collectives::Nccl {
+            return Err(DdpError::InvalidConfig(format!(
+                "compression {:?} is a communication hook, which runs on the CPU transports; \
+                 with Collectives::Nccl set compression to None (or use Collectives::Auto)",
+                config.compression
+            )));
+        }
+        return Ok(Arc::new(hook));
+    }
+    if let Some(engine) = nccl::engine(pg, config.collectives, table)? {
+        return Ok(engine);
+    }
+    if pg.world_size() == 1 {
+        return Ok(Arc::new(LocalEngine));
+    }
+    let per_bucket = match config.host_staging {
+        HostStaging::PerGradient => false,
+        HostStaging::PerBucket => true,
+        HostStaging::Auto => nccl::on_cuda_device(table),
+    };
+    Ok(if per_bucket {
+        Arc::new(StagedEngine { pg: pg.clone() })
+    } else {
+        Arc::new(host())
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+mod nccl {
+    use super::*;
+
+    /// Built without NCCL: only a request for it is an error.
+    pub(super) fn engine<I: Backend>(
+        _pg: &ProcessGroup,
+        collectives: Collectives,
+        _table: &ParamTable<I>,
+    ) -> Result<Option<Arc<dyn BucketEngine<I>>>, DdpError> {
+        match collectives {
+            Collectives::Nccl => Err(DdpError::InvalidConfig(
+                "Collectives::Nccl needs ddp-core built with its `cuda` feature \
+                 (cargo build --features cuda); or use Collectives::Auto or Host"
+                    .into(),
+            )),
+            Collectives::Auto | Collectives::Host => Ok(None),
+        }
+    }
+
+    pub(super) fn on_cuda_device<I: Backend>(_table: &ParamTable<I>) -> bool {
+        false
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod nccl {
+    use super::*;
+    use crate::reducer::NcclEngine;
+
+    /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
+    /// (the one backend whose buffers NCCL can reduce in place).
+    pub(super) fn cuda_device<I: Backend>(table: &ParamTable<I>) -> Option<usize> {
+        NcclEngine::cuda_device::<I>(&table.entries.first()?.device)
+    }
+
+    /// Whether the model is on a CUDA GPU, whatever burn's tensor type there (the fused one
+    /// too): then a bucket is read to the host in one copy, not one per gradient.
+    pub(super) fn on_cuda_device<I: Backend>(table: &ParamTable<I>) -> bool {
+        table.entries.first().is_some_and(|e| {
+            (&e.device as &dyn std::any::Any)
+                .downcast_ref::<cubecl::cuda::CudaDevice>()
+                .is_some()
+        })
+    }
+
+    pub(super) fn engine<I: Backend>(
+        pg: &ProcessGroup,
+        collectives: Collectives,
+        table: &ParamTable<I>,
+    ) -> Result<Option<Arc<dyn BucketEngine<I>>>, DdpError> {
+        let device = match (collectives, cuda_device(table)) {
+            (Collectives::Auto, None) if pg.world_size() > 1 && on_cuda_device(table) => {
+                tracing::warn!(
+                    rank = pg.rank(),
+                    tensors = std::any::type_name::<burn::tensor::ops::FloatTensor<I>>(),
+                    "the model is on a GPU, but NCCL reduces only the buffers of burn's unfused \
+                     CUDA backend (burn's `fusion` feature is on); gradient buckets go through \
+                     host memory, one copy per bucket"
+                );
+                return Ok(None);
+            }
+            (Collectives::Host, _) | (Collectives::Auto, None) => return Ok(None),
+            (Collectives::Auto, Some(_)) if pg.world_size() == 1 => return Ok(None),
+            (Collectives::Nccl, None) => {
+                return Err(DdpError::InvalidConfig(format!(
+                    "Collectives::Nccl reduces buffers of burn's CUDA backend in place \
+                     (burn::backend::Cuda without the `fusion` feature); this model's tensors \
+                     are {}: use Collectives::Auto or Host",
+                    std::any::type_name::<burn::tensor::ops::FloatTensor<I>>()
+                )));
+            }
+            (_, Some(d)) => d,
+        };
+        match (nccl_can_run(pg, device)?, collectives) {
+            (Ok(()), _) => Ok(Some(Arc::new(NcclEngine::new(pg, device)?))),
+            (Err(why), Collectives::Nccl) => Err(DdpError::InvalidConfig(format!(
+                "Collectives::Nccl: {why}; use Collectives::Auto or Host to reduce through host \
+                 memory instead"
+            ))),
+            (Err(why), _) => {
+                tracing::warn!(
+                    rank = pg.rank(),
+                    "{why}; gradient buckets go through host memory"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether NCCL can run on every rank, each on a GPU of its own; otherwise why not. One
+    /// small all-gather over the CPU group, so the ranks agree: a rank that went ahead alone
+    /// would wait for the others in NCCL's rendezvous, and two ranks on one GPU make NCCL fail.
+    fn nccl_can_run(pg: &ProcessGroup, device: usize) -> Result<Result<(), String>, DdpError> {
+        let here = ddp_comm::nccl_device_uuid(device);
+        // Per rank: [can run, GPU UUID as two words].
+        let mut mine = [0i64; 3];
+        if let Ok(uuid) = &here {
+            mine[0] = 1;
+            mine[1] = i64::from_le_bytes(uuid[..8].try_into().unwrap_or_default());
+            mine[2] = i64::from_le_bytes(uuid[8..].try_into().unwrap_or_default());
+        }
+        let mut all = vec![0i64; 3 * pg.world_size()];
+        pg.all_gather(&mine, &mut all)
+            .map_err(DdpError::comm("agreeing on NCCL for the gradient buckets"))?;
+        if let Err(e) = here {
+            return Ok(Err(format!("NCCL cannot run on this rank ({e})")));
+        }
+        let ranks: Vec<&[i64]> = all.chunks(3).collect();
+        if let Some(r) = ranks.iter().position(|r| r[0] == 0) {
+            return Ok(Err(format!(
+                "NCCL cannot run on rank {r} (its log says why)"
+            )));
+        }
+        for (a, ra) in ranks.iter().enumerate() {
+            if let Some(b) = (a + 1..ranks.len()).find(|&b| ranks[b][1..] == ra[1..]) {
+                return Ok(Err(format!(
+                    "ranks {a} and {b} use the same GPU, and NCCL needs one GPU per rank \
+                     (give each rank its own device: LOCAL_RANK, CUDA_VISIBLE_DEVICES)"
+                )));
+            }
+        }
+        Ok(Ok(()))
+    }
+}
