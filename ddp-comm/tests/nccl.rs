@@ -1,9 +1,9 @@
 //! NCCL groups (feature `cuda`): collectives at world size 1 on device and host buffers, the
 //! unique-id rendezvous, and clear errors on machines without CUDA.
 //!
-//! Tests that need a GPU print `skipping: ...` to stderr and return when this machine has no
-//! CUDA driver, no GPU or no libnccl (written past the test harness's capture, so the reason
-//! shows in every run).
+//! Tests that need a GPU are `#[ignore]`d with that reason, so `cargo test` lists them as not
+//! run; `.ci/gpu-checks` runs them with `--ignored` on a GPU machine, where a missing driver, GPU
+//! or libnccl fails them with what to install or set.
 #![cfg(feature = "cuda")]
 
 use ddp_comm::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
@@ -12,7 +12,6 @@ use ddp_comm::{
     NcclGroupConfig, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer,
     bf16, cuda_device_count, f16,
 };
-use std::io::Write;
 use std::time::Duration;
 
 const ALL_OPS: [ReduceOp; 5] = [
@@ -23,14 +22,6 @@ const ALL_OPS: [ReduceOp; 5] = [
     ReduceOp::Product,
 ];
 
-/// Says why a test returns without checking anything. `eprintln!` would be captured (and
-/// hidden) for passing tests; a direct write to stderr is not.
-fn skip(reason: impl std::fmt::Display) {
-    // libtest names each test's thread after the test.
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    let _ = writeln!(std::io::stderr(), "skipping: {reason} [{test}]");
-}
-
 fn store_pair() -> (StoreServer, Store) {
     let config = StoreConfig::new().with_timeout(Duration::from_secs(30));
     let server = StoreServer::bind("127.0.0.1:0", config.clone()).expect("bind a store");
@@ -38,42 +29,29 @@ fn store_pair() -> (StoreServer, Store) {
     (server, store)
 }
 
-/// Whether this machine can run the test: a driver and a GPU. Prints why not.
-fn gpu_present() -> bool {
-    if !ddp_comm::cuda_driver_present() {
-        skip("no CUDA driver found (libcuda could not be loaded); this test needs an NVIDIA GPU");
-        return false;
-    }
+/// Fails, saying what is missing, unless this machine has a CUDA driver and a GPU.
+fn require_gpu() {
+    assert!(
+        ddp_comm::cuda_driver_present(),
+        "no CUDA driver found (libcuda could not be loaded): this test needs an NVIDIA GPU"
+    );
     match cuda_device_count() {
-        Ok(0) => {
-            skip("the CUDA driver is installed but sees no GPU");
-            false
-        }
-        Ok(_) => true,
-        Err(e) => {
-            skip(&e);
-            false
-        }
+        Ok(0) => panic!("the CUDA driver is installed but sees no GPU"),
+        Ok(_) => {}
+        Err(e) => panic!("counting GPUs failed: {e}"),
     }
 }
 
-/// Creates a group, or prints why this machine cannot (no libnccl) and returns `None`.
-fn create(store: &Store, config: NcclGroupConfig) -> Option<NcclGroup> {
-    match NcclGroup::new(store, config) {
-        Ok(g) => Some(g),
-        Err(CommError::Nccl(e)) if e.is_unavailable() => {
-            skip(&e);
-            None
-        }
-        Err(e) => panic!("creating a world-1 NCCL group failed: {e}"),
-    }
+/// Creates a group; fails saying what to install or set when NCCL cannot be loaded.
+fn create(store: &Store, config: NcclGroupConfig) -> NcclGroup {
+    NcclGroup::new(store, config).unwrap_or_else(|e| {
+        panic!("creating a world-1 NCCL group failed (point LD_LIBRARY_PATH at libnccl): {e}")
+    })
 }
 
-/// A world-1 group on device 0, or `None` (after printing why) on a machine without a GPU.
-fn world_one(name: &str) -> Option<NcclGroup> {
-    if !gpu_present() {
-        return None;
-    }
+/// A world-1 group on device 0.
+fn world_one(name: &str) -> NcclGroup {
+    require_gpu();
     let (_server, store) = store_pair();
     create(&store, NcclGroupConfig::new(0, 1, 0).with_name(name))
 }
@@ -101,10 +79,9 @@ fn all_reduce_keeps_values<T: NcclElement>(g: &NcclGroup, values: &[T]) {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn all_reduce_at_world_one_returns_the_input_for_every_op_and_type() {
-    let Some(g) = world_one("all-reduce") else {
-        return;
-    };
+    let g = world_one("all-reduce");
     all_reduce_keeps_values(&g, &[1.5f32, -2.0, 3.25, 0.0]);
     all_reduce_keeps_values(&g, &[1.5f64, -2.0, 1e300]);
     all_reduce_keeps_values(&g, &[7i32, -3, i32::MAX]);
@@ -115,10 +92,9 @@ fn all_reduce_at_world_one_returns_the_input_for_every_op_and_type() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn all_reduce_on_a_view_leaves_the_rest_of_the_buffer_alone() {
-    let Some(g) = world_one("view") else {
-        return;
-    };
+    let g = world_one("view");
     let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let mut dev = upload(&g, &values);
     let mut view = dev.slice_mut(2..5);
@@ -128,10 +104,9 @@ fn all_reduce_on_a_view_leaves_the_rest_of_the_buffer_alone() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn broadcast_from_root_zero_keeps_the_root_values() {
-    let Some(g) = world_one("broadcast") else {
-        return;
-    };
+    let g = world_one("broadcast");
     let values = [3i64, -1, 42];
     let mut dev = upload(&g, &values);
     g.broadcast(&mut dev, 0).expect("device broadcast");
@@ -148,10 +123,9 @@ fn broadcast_from_root_zero_keeps_the_root_values() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn all_gather_at_world_one_copies_send_into_recv() {
-    let Some(g) = world_one("all-gather") else {
-        return;
-    };
+    let g = world_one("all-gather");
     let send = upload(&g, &[1.0f32, 2.0, 3.0]);
     let mut recv = g.stream().alloc_zeros::<f32>(3).expect("alloc");
     g.all_gather(&send, &mut recv).expect("device all_gather");
@@ -168,10 +142,9 @@ fn all_gather_at_world_one_copies_send_into_recv() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn reduce_scatter_at_world_one_reduces_into_recv() {
-    let Some(g) = world_one("reduce-scatter") else {
-        return;
-    };
+    let g = world_one("reduce-scatter");
     let send = upload(&g, &[4i32, 5]);
     let mut recv = g.stream().alloc_zeros::<i32>(2).expect("alloc");
     g.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
@@ -184,10 +157,9 @@ fn reduce_scatter_at_world_one_reduces_into_recv() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn barrier_and_synchronize_return_and_the_group_stays_usable() {
-    let Some(g) = world_one("barrier") else {
-        return;
-    };
+    let g = world_one("barrier");
     g.barrier().expect("barrier");
     g.synchronize().expect("synchronize");
     let mut v = [1.0f32; 4];
@@ -197,10 +169,9 @@ fn barrier_and_synchronize_return_and_the_group_stays_usable() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn async_host_all_reduce_gives_the_buffer_back_with_the_result() {
-    let Some(g) = world_one("async") else {
-        return;
-    };
+    let g = world_one("async");
     let first = g.all_reduce_host_async(vec![1.0f32, 2.0], ReduceOp::Sum);
     let second = g.all_reduce_host_async(vec![-4i64; 3], ReduceOp::Min);
     let empty = g.all_reduce_host_async(Vec::<u8>::new(), ReduceOp::Max);
@@ -210,10 +181,9 @@ fn async_host_all_reduce_gives_the_buffer_back_with_the_result() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn a_group_is_usable_from_another_thread() {
-    let Some(g) = world_one("threads") else {
-        return;
-    };
+    let g = world_one("threads");
     let clone = g.clone();
     let out = std::thread::spawn(move || {
         let mut v = [2u8, 3];
@@ -225,14 +195,11 @@ fn a_group_is_usable_from_another_thread() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn unique_id_is_published_under_the_group_name_and_a_name_is_used_once() {
-    if !gpu_present() {
-        return;
-    }
+    require_gpu();
     let (_server, store) = store_pair();
-    let Some(g) = create(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange")) else {
-        return;
-    };
+    let g = create(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange"));
     let id = store
         .get("nccl/exchange/unique_id")
         .expect("rank 0 published the id");
@@ -250,24 +217,17 @@ fn unique_id_is_published_under_the_group_name_and_a_name_is_used_once() {
         &store,
         NcclGroupConfig::new(0, 1, 0).with_name("exchange-2"),
     );
-    assert!(other.is_some());
+    assert_eq!(other.world_size(), 1);
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn a_group_can_be_made_from_a_process_group() {
-    if !gpu_present() {
-        return;
-    }
+    require_gpu();
     let (_server, store) = store_pair();
     let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("world 1");
-    let g = match NcclGroup::from_process_group(&pg) {
-        Ok(g) => g,
-        Err(CommError::Nccl(e)) if e.is_unavailable() => {
-            skip(&e);
-            return;
-        }
-        Err(e) => panic!("NCCL group from a process group: {e}"),
-    };
+    let g = NcclGroup::from_process_group(&pg)
+        .unwrap_or_else(|e| panic!("NCCL group from a process group: {e}"));
     assert_eq!(g.device(), pg.local_rank());
     let mut v = [5i32, 6];
     g.all_reduce_host(&mut v, ReduceOp::Avg)
@@ -275,33 +235,39 @@ fn a_group_can_be_made_from_a_process_group() {
     assert_eq!(v, [5, 6]);
 }
 
+/// Runs on every machine: without a driver, creating a group is a clear error; with one, a
+/// device this machine does not have is named as missing (both before NCCL is touched).
 #[test]
-fn without_a_driver_creating_a_group_is_an_error_not_a_panic() {
-    if ddp_comm::cuda_driver_present() {
-        skip("a CUDA driver is present, so this checks nothing here");
+fn a_group_this_machine_cannot_make_is_an_error_not_a_panic() {
+    let (_server, store) = store_pair();
+    if !ddp_comm::cuda_driver_present() {
+        let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0)).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("no CUDA driver found (libcuda could not be loaded)"),
+            "{e}"
+        );
+        assert!(matches!(&e, CommError::Nccl(n) if n.is_unavailable()));
+        assert!(matches!(
+            cuda_device_count(),
+            Err(CommError::Nccl(NcclError::DriverNotFound))
+        ));
         return;
     }
-    let (_server, store) = store_pair();
-    let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0)).unwrap_err();
+    let count = cuda_device_count().expect("the driver counts its GPUs");
+    let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, count)).unwrap_err();
     assert!(
-        e.to_string()
-            .starts_with("no CUDA driver found (libcuda could not be loaded)"),
+        matches!(&e, CommError::Nccl(NcclError::NoSuchDevice { device, .. }) if *device == count),
         "{e}"
     );
-    assert!(matches!(&e, CommError::Nccl(n) if n.is_unavailable()));
-    assert!(matches!(
-        cuda_device_count(),
-        Err(CommError::Nccl(NcclError::DriverNotFound))
-    ));
 }
 
 /// The DDP engine's path: an all-reduce of a device address that returns at once, then its
 /// completion with GPU timing.
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn raw_async_all_reduce_gives_the_values_and_a_gpu_timing() {
-    let Some(g) = world_one("raw-async") else {
-        return;
-    };
+    let g = world_one("raw-async");
     let values = [1.5f32, -2.0, 3.25, 0.0, 7.0];
     for round in 1..=2u64 {
         let dev = upload(&g, &values);
@@ -329,10 +295,9 @@ fn raw_async_all_reduce_gives_the_values_and_a_gpu_timing() {
 /// A rank alone in a world of two cannot form the communicator: the init gives up after the
 /// timeout with an error naming the group, instead of hanging.
 #[test]
+#[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn init_without_the_other_rank_times_out_with_the_group_named() {
-    if !gpu_present() {
-        return;
-    }
+    require_gpu();
     let (_server, store) = store_pair();
     let config = NcclGroupConfig::new(0, 2, 0)
         .with_name("lonely")
@@ -341,7 +306,6 @@ fn init_without_the_other_rank_times_out_with_the_group_named() {
         Err(CommError::Nccl(NcclError::InitTimeout {
             group, world_size, ..
         })) => assert_eq!((group.as_str(), world_size), ("lonely", 2)),
-        Err(CommError::Nccl(e)) if e.is_unavailable() => skip(&e),
         Err(e) => panic!("expected an init timeout, got {e}"),
         Ok(_) => panic!("a group of 2 formed with one rank"),
     }

@@ -1,7 +1,8 @@
 //! Two nodes, simulated by two network namespaces joined by a veth pair (10.77.0.1/24 and
 //! 10.77.0.2/24, only inside the namespaces this test creates). Each runs
 //! `ddp-run --nnodes 2 --node-rank k --master-addr 10.77.0.1 --master-port P` with two ranks.
-//! Skipped, with the reason printed, where namespaces cannot be created.
+//! Ignored by default (they need root and iproute2); `.ci/run` runs them with `--ignored`, and
+//! where namespaces cannot be created they fail saying why.
 use crate::launch_common::*;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -127,21 +128,17 @@ impl Drop for TwoNodes {
     }
 }
 
-macro_rules! two_nodes_or_skip {
-    () => {
-        match TwoNodes::create() {
-            Ok(nodes) => nodes,
-            Err(reason) => {
-                eprintln!("skipping: {reason}");
-                return;
-            }
-        }
-    };
+/// Two nodes, or a failure saying why they cannot be made here.
+fn two_nodes() -> TwoNodes {
+    TwoNodes::create().unwrap_or_else(|reason| {
+        panic!("cannot create network namespaces: {reason} (these tests need root and iproute2)")
+    })
 }
 
 #[test]
+#[ignore = "needs root and iproute2 (network namespaces); .ci/run runs it"]
 fn two_nodes_in_namespaces_rendezvous_and_all_reduce() {
-    let nodes = two_nodes_or_skip!();
+    let nodes = two_nodes();
     let node0 = start(nodes.ddp_run(0, "two-node-secret", &[], &["--mode", "env"]));
     let node1 = start(nodes.ddp_run(1, "two-node-secret", &[], &["--mode", "env"]));
     let (out0, out1) = (node0.finish(), node1.finish());
@@ -204,8 +201,9 @@ fn two_nodes_in_namespaces_rendezvous_and_all_reduce() {
 }
 
 #[test]
+#[ignore = "needs root and iproute2 (network namespaces); .ci/run runs it"]
 fn failure_on_one_node_stops_the_other_node() {
-    let nodes = two_nodes_or_skip!();
+    let nodes = two_nodes();
     let dirs = [
         tempfile::tempdir().expect("tempdir"),
         tempfile::tempdir().expect("tempdir"),
@@ -245,8 +243,9 @@ fn failure_on_one_node_stops_the_other_node() {
 }
 
 #[test]
+#[ignore = "needs root and iproute2 (network namespaces); .ci/run runs it"]
 fn both_nodes_restart_together_after_a_failure() {
-    let nodes = two_nodes_or_skip!();
+    let nodes = two_nodes();
     // fail-once records ports per attempt in --pid-dir: one directory per node.
     let dirs = [
         tempfile::tempdir().expect("tempdir"),

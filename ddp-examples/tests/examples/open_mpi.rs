@@ -2,8 +2,8 @@
 //! from Open MPI's environment, the port and job token come from the job id, and two jobs on
 //! one host at once do not collide.
 //!
-//! Needs `mpirun` (Debian: `apt-get install -y openmpi-bin`); without it the tests fail and
-//! say so.
+//! Needs `mpirun` (Debian: `apt-get install -y openmpi-bin`), so the tests are `#[ignore]`d by
+//! default and `.ci/run` runs them with `--ignored`; without `mpirun` they fail and say so.
 use crate::common::clean_command;
 use crate::common::job::{assert_trained, finish};
 use std::path::{Path, PathBuf};
@@ -43,6 +43,7 @@ fn mpirun_digits(dir: &Path, args: &[&str]) -> Command {
 }
 
 #[test]
+#[ignore = "needs Open MPI's mpirun (apt-get install openmpi-bin); .ci/run runs it"]
 fn digits_under_mpirun_trains_checkpoints_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = tmp.path().join("ckpt");
@@ -69,6 +70,7 @@ fn digits_under_mpirun_trains_checkpoints_and_resumes() {
 /// (a fixed default port would make the second job's rank 0 fail to bind, and its rank 1 join
 /// the first job's store).
 #[test]
+#[ignore = "needs Open MPI's mpirun (apt-get install openmpi-bin); .ci/run runs it"]
 fn two_mpirun_jobs_at_once_do_not_collide() {
     let tmp = tempfile::tempdir().unwrap();
     let dirs = [tmp.path().join("a"), tmp.path().join("b")];

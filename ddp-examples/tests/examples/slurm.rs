@@ -3,8 +3,9 @@
 //! rank 0's host and the port from Slurm's environment) and an `sbatch` script that starts the
 //! job with `ddp-run`, as the README's recipes do.
 //!
-//! Needs Slurm and munge (Debian: `apt-get install -y slurm-wlm munge`) and root; without them
-//! the test fails and says so, and a daemon that cannot start fails it with the daemon's log.
+//! Needs Slurm and munge (Debian: `apt-get install -y slurm-wlm munge`) and root, so it is
+//! `#[ignore]`d by default; `.ci/run` runs it with `--ignored`. Without them it fails and says so,
+//! and a daemon that cannot start fails it with the daemon's log.
 
 mod cluster;
 
@@ -47,6 +48,7 @@ fn ddp_run() -> PathBuf {
 
 /// Both ways into the cluster in one test: starting the daemons is the slow part.
 #[test]
+#[ignore = "needs Slurm and munge, as root (apt-get install slurm-wlm munge); .ci/run runs it"]
 fn digits_under_srun_and_sbatch_with_ddp_run() {
     let ddp_run = ddp_run();
     let cluster = Cluster::start();

@@ -340,16 +340,11 @@ fn collect(children: Vec<Child>, deadline: Duration) -> Vec<RankOutput> {
 }
 
 #[test]
+#[ignore = "needs root and iproute2 (network namespaces); .ci/run runs it"]
 fn two_hosts_in_network_namespaces_use_the_hierarchical_all_reduce() {
-    let hosts = match TwoHosts::create("h") {
-        Ok(h) => h,
-        Err(why) => {
-            eprintln!(
-                "skipping: cannot create network namespaces ({why}); needs root and iproute2"
-            );
-            return;
-        }
-    };
+    let hosts = TwoHosts::create("h").unwrap_or_else(|why| {
+        panic!("cannot create network namespaces ({why}); this test needs root and iproute2")
+    });
     let job = job_id("hier");
     let out = hosts.run(
         &["topology"],

@@ -12,7 +12,11 @@ use std::process::Command;
 /// cannot make it a worker or change its place in a job.
 pub fn clean_command(bin: &str) -> Command {
     let mut cmd = Command::new(bin);
-    for (k, _) in std::env::vars() {
+    // `vars_os`: `vars` panics on a variable that is not Unicode (and this runs in teardown).
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str().map(str::to_owned) else {
+            continue;
+        };
         if k.starts_with("DDP_")
             || k.starts_with("SLURM_")
             || k.starts_with("OMPI_")

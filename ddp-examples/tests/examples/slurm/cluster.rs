@@ -36,17 +36,21 @@ pub struct Cluster {
 /// `program` from `PATH` (or `/usr/sbin`, where Debian puts the daemons), or a failure saying
 /// how to install it.
 pub fn find_program(program: &str) -> PathBuf {
+    lookup_program(program).unwrap_or_else(|| {
+            panic!(
+                "{program} not found in PATH or /usr/sbin: this test starts a real Slurm \
+                 cluster; install it (Debian/Ubuntu: apt-get install -y slurm-wlm munge)"
+        )
+    })
+}
+
+/// `program` from `PATH`, `/usr/sbin` or `/sbin`, if it is there.
+pub fn lookup_program(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{program} not found in PATH or /usr/sbin: this test starts a real Slurm \
-                 cluster; install it (Debian/Ubuntu: apt-get install -y slurm-wlm munge)"
-            )
-        })
 }
 
 /// Two distinct TCP ports that were free a moment ago.
@@ -206,15 +210,24 @@ impl Cluster {
 
     /// Cancels every job and waits (bounded) until the queue is empty, so that no job step
     /// outlives the cluster.
+    ///
+    /// Runs in `Drop`, also while a failed start unwinds: it never panics. A missing `scancel`
+    /// or `squeue` is logged and the daemons are stopped all the same.
     fn drain(&self) {
-        let _ = self
-            .command("scancel")
-            .args(["--user=root", "--full"])
-            .output();
+        let (Some(scancel), Some(squeue)) = (lookup_program("scancel"), lookup_program("squeue"))
+        else {
+            eprintln!("teardown: scancel or squeue not found; stopping the daemons without draining");
+            return;
+        };
+        let tool = |path: &Path| {
+            let mut cmd = crate::common::clean_command(&path.to_string_lossy());
+            cmd.env("SLURM_CONF", &self.conf);
+            cmd
+        };
+        let _ = tool(&scancel).args(["--user=root", "--full"]).output();
         let start = Instant::now();
         while start.elapsed() < DRAIN_DEADLINE {
-            let queued = self
-                .command("squeue")
+            let queued = tool(&squeue)
                 .args(["--noheader", "--format=%i"])
                 .stderr(Stdio::null())
                 .output();
