@@ -7,13 +7,14 @@
 //! which burn's CUDA backend copies out). Nothing crosses to the host.
 //!
 //! # Ordering between the streams
-//! cubecl 0.10 does not expose the CUDA stream its kernels run on, so no event of ours can
-//! order NCCL after them. cubecl keeps one stream per thread, though, and orders a stream after
-//! another when it uses memory the other produced. So [`BucketEngine::launch`] hands the flat
-//! bucket to the engine's issuing thread and returns: that thread locates the bucket's memory
-//! (its cubecl stream now waits for the backward thread's stream up to the bucket's kernels),
-//! waits on the host for its own stream, and queues the all-reduce on the NCCL group's stream.
-//! Only the issuing thread blocks; backward goes on queueing kernels. [`PendingBucket::wait`]
+//! cubecl 0.10 does not expose the CUDA stream its kernels run on (one per thread), so NCCL's
+//! stream cannot wait on an event of ours. What cubecl does give is `client.sync()`: called on
+//! a thread, it records an event on that thread's stream and returns a future at once. So
+//! [`BucketEngine::launch`], on the backward thread, takes the flat bucket's device address and
+//! that future (the "ready fence": every kernel that produced the bucket is before it), hands
+//! both to the engine's issuing thread and returns. That thread waits on the host for the
+//! fence only, then queues the all-reduce on the NCCL group's stream. Only the issuing thread
+//! blocks; backward goes on queueing kernels, and nothing syncs the whole device. [`PendingBucket::wait`]
 //! returns once the all-reduce has finished on the GPU, so every later kernel that reads the
 //! slices sees the reduced values. That wait ends early when the group fails (the watchdog
 //! bounds every NCCL call), and when the issuing thread has waited for the GPU longer than the
@@ -168,9 +169,20 @@ impl<I: Backend> BucketEngine<I> for NcclEngine {
                 cube.dtype, first.dtype
             )));
         }
+        // On this (the backward) thread: the address, and the fence after the bucket's kernels
+        // on this thread's stream. Neither waits for the GPU.
+        let ptr = cube
+            .client
+            .get_resource(cube.handle.clone())
+            .map_err(|e| internal(format!("locating the bucket's memory: {e:?}")))?
+            .resource()
+            .ptr;
+        let ready = cube.client.sync();
         let (reply, issued) = mpsc::channel();
         let job = Issue {
             cube,
+            ptr,
+            ready,
             len,
             dtype,
             bucket: bucket.0,

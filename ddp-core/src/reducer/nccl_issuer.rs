@@ -1,6 +1,6 @@
-//! The NCCL engine's issuing thread: waits on the host until the GPU has produced each bucket,
-//! then queues its all-reduce on NCCL's stream (see [`NcclEngine`](super::NcclEngine) for why
-//! a thread of its own does this).
+//! The NCCL engine's issuing thread: waits on the host for each bucket's ready fence (created
+//! on the backward thread when the bucket launched), then queues its all-reduce on NCCL's
+//! stream (see [`NcclEngine`](super::NcclEngine) for why a thread of its own does this).
 //!
 //! Nothing can interrupt a host wait for a GPU that never finishes a kernel, so the thread says
 //! when it is in one ([`GpuWait`]): a bucket's wait gives up once that has lasted longer than
@@ -11,6 +11,8 @@
 use crate::error::DdpError;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
+use cubecl::future::DynFut;
+use cubecl::server::ServerError;
 use ddp_comm::{CollectiveLabel, NcclDtype, NcclGroup, NcclWork, ReduceOp};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
@@ -22,7 +24,14 @@ const STOP_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// A flat bucket for the issuing thread, and where its all-reduce goes.
 pub(super) struct Issue {
+    /// The bucket's memory, kept (referenced only here) until its all-reduce is done.
     pub(super) cube: CubeTensor<CudaRuntime>,
+    /// The device address of `cube`'s first element, taken on the backward thread.
+    pub(super) ptr: u64,
+    /// Resolves once the backward thread's stream has run every kernel queued before the
+    /// bucket launched (the ones that produced it): `client.sync()` called on the backward
+    /// thread, which records an event on that stream and returns at once.
+    pub(super) ready: DynFut<Result<(), ServerError>>,
     pub(super) len: usize,
     pub(super) dtype: NcclDtype,
     pub(super) bucket: usize,
@@ -115,8 +124,8 @@ impl Issuer {
             .name(format!("ddp-nccl-issue-{rank}"))
             .spawn(move || {
                 // Buckets in launch order: every rank queues its all-reduces in the same order.
-                for job in issues {
-                    let work = issue(&nccl, &waiting, &job);
+                for mut job in issues {
+                    let work = issue(&nccl, &waiting, &mut job);
                     // A step that gave up waiting dropped its receiver: the returned `Issued`
                     // is dropped here, which frees the memory only if NCCL is done with it.
                     let _ = job.reply.send(Issued {
@@ -202,12 +211,11 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// On the issuing thread: waits until the compute stream has produced the bucket, then queues
-/// its all-reduce on NCCL's stream. cubecl keeps a stream per thread: locating the bucket's
-/// memory from this thread makes this thread's stream wait (a CUDA event) for the backward
-/// thread's stream up to the bucket's kernels, and the host sync waits for that, so only this
-/// thread blocks while backward goes on queueing kernels.
-fn issue(nccl: &NcclGroup, gpu_wait: &GpuWait, job: &Issue) -> Result<NcclWork, NotIssued> {
+/// On the issuing thread: waits for the bucket's ready fence (an event on the backward
+/// thread's stream, recorded when the bucket launched), then queues its all-reduce on NCCL's
+/// stream. Only this thread blocks; backward goes on queueing kernels, and no whole-device
+/// sync is made.
+fn issue(nccl: &NcclGroup, gpu_wait: &GpuWait, job: &mut Issue) -> Result<NcclWork, NotIssued> {
     let fail = |what: &str, e: &dyn std::fmt::Debug| NotIssued {
         error: DdpError::Gradient {
             path: job.path.clone(),
@@ -215,26 +223,20 @@ fn issue(nccl: &NcclGroup, gpu_wait: &GpuWait, job: &Issue) -> Result<NcclWork, 
         },
         maybe_queued: false,
     };
-    let cube = &job.cube;
-    let ptr = {
+    {
         gpu_wait.set(Some((job.bucket, Instant::now())));
         let _waiting = Waiting(gpu_wait);
-        let ptr = cube
-            .client
-            .get_resource(cube.handle.clone())
-            .map_err(|e| fail("locating the bucket's memory", &e))?
-            .resource()
-            .ptr;
-        cubecl::future::block_on(cube.client.sync())
+        let ready = std::mem::replace(&mut job.ready, Box::pin(async { Ok(()) }));
+        cubecl::future::block_on(ready)
             .map_err(|e| fail("waiting for the bucket's kernels", &e))?;
-        ptr
-    };
+    }
+    let ptr = job.ptr;
     // SAFETY: `ptr` is the start of `cube`'s buffer, at least `len` contiguous elements of
     // `dtype` (checked in `launch`) on the model's device (the group's device, chosen from
     // it); `cube` is referenced only by the bucket (can_mut, or a fresh copy) and is kept, by
     // the pending bucket or by `Issued`'s drop, until the all-reduce is known to have finished
     // (or forever), so nothing else reads, writes or reuses the memory meanwhile; the compute
-    // stream finished writing it (sync).
+    // stream finished writing it (the ready fence).
     unsafe {
         nccl.all_reduce_raw_async(
             ptr,

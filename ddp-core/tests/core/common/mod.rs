@@ -3,12 +3,12 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use ddp_core::{CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
 pub type B = Autodiff<Flex>;
@@ -59,7 +59,11 @@ impl<B: Backend> ModuleMapper<B> for SeededInit {
         let trainable = t.is_require_grad();
         let device = t.device();
         let shape = t.shape();
-        let fan_in = if D >= 2 { shape.dims::<D>()[0] } else { shape.num_elements() };
+        let fan_in = if D >= 2 {
+            shape.dims::<D>()[0]
+        } else {
+            shape.num_elements()
+        };
         let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
         let values: Vec<f32> = (0..shape.num_elements())
             .map(|_| self.0.random_range(-bound..bound))
@@ -133,6 +137,9 @@ fn connect(addr: &str, rank: usize, n: usize) -> Result<ProcessGroup, CommError>
 pub fn max_scaled_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(f32::MIN_POSITIVE, |m, y| m.max(y.abs()));
-    let diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
 }

@@ -37,8 +37,8 @@ pub struct Cluster {
 /// how to install it.
 pub fn find_program(program: &str) -> PathBuf {
     lookup_program(program).unwrap_or_else(|| {
-            panic!(
-                "{program} not found in PATH or /usr/sbin: this test starts a real Slurm \
+        panic!(
+            "{program} not found in PATH or /usr/sbin: this test starts a real Slurm \
                  cluster; install it (Debian/Ubuntu: apt-get install -y slurm-wlm munge)"
         )
     })
@@ -216,7 +216,9 @@ impl Cluster {
     fn drain(&self) {
         let (Some(scancel), Some(squeue)) = (lookup_program("scancel"), lookup_program("squeue"))
         else {
-            eprintln!("teardown: scancel or squeue not found; stopping the daemons without draining");
+            eprintln!(
+                "teardown: scancel or squeue not found; stopping the daemons without draining"
+            );
             return;
         };
         let tool = |path: &Path| {
