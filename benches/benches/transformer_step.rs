@@ -10,7 +10,8 @@
 //! (forward, backward, `GradientsParams::from_grads`, Adam) and DDP steps (the same through a
 //! world-1 `DistributedDataParallel`) are interleaved in rounds; every step ends with
 //! `Backend::sync`, so GPU times include the work queued by the step. Times are medians; compare
-//! the ratio within one run. The issue's goal on a GPU: DDP at most 1.05x plain.
+//! the ratio within one run. The goal on a GPU (issue 23): DDP at most 1.03x plain, with at
+//! least 70% of all-reduce time hidden.
 //!
 //! A second DDP row runs the model with `layer_boundary` marks between its blocks, so buckets
 //! launch during backward; each DDP row also shows the share of its all-reduce time that ran
@@ -243,6 +244,6 @@ where
             mean(&waits)
         );
     }
-    println!("# goal on a GPU: DDP / plain <= 1.05");
+    println!("# goal on a GPU: DDP / plain <= 1.03, >= 70% of all-reduce time overlapped");
     Ok(())
 }
