@@ -5,10 +5,9 @@
 //! `cargo test -p ddp-core --features cuda --test core gpu_cuda -- --ignored --nocapture`, or
 //! `.ci/gpu-checks`. There a missing driver, GPU or libnccl fails them, saying which.
 
-use crate::common::{Mlp, max_scaled_diff, run_ranks, sample};
+use crate::common::{Mlp, flat_params, max_scaled_diff, run_ranks, sample};
 use burn::backend::Autodiff;
 use burn::backend::cuda::{Cuda, CudaDevice};
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
@@ -33,19 +32,6 @@ fn require_gpu() {
     );
 }
 
-fn params<B: Backend, M: Module<B>>(m: &M) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.0
-                .extend(p.val().into_data().convert::<f32>().iter::<f32>());
-        }
-    }
-    let mut c = Collect(Vec::new());
-    m.visit(&mut c);
-    c.0
-}
-
 fn batch(indices: &[usize], device: &CudaDevice) -> (Tensor<G, 2>, Tensor<G, 2>) {
     let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
     let n = indices.len();
@@ -67,7 +53,7 @@ fn initial() -> Mlp<G> {
     let device = CudaDevice::new(0);
     G::seed(&device, 3);
     let m = Mlp::<G>::new(&device, 64);
-    params::<G, _>(&m); // initialise the lazy parameters, so clones share them
+    flat_params(&m); // initialise the lazy parameters, so clones share them
     m
 }
 
@@ -82,7 +68,7 @@ fn reference(init: &Mlp<G>, world: usize) -> Vec<f32> {
         let grads = GradientsParams::from_grads::<G, _>(loss.backward(), &model);
         model = adam.step(0.01, model, grads);
     }
-    params::<G, _>(&model)
+    flat_params(&model)
 }
 
 fn train(init: &Mlp<G>, pg: ProcessGroup, config: DdpConfig) -> Vec<f32> {
@@ -98,7 +84,7 @@ fn train(init: &Mlp<G>, pg: ProcessGroup, config: DdpConfig) -> Vec<f32> {
             .unwrap();
         ddp.optimizer_step(&mut adam, 0.01, grads);
     }
-    params::<G, _>(ddp.module())
+    flat_params(ddp.module())
 }
 
 /// Small buckets: several per step, some holding one parameter.

@@ -90,10 +90,10 @@ pub fn batch(indices: &[usize], device: &burn::tensor::Device<B>) -> (Tensor<B, 
 }
 
 /// Every float parameter's values, in module order.
-pub fn flat_params<M: Module<B>>(m: &M) -> Vec<f32> {
+pub fn flat_params<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f32> {
     struct Collect(Vec<f32>);
-    impl ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
             self.0
                 .extend(p.val().into_data().convert::<f32>().iter::<f32>());
         }
