@@ -5,6 +5,7 @@ use crate::deadline::{check_timeout, parse_timeout_secs};
 use crate::error::{CommError, Result};
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
 use crate::transport::{TRANSPORT_ENV, TransportKind};
+use std::net::IpAddr;
 use std::time::Duration;
 
 /// Environment variable holding the job token (set by the launcher).
@@ -33,8 +34,10 @@ pub struct ProcessGroupConfig {
     /// Deadline for rendezvous and for each collective. Defaults to 300 s; at most
     /// [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
     pub timeout: Duration,
-    /// Shared job token that every connection must present. Defaults to none; at most
-    /// [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES).
+    /// Shared job token that every connection must present. Defaults to none, which is allowed
+    /// only while the store and the ranks listen on loopback: a group reachable from the
+    /// network refuses to form without one (see [`ProcessGroupConfig::require_token_if_exposed`]).
+    /// At most [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES).
     pub token: Vec<u8>,
     /// Socket send/receive buffer size to request; `None` keeps the kernel's auto-tuning.
     pub socket_buffer_bytes: Option<usize>,
@@ -234,6 +237,32 @@ impl ProcessGroupConfig {
         check_token(TOKEN_ENV, &self.token)
     }
 
+    /// Refuses to listen on `ip` without a job token unless `ip` is loopback.
+    ///
+    /// An empty token is an HMAC key anyone can use, so a store or rank listening where other
+    /// hosts can reach it would admit anyone: they could read rank addresses, claim ranks and
+    /// inject gradients. Loopback keeps a single-host job off the network; a wildcard address
+    /// (`0.0.0.0`, `::`) counts as exposed.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidConfig`] for `DDP_JOB_TOKEN`, naming what would listen where and how
+    /// to set a token.
+    pub fn require_token_if_exposed(&self, listener: &str, ip: IpAddr) -> Result<()> {
+        if !self.token.is_empty() || ip.is_loopback() {
+            return Ok(());
+        }
+        Err(CommError::config(
+            TOKEN_ENV,
+            format!(
+                "is not set, but {listener} would listen on {ip}, which other hosts can reach: \
+                 without a secret anyone on the network could join this job. Set the same secret \
+                 on every rank (`export {TOKEN_ENV}=$(openssl rand -hex 16)` before launching, or \
+                 ProcessGroupConfig::with_token), or, for a job on one host, use \
+                 MASTER_ADDR=127.0.0.1"
+            ),
+        ))
+    }
+
     pub(crate) fn store_config(&self) -> StoreConfig {
         StoreConfig::new()
             .with_timeout(self.timeout)
@@ -297,6 +326,32 @@ mod tests {
         let c = ProcessGroupConfig::from_vars(env).expect("valid");
         assert_eq!(c.timeout, Duration::from_secs(60));
         assert_eq!(c.transport, Some(TransportKind::Auto));
+    }
+
+    #[test]
+    fn no_token_is_refused_off_loopback_and_allowed_on_it() {
+        let open = ProcessGroupConfig::new(0, 2);
+        for ip in ["127.0.0.1", "::1"] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            open.require_token_if_exposed("the store", ip)
+                .expect("loopback needs no token");
+        }
+        for ip in ["10.1.2.3", "0.0.0.0", "::", "fe80::1"] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            let e = open
+                .require_token_if_exposed("the store", ip)
+                .expect_err("exposed without a token")
+                .to_string();
+            assert!(
+                e.starts_with("DDP_JOB_TOKEN: is not set, but the store would listen on"),
+                "{e}"
+            );
+            assert!(e.contains("openssl rand"), "{e}");
+            ProcessGroupConfig::new(0, 2)
+                .with_token("secret")
+                .require_token_if_exposed("the store", ip)
+                .expect("a token makes an exposed listener fine");
+        }
     }
 
     #[test]

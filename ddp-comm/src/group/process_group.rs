@@ -120,6 +120,9 @@ impl ProcessGroup {
         server: Option<HostedStore>,
     ) -> Result<ProcessGroup> {
         config.validate()?;
+        // Every rank listens on the interface it reaches the store through (see the mesh).
+        let mesh_ip = store.local_addr()?.ip();
+        config.require_token_if_exposed(&format!("rank {}", config.rank), mesh_ip)?;
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
         let job_nonce = job_nonce(&store)?;

@@ -133,8 +133,15 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
     match method {
         InitMethod::Env => unreachable!("resolved above"),
         InitMethod::Tcp { host, port } => {
+            // Before waiting for the store: a rank that would listen on the network without a
+            // secret says so at once instead of timing out on a store that refused to start.
+            if let Some(ip) = exposed_ip(&host, port) {
+                config.require_token_if_exposed(&format!("rank {}", config.rank), ip)?;
+            }
             let server = if config.rank == 0 {
-                Some(bind::bind_store(&host, port, config.store_config())?)
+                let server = bind::bind_store(&host, port, config.store_config())?;
+                config.require_token_if_exposed("the store", server.local_addr().ip())?;
+                Some(server)
             } else {
                 None
             };
@@ -154,6 +161,18 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
     }
 }
 
+/// A non-loopback address `host` stands for, if any: ranks reach the store there and listen on
+/// the interface they reach it through. `None` when it is loopback only or does not resolve (the
+/// connection then fails with its own error).
+fn exposed_ip(host: &str, port: u16) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .ok()?
+        .map(|a| a.ip())
+        .find(|ip| !ip.is_loopback())
+}
+
 /// Joins the job described by the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
 /// `MASTER_PORT`, ...): `init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)`.
 pub fn init_from_env() -> Result<ProcessGroup> {
@@ -163,6 +182,37 @@ pub fn init_from_env() -> Result<ProcessGroup> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_off_loopback_count_as_exposed() {
+        assert_eq!(exposed_ip("127.0.0.1", 1), None);
+        assert_eq!(exposed_ip("::1", 1), None);
+        assert_eq!(
+            exposed_ip("localhost", 1).filter(|ip| !ip.is_loopback()),
+            None
+        );
+        assert_eq!(
+            exposed_ip("10.1.2.3", 1),
+            Some("10.1.2.3".parse().expect("ip"))
+        );
+    }
+
+    #[test]
+    fn a_rank_that_would_listen_off_loopback_without_a_token_fails_before_connecting() {
+        let method = InitMethod::Tcp {
+            host: "10.255.255.1".into(),
+            port: 29_999,
+        };
+        // Were it to connect first, it would fail only after the timeout, with another error.
+        let config = ProcessGroupConfig::new(1, 2).with_timeout(std::time::Duration::from_secs(30));
+        let e = init_process_group(&method, config)
+            .expect_err("no token")
+            .to_string();
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, but rank 1 would listen on 10.255.255.1"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn parses_each_method() {

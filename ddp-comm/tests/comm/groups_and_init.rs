@@ -158,3 +158,25 @@ fn a_loopback_master_addr_keeps_the_store_off_the_network() {
     );
     drop(pg);
 }
+
+#[test]
+fn a_store_on_the_network_needs_a_token() {
+    let Some(ip) = network_ip() else {
+        eprintln!("no network interface besides loopback: the unit tests cover the rule");
+        return;
+    };
+    let m = InitMethod::parse(&format!("tcp://{ip}:{}", free_port())).unwrap();
+    let e = init_process_group(&m, ProcessGroupConfig::new(0, 1))
+        .expect_err("a store reachable from the network without a token")
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "DDP_JOB_TOKEN: is not set, but rank 0 would listen on {ip}"
+        )),
+        "{e}"
+    );
+    let m = InitMethod::parse(&format!("tcp://{ip}:{}", free_port())).unwrap();
+    let pg = init_process_group(&m, ProcessGroupConfig::new(0, 1).with_token("secret"))
+        .expect("with a token");
+    drop(pg);
+}

@@ -243,7 +243,36 @@ impl WorkerEnv {
                 ),
             );
         }
+        if self.job_token.is_none() && self.local_world_size < self.world_size {
+            return bad(TOKEN_ENV, self.missing_token_advice());
+        }
         Ok(Some(self))
+    }
+
+    /// Why a multi-node job needs a secret, and how to give one with this launcher. Its ranks
+    /// listen where other hosts reach them, and without a secret anyone on the network could
+    /// join the store, claim a rank or inject gradients.
+    fn missing_token_advice(&self) -> String {
+        let how = match self.launcher {
+            LauncherKind::Slurm => format!(
+                "put `export {TOKEN_ENV}=$(openssl rand -hex 16)` in the batch script before \
+                 srun (srun gives every task the script's environment)"
+            ),
+            LauncherKind::OpenMpi => format!(
+                "run `export {TOKEN_ENV}=$(openssl rand -hex 16)` and pass it with \
+                 `mpirun -x {TOKEN_ENV} ...` (this mpirun set no {OPEN_MPI_JOB_KEY_VAR}, the \
+                 per-job secret Open MPI 4 gives its processes)"
+            ),
+            LauncherKind::DdpRun | LauncherKind::Torchrun => format!(
+                "set the same secret on every node, e.g. `export {TOKEN_ENV}=$(openssl rand -hex 16)`"
+            ),
+        };
+        format!(
+            "is not set, and this job runs on several nodes ({} ranks, {} on this node), so its \
+             store and ranks listen where other hosts can reach them: without a secret anyone on \
+             the network could join it. {how}",
+            self.world_size, self.local_world_size
+        )
     }
 }
 
@@ -287,11 +316,18 @@ fn from_open_mpi(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
         (None, Some(id)) => open_mpi_port(id),
         (None, None) => DEFAULT_MASTER_PORT,
     };
+    // The job key is a secret: mpirun generates it per job and only this user's processes can
+    // read their environment. Without it the id alone is public (`ps` shows it), so it only
+    // tells two jobs on one host apart; `validate` then refuses a multi-node job.
     let job_token = job_token.or_else(|| {
-        job.as_ref().map(|id| {
-            let key = v.get(OPEN_MPI_JOB_KEY_VAR).unwrap_or_default();
-            format!("open-mpi:{id}:{key}")
-        })
+        let id = job.as_deref().unwrap_or_default();
+        match v.get(OPEN_MPI_JOB_KEY_VAR) {
+            Some(key) => Some(format!("open-mpi:{id}:{key}")),
+            None if job.is_some() && local_world_size >= world_size => {
+                Some(format!("open-mpi:{id}:"))
+            }
+            None => None,
+        }
     });
     Ok(WorkerEnv {
         launcher: LauncherKind::OpenMpi,
@@ -350,6 +386,8 @@ fn from_slurm(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
     let local_world_size = slurm_local_world_size(v, node_rank)?;
     let master_addr = match v.get("MASTER_ADDR") {
         Some(a) => a,
+        // Every task on this node: loopback keeps the job off the network.
+        None if local_world_size >= world_size => "127.0.0.1".into(),
         None => match v.first(&[
             "SLURM_STEP_NODELIST",
             "SLURM_JOB_NODELIST",
@@ -624,6 +662,7 @@ pub(crate) mod tests {
             ("SLURM_JOB_ID", "12345"),
             ("SLURM_STEP_NODELIST", "gpu[07-09]"),
             ("SLURM_LAUNCH_NODE_IPADDR", "10.9.9.9"),
+            (TOKEN_ENV, "secret"),
         ])
         .expect("ok")
         .expect("worker");
@@ -652,6 +691,7 @@ pub(crate) mod tests {
             ("SLURM_LOCALID", "0"),
             ("SLURM_NTASKS_PER_NODE", "1"),
             ("SLURM_JOB_ID", "7"),
+            (TOKEN_ENV, "secret"),
         ];
         let mut with_master = base.to_vec();
         with_master.extend([("MASTER_ADDR", "head"), ("MASTER_PORT", "4000")]);
@@ -698,6 +738,7 @@ pub(crate) mod tests {
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("MASTER_ADDR", "node0"),
+            (TOKEN_ENV, "tok"),
         ])
         .expect("ok")
         .expect("worker");
@@ -717,7 +758,7 @@ pub(crate) mod tests {
             ("node0", DEFAULT_MASTER_PORT),
             "no job id: torch's default port"
         );
-        assert_eq!(env.job_token, None);
+        assert_eq!(env.job_token.as_deref(), Some("tok"));
         let e = detect(&[
             ("OMPI_COMM_WORLD_RANK", "3"),
             ("OMPI_COMM_WORLD_SIZE", "4"),
@@ -798,6 +839,77 @@ pub(crate) mod tests {
         assert_eq!(
             (env.master_port, env.job_token.as_deref()),
             (4100, Some("mine"))
+        );
+    }
+
+    #[test]
+    fn a_multi_node_job_without_a_secret_is_refused_with_how_to_set_one() {
+        let mpi_two_nodes = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", "2041184257"),
+            ("MASTER_ADDR", "node0"),
+        ];
+        // The job id is public (`ps`), so it is no secret.
+        let e = detect(&mpi_two_nodes).unwrap_err().to_string();
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
+            "{e}"
+        );
+        assert!(e.contains("mpirun -x DDP_JOB_TOKEN"), "{e}");
+        // mpirun's per-job key is.
+        let mut keyed = mpi_two_nodes.to_vec();
+        keyed.push((OPEN_MPI_JOB_KEY_VAR, "857e142413aecff8-fd43b546c5cc03a9"));
+        let env = detect(&keyed).expect("ok").expect("worker");
+        assert!(env.job_token.expect("token").contains("857e142413aecff8"));
+
+        let slurm_two_nodes = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NTASKS_PER_NODE", "1"),
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+        ];
+        let e = detect(&slurm_two_nodes).unwrap_err().to_string();
+        assert!(e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes (2 ranks, 1 on this node)"), "{e}");
+        assert!(e.contains("in the batch script before srun"), "{e}");
+
+        let torchrun_two_nodes = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+        ];
+        let e = detect(&torchrun_two_nodes).unwrap_err().to_string();
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
+            "{e}"
+        );
+        let mut with_token = torchrun_two_nodes.to_vec();
+        with_token.push((TOKEN_ENV, "secret"));
+        assert!(detect(&with_token).expect("ok").is_some());
+    }
+
+    #[test]
+    fn a_one_node_slurm_step_meets_on_loopback_and_needs_no_secret() {
+        let env = detect(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "n1"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!(
+            (env.master_addr.as_str(), env.job_token),
+            ("127.0.0.1", None)
         );
     }
 

@@ -91,11 +91,17 @@
 //! or Open MPI's `mpirun` (`OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`). Under
 //! `mpirun` nothing else is needed on one host: `MASTER_ADDR` defaults to `127.0.0.1` when every
 //! rank is local (across hosts, set it: `mpirun -x MASTER_ADDR=<host of rank 0> ...`), and
-//! `MASTER_PORT` and the job token default to values derived from the Open MPI job id
+//! `MASTER_PORT` defaults to a value derived from the Open MPI job id
 //! (`OMPI_MCA_ess_base_jobid`, or `PMIX_NAMESPACE` on Open MPI 5; port in 10000..32000,
 //! below Linux's ephemeral ports, so no outgoing connection holds it), so concurrent jobs on
 //! one host use different ports and cannot join each other. A port that is taken makes rank 0
 //! fail, and `mpirun` then stops the job. See [`WorkerEnv`].
+//!
+//! **A job across nodes needs a secret** under every launcher: `DDP_JOB_TOKEN`, or under
+//! Open MPI 4 the per-job key `mpirun` gives its processes
+//! (`OMPI_MCA_orte_precondition_transports`). Job ids, host names and ports are public, so no
+//! token is derived from them; without a secret each worker stops with an error saying how to
+//! set one. On one node the ranks meet on loopback.
 //!
 //! # Failures, restarts, signals
 //! - When a worker exits non-zero or is killed by a signal, the others get SIGTERM, then

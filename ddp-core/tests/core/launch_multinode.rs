@@ -115,6 +115,37 @@ impl TwoNodes {
         wrapped.env("DDP_JOB_TOKEN", token);
         wrapped
     }
+
+    /// The worker program started directly on node `k` with torchrun's variables (one rank per
+    /// node, rank = k), as a user or another launcher would, with `DDP_JOB_TOKEN` only if given.
+    /// `local_world` passes `LOCAL_WORLD_SIZE=1`; without it the worker cannot tell the job
+    /// spans nodes, so only the process group's own check stands between it and the network.
+    fn torchrun_worker(&self, node_rank: usize, token: Option<&str>, local_world: bool) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[node_rank]])
+            .arg(worker_path())
+            .args(["--mode", "env"]);
+        for (k, v) in worker().get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        cmd.env("RANK", node_rank.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", "0")
+            .env("MASTER_ADDR", NODE0)
+            .env("MASTER_PORT", RDZV_PORT)
+            .env("DDP_TIMEOUT_SECS", "50")
+            .env_remove("DDP_JOB_TOKEN");
+        if local_world {
+            cmd.env("LOCAL_WORLD_SIZE", "1");
+        }
+        if let Some(token) = token {
+            cmd.env("DDP_JOB_TOKEN", token);
+        }
+        cmd
+    }
 }
 
 impl Drop for TwoNodes {
@@ -308,4 +339,46 @@ fn both_nodes_restart_together_after_a_failure() {
         port(0, 1, 0),
         "a fresh worker port on restart"
     );
+}
+
+#[test]
+#[ignore = "needs root and iproute2 (network namespaces); .ci/run runs it"]
+fn a_two_node_job_without_a_token_refuses_to_start_and_with_one_trains() {
+    let nodes = two_nodes();
+    // Refused by the worker environment (it knows the job spans nodes), then by the process
+    // group itself (it does not): each rank stops at once, naming the variable and the address.
+    for (local_world, says) in [
+        (
+            true,
+            "DDP_JOB_TOKEN: is not set, and this job runs on several nodes",
+        ),
+        (false, "DDP_JOB_TOKEN: is not set, but rank"),
+    ] {
+        let node0 = start(nodes.torchrun_worker(0, None, local_world));
+        let node1 = start(nodes.torchrun_worker(1, None, local_world));
+        for (k, out) in [node0.finish(), node1.finish()].into_iter().enumerate() {
+            assert!(
+                !out.status.success(),
+                "node {k} ran without a token:\n{}",
+                out.all()
+            );
+            assert!(out.stderr.contains(says), "node {k}:\n{}", out.all());
+            assert!(
+                out.stderr.contains("openssl rand"),
+                "node {k}:\n{}",
+                out.all()
+            );
+        }
+    }
+    let node0 = start(nodes.torchrun_worker(0, Some("a-secret"), false));
+    let node1 = start(nodes.torchrun_worker(1, Some("a-secret"), false));
+    for (rank, out) in [node0.finish(), node1.finish()].into_iter().enumerate() {
+        assert!(out.status.success(), "rank {rank}:\n{}", out.all());
+        // 1 + 2: the two ranks reduced over the veth link.
+        assert!(
+            out.stdout.contains(&format!("ALLREDUCE rank={rank} sum=3")),
+            "rank {rank}:\n{}",
+            out.all()
+        );
+    }
 }
