@@ -5,7 +5,11 @@
 //! beyond their limit, and never hang. The default case count is kept modest so that
 //! `cargo test` stays fast; set `PROPTEST_CASES` to run more.
 
-use proptest::prelude::ProptestConfig;
+use crate::collective::{CollectiveKind, Fingerprint};
+use crate::dtype::DataType;
+use crate::reduce_op::ReduceOp;
+use proptest::prelude::*;
+use proptest::sample::Index;
 use std::io::{self, Read};
 
 /// Cases per property when `PROPTEST_CASES` is not set.
@@ -19,6 +23,57 @@ pub(crate) fn config() -> ProptestConfig {
     }
     c.failure_persistence = None;
     c
+}
+
+/// Any valid fingerprint: every kind (1..=10), type (1..=7) and op (none, 1..=5).
+pub(crate) fn fingerprint() -> impl Strategy<Value = Fingerprint> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        1u8..=10,
+        1u8..=7,
+        0u8..=5,
+    )
+        .prop_filter_map(
+            "a valid kind, dtype and op",
+            |(seq, count, root, kind, dtype, op)| {
+                Some(Fingerprint {
+                    seq,
+                    kind: CollectiveKind::from_u8(kind)?,
+                    dtype: DataType::from_u8(dtype)?,
+                    op: if op == 0 {
+                        None
+                    } else {
+                        Some(ReduceOp::from_u8(op)?)
+                    },
+                    count,
+                    root,
+                })
+            },
+        )
+}
+
+/// `valid` (bytes a decoder accepts) as is, with a few bytes flipped, or (one case in eight)
+/// replaced by random bytes of the same length. Random bytes alone almost never get past a
+/// magic number or a type tag, so a property fed only those would test the first check and
+/// nothing behind it; these reach every check, and the code after them.
+pub(crate) fn mutated(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let len = valid.len();
+    prop_oneof![
+        7 => proptest::collection::vec((any::<Index>(), 1u8..=255), 0..=3).prop_map(
+            move |flips| {
+                let mut b = valid.clone();
+                if !b.is_empty() {
+                    for (at, xor) in flips {
+                        b[at.index(len)] ^= xor;
+                    }
+                }
+                b
+            }
+        ),
+        1 => proptest::collection::vec(any::<u8>(), len..=len),
+    ]
 }
 
 /// A reader that hands out `data` in pieces of the given sizes (cycling; a 0 is read as 1),

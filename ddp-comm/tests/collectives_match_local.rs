@@ -411,3 +411,74 @@ fn all_reduce_results_are_bitwise_identical_across_ranks() {
         }
     }
 }
+
+/// A mismatch, possibly wrapped with the rank it happened on.
+#[cfg(feature = "mpi")]
+fn is_mismatch(e: &ddp_comm::CommError) -> bool {
+    match e {
+        ddp_comm::CommError::Mismatch { .. } => true,
+        ddp_comm::CommError::WithRank { source, .. } => is_mismatch(source),
+        _ => false,
+    }
+}
+
+/// Ranks that pass different lengths to the same collective get the named mismatch error on
+/// every rank, before any data moves, instead of truncated, overrun or mispaired data. (Issue
+/// 29: the MPI transport used to ignore fingerprints.)
+#[cfg(feature = "mpi")]
+#[test]
+fn mismatched_lengths_are_an_error_not_corruption_mpi() {
+    common::mpi::run_test(
+        "mismatched_lengths_are_an_error_not_corruption_mpi",
+        2..=3,
+        |n| {
+            let results =
+                common::run_world_with(Setup::Mpi, n, std::time::Duration::from_secs(60), |pg| {
+                    let r = pg.rank();
+                    // Rank r passes 5 + r elements, all ones.
+                    let mut buf = vec![1.0f32; 5 + r];
+                    let e = pg
+                        .all_reduce(&mut buf, ReduceOp::Sum)
+                        .expect_err("different lengths must be refused");
+                    assert!(is_mismatch(&e), "rank {r}: expected a mismatch, got {e}");
+                    assert!(e.to_string().contains("all_reduce(f32 x"), "{e}");
+                    assert_eq!(buf, vec![1.0f32; 5 + r], "rank {r}'s buffer was touched");
+                    Ok(())
+                });
+            for res in results {
+                res.expect("the test body");
+            }
+        },
+    );
+}
+
+/// A receive whose length differs from the send's is the named mismatch, and the message is
+/// not left behind to be taken for the next one.
+#[cfg(feature = "mpi")]
+#[test]
+fn mismatched_send_recv_is_an_error_not_corruption_mpi() {
+    common::mpi::run_test(
+        "mismatched_send_recv_is_an_error_not_corruption_mpi",
+        2..=2,
+        |n| {
+            let results =
+                common::run_world_with(Setup::Mpi, n, std::time::Duration::from_secs(60), |pg| {
+                    // Rank 0 hosts the store: it stays until rank 1 has checked its error.
+                    if pg.rank() == 0 {
+                        pg.send(&[3.0f32; 4], 1, 9)?;
+                        pg.store().get("checked")?;
+                    } else {
+                        let mut got = [0.0f32; 6];
+                        let e = pg.recv(&mut got, 0, 9).expect_err("length mismatch");
+                        assert!(is_mismatch(&e), "expected a mismatch, got {e}");
+                        assert_eq!(got, [0.0f32; 6], "the receive buffer was touched");
+                        pg.store().set("checked", b"1")?;
+                    }
+                    Ok(())
+                });
+            for res in results {
+                res.expect("the test body");
+            }
+        },
+    );
+}

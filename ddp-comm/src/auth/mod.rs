@@ -3,6 +3,7 @@
 //! - `hello`: the messages and the HMAC-SHA256 proofs, as pure functions over bytes.
 //! - `handshake`: running it over a socket against one total deadline.
 //! - `async_respond`: the accepting side on a tokio socket, for event loops.
+//! - `pending`: the cap and grace period on hellos still running, for those event loops.
 //!
 //! Both sides of every connection prove they hold the token without sending it (a
 //! challenge-response over fresh nonces from both sides), so neither a stranger nor a replayed
@@ -12,6 +13,7 @@
 mod async_respond;
 mod handshake;
 mod hello;
+mod pending;
 
 pub(crate) use handshake::{HelloError, initiate};
 /// The accepting side on a tokio socket (the store's and the mesh listener's event loops).
@@ -19,6 +21,7 @@ pub(crate) mod event_loop {
     pub(crate) use super::async_respond::{answer, close_gracefully, respond};
 }
 pub(crate) use hello::Kind;
+pub(crate) use pending::{HelloSlot, PendingHellos};
 
 use crate::error::{CommError, Result};
 

@@ -24,14 +24,13 @@ pub(super) fn init(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGro
 fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     let advertise = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
     let server = super::bind::bind_store(&advertise, 0, config.store_config())?;
+    config.require_token_if_exposed("the store", server.local_addr().ip())?;
     let addr = format!("{advertise}:{}", server.local_addr().port());
     let store = Store::connect(&addr, config.store_config())?;
     let nonce = format!("{:016x}", rand::random::<u64>());
     store.set(NONCE_KEY, nonce.as_bytes())?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let io = |e| CommError::io(format!("file:// rendezvous: writing {}", path.display()), e);
-    std::fs::write(&tmp, format!("{addr} {nonce}\n")).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    publish(path, format!("{addr} {nonce}\n").as_bytes())
+        .map_err(|e| CommError::io(format!("file:// rendezvous: writing {}", path.display()), e))?;
     let hosted = HostedStore {
         server,
         linger: config.timeout,
@@ -77,8 +76,106 @@ fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     ))
 }
 
+/// Attempts at an unused temporary name before giving up (each name has 64 random bits, so a
+/// second attempt means someone planted files).
+const TEMP_ATTEMPTS: usize = 16;
+
+/// Replaces `path` atomically with `contents`: written to a new file of an unpredictable name
+/// in the same directory, then renamed over it. The temporary file is created with
+/// `O_CREAT|O_EXCL|O_NOFOLLOW`, so on a shared directory nobody can make us write through a
+/// symlink or into a file they prepared (as a fixed `path.tmp<pid>` allowed).
+fn publish(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "rendezvous".into());
+    let mut last = None;
+    for _ in 0..TEMP_ATTEMPTS {
+        let tmp = dir.join(format!(".{name}.{:016x}.tmp", rand::random::<u64>()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp);
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                tracing::warn!(tmp = %tmp.display(), "file:// rendezvous: temporary name taken, trying another");
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = file
+            .write_all(contents)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return written;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no unused temporary name")))
+}
+
 fn read_address(path: &Path) -> Option<(String, String)> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut parts = text.split_whitespace();
     Some((parts.next()?.to_string(), parts.next()?.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A symlink planted where the old code wrote its temporary file (`<path>.tmp<pid>`, a
+    /// name anyone could predict) is not followed: its target stays untouched, and the file
+    /// is published.
+    #[test]
+    fn a_planted_symlink_at_the_old_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("rendezvous");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").expect("victim");
+        let old_tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &old_tmp).expect("plant symlink");
+
+        publish(&path, b"127.0.0.1:1 abc\n").expect("publish");
+
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+        assert_eq!(
+            std::fs::read(&path).expect("published"),
+            b"127.0.0.1:1 abc\n"
+        );
+        assert!(
+            !std::fs::symlink_metadata(&path)
+                .expect("metadata")
+                .file_type()
+                .is_symlink(),
+            "the published file is a file of its own"
+        );
+        // No temporary file is left behind besides the planted link.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// Publishing over an existing file replaces it (the rename, not a write through it).
+    #[test]
+    fn publishing_twice_replaces_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("rendezvous");
+        publish(&path, b"one").expect("first");
+        publish(&path, b"two").expect("second");
+        assert_eq!(std::fs::read(&path).expect("read"), b"two");
+    }
 }

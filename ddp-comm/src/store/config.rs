@@ -4,8 +4,14 @@ use std::time::Duration;
 
 /// Default timeout for blocking store calls and for connecting.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default largest frame the store accepts (keys and values are small; 64 MiB is generous).
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+/// Default largest frame the store accepts: 4 MiB. What ranks keep there is small (addresses,
+/// NCCL ids, progress counters, failure reports, a `multi_get` of 1024 progress records), so
+/// this is generous while keeping what one client can make the server buffer small; raise it
+/// with [`StoreConfig::with_max_frame_bytes`] to keep larger values.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 << 20;
+/// Default most authenticated clients served at once: 16384, room for a 4096-rank job whose
+/// ranks each hold a few store connections (the group's, an address lookup, the watchdog's).
+pub const DEFAULT_MAX_CLIENTS: usize = 16384;
 /// Default time a new connection gets, in total, to complete its hello.
 pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -22,6 +28,9 @@ pub struct StoreConfig {
     /// Server side: total time a new connection gets to complete its hello, however slowly
     /// its bytes arrive; it is dropped at this deadline.
     pub hello_timeout: Duration,
+    /// Server side: most authenticated clients served at once; one more is refused at its
+    /// hello, so even token holders cannot exhaust the server's sockets and memory.
+    pub max_clients: usize,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -39,6 +48,7 @@ impl std::fmt::Debug for StoreConfig {
             )
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("hello_timeout", &self.hello_timeout)
+            .field("max_clients", &self.max_clients)
             .finish()
     }
 }
@@ -50,12 +60,13 @@ impl Default for StoreConfig {
             token: Vec::new(),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            max_clients: DEFAULT_MAX_CLIENTS,
         }
     }
 }
 
 impl StoreConfig {
-    /// Defaults: 300 s timeout, no token, 64 MiB frames, 10 s for a hello.
+    /// Defaults: 300 s timeout, no token, 4 MiB frames, 10 s for a hello, 16384 clients.
     pub fn new() -> Self {
         Self::default()
     }
@@ -77,6 +88,11 @@ impl StoreConfig {
     /// Sets the total time a new connection gets to complete its hello (server side).
     pub fn with_hello_timeout(mut self, timeout: Duration) -> Self {
         self.hello_timeout = timeout;
+        self
+    }
+    /// Sets the most authenticated clients served at once (server side).
+    pub fn with_max_clients(mut self, max: usize) -> Self {
+        self.max_clients = max;
         self
     }
 }

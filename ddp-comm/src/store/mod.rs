@@ -5,7 +5,7 @@
 //! - [`Store`]: the client, with `set`, `get`, `add`, `wait`, `compare_set`, `delete`,
 //!   `num_keys`, `check`, `multi_get` (many keys in one round trip, without waiting), and
 //!   [`Store::with_prefix`] namespaces.
-//! - [`StoreConfig`]: timeout, job token, frame limit.
+//! - [`StoreConfig`]: timeout, job token, frame limit, client limit.
 //!
 //! # Security
 //! Every connection starts with a hello in which client and server prove the job token to each
@@ -16,7 +16,10 @@
 //! network. A connection that has not proved the token gets a total deadline
 //! ([`StoreConfig::hello_timeout`]) however slowly it sends, and at most
 //! 64 such connections are kept at a time (a new one pushes out the oldest), so strangers
-//! cannot exhaust the server or keep real ranks out.
+//! cannot exhaust the server or keep real ranks out. Token holders are bounded too: a frame's
+//! body is read as its bytes arrive (a header announcing a large frame costs nothing until the
+//! bytes come), frames are limited ([`StoreConfig::max_frame_bytes`], 4 MiB by default) and at
+//! most [`StoreConfig::max_clients`] authenticated clients are served at once.
 //!
 //! # Timeouts
 //! Every blocking call has a deadline; `get` and `wait` report the keys still missing.
@@ -30,5 +33,8 @@ mod session;
 mod state;
 
 pub use client::Store;
-pub use config::{DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT, StoreConfig};
+pub use config::{
+    DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT,
+    StoreConfig,
+};
 pub use server::StoreServer;

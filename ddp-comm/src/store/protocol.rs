@@ -284,14 +284,49 @@ pub(crate) fn body_len(header: [u8; 4], max: usize) -> Result<usize, ReadFrameEr
     Ok(len)
 }
 
-/// Reads one frame, refusing (before allocating) any body longer than `max`.
+/// Reads one frame, refusing (before allocating) any body longer than `max`. The body's
+/// buffer grows as its bytes arrive, never to the announced length up front: a peer that
+/// announces a large frame and sends nothing costs nothing.
 pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Vec<u8>, ReadFrameError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(ReadFrameError::Io)?;
     let len = body_len(len, max)?;
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(ReadFrameError::Io)?;
+    let mut body = Vec::new();
+    r.take(len as u64)
+        .read_to_end(&mut body)
+        .map_err(ReadFrameError::Io)?;
+    check_complete(&body, len)?;
     Ok(body)
+}
+
+/// Reads one frame from a tokio socket, like [`read_frame`]: refused before allocating when
+/// over `max`, and the body's buffer grows only as its bytes arrive.
+pub(crate) async fn read_frame_async(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+    max: usize,
+) -> Result<Vec<u8>, ReadFrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await.map_err(ReadFrameError::Io)?;
+    let len = body_len(len, max)?;
+    let mut body = Vec::new();
+    r.take(len as u64)
+        .read_to_end(&mut body)
+        .await
+        .map_err(ReadFrameError::Io)?;
+    check_complete(&body, len)?;
+    Ok(body)
+}
+
+/// A body that ended before its announced length: the peer closed mid-frame.
+fn check_complete(body: &[u8], len: usize) -> Result<(), ReadFrameError> {
+    if body.len() < len {
+        return Err(ReadFrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the frame ended after {} of its {len} bytes", body.len()),
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,12 +8,9 @@
 //!
 //! Until a connection has proved the token it is *pending*: it must finish its hello within
 //! [`StoreConfig::hello_timeout`] in total (a `tokio::time` deadline on the whole hello,
-//! however slowly its bytes arrive), and at most [`MAX_PENDING`] run at once. With that many
-//! running, new connections wait in the listen backlog and the oldest hello is pushed out once
-//! it has run [`PENDING_GRACE`] (a real rank says hello within milliseconds, so the oldest
-//! pending connection is the likeliest to be a stranger; a real client pushed out in a storm
-//! simply connects again). Idle or dripping strangers therefore cannot exhaust the server nor
-//! lock real ranks out.
+//! however slowly its bytes arrive), and the hellos running at once are capped with a grace
+//! period (`auth::pending`, shared with the mesh listener). Idle or dripping strangers
+//! therefore cannot exhaust the server nor lock real ranks out.
 //!
 //! Shutdown stops the event loop and drops every task with it: each client's socket closes,
 //! including those waiting in `get` or `wait`, so no waiter can sleep through it.
@@ -21,23 +18,16 @@
 use super::config::StoreConfig;
 use super::session::{Served, serve};
 use super::state::State;
+use crate::auth::PendingHellos;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
-use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
 
-/// Most connections kept at once that have not proved the token yet.
-pub(crate) const MAX_PENDING: usize = 64;
-/// How long a hello may run before, with [`MAX_PENDING`] running, it is pushed out to make
-/// room: under a storm of real ranks every hello gets this long (the others wait in the
-/// listen backlog meanwhile), and idle strangers still cannot hold the slots.
-const PENDING_GRACE: Duration = Duration::from_millis(50);
 /// How long the accept loop pauses after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -156,47 +146,16 @@ impl Drop for StoreServer {
     }
 }
 
-/// Connections still in their hello, oldest first: id, when accepted, the task.
-#[derive(Debug, Default)]
-struct Pending {
-    tasks: VecDeque<(u64, tokio::time::Instant, AbortHandle)>,
-}
-
-fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
-    p.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     served: Arc<Served>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let pending = Arc::new(Mutex::new(Pending::default()));
-    let slot_freed = Arc::new(tokio::sync::Notify::new());
-    let mut next_id = 0u64;
+    let pending = PendingHellos::new("store");
     loop {
         // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
-        loop {
-            let oldest = {
-                let p = lock(&pending);
-                (p.tasks.len() >= MAX_PENDING)
-                    .then(|| p.tasks.front().map(|(_, since, _)| *since))
-                    .flatten()
-            };
-            let Some(since) = oldest else { break };
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = slot_freed.notified() => {}
-                _ = tokio::time::sleep_until(since + PENDING_GRACE) => {
-                    if let Some((_, _, task)) = lock(&pending).tasks.pop_front() {
-                        tracing::warn!(
-                            limit = MAX_PENDING,
-                            "store: too many connections without a hello; dropping the oldest"
-                        );
-                        task.abort();
-                    }
-                }
-            }
+        if pending.room(&mut stop).await.is_err() {
+            return;
         }
         let accepted = tokio::select! {
             _ = &mut stop => return,
@@ -211,18 +170,8 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        next_id += 1;
-        let id = next_id;
         let deadline = tokio::time::Instant::from_std(deadline_after(served.config.hello_timeout));
-        let (p, freed) = (pending.clone(), slot_freed.clone());
-        let task = tokio::spawn(serve(served.clone(), stream, peer, deadline, move || {
-            lock(&p).tasks.retain(|(t, _, _)| *t != id);
-            freed.notify_one();
-        }));
-        // The task cannot have run yet (this loop has not yielded), so it is listed before it
-        // can take itself off the list.
-        lock(&pending)
-            .tasks
-            .push_back((id, tokio::time::Instant::now(), task.abort_handle()));
+        let served = served.clone();
+        pending.spawn(move |slot| serve(served, stream, peer, deadline, move || drop(slot)));
     }
 }

@@ -2,13 +2,13 @@
 //! requests until the client leaves.
 
 use super::config::StoreConfig;
-use super::protocol::{FrameWriter, Malformed, ReadFrameError, Status, VERSION, body_len};
+use super::protocol::{FrameWriter, Malformed, ReadFrameError, Status, VERSION, read_frame_async};
 use super::state::State;
 use crate::auth::{Kind, event_loop};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// What a connection task needs from the server.
@@ -16,22 +16,26 @@ use tokio::net::TcpStream;
 pub(super) struct Served {
     pub(super) state: State,
     pub(super) config: StoreConfig,
-    /// Authenticated clients currently connected.
+    /// Authenticated clients currently connected (at most `config.max_clients`).
     pub(super) clients: AtomicUsize,
 }
 
-/// Counts a client for as long as it is held, however its task ends (even when the event loop
-/// drops it at shutdown).
-struct Counted<'a>(&'a AtomicUsize);
+/// Holds one of the server's client slots for as long as it lives, however its task ends (even
+/// when the event loop drops it at shutdown).
+struct Slot<'a>(&'a AtomicUsize);
 
-impl<'a> Counted<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::SeqCst);
-        Counted(n)
+impl<'a> Slot<'a> {
+    /// Takes a slot, or `None` when `max` clients are already served.
+    fn take(n: &'a AtomicUsize, max: usize) -> Option<Self> {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+            (c < max).then_some(c + 1)
+        })
+        .ok()
+        .map(|_| Slot(n))
     }
 }
 
-impl Drop for Counted<'_> {
+impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -49,8 +53,8 @@ pub(super) async fn serve(
 ) {
     let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
     hello_done();
-    match hello {
-        Ok(Ok(())) => {}
+    let _slot = match hello {
+        Ok(Ok(slot)) => slot,
         Ok(Err(reason)) => {
             tracing::warn!(%peer, %reason, "store: rejected a connection");
             return;
@@ -63,10 +67,9 @@ pub(super) async fn serve(
             );
             return;
         }
-    }
-    let _counted = Counted::new(&served.clients);
+    };
     loop {
-        let body = match read_frame(&mut stream, served.config.max_frame_bytes).await {
+        let body = match read_frame_async(&mut stream, served.config.max_frame_bytes).await {
             Ok(body) => body,
             Err(ReadFrameError::Io(_)) => return, // client left
             Err(ReadFrameError::TooLarge { len, max }) => {
@@ -95,24 +98,10 @@ pub(super) async fn serve(
     }
 }
 
-/// Reads one frame, refusing (before allocating) any body longer than `max`.
-async fn read_frame(stream: &mut TcpStream, max: usize) -> Result<Vec<u8>, ReadFrameError> {
-    let mut header = [0u8; 4];
-    stream
-        .read_exact(&mut header)
-        .await
-        .map_err(ReadFrameError::Io)?;
-    let mut body = vec![0u8; body_len(header, max)?];
-    stream
-        .read_exact(&mut body)
-        .await
-        .map_err(ReadFrameError::Io)?;
-    Ok(body)
-}
-
-/// The hello (`auth`), then the protocol version check; the client is told why it is refused
-/// when it can still hear it.
-async fn authenticate(served: &Served, stream: &mut TcpStream) -> Result<(), String> {
+/// The hello (`auth`), the protocol version check, then a client slot; the client is told why
+/// it is refused when it can still hear it. The slot is taken before the verdict is sent (so
+/// an admitted client always has one) and given back if the verdict cannot be sent.
+async fn authenticate<'s>(served: &'s Served, stream: &mut TcpStream) -> Result<Slot<'s>, String> {
     let verified = event_loop::respond(stream, &served.config.token, Kind::Store).await?;
     let version = match verified.claims.as_slice() {
         [a, b] => Some(u16::from_le_bytes([*a, *b])),
@@ -128,5 +117,14 @@ async fn authenticate(served: &Served, stream: &mut TcpStream) -> Result<(), Str
         let _ = event_loop::answer(stream, Err(&reason)).await;
         return Err(reason);
     }
-    event_loop::answer(stream, Ok(())).await
+    let max = served.config.max_clients;
+    let Some(slot) = Slot::take(&served.clients, max) else {
+        let reason = format!(
+            "the store already serves its limit of {max} clients (StoreConfig::max_clients); \
+             try again later"
+        );
+        let _ = event_loop::answer(stream, Err(&reason)).await;
+        return Err(reason);
+    };
+    event_loop::answer(stream, Ok(())).await.map(|()| slot)
 }

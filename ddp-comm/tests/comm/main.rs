@@ -8,6 +8,7 @@ mod abort_is_prompt;
 mod failures_are_named;
 mod groups_and_init;
 mod hello_is_mutual;
+mod mesh_flood;
 mod mesh_strangers;
 mod mpi_selection;
 mod shm_setup;

@@ -13,9 +13,12 @@
 //!   whole job through `mpirun`/`srun`, as usual with MPI.
 //! - `f16`/`bf16` reduce with ddp-comm's own arithmetic (MPI has no half types), so results
 //!   match the other transports; `Avg` is a sum divided locally.
-//! - Collectives carry no fingerprint here: ranks that call different collectives, or pass
-//!   different lengths, make an erroneous MPI program (MPI's error, or a hang), not ddp-comm's
-//!   named mismatch.
+//! - Before any data moves, every collective compares its fingerprint (kind, type, op, root,
+//!   sequence number and length) across the group in one small all-reduce (the maximum of the
+//!   words and of their complements, so the minimum too), and point-to-point messages are
+//!   preceded by the sender's fingerprint. Ranks that disagree get the same
+//!   [`CommError::Mismatch`] as on the other transports, never truncated, overrun or mispaired
+//!   data.
 
 mod call;
 mod runtime;
@@ -32,6 +35,10 @@ use types::{datatype, operation};
 
 /// Tag of point-to-point messages; MPI keeps them in order per sender and communicator.
 const P2P_TAG: c_int = 0;
+/// Tag of the fingerprint sent ahead of each point-to-point message.
+const FP_TAG: c_int = 1;
+/// Words of a fingerprint on the wire: `seq`, `count`, [`Fingerprint::packed`].
+const FP_WORDS: usize = 3;
 
 /// One group's MPI communicator.
 struct Comm(ffi::MPI_Comm);
@@ -58,6 +65,10 @@ pub(crate) struct MpiTransport {
     comm: Comm,
     /// Group size.
     n: usize,
+    /// Global rank of each group rank (its rank in this communicator), for errors.
+    ranks: Vec<usize>,
+    /// This process's group rank.
+    me: usize,
     /// A copy of the input for the collectives MPI cannot run in place portably (MPI_IN_PLACE
     /// is not exported by rsmpi); `u64` keeps it aligned for every element type.
     scratch: Vec<u64>,
@@ -89,6 +100,8 @@ pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
         transport: Box::new(MpiTransport {
             comm,
             n: ranks.len(),
+            ranks: ranks.to_vec(),
+            me,
             scratch: Vec::new(),
         }),
         backend: "mpi",
@@ -208,10 +221,123 @@ impl MpiTransport {
     fn avg_divisor(&self, op: ReduceOp) -> Option<usize> {
         (op == ReduceOp::Avg).then_some(self.n)
     }
+
+    /// Checks that every rank of the group runs the collective `fp` describes, with the same
+    /// lengths, before any data moves: MPI would otherwise truncate, overrun, or pair chunk
+    /// loops with the next collective. Every rank takes the same branch (they all see the same
+    /// maximum and minimum), so a mismatch never leaves a rank waiting in MPI.
+    ///
+    /// # Errors
+    /// [`CommError::Mismatch`] naming the first rank whose call differs from ours; MPI errors.
+    fn agree(&mut self, fp: &Fingerprint) -> Result<()> {
+        let mine = fingerprint_words(fp);
+        let mut both = [0u64; 2 * FP_WORDS];
+        for (i, w) in mine.iter().enumerate() {
+            both[i] = *w;
+            both[FP_WORDS + i] = !*w;
+        }
+        let mut extremes = [0u64; 2 * FP_WORDS];
+        // SAFETY: reading constants the MPI library exports.
+        let (u64_t, max) = unsafe { (ffi::RSMPI_UINT64_T, ffi::RSMPI_MAX) };
+        // SAFETY: both arrays hold `2 * FP_WORDS` u64 and do not overlap.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                both.as_ptr().cast(),
+                extremes.as_mut_ptr().cast(),
+                (2 * FP_WORDS) as c_int,
+                u64_t,
+                max,
+                self.comm.0,
+            )
+        };
+        check("MPI_Allreduce (fingerprints)", rc)?;
+        // Our words are the group's maximum and (complemented) minimum: all ranks agree.
+        if extremes == both {
+            return Ok(());
+        }
+        // Someone differs: find out who, all ranks together.
+        let mut all = vec![0u64; FP_WORDS * self.n];
+        // SAFETY: `all` holds `FP_WORDS` words per rank of the communicator.
+        let rc = unsafe {
+            ffi::MPI_Allgather(
+                mine.as_ptr().cast(),
+                FP_WORDS as c_int,
+                u64_t,
+                all.as_mut_ptr().cast(),
+                FP_WORDS as c_int,
+                u64_t,
+                self.comm.0,
+            )
+        };
+        check("MPI_Allgather (fingerprints)", rc)?;
+        let differs = all
+            .chunks_exact(FP_WORDS)
+            .position(|theirs| theirs != mine)
+            .unwrap_or(self.me);
+        let theirs = &all[differs * FP_WORDS..(differs + 1) * FP_WORDS];
+        self.mismatch(fp, theirs, differs)
+    }
+
+    /// The error for a peer whose fingerprint words differ from `fp`.
+    fn mismatch(&self, fp: &Fingerprint, theirs: &[u64], peer: usize) -> Result<()> {
+        let (me, them) = (self.ranks[self.me], self.ranks[peer]);
+        match Fingerprint::unpack(theirs[0], theirs[1], theirs[2]) {
+            Some(theirs) => fp.expect_same(&theirs, me, them),
+            None => Err(CommError::Mismatch {
+                seq: fp.seq,
+                rank: me,
+                ours: format!("{fp} as collective #{}", fp.seq),
+                peer: them,
+                theirs: format!(
+                    "an unknown collective (fingerprint words {theirs:x?}; another ddp-comm \
+                     version?)"
+                ),
+            }),
+        }
+    }
+}
+
+/// The words a fingerprint is compared in.
+fn fingerprint_words(fp: &Fingerprint) -> [u64; FP_WORDS] {
+    [fp.seq, fp.count, fp.packed()]
+}
+
+impl MpiTransport {
+    /// Receives `src`'s next message, whatever its length, and drops it.
+    fn drop_message(&mut self, src: usize) -> Result<()> {
+        // SAFETY: reading constants the MPI library exports.
+        let (byte, ignore) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_STATUS_IGNORE) };
+        // SAFETY: a zeroed status is a valid out-parameter for MPI_Probe.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid communicator and status.
+        check("MPI_Probe", unsafe {
+            ffi::MPI_Probe(src as c_int, P2P_TAG, self.comm.0, &mut status)
+        })?;
+        let mut len: c_int = 0;
+        // SAFETY: the status MPI_Probe filled.
+        check("MPI_Get_count", unsafe {
+            ffi::MPI_Get_count(&status, byte, &mut len)
+        })?;
+        let mut sink = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        // SAFETY: `sink` holds `len` bytes.
+        let rc = unsafe {
+            ffi::MPI_Recv(
+                recv_ptr(&mut sink),
+                len,
+                byte,
+                src as c_int,
+                P2P_TAG,
+                self.comm.0,
+                ignore,
+            )
+        };
+        check("MPI_Recv (dropped message)", rc)
+    }
 }
 
 impl Transport for MpiTransport {
     fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+        self.agree(fp)?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
         let size = fp.dtype.size_bytes();
         let comm = self.comm.0;
@@ -238,7 +364,8 @@ impl Transport for MpiTransport {
         Ok(())
     }
 
-    fn broadcast(&mut self, _fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {
+    fn broadcast(&mut self, fp: &Fingerprint, buf: &mut [u8], root: usize) -> Result<()> {
+        self.agree(fp)?;
         // SAFETY: reading a constant the MPI library exports.
         let byte = unsafe { ffi::RSMPI_UINT8_T };
         for piece in buf.chunks_mut(CHUNK_ELEMENTS) {
@@ -251,7 +378,8 @@ impl Transport for MpiTransport {
         Ok(())
     }
 
-    fn all_gather(&mut self, _fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+    fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        self.agree(fp)?;
         let n = count("all_gather", input.len())?;
         // SAFETY: reading a constant the MPI library exports.
         let byte = unsafe { ffi::RSMPI_UINT8_T };
@@ -277,6 +405,7 @@ impl Transport for MpiTransport {
         output: &mut [u8],
         op: ReduceOp,
     ) -> Result<()> {
+        self.agree(fp)?;
         let n = count("reduce_scatter", output.len() / fp.dtype.size_bytes())?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
         // SAFETY: `input` holds `world * output.len()` bytes (checked by the caller).
@@ -304,6 +433,7 @@ impl Transport for MpiTransport {
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
+        self.agree(fp)?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
         let size = fp.dtype.size_bytes();
         let comm = self.comm.0;
@@ -340,11 +470,12 @@ impl Transport for MpiTransport {
 
     fn gather(
         &mut self,
-        _fp: &Fingerprint,
+        fp: &Fingerprint,
         input: &[u8],
         output: Option<&mut [u8]>,
         root: usize,
     ) -> Result<()> {
+        self.agree(fp)?;
         let n = count("gather", input.len())?;
         // SAFETY: reading a constant the MPI library exports.
         let byte = unsafe { ffi::RSMPI_UINT8_T };
@@ -367,11 +498,12 @@ impl Transport for MpiTransport {
 
     fn scatter(
         &mut self,
-        _fp: &Fingerprint,
+        fp: &Fingerprint,
         input: Option<&[u8]>,
         output: &mut [u8],
         root: usize,
     ) -> Result<()> {
+        self.agree(fp)?;
         let n = count("scatter", output.len())?;
         // SAFETY: reading a constant the MPI library exports.
         let byte = unsafe { ffi::RSMPI_UINT8_T };
@@ -394,6 +526,7 @@ impl Transport for MpiTransport {
 
     /// `MPI_Alltoall`, one block of the element type per rank.
     fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
+        self.agree(fp)?;
         let n = count("all_to_all", input.len() / self.n / fp.dtype.size_bytes())?;
         let dt = datatype(fp.dtype);
         // SAFETY: `input` and `output` each hold `world` blocks of `n` elements (checked by the
@@ -404,26 +537,67 @@ impl Transport for MpiTransport {
         check("MPI_Alltoall", rc)
     }
 
-    fn barrier(&mut self, _fp: &Fingerprint) -> Result<()> {
+    fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {
+        self.agree(fp)?;
         // SAFETY: a valid communicator.
         check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.comm.0) })
     }
 
-    fn send(&mut self, _fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
-        // SAFETY: reading a constant the MPI library exports.
-        let byte = unsafe { ffi::RSMPI_UINT8_T };
+    /// The fingerprint, then the message, so the receiver can check it before taking data.
+    fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
+        // SAFETY: reading constants the MPI library exports.
+        let (byte, u64_t) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_UINT64_T) };
         let n = count("send", buf.len())?;
+        let words = fingerprint_words(fp);
+        // SAFETY: `words` holds `FP_WORDS` u64.
+        let rc = unsafe {
+            ffi::MPI_Send(
+                words.as_ptr().cast(),
+                FP_WORDS as c_int,
+                u64_t,
+                dst as c_int,
+                FP_TAG,
+                self.comm.0,
+            )
+        };
+        check("MPI_Send (fingerprint)", rc)?;
         // SAFETY: `buf` holds `n` bytes.
         let rc =
             unsafe { ffi::MPI_Send(send_ptr(buf), n, byte, dst as c_int, P2P_TAG, self.comm.0) };
         check("MPI_Send", rc)
     }
 
-    fn recv(&mut self, _fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
+    /// Checks the sender's fingerprint first; on a mismatch the message is received into
+    /// scratch and dropped (so it cannot be taken for the next one), and the mismatch returned.
+    fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
         // SAFETY: reading constants the MPI library exports.
-        let (byte, ignore) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_STATUS_IGNORE) };
+        let (byte, u64_t, ignore) = unsafe {
+            (
+                ffi::RSMPI_UINT8_T,
+                ffi::RSMPI_UINT64_T,
+                ffi::RSMPI_STATUS_IGNORE,
+            )
+        };
         let n = count("recv", buf.len())?;
-        // SAFETY: `buf` holds `n` bytes; a longer message is an MPI error (truncation).
+        let mut theirs = [0u64; FP_WORDS];
+        // SAFETY: `theirs` holds `FP_WORDS` u64.
+        let rc = unsafe {
+            ffi::MPI_Recv(
+                theirs.as_mut_ptr().cast(),
+                FP_WORDS as c_int,
+                u64_t,
+                src as c_int,
+                FP_TAG,
+                self.comm.0,
+                ignore,
+            )
+        };
+        check("MPI_Recv (fingerprint)", rc)?;
+        if theirs != fingerprint_words(fp) {
+            self.drop_message(src)?;
+            return self.mismatch(fp, &theirs, src);
+        }
+        // SAFETY: `buf` holds `n` bytes, the length the sender's fingerprint announced.
         let rc = unsafe {
             ffi::MPI_Recv(
                 recv_ptr(buf),

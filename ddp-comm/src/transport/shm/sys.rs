@@ -208,6 +208,13 @@ impl Drop for Segment {
 /// user. The checks are made on the open descriptor, so the name cannot be swapped between
 /// check and use.
 pub(super) fn open_own_file(path: &Path, write: bool) -> io::Result<File> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    open_file_of(path, write, unsafe { libc::geteuid() })
+}
+
+/// [`open_own_file`] for the user `me`: tests pass another uid to see the ownership check
+/// refuse a file without having to be root to give one away.
+fn open_file_of(path: &Path, write: bool, me: u32) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(write)
@@ -243,8 +250,6 @@ pub(super) fn open_own_file(path: &Path, write: bool) -> io::Result<File> {
             format!("{} is {what}, not a shared-memory segment", path.display()),
         ));
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -377,18 +382,30 @@ mod tests {
         assert!(e.to_string().contains("a FIFO"), "{e}");
     }
 
+    /// A file owned by another user is refused. As root, a segment is given away and opened
+    /// for real; as anyone else (who cannot give a file away) the same check on the same
+    /// descriptor runs as if we were another user, so it is exercised either way.
     #[test]
     fn shm_segment_of_another_user_is_refused() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let path = dir.path().join("foreign");
         let _seg = Segment::create(&path, 8192, b"hello").unwrap();
-        // Only root can give a file away; as any other user this check cannot be staged.
-        if std::os::unix::fs::chown(&path, Some(65534), Some(65534)).is_err() {
-            eprintln!("not root: cannot plant a file owned by another user, check skipped");
-            return;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let stranger = if me == 65534 { 65533 } else { 65534 };
+        // Our own file passes; seen by another user, it is refused naming its owner.
+        assert!(open_file_of(&path, false, me).is_ok());
+        let e = open_file_of(&path, true, stranger).expect_err("someone else's file");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(
+            e.to_string().contains(&format!("belongs to uid {me}")),
+            "{e}"
+        );
+        // Only root can give a file away: then the real path, Segment::open, is checked too.
+        if std::os::unix::fs::chown(&path, Some(stranger), Some(stranger)).is_ok() {
+            let e = Segment::open(&path).expect_err("another user's file must be refused");
+            assert!(e.to_string().contains(&format!("uid {stranger}")), "{e}");
         }
-        let e = Segment::open(&path).expect_err("another user's file must be refused");
-        assert!(e.to_string().contains("uid 65534"), "{e}");
     }
 
     #[test]

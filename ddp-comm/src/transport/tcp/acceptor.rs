@@ -4,28 +4,26 @@
 //! It runs a single-threaded tokio runtime on its own thread. Every accepted connection is a
 //! task that must complete the hello (`auth`: both sides prove the job token, the initiator
 //! claims its group and rank under its proof) within [`HELLO_TIMEOUT`] in total, however
-//! slowly its bytes arrive; at most [`MAX_PENDING`] hellos run at once, one more pushes out
-//! the oldest. A stranger (garbage, a wrong token, a replayed hello, another group, a rank
+//! slowly its bytes arrive; the hellos running at once are capped with a grace period
+//! (`auth::pending`, the store's scheme), so a flood of idle connections is drained at a
+//! bounded pace and cannot push a real rank out the moment it is accepted. A stranger (garbage, a wrong token, a replayed hello, another group, a rank
 //! that is already connected) is refused, logged, and never reaches the transport, so it
-//! neither delays nor gets blamed on a real rank. Admitted peers are handed over, as blocking
-//! sockets, through a channel.
+//! neither delays nor gets blamed on a real rank. A rank is admitted only once the accepting
+//! verdict has been written; admitted peers are handed over, as blocking sockets, through a
+//! channel.
 
-use crate::auth::{Kind, event_loop};
+use crate::auth::{HelloSlot, Kind, PendingHellos, event_loop};
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
-use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
 
 /// How long, in total, an accepted connection gets to complete its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most hellos run at once.
-pub(crate) const MAX_PENDING: usize = 64;
 /// Pause after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Bytes of a mesh hello's claims: group rank, group size (u32 LE each), group id (u64 LE).
@@ -156,14 +154,21 @@ impl Claims {
     }
 }
 
-/// Which group ranks have been admitted (each at most once), and the hellos still running.
-#[derive(Debug)]
-struct Book {
-    admitted: Vec<bool>,
-    pending: VecDeque<(u64, AbortHandle)>,
+/// Where a group rank stands with this listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seat {
+    Free,
+    /// Its hello passed and the accepting verdict is being written: a second hello for the
+    /// same rank is refused meanwhile.
+    Reserved,
+    /// The verdict was written: the connection belongs to the transport.
+    Admitted,
 }
 
-fn lock(b: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
+/// Where each group rank stands (each is admitted at most once).
+type Book = Mutex<Vec<Seat>>;
+
+fn lock(b: &Book) -> std::sync::MutexGuard<'_, Vec<Seat>> {
     b.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -173,12 +178,13 @@ async fn accept_loop(
     arrived: mpsc::Sender<Arrival>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let book = Arc::new(Mutex::new(Book {
-        admitted: vec![false; expect.group_size],
-        pending: VecDeque::new(),
-    }));
-    let mut next_id = 0u64;
+    let book: Arc<Book> = Arc::new(Mutex::new(vec![Seat::Free; expect.group_size]));
+    let pending = PendingHellos::new("rendezvous");
     loop {
+        // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
+        if pending.room(&mut stop).await.is_err() {
+            return;
+        }
         let accepted = tokio::select! {
             _ = &mut stop => return,
             accepted = listener.accept() => accepted,
@@ -191,36 +197,9 @@ async fn accept_loop(
                 continue;
             }
         };
-        next_id += 1;
-        let id = next_id;
         let deadline = tokio::time::Instant::from_std(deadline_after(HELLO_TIMEOUT));
-        let task = tokio::spawn(hello(
-            stream,
-            from,
-            deadline,
-            expect.clone(),
-            book.clone(),
-            id,
-            arrived.clone(),
-        ));
-        // The task has not run yet (this loop has not yielded): it is listed before it can
-        // take itself off the list.
-        let evicted = {
-            let mut b = lock(&book);
-            b.pending.push_back((id, task.abort_handle()));
-            if b.pending.len() > MAX_PENDING {
-                b.pending.pop_front()
-            } else {
-                None
-            }
-        };
-        if let Some((_, oldest)) = evicted {
-            tracing::warn!(
-                limit = MAX_PENDING,
-                "rendezvous: too many hellos at once; dropping the oldest"
-            );
-            oldest.abort();
-        }
+        let (expect, book, arrived) = (expect.clone(), book.clone(), arrived.clone());
+        pending.spawn(move |slot| hello(stream, from, deadline, expect, book, slot, arrived));
     }
 }
 
@@ -230,12 +209,12 @@ async fn hello(
     from: SocketAddr,
     deadline: tokio::time::Instant,
     expect: Arc<Expect>,
-    book: Arc<Mutex<Book>>,
-    id: u64,
+    book: Arc<Book>,
+    slot: HelloSlot,
     arrived: mpsc::Sender<Arrival>,
 ) {
     let outcome = tokio::time::timeout_at(deadline, admit(&mut stream, &expect, &book)).await;
-    lock(&book).pending.retain(|(p, _)| *p != id);
+    drop(slot);
     let group_rank = match outcome {
         Ok(Ok(r)) => r,
         Ok(Err(reason)) => {
@@ -264,12 +243,32 @@ async fn hello(
     }
 }
 
-/// Runs the hello and checks the claims; returns the peer's group rank, or why it was refused
-/// (having told it).
+/// Gives a reserved seat back unless it was admitted: when the verdict could not be written,
+/// or the hello was dropped (deadline, pushed out) while writing it, the rank may connect
+/// again.
+struct Reservation<'a> {
+    book: &'a Book,
+    rank: usize,
+    admitted: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut b = lock(self.book);
+        b[self.rank] = if self.admitted {
+            Seat::Admitted
+        } else {
+            Seat::Free
+        };
+    }
+}
+
+/// Runs the hello and checks the claims; returns the peer's group rank once the accepting
+/// verdict has been written, or why it was refused (having told it).
 async fn admit(
     stream: &mut tokio::net::TcpStream,
     expect: &Expect,
-    book: &Mutex<Book>,
+    book: &Book,
 ) -> std::result::Result<usize, String> {
     let verified = event_loop::respond(stream, &expect.token, Kind::Mesh).await?;
     let verdict = match Claims::decode(&verified.claims) {
@@ -286,16 +285,25 @@ async fn admit(
         Some(c) => {
             let r = c.group_rank as usize;
             let mut b = lock(book);
-            if b.admitted[r] {
+            if b[r] != Seat::Free {
                 Err(format!("group rank {r} is already connected"))
             } else {
-                b.admitted[r] = true;
+                b[r] = Seat::Reserved;
                 Ok(r)
             }
         }
     };
     match verdict {
-        Ok(r) => event_loop::answer(stream, Ok(())).await.map(|()| r),
+        Ok(rank) => {
+            let mut seat = Reservation {
+                book,
+                rank,
+                admitted: false,
+            };
+            event_loop::answer(stream, Ok(())).await?;
+            seat.admitted = true;
+            Ok(rank)
+        }
         Err(reason) => {
             let _ = event_loop::answer(stream, Err(&reason)).await;
             Err(reason)

@@ -259,37 +259,64 @@ impl Mesh {
                     from: "store".into(),
                     reason: format!("address of rank {global} is not host:port"),
                 })?;
-        let mut s = connect_retrying(addr, deadline, &self.live).map_err(|e| {
-            CommError::io(
-                format!(
-                    "rendezvous: could not connect to rank {global} at {addr} within {:?}",
-                    self.timeout
-                ),
-                e,
-            )
-        })?;
         let claims = Claims {
             group_rank: self.me as u32,
             group_size: self.n() as u32,
             group_id: self.group_id,
         }
         .encode();
-        match auth::initiate(&mut s, &self.token, Kind::Mesh, &claims, deadline) {
-            Ok(()) => Ok(s),
-            Err(HelloError::Refused(reason)) => Err(CommError::Unauthorized {
-                peer: format!("rank {global}"),
-                reason,
-            }),
-            Err(HelloError::Unproven) => Err(CommError::Unauthorized {
-                peer: format!("rank {global} at {addr}"),
-                reason: "it could not prove the job token (is DDP_JOB_TOKEN the same on every \
-                         rank?)"
-                    .into(),
-            }),
-            Err(HelloError::Io(e)) => Err(CommError::io(
-                format!("rendezvous: greeting rank {global} at {addr}"),
-                e,
-            )),
+        // A connection dropped before its verdict (the listener pushed it out of a flood of
+        // strangers' connections, say) is tried again until the deadline: only a refusal or a
+        // peer that cannot prove the token is final.
+        let mut dropped = 0usize;
+        loop {
+            let mut s = connect_retrying(addr, deadline, &self.live).map_err(|e| {
+                CommError::io(
+                    format!(
+                        "rendezvous: could not connect to rank {global} at {addr} within {:?}",
+                        self.timeout
+                    ),
+                    e,
+                )
+            })?;
+            match auth::initiate(&mut s, &self.token, Kind::Mesh, &claims, deadline) {
+                Ok(()) => return Ok(s),
+                Err(HelloError::Refused(reason)) => {
+                    return Err(CommError::Unauthorized {
+                        peer: format!("rank {global}"),
+                        reason,
+                    });
+                }
+                Err(HelloError::Unproven) => {
+                    return Err(CommError::Unauthorized {
+                        peer: format!("rank {global} at {addr}"),
+                        reason: "it could not prove the job token (is DDP_JOB_TOKEN the same on \
+                                 every rank?)"
+                            .into(),
+                    });
+                }
+                Err(HelloError::Io(e)) if Instant::now() < deadline && !self.live.aborted() => {
+                    dropped += 1;
+                    tracing::debug!(
+                        peer = global,
+                        %addr,
+                        attempt = dropped,
+                        error = %e,
+                        "rendezvous: connection dropped before the verdict; connecting again"
+                    );
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+                Err(HelloError::Io(e)) => {
+                    return Err(CommError::io(
+                        format!(
+                            "rendezvous: greeting rank {global} at {addr} ({} attempt(s) dropped \
+                             before the verdict)",
+                            dropped + 1
+                        ),
+                        e,
+                    ));
+                }
+            }
         }
     }
 }
