@@ -86,9 +86,14 @@ where
                 .broadcast(&mut older, 0)
                 .context("sharing whether older checkpoints exist")?;
             if main {
-                eprintln!("{name}: --fresh: ignoring checkpoints in {dir}");
+                eprintln!("{name}: --fresh: starting over (removing the checkpoints in {dir})");
             }
             if older[0] == 1 {
+                // The older run's checkpoints go: a save never moves `latest` below a newer
+                // valid checkpoint, and left behind they would never be pruned.
+                checkpoints
+                    .rewind_to(0)
+                    .context("removing the older run's checkpoints for --fresh")?;
                 checkpoints
                     .save(
                         model,

@@ -9,7 +9,8 @@ use super::reader::{find_latest_valid, read_latest, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0};
 use super::writer::{
-    checkpoint_name, clean_temporaries, ensure_dir, list_checkpoints, prune, write_checkpoint,
+    check_not_backwards, checkpoint_name, clean_temporaries, ensure_dir, list_checkpoints, prune,
+    remove_newer_than, write_checkpoint,
 };
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -153,6 +154,9 @@ impl Checkpointer {
         O: Optimizer<M, B>,
     {
         let started = std::time::Instant::now();
+        let dir = self.config.dir();
+        // Before serialising anything: a save below a newer valid checkpoint is refused.
+        check_not_backwards(dir, state.global_step)?;
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
         let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let state_file = StateFile {
@@ -174,7 +178,6 @@ impl Checkpointer {
             (STATE_FILE, state_bytes),
             (PARAM_IDS_FILE, ids),
         ];
-        let dir = self.config.dir();
         let (path, manifest) = write_checkpoint(dir, name, state.global_step, &files)?;
         let removed = match self.config.keep_last() {
             Some(keep) => prune(dir, keep, state.global_step).unwrap_or_else(|e| {
@@ -274,8 +277,13 @@ impl Checkpointer {
     /// # Collective
     /// Every rank calls it at the same point.
     ///
+    /// `name` must be a single plain path component: `../other-run/step-1`, `a/b`, `/abs`,
+    /// `.` and `` are refused, so a name from a config file or command line cannot read
+    /// outside the checkpoint directory.
+    ///
     /// # Errors
-    /// As [`load_latest`](Self::load_latest), plus [`CheckpointError::Invalid`].
+    /// As [`load_latest`](Self::load_latest), plus [`CheckpointError::Invalid`] and
+    /// [`CheckpointError::InvalidName`].
     pub fn load<B, M, O>(
         &self,
         name: &str,
@@ -288,15 +296,49 @@ impl Checkpointer {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
+        // On every rank, before any collective: every rank gets the same answer.
+        validate_name(name)?;
         let dir = self.config.dir().to_path_buf();
         let found = on_rank0(&self.pg, "read the checkpoint", || {
-            read_one(&dir, name).map_err(|reason| CheckpointError::Invalid {
-                name: name.to_string(),
-                dir: dir.clone(),
-                reason,
-            })
+            read_one(&dir, name).map_err(|e| e.into_error(name, &dir))
         })?;
         self.restore::<B, M, O>(device, model, optim, name, found, Vec::new())
+    }
+
+    /// Deletes every checkpoint above `global_step` and points `latest` at the newest one
+    /// left; returns the deleted names. This is the explicit way to rewind a run (for example
+    /// after [`load`](Self::load) of an older checkpoint) or to start a fresh run over an old
+    /// one (`rewind_to(0)` before saving step 0): [`save`](Self::save) refuses to move `latest`
+    /// below a newer valid checkpoint ([`CheckpointError::NewerCheckpointExists`]), so that a
+    /// newer checkpoint is never silently hidden behind `latest` or kept out of pruning.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point; rank 0 deletes.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    pub fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
+        let dir = self.config.dir().to_path_buf();
+        let removed = on_rank0(
+            &self.pg,
+            "remove the checkpoints after the rewind point",
+            || {
+                let removed = remove_newer_than(&dir, global_step)?;
+                if !removed.is_empty() {
+                    tracing::warn!(dir = %dir.display(), removed = ?removed, "rewound to step {global_step}: removed newer checkpoints");
+                }
+                serde_json::to_vec(&removed)
+                    .map_err(CheckpointError::json("serialising the removed names"))
+            },
+        )?;
+        let removed = broadcast_bytes(
+            &self.pg,
+            removed.unwrap_or_default(),
+            0,
+            "sharing the removed names",
+        )?;
+        serde_json::from_slice(&removed)
+            .map_err(CheckpointError::json("decoding the removed names"))
     }
 
     /// The checkpoints in the directory, oldest first (rank-local; not verified).
@@ -326,5 +368,57 @@ impl Checkpointer {
         };
         let bytes = broadcast_bytes(&self.pg, bytes, 0, "sharing the resume header")?;
         serde_json::from_slice(&bytes).map_err(CheckpointError::json("decoding the resume header"))
+    }
+}
+
+/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
+fn validate_name(name: &str) -> Result<(), CheckpointError> {
+    use std::path::{Component, Path};
+    let invalid = |reason| {
+        Err(CheckpointError::InvalidName {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return invalid("it is empty");
+    }
+    if name.contains('/') || name.contains('\\') || name.contains('\0') {
+        return invalid("it contains a path separator or NUL");
+    }
+    let mut components = Path::new(name).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(_)), None) => Ok(()),
+        _ => invalid("it must be a single plain directory name, not `.`, `..` or a path"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_single_plain_names_are_valid_checkpoint_names() {
+        assert!(validate_name("step-0000000120").is_ok());
+        assert!(validate_name("my.checkpoint").is_ok());
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../step-0000000001",
+            "../../etc",
+            "a/b",
+            "step-1/",
+            "/abs",
+            "/",
+            "a\\..\\b",
+            "nul\0",
+        ] {
+            let err = validate_name(bad).expect_err(bad);
+            assert!(
+                matches!(err, CheckpointError::InvalidName { ref name, .. } if name == bad),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }

@@ -54,7 +54,9 @@ pub enum InvalidReason {
         /// The file's name.
         file: String,
     },
-    /// A file could not be read.
+    /// A file could not be read. No longer produced: an I/O error while loading is not
+    /// corruption and fails the load ([`CheckpointError::ReadCheckpoint`]) instead of
+    /// falling back to an older checkpoint. Kept so matches on this enum keep compiling.
     #[error("file {file} could not be read: {error}")]
     Unreadable {
         /// The file's name.
@@ -221,6 +223,47 @@ pub enum CheckpointError {
         rank: usize,
         /// The recorder's message.
         reason: String,
+    },
+    /// A file of a checkpoint could not be read for a reason other than its absence (EIO,
+    /// ESTALE, EACCES...). The load stops instead of falling back to an older checkpoint: a
+    /// transient error must not make the run resume from, and then save over, older state.
+    #[error(
+        "reading {path} of checkpoint {name}: {source} (an I/O error, not corruption: not falling back to an older checkpoint)"
+    )]
+    ReadCheckpoint {
+        /// The checkpoint's directory name.
+        name: String,
+        /// The file or directory that failed.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A save would move `latest` below a newer valid checkpoint already on disk (for example
+    /// after resuming from an older checkpoint with [`Checkpointer::load`](super::Checkpointer::load)).
+    /// Refused so that newer valid checkpoints are never hidden behind `latest` and never
+    /// left out of pruning; [`Checkpointer::rewind_to`](super::Checkpointer::rewind_to)
+    /// rewinds a run deliberately.
+    #[error(
+        "refusing to save step {step} in {dir}: checkpoint {newer} is newer and valid, and `latest` never moves backwards; \
+         resume from it, or rewind deliberately with Checkpointer::rewind_to"
+    )]
+    NewerCheckpointExists {
+        /// The step being saved.
+        step: u64,
+        /// The newer valid checkpoint.
+        newer: String,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+    /// A checkpoint name that is not a single plain path component (`../x`, `a/b`, `/abs`,
+    /// empty...): loading it would read outside the checkpoint directory.
+    #[error("invalid checkpoint name {name:?}: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
     },
     /// The requested checkpoint failed verification.
     #[error("checkpoint {name} in {dir} is invalid: {reason}")]

@@ -1,11 +1,11 @@
 //! The manifest: the last file written into a checkpoint, listing every other file with its
 //! size and sha256. A checkpoint is valid only if every listed file matches.
 
-use super::error::InvalidReason;
+use super::error::{CheckpointError, InvalidReason};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -117,16 +117,74 @@ impl VerifiedFiles {
     }
 }
 
+/// Why a checkpoint could not be read: it is corrupt or incomplete (a reader may fall back to
+/// an older one), or the filesystem failed (it must not: a transient EIO or ESTALE would
+/// otherwise make a good checkpoint look bad and move the run backwards).
+#[derive(Debug)]
+pub(crate) enum ReadFailure {
+    /// Genuinely invalid: bad checksum or size, bad format, missing by design (incomplete).
+    Invalid(InvalidReason),
+    /// Any other I/O error reading `path`.
+    Io {
+        /// The file or directory being read.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl From<InvalidReason> for ReadFailure {
+    fn from(reason: InvalidReason) -> Self {
+        ReadFailure::Invalid(reason)
+    }
+}
+
+impl ReadFailure {
+    /// The error a load of checkpoint `name` in `dir` fails with.
+    pub(crate) fn into_error(self, name: &str, dir: &Path) -> CheckpointError {
+        match self {
+            ReadFailure::Invalid(reason) => CheckpointError::Invalid {
+                name: name.to_string(),
+                dir: dir.to_path_buf(),
+                reason,
+            },
+            ReadFailure::Io { path, source } => CheckpointError::ReadCheckpoint {
+                name: name.to_string(),
+                path,
+                source,
+            },
+        }
+    }
+}
+
 /// Reads the manifest of the checkpoint in `dir` and every file it must hold, checking sizes
 /// and hashes.
-pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, InvalidReason> {
-    if !dir.is_dir() {
-        return Err(InvalidReason::MissingDir {
-            path: dir.display().to_string(),
-        });
+pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, ReadFailure> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(InvalidReason::MissingDir {
+                path: dir.display().to_string(),
+            }
+            .into());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(InvalidReason::MissingDir {
+                path: dir.display().to_string(),
+            }
+            .into());
+        }
+        Err(source) => {
+            return Err(ReadFailure::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
     }
     let manifest_bytes = read(dir, MANIFEST_FILE).map_err(|e| match e {
-        InvalidReason::MissingFile { file } => InvalidReason::MissingManifest { file },
+        ReadFailure::Invalid(InvalidReason::MissingFile { file }) => {
+            InvalidReason::MissingManifest { file }.into()
+        }
         other => other,
     })?;
     let manifest: Manifest =
@@ -139,12 +197,13 @@ pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, InvalidReason> 
             file: MANIFEST_FILE.into(),
             found: manifest.format_version,
             supported: FORMAT_VERSION,
-        });
+        }
+        .into());
     }
     let mut files = BTreeMap::new();
     for name in CHECKPOINT_FILES {
         if manifest.file(name).is_none() {
-            return Err(InvalidReason::NotInManifest { file: name.into() });
+            return Err(InvalidReason::NotInManifest { file: name.into() }.into());
         }
         let bytes = read(dir, name)?;
         manifest.verify(name, &bytes)?;
@@ -153,13 +212,13 @@ pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, InvalidReason> 
     Ok(VerifiedFiles { manifest, files })
 }
 
-fn read(dir: &Path, name: &str) -> Result<Vec<u8>, InvalidReason> {
-    std::fs::read(dir.join(name)).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() },
-        _ => InvalidReason::Unreadable {
-            file: name.into(),
-            error: e.to_string(),
-        },
+/// Reads file `name` of the checkpoint in `dir`. Only a missing file is a property of the
+/// checkpoint (it was never completed); every other error is the filesystem's.
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ReadFailure> {
+    let path = dir.join(name);
+    super::crash_point::read_file(&path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() }.into(),
+        _ => ReadFailure::Io { path, source },
     })
 }
 

@@ -28,9 +28,10 @@
 //! **Atomicity.** A checkpoint is written into `.tmp-<name>-<pid>/`, every file and the
 //! directory fsynced, then renamed into place; then `latest` is replaced (temporary file,
 //! fsync, rename, directory fsync); only then are checkpoints beyond keep-last-K deleted. A
-//! crash at any moment leaves the previous checkpoint and `latest` intact; the leftovers are
-//! removed by [`Checkpointer::new`]. `latest` is authoritative: a complete directory newer
-//! than it (crash between rename and pointer update) is not used.
+//! crash at any moment leaves the previous checkpoint intact; the leftovers are removed by
+//! [`Checkpointer::new`]. The rename commits the checkpoint: a complete directory newer than
+//! `latest` (crash between rename and pointer update) is loaded, and the next save moves
+//! `latest` past it.
 //!
 //! **World-size changes.** The model and optimizer are the same for any world size. The
 //! sampler position is translated by global sample count by ddp-data
@@ -44,9 +45,22 @@
 //! [`DistributedDataParallel`](crate::DistributedDataParallel) (which registers ids at
 //! construction).
 //!
-//! **Test-only hook.** [`TEST_CRASH_AT_ENV`] (`DDP_CHECKPOINT_TEST_CRASH_AT`) makes the writer
-//! SIGKILL its own process at one of the [`CRASH_POINTS`] of a save, so tests can show that a
-//! crash at each phase loses nothing. Never set it in production.
+//! **I/O errors are not corruption.** Only a genuinely invalid checkpoint (bad checksum or size,
+//! bad format, incomplete: a file missing by design) is skipped. Any other error reading a
+//! checkpoint (EIO, ESTALE on NFS, EACCES) fails the load with
+//! [`CheckpointError::ReadCheckpoint`] naming the file and the OS error: falling back would
+//! resume from older state and then save over it.
+//!
+//! **`latest` never moves backwards.** The newest valid checkpoint on disk is the one loaded
+//! (normally the one `latest` names; a complete checkpoint renamed into place is committed even
+//! if the writer died before moving `latest`). A save below a newer valid checkpoint is refused
+//! ([`CheckpointError::NewerCheckpointExists`]) and pruning considers every checkpoint, so a
+//! newer checkpoint can never be hidden behind `latest` or escape pruning.
+//!
+//! **Test-only hooks.** With the `test-hooks` cargo feature (tests only), `TEST_CRASH_AT_ENV`
+//! (`DDP_CHECKPOINT_TEST_CRASH_AT`) makes the writer SIGKILL its own process at one of the
+//! `CRASH_POINTS` of a save, and `inject_read_error` makes reads of a file fail. Release builds
+//! without the feature contain neither.
 //!
 //! # A training loop
 //!
@@ -144,7 +158,8 @@ mod writer;
 
 pub use checkpointer::Checkpointer;
 pub use config::{CheckpointConfig, run_config_hash};
-pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV};
+#[cfg(any(test, feature = "test-hooks"))]
+pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,

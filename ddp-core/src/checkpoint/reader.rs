@@ -1,12 +1,14 @@
 //! Finding and verifying checkpoints (rank 0, or every rank on a shared filesystem).
 //!
-//! `latest` is authoritative: the checkpoint it names is tried first, then older ones, newest
-//! first. A checkpoint newer than the one `latest` names was never committed (the writer
-//! crashed between the rename and the pointer update) and is not used. Without a readable
-//! `latest`, every checkpoint is tried, newest first.
+//! The newest valid checkpoint wins: every checkpoint is tried, newest first, and `latest` is
+//! only a hint (a `latest` naming a missing checkpoint is reported as such). A complete
+//! checkpoint newer than `latest` was committed by its rename; the writer died before moving
+//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error
+//! stops it (see [`ReadFailure`]).
 
-use super::error::{CheckpointError, InvalidCheckpoint, InvalidReason};
-use super::manifest::{STATE_FILE, VerifiedFiles, read_verified};
+use super::error::CheckpointError;
+use super::error::{InvalidCheckpoint, InvalidReason};
+use super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
 use super::state::StateFile;
 use super::writer::{LATEST_FILE, list_checkpoints, parse_checkpoint_name};
 use std::path::Path;
@@ -45,39 +47,39 @@ pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError>
 
 /// Finds the newest valid checkpoint in `dir`, warning about (and listing) every invalid one
 /// tried before it.
+///
+/// # Errors
+/// Listing `dir` or reading `latest` fails, or a checkpoint cannot be read for a reason other
+/// than corruption ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from
+/// older state than what is on disk.
 pub(crate) fn find_latest_valid(dir: &Path) -> Result<Search, CheckpointError> {
     let mut all = list_checkpoints(dir)?;
-    all.sort_by(|a, b| b.cmp(a)); // newest first
     let latest = read_latest(dir)?;
-    let mut candidates: Vec<String> = Vec::new();
-    match latest
-        .as_ref()
-        .and_then(|n| parse_checkpoint_name(n).map(|s| (s, n)))
+    let latest_step = latest.as_deref().and_then(parse_checkpoint_name);
+    if let (Some(name), Some(step)) = (&latest, latest_step)
+        && !all.iter().any(|(_, n)| n == name)
     {
-        Some((latest_step, latest_name)) => {
-            candidates.push(latest_name.clone());
-            for (step, name) in &all {
-                if *step > latest_step {
-                    tracing::warn!(
-                        checkpoint = %name,
-                        latest = %latest_name,
-                        "ignoring checkpoint newer than `latest` (never committed)"
-                    );
-                } else if name != latest_name {
-                    candidates.push(name.clone());
-                }
-            }
-        }
-        None => candidates.extend(all.into_iter().map(|(_, name)| name)),
+        // Tried (and reported as missing) in its place.
+        all.push((step, name.clone()));
     }
+    all.sort_by(|a, b| b.cmp(a)); // newest first
     let mut search = Search::default();
-    for name in candidates {
+    for (step, name) in all {
+        if let Some(latest_step) = latest_step
+            && step > latest_step
+        {
+            tracing::warn!(
+                checkpoint = %name,
+                latest = ?latest,
+                "checkpoint {name} is newer than `latest` (the writer stopped before moving the pointer); using it if valid"
+            );
+        }
         match read_one(dir, &name) {
             Ok(found) => {
                 search.found = Some(found);
                 break;
             }
-            Err(reason) => {
+            Err(ReadFailure::Invalid(reason)) => {
                 tracing::warn!(
                     checkpoint = %name,
                     dir = %dir.display(),
@@ -86,13 +88,18 @@ pub(crate) fn find_latest_valid(dir: &Path) -> Result<Search, CheckpointError> {
                 );
                 search.invalid.push(InvalidCheckpoint { name, reason });
             }
+            Err(io) => {
+                let err = io.into_error(&name, dir);
+                tracing::error!(checkpoint = %name, error = %err, "cannot read checkpoint {name}; not falling back");
+                return Err(err);
+            }
         }
     }
     Ok(search)
 }
 
 /// Reads and verifies checkpoint `name` of `dir`.
-pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, InvalidReason> {
+pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFailure> {
     let files = read_verified(&dir.join(name))?;
     // A state file that passes the hash check but does not parse (another format) is as
     // unusable as a corrupted one.

@@ -117,13 +117,9 @@ impl Checkpointer {
         if self.config.shared_filesystem() {
             let mine = match found {
                 Some(found) => Ok(found.files),
-                None => read_one(dir, name).map(|f| f.files).map_err(|reason| {
-                    CheckpointError::Invalid {
-                        name: name.to_string(),
-                        dir: dir.to_path_buf(),
-                        reason,
-                    }
-                }),
+                None => read_one(dir, name)
+                    .map(|f| f.files)
+                    .map_err(|e| e.into_error(name, dir)),
             };
             return all_succeeded(
                 &self.pg,

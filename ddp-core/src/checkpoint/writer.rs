@@ -7,12 +7,15 @@
 //! 4. Only then are checkpoints beyond keep-last-K removed (each renamed away first, so a
 //!    crash never leaves a half-deleted checkpoint under a checkpoint name).
 //!
+//! Before all this, a save below a newer valid checkpoint is refused
+//! ([`check_not_backwards`]): `latest` never moves backwards.
+//!
 //! A crash at any point leaves the previous checkpoint and the previous `latest` intact;
 //! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
 
 use super::crash_point::crash_point;
 use super::error::CheckpointError;
-use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
+use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ReadFailure};
 use super::state::FRAMEWORK_VERSION;
 use std::fs::File;
 use std::io::Write;
@@ -135,22 +138,93 @@ pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError
     sync_dir(dir)
 }
 
-/// Removes checkpoints older than the newest `keep` among those up to `newest_step`; returns
-/// the removed names. Checkpoints with a larger step (left by an abandoned run that was
-/// resumed from an earlier checkpoint) are left alone and not counted.
+/// Refuses a save at `step` while a newer *valid* checkpoint exists in `dir`: committing it
+/// would move `latest` backwards, below a checkpoint the reader then prefers anyway. Newer
+/// checkpoints that fail verification (corrupt) do not block the save; they are returned so
+/// that pruning can remove them. A newer checkpoint that cannot be read (I/O error) fails the
+/// save: it may well be valid.
+pub(crate) fn check_not_backwards(dir: &Path, step: u64) -> Result<Vec<String>, CheckpointError> {
+    let mut newer: Vec<(u64, String)> = list_checkpoints(dir)?
+        .into_iter()
+        .filter(|(s, _)| *s > step)
+        .collect();
+    newer.sort_by(|a, b| b.cmp(a));
+    let mut corrupt = Vec::new();
+    for (_, name) in newer {
+        match super::reader::read_one(dir, &name) {
+            Ok(_) => {
+                return Err(CheckpointError::NewerCheckpointExists {
+                    step,
+                    newer: name,
+                    dir: dir.to_path_buf(),
+                });
+            }
+            Err(ReadFailure::Invalid(reason)) => {
+                tracing::warn!(checkpoint = %name, %reason, "a newer checkpoint is invalid; saving step {step} below it");
+                corrupt.push(name);
+            }
+            Err(io) => return Err(io.into_error(&name, dir)),
+        }
+    }
+    Ok(corrupt)
+}
+
+/// Removes every checkpoint with a step above `step` (each renamed away first) and points
+/// `latest` at the newest remaining one (or removes it when none remains); returns the removed
+/// names, oldest first. The explicit way to rewind a run, since a save never moves `latest`
+/// below a newer valid checkpoint.
+pub(crate) fn remove_newer_than(dir: &Path, step: u64) -> Result<Vec<String>, CheckpointError> {
+    let mut all = list_checkpoints(dir)?;
+    all.sort();
+    let mut removed = Vec::new();
+    for (_, name) in all.iter().filter(|(s, _)| *s > step) {
+        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
+        rename(&dir.join(name), &trash)?;
+        remove_path(&trash)?;
+        removed.push(name.clone());
+    }
+    match all.iter().rfind(|(s, _)| *s <= step) {
+        Some((_, newest)) => write_latest(dir, newest)?,
+        None => match std::fs::remove_file(dir.join(LATEST_FILE)) {
+            Ok(()) => sync_dir(dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Remove {
+                    path: dir.join(LATEST_FILE),
+                    source,
+                });
+            }
+        },
+    }
+    if !removed.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
+/// Removes every checkpoint but the newest `keep` (by step); returns the removed names.
+/// Considers every checkpoint in `dir`: those newer than the one just saved (`newest_step`)
+/// were found corrupt by [`check_not_backwards`] before the save (a valid one would have
+/// refused it), so they are removed too instead of crowding out valid ones forever.
 pub(crate) fn prune(
     dir: &Path,
     keep: usize,
     newest_step: u64,
 ) -> Result<Vec<String>, CheckpointError> {
-    let mut names: Vec<(u64, String)> = list_checkpoints(dir)?
-        .into_iter()
-        .filter(|(step, _)| *step <= newest_step)
-        .collect();
-    names.sort();
-    let excess = names.len().saturating_sub(keep);
+    let mut names: Vec<(u64, String)> = list_checkpoints(dir)?;
+    names.sort_by(|a, b| b.cmp(a)); // newest first
+    let mut kept = 0usize;
+    let mut doomed = Vec::new();
+    for (step, name) in names {
+        if step <= newest_step && kept < keep {
+            kept += 1;
+        } else {
+            doomed.push(name);
+        }
+    }
+    doomed.reverse(); // oldest first, as before
     let mut removed = Vec::new();
-    for (_, name) in names.into_iter().take(excess) {
+    for name in doomed {
         let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
         rename(&dir.join(&name), &trash)?;
         crash_point("during-prune");
@@ -178,6 +252,9 @@ pub(crate) fn clean_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointEr
 }
 
 /// The checkpoint directories in `dir` (complete or not), as `(step, name)`, unsorted.
+///
+/// # Errors
+/// [`CheckpointError::Read`] if `dir` or an entry's metadata cannot be read.
 pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, CheckpointError> {
     if !dir.exists() {
         return Ok(Vec::new());
@@ -185,10 +262,20 @@ pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, Checkpo
     let mut out = Vec::new();
     for entry in read_dir(dir)? {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(step) = parse_checkpoint_name(&name)
-            && entry.path().is_dir()
-        {
-            out.push((step, name));
+        let Some(step) = parse_checkpoint_name(&name) else {
+            continue;
+        };
+        // Follows symlinks like `is_dir`, but an I/O error is an error, not "not a directory".
+        match std::fs::metadata(entry.path()) {
+            Ok(meta) if meta.is_dir() => out.push((step, name)),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: entry.path(),
+                    source,
+                });
+            }
         }
     }
     Ok(out)

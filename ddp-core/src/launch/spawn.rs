@@ -1,5 +1,12 @@
 //! Starting one worker: its own process group, `PR_SET_PDEATHSIG`, piped output, and a thread
 //! that waits for it and reports its exit.
+//!
+//! **No signal to a reaped group.** The worker's pid is its process-group id. Once a process is
+//! reaped its pid can be reused, so `killpg` on it could reach an unrelated process group of
+//! the same user. The waiter therefore learns of the exit with `waitid(WNOWAIT)`, which leaves
+//! the worker a zombie: its pid, and so its group id, stays reserved. It reaps the worker only
+//! when the supervisor [releases](Worker::release) it after its last signal to the group, and
+//! [`Worker::signal_group`] refuses to signal a released worker.
 
 use super::blame::FailureDir;
 use super::error::LaunchError;
@@ -10,9 +17,10 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -33,16 +41,31 @@ pub(crate) struct Worker {
     pub(crate) tail: Arc<Tail>,
     pub(crate) log_file: Option<PathBuf>,
     pub(crate) readers: Vec<JoinHandle<()>>,
+    /// Dropping it lets the waiter reap the worker (see the module docs); `None` once released.
+    pub(crate) reap: Option<Sender<()>>,
+    /// Whether [`release`](Self::release) was called: the pid may be reaped and reused.
+    pub(crate) released: bool,
 }
 
 impl Worker {
-    /// Sends `sig` to the worker's whole process group (it and anything it started).
-    pub(crate) fn signal_group(&self, sig: i32) {
+    /// Sends `sig` to the worker's whole process group (it and anything it started); returns
+    /// whether it did. A released worker is never signalled: its pid may have been reaped and
+    /// reused by an unrelated process group.
+    pub(crate) fn signal_group(&self, sig: i32) -> bool {
+        if self.released {
+            tracing::debug!(
+                rank = self.rank,
+                pid = self.pid,
+                sig,
+                "not signalling a released worker"
+            );
+            return false;
+        }
         let Ok(pgid) = libc::pid_t::try_from(self.pid) else {
-            return;
+            return false;
         };
-        // SAFETY: plain syscall; the group is the worker's own (setpgid in the child), so this
-        // cannot reach the launcher or unrelated processes.
+        // SAFETY: plain syscall; the group is the worker's own (setpgid in the child), and
+        // its leader is not reaped before `release`, so the id cannot name another group.
         let rc = unsafe { libc::killpg(pgid, sig) };
         if rc != 0 {
             let err = io::Error::last_os_error();
@@ -50,6 +73,48 @@ impl Worker {
                 tracing::warn!(rank = self.rank, pid = self.pid, sig, %err, "cannot signal worker");
             }
         }
+        true
+    }
+
+    /// Lets the waiter reap the worker once it has exited. Call it after the last signal to
+    /// its group; afterwards [`signal_group`](Self::signal_group) does nothing.
+    pub(crate) fn release(&mut self) {
+        self.released = true;
+        self.reap = None;
+    }
+}
+
+/// Waits until `pid` (a child) has exited, without reaping it: it stays a zombie, so its pid
+/// and process-group id are not reused until it is reaped.
+fn wait_exited_keep_zombie(pid: u32) -> io::Result<ExitStatus> {
+    let id = libc::id_t::from(pid);
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it waitable.
+        let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // SAFETY: waitid succeeded for an exited child, so si_status is the exit code or
+        // signal according to si_code.
+        let status = unsafe { info.si_status() };
+        // The raw wait status `waitpid` would have given.
+        let raw = match info.si_code {
+            libc::CLD_EXITED => (status & 0xff) << 8,
+            libc::CLD_KILLED => status & 0x7f,
+            libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+            other => {
+                return Err(io::Error::other(format!(
+                    "waitid reported si_code {other} for worker {pid}"
+                )));
+            }
+        };
+        return Ok(ExitStatus::from_raw(raw));
     }
 }
 
@@ -90,7 +155,10 @@ pub(crate) fn spawn_worker(
         .stderr(Stdio::piped())
         // Own process group: a terminal's Ctrl-C reaches only the launcher, which forwards it,
         // and killpg reaches whatever the worker started.
-        .process_group(0);
+        .process_group(0)
+        // Never pass on a report-pipe number this launcher inherited (a launcher started by a
+        // worker): only the pipe set below, for rank 0, is meant for the worker.
+        .env_remove(crate::progress::PROGRESS_FD_ENV);
     die_with_launcher(&mut cmd);
     // Rank 0's progress reports, when the launcher draws its bar. Both ends are close-on-exec;
     // only this child gets the write end, and the launcher's copy is closed once it started
@@ -136,9 +204,11 @@ pub(crate) fn spawn_worker(
         tail: tail.clone(),
         log_file: None,
         readers: Vec::new(),
+        reap: None,
+        released: false,
     };
     let fail = |worker: &Worker, source: io::Error| {
-        worker.signal_group(libc::SIGKILL);
+        let _ = worker.signal_group(libc::SIGKILL);
         LaunchError::Spawn {
             rank,
             program: program.clone(),
@@ -155,7 +225,7 @@ pub(crate) fn spawn_worker(
                     Some(Arc::new(Mutex::new(f)))
                 }
                 Err(source) => {
-                    worker.signal_group(libc::SIGKILL);
+                    let _ = worker.signal_group(libc::SIGKILL);
                     let _ = child.wait();
                     return Err(LaunchError::LogDir { path, source });
                 }
@@ -212,12 +282,20 @@ pub(crate) fn spawn_worker(
             }
         }
     }
+    let (reap, reap_when) = channel::<()>();
+    worker.reap = Some(reap);
     let waiter = std::thread::Builder::new()
         .name(format!("ddp-wait-{rank}"))
         .spawn(move || {
-            let status = child.wait();
-            // The supervisor may be gone (it only stops listening once every worker is reaped).
+            let status = wait_exited_keep_zombie(child.id());
+            // The supervisor may be gone (it only stops listening once every worker exited).
             let _ = events.send(ExitEvent { local_rank, status });
+            // Keep the zombie (and its pid) until the supervisor sent its last signal to the
+            // group: `release`, or the Worker dropped, disconnects the channel.
+            let _ = reap_when.recv();
+            if let Err(e) = child.wait() {
+                tracing::warn!(rank, %e, "cannot reap worker");
+            }
         });
     if let Err(e) = waiter {
         // The child moved into the failed closure and was dropped; kill it so it cannot linger.
@@ -274,3 +352,125 @@ fn die_with_launcher(cmd: &mut Command) {
 /// there (every other way the launcher ends still stops them).
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn die_with_launcher(_cmd: &mut Command) {}
+
+/// Makes the launcher a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`): a process a worker
+/// started that outlives its parent (for example one that left the worker's process group
+/// with `setsid`) is reparented to the launcher instead of init, so [`kill_orphans`] can stop
+/// it when the attempt ends. A failure only loses that guarantee (logged). The setting stays
+/// for the rest of the process (harmless: it only changes who reaps orphans).
+pub(crate) fn become_subreaper() {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        // SAFETY: plain prctl on this process.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            let err = io::Error::last_os_error();
+            tracing::warn!(%err, "cannot become a child subreaper; orphans of workers that left their process group may outlive the launcher");
+        }
+    }
+}
+
+/// The pids of this process's children, from `/proc/self/task/*/children` (empty where that
+/// is unavailable).
+pub(crate) fn own_children() -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return pids;
+    };
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            pids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// SIGKILLs and reaps every child of the launcher that is neither a worker in `workers` nor in
+/// `keep` (the children it had before the attempt started): the orphans of workers that
+/// reparented to it. Repeats while killing them orphans more (their own children). Each pid is
+/// ours until we reap it, so it cannot be reused in between; workers are never reaped here
+/// (their waiters do that).
+pub(crate) fn kill_orphans(workers: &[u32], keep: &[u32]) -> usize {
+    let mut killed = 0;
+    // Each round reaps one generation; a bounded number of rounds keeps a fork bomb finite.
+    for _ in 0..64 {
+        let orphans: Vec<u32> = own_children()
+            .into_iter()
+            .filter(|p| !workers.contains(p) && !keep.contains(p))
+            .collect();
+        if orphans.is_empty() {
+            break;
+        }
+        for pid in orphans {
+            let Ok(pid) = libc::pid_t::try_from(pid) else {
+                continue;
+            };
+            tracing::warn!(pid, "killing a process a worker left behind");
+            // SAFETY: `pid` is our child and not yet reaped, so it is that process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let mut status = 0;
+            // SAFETY: reaping our own child by pid.
+            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+            {}
+            killed += 1;
+        }
+    }
+    killed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::LaunchArgs;
+    use std::time::Duration;
+
+    /// The state letter of `pid` in /proc (`Z`: zombie), or `None` once it is gone.
+    fn proc_state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) S ...`: the state follows the last ')'.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// An exited worker stays a zombie (its pid, hence its process-group id, reserved) until it
+    /// is released; after the release it is never signalled again and gets reaped.
+    #[test]
+    fn an_exited_worker_is_not_reaped_before_release_nor_signalled_after() {
+        let plan = LaunchPlan::new(&LaunchArgs::new(), "sh", ["-c", "exit 3"]).expect("plan");
+        let failures = FailureDir::create(0).expect("failure dir");
+        let console = Arc::new(Console::new(false, indicatif::ProgressDrawTarget::hidden));
+        let (tx, events) = channel();
+        let files = AttemptFiles {
+            log_dir: None,
+            failures: &failures,
+        };
+        let mut worker = spawn_worker(&plan, 0, 0, 1, files, &console, tx).expect("spawn");
+        let event = events
+            .recv_timeout(Duration::from_secs(120))
+            .expect("exit event");
+        let status = event.status.expect("status");
+        assert_eq!(status.code(), Some(3));
+        // Reported but not reaped: still our zombie, so its group id cannot name another group.
+        assert_eq!(proc_state(worker.pid), Some('Z'), "pid {}", worker.pid);
+        assert!(
+            worker.signal_group(0),
+            "an unreleased worker's group is signalled"
+        );
+
+        worker.release();
+        assert!(
+            !worker.signal_group(libc::SIGKILL),
+            "a released worker's group is never signalled"
+        );
+        // Reaped once released (generous: a loaded machine).
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while proc_state(worker.pid) == Some('Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_ne!(proc_state(worker.pid), Some('Z'), "reaped after release");
+    }
+}

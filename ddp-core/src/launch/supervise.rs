@@ -5,6 +5,13 @@
 //! Stopping means: the signal (SIGTERM after a failure, the received signal after an
 //! interruption) to every worker's process group, up to `--grace-period` for them to exit, then
 //! SIGKILL to every group. A second signal to the launcher skips the grace period.
+//!
+//! What outlives what (Linux): the launcher is a child subreaper, so after each attempt it
+//! SIGKILLs, besides every worker's process group, any process a worker left behind outside its
+//! group (reparented to the launcher). Workers get `PR_SET_PDEATHSIG` = SIGKILL, so they die
+//! with the launcher even when it is SIGKILLed; what a worker started dies then only if it is
+//! still in the worker's process group and something kills that group (or it dies with its
+//! parent on its own): a SIGKILLed launcher cannot clean up.
 
 use super::blame::{FailureDir, trace_root};
 use super::error::LaunchError;
@@ -12,7 +19,9 @@ use super::live::Console;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signals::{SignalGuard, signal_name};
-use super::spawn::{AttemptFiles, ExitEvent, Worker, spawn_worker};
+use super::spawn::{
+    AttemptFiles, ExitEvent, Worker, become_subreaper, kill_orphans, own_children, spawn_worker,
+};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,6 +48,8 @@ enum Outcome {
 
 pub(crate) fn run(plan: &LaunchPlan) -> Result<(), LaunchError> {
     let signals = SignalGuard::install()?;
+    // Orphans of workers reparent to the launcher, which kills them after each attempt.
+    become_subreaper();
     let mut rdzv = if plan.is_multi_node() {
         Some(Rendezvous::connect(plan, &signals)?)
     } else {
@@ -138,6 +149,8 @@ struct Group {
     workers: Vec<Worker>,
     exits: Vec<Option<WorkerExit>>,
     events: Receiver<ExitEvent>,
+    /// The launcher's children that are not this attempt's: never killed as orphans.
+    keep: Vec<u32>,
 }
 
 impl Group {
@@ -183,16 +196,26 @@ impl Group {
         if self.running() > 0 {
             tracing::info!(signal = %signal_name(sig), running = self.running(), "stopping workers");
             for w in &self.workers {
-                w.signal_group(sig);
+                let _ = w.signal_group(sig);
                 // A stopped worker (SIGSTOP, a debugger's detach...) acts on the signal only
                 // once continued; without this it would sit out the whole grace period.
-                w.signal_group(libc::SIGCONT);
+                let _ = w.signal_group(libc::SIGCONT);
             }
             self.wait_until(Instant::now() + grace, || {
                 signals.received() >= cut_short_at
             });
         }
         self.kill_all();
+        let pids: Vec<u32> = self.workers.iter().map(|w| w.pid).collect();
+        let orphans = kill_orphans(&pids, &self.keep);
+        if orphans > 0 {
+            tracing::info!(orphans, "killed processes the workers left behind");
+        }
+        // The last signal to the groups: from here the workers may be reaped (and their pids
+        // reused), so nothing signals them again.
+        for w in &mut self.workers {
+            w.release();
+        }
         self.wait_until(Instant::now() + KILL_WAIT, || false);
         if self.running() > 0 {
             tracing::error!(
@@ -202,11 +225,12 @@ impl Group {
         }
     }
 
-    /// SIGKILL to every worker's process group, reaped or not, so nothing a worker started
-    /// outlives the attempt.
+    /// SIGKILL to every worker's process group, exited or not, so nothing a worker started
+    /// outlives the attempt. No worker is reaped before this (see [`Worker::release`]), so
+    /// every group id is still the worker's.
     fn kill_all(&self) {
         for w in &self.workers {
-            w.signal_group(libc::SIGKILL);
+            let _ = w.signal_group(libc::SIGKILL);
         }
     }
 
@@ -246,6 +270,8 @@ fn run_attempt(
         workers: Vec::with_capacity(plan.nproc_per_node),
         exits: vec![None; plan.nproc_per_node],
         events,
+        // Before any worker of this attempt starts (the previous attempt's orphans are gone).
+        keep: own_children(),
     };
     for local_rank in 0..plan.nproc_per_node {
         match spawn_worker(

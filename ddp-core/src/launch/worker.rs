@@ -84,6 +84,8 @@ where
     F: FnOnce(WorkerContext) -> Result<(), E>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
+    // Before anything can start a program: the launcher's progress pipe is rank 0's alone.
+    crate::progress::claim_report_pipe();
     let rank = env.rank;
     let mut config = ProcessGroupConfig::new(env.rank, env.world_size)
         .with_local(env.local_rank, env.local_world_size);

@@ -1,6 +1,6 @@
 //! A process SIGKILLed at any phase of a checkpoint write loses nothing: the next start
 //! removes the partial write and resumes, bitwise, from the newest committed checkpoint (the
-//! one `latest` names), and saving works as usual afterwards.
+//! newest complete one: the rename commits), and saving works as usual afterwards.
 //!
 //! The writer is the helper program `examples/checkpoint_crash_writer.rs`, built by this test
 //! with `cargo build --example` (a no-op when `cargo test` already built it); the test-only
@@ -120,16 +120,16 @@ fn sigkill_at_every_phase_of_a_save_loses_nothing() {
     let writer = writer_binary();
     let committed_at = CRASH_POINTS
         .iter()
-        .position(|p| *p == "after-latest")
-        .expect("after-latest is a crash point");
+        .position(|p| *p == "after-rename")
+        .expect("after-rename is a crash point");
     for (i, point) in CRASH_POINTS.iter().enumerate() {
         let dir = tempfile::tempdir().expect("tempdir");
         write_step(&writer, dir.path(), 1, None);
         assert_eq!(latest(dir.path()), checkpoint_name(1));
         write_step(&writer, dir.path(), 2, Some(point));
 
-        // Before `latest` moves the save is not committed: the run resumes from step 1 (a
-        // step-2 directory renamed into place but never named by `latest` is ignored).
+        // The rename commits the save: before it the run resumes from step 1, after it from
+        // step 2 (complete and verified, even while `latest` still names step 1).
         let expected: u64 = if i >= committed_at { 2 } else { 1 };
         let (name, note, params, log) = resume(dir.path());
         assert_eq!(name, checkpoint_name(expected), "crash {point}: {log}");

@@ -98,7 +98,7 @@ fn fresh_run_killed_mid_run_resumes_its_own_checkpoint_and_ends_like_an_uninterr
         "rank 1 was killed and the group restarted:\n{all}"
     );
     assert_eq!(
-        stderr.matches("--fresh: ignoring checkpoints").count(),
+        stderr.matches("--fresh: starting over").count(),
         1,
         "--fresh applies to the first attempt only:\n{all}"
     );
