@@ -1,0 +1,181 @@
+//! The digits classifier trained with burn-train's usual builder (`SupervisedTraining` +
+//! `Learner`, its metrics and renderer), made distributed by one call: `.distributed(&strategy)`.
+//!
+//! ```sh
+//! cargo run --release -p ddp-train --example digits_learner -- --nproc-per-node 2
+//! ```
+//!
+//! `launch()` makes the binary its own launcher: run plainly, it starts one copy per rank and
+//! supervises them; each copy joins the process group and trains its shard. Rank 0 renders,
+//! writes burn-train's logs and checkpoints under `--dir` (each epoch), and prints the test
+//! accuracy of the trained model. Run it again and it resumes after the latest checkpoint
+//! (`--fresh` starts over); with `--max-restarts N`, a group restarted after a failure resumes
+//! the same way.
+
+use anyhow::{Context, Result};
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamConfig;
+use burn::record::CompactRecorder;
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_train::metric::{AccuracyMetric, LossMetric};
+use burn_train::{
+    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
+};
+use clap::Parser;
+use ddp_core::{DistributedSamplerConfig, LaunchArgs, launch};
+use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, load_digits, split};
+use ddp_examples::models::DigitsMlp;
+use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, latest_checkpoint};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+type B = Autodiff<Flex>;
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[command(flatten)]
+    launch: LaunchArgs,
+    /// Epochs.
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Images per rank and step (the global batch is this times the world size).
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Where burn-train writes its logs and checkpoints (rank 0; every rank reads them to
+    /// resume, so the directory must be shared).
+    #[arg(long, default_value = "target/digits-learner")]
+    dir: PathBuf,
+    /// Start over instead of resuming from the latest checkpoint in `--dir` (first attempt
+    /// only: a restart after a failure always resumes).
+    #[arg(long)]
+    fresh: bool,
+}
+
+/// The examples' MLP with burn-train's step traits.
+#[derive(Module, Debug)]
+struct Classifier<B: Backend> {
+    mlp: DigitsMlp<B>,
+}
+
+impl<B: Backend> Classifier<B> {
+    fn forward_classification(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        let output = self.mlp.forward(batch.images);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&output.device())
+            .forward(output.clone(), batch.targets.clone());
+        ClassificationOutput::new(loss, output, batch.targets)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for Classifier<B> {
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.forward_classification(batch);
+        TrainOutput::new(self, item.loss.backward(), item) // a plain backward, unchanged
+    }
+}
+
+impl<B: Backend> InferenceStep for Classifier<B> {
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        self.forward_classification(batch)
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    launch(&args.launch, |ctx| -> Result<()> {
+        let fresh = args.fresh && !ctx.is_restart();
+        let pg = ctx.into_process_group();
+        let (world, rank) = (pg.world_size(), pg.rank());
+        if fresh && rank == 0 {
+            match std::fs::remove_dir_all(args.dir.join("checkpoint")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).context("removing old checkpoints (--fresh)");
+                }
+                _ => {}
+            }
+        }
+        pg.barrier()
+            .context("waiting for rank 0 to clear old checkpoints")?;
+        let resume_at = latest_checkpoint(&args.dir)?;
+        if let Some(epoch) = resume_at {
+            println!(
+                "rank {rank}: resuming after epoch {epoch} from {}",
+                args.dir.display()
+            );
+        }
+        let device = Default::default();
+        let (train_items, test_items) = split(load_digits()?, 7, 0.8);
+        let test_copy = test_items.clone();
+
+        let strategy = DdpStrategy::new(pg.clone());
+        let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+        let train = DistributedLoader::<B, _, _>::train(
+            DigitDataset(train_items),
+            DigitBatcher,
+            args.batch_size,
+            sampler,
+        )?
+        .with_start_epoch(resume_at.unwrap_or(0) as u64)
+        .with_abort_group(pg.clone());
+        let valid = DistributedLoader::<Flex, _, _>::eval(
+            DigitDataset(test_items),
+            DigitBatcher,
+            256,
+            world,
+            rank,
+        )?
+        .with_abort_group(pg.clone());
+
+        let model = Classifier::<B> {
+            mlp: DigitsMlp::new(128, &device),
+        };
+        let mut training = SupervisedTraining::new(&args.dir, Arc::new(train), Arc::new(valid))
+            .metrics((AccuracyMetric::new(), LossMetric::new()))
+            .with_file_checkpointer(CompactRecorder::new())
+            .num_epochs(args.epochs)
+            .summary();
+        if let Some(epoch) = resume_at {
+            training = training.checkpoint(epoch);
+        }
+        let training = training.distributed(&strategy); // the one call that makes it distributed
+        let learner = Learner::new(model, AdamConfig::new().init(), args.lr);
+        let result = training.launch(learner);
+        let report = strategy.finish().context("distributed training")?;
+        if rank == 0 {
+            // The trained model (identical on every rank) on the whole test split.
+            let batch: DigitBatch<Flex> = DigitBatcher.batch(test_copy, &device);
+            let n = batch.targets.dims()[0];
+            let out = InferenceStep::step(&result.model, batch);
+            let correct: i64 = out
+                .output
+                .argmax(1)
+                .squeeze::<1>()
+                .equal(out.targets)
+                .int()
+                .sum()
+                .into_scalar()
+                .elem();
+            println!(
+                "world {world}: {} epochs, {} optimizer steps; test accuracy {:.2}% ({correct}/{n} images)",
+                report.last_epoch,
+                report.optimizer_steps,
+                100.0 * correct as f64 / n as f64,
+            );
+        }
+        Ok(())
+    })?;
+    Ok(())
+}

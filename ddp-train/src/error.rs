@@ -1,0 +1,72 @@
+//! Errors of the DDP training strategy.
+
+use ddp_core::{CommError, DataError};
+
+/// What can go wrong while training with [`DdpStrategy`](crate::DdpStrategy) or loading with
+/// [`DistributedLoader`](crate::DistributedLoader).
+///
+/// Every variant says which phase failed, so a rank's log line names the step without a
+/// backtrace. A failure on one rank aborts the process group, so the other ranks report
+/// [`DdpTrainError::Comm`] quoting it within about a second instead of waiting for a timeout.
+#[derive(Debug, thiserror::Error)]
+pub enum DdpTrainError {
+    /// A collective failed (a peer died, stalled past the timeout, or aborted the group).
+    #[error("{context}: {source}")]
+    Comm {
+        /// What this rank was doing.
+        context: String,
+        /// The process group's error (it names the peer and its reason).
+        #[source]
+        source: CommError,
+    },
+    /// The ranks do not hold the same model (number, shapes or kinds of parameters differ).
+    #[error("the ranks hold different models: {0}")]
+    ModelMismatch(String),
+    /// Ranks ran different numbers of training steps in an epoch (a data error or an uneven
+    /// sampler): they cannot all-reduce the same gradients.
+    #[error(
+        "epoch {epoch}, step {step}: ranks {exhausted:?} have no batch left while others do; every rank must see the same number of batches (use DistributedLoader, which pads the last shard)"
+    )]
+    UnevenBatches {
+        /// The epoch (1-based, as burn-train counts).
+        epoch: usize,
+        /// The step within the epoch (1-based).
+        step: usize,
+        /// Ranks without a batch.
+        exhausted: Vec<usize>,
+    },
+    /// A metrics item could not be encoded or merged across ranks.
+    #[error("syncing the metrics item of step {step}: {reason}")]
+    ItemSync {
+        /// The step within the epoch (1-based).
+        step: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The data pipeline failed (dataset, batcher or sampler settings).
+    #[error("data loader: {0}")]
+    Data(#[from] DataError),
+    /// Reading burn-train's checkpoint directory failed.
+    #[error("reading the checkpoint directory {path}: {source}")]
+    Io {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An earlier failure already ended this training run.
+    #[error("the training run already failed: {0}")]
+    Failed(String),
+}
+
+impl DdpTrainError {
+    /// Wraps a [`CommError`] with what this rank was doing.
+    pub(crate) fn comm(context: impl Into<String>) -> impl FnOnce(CommError) -> Self {
+        let context = context.into();
+        move |source| DdpTrainError::Comm { context, source }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = DdpTrainError> = std::result::Result<T, E>;

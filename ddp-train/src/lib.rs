@@ -1,0 +1,71 @@
+//! # ddp-train
+//!
+//! burn-train's own training loop (`SupervisedTraining`, its metrics, renderer, checkpointer and
+//! early stopping) on several processes: a data-parallel training strategy over a ddp-burn
+//! [`ProcessGroup`](ddp_core::ProcessGroup), the equivalent of PyTorch DDP driven by a
+//! high-level trainer.
+//!
+//! ```text
+//! let strategy = DdpStrategy::new(ctx.into_process_group());
+//! let train = DistributedLoader::train(train_set, batcher, 32, sampler_config)?;
+//! let valid = DistributedLoader::eval(test_set, batcher, 256, world, rank)?;
+//! let result = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
+//!     .metrics((AccuracyMetric::new(), LossMetric::new()))
+//!     .num_epochs(10)
+//!     .distributed(&strategy)          // the one call that makes it distributed
+//!     .launch(Learner::new(model, optim, lr));
+//! let report = strategy.finish()?;     // the run's outcome (burn's trait cannot return errors)
+//! ```
+//!
+//! `examples/digits_learner.rs` is the complete program (launcher, resume, `--fresh`):
+//! `cargo run -p ddp-train --example digits_learner -- --nproc-per-node 2`.
+//!
+//! - [`DdpStrategy`]: burn-train's `SupervisedLearningStrategy`. The user's `TrainStep` runs
+//!   unchanged; its gradients are averaged over the ranks after its backward, the optimizer
+//!   and LR scheduler step once per step, gradient accumulation accumulates locally and
+//!   reduces once per optimizer step (PyTorch's `no_sync`). Rank 0 renders, logs, checkpoints
+//!   and decides early stopping; its decision is broadcast so every rank stops together.
+//! - [`DistributedLoader`]: burn's `DataLoader` trait over ddp-data's distributed sampler
+//!   (each rank its shard, reshuffled every epoch) and exact evaluation shards.
+//! - [`latest_checkpoint`]: the epoch to resume from after a restart.
+//! - [`DistributedItem`]: how a step output is merged across ranks, so metrics cover the
+//!   global batch (implemented for burn-train's classification and regression outputs).
+//!
+//! ## What is exact and what is not
+//! Metrics computed from the merged output (loss, accuracy, top-k, AUROC, precision/recall,
+//! ...) are those of one process holding the global batch; the loss is the batch-weighted mean
+//! of the ranks' losses, which equals the global batch's loss for losses that are means over
+//! samples (burn's default `Reduction::Mean`), not for sums or losses that mix samples.
+//! Not summed: the learning rate (the same on every rank), iteration speed and system metrics
+//! (CPU, memory, GPU) are rank 0's own. Training metrics on the padded last shard count the
+//! repeated samples, as PyTorch's `DistributedSampler` does; evaluation shards have no padding.
+//!
+//! ## Overlap
+//! Gradients are all-reduced after the user's backward, in one collective per dtype, not
+//! overlapped with backward. Why: burn-train's `TrainStep::step` runs the forward *and* a plain
+//! `loss.backward()` itself and hands back `GradientsParams`. ddp-core overlaps through
+//! gradient taps on a copy of the module made by its own `forward`, and only its own
+//! `backward` arms the reducer before burn's backward runs; tap events from any other
+//! `backward()` are counted as strays and rejected (`DdpError::BackwardOutsideDdp`), and the
+//! tap operations are sealed, so they cannot be inserted from outside ddp-core. Overlap here
+//! needs one more ddp-core entry point: run a closure that does forward and backward on a
+//! tapped copy of a module the caller passes (burn-train's `Learner` owns the model and the
+//! optimizer), with the reducer armed before the closure and the averaged gradients returned
+//! after it (and a `no_sync` flavour for accumulation).
+//!
+#![warn(missing_docs, missing_debug_implementations)]
+
+mod error;
+mod item;
+mod loader;
+mod params;
+mod resume;
+mod silent;
+mod strategy;
+
+pub use error::{DdpTrainError, Result};
+pub use item::DistributedItem;
+pub use loader::DistributedLoader;
+pub use resume::latest_checkpoint;
+pub use silent::SilentRenderer;
+pub use strategy::{DdpComponents, DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};

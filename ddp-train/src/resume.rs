@@ -1,0 +1,57 @@
+//! Finding where to resume: burn-train's file checkpointer writes `checkpoint/model-<epoch>.*`,
+//! `optim-<epoch>.*` and `scheduler-<epoch>.*` under the training directory, but leaves it to
+//! the caller to know which epoch to pass to `SupervisedTraining::checkpoint`.
+
+use crate::error::{DdpTrainError, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The last epoch for which `dir/checkpoint` holds all three of burn-train's files (model,
+/// optimizer, scheduler), or `None` when there is none (a fresh start).
+///
+/// After a restart (for example the launcher's `--max-restarts` after a rank was killed), pass
+/// it to `SupervisedTraining::checkpoint(epoch)` and to
+/// [`DistributedLoader::with_start_epoch`](crate::DistributedLoader::with_start_epoch), so the
+/// run continues with the next epoch's shuffle. Every rank reads the files (the directory must
+/// be shared: one machine, or a shared file system); rank 0's weights are then broadcast.
+///
+/// burn-train writes each file in place, not atomically: an epoch whose files were cut short
+/// by a kill is only skipped here if one of the three is missing.
+///
+/// # Errors
+/// [`DdpTrainError::Io`] when the directory exists but cannot be read.
+pub fn latest_checkpoint(dir: impl AsRef<Path>) -> Result<Option<usize>> {
+    let path = dir.as_ref().join("checkpoint");
+    let entries = match std::fs::read_dir(&path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(DdpTrainError::Io { path, source }),
+    };
+    // epoch -> which of model / optim / scheduler exist (bits 0, 1, 2)
+    let mut found: BTreeMap<usize, u8> = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| DdpTrainError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stem = name.split('.').next().unwrap_or_default();
+        let Some((kind, epoch)) = stem.rsplit_once('-') else {
+            continue;
+        };
+        let bit = match kind {
+            "model" => 1,
+            "optim" => 2,
+            "scheduler" => 4,
+            _ => continue,
+        };
+        if let Ok(epoch) = epoch.parse::<usize>() {
+            *found.entry(epoch).or_default() |= bit;
+        }
+    }
+    Ok(found
+        .into_iter()
+        .rev()
+        .find(|&(_, bits)| bits == 7)
+        .map(|(epoch, _)| epoch))
+}

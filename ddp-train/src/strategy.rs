@@ -1,0 +1,518 @@
+//! [`DdpStrategy`]: burn-train's epoch loop, rewritten for N processes.
+//!
+//! burn-train 0.21 keeps its own loop private, so this is that loop (about the size of
+//! `SingleDeviceTrainingStrategy`'s) with the collectives added where a data-parallel loop
+//! needs them. Per training step, on every rank:
+//! 1. a 1-byte-per-rank all-reduce: does every rank have a batch, did any rank's interrupter
+//!    fire (so all ranks stop at the same step, never one waiting in a collective alone);
+//! 2. the user's `TrainStep::step`, unchanged (forward and a plain `loss.backward()`);
+//! 3. the gradients averaged over the ranks (one all-reduce per dtype), then the optimizer and
+//!    the LR scheduler step once, as in PyTorch; with gradient accumulation the micro-batches'
+//!    gradients are summed locally (PyTorch's `no_sync`) and reduced once per optimizer step;
+//! 4. buffers (float tensors without gradient: running statistics) take rank 0's values, when
+//!    the model has any;
+//! 5. the step's output is gathered and merged on rank 0 (see [`DistributedItem`]), which alone
+//!    feeds burn-train's metrics, renderer and loggers.
+//!
+//! After each epoch's validation, rank 0 alone runs the checkpointer and the early-stopping
+//! strategy (only it has the metrics they read) and broadcasts the stop decision.
+
+use crate::error::{DdpTrainError, Result};
+use crate::item::{DistributedItem, Exchange, exchange};
+use crate::params::{Which, all_reduce_grads, broadcast_from_rank0, verify_same_model};
+use crate::silent::SilentRenderer;
+use burn::data::dataloader::Progress;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::GradientsAccumulator;
+use burn::tensor::backend::AutodiffBackend;
+use burn_train::{
+    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearningComponentsTypes,
+    LearningResult, SupervisedLearningStrategy, SupervisedTraining,
+    SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
+    TrainingModel, TrainingStrategy, ValidLoader,
+};
+use ddp_core::{ProcessGroup, ReduceOp};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// How burn-train's metrics see the ranks' outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsSync {
+    /// Every step's outputs are gathered and merged on rank 0, so loss, accuracy and every
+    /// other metric computed from the step output cover the global batch exactly (default).
+    #[default]
+    Global,
+    /// Rank 0 reports its own outputs only (no gathering; for outputs too large to send every
+    /// step). Metrics are then over rank 0's shard.
+    Rank0,
+}
+
+/// What a finished run did, the same on every rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DdpReport {
+    /// The last epoch that trained and validated (burn-train counts from 1).
+    pub last_epoch: usize,
+    /// The epoch after which rank 0's early-stopping strategy ended training.
+    pub stopped_early_at: Option<usize>,
+    /// Whether an interrupter (on any rank) ended training.
+    pub interrupted: bool,
+    /// Training steps (micro-batches) this rank ran.
+    pub train_steps: u64,
+    /// Optimizer steps (each one all-reduce of the gradients).
+    pub optimizer_steps: u64,
+}
+
+#[derive(Debug, Default)]
+struct RunState {
+    report: DdpReport,
+    failure: Option<DdpTrainError>,
+}
+
+/// A burn-train training strategy that trains on every rank of a [`ProcessGroup`] as one
+/// process would on the global batch (PyTorch's DDP semantics).
+///
+/// Build one per process, give it to burn-train's builder with
+/// [`DistributedTrainingExt::distributed`], launch, then call [`finish`](Self::finish): burn's
+/// strategy trait cannot return errors, so a failed run (a peer died, ranks disagree) ends
+/// early on every rank, and `finish` says why.
+///
+/// Every rank must use the same model architecture, optimizer, scheduler, number of epochs and
+/// gradient accumulation, and a [`DistributedLoader`](crate::DistributedLoader) (or any loader
+/// giving each rank the same number of training batches).
+#[derive(Debug, Clone)]
+pub struct DdpStrategy {
+    pg: ProcessGroup,
+    metrics: MetricsSync,
+    state: Arc<Mutex<RunState>>,
+}
+
+impl DdpStrategy {
+    /// A strategy over `pg` (every rank of it trains).
+    pub fn new(pg: ProcessGroup) -> Self {
+        DdpStrategy {
+            pg,
+            metrics: MetricsSync::default(),
+            state: Arc::default(),
+        }
+    }
+
+    /// How metrics see the ranks' outputs (default [`MetricsSync::Global`]).
+    pub fn with_metrics(mut self, metrics: MetricsSync) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.pg.rank()
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.pg.world_size()
+    }
+
+    /// The process group training runs over.
+    pub fn process_group(&self) -> &ProcessGroup {
+        &self.pg
+    }
+
+    /// The outcome of the last `launch`: what it did, or the error that ended it.
+    ///
+    /// # Errors
+    /// The first error of the run (later calls return [`DdpTrainError::Failed`] with its text).
+    pub fn finish(&self) -> Result<DdpReport> {
+        let mut state = self.lock();
+        match state.failure.take() {
+            Some(e) => {
+                let text = e.to_string();
+                state.failure = Some(DdpTrainError::Failed(text));
+                Err(e)
+            }
+            None => Ok(state.report.clone()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a failure and aborts the group, so peers blocked in a collective fail now with
+    /// this reason instead of waiting for the timeout.
+    fn fail(&self, error: DdpTrainError) {
+        let reason = error.to_string();
+        tracing::error!(rank = self.pg.rank(), error = %reason, "DDP training failed; aborting the process group");
+        if self.pg.world_size() > 1 {
+            self.pg.abort(&reason);
+        }
+        let mut state = self.lock();
+        if state.failure.is_none() {
+            state.failure = Some(error);
+        }
+    }
+}
+
+/// The bounds under which [`DdpStrategy`] drives a burn-train learner: the step outputs can be
+/// merged across ranks.
+pub trait DdpComponents:
+    LearningComponentsTypes<
+        TrainingModel: TrainStep<Output: DistributedItem<Backend = Self::Backend>>,
+        InferenceModel: InferenceStep<
+            Output: DistributedItem<Backend = <Self::Backend as AutodiffBackend>::InnerBackend>,
+        >,
+    >
+{
+}
+
+impl<LC> DdpComponents for LC where
+    LC: LearningComponentsTypes<
+            TrainingModel: TrainStep<Output: DistributedItem<Backend = LC::Backend>>,
+            InferenceModel: InferenceStep<
+                Output: DistributedItem<Backend = <LC::Backend as AutodiffBackend>::InnerBackend>,
+            >,
+        >
+{
+}
+
+/// What one epoch's training loop ended with.
+enum EpochEnd {
+    Completed,
+    Interrupted,
+}
+
+impl DdpStrategy {
+    /// The whole run; every `?` ends it on this rank, and [`fail`](Self::fail) ends it on the
+    /// others.
+    #[allow(clippy::too_many_arguments)]
+    fn run<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        train: &TrainLoader<LC>,
+        valid: &ValidLoader<LC>,
+        starting_epoch: usize,
+    ) -> Result<()> {
+        let pg = &self.pg;
+        let rank0 = pg.rank() == 0;
+        // Every rank starts from rank 0's weights (burn initialises them randomly per process).
+        let model = learner.model();
+        verify_same_model::<LC::Backend, _>(pg, &model)?;
+        let model = broadcast_from_rank0(pg, model, Which::All)?;
+        learner.load_model(model.into_record());
+        let has_buffers = count_buffers::<LC::Backend, _>(&learner.model()) > 0;
+        tracing::info!(
+            rank = pg.rank(),
+            world = pg.world_size(),
+            starting_epoch,
+            epochs = components.num_epochs,
+            "DDP training: every rank holds rank 0's model"
+        );
+
+        for epoch in starting_epoch..=components.num_epochs {
+            let global = Progress::new(epoch, components.num_epochs);
+            let end = self.train_epoch(components, learner, train, &global, has_buffers)?;
+            if matches!(end, EpochEnd::Interrupted) {
+                self.lock().report.interrupted = true;
+                tracing::info!(epoch, "training interrupted");
+                break;
+            }
+            self.valid_epoch(&mut components.event_processor, learner, valid, &global)?;
+
+            let mut stop = [0u8];
+            if rank0 {
+                flush_valid::<LC>(&mut components.event_processor);
+                if let Some(checkpointer) = &mut components.checkpointer {
+                    checkpointer.checkpoint(learner, epoch, &components.event_store);
+                }
+                if let Some(early) = &mut components.early_stopping
+                    && early.should_stop(epoch, &components.event_store)
+                {
+                    stop[0] = 1;
+                }
+            }
+            // Rank 0 decides; everyone follows in the same epoch.
+            if pg.world_size() > 1 {
+                pg.broadcast(&mut stop, 0)
+                    .map_err(DdpTrainError::comm(format!(
+                        "receiving rank 0's early-stopping decision after epoch {epoch}"
+                    )))?;
+            }
+            let mut state = self.lock();
+            state.report.last_epoch = epoch;
+            if stop[0] == 1 {
+                state.report.stopped_early_at = Some(epoch);
+                tracing::info!(epoch, "early stopping (rank 0's decision)");
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn train_epoch<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        train: &TrainLoader<LC>,
+        global: &Progress,
+        has_buffers: bool,
+    ) -> Result<EpochEnd> {
+        let pg = &self.pg;
+        let (world, rank) = (pg.world_size(), pg.rank());
+        let epoch = global.items_processed;
+        let accumulation = components.grad_accumulation.unwrap_or(1).max(1);
+        let device = learner
+            .model()
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let mut iter = train.iter();
+        let mut accumulator = GradientsAccumulator::<TrainingModel<LC>>::new();
+        let mut accumulated = 0;
+        let mut step = 0;
+        let mut end = EpochEnd::Completed;
+        loop {
+            let batch = iter.next();
+            // Who has a batch, and did anyone's interrupter fire.
+            let mut control = vec![0u8; world + 1];
+            control[rank] = u8::from(batch.is_some());
+            control[world] = u8::from(components.interrupter.should_stop());
+            if world > 1 {
+                pg.all_reduce(&mut control, ReduceOp::Max)
+                    .map_err(DdpTrainError::comm(format!(
+                        "epoch {epoch}: starting step {}",
+                        step + 1
+                    )))?;
+            }
+            if control[world] == 1 {
+                end = EpochEnd::Interrupted;
+                break;
+            }
+            let exhausted: Vec<usize> = (0..world).filter(|&r| control[r] == 0).collect();
+            let Some(batch) = batch.filter(|_| exhausted.is_empty()) else {
+                if exhausted.len() == world {
+                    break;
+                }
+                return Err(DdpTrainError::UnevenBatches {
+                    epoch,
+                    step: step + 1,
+                    exhausted,
+                });
+            };
+            step += 1;
+            // The LR scheduler steps once per optimizer step, as in PyTorch.
+            if accumulated == 0 {
+                learner.lr_step();
+            }
+            let progress = iter.progress();
+            let output = learner.train_step(batch);
+            accumulated += 1;
+            let grads = if accumulation == 1 {
+                Some(output.grads)
+            } else {
+                accumulator.accumulate(&learner.model(), output.grads);
+                (accumulated == accumulation).then(|| accumulator.grads())
+            };
+            if let Some(grads) = grads {
+                let grads = all_reduce_grads(pg, &learner.model(), grads)?;
+                learner.optimizer_step(grads);
+                if has_buffers {
+                    let model = broadcast_from_rank0(pg, learner.model(), Which::Buffers)?;
+                    learner.load_model(model.into_record());
+                }
+                accumulated = 0;
+                self.lock().report.optimizer_steps += 1;
+            }
+            self.lock().report.train_steps += 1;
+            let global_batch = self.metrics == MetricsSync::Global;
+            match exchange(pg, Some(output.item), global_batch, &device, step)? {
+                Exchange::Step(Some(item)) => {
+                    let item = TrainingItem::new(
+                        item,
+                        progress,
+                        global.clone(),
+                        Some(step),
+                        Some(learner.lr_current()),
+                    );
+                    components
+                        .event_processor
+                        .process_train(LearnerEvent::ProcessedItem(item));
+                }
+                Exchange::Step(None) => {}
+                Exchange::Done => {
+                    return Err(DdpTrainError::ItemSync {
+                        step,
+                        reason: "no rank reported an output for a step every rank ran".into(),
+                    });
+                }
+            }
+        }
+        if accumulated > 0 {
+            // As burn-train's own loop: micro-batches left at the end of an epoch are dropped.
+            tracing::debug!(
+                epoch,
+                accumulated,
+                "dropping a partial gradient accumulation"
+            );
+        }
+        if rank == 0 {
+            components
+                .event_processor
+                .process_train(LearnerEvent::EndEpoch(epoch));
+        }
+        Ok(end)
+    }
+
+    fn valid_epoch<LC: DdpComponents>(
+        &self,
+        processor: &mut SupervisedTrainingEventProcessor<LC>,
+        learner: &Learner<LC>,
+        valid: &ValidLoader<LC>,
+        global: &Progress,
+    ) -> Result<()> {
+        let epoch = global.items_processed;
+        // Autodiff backends share their inner backend's device type.
+        let device = learner
+            .model()
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let model = learner.model().valid();
+        let global_batch = self.metrics == MetricsSync::Global;
+        let mut iter = valid.iter();
+        let mut step = 0;
+        loop {
+            // Shards may differ by one batch: a rank without one still takes part.
+            let output = iter.next().map(|batch| model.step(batch));
+            let progress = iter.progress();
+            match exchange(&self.pg, output, global_batch, &device, step + 1)? {
+                Exchange::Done => break,
+                Exchange::Step(item) => {
+                    step += 1;
+                    if let Some(item) = item {
+                        let item =
+                            TrainingItem::new(item, progress, global.clone(), Some(step), None);
+                        processor.process_valid(LearnerEvent::ProcessedItem(item));
+                    }
+                }
+            }
+        }
+        if self.pg.rank() == 0 {
+            processor.process_valid(LearnerEvent::EndEpoch(epoch));
+        }
+        Ok(())
+    }
+}
+
+/// Waits until burn-train's event thread has handled the validation epoch's end, so the
+/// checkpointer and early stopping read this epoch's metrics. The processor's channel holds one
+/// message and validation's `Start` is a no-op: the second `Start` is accepted only after the
+/// event before it (the end of the epoch) was fully processed.
+fn flush_valid<LC: DdpComponents>(processor: &mut SupervisedTrainingEventProcessor<LC>) {
+    processor.process_valid(LearnerEvent::Start);
+    processor.process_valid(LearnerEvent::Start);
+}
+
+fn count_buffers<B: burn::tensor::backend::Backend, M: Module<B>>(module: &M) -> usize {
+    struct Count(usize);
+    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Count {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            if !param.val().is_require_grad() {
+                self.0 += 1;
+            }
+        }
+    }
+    let mut count = Count(0);
+    module.visit(&mut count);
+    count.0
+}
+
+impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
+    /// burn-train's `train`, with events, summary and rendering on rank 0 only.
+    fn train(
+        &self,
+        mut learner: Learner<LC>,
+        dataloader_train: TrainLoader<LC>,
+        dataloader_valid: ValidLoader<LC>,
+        mut components: TrainingComponents<LC>,
+    ) -> LearningResult<LC::InferenceModel> {
+        let rank0 = self.pg.rank() == 0;
+        // Resuming reads burn-train's checkpoint files on every rank: the checkpoint directory
+        // must be shared (one machine, or a shared file system); rank 0's weights are then
+        // broadcast anyway, and each rank gets the optimizer and scheduler state from the files.
+        let starting_epoch = match components.checkpoint {
+            Some(epoch) => {
+                if let Some(checkpointer) = &components.checkpointer {
+                    learner = checkpointer.load_checkpoint(learner, &Default::default(), epoch);
+                }
+                epoch + 1
+            }
+            None => 1,
+        };
+        let summary = components.summary.clone();
+        if rank0 {
+            components
+                .event_processor
+                .process_train(LearnerEvent::Start);
+        }
+        let (model, mut processor) = self.fit(
+            components,
+            learner,
+            dataloader_train,
+            dataloader_valid,
+            starting_epoch,
+        );
+        if rank0 {
+            let summary = summary.and_then(|s| s.init().ok());
+            processor.process_train(LearnerEvent::End(summary));
+        }
+        LearningResult {
+            model: model.valid(),
+            renderer: processor.renderer(),
+        }
+    }
+
+    fn fit(
+        &self,
+        mut components: TrainingComponents<LC>,
+        mut learner: Learner<LC>,
+        dataloader_train: TrainLoader<LC>,
+        dataloader_valid: ValidLoader<LC>,
+        starting_epoch: usize,
+    ) -> (TrainingModel<LC>, SupervisedTrainingEventProcessor<LC>) {
+        if let Err(e) = self.run(
+            &mut components,
+            &mut learner,
+            &dataloader_train,
+            &dataloader_valid,
+            starting_epoch,
+        ) {
+            self.fail(e);
+        }
+        (learner.model(), components.event_processor)
+    }
+}
+
+/// Makes a burn-train `SupervisedTraining` distributed.
+pub trait DistributedTrainingExt {
+    /// Trains with `strategy` (see [`DdpStrategy`]); on ranks other than 0, also draws nothing
+    /// and installs no experiment log file (rank 0 renders and logs for the whole job).
+    fn distributed(self, strategy: &DdpStrategy) -> Self;
+}
+
+impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<LC> {
+    fn distributed(self, strategy: &DdpStrategy) -> Self {
+        let training =
+            self.with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy.clone())));
+        if strategy.rank() == 0 {
+            training
+        } else {
+            training
+                .renderer(SilentRenderer)
+                .with_application_logger(None)
+        }
+    }
+}

@@ -1,0 +1,620 @@
+//! The DDP strategy against burn-train's single-process semantics, with ranks as threads (each
+//! with its own process group over a local store), deterministic: seeded weights, seeded
+//! sampler, no timing assertions.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::SgdConfig;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use burn_train::metric::store::{Aggregate, Direction, EventStoreClient, Split};
+use burn_train::metric::{AccuracyMetric, LossMetric, Metric};
+use burn_train::{
+    ClassificationOutput, EarlyStoppingStrategy, InferenceStep, Learner,
+    MetricEarlyStoppingStrategy, StoppingCondition, SupervisedTraining, TrainOutput, TrainStep,
+};
+use ddp_core::{
+    DistributedSamplerConfig, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer,
+};
+use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, DigitItem, load_digits, split};
+use ddp_examples::models::DigitsMlp;
+use ddp_train::{DdpReport, DdpStrategy, DistributedLoader, DistributedTrainingExt};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type B = Autodiff<Flex>;
+
+#[derive(Module, Debug)]
+struct Classifier<B: Backend> {
+    mlp: DigitsMlp<B>,
+}
+
+impl<B: Backend> Classifier<B> {
+    fn forward_classification(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        let output = self.mlp.forward(batch.images);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&output.device())
+            .forward(output.clone(), batch.targets.clone());
+        ClassificationOutput::new(loss, output, batch.targets)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for Classifier<B> {
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.forward_classification(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: Backend> InferenceStep for Classifier<B> {
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        self.forward_classification(batch)
+    }
+}
+
+/// Weights from a seeded stream (burn's own init draws from a global RNG the test threads share).
+struct SeededInit(ChaCha8Rng);
+
+impl<B: Backend> ModuleMapper<B> for SeededInit {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, t, mapper) = param.consume();
+        let (shape, device, trainable) = (t.shape(), t.device(), t.is_require_grad());
+        let bound = 1.0 / (shape.dims::<D>()[0].max(1) as f32).sqrt();
+        let values: Vec<f32> = (0..shape.num_elements())
+            .map(|_| self.0.random_range(-bound..bound))
+            .collect();
+        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), &device)
+            .set_require_grad(trainable);
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+fn model(seed: u64) -> Classifier<B> {
+    Classifier {
+        mlp: DigitsMlp::new(32, &Default::default()),
+    }
+    .map(&mut SeededInit(ChaCha8Rng::seed_from_u64(seed)))
+}
+
+fn flat_params<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
+            self.0
+                .extend(p.val().into_data().convert::<f32>().iter::<f32>());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    m.visit(&mut c);
+    c.0
+}
+
+/// `max|a - b| / max|b|`: scaled by the whole vector, as a weight near zero may differ
+/// relatively by more than the model does.
+fn max_scaled_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(f32::MIN_POSITIVE, |m, y| m.max(y.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// A small, fixed slice of the digits: 256 training images (a multiple of every global batch
+/// used here, so no shard is padded) and 100 test images.
+fn data() -> (Vec<DigitItem>, Vec<DigitItem>) {
+    let (mut train, mut test) = split(load_digits().expect("digits"), 7, 0.8);
+    train.truncate(256);
+    test.truncate(100);
+    (train, test)
+}
+
+/// Runs `body` on `n` ranks (threads) with their own process groups.
+fn run_ranks<T: Send>(n: usize, body: impl Fn(ProcessGroup) -> T + Sync) -> Vec<T> {
+    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
+    let addr = server.local_addr().to_string();
+    let timeout = Duration::from_secs(120); // generous: a loaded 2-core machine
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let (addr, body) = (addr.clone(), &body);
+                s.spawn(move || {
+                    let store = Store::connect(&addr, StoreConfig::new().with_timeout(timeout))
+                        .expect("store connection");
+                    let pg = ProcessGroup::with_store(
+                        store,
+                        ProcessGroupConfig::new(rank, n).with_timeout(timeout),
+                    )
+                    .expect("process group");
+                    body(pg)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// Per epoch, the metrics rank 0's event store holds: (train loss, train accuracy, valid loss,
+/// valid accuracy).
+type EpochMetrics = (f64, f64, f64, f64);
+
+/// Early stopping that records the epoch's metrics, then defers to `inner` (if any).
+#[derive(Clone)]
+struct Recorder {
+    seen: Arc<Mutex<Vec<EpochMetrics>>>,
+    inner: Option<MetricEarlyStoppingStrategy>,
+}
+
+impl EarlyStoppingStrategy for Recorder {
+    fn should_stop(&mut self, epoch: usize, store: &EventStoreClient) -> bool {
+        let loss = LossMetric::<B>::new().name();
+        let acc = AccuracyMetric::<B>::new().name();
+        let get = |name: &str, split: Split| {
+            store
+                .find_metric(name, epoch, Aggregate::Mean, &split)
+                .unwrap_or(f64::NAN)
+        };
+        let row = (
+            get(&loss, Split::Train),
+            get(&acc, Split::Train),
+            get(&loss, Split::Valid),
+            get(&acc, Split::Valid),
+        );
+        self.seen.lock().expect("recorder").push(row);
+        self.inner
+            .as_mut()
+            .is_some_and(|s| s.should_stop(epoch, store))
+    }
+}
+
+struct Run {
+    params: Vec<f32>,
+    report: DdpReport,
+    metrics: Vec<EpochMetrics>,
+}
+
+struct Setup {
+    batch_per_rank: usize,
+    epochs: usize,
+    lr: f64,
+    accumulation: Option<usize>,
+    stop_when_flat: bool,
+    checkpoints: bool,
+    /// Continue from the latest checkpoint in the directory, if any.
+    resume: bool,
+}
+
+fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let (train_items, test_items) = data();
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let resume_at = if setup.resume {
+        ddp_train::latest_checkpoint(dir).expect("checkpoint directory")
+    } else {
+        None
+    };
+    let train = DistributedLoader::<B, _, _>::train(
+        DigitDataset(train_items),
+        DigitBatcher,
+        setup.batch_per_rank,
+        sampler,
+    )
+    .expect("train loader")
+    .with_start_epoch(resume_at.unwrap_or(0) as u64)
+    .with_abort_group(pg.clone());
+    let valid = DistributedLoader::<Flex, _, _>::eval(
+        DigitDataset(test_items),
+        DigitBatcher,
+        32 / world,
+        world,
+        rank,
+    )
+    .expect("valid loader");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let inner = setup.stop_when_flat.then(|| {
+        MetricEarlyStoppingStrategy::new(
+            &LossMetric::<B>::new(),
+            Aggregate::Mean,
+            Direction::Lowest,
+            Split::Valid,
+            StoppingCondition::NoImprovementSince { n_epochs: 1 },
+        )
+    });
+    let strategy = DdpStrategy::new(pg);
+    let mut training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .num_epochs(setup.epochs)
+        .with_application_logger(None)
+        .early_stopping(Recorder {
+            seen: seen.clone(),
+            inner,
+        });
+    if setup.checkpoints {
+        training =
+            training.with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new());
+    }
+    if let Some(epoch) = resume_at {
+        training = training.checkpoint(epoch);
+    }
+    if let Some(k) = setup.accumulation {
+        training = training.grads_accumulation(k);
+    }
+    let learner = Learner::new(model(3), SgdConfig::new().init(), setup.lr);
+    let result = training.distributed(&strategy).launch(learner);
+    let report = strategy.finish().expect("training succeeded");
+    let params = flat_params::<Flex, _>(&result.model);
+    let metrics = seen.lock().expect("recorder").clone();
+    Run {
+        params,
+        report,
+        metrics,
+    }
+}
+
+fn base() -> Setup {
+    Setup {
+        batch_per_rank: 32,
+        epochs: 3,
+        lr: 0.5,
+        accumulation: None,
+        stop_when_flat: false,
+        checkpoints: false,
+        resume: false,
+    }
+}
+
+#[test]
+fn two_ranks_match_one_process_with_the_global_batch() {
+    let dir1 = tempfile::tempdir().expect("tempdir");
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let one = run_ranks(1, |pg| train(pg, dir1.path(), &base())).remove(0);
+    let two = run_ranks(2, |pg| {
+        train(
+            pg,
+            dir2.path(),
+            &Setup {
+                batch_per_rank: 16,
+                ..base()
+            },
+        )
+    });
+    // Both ranks hold the same model, bitwise (they apply the same averaged gradients).
+    assert_eq!(two[0].params, two[1].params, "ranks diverged");
+    let diff = max_scaled_diff(&two[0].params, &one.params);
+    eprintln!("world 2 vs world 1: max scaled parameter difference {diff:e}");
+    eprintln!(
+        "world 1 metrics per epoch (train loss, train acc, valid loss, valid acc): {:?}",
+        one.metrics
+    );
+    eprintln!(
+        "world 2 metrics per epoch (rank 0):                                      {:?}",
+        two[0].metrics
+    );
+    assert!(
+        diff < 1e-5,
+        "world 2 vs world 1: parameters differ by {diff:e} (scaled)"
+    );
+    assert_ne!(
+        one.params,
+        flat_params::<B, _>(&model(3)),
+        "training changed nothing"
+    );
+    for r in &two {
+        assert_eq!(r.report.last_epoch, 3);
+        assert_eq!(r.report.optimizer_steps, 24); // 256 / 32 per epoch, 3 epochs
+    }
+    // Metrics over the global batch: rank 0 of world 2 reports what world 1 does.
+    assert_eq!(one.metrics.len(), 3);
+    assert_eq!(two[0].metrics.len(), 3);
+    assert!(
+        two[1].metrics.is_empty(),
+        "rank 1 must not evaluate metrics"
+    );
+    for (epoch, (a, b)) in two[0].metrics.iter().zip(&one.metrics).enumerate() {
+        let pairs = [
+            (a.0, b.0, "train loss"),
+            (a.1, b.1, "train accuracy"),
+            (a.2, b.2, "valid loss"),
+            (a.3, b.3, "valid accuracy"),
+        ];
+        for (x, y, what) in pairs {
+            assert!(
+                x.is_finite() && y.is_finite(),
+                "epoch {}: {what} missing ({x}, {y})",
+                epoch + 1
+            );
+            assert!(
+                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                "epoch {}: {what}: world 2 {x} vs world 1 {y}",
+                epoch + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn gradient_accumulation_is_no_sync_then_one_all_reduce() {
+    // 2 ranks x 2 micro-batches of 8, gradients summed locally then averaged over ranks, equal
+    // twice the mean gradient of the global batch of 32: one process with batch 32 and twice
+    // the learning rate takes the same steps.
+    let dir1 = tempfile::tempdir().expect("tempdir");
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let one = run_ranks(1, |pg| train(pg, dir1.path(), &Setup { lr: 0.5, ..base() })).remove(0);
+    let two = run_ranks(2, |pg| {
+        train(
+            pg,
+            dir2.path(),
+            &Setup {
+                batch_per_rank: 8,
+                lr: 0.25,
+                accumulation: Some(2),
+                ..base()
+            },
+        )
+    });
+    assert_eq!(two[0].params, two[1].params, "ranks diverged");
+    let diff = max_scaled_diff(&two[0].params, &one.params);
+    eprintln!("accumulated world 2 vs world 1: max scaled parameter difference {diff:e}");
+    assert!(
+        diff < 1e-5,
+        "accumulated world 2 vs world 1: differ by {diff:e} (scaled)"
+    );
+    for r in &two {
+        assert_eq!(r.report.train_steps, 48);
+        assert_eq!(r.report.optimizer_steps, 24);
+    }
+}
+
+#[test]
+fn early_stopping_decided_by_rank0_stops_every_rank_in_the_same_epoch() {
+    // Learning rate 0: the validation loss stays flat, so "no improvement since 1 epoch" fires
+    // after epoch 2, on rank 0 (the only rank with metrics); rank 1 must stop there too instead
+    // of waiting in epoch 3's first collective.
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let runs = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(
+            pg,
+            &dir,
+            &Setup {
+                epochs: 6,
+                lr: 0.0,
+                stop_when_flat: true,
+                checkpoints: true,
+                ..base()
+            },
+        )
+    });
+    for (rank, r) in runs.iter().enumerate() {
+        assert_eq!(
+            r.report.stopped_early_at,
+            Some(2),
+            "rank {rank}: {:?}",
+            r.report
+        );
+        assert_eq!(r.report.last_epoch, 2, "rank {rank}");
+        assert_eq!(r.report.optimizer_steps, 4 * 2, "rank {rank}"); // 256 / 64 per epoch
+    }
+    // Rank 0 alone writes burn-train's checkpoints.
+    let listing = |rank: usize| -> Vec<String> {
+        std::fs::read_dir(dirs[rank].path().join("checkpoint"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // burn-train's checkpointer has joined its writer thread when `launch` returns.
+    let rank0 = listing(0);
+    assert!(
+        rank0.iter().any(|f| f.starts_with("model-2")),
+        "rank 0 wrote {rank0:?}"
+    );
+    assert!(
+        listing(1).is_empty(),
+        "rank 1 wrote checkpoints: {:?}",
+        listing(1)
+    );
+}
+
+#[test]
+fn the_loader_gives_each_rank_its_shard_and_reshuffles_every_epoch() {
+    use burn::data::dataloader::DataLoader;
+    use burn::data::dataloader::batcher::Batcher;
+    use burn::data::dataset::InMemDataset;
+
+    #[derive(Clone)]
+    struct Ids;
+    impl Batcher<Flex, usize, Vec<usize>> for Ids {
+        fn batch(&self, items: Vec<usize>, _device: &burn::tensor::Device<Flex>) -> Vec<usize> {
+            items
+        }
+    }
+    let epoch_of = |rank: usize, loader: &DistributedLoader<Flex, usize, Vec<usize>>| {
+        let _ = rank;
+        loader.iter().flatten().collect::<Vec<usize>>()
+    };
+    let loaders: Vec<_> = (0..2)
+        .map(|rank| {
+            DistributedLoader::train(
+                InMemDataset::new((0..40).collect::<Vec<usize>>()),
+                Ids,
+                4,
+                DistributedSamplerConfig::new(2, rank).with_seed(5),
+            )
+            .expect("loader")
+            .with_num_workers(2)
+        })
+        .collect();
+    let mut previous: Option<Vec<usize>> = None;
+    for _epoch in 0..3 {
+        let shards: Vec<Vec<usize>> = (0..2).map(|r| epoch_of(r, &loaders[r])).collect();
+        assert_eq!(shards[0].len(), 20);
+        let mut all: Vec<usize> = shards.concat();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..40).collect::<Vec<_>>(),
+            "shards must cover the data set once"
+        );
+        if let Some(p) = &previous {
+            assert_ne!(p, &shards[0], "no reshuffle between epochs");
+        }
+        previous = Some(shards[0].clone());
+    }
+    assert_eq!(loaders[0].num_items(), 40);
+    // Evaluation shards: every sample once, no padding, uneven sizes allowed.
+    let eval: Vec<Vec<usize>> = (0..2)
+        .map(|rank| {
+            let l = DistributedLoader::<Flex, _, _>::eval(
+                InMemDataset::new((0..7).collect::<Vec<usize>>()),
+                Ids,
+                2,
+                2,
+                rank,
+            )
+            .expect("eval loader");
+            l.iter().flatten().collect()
+        })
+        .collect();
+    assert_eq!(eval, vec![vec![0, 2, 4, 6], vec![1, 3, 5]]);
+}
+
+/// Trains with this rank's `batch_per_rank` and `hidden` units, returning the run's outcome.
+fn outcome(
+    pg: ProcessGroup,
+    dir: &Path,
+    batch_per_rank: usize,
+    hidden: usize,
+) -> ddp_train::Result<DdpReport> {
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let (train_items, test_items) = data();
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let train = DistributedLoader::<B, _, _>::train(
+        DigitDataset(train_items),
+        DigitBatcher,
+        batch_per_rank,
+        sampler,
+    )?;
+    let valid = DistributedLoader::<Flex, _, _>::eval(
+        DigitDataset(test_items),
+        DigitBatcher,
+        16,
+        world,
+        rank,
+    )?;
+    let strategy = DdpStrategy::new(pg);
+    let model = Classifier::<B> {
+        mlp: DigitsMlp::new(hidden, &Default::default()),
+    };
+    let training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
+        .metrics((LossMetric::new(),))
+        .num_epochs(2)
+        .with_application_logger(None)
+        .distributed(&strategy);
+    let _ = training.launch(Learner::new(model, SgdConfig::new().init(), 0.1));
+    strategy.finish()
+}
+
+#[test]
+fn ranks_with_different_numbers_of_batches_fail_together_instead_of_hanging() {
+    // Rank 0 has 8 batches of 16, rank 1 4 batches of 32: step 5 finds rank 1 without a batch.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        let batch = if pg.rank() == 0 { 16 } else { 32 };
+        outcome(pg, dir.path(), batch, 32)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        let err = r
+            .as_ref()
+            .expect_err("uneven batches must fail")
+            .to_string();
+        assert!(
+            err.contains("ranks [1] have no batch left") || err.contains("abort"),
+            "rank {rank}: {err}"
+        );
+    }
+    assert!(
+        results.iter().any(|r| matches!(
+            r,
+            Err(ddp_train::DdpTrainError::UnevenBatches { step: 5, .. })
+        )),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn ranks_with_different_models_fail_before_training() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        let hidden = if pg.rank() == 0 { 32 } else { 64 };
+        outcome(pg, dir.path(), 16, hidden)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(ddp_train::DdpTrainError::ModelMismatch(why)) => {
+                assert!(why.contains("ranks [1] differ"), "rank {rank}: {why}")
+            }
+            other => panic!("rank {rank}: expected a model mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_resumed_run_continues_exactly_where_the_checkpoint_left_off() {
+    // 3 epochs straight, vs 2 epochs, then a new run (as after a restart) resuming from the
+    // latest checkpoint for the third: the same parameters, bitwise.
+    let straight = tempfile::tempdir().expect("tempdir");
+    let resumed = tempfile::tempdir().expect("tempdir");
+    let with_checkpoints = |epochs, resume| Setup {
+        epochs,
+        checkpoints: true,
+        resume,
+        batch_per_rank: 16,
+        ..base()
+    };
+    let full = run_ranks(2, |pg| {
+        train(pg, straight.path(), &with_checkpoints(3, false))
+    });
+    let first = run_ranks(2, |pg| {
+        train(pg, resumed.path(), &with_checkpoints(2, false))
+    });
+    assert_eq!(
+        ddp_train::latest_checkpoint(resumed.path()).expect("readable"),
+        Some(2)
+    );
+    let second = run_ranks(2, |pg| {
+        train(pg, resumed.path(), &with_checkpoints(3, true))
+    });
+    assert_ne!(
+        first[0].params, full[0].params,
+        "the third epoch changed nothing"
+    );
+    for rank in 0..2 {
+        assert_eq!(second[rank].report.last_epoch, 3);
+        assert_eq!(
+            second[rank].report.optimizer_steps, 8,
+            "rank {rank}: one epoch of 8 steps"
+        );
+        assert_eq!(
+            second[rank].params, full[rank].params,
+            "rank {rank}: resumed != straight"
+        );
+    }
+}
