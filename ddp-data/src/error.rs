@@ -71,7 +71,7 @@ pub enum DataError {
 
     /// A mid-epoch state cannot be continued exactly on a different world size.
     #[error(
-        "cannot resume epoch {epoch} saved with world size {saved} on world size {current}: {global_consumed} samples were consumed globally, which is not a multiple of {current}; resume with world size {saved}, or from a checkpoint taken at an epoch boundary"
+        "cannot resume epoch {epoch} saved with world size {saved} on world size {current}: {global_consumed} samples were consumed globally, which is not a multiple of {current}; resume with world size {saved}, or from a checkpoint taken at an epoch boundary, or load `state.resharded_for({current})` to continue with exactly the samples of the epoch not consumed yet"
     )]
     WorldSizeChange {
         /// World size the state was saved with.
@@ -82,6 +82,18 @@ pub enum DataError {
         epoch: u64,
         /// Samples consumed by all ranks together in that epoch.
         global_consumed: usize,
+    },
+
+    /// A saved state's offset is not below its world size, which no sampler
+    /// produces: the state is corrupt or was edited by hand.
+    #[error(
+        "saved sampler state has offset {offset} but num_replicas {num_replicas}; the offset (samples consumed before a world-size change) must be below num_replicas: the state is corrupt, start the epoch from scratch"
+    )]
+    OffsetOutOfRange {
+        /// The saved offset.
+        offset: usize,
+        /// The saved world size.
+        num_replicas: usize,
     },
 
     /// `Dataset::get` returned `None` for an index below `Dataset::len`.

@@ -18,7 +18,9 @@
 //!   with bounded prefetch, in the same order for any worker count.
 //! * [`SamplerState`]: epoch + position, serde-serializable; restoring it
 //!   continues with exactly the next unseen batch (also on another world size
-//!   when that can be done exactly).
+//!   when that can be done exactly). [`SamplerState::resharded_for`] continues
+//!   any mid-epoch state on another world size with exactly the samples of the
+//!   epoch not consumed yet (plus PyTorch-style padding of the remainder).
 //!
 //! Errors are reported as [`DataError`]; the library does not panic on bad
 //! input, and a panicking dataset or batcher surfaces as an error item.

@@ -37,8 +37,10 @@
 //! sampler position is translated by global sample count by ddp-data
 //! ([`Resumed::restore_loader`]): exact when the samples consumed by all ranks in the epoch
 //! divide by the new world size (always at epoch boundaries); otherwise it is refused with
-//! `DataError::WorldSizeChange` (wrapped in [`CheckpointError::Sampler`]). Per-rank RNG
-//! states are dropped; the global step is kept as is.
+//! `DataError::WorldSizeChange` (wrapped in [`CheckpointError::Sampler`]).
+//! [`Resumed::restore_loader_resharded`] always continues: the samples of the epoch no rank
+//! consumed yet are dealt over the new ranks, so none is repeated or skipped (but padding).
+//! Per-rank RNG states are dropped; the global step is kept as is.
 //!
 //! **ParamIds.** burn's optimizer state is keyed by `ParamId`, random per process. A restored
 //! module takes the saved ids, so load **before** wrapping the model in

@@ -93,6 +93,42 @@ impl Resumed {
                 source,
             })
     }
+
+    /// Restores `loader` on any world size, mid-epoch included: the rest of the saved epoch
+    /// (the samples no rank consumed yet, in the epoch's order) is dealt over this world's
+    /// ranks (ddp-data's `SamplerState::resharded_for`), so no sample of the epoch is repeated
+    /// or skipped, except the padding (up to world size - 1 repeats) or, with `drop_last`, the
+    /// last few samples that do not fill a round. From the next epoch on the loader is exactly
+    /// a fresh one of this world size. With the same world size, or when the translation is
+    /// exact, it equals [`restore_loader`](Self::restore_loader). Use it when the world size
+    /// may change between runs (elastic jobs); `restore_loader` keeps refusing inexact moves.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NoSamplerState`], [`CheckpointError::Sampler`].
+    pub fn restore_loader_resharded<B: Backend, I, O>(
+        &self,
+        loader: &mut DistributedDataLoader<B, I, O>,
+    ) -> Result<(), CheckpointError> {
+        let name = || self.info.name.clone();
+        let state = self
+            .state
+            .sampler
+            .as_ref()
+            .ok_or_else(|| CheckpointError::NoSamplerState { name: name() })?;
+        let world = loader.sampler_config().num_replicas;
+        let state = state
+            .resharded_for(world)
+            .map_err(|source| CheckpointError::Sampler {
+                name: name(),
+                source,
+            })?;
+        loader
+            .load_state(&state)
+            .map_err(|source| CheckpointError::Sampler {
+                name: name(),
+                source,
+            })
+    }
 }
 
 /// The result of [`Checkpointer::load_latest`](super::Checkpointer::load_latest), the same on

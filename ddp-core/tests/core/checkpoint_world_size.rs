@@ -153,3 +153,55 @@ fn an_inexact_translation_is_refused_with_ddp_datas_error() {
         );
     }
 }
+
+#[test]
+fn resharded_restore_continues_an_inexact_move_with_every_sample_once() {
+    let init = init_bytes();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 1 rank, 1 step of 3 samples: 3 global samples, which `restore_loader` refuses to split
+    // between 2 ranks; resharded, the other 21 samples of epoch 0 are dealt over both.
+    run_ranks(1, |pg| {
+        run(pg, &init, dir.path(), Start::Init, Stop::AtStep(1))
+    });
+    let consumed = epoch_order(1, 0, 0)[..3].to_vec();
+    let per_rank = run_ranks(2, |pg| {
+        let device = Default::default();
+        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let mut model = Mlp::<B>::new(&device, HIDDEN);
+        let mut optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
+        let resumed = ckpt
+            .load_latest(&device, &mut model, &mut optim)
+            .expect("load")
+            .into_resumed()
+            .expect("resumed");
+        let mut loader = loader(2, pg.rank());
+        resumed
+            .restore_loader_resharded(&mut loader)
+            .expect("any world size");
+        let rest: Vec<usize> = loader.iter().flat_map(|b| b.expect("batch")).collect();
+        // The next epoch is a fresh 2-rank epoch.
+        loader.set_epoch(1);
+        let next: Vec<usize> = loader.iter().flat_map(|b| b.expect("batch")).collect();
+        (rest, next)
+    });
+    let mut seen = consumed;
+    for (rest, _) in &per_rank {
+        seen.extend(rest);
+    }
+    seen.sort_unstable();
+    // 21 left over 2 ranks: 11 each, one padding repeat.
+    assert_eq!(seen.len(), DATASET_LEN + 1, "{seen:?}");
+    seen.dedup();
+    assert_eq!(
+        seen,
+        (0..DATASET_LEN).collect::<Vec<_>>(),
+        "every sample of the epoch at least once"
+    );
+    for (rank, (_, next)) in per_rank.iter().enumerate() {
+        assert_eq!(
+            next,
+            &epoch_order(2, rank, 1),
+            "rank {rank}: epoch 1 as a fresh loader"
+        );
+    }
+}

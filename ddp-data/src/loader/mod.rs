@@ -39,7 +39,11 @@ use worker::Source;
 /// position. Every other `iter()` starts at the beginning of the current
 /// epoch, as in PyTorch (so an evaluation loader can be iterated repeatedly).
 /// See [`DistributedSampler::load_state`](crate::DistributedSampler::load_state)
-/// for restoring onto a different world size.
+/// for restoring onto a different world size, and
+/// [`SamplerState::resharded_for`] for continuing any mid-epoch state there:
+/// `loader.load_state(&state.resharded_for(world_size)?)`. (A second `iter()`
+/// in such a resharded epoch restarts its layout, which begins after the
+/// samples the old world size consumed; the next epoch is a whole one.)
 pub struct DistributedDataLoader<B: Backend, I, O> {
     source: Arc<Source<B, I, O>>,
     batches: BatchSampler,

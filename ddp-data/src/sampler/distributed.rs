@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::DistributedSamplerConfig;
-use super::indices::{index_at, num_samples_per_rank, rank_indices, total_size};
+use super::indices::{index_at_from, num_samples_from, rank_indices};
 use super::permutation::epoch_order;
-use super::state::{SamplerState, resume_position};
+use super::state::{SamplerState, resume_point};
 use crate::DataError;
 
 /// Splits a dataset between `num_replicas` processes with the semantics of
@@ -32,12 +32,19 @@ use crate::DataError;
 /// [`load_state`](Self::load_state) save and restore it. The
 /// [`DistributedDataLoader`](crate::DistributedDataLoader) manages the
 /// position itself.
+///
+/// After loading a [`SamplerState::resharded_for`] state saved on another
+/// world size, the rest of that epoch is dealt out from the first entry of
+/// the order not consumed yet (see [`offset`](Self::offset)); the next epoch
+/// is PyTorch's layout again.
 #[derive(Clone)]
 pub struct DistributedSampler {
     config: DistributedSamplerConfig,
     dataset_len: usize,
     epoch: u64,
     position: usize,
+    /// [`SamplerState::offset`] of the current epoch (0 unless resharded).
+    offset: usize,
     order: Arc<[usize]>,
 }
 
@@ -51,6 +58,7 @@ impl DistributedSampler {
             dataset_len,
             epoch: 0,
             position: 0,
+            offset: 0,
             order,
         };
         if sampler.num_samples() == 0 {
@@ -93,14 +101,28 @@ impl DistributedSampler {
         self.position
     }
 
-    /// Indices each rank yields per epoch (PyTorch's `num_samples`).
+    /// Entries of this epoch's order consumed by a previous world size before
+    /// this sampler's layout starts: 0, except for the rest of an epoch
+    /// restored from a [`SamplerState::resharded_for`] state.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Indices each rank yields per epoch (PyTorch's `num_samples`; for a
+    /// resharded epoch, counted from the start of its layout, see
+    /// [`offset`](Self::offset)).
     pub fn num_samples(&self) -> usize {
-        num_samples_per_rank(self.dataset_len, self.num_replicas(), self.config.drop_last)
+        num_samples_from(
+            self.dataset_len,
+            self.offset,
+            self.num_replicas(),
+            self.config.drop_last,
+        )
     }
 
     /// Indices all ranks yield together per epoch: `num_samples * num_replicas`.
     pub fn total_size(&self) -> usize {
-        total_size(self.dataset_len, self.num_replicas(), self.config.drop_last)
+        self.num_samples() * self.num_replicas()
     }
 
     /// Indices of this epoch this rank has not consumed yet.
@@ -118,6 +140,7 @@ impl DistributedSampler {
         }
         self.epoch = epoch;
         self.position = 0;
+        self.offset = 0;
         self.order = epoch_order(
             self.dataset_len,
             self.config.shuffle,
@@ -135,14 +158,22 @@ impl DistributedSampler {
     }
 
     /// All of this rank's indices for the current epoch, regardless of the
-    /// position (what iterating PyTorch's sampler yields).
+    /// position (what iterating PyTorch's sampler yields). For a resharded
+    /// epoch, the indices of its layout from position 0 (see
+    /// [`offset`](Self::offset)).
     pub fn indices(&self) -> Vec<usize> {
-        rank_indices(
-            &self.order,
-            self.num_replicas(),
-            self.rank(),
-            self.config.drop_last,
-        )
+        if self.offset == 0 {
+            rank_indices(
+                &self.order,
+                self.num_replicas(),
+                self.rank(),
+                self.config.drop_last,
+            )
+        } else {
+            (0..self.num_samples())
+                .map(|p| self.index_unchecked(p))
+                .collect()
+        }
     }
 
     /// The dataset index at `position` in this rank's list for the current
@@ -151,10 +182,17 @@ impl DistributedSampler {
         (position < self.num_samples()).then(|| self.index_unchecked(position))
     }
 
-    /// [`indices::index_at`](super::indices::index_at) for a valid sampler,
-    /// whose order is never empty (`init` rejects empty datasets).
+    /// [`indices::index_at_from`](super::indices::index_at_from) for a valid
+    /// sampler, whose order is never empty (`init` rejects empty datasets).
     fn index_unchecked(&self, position: usize) -> usize {
-        index_at(&self.order, self.num_replicas(), self.rank(), position).unwrap_or_default()
+        index_at_from(
+            &self.order,
+            self.offset,
+            self.num_replicas(),
+            self.rank(),
+            position,
+        )
+        .unwrap_or_default()
     }
 
     /// The indices from the current position to the end of the epoch. Does
@@ -200,6 +238,7 @@ impl DistributedSampler {
             dataset_len: self.dataset_len,
             shuffle: self.config.shuffle,
             drop_last: self.config.drop_last,
+            offset: self.offset,
         }
     }
 
@@ -213,16 +252,21 @@ impl DistributedSampler {
     /// that is not a whole number the restore is rejected, because no exact
     /// continuation exists; states at an epoch's start or end always load.
     /// Note that the padding at the end of the epoch is the new world size's.
+    /// To continue on another world size where that is refused, load
+    /// [`state.resharded_for(num_replicas)`](SamplerState::resharded_for)
+    /// instead, which lists what is then guaranteed.
     ///
     /// # Errors
     ///
     /// [`DataError::StateMismatch`] if the dataset length, `drop_last`,
     /// `shuffle` or (when shuffling) `seed` differ;
     /// [`DataError::WorldSizeChange`] as above;
-    /// [`DataError::PositionOutOfRange`] / [`DataError::ZeroReplicas`] for a
-    /// corrupt state. On error the sampler is unchanged.
+    /// [`DataError::PositionOutOfRange`] / [`DataError::ZeroReplicas`] /
+    /// [`DataError::OffsetOutOfRange`] for a corrupt state. On error the
+    /// sampler is unchanged.
     pub fn load_state(&mut self, state: &SamplerState) -> Result<(), DataError> {
-        let position = resume_position(state, &self.state())?;
+        let point = resume_point(state, &self.state())?;
+        let position = point.position;
         if state.num_replicas != self.num_replicas() {
             tracing::info!(
                 saved_world = state.num_replicas,
@@ -233,8 +277,18 @@ impl DistributedSampler {
                 "translated sampler state to a new world size"
             );
         }
+        if point.offset != 0 {
+            tracing::info!(
+                world = self.num_replicas(),
+                offset = point.offset,
+                position,
+                epoch = state.epoch,
+                "continuing a resharded epoch"
+            );
+        }
         self.set_epoch(state.epoch);
         self.position = position;
+        self.offset = point.offset;
         Ok(())
     }
 }
@@ -246,6 +300,7 @@ impl fmt::Debug for DistributedSampler {
             .field("dataset_len", &self.dataset_len)
             .field("epoch", &self.epoch)
             .field("position", &self.position)
+            .field("offset", &self.offset)
             .field("num_samples", &self.num_samples())
             .finish_non_exhaustive()
     }

@@ -86,6 +86,35 @@ pub fn index_at(
     global.checked_rem(order.len()).map(|i| order[i])
 }
 
+/// Samples each rank yields in an epoch whose first `offset` entries of the
+/// order were already consumed (by a previous world size, see
+/// [`SamplerState::resharded_for`](crate::SamplerState::resharded_for)):
+/// [`num_samples_per_rank`] of the `len - offset` that are left. Equal to
+/// `num_samples_per_rank(len, ..)` for `offset == 0`.
+pub fn num_samples_from(
+    dataset_len: usize,
+    offset: usize,
+    num_replicas: usize,
+    drop_last: bool,
+) -> usize {
+    num_samples_per_rank(dataset_len.saturating_sub(offset), num_replicas, drop_last)
+}
+
+/// [`index_at`] for an epoch dealt out from global position `offset` on:
+/// `order[(offset + rank + position * num_replicas) % order.len()]`, so
+/// padding still repeats the order cyclically from its start. Equal to
+/// [`index_at`] for `offset == 0`; `None` for an empty order.
+pub fn index_at_from(
+    order: &[usize],
+    offset: usize,
+    num_replicas: usize,
+    rank: usize,
+    position: usize,
+) -> Option<usize> {
+    let global = offset + global_position(rank, num_replicas, position);
+    global.checked_rem(order.len()).map(|i| order[i])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +173,20 @@ mod tests {
         assert_eq!(num_samples_per_rank(10, 0, false), 0);
         assert_eq!(rank_indices(&[1, 2], 0, 0, false), Vec::<usize>::new());
         assert_eq!(index_at(&[], 2, 1, 0), None);
+    }
+
+    #[test]
+    fn index_at_from_shifts_by_the_offset_and_wraps() {
+        let order = vec![5, 3, 0, 4, 1, 2, 6];
+        // offset 3 on 2 ranks: rank 1 takes global 4, 6, 8 (wraps to 1), ...
+        assert_eq!(index_at_from(&order, 3, 2, 1, 0), Some(1));
+        assert_eq!(index_at_from(&order, 3, 2, 1, 1), Some(6));
+        assert_eq!(index_at_from(&order, 3, 2, 1, 2), Some(3));
+        assert_eq!(index_at_from(&order, 0, 3, 2, 1), index_at(&order, 3, 2, 1));
+        assert_eq!(index_at_from(&[], 1, 2, 0, 0), None);
+        assert_eq!(num_samples_from(7, 3, 2, false), 2);
+        assert_eq!(num_samples_from(7, 3, 3, true), 1);
+        assert_eq!(num_samples_from(7, 9, 3, false), 0);
     }
 
     #[test]
