@@ -263,3 +263,143 @@ impl<B: Backend> ModuleVisitor<B> for ShapeProbe {
         self.shapes.push(param.val().dims().to_vec());
     }
 }
+
+/// What [`ParamTable::for_caller`] compares: one float tensor of a module, seen cheaply.
+struct Seen {
+    id: ParamId,
+    path: String,
+    shape: Vec<usize>,
+    dtype: DType,
+    trainable: bool,
+}
+
+struct See<B: AutodiffBackend> {
+    path: Vec<String>,
+    seen: Vec<Seen>,
+    _backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for See<B> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        self.seen.push(Seen {
+            id: param.id,
+            path: self.path.join("."),
+            shape: value.dims().to_vec(),
+            dtype: value.dtype(),
+            trainable: value.is_require_grad(),
+        });
+    }
+}
+
+impl<I: Backend> ParamTable<I> {
+    /// Checks that `module` (a caller's copy of the wrapped model) has this table's layout, and
+    /// returns this table keyed by `module`'s `ParamId`s, or `None` when they are this table's.
+    ///
+    /// The rule, so the caller's gradients land in the wrapped model's buckets: the same float
+    /// tensors in the same order (paths, shapes, dtypes, trainable or not) and the same tied
+    /// parameters (entries sharing an id here share one there). Ids themselves may differ (a
+    /// module loaded from its own record), which is why gradients are keyed by the caller's.
+    pub(crate) fn for_caller<B, M>(
+        &self,
+        module: &M,
+        what: &str,
+    ) -> Result<Option<ParamTable<I>>, crate::DdpError>
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        M: AutodiffModule<B>,
+    {
+        let mut see = See::<B> {
+            path: Vec::new(),
+            seen: Vec::new(),
+            _backend: std::marker::PhantomData,
+        };
+        module.visit(&mut see);
+        let seen = see.seen;
+        let rule = "it must have the wrapped module's parameter layout: the same float tensors in \
+                    the same order (paths, shapes, dtypes, trainable or not) and the same tied \
+                    parameters";
+        let describe = |s: &Seen| {
+            let kind = if s.trainable {
+                "param"
+            } else {
+                "buffer/frozen"
+            };
+            format!("{}\t{:?}\t{:?}\t{kind}", s.path, s.shape, s.dtype)
+        };
+        let mine = |e: &ParamEntry<I>| {
+            let kind = if e.kind == ParamKind::Trainable {
+                "param"
+            } else {
+                "buffer/frozen"
+            };
+            format!("{}\t{:?}\t{:?}\t{kind}", e.path, e.shape, e.dtype)
+        };
+        let n = self.entries.len().max(seen.len());
+        if let Some(i) = (0..n).find(|&i| match (self.entries.get(i), seen.get(i)) {
+            (Some(e), Some(s)) => {
+                e.path != s.path
+                    || e.shape != s.shape
+                    || e.dtype != s.dtype
+                    || (e.kind == ParamKind::Trainable) != s.trainable
+            }
+            _ => true,
+        }) {
+            return Err(crate::DdpError::ModelMismatch(format!(
+                "the module passed to {what} differs from the wrapped one ({rule}): tensor #{i} \
+                 is {:?}, the wrapped module's is {:?}",
+                seen.get(i)
+                    .map(describe)
+                    .unwrap_or_else(|| "missing".into()),
+                self.entries
+                    .get(i)
+                    .map(mine)
+                    .unwrap_or_else(|| "missing".into()),
+            )));
+        }
+        if self.entries.iter().zip(&seen).all(|(e, s)| e.id == s.id) {
+            return Ok(None);
+        }
+        // Tied parameters: entry i shares its id with an earlier entry j in both or in neither.
+        let first = |ids: Vec<ParamId>| -> Vec<usize> {
+            let mut at = std::collections::HashMap::new();
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| *at.entry(*id).or_insert(i))
+                .collect()
+        };
+        let here = first(self.entries.iter().map(|e| e.id).collect());
+        let there = first(seen.iter().map(|s| s.id).collect());
+        if let Some(i) = (0..here.len()).find(|&i| here[i] != there[i]) {
+            return Err(crate::DdpError::ModelMismatch(format!(
+                "the module passed to {what} ties its parameters differently ({rule}): tensor \
+                 #{i} ('{}') shares its id with tensor #{} there and with tensor #{} in the \
+                 wrapped module",
+                seen[i].path, there[i], here[i]
+            )));
+        }
+        let entries = self
+            .entries
+            .iter()
+            .zip(seen)
+            .map(|(e, s)| ParamEntry {
+                id: s.id,
+                path: e.path.clone(),
+                shape: e.shape.clone(),
+                dtype: e.dtype,
+                kind: e.kind,
+                device: e.device.clone(),
+                register: e.register,
+            })
+            .collect();
+        Ok(Some(ParamTable { entries }))
+    }
+}

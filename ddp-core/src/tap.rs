@@ -68,6 +68,9 @@ pub struct TapScope<I: Backend> {
     first_use: Mutex<Vec<usize>>,
     pending: Mutex<Vec<PendingTap<I>>>,
     early: AtomicUsize,
+    /// References to each tap's node held outside the graph for the whole backward: 1 when the
+    /// tapped copy outlives backward (`step_on`, whose closure holds it), else 0.
+    outside_refs: usize,
 }
 
 impl<I: Backend> fmt::Debug for TapScope<I> {
@@ -87,7 +90,17 @@ impl<I: Backend> TapScope<I> {
             first_use: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             early: AtomicUsize::new(0),
+            outside_refs: 0,
         }
+    }
+
+    /// For a tapped copy that stays alive during backward (its parameters hold each tap's
+    /// output, one reference per tap: lazily or not, clones of the copy only add more, which
+    /// merely delays a hand-over), so a boundary does not mistake that reference for a consumer
+    /// still to run.
+    pub(crate) fn copy_outlives_backward(mut self) -> Self {
+        self.outside_refs = 1;
+        self
     }
 
     /// How many gradients boundaries handed over before the end of backward.
@@ -107,9 +120,9 @@ impl<I: Backend> TapScope<I> {
     fn hand_over_complete(&self, grads: &mut Gradients) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.retain(|p| {
-            // References to the tap's node: ours (in `pending`), the tap's own backward step, and
-            // one per consumer step that has not run yet.
-            if Arc::strong_count(&p.tensor.node) > 2 {
+            // References to the tap's node: ours (in `pending`), the tap's own backward step, the
+            // live copy's (see `outside_refs`), and one per consumer step that has not run yet.
+            if Arc::strong_count(&p.tensor.node) > 2 + self.outside_refs {
                 return true;
             }
             if !p.handed.swap(true, Ordering::AcqRel)

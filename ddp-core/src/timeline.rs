@@ -22,6 +22,11 @@ pub struct StepStats {
     pub comm_during_backward: Duration,
     /// Number of buckets.
     pub buckets: usize,
+    /// Buckets whose all-reduce was issued while backward (or the closure of
+    /// [`step_on`](crate::DistributedDataParallel::step_on)) was still running, by the tap
+    /// events themselves; the others were issued after it ended. A count, not a timing: it says
+    /// how much of the communication *could* overlap.
+    pub buckets_launched_during_backward: usize,
     /// Gradients handed over at a [`layer_boundary`](crate::layer_boundary), before the end of
     /// backward (0 without boundaries).
     pub early_gradients: usize,
@@ -64,6 +69,7 @@ impl StepTimes {
             comm,
             comm_during_backward: during,
             buckets: self.buckets.comm.len(),
+            buckets_launched_during_backward: self.buckets.launched_during_backward,
             early_gradients: 0,
         }
     }

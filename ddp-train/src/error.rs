@@ -1,6 +1,6 @@
 //! Errors of the DDP training strategy.
 
-use ddp_core::{CommError, DataError};
+use ddp_core::{CommError, DataError, DdpError};
 
 /// What can go wrong while training with [`DdpStrategy`](crate::DdpStrategy) or loading with
 /// [`DistributedLoader`](crate::DistributedLoader).
@@ -18,6 +18,16 @@ pub enum DdpTrainError {
         /// The process group's error (it names the peer and its reason).
         #[source]
         source: CommError,
+    },
+    /// ddp-core's data-parallel engine failed (building its buckets, or a step's gradient
+    /// all-reduce: a peer failed, or the model does not fit the buckets).
+    #[error("{context}: {source}")]
+    Ddp {
+        /// What this rank was doing.
+        context: String,
+        /// ddp-core's error.
+        #[source]
+        source: DdpError,
     },
     /// The ranks do not hold the same model (number, shapes or kinds of parameters differ).
     #[error("the ranks hold different models: {0}")]
@@ -65,6 +75,14 @@ impl DdpTrainError {
     pub(crate) fn comm(context: impl Into<String>) -> impl FnOnce(CommError) -> Self {
         let context = context.into();
         move |source| DdpTrainError::Comm { context, source }
+    }
+}
+
+impl DdpTrainError {
+    /// Wraps a [`DdpError`] with what this rank was doing.
+    pub(crate) fn ddp(context: impl Into<String>) -> impl FnOnce(DdpError) -> Self {
+        let context = context.into();
+        move |source| DdpTrainError::Ddp { context, source }
     }
 }
 

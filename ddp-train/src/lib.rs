@@ -41,17 +41,17 @@
 //! repeated samples, as PyTorch's `DistributedSampler` does; evaluation shards have no padding.
 //!
 //! ## Overlap
-//! Gradients are all-reduced after the user's backward, in one collective per dtype, not
-//! overlapped with backward. Why: burn-train's `TrainStep::step` runs the forward *and* a plain
-//! `loss.backward()` itself and hands back `GradientsParams`. ddp-core overlaps through
-//! gradient taps on a copy of the module made by its own `forward`, and only its own
-//! `backward` arms the reducer before burn's backward runs; tap events from any other
-//! `backward()` are counted as strays and rejected (`DdpError::BackwardOutsideDdp`), and the
-//! tap operations are sealed, so they cannot be inserted from outside ddp-core. Overlap here
-//! needs one more ddp-core entry point: run a closure that does forward and backward on a
-//! tapped copy of a module the caller passes (burn-train's `Learner` owns the model and the
-//! optimizer), with the reducer armed before the closure and the averaged gradients returned
-//! after it (and a `no_sync` flavour for accumulation).
+//! Gradients are all-reduced *while* the user's backward runs, as in PyTorch's DDP, though
+//! burn-train's `TrainStep::step` runs the forward and a plain `loss.backward()` itself: the
+//! step runs through ddp-core's [`DistributedDataParallel::step_on`](ddp_core::DistributedDataParallel::step_on),
+//! which calls it on a copy of the learner's model whose parameters pass through gradient taps,
+//! with the bucket reducer armed before it. As burn's backward reaches each parameter, its
+//! gradient is copied into its bucket; a full bucket's all-reduce starts at once, in the same
+//! bucket order on every rank. What is left after backward is waiting for the last buckets.
+//! [`DdpReport::buckets_launched_during_backward`] counts the buckets issued from inside
+//! backward. Plain taps fire at the end of each parameter's backward chain; a model that marks
+//! [`layer_boundary`](ddp_core::layer_boundary)s in its forward hands each layer's gradients
+//! over as soon as that layer's backward is done ([`DdpReport::early_gradients`]).
 //!
 #![warn(missing_docs, missing_debug_implementations)]
 

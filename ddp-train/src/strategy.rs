@@ -5,12 +5,14 @@
 //! needs them. Per training step, on every rank:
 //! 1. a 1-byte-per-rank all-reduce: does every rank have a batch, did any rank's interrupter
 //!    fire (so all ranks stop at the same step, never one waiting in a collective alone);
-//! 2. the user's `TrainStep::step`, unchanged (forward and a plain `loss.backward()`);
-//! 3. the gradients averaged over the ranks (one all-reduce per dtype), then the optimizer and
-//!    the LR scheduler step once, as in PyTorch; with gradient accumulation the micro-batches'
-//!    gradients are summed locally (PyTorch's `no_sync`) and reduced once per optimizer step;
-//! 4. buffers (float tensors without gradient: running statistics) take rank 0's values, when
-//!    the model has any;
+//! 2. the user's `TrainStep::step`, unchanged (forward and a plain `loss.backward()`), run by
+//!    ddp-core's [`DistributedDataParallel::step_on`] on a tapped copy of the learner's model:
+//!    as burn's backward reaches each parameter its gradient goes into a bucket, and a full
+//!    bucket's all-reduce starts while backward goes on (overlap, as PyTorch's DDP);
+//! 3. the averaged gradients go to the optimizer, and the optimizer and the LR scheduler step
+//!    once, as in PyTorch; with gradient accumulation the micro-batches' gradients are summed
+//!    locally (`step_on_no_sync`, PyTorch's `no_sync`) and reduced once per optimizer step;
+//! 4. buffers (running statistics) take rank 0's values, inside `step_on`;
 //! 5. the step's output is gathered and merged on rank 0 (see [`DistributedItem`]), which alone
 //!    feeds burn-train's metrics, renderer and loggers.
 //!
@@ -19,11 +21,10 @@
 
 use crate::error::{DdpTrainError, Result};
 use crate::item::{DistributedItem, Exchange, exchange};
-use crate::params::{Which, all_reduce_grads, broadcast_from_rank0, verify_same_model};
+use crate::params::verify_same_model;
 use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsAccumulator;
 use burn::tensor::backend::AutodiffBackend;
 use burn_train::{
     EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearningComponentsTypes,
@@ -31,7 +32,7 @@ use burn_train::{
     SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
     TrainingModel, TrainingStrategy, ValidLoader,
 };
-use ddp_core::{ProcessGroup, ReduceOp};
+use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, ReduceOp, TapBackend};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// How burn-train's metrics see the ranks' outputs.
@@ -59,6 +60,14 @@ pub struct DdpReport {
     pub train_steps: u64,
     /// Optimizer steps (each one all-reduce of the gradients).
     pub optimizer_steps: u64,
+    /// Gradient buckets all-reduced, summed over the optimizer steps.
+    pub buckets: u64,
+    /// Of [`buckets`](Self::buckets), those whose all-reduce was issued from inside the
+    /// training step's backward (overlapped with it) rather than after it.
+    pub buckets_launched_during_backward: u64,
+    /// Gradients handed to their bucket at a [`layer_boundary`](ddp_core::layer_boundary)
+    /// before the end of backward, summed over the optimizer steps (0 without boundaries).
+    pub early_gradients: u64,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +90,7 @@ struct RunState {
 #[derive(Debug, Clone)]
 pub struct DdpStrategy {
     pg: ProcessGroup,
+    config: DdpConfig,
     metrics: MetricsSync,
     state: Arc<Mutex<RunState>>,
 }
@@ -90,6 +100,7 @@ impl DdpStrategy {
     pub fn new(pg: ProcessGroup) -> Self {
         DdpStrategy {
             pg,
+            config: DdpConfig::new(),
             metrics: MetricsSync::default(),
             state: Arc::default(),
         }
@@ -98,6 +109,14 @@ impl DdpStrategy {
     /// How metrics see the ranks' outputs (default [`MetricsSync::Global`]).
     pub fn with_metrics(mut self, metrics: MetricsSync) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// ddp-core's settings for the gradient all-reduce (bucket sizes, compression, NCCL,
+    /// buffer broadcast; default [`DdpConfig::new`]). Every rank uses the same.
+    /// `uneven_inputs` is refused: the strategy keeps the ranks in step itself.
+    pub fn with_ddp_config(mut self, config: DdpConfig) -> Self {
+        self.config = config;
         self
     }
 
@@ -155,6 +174,7 @@ impl DdpStrategy {
 /// merged across ranks.
 pub trait DdpComponents:
     LearningComponentsTypes<
+        Backend: TapBackend,
         TrainingModel: TrainStep<Output: DistributedItem<Backend = Self::Backend>>,
         InferenceModel: InferenceStep<
             Output: DistributedItem<Backend = <Self::Backend as AutodiffBackend>::InnerBackend>,
@@ -165,6 +185,7 @@ pub trait DdpComponents:
 
 impl<LC> DdpComponents for LC where
     LC: LearningComponentsTypes<
+            Backend: TapBackend,
             TrainingModel: TrainStep<Output: DistributedItem<Backend = LC::Backend>>,
             InferenceModel: InferenceStep<
                 Output: DistributedItem<Backend = <LC::Backend as AutodiffBackend>::InnerBackend>,
@@ -193,12 +214,13 @@ impl DdpStrategy {
     ) -> Result<()> {
         let pg = &self.pg;
         let rank0 = pg.rank() == 0;
-        // Every rank starts from rank 0's weights (burn initialises them randomly per process).
+        // Every rank starts from rank 0's weights and ids (burn initialises them randomly per
+        // process): ddp-core's engine broadcasts them, the learner loads them.
         let model = learner.model();
         verify_same_model::<LC::Backend, _>(pg, &model)?;
-        let model = broadcast_from_rank0(pg, model, Which::All)?;
-        learner.load_model(model.into_record());
-        let has_buffers = count_buffers::<LC::Backend, _>(&learner.model()) > 0;
+        let mut ddp = DistributedDataParallel::new(model, pg.clone(), self.config.clone())
+            .map_err(DdpTrainError::ddp("setting up data-parallel training"))?;
+        learner.load_model(ddp.module().clone().into_record());
         tracing::info!(
             rank = pg.rank(),
             world = pg.world_size(),
@@ -209,7 +231,7 @@ impl DdpStrategy {
 
         for epoch in starting_epoch..=components.num_epochs {
             let global = Progress::new(epoch, components.num_epochs);
-            let end = self.train_epoch(components, learner, train, &global, has_buffers)?;
+            let end = self.train_epoch(components, learner, &mut ddp, train, &global)?;
             if matches!(end, EpochEnd::Interrupted) {
                 self.lock().report.interrupted = true;
                 tracing::info!(epoch, "training interrupted");
@@ -251,9 +273,9 @@ impl DdpStrategy {
         &self,
         components: &mut TrainingComponents<LC>,
         learner: &mut Learner<LC>,
+        ddp: &mut DistributedDataParallel<LC::Backend, TrainingModel<LC>>,
         train: &TrainLoader<LC>,
         global: &Progress,
-        has_buffers: bool,
     ) -> Result<EpochEnd> {
         let pg = &self.pg;
         let (world, rank) = (pg.world_size(), pg.rank());
@@ -266,7 +288,6 @@ impl DdpStrategy {
             .next()
             .unwrap_or_default();
         let mut iter = train.iter();
-        let mut accumulator = GradientsAccumulator::<TrainingModel<LC>>::new();
         let mut accumulated = 0;
         let mut step = 0;
         let mut end = EpochEnd::Completed;
@@ -304,24 +325,30 @@ impl DdpStrategy {
                 learner.lr_step();
             }
             let progress = iter.progress();
-            let output = learner.train_step(batch);
             accumulated += 1;
-            let grads = if accumulation == 1 {
-                Some(output.grads)
-            } else {
-                accumulator.accumulate(&learner.model(), output.grads);
-                (accumulated == accumulation).then(|| accumulator.grads())
-            };
-            if let Some(grads) = grads {
-                let grads = all_reduce_grads(pg, &learner.model(), grads)?;
+            // The user's step on a tapped copy of the learner's model: its backward feeds the
+            // buckets. The gradients it returns are empty (the taps keep them): use DDP's.
+            let model = learner.model();
+            let context = || format!("epoch {epoch}, step {step}: training step");
+            let output = if accumulated == accumulation {
+                let (output, grads) = ddp
+                    .step_on(&model, |m| m.step(batch))
+                    .map_err(DdpTrainError::ddp(context()))?;
                 learner.optimizer_step(grads);
-                if has_buffers {
-                    let model = broadcast_from_rank0(pg, learner.model(), Which::Buffers)?;
-                    learner.load_model(model.into_record());
-                }
                 accumulated = 0;
-                self.lock().report.optimizer_steps += 1;
-            }
+                let mut state = self.lock();
+                state.report.optimizer_steps += 1;
+                if let Some(stats) = ddp.last_step_stats() {
+                    state.report.buckets += stats.buckets as u64;
+                    state.report.buckets_launched_during_backward +=
+                        stats.buckets_launched_during_backward as u64;
+                    state.report.early_gradients += stats.early_gradients as u64;
+                }
+                output
+            } else {
+                ddp.step_on_no_sync(&model, |m| m.step(batch))
+                    .map_err(DdpTrainError::ddp(context()))?
+            };
             self.lock().report.train_steps += 1;
             let global_batch = self.metrics == MetricsSync::Global;
             match exchange(pg, Some(output.item), global_batch, &device, step)? {
@@ -347,7 +374,11 @@ impl DdpStrategy {
             }
         }
         if accumulated > 0 {
-            // As burn-train's own loop: micro-batches left at the end of an epoch are dropped.
+            // As burn-train's own loop: micro-batches left at the end of an epoch are dropped
+            // (every rank has the same count: the ranks step together).
+            ddp.discard_no_sync_gradients().map_err(DdpTrainError::ddp(
+                "dropping a partial gradient accumulation",
+            ))?;
             tracing::debug!(
                 epoch,
                 accumulated,
@@ -411,23 +442,6 @@ impl DdpStrategy {
 fn flush_valid<LC: DdpComponents>(processor: &mut SupervisedTrainingEventProcessor<LC>) {
     processor.process_valid(LearnerEvent::Start);
     processor.process_valid(LearnerEvent::Start);
-}
-
-fn count_buffers<B: burn::tensor::backend::Backend, M: Module<B>>(module: &M) -> usize {
-    struct Count(usize);
-    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Count {
-        fn visit_float<const D: usize>(
-            &mut self,
-            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
-        ) {
-            if !param.val().is_require_grad() {
-                self.0 += 1;
-            }
-        }
-    }
-    let mut count = Count(0);
-    module.visit(&mut count);
-    count.0
 }
 
 impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {

@@ -16,7 +16,8 @@ use burn_train::{
     MetricEarlyStoppingStrategy, StoppingCondition, SupervisedTraining, TrainOutput, TrainStep,
 };
 use ddp_core::{
-    DistributedSamplerConfig, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer,
+    DdpConfig, DistributedSamplerConfig, ProcessGroup, ProcessGroupConfig, Store, StoreConfig,
+    StoreServer,
 };
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, DigitItem, load_digits, split};
 use ddp_examples::models::DigitsMlp;
@@ -194,6 +195,8 @@ struct Setup {
     checkpoints: bool,
     /// Continue from the latest checkpoint in the directory, if any.
     resume: bool,
+    /// ddp-core's settings (default when `None`).
+    ddp: Option<DdpConfig>,
 }
 
 fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
@@ -232,7 +235,10 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
             StoppingCondition::NoImprovementSince { n_epochs: 1 },
         )
     });
-    let strategy = DdpStrategy::new(pg);
+    let mut strategy = DdpStrategy::new(pg);
+    if let Some(config) = &setup.ddp {
+        strategy = strategy.with_ddp_config(config.clone());
+    }
     let mut training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(setup.epochs)
@@ -272,6 +278,7 @@ fn base() -> Setup {
         stop_when_flat: false,
         checkpoints: false,
         resume: false,
+        ddp: None,
     }
 }
 
@@ -342,6 +349,47 @@ fn two_ranks_match_one_process_with_the_global_batch() {
             );
         }
     }
+}
+
+/// The gradient all-reduce overlaps burn's backward: every bucket's all-reduce is issued from
+/// inside the user's `TrainStep::step` (its plain `loss.backward()`), by the taps, none after it
+/// returned; and the result is the one of the default (coarser) layout. Deterministic: counts
+/// of buckets, not timings.
+#[test]
+fn buckets_are_all_reduced_during_the_train_steps_backward() {
+    let dir1 = tempfile::tempdir().expect("tempdir");
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let setup = |ddp| Setup {
+        batch_per_rank: 16,
+        epochs: 1,
+        ddp,
+        ..base()
+    };
+    let small = DdpConfig::new()
+        .with_bucket_cap_mb(0.004)
+        .with_first_bucket_cap_mb(0.001);
+    let split = run_ranks(2, |pg| train(pg, dir1.path(), &setup(Some(small.clone()))));
+    let whole = run_ranks(2, |pg| train(pg, dir2.path(), &setup(None)));
+    for (rank, r) in split.iter().enumerate() {
+        let per_step = r.report.buckets / r.report.optimizer_steps;
+        eprintln!(
+            "rank {rank}: {} optimizer steps, {} buckets, {} launched during backward",
+            r.report.optimizer_steps, r.report.buckets, r.report.buckets_launched_during_backward
+        );
+        assert_eq!(r.report.optimizer_steps, 8); // 256 / 32 per epoch
+        assert!(per_step >= 3, "rank {rank}: {per_step} buckets per step");
+        assert_eq!(
+            r.report.buckets_launched_during_backward, r.report.buckets,
+            "rank {rank}: every bucket is issued during backward"
+        );
+    }
+    for r in &whole {
+        assert!(r.report.buckets >= r.report.optimizer_steps);
+        assert_eq!(r.report.buckets_launched_during_backward, r.report.buckets);
+    }
+    assert_eq!(split[0].params, split[1].params, "ranks diverged");
+    let diff = max_scaled_diff(&split[0].params, &whole[0].params);
+    assert!(diff < 1e-6, "bucket layout changed the result by {diff:e}");
 }
 
 #[test]

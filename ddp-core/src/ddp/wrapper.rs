@@ -38,6 +38,10 @@ use std::time::Instant;
 ///   ([`DdpConfig::broadcast_buffers`], on by default, as in PyTorch).
 /// - [`backward_no_sync`](Self::backward_no_sync) accumulates locally (gradient accumulation);
 ///   the next `backward` reduces the sum.
+/// - [`step_on`](Self::step_on) / [`step_on_no_sync`](Self::step_on_no_sync): the same step
+///   for loops that own the model and run their own forward *and* `loss.backward()` in a
+///   closure (burn-train's `TrainStep`): the closure runs on a tapped copy of the module you
+///   pass, with the reducer armed, so buckets are all-reduced during its backward.
 /// - [`optimizer_step`](Self::optimizer_step) applies your optimizer to the wrapped module.
 /// - [`register_comm_hook`](Self::register_comm_hook) replaces how buckets are averaged
 ///   (compression, [PowerSGD](crate::hooks::PowerSgdHook)).
@@ -392,6 +396,192 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.step += 1;
         self.record(&times)?;
         Ok(Some(grads))
+    }
+
+    /// Runs `f` on a tapped copy of **your** `module` and returns its output with the
+    /// gradients averaged over all ranks, keyed by `module`'s `ParamId`s. `f` does the forward
+    /// *and* its own plain `loss.backward()` (and may drop the gradients it gets): for training
+    /// loops that own the model and the optimizer and compute gradients themselves, such as
+    /// burn-train's `TrainStep::step`.
+    ///
+    /// The reducer is armed before `f` runs, so as burn's backward inside `f` reaches each
+    /// parameter, its gradient goes into its bucket and a full bucket's all-reduce starts while
+    /// backward goes on, exactly as with [`forward`](Self::forward) +
+    /// [`backward`](Self::backward) (same buckets, same order on every rank, the same
+    /// gradients bit for bit). [`layer_boundary`](crate::layer_boundary) in the model's forward
+    /// works inside `f`. The taps keep the gradients, so the ones `f`'s backward leaves on the
+    /// copy are empty: use the returned ones.
+    ///
+    /// Rules, each checked:
+    /// - `module` has the wrapped module's parameter layout (same float tensors in the same
+    ///   order, paths, shapes, dtypes, trainable or not, same tied parameters), else
+    ///   [`DdpError::ModelMismatch`] saying so. Its ids may differ from the wrapped module's.
+    /// - `f` runs one backward from a loss computed from the copy it is given, else
+    ///   [`DdpError::NoGradients`] (when none reached DDP).
+    /// - Every rank calls it at the same point, with the same `sync` flavour.
+    /// - No [`forward`](Self::forward) is waiting for its backward.
+    /// - Not with [`DdpConfig::uneven_inputs`] ([`join`](Self::join) steps the wrapped module,
+    ///   not yours): [`DdpError::InvalidConfig`].
+    ///
+    /// Keeping `module` the same on every rank is the caller's part: start from
+    /// [`module`](Self::module) (or rank 0's record) and apply the returned gradients with the
+    /// same optimizer everywhere. After the step rank 0's buffers (running statistics) are
+    /// written into `module` (they are shared between a module and its clones), as
+    /// [`backward`](Self::backward) does for the wrapped one; that broadcast runs after the
+    /// last bucket, since only then does every rank issue it at the same point.
+    ///
+    /// With [`DdpConfig::automatic_overlap`], a depth plan learned by an earlier
+    /// `forward`/`backward` is used; `step_on` cannot learn one (the loss stays inside `f`).
+    ///
+    /// # Collective
+    /// Every rank calls it once per step.
+    ///
+    /// # Errors
+    /// The above, and [`DdpError::Comm`]. All are final (see
+    /// [Errors are final](Self#errors-are-final)); a panic in `f` also poisons the wrapper and
+    /// aborts the group (peers fail at once) before it resumes unwinding.
+    pub fn step_on<O>(
+        &mut self,
+        module: &M,
+        f: impl FnOnce(&M) -> O,
+    ) -> Result<(O, GradientsParams), DdpError> {
+        self.check_usable()?;
+        let result = self.closure_step(module, true, f).and_then(|(out, grads)| {
+            let grads = grads.ok_or_else(|| {
+                DdpError::Internal("a synchronised step_on gave no gradients".into())
+            })?;
+            Ok((out, grads))
+        });
+        self.guard(result)
+    }
+
+    /// As [`step_on`](Self::step_on), but the gradients are accumulated locally without
+    /// communication (PyTorch's `no_sync`): the next synchronised step (`step_on` or
+    /// `backward`) adds its own and all-reduces the sum. To abandon a partial accumulation
+    /// (burn-train drops the micro-batches left at the end of an epoch), call
+    /// [`discard_no_sync_gradients`](Self::discard_no_sync_gradients) on every rank.
+    ///
+    /// # Errors
+    /// As [`step_on`](Self::step_on).
+    pub fn step_on_no_sync<O>(
+        &mut self,
+        module: &M,
+        f: impl FnOnce(&M) -> O,
+    ) -> Result<O, DdpError> {
+        self.check_usable()?;
+        let result = self.closure_step(module, false, f).map(|(out, _)| out);
+        self.guard(result)
+    }
+
+    /// Forgets the gradients accumulated by `no_sync` steps since the last synchronised step;
+    /// returns how many parameters had some. Local (no communication): every rank calls it at
+    /// the same point, or the ranks' next sums differ.
+    ///
+    /// # Errors
+    /// [`DdpError::Poisoned`]; [`DdpError::Internal`] if called between a
+    /// [`forward`](Self::forward) and its backward.
+    pub fn discard_no_sync_gradients(&mut self) -> Result<usize, DdpError> {
+        self.check_usable()?;
+        if !self.scopes.is_empty() {
+            return Err(DdpError::Internal(
+                "discard_no_sync_gradients between a forward and its backward".into(),
+            ));
+        }
+        self.reducer.discard_held()
+    }
+
+    /// `step_on`, top to bottom: check, tap, arm, run `f` (its backward feeds the buckets),
+    /// finish, buffers.
+    fn closure_step<O>(
+        &mut self,
+        module: &M,
+        sync: bool,
+        f: impl FnOnce(&M) -> O,
+    ) -> Result<(O, Option<GradientsParams>), DdpError> {
+        const WHAT: &str = "step_on";
+        if self.config.uneven_inputs {
+            return Err(DdpError::InvalidConfig(
+                "step_on does not support uneven_inputs (join would step the wrapped module,                  not the caller's); use forward/backward/join, or give every rank the same                  number of batches"
+                    .into(),
+            ));
+        }
+        if !self.scopes.is_empty() {
+            return Err(DdpError::InvalidConfig(
+                "step_on was called while a forward from `forward` waits for its backward;                  finish that step with backward (or backward_no_sync) first"
+                    .into(),
+            ));
+        }
+        // 0. The caller's module must fit the buckets (checked locally; the wrapped layout was
+        //    compared across ranks at construction). Gradients are keyed by its ids.
+        let rekeyed = self.table.for_caller::<B, M>(module, WHAT)?;
+        // 1. Rank 0's buffers, if a forward left them unsynchronised.
+        if self.buffers.needs_sync() {
+            drop(self.buffers.sync_now::<B, M>(&self.pg, module.clone())?);
+        }
+        // 2. The tapped copy, then arm: every tap event of `f`'s backward is expected.
+        let generation = self.reducer.new_forward()?;
+        let scope =
+            Arc::new(TapScope::new(self.reducer.clone(), generation).copy_outlives_backward());
+        let tapped = module.clone().map(&mut TapMapper::<B>::new(
+            self.kinds.clone(),
+            scope.clone(),
+            self.config.automatic_overlap,
+            self.depth_plan.clone(),
+        ));
+        self.reducer.begin(sync, self.pg.world_size())?;
+        let boundary_scope = scope.clone();
+        let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
+            Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
+            Err(other) => other,
+        });
+        // 3. The caller's forward and backward; full buckets start their all-reduce meanwhile.
+        let start = Instant::now();
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_boundary(boundary, || f(&tapped))
+        }));
+        let end = Instant::now();
+        drop(tapped);
+        let early = scope.early_gradients();
+        scope.clear();
+        let out = match out {
+            Ok(out) => out,
+            Err(panic) => {
+                let _ = self.guard::<()>(Err(DdpError::Internal(
+                    "the closure passed to step_on panicked during its forward or backward".into(),
+                )));
+                std::panic::resume_unwind(panic);
+            }
+        };
+        // 4. The remaining buckets; wait for all of them; averaged gradients (caller's ids).
+        let table = rekeyed.as_ref().unwrap_or(&self.table);
+        let reduced = self.reducer.finish(table)?;
+        // 5. Rank 0's buffers into the caller's module, after every bucket collective: the
+        //    buckets were issued from inside `f`, so only here is the point the same everywhere.
+        self.buffers.mark_updated();
+        match self.buffers.start::<B, M>(&self.pg, module, 0)? {
+            Some(pending) => drop(self.buffers.finish::<B, M>(pending, module.clone())?),
+            None => self.buffers.settle_local::<B, M>(module),
+        }
+        let Some((grads, buckets)) = reduced else {
+            return Ok((out, None));
+        };
+        let times = StepTimes {
+            forward: (start, start),
+            backward: (start, end),
+            finished: Instant::now(),
+            buckets,
+        };
+        let mut stats = times.stats();
+        stats.early_gradients = early;
+        tracing::trace!(
+            buckets = stats.buckets,
+            during_backward = stats.buckets_launched_during_backward,
+            "step_on: buckets launched while the closure ran"
+        );
+        self.last_stats = Some(stats);
+        self.step += 1;
+        self.record(&times)?;
+        Ok((out, Some(grads)))
     }
 
     fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {

@@ -58,6 +58,9 @@ pub(crate) struct BucketTimes {
     pub(crate) comm: Vec<Option<WorkTiming>>,
     /// When each bucket's result was turned into gradient tensors.
     pub(crate) unpacked: Vec<Option<(Instant, Instant)>>,
+    /// Buckets launched by tap events, i.e. while backward was running (the others were
+    /// launched by `finish`, after it).
+    pub(crate) launched_during_backward: usize,
 }
 
 /// Where the reducer is between calls.
@@ -239,6 +242,7 @@ impl<I: Backend> Reducer<I> {
             ready: vec![None; n],
             comm: vec![None; n],
             unpacked: vec![None; n],
+            launched_during_backward: 0,
         };
         Ok(())
     }
@@ -266,6 +270,7 @@ impl<I: Backend> Reducer<I> {
         if !sync {
             return Ok(None);
         }
+        s.times.launched_during_backward = s.next_launch;
         self.complete_missing(&mut s);
         while s.next_launch < s.layout.buckets.len() {
             let b = s.next_launch;
@@ -309,6 +314,24 @@ impl<I: Backend> Reducer<I> {
             self.rebuild(&mut s)?;
         }
         Ok(Some((grads, std::mem::take(&mut s.times))))
+    }
+
+    /// Drops the gradients accumulated by `no_sync` backwards since the last synchronised one
+    /// (a partial accumulation the caller abandons), so they cannot leak into the next step.
+    ///
+    /// # Errors
+    /// [`DdpError::Internal`] while a backward is armed.
+    pub(crate) fn discard_held(&self) -> Result<usize, DdpError> {
+        let mut s = self.lock();
+        if s.phase != Phase::Idle {
+            return Err(DdpError::Internal(
+                "discarding accumulated gradients during a backward".into(),
+            ));
+        }
+        let dropped = s.held.iter().filter(|g| g.is_some()).count();
+        s.held.iter_mut().for_each(|g| *g = None);
+        s.used.iter_mut().for_each(|u| *u = false);
+        Ok(dropped)
     }
 
     /// Marks slots that did not get all their events as complete: their bucket can launch, with

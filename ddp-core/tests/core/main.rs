@@ -18,6 +18,7 @@ mod ddp_equivalence;
 mod ddp_features;
 mod ddp_join_hooks;
 mod ddp_semantics;
+mod ddp_step_on;
 mod exact_evaluation;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
