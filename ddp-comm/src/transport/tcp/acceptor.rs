@@ -317,6 +317,30 @@ mod tests {
     use crate::proptest_support::config;
     use proptest::prelude::*;
 
+    /// A rank whose accepting verdict could not be written (the write failed, or the hello was
+    /// dropped meanwhile) is not admitted: its seat is free again, so its retry can connect.
+    #[test]
+    fn a_seat_is_admitted_only_once_its_verdict_is_written() {
+        let book: Book = Mutex::new(vec![Seat::Free; 3]);
+        lock(&book)[1] = Seat::Reserved;
+        drop(Reservation {
+            book: &book,
+            rank: 1,
+            admitted: false,
+        });
+        assert_eq!(lock(&book)[1], Seat::Free, "verdict never written");
+        lock(&book)[2] = Seat::Reserved;
+        let mut seat = Reservation {
+            book: &book,
+            rank: 2,
+            admitted: false,
+        };
+        assert_eq!(lock(&book)[2], Seat::Reserved, "not admitted while writing");
+        seat.admitted = true;
+        drop(seat);
+        assert_eq!(lock(&book)[2], Seat::Admitted);
+    }
+
     proptest! {
         #![proptest_config(config())]
 
