@@ -157,4 +157,4 @@ pub use checkpoint::{
     CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome, Resumed, TrainingState,
 };
 pub mod zero;
-pub use zero::{ZeroError, ZeroRedundancyOptimizer};
+pub use zero::{ZeroError, ZeroRedundancyOptimizer, ZeroStage};

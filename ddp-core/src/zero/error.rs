@@ -19,6 +19,31 @@ pub enum ZeroError {
         #[source]
         source: DdpError,
     },
+    /// Stage 2: reduce-scattering the gradients to their owners failed (a peer died, or
+    /// called another collective).
+    #[error("ZeRO stage 2: reduce-scattering the gradients to their owners: {source}")]
+    ReduceGradients {
+        /// What failed.
+        #[source]
+        source: ddp_comm::CommError,
+    },
+    /// Stage 2: all-gathering the updated parameters from their owners failed.
+    #[error("ZeRO stage 2: all-gathering the updated parameters: {reason}")]
+    GatherParameters {
+        /// What went wrong.
+        reason: String,
+    },
+    /// Stage 2 cannot shard this parameter's gradient.
+    #[error("ZeRO stage 2: parameter {parameter}: {reason}")]
+    Unsupported {
+        /// The parameter's id.
+        parameter: String,
+        /// Why.
+        reason: String,
+    },
+    /// Setting stage 2 up on the DDP wrapper failed (registering its hook).
+    #[error("ZeRO stage 2: registering the local-gradients hook on DDP: {0}")]
+    Setup(#[source] DdpError),
     /// Gathering the shards' optimizer state on rank 0 failed.
     #[error("gathering the optimizer state on rank 0 ({context}): {reason}")]
     Consolidate {

@@ -9,6 +9,7 @@
 //! - `layout.rs`: the module's tensors and the gradients of one shard.
 //! - `optimizer.rs`: the wrapper (step, broadcast, checkpoints).
 //! - `consolidate.rs`: gathering the shards' state on rank 0 for a checkpoint.
+//! - `stage2.rs`: stage 2's reduce-scatter of gradients and all-gather of parameters.
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -32,6 +33,50 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Stage 2
+//!
+//! [`ZeroRedundancyOptimizer::stage2`] shards the gradients too (DeepSpeed's stage 2). DDP,
+//! given [`LocalGradientsHook`], returns each rank's own gradients; the optimizer's step then
+//! 1. reduce-scatters them (`Avg`, one collective over one flat buffer of `world` equal
+//!    blocks, block `r` holding rank `r`'s shard), so each rank keeps the averaged gradients of
+//!    the parameters it owns only ([`ZeroRedundancyOptimizer::gradient_bytes`]);
+//! 2. steps its shard with the wrapped optimizer;
+//! 3. all-gathers the updated parameters (one collective, instead of stage 1's broadcast per
+//!    rank), byte for byte, so replicas stay bitwise identical.
+//!
+//! ```no_run
+//! # use burn::backend::{Autodiff, Flex};
+//! # use burn::nn::{Linear, LinearConfig};
+//! # use burn::optim::AdamConfig;
+//! # use ddp_core::{DdpConfig, DistributedDataParallel, ZeroRedundancyOptimizer, init_from_env};
+//! # type B = Autodiff<Flex>;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let model: Linear<B> = LinearConfig::new(4, 1).init(&Default::default());
+//! let mut ddp = DistributedDataParallel::new(model, init_from_env()?, DdpConfig::new())?;
+//! let adam = AdamConfig::new().init::<B, Linear<B>>();
+//! let mut optim = ZeroRedundancyOptimizer::stage2(adam, &mut ddp)?; // before the first forward
+//! // forward, `let grads = ddp.backward(loss)?;` (local), `ddp.optimizer_step(&mut optim, lr, grads);`
+//! # Ok(()) }
+//! ```
+//!
+//! Equivalence: the result equals plain DDP + the same optimizer. At world 1 and 2 it is
+//! bitwise: an average of two numbers rounds the same in either order, and both DDP's
+//! all-reduce and this reduce-scatter sum then divide by the world size once. From world 3 on,
+//! the shared-memory all-reduce adds the ranks' values starting from the rank that reduces
+//! that slice of DDP's bucket, and the reduce-scatter starting from the parameter's owner, so
+//! the sums may round differently in the last bit (tested within 1e-6 after several Adam steps).
+//!
+//! Not overlapped: the reduce-scatter runs in the optimizer step, after backward. DDP builds
+//! its buckets in gradient-ready order and materialises every parameter's gradient, so until
+//! the step every rank holds its full local gradient once (as with DDP), and only the averaged
+//! gradients are sharded. Overlapping would need DDP's reducer to lay buckets out by owner
+//! (or shard each bucket among the ranks), reduce-scatter each bucket as it fills, and hand
+//! back only the owner's gradients, dropping the rest as soon as they are sent.
+//!
+//! Limits: f32 parameters only (DDP's hooks see f32 buckets only; others are refused with
+//! [`ZeroError::Unsupported`]); not with `Collectives::Nccl` (no hooks there) nor with uneven
+//! inputs (`join`, untested).
+//!
 //! Checkpoints: save with [`ZeroRedundancyOptimizer::save_checkpoint`] (rank 0 gathers the
 //! shards into one record, the one plain Adam would have); resume with
 //! [`Checkpointer::load_latest`](crate::Checkpointer::load_latest) into the wrapper, at any
@@ -42,6 +87,8 @@ mod error;
 mod layout;
 mod optimizer;
 mod partition;
+mod stage2;
 
 pub use error::ZeroError;
 pub use optimizer::ZeroRedundancyOptimizer;
+pub use stage2::{LocalGradientsHook, ZeroStage};

@@ -4,8 +4,12 @@ use super::consolidate::{encode, gather_on_rank0};
 use super::error::ZeroError;
 use super::layout::{TensorInfo, describe, keep_shard};
 use super::partition::Partition;
+use super::stage2::{
+    GradLayout, LocalGradientsHook, ZeroStage, all_gather_params, reduce_scatter_grads,
+};
 use crate::checkpoint::{Checkpointer, SavedCheckpoint, TrainingState};
 use crate::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::{DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
 use burn::record::Record;
@@ -21,6 +25,8 @@ struct Plan {
     layout: Vec<TensorInfo>,
     partition: Partition,
     owned: HashSet<ParamId>,
+    /// Stage 2's reduce-scatter layout of the same partition.
+    grads: GradLayout,
 }
 
 /// Wraps a burn optimizer so that each rank keeps the optimizer state of its shard of the
@@ -45,6 +51,16 @@ struct Plan {
 ///   size. So a run saved at one world size resumes at another, and a checkpoint of plain DDP
 ///   resumes with ZeRO and back.
 ///
+/// - **Stage 2** ([`ZeroStage::Two`], built with [`stage2`](Self::stage2)): gradients are
+///   sharded too. `step` then takes this rank's *local* gradients (DDP with
+///   [`LocalGradientsHook`], which [`stage2`](Self::stage2) registers), reduce-scatters them
+///   (`Avg`) in one collective so each rank keeps the averaged gradients of its own shard only
+///   ([`gradient_bytes`](Self::gradient_bytes)), steps that shard, and all-gathers the updated
+///   parameters in one collective (instead of one broadcast per rank). The reduce-scatter runs
+///   after backward, not overlapped with it: DDP's buckets do not follow the partition, and
+///   DDP materialises every parameter's gradient, so the full local gradient exists until the
+///   step begins (see the [module docs](super#stage-2)).
+///
 /// # Errors
 /// A failed broadcast aborts the process group, so the peers fail at once with this rank's
 /// reason; the optimizer is then unusable. [`step`](Optimizer::step) cannot return an error
@@ -64,6 +80,9 @@ where
     /// Rank 0 after [`Self::consolidate_state`]: every shard's state.
     consolidated: Option<O::Record>,
     poisoned: Option<String>,
+    stage: ZeroStage,
+    /// Bytes of averaged gradients this rank held in its last step.
+    gradient_bytes: Option<usize>,
     _module: PhantomData<fn() -> (M, B)>,
 }
 
@@ -84,8 +103,31 @@ where
             pending: None,
             consolidated: None,
             poisoned: None,
+            stage: ZeroStage::One,
+            gradient_bytes: None,
             _module: PhantomData,
         }
+    }
+
+    /// Shards gradients too ([`ZeroStage::Two`]) or not ([`ZeroStage::One`], the default).
+    /// At stage 2, pass this rank's local gradients to `step`: build it with
+    /// [`stage2`](Self::stage2) when you train with DDP. Every rank uses the same stage.
+    pub fn with_stage(mut self, stage: ZeroStage) -> Self {
+        self.stage = stage;
+        self
+    }
+
+    /// The sharding stage.
+    pub fn stage(&self) -> ZeroStage {
+        self.stage
+    }
+
+    /// Bytes of averaged gradients this rank held in its last step, for diagnostics: at stage 1
+    /// the whole model's (DDP's all-reduce gives every rank all of them), at stage 2 its block
+    /// of the reduce-scatter only (its shard's gradients, one flag per tensor, padding up to
+    /// the largest shard). `None` before the first step.
+    pub fn gradient_bytes(&self) -> Option<usize> {
+        self.gradient_bytes
     }
 
     /// The wrapped optimizer (holding this rank's shard of the state).
@@ -120,17 +162,18 @@ where
         Ok(encode::<B, R>(self.local_state())?.len())
     }
 
-    /// Steps this rank's shard with `grads` (averaged over the ranks), then shares every
-    /// shard's updated parameters from its owner.
+    /// Steps this rank's shard with `grads` (stage 1: averaged over the ranks; stage 2: this
+    /// rank's own), then shares every shard's updated parameters from its owner.
     ///
     /// # Collective
     /// Every rank calls it at the same point, with the same module layout.
     ///
     /// # Errors
-    /// [`ZeroError::Broadcast`] (the process group is then aborted), [`ZeroError::Poisoned`].
+    /// [`ZeroError::Broadcast`] (stage 1), [`ZeroError::ReduceGradients`],
+    /// [`ZeroError::GatherParameters`], [`ZeroError::Unsupported`] (stage 2; the process group
+    /// is then aborted), [`ZeroError::Poisoned`].
     pub fn try_step(&mut self, lr: f64, module: M, grads: GradientsParams) -> Result<M, ZeroError> {
-        let (module, result) = self.step_shard(module, |inner, module, keep| {
-            let grads = keep_shard::<B, M>(&module, grads, keep);
+        let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
             inner.step(lr, module, grads)
         });
         result.map(|()| module)
@@ -197,10 +240,12 @@ where
                 .filter(|(_, o)| **o == Some(self.pg.rank()))
                 .map(|(t, _)| t.id)
                 .collect();
+            let grads = GradLayout::new(&layout, &partition, self.pg.world_size());
             self.plan = Some(Plan {
                 layout,
                 partition,
                 owned,
+                grads,
             });
         }
         if let Some(plan) = &self.plan {
@@ -222,13 +267,15 @@ where
         device
     }
 
-    /// The common part of `step` and `step_multi`: `update` steps the shard selected by its
-    /// mask; then every owner's parameters are broadcast. On error the module is returned as
-    /// far as it got.
-    fn step_shard(
+    /// The common part of `step` and `step_multi`: `grads` narrowed to this rank's shard
+    /// (stage 1: dropping the others; stage 2: reduce-scattering), `update` steps the shard,
+    /// then the owners' parameters are shared (stage 1: a broadcast per owner; stage 2: one
+    /// all-gather). On error the module is returned as far as it got.
+    fn step_shard<G: ShardGrads>(
         &mut self,
         module: M,
-        update: impl FnOnce(&mut O, M, &[bool]) -> M,
+        grads: G,
+        update: impl FnOnce(&mut O, M, G) -> M,
     ) -> (M, Result<(), ZeroError>) {
         if let Err(e) = self.check_usable() {
             return (module, Err(e));
@@ -238,9 +285,31 @@ where
         let Some(plan) = self.plan.clone() else {
             return (module, Ok(()));
         };
-        let keep = plan.partition.mask(self.pg.rank());
-        let module = update(&mut self.inner, module, &keep);
-        let (module, result) = share_shards::<B, M>(&self.pg, module, &plan.partition);
+        let rank = self.pg.rank();
+        let grads = match self.stage {
+            ZeroStage::One => Ok(grads.keep::<B, M>(&module, &plan.partition.mask(rank))),
+            ZeroStage::Two => grads.reduce_scatter::<B, M>(&self.pg, &module, &plan.grads),
+        };
+        let grads = match self.guard(grads) {
+            Ok(grads) => grads,
+            Err(e) => return (module, Err(e)),
+        };
+        self.gradient_bytes = Some(match self.stage {
+            ZeroStage::One => plan
+                .layout
+                .iter()
+                .filter(|t| t.trainable)
+                .map(|t| t.bytes)
+                .sum(),
+            ZeroStage::Two => plan.grads.block() * std::mem::size_of::<f32>(),
+        });
+        let module = update(&mut self.inner, module, grads);
+        let (module, result) = match self.stage {
+            ZeroStage::One => share_shards::<B, M>(&self.pg, module, &plan.partition),
+            ZeroStage::Two => {
+                all_gather_params::<B, M>(&self.pg, module, &plan.layout, &plan.partition)
+            }
+        };
         let result = self.guard(result);
         (module, result)
     }
@@ -266,6 +335,78 @@ where
             self.poisoned = Some(reason);
         }
         result
+    }
+}
+
+impl<O, M, B, R> ZeroRedundancyOptimizer<O, M, B>
+where
+    B: TapBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+    R: Record<B> + Clone,
+{
+    /// ZeRO stage 2 over `ddp`: registers [`LocalGradientsHook`] on it, so its `backward`
+    /// returns this rank's own gradients, and shards `inner` with gradients reduce-scattered
+    /// at each step. Call it on every rank, before the first forward; use the result as any
+    /// optimizer (`ddp.optimizer_step(&mut zero, lr, grads)`).
+    ///
+    /// # Errors
+    /// [`ZeroError::Setup`] when DDP refuses the hook (after the first forward, with another
+    /// hook or compression, or with `Collectives::Nccl`).
+    pub fn stage2(inner: O, ddp: &mut DistributedDataParallel<B, M>) -> Result<Self, ZeroError> {
+        ddp.register_comm_hook(LocalGradientsHook)
+            .map_err(ZeroError::Setup)?;
+        Ok(Self::new(inner, ddp.process_group().clone()).with_stage(ZeroStage::Two))
+    }
+}
+
+/// Gradients narrowed to one rank's shard: a single set ([`Optimizer::step`]) or one per
+/// device ([`Optimizer::step_multi`], each reduced on its own, in order).
+trait ShardGrads: Sized {
+    /// Stage 1: keeps the gradients of the tensors selected by `keep`.
+    fn keep<B: AutodiffBackend, M: AutodiffModule<B>>(self, module: &M, keep: &[bool]) -> Self;
+    /// Stage 2: this rank's averaged shard of every rank's local gradients.
+    fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
+        self,
+        pg: &ProcessGroup,
+        module: &M,
+        plan: &GradLayout,
+    ) -> Result<Self, ZeroError>;
+}
+
+impl ShardGrads for GradientsParams {
+    fn keep<B: AutodiffBackend, M: AutodiffModule<B>>(self, module: &M, keep: &[bool]) -> Self {
+        keep_shard::<B, M>(module, self, keep)
+    }
+
+    fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
+        self,
+        pg: &ProcessGroup,
+        module: &M,
+        plan: &GradLayout,
+    ) -> Result<Self, ZeroError> {
+        reduce_scatter_grads::<B, M>(pg, module, self, plan)
+    }
+}
+
+impl ShardGrads for MultiGradientsParams {
+    fn keep<B: AutodiffBackend, M: AutodiffModule<B>>(mut self, module: &M, keep: &[bool]) -> Self {
+        for (g, _) in self.grads.iter_mut() {
+            *g = keep_shard::<B, M>(module, std::mem::take(g), keep);
+        }
+        self
+    }
+
+    fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
+        mut self,
+        pg: &ProcessGroup,
+        module: &M,
+        plan: &GradLayout,
+    ) -> Result<Self, ZeroError> {
+        for (g, _) in self.grads.iter_mut() {
+            *g = reduce_scatter_grads::<B, M>(pg, module, std::mem::take(g), plan)?;
+        }
+        Ok(self)
     }
 }
 
@@ -319,8 +460,7 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        let (module, result) = self.step_shard(module, |inner, module, keep| {
-            let grads = keep_shard::<B, M>(&module, grads, keep);
+        let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
             inner.step(lr, module, grads)
         });
         if let Err(e) = result {
@@ -329,11 +469,8 @@ where
         module
     }
 
-    fn step_multi(&mut self, lr: f64, module: M, mut grads: MultiGradientsParams) -> M {
-        let (module, result) = self.step_shard(module, |inner, module, keep| {
-            for (g, _) in grads.grads.iter_mut() {
-                *g = keep_shard::<B, M>(&module, std::mem::take(g), keep);
-            }
+    fn step_multi(&mut self, lr: f64, module: M, grads: MultiGradientsParams) -> M {
+        let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
             inner.step_multi(lr, module, grads)
         });
         if let Err(e) = result {
@@ -384,6 +521,8 @@ where
             pending: self.pending.clone(),
             consolidated: self.consolidated.clone(),
             poisoned: self.poisoned.clone(),
+            stage: self.stage,
+            gradient_bytes: self.gradient_bytes,
             _module: PhantomData,
         }
     }
@@ -399,6 +538,7 @@ where
         f.debug_struct("ZeroRedundancyOptimizer")
             .field("rank", &self.pg.rank())
             .field("world_size", &self.pg.world_size())
+            .field("stage", &self.stage)
             .field(
                 "shard_bytes",
                 &self.plan.as_ref().map(|p| p.partition.loads().to_vec()),

@@ -31,3 +31,4 @@ mod launch_progress;
 mod launch_restart_resume;
 mod sync_batch_norm;
 mod zero;
+mod zero2;
