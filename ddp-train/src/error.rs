@@ -25,9 +25,10 @@ pub enum DdpTrainError {
     Ddp {
         /// What this rank was doing.
         context: String,
-        /// ddp-core's error.
+        /// ddp-core's error (boxed: it is large, with the `cuda` feature larger still, and
+        /// every `Result` of this crate would carry its size).
         #[source]
-        source: DdpError,
+        source: Box<DdpError>,
     },
     /// The ranks do not hold the same model (number, shapes or kinds of parameters differ).
     #[error("the ranks hold different models: {0}")]
@@ -82,7 +83,10 @@ impl DdpTrainError {
     /// Wraps a [`DdpError`] with what this rank was doing.
     pub(crate) fn ddp(context: impl Into<String>) -> impl FnOnce(DdpError) -> Self {
         let context = context.into();
-        move |source| DdpTrainError::Ddp { context, source }
+        move |source| DdpTrainError::Ddp {
+            context,
+            source: Box::new(source),
+        }
     }
 }
 
