@@ -5,6 +5,9 @@
 //! A binary of its own: the first test measures this process's memory, which other tests
 //! running in the same process would disturb.
 
+#[path = "support/proc_net_tcp.rs"]
+mod proc_net_tcp;
+
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -64,21 +67,11 @@ fn authenticated(addr: &str) -> TcpStream {
 }
 
 /// Receive queues (bytes the server has not read yet) of the server's accepted IPv4
-/// connections on `port`, from `/proc/net/tcp`.
+/// connections on `port`.
 fn server_receive_queues(port: u16) -> Vec<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
-    let want = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // local address, state 01 (established), tx_queue:rx_queue.
-            (f.len() > 4 && f[1].ends_with(&want) && f[3] == "01").then(|| {
-                let rx = f[4].split(':').nth(1).unwrap_or("0");
-                u64::from_str_radix(rx, 16).unwrap_or(u64::MAX)
-            })
-        })
+    proc_net_tcp::established_on(port)
+        .into_iter()
+        .map(|c| c.receive_queue)
         .collect()
 }
 

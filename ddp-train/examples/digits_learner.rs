@@ -10,17 +10,17 @@
 //! writes burn-train's logs and checkpoints under `--dir` (each epoch), and prints the test
 //! accuracy of the trained model. Run it again and it resumes after the latest checkpoint
 //! (`--fresh` starts over); with `--max-restarts N`, a group restarted after a failure resumes
-//! the same way.
+//! the same way. Checkpoints are rank 0's alone (`DdpStrategy::with_checkpoints`: written
+//! atomically, sent to the other ranks on resume), so the ranks need no shared filesystem.
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
-use burn::record::CompactRecorder;
-use burn::tensor::ElementConversion;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Tensor};
 use burn_train::metric::{AccuracyMetric, LossMetric};
 use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
@@ -29,7 +29,7 @@ use clap::Parser;
 use ddp_core::{DistributedSamplerConfig, LaunchArgs, launch};
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::models::DigitsMlp;
-use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, latest_checkpoint};
+use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, resume_epoch};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -48,14 +48,35 @@ struct Args {
     /// Adam's learning rate.
     #[arg(long, default_value_t = 1e-3)]
     lr: f64,
-    /// Where burn-train writes its logs and checkpoints (rank 0; every rank reads them to
-    /// resume, so the directory must be shared).
+    /// Where burn-train writes its logs and checkpoints (rank 0 only; on resume rank 0 reads
+    /// them and sends them to the other ranks).
     #[arg(long, default_value = "target/digits-learner")]
     dir: PathBuf,
     /// Start over instead of resuming from the latest checkpoint in `--dir` (first attempt
     /// only: a restart after a failure always resumes).
     #[arg(long)]
     fresh: bool,
+    /// Seed of the initial weights (every rank gets rank 0's anyway).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Rank 0 writes the trained parameters here, as little-endian f32 in module order (for
+    /// comparing runs bit for bit).
+    #[arg(long)]
+    weights_out: Option<PathBuf>,
+}
+
+/// Every float parameter of `module`, in module order.
+fn flat_params<Bk: Backend, M: Module<Bk>>(module: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Bk, D>>) {
+            self.0
+                .extend(p.val().into_data().convert::<f32>().iter::<f32>());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    module.visit(&mut c);
+    c.0
 }
 
 /// The examples' MLP with burn-train's step traits.
@@ -107,9 +128,8 @@ fn main() -> Result<()> {
                 _ => {}
             }
         }
-        pg.barrier()
-            .context("waiting for rank 0 to clear old checkpoints")?;
-        let resume_at = latest_checkpoint(&args.dir)?;
+        // Rank 0's latest complete checkpoint, on every rank (only rank 0 reads the directory).
+        let resume_at = resume_epoch(&pg, &args.dir)?;
         if let Some(epoch) = resume_at {
             println!(
                 "rank {rank}: resuming after epoch {epoch} from {}",
@@ -117,10 +137,11 @@ fn main() -> Result<()> {
             );
         }
         let device = Default::default();
+        B::seed(&device, args.seed);
         let (train_items, test_items) = split(load_digits()?, 7, 0.8);
         let test_copy = test_items.clone();
 
-        let strategy = DdpStrategy::new(pg.clone());
+        let strategy = DdpStrategy::new(pg.clone()).with_checkpoints(&args.dir);
         let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
         let train = DistributedLoader::<B, _, _>::train(
             DigitDataset(train_items),
@@ -144,7 +165,6 @@ fn main() -> Result<()> {
         };
         let mut training = SupervisedTraining::new(&args.dir, Arc::new(train), Arc::new(valid))
             .metrics((AccuracyMetric::new(), LossMetric::new()))
-            .with_file_checkpointer(CompactRecorder::new())
             .num_epochs(args.epochs)
             .summary();
         if let Some(epoch) = resume_at {
@@ -174,6 +194,14 @@ fn main() -> Result<()> {
                 report.optimizer_steps,
                 100.0 * correct as f64 / n as f64,
             );
+            if let Some(path) = &args.weights_out {
+                let bytes: Vec<u8> = flat_params::<Flex, _>(&result.model)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                std::fs::write(path, bytes)
+                    .with_context(|| format!("writing the weights to {}", path.display()))?;
+            }
         }
         Ok(())
     })?;

@@ -66,6 +66,18 @@ pub enum DdpTrainError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing, reading or decoding a checkpoint file failed (rank 0 writes and reads them).
+    #[error("checkpoint file {path}: {reason}")]
+    Checkpoint {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The ranks cannot resume together: they were given different epochs to resume from, or
+    /// rank 0 could not provide the checkpoint.
+    #[error("resuming: {0}")]
+    Resume(String),
     /// An earlier failure already ended this training run.
     #[error("the training run already failed: {0}")]
     Failed(String),

@@ -27,7 +27,16 @@
 //!   and decides early stopping; its decision is broadcast so every rank stops together.
 //! - [`DistributedLoader`]: burn's `DataLoader` trait over ddp-data's distributed sampler
 //!   (each rank its shard, reshuffled every epoch) and exact evaluation shards.
-//! - [`latest_checkpoint`]: the epoch to resume from after a restart.
+//! - Checkpoints without a shared filesystem ([`DdpStrategy::with_checkpoints`]): rank 0
+//!   alone writes burn-train's model, optimizer and scheduler files, each atomically (temporary
+//!   file, fsync, rename, directory fsync: a crash mid-write leaves the previous epoch whole),
+//!   at full precision; on resume rank 0 reads them and broadcasts the bytes, so the other
+//!   ranks never read the directory. [`resume_epoch`] gives every rank rank 0's latest
+//!   complete epoch (pass it to `SupervisedTraining::checkpoint` and
+//!   [`DistributedLoader::with_start_epoch`]); ranks given different epochs fail together.
+//!   Resume is per epoch: burn-train checkpoints at epoch ends only, so a run killed mid-epoch
+//!   repeats that epoch from its start, with the same shuffle (the sampler's seed + epoch).
+//! - [`latest_checkpoint`]: the latest complete epoch in this process's directory.
 //! - [`DistributedItem`]: how a step output is merged across ranks, so metrics cover the
 //!   global batch (implemented for burn-train's classification and regression outputs).
 //!
@@ -55,6 +64,7 @@
 //!
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod checkpoint;
 mod error;
 mod item;
 mod loader;
@@ -63,6 +73,10 @@ mod resume;
 mod silent;
 mod strategy;
 
+/// The burn-train this crate is built on (`=0.21.0`, without its `ddp` feature), for
+/// programs that need its exact version without naming it themselves.
+pub use burn_train;
+pub use checkpoint::resume_epoch;
 pub use error::{DdpTrainError, Result};
 pub use item::DistributedItem;
 pub use loader::DistributedLoader;

@@ -12,11 +12,14 @@ use std::path::Path;
 /// After a restart (for example the launcher's `--max-restarts` after a rank was killed), pass
 /// it to `SupervisedTraining::checkpoint(epoch)` and to
 /// [`DistributedLoader::with_start_epoch`](crate::DistributedLoader::with_start_epoch), so the
-/// run continues with the next epoch's shuffle. Every rank reads the files (the directory must
-/// be shared: one machine, or a shared file system); rank 0's weights are then broadcast.
+/// run continues with the next epoch's shuffle. It reads the directory of the calling process
+/// only: with ranks on several machines, call [`resume_epoch`](crate::resume_epoch) instead
+/// (rank 0 reads, every rank gets its answer).
 ///
-/// burn-train writes each file in place, not atomically: an epoch whose files were cut short
-/// by a kill is only skipped here if one of the three is missing.
+/// With [`DdpStrategy::with_checkpoints`](crate::DdpStrategy::with_checkpoints) every file is
+/// written atomically, so an epoch counts once its three files exist. burn-train's own
+/// `with_file_checkpointer` writes in place: an epoch whose files were cut short by a kill is
+/// only skipped here if one of the three is missing.
 ///
 /// # Errors
 /// [`DdpTrainError::Io`] when the directory exists but cannot be read.
@@ -35,6 +38,9 @@ pub fn latest_checkpoint(dir: impl AsRef<Path>) -> Result<Option<usize>> {
             source,
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue; // a temporary file of an unfinished atomic write
+        }
         let stem = name.split('.').next().unwrap_or_default();
         let Some((kind, epoch)) = stem.rsplit_once('-') else {
             continue;

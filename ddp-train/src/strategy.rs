@@ -19,6 +19,10 @@
 //! After each epoch's validation, rank 0 alone runs the checkpointer and the early-stopping
 //! strategy (only it has the metrics they read) and broadcasts the stop decision.
 
+use crate::checkpoint::{
+    AtomicFileCheckpointer, FailureSlot, KINDS, decode, fetch_from_rank0, file_path,
+    remove_temporaries,
+};
 use crate::error::{DdpTrainError, Result};
 use crate::item::{DistributedItem, Exchange, exchange};
 use crate::params::verify_same_model;
@@ -26,13 +30,21 @@ use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
+use burn_train::checkpoint::{
+    AsyncCheckpointer, ComposedCheckpointingStrategy, KeepLastNCheckpoints,
+    MetricCheckpointingStrategy,
+};
+use burn_train::metric::LossMetric;
+use burn_train::metric::store::{Aggregate, Direction, Split};
 use burn_train::{
-    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearningComponentsTypes,
+    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearnerModelRecord,
+    LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer, LearningComponentsTypes,
     LearningResult, SupervisedLearningStrategy, SupervisedTraining,
     SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
     TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, ReduceOp, TapBackend};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// How burn-train's metrics see the ranks' outputs.
@@ -92,6 +104,8 @@ pub struct DdpStrategy {
     pg: ProcessGroup,
     config: DdpConfig,
     metrics: MetricsSync,
+    /// The training directory whose `checkpoint/` rank 0 writes atomically and resumes from.
+    checkpoints: Option<PathBuf>,
     state: Arc<Mutex<RunState>>,
 }
 
@@ -102,6 +116,7 @@ impl DdpStrategy {
             pg,
             config: DdpConfig::new(),
             metrics: MetricsSync::default(),
+            checkpoints: None,
             state: Arc::default(),
         }
     }
@@ -117,6 +132,19 @@ impl DdpStrategy {
     /// `uneven_inputs` is refused: the strategy keeps the ranks in step itself.
     pub fn with_ddp_config(mut self, config: DdpConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Rank 0 writes burn-train's checkpoints (model, optimizer, LR scheduler, each epoch) to
+    /// `dir/checkpoint` atomically, and resuming (`SupervisedTraining::checkpoint(epoch)`)
+    /// loads them from rank 0: it reads the files and broadcasts their bytes, so the other
+    /// ranks never read `dir` and need no shared filesystem. Give every rank the same `dir`
+    /// (the training directory); only rank 0's is used. Takes the place of burn-train's
+    /// `with_file_checkpointer` (if both are set, burn's is not used). Which epochs are kept:
+    /// burn-train's default (the last two and the one with the lowest validation loss). Files
+    /// are full precision, so a resumed run is bitwise the uninterrupted one.
+    pub fn with_checkpoints(mut self, dir: impl AsRef<Path>) -> Self {
+        self.checkpoints = Some(dir.as_ref().to_path_buf());
         self
     }
 
@@ -214,6 +242,25 @@ impl DdpStrategy {
     ) -> Result<()> {
         let pg = &self.pg;
         let rank0 = pg.rank() == 0;
+        self.resume(components, learner)?;
+        let failure: FailureSlot = Arc::default();
+        let mut own_checkpointer = match &self.checkpoints {
+            Some(dir) if rank0 => {
+                if components.checkpointer.is_some() {
+                    tracing::warn!(
+                        "both DdpStrategy::with_checkpoints and burn-train's checkpointer are set; using DdpStrategy's"
+                    );
+                }
+                let dir = dir.join("checkpoint");
+                remove_temporaries(&dir);
+                Some(atomic_checkpointer::<LC>(
+                    &dir,
+                    &failure,
+                    &components.interrupter,
+                ))
+            }
+            _ => None,
+        };
         // Every rank starts from rank 0's weights and ids (burn initialises them randomly per
         // process): ddp-core's engine broadcasts them, the learner loads them.
         let model = learner.model();
@@ -239,16 +286,23 @@ impl DdpStrategy {
             }
             self.valid_epoch(&mut components.event_processor, learner, valid, &global)?;
 
+            // 0: go on, 1: early stop, 2: rank 0 could not write a checkpoint.
             let mut stop = [0u8];
             if rank0 {
                 flush_valid::<LC>(&mut components.event_processor);
-                if let Some(checkpointer) = &mut components.checkpointer {
+                if let Some(checkpointer) = &mut own_checkpointer {
+                    checkpointer.checkpoint(learner, epoch, &components.event_store);
+                } else if let Some(checkpointer) = &mut components.checkpointer {
                     checkpointer.checkpoint(learner, epoch, &components.event_store);
                 }
                 if let Some(early) = &mut components.early_stopping
                     && early.should_stop(epoch, &components.event_store)
                 {
                     stop[0] = 1;
+                }
+                // Writes run behind training: this sees the earlier epochs' failures.
+                if lock_failure(&failure).is_some() {
+                    stop[0] = 2;
                 }
             }
             // Rank 0 decides; everyone follows in the same epoch.
@@ -258,12 +312,96 @@ impl DdpStrategy {
                         "receiving rank 0's early-stopping decision after epoch {epoch}"
                     )))?;
             }
+            if stop[0] == 2 {
+                return Err(lock_failure(&failure).take().unwrap_or_else(|| {
+                    DdpTrainError::Failed(
+                        "rank 0 could not write a checkpoint (its log says why)".into(),
+                    )
+                }));
+            }
             let mut state = self.lock();
             state.report.last_epoch = epoch;
             if stop[0] == 1 {
                 state.report.stopped_early_at = Some(epoch);
                 tracing::info!(epoch, "early stopping (rank 0's decision)");
                 break;
+            }
+        }
+        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them).
+        drop(own_checkpointer);
+        match lock_failure(&failure).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Loads the checkpoint `components.checkpoint` names, the same on every rank.
+    fn resume<LC: DdpComponents>(
+        &self,
+        components: &TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+    ) -> Result<()> {
+        let pg = &self.pg;
+        let resume = components.checkpoint;
+        if pg.world_size() > 1 {
+            // A rank resuming another epoch (or none) would train other weights, then hang or
+            // fail at the first all-reduce; refuse it up front.
+            let mine = [resume.map_or(-1, |e| e as i64)];
+            let mut all = vec![0i64; pg.world_size()];
+            pg.all_gather(&mine, &mut all).map_err(DdpTrainError::comm(
+                "comparing the epochs the ranks resume from",
+            ))?;
+            if all.iter().any(|&e| e != all[0]) {
+                return Err(DdpTrainError::Resume(format!(
+                    "the ranks were given different epochs to resume from ({all:?} by rank, -1: none); \
+                     take them from ddp_train::resume_epoch, which gives every rank rank 0's"
+                )));
+            }
+        }
+        let Some(epoch) = resume else {
+            return Ok(());
+        };
+        let device = learner
+            .model()
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        match &self.checkpoints {
+            Some(dir) => {
+                let dir = dir.join("checkpoint");
+                let files = fetch_from_rank0(pg, &dir, epoch)?;
+                let [model, optim, scheduler]: [Vec<u8>; 3] =
+                    files.try_into().map_err(|files: Vec<Vec<u8>>| {
+                        DdpTrainError::Resume(format!(
+                            "checkpoint {epoch}: {} files instead of {}",
+                            files.len(),
+                            KINDS.len()
+                        ))
+                    })?;
+                let path = |kind| file_path(&dir, kind, epoch);
+                learner.load_model(decode::<LC::Backend, LearnerModelRecord<LC>>(
+                    model,
+                    &device,
+                    &path("model"),
+                )?);
+                learner.load_optim(decode::<LC::Backend, LearnerOptimizerRecord<LC>>(
+                    optim,
+                    &device,
+                    &path("optim"),
+                )?);
+                learner.load_scheduler(decode::<LC::Backend, LearnerSchedulerRecord<LC>>(
+                    scheduler,
+                    &device,
+                    &path("scheduler"),
+                )?);
+                tracing::info!(rank = pg.rank(), epoch, "resumed from rank 0's checkpoint");
+            }
+            None => {
+                // burn-train's own checkpointer: every rank reads the files (shared directory).
+                if let Some(checkpointer) = &components.checkpointer {
+                    *learner = checkpointer.load_checkpoint(learner.clone(), &device, epoch);
+                }
             }
         }
         Ok(())
@@ -435,6 +573,36 @@ impl DdpStrategy {
     }
 }
 
+fn lock_failure(slot: &FailureSlot) -> std::sync::MutexGuard<'_, Option<DdpTrainError>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// burn-train's checkpointer over [`AtomicFileCheckpointer`]s (rank 0 only), with burn-train's
+/// default choice of epochs to keep. A failed write stops training through `interrupter` (as
+/// burn's own does) and is kept in `failure`.
+fn atomic_checkpointer<LC: DdpComponents>(
+    dir: &Path,
+    failure: &FailureSlot,
+    interrupter: &burn_train::Interrupter,
+) -> LearningCheckpointer<LC> {
+    let file = |kind| AtomicFileCheckpointer::new(dir.to_path_buf(), kind, failure.clone());
+    let keep = ComposedCheckpointingStrategy::builder()
+        .add(KeepLastNCheckpoints::new(2))
+        .add(MetricCheckpointingStrategy::new(
+            &LossMetric::<LC::Backend>::new(),
+            Aggregate::Mean,
+            Direction::Lowest,
+            Split::Valid,
+        ))
+        .build();
+    LearningCheckpointer::new(
+        AsyncCheckpointer::new(file("model")).with_interrupter(interrupter.clone()),
+        AsyncCheckpointer::new(file("optim")).with_interrupter(interrupter.clone()),
+        AsyncCheckpointer::new(file("scheduler")).with_interrupter(interrupter.clone()),
+        Box::new(keep),
+    )
+}
+
 /// Waits until burn-train's event thread has handled the validation epoch's end, so the
 /// checkpointer and early stopping read this epoch's metrics. The processor's channel holds one
 /// message and validation's `Start` is a no-op: the second `Start` is accepted only after the
@@ -448,24 +616,15 @@ impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
     /// burn-train's `train`, with events, summary and rendering on rank 0 only.
     fn train(
         &self,
-        mut learner: Learner<LC>,
+        learner: Learner<LC>,
         dataloader_train: TrainLoader<LC>,
         dataloader_valid: ValidLoader<LC>,
         mut components: TrainingComponents<LC>,
     ) -> LearningResult<LC::InferenceModel> {
         let rank0 = self.pg.rank() == 0;
-        // Resuming reads burn-train's checkpoint files on every rank: the checkpoint directory
-        // must be shared (one machine, or a shared file system); rank 0's weights are then
-        // broadcast anyway, and each rank gets the optimizer and scheduler state from the files.
-        let starting_epoch = match components.checkpoint {
-            Some(epoch) => {
-                if let Some(checkpointer) = &components.checkpointer {
-                    learner = checkpointer.load_checkpoint(learner, &Default::default(), epoch);
-                }
-                epoch + 1
-            }
-            None => 1,
-        };
+        // The checkpoint itself is loaded inside `fit` (collectively, see `resume`), where a
+        // failure ends the run on every rank instead of panicking.
+        let starting_epoch = components.checkpoint.map_or(1, |epoch| epoch + 1);
         let summary = components.summary.clone();
         if rank0 {
             components

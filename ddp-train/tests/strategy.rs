@@ -6,6 +6,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::SgdConfig;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::optim::momentum::MomentumConfig;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
@@ -59,6 +61,30 @@ impl<B: Backend> InferenceStep for Classifier<B> {
     type Output = ClassificationOutput<B>;
     fn step(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
         self.forward_classification(batch)
+    }
+}
+
+/// A learning rate multiplied by `gamma` every step: scheduler state a resume must carry
+/// (burn's exponential scheduler refuses a rate of 0, which the early-stopping test uses).
+#[derive(Clone, Debug)]
+struct Decay {
+    lr: f64,
+    gamma: f64,
+}
+
+impl LrScheduler for Decay {
+    type Record<Bk: Backend> = f64;
+    fn step(&mut self) -> f64 {
+        let lr = self.lr;
+        self.lr *= self.gamma;
+        lr
+    }
+    fn to_record<Bk: Backend>(&self) -> f64 {
+        self.lr
+    }
+    fn load_record<Bk: Backend>(mut self, record: f64) -> Self {
+        self.lr = record;
+        self
     }
 }
 
@@ -195,6 +221,13 @@ struct Setup {
     checkpoints: bool,
     /// Continue from the latest checkpoint in the directory, if any.
     resume: bool,
+    /// Checkpoints through `DdpStrategy::with_checkpoints` (rank 0 writes atomically; resume
+    /// takes rank 0's epoch and state) instead of burn-train's file checkpointer.
+    rank0_checkpoints: bool,
+    /// SGD momentum (optimizer state to carry across a resume).
+    momentum: Option<f64>,
+    /// The learning rate decays by this factor every optimizer step (scheduler state).
+    gamma: f64,
     /// ddp-core's settings (default when `None`).
     ddp: Option<DdpConfig>,
 }
@@ -203,10 +236,10 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
     let (world, rank) = (pg.world_size(), pg.rank());
     let (train_items, test_items) = data();
     let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
-    let resume_at = if setup.resume {
-        ddp_train::latest_checkpoint(dir).expect("checkpoint directory")
-    } else {
-        None
+    let resume_at = match (setup.resume, setup.rank0_checkpoints) {
+        (false, _) => None,
+        (true, false) => ddp_train::latest_checkpoint(dir).expect("checkpoint directory"),
+        (true, true) => ddp_train::resume_epoch(&pg, dir).expect("rank 0's checkpoint"),
     };
     let train = DistributedLoader::<B, _, _>::train(
         DigitDataset(train_items),
@@ -239,6 +272,9 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
     if let Some(config) = &setup.ddp {
         strategy = strategy.with_ddp_config(config.clone());
     }
+    if setup.rank0_checkpoints {
+        strategy = strategy.with_checkpoints(dir);
+    }
     let mut training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(setup.epochs)
@@ -257,7 +293,18 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
     if let Some(k) = setup.accumulation {
         training = training.grads_accumulation(k);
     }
-    let learner = Learner::new(model(3), SgdConfig::new().init(), setup.lr);
+    let optim = SgdConfig::new()
+        .with_momentum(
+            setup
+                .momentum
+                .map(|m| MomentumConfig::new().with_momentum(m)),
+        )
+        .init();
+    let scheduler = Decay {
+        lr: setup.lr,
+        gamma: setup.gamma,
+    };
+    let learner = Learner::new(model(3), optim, scheduler);
     let result = training.distributed(&strategy).launch(learner);
     let report = strategy.finish().expect("training succeeded");
     let params = flat_params::<Flex, _>(&result.model);
@@ -278,6 +325,9 @@ fn base() -> Setup {
         stop_when_flat: false,
         checkpoints: false,
         resume: false,
+        rank0_checkpoints: false,
+        momentum: None,
+        gamma: 1.0,
         ddp: None,
     }
 }
@@ -665,4 +715,150 @@ fn a_resumed_run_continues_exactly_where_the_checkpoint_left_off() {
             "rank {rank}: resumed != straight"
         );
     }
+}
+
+/// Lists `dir/checkpoint` (empty when it does not exist).
+fn checkpoint_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("checkpoint"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn ranks_without_a_shared_directory_resume_rank0s_model_optimizer_and_scheduler() {
+    // Each rank has its own directory and only rank 0 writes, so rank 1's stays empty: a
+    // resumed run must take the epoch, weights, momentum buffers and decayed learning rate
+    // from rank 0 (the straight run shows any of them missing on rank 1 as a difference).
+    let straight = tempfile::tempdir().expect("tempdir");
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let setup = |epochs, resume| Setup {
+        epochs,
+        resume,
+        rank0_checkpoints: true,
+        momentum: Some(0.9),
+        gamma: 0.97,
+        lr: 0.2,
+        batch_per_rank: 16,
+        ..base()
+    };
+    let full = run_ranks(2, |pg| train(pg, straight.path(), &setup(3, false)));
+    let first = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, &setup(2, false))
+    });
+    assert_eq!(
+        checkpoint_files(dirs[0].path()),
+        [
+            "model-1.mpk",
+            "model-2.mpk",
+            "optim-1.mpk",
+            "optim-2.mpk",
+            "scheduler-1.mpk",
+            "scheduler-2.mpk"
+        ],
+        "rank 0 wrote both epochs, nothing temporary left"
+    );
+    assert!(
+        checkpoint_files(dirs[1].path()).is_empty(),
+        "rank 1 wrote {:?}",
+        checkpoint_files(dirs[1].path())
+    );
+    let second = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, &setup(3, true))
+    });
+    assert_ne!(
+        first[0].params, full[0].params,
+        "the third epoch changed nothing"
+    );
+    for rank in 0..2 {
+        assert_eq!(second[rank].report.last_epoch, 3, "rank {rank}");
+        assert_eq!(
+            second[rank].report.optimizer_steps, 8,
+            "rank {rank}: one epoch of 8 steps"
+        );
+        assert!(
+            second[rank].params == full[rank].params,
+            "rank {rank}: resumed != straight (max scaled difference {:e})",
+            max_scaled_diff(&second[rank].params, &full[rank].params)
+        );
+    }
+}
+
+#[test]
+fn ranks_told_to_resume_different_epochs_fail_together() {
+    // Rank 1 resumes nothing while rank 0 resumes epoch 1 (as with per-rank
+    // `latest_checkpoint` on unshared directories): an error on both, not a silent divergence.
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let setup = |epochs, resume| Setup {
+        epochs,
+        resume,
+        checkpoints: true,
+        batch_per_rank: 16,
+        ..base()
+    };
+    let _ = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, &setup(1, false))
+    });
+    let results = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        let resume = ddp_train::latest_checkpoint(&dir).expect("readable");
+        resume_outcome(pg, &dir, resume)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(ddp_train::DdpTrainError::Resume(why)) => {
+                assert!(why.contains("[1, -1]"), "rank {rank}: {why}")
+            }
+            other => panic!("rank {rank}: expected a resume error, got {other:?}"),
+        }
+    }
+}
+
+/// Two epochs resuming `resume` (burn-train's file checkpointer), returning the outcome.
+fn resume_outcome(
+    pg: ProcessGroup,
+    dir: &Path,
+    resume: Option<usize>,
+) -> ddp_train::Result<DdpReport> {
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let (train_items, test_items) = data();
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let train =
+        DistributedLoader::<B, _, _>::train(DigitDataset(train_items), DigitBatcher, 16, sampler)?;
+    let valid = DistributedLoader::<Flex, _, _>::eval(
+        DigitDataset(test_items),
+        DigitBatcher,
+        16,
+        world,
+        rank,
+    )?;
+    let strategy = DdpStrategy::new(pg);
+    let mut training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
+        .metrics((LossMetric::new(),))
+        .num_epochs(2)
+        .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
+        .with_application_logger(None);
+    if let Some(epoch) = resume {
+        training = training.checkpoint(epoch);
+    }
+    let _ = training.distributed(&strategy).launch(Learner::new(
+        model(3),
+        SgdConfig::new().init(),
+        0.1,
+    ));
+    strategy.finish()
 }

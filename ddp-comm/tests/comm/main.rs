@@ -3,6 +3,8 @@
 //! filters as before.
 
 mod common;
+#[path = "../support/proc_net_tcp.rs"]
+mod proc_net_tcp;
 
 mod abort_is_prompt;
 mod failures_are_named;

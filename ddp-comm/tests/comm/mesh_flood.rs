@@ -5,6 +5,7 @@
 //! whose connection is dropped before its verdict connects again, so a 4-rank group forms,
 //! all-reduces and makes an on-demand connection while strangers keep flooding rank 0's port.
 
+use crate::proc_net_tcp;
 use ddp_comm::{ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer};
 use ddp_comm::{Result, TransportKind};
 use std::collections::VecDeque;
@@ -48,16 +49,9 @@ fn mesh_addr(store: &Store, r: usize) -> String {
 /// one three reads in a row agree on.
 fn accepted_on(port: u16) -> usize {
     let read = || {
-        let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
-        let want = format!(":{port:04X}");
-        table
-            .lines()
-            .skip(1)
-            .filter_map(|line| {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                (f.len() > 3 && f[1].ends_with(&want) && f[3] == "01")
-                    .then(|| (f[1].to_string(), f[2].to_string()))
-            })
+        proc_net_tcp::established_on(port)
+            .into_iter()
+            .map(|c| (c.local, c.remote))
             .collect::<std::collections::BTreeSet<_>>()
     };
     let mut last = read();

@@ -25,6 +25,12 @@ use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsCnn;
 use std::process::ExitCode;
 
+/// glibc gives freed buffers above 32 MiB back to the kernel, so burn's CPU backend would
+/// page-fault its large activations and gradients in again every step; mimalloc keeps them
+/// (README, "CPU step time").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Train a digit CNN with SyncBatchNorm on several processes with ddp-burn")]
 struct Args {

@@ -1,0 +1,336 @@
+//! burn-train checkpoints that need no shared filesystem and survive a crash mid-write.
+//!
+//! burn-train's `FileCheckpointer` writes each file in place (a kill mid-write leaves a cut
+//! file under the final name) and every rank reads the files back to resume (the directory
+//! must be shared). [`DdpStrategy::with_checkpoints`](crate::DdpStrategy::with_checkpoints)
+//! replaces both halves: rank 0 alone writes, each file to a temporary name, fsynced, renamed
+//! into place and the directory fsynced, so a file under its final name is always complete;
+//! on resume rank 0 reads the three files and broadcasts their bytes, and every rank decodes
+//! the same records. Only rank 0 ever touches the directory.
+//!
+//! The files keep burn-train's layout (`checkpoint/{model,optim,scheduler}-<epoch>.mpk`, named
+//! MessagePack at full precision, so resuming is bitwise), which
+//! [`latest_checkpoint`](crate::latest_checkpoint) reads.
+
+use crate::error::{DdpTrainError, Result};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
+use burn::tensor::backend::Backend;
+use burn_train::checkpoint::{Checkpointer, CheckpointerError};
+use ddp_core::ProcessGroup;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The encoding of every checkpoint file: full precision, so a resumed run is bitwise the
+/// uninterrupted one (burn's `CompactRecorder` halves the floats).
+pub(crate) type CheckpointRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
+
+/// The extension of checkpoint files (that of burn's `NamedMpkFileRecorder`).
+const EXTENSION: &str = "mpk";
+/// Temporary files start with this (hidden, and skipped by `latest_checkpoint`).
+const TMP_PREFIX: &str = ".tmp-";
+
+/// The three kinds of file a burn-train checkpoint consists of, in the order they are sent.
+pub(crate) const KINDS: [&str; 3] = ["model", "optim", "scheduler"];
+
+/// `dir/checkpoint/<kind>-<epoch>.mpk`.
+pub(crate) fn file_path(checkpoint_dir: &Path, kind: &str, epoch: usize) -> PathBuf {
+    checkpoint_dir.join(format!("{kind}-{epoch}.{EXTENSION}"))
+}
+
+/// Writes a file atomically: `fill` writes a temporary file next to `path`, which is fsynced
+/// and renamed over `path`, then the directory is fsynced. A crash (or a failing `fill`) at any
+/// point leaves `path` as it was, never cut short; the temporary file is removed on failure
+/// (after a crash, the next start removes it: see [`remove_temporaries`]).
+pub(crate) fn write_atomically(
+    path: &Path,
+    fill: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
+    let written = (|| {
+        let mut file = File::create(&tmp)?;
+        fill(&mut file)?;
+        file.flush()?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename itself must reach the disk, or a power loss could bring back the old name.
+        File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Removes temporary files a crash left in `checkpoint_dir` (best effort: they are ignored by
+/// readers anyway).
+pub(crate) fn remove_temporaries(checkpoint_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(checkpoint_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            let path = entry.path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::debug!(path = %path.display(), "removed a leftover temporary checkpoint file")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove a leftover temporary checkpoint file")
+                }
+            }
+        }
+    }
+}
+
+/// The first checkpoint write that failed, shared between the writer threads and the strategy
+/// (burn's asynchronous checkpointer only stops training on an error; this keeps the reason).
+pub(crate) type FailureSlot = Arc<Mutex<Option<DdpTrainError>>>;
+
+/// One kind of file (model, optimizer or scheduler) of rank 0's checkpoints, written
+/// atomically. Used through burn's `AsyncCheckpointer`, so writes overlap the next epoch.
+pub(crate) struct AtomicFileCheckpointer {
+    dir: PathBuf,
+    kind: &'static str,
+    failure: FailureSlot,
+}
+
+impl AtomicFileCheckpointer {
+    pub(crate) fn new(dir: PathBuf, kind: &'static str, failure: FailureSlot) -> Self {
+        AtomicFileCheckpointer { dir, kind, failure }
+    }
+
+    fn record_failure(&self, error: DdpTrainError) {
+        let text = error.to_string();
+        let mut slot = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+        tracing::error!(error = %text, "writing a checkpoint failed");
+    }
+}
+
+impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
+    fn save(&self, epoch: usize, record: R) -> Result<(), CheckpointerError> {
+        let path = file_path(&self.dir, self.kind, epoch);
+        let bytes =
+            Recorder::<B>::record(&CheckpointRecorder::default(), record, ()).map_err(|e| {
+                self.record_failure(DdpTrainError::Checkpoint {
+                    path: path.clone(),
+                    reason: format!("encoding the {} record: {e}", self.kind),
+                });
+                CheckpointerError::Unknown(e.to_string())
+            })?;
+        let written = std::fs::create_dir_all(&self.dir)
+            .and_then(|()| write_atomically(&path, |f| f.write_all(&bytes)));
+        written.map_err(|e| {
+            self.record_failure(DdpTrainError::Checkpoint {
+                path: path.clone(),
+                reason: format!("writing: {e}"),
+            });
+            CheckpointerError::IOError(e)
+        })?;
+        tracing::debug!(path = %path.display(), bytes = bytes.len(), "checkpoint file written");
+        Ok(())
+    }
+
+    fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
+        let path = file_path(&self.dir, self.kind, epoch);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                // An old checkpoint left behind costs disk space, not correctness.
+                tracing::warn!(path = %path.display(), error = %e, "could not delete an old checkpoint file");
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Never used: [`DdpStrategy`](crate::DdpStrategy) restores through
+    /// [`fetch_from_rank0`], so that only rank 0 reads files.
+    fn restore(&self, epoch: usize, _device: &B::Device) -> Result<R, CheckpointerError> {
+        Err(CheckpointerError::Unknown(format!(
+            "{} checkpoint {epoch}: restored by DdpStrategy from rank 0's bytes, not here",
+            self.kind
+        )))
+    }
+}
+
+/// The bytes of checkpoint `epoch`'s three files ([`KINDS`] order), read by rank 0 and
+/// broadcast, so the other ranks need not see `checkpoint_dir`.
+///
+/// # Collective
+/// Every rank calls it with the same `epoch`.
+///
+/// # Errors
+/// On rank 0, a file it cannot read; on the others, that rank 0 could not (with its reason
+/// in rank 0's log); a failed broadcast.
+pub(crate) fn fetch_from_rank0(
+    pg: &ProcessGroup,
+    checkpoint_dir: &Path,
+    epoch: usize,
+) -> Result<Vec<Vec<u8>>> {
+    let rank0 = pg.rank() == 0;
+    let mut files: Vec<Vec<u8>> = Vec::new();
+    let mut failure = None;
+    if rank0 {
+        for kind in KINDS {
+            let path = file_path(checkpoint_dir, kind, epoch);
+            match std::fs::read(&path) {
+                Ok(bytes) => files.push(bytes),
+                Err(e) => {
+                    failure = Some(DdpTrainError::Checkpoint {
+                        path,
+                        reason: format!("reading: {e}"),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    // Lengths first (-1: rank 0 failed), then the bytes in one broadcast.
+    let mut lengths = [-1i64; KINDS.len()];
+    if rank0 && failure.is_none() {
+        for (length, bytes) in lengths.iter_mut().zip(&files) {
+            *length = bytes.len() as i64;
+        }
+    }
+    let context = format!("receiving checkpoint {epoch} from rank 0");
+    if pg.world_size() > 1 {
+        pg.broadcast(&mut lengths, 0)
+            .map_err(DdpTrainError::comm(context.clone()))?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if lengths.iter().any(|&l| l < 0) {
+        return Err(DdpTrainError::Resume(format!(
+            "rank 0 could not read checkpoint {epoch} (its log says why)"
+        )));
+    }
+    if pg.world_size() > 1 {
+        let mut all: Vec<u8> = if rank0 {
+            files.concat()
+        } else {
+            vec![0; lengths.iter().map(|&l| l as usize).sum()]
+        };
+        pg.broadcast(&mut all, 0)
+            .map_err(DdpTrainError::comm(context))?;
+        if !rank0 {
+            let mut at = 0;
+            files = lengths
+                .iter()
+                .map(|&l| {
+                    let part = all[at..at + l as usize].to_vec();
+                    at += l as usize;
+                    part
+                })
+                .collect();
+        }
+    }
+    Ok(files)
+}
+
+/// Decodes one checkpoint file's bytes.
+pub(crate) fn decode<B: Backend, R: Record<B>>(
+    bytes: Vec<u8>,
+    device: &B::Device,
+    what: &Path,
+) -> Result<R> {
+    Recorder::<B>::load(&CheckpointRecorder::default(), bytes, device).map_err(|e| {
+        DdpTrainError::Checkpoint {
+            path: what.to_path_buf(),
+            reason: format!("decoding: {e}"),
+        }
+    })
+}
+
+/// The epoch to resume from, the same on every rank: the latest complete checkpoint in rank
+/// 0's `dir` (see [`latest_checkpoint`](crate::latest_checkpoint)), broadcast. Only rank 0
+/// reads `dir`, so the ranks need no shared filesystem; pass the result to
+/// `SupervisedTraining::checkpoint` and
+/// [`DistributedLoader::with_start_epoch`](crate::DistributedLoader::with_start_epoch).
+///
+/// # Collective
+/// Every rank of `pg` calls it.
+///
+/// # Errors
+/// Rank 0 cannot read its directory (the other ranks then get [`DdpTrainError::Resume`]); a
+/// failed broadcast.
+pub fn resume_epoch(pg: &ProcessGroup, dir: impl AsRef<Path>) -> Result<Option<usize>> {
+    let mut found = [-1i64];
+    let mut failure = None;
+    if pg.rank() == 0 {
+        match crate::latest_checkpoint(dir.as_ref()) {
+            Ok(epoch) => found[0] = epoch.map_or(0, |e| e as i64 + 1),
+            Err(e) => failure = Some(e),
+        }
+    }
+    if pg.world_size() > 1 {
+        pg.broadcast(&mut found, 0).map_err(DdpTrainError::comm(
+            "receiving the epoch to resume from rank 0",
+        ))?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    match found[0] {
+        -1 => Err(DdpTrainError::Resume(
+            "rank 0 could not read its checkpoint directory (its log says why)".into(),
+        )),
+        0 => Ok(None),
+        n => Ok(Some(n as usize - 1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_that_fails_halfway_leaves_the_previous_file_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("model-1.mpk");
+        write_atomically(&path, |f| f.write_all(b"the complete epoch-1 model")).expect("write");
+        // A crash mid-write, as a failing writer: half the bytes, then an error.
+        let failed = write_atomically(&path, |f| {
+            f.write_all(b"half of a ")?;
+            Err(std::io::Error::other("killed mid-write"))
+        });
+        assert!(failed.is_err());
+        assert_eq!(
+            std::fs::read(&path).expect("the old file"),
+            b"the complete epoch-1 model"
+        );
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("listing")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["model-1.mpk"], "no temporary file left");
+    }
+
+    #[test]
+    fn leftover_temporaries_are_not_checkpoints_and_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ckpt = dir.path().join("checkpoint");
+        std::fs::create_dir_all(&ckpt).expect("dir");
+        for kind in KINDS {
+            std::fs::write(file_path(&ckpt, kind, 1), b"whole").expect("write");
+            // Epoch 2 was being written when the process died.
+            std::fs::write(
+                ckpt.join(format!("{TMP_PREFIX}{kind}-2.mpk-1234")),
+                b"cut sh",
+            )
+            .expect("write");
+        }
+        assert_eq!(crate::latest_checkpoint(dir.path()).expect("read"), Some(1));
+        remove_temporaries(&ckpt);
+        assert_eq!(std::fs::read_dir(&ckpt).expect("listing").count(), 3);
+    }
+}
