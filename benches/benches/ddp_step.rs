@@ -16,6 +16,17 @@
 //!   (`DdpConfig::automatic_overlap`) and with layer boundaries marked, with the fraction of
 //!   all-reduce time that ran during backward.
 //!
+//! Overlap table (`--overlap-only` runs just this): for the MLP above, the transformer
+//! example's `TinyGpt` (d_model 256, 4 layers, batch 32 x 13 tokens) and a CNN shaped like the
+//! `digits_cnn` example's (SyncBatchNorm over the ranks, 32 feature maps, batch 64; with small
+//! buckets, since its 0.12 MB of gradients would otherwise be one bucket, which cannot overlap),
+//! at world 2: step time (forward, backward, optimizer) and the share of all-reduce time that
+//! ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
+//! taps) and with layer boundaries marked (overlap off otherwise); modes are interleaved in
+//! rounds. `ready early` is the median number of buckets that were ready at least 1 ms before
+//! backward ended (`StepStats::bucket_ready`). World 1: the default's step time over overlap
+//! off for each model (the cost of its anchors; goal <= 1.03).
+//!
 //! Times are medians of per-step wall times; compare ratios within one run. `faults/step` is
 //! the process's minor page faults per synchronised / no-sync step. The benchmark runs with the
 //! allocator settings the launcher gives its workers (`ddp_core::launch::ALLOCATOR_ENV`);
@@ -45,6 +56,15 @@ struct Args {
     /// (`ddp_core::launch::ALLOCATOR_ENV`), to see what per-step page faults cost.
     #[arg(long)]
     glibc_defaults: bool,
+    /// Measured steps per model and mode in the overlap table (after one warm-up round).
+    #[arg(long, default_value_t = 12)]
+    overlap_steps: usize,
+    /// Only the overlap table (default vs off vs boundaries, three models).
+    #[arg(long)]
+    overlap_only: bool,
+    /// Models of the overlap table, comma-separated: mlp, transformer, cnn.
+    #[arg(long, value_delimiter = ',', default_value = "mlp,transformer,cnn")]
+    models: Vec<String>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -103,7 +123,10 @@ fn main() -> Result<()> {
             format!("{} (the launcher's worker defaults)", allocator.join(" "))
         }
     );
-    world1(&args)?;
+    if !args.overlap_only {
+        world1(&args)?;
+    }
+    overlap::world1(&args)?;
     world2(&args)
 }
 
@@ -182,6 +205,13 @@ struct Measured {
 fn world2_worker() -> Result<()> {
     let args = Args::parse();
     let pg = init_from_env()?;
+    if !args.overlap_only {
+        sync_table(&pg, &args)?;
+    }
+    overlap::world2(&pg, &args)
+}
+
+fn sync_table(pg: &ProcessGroup, args: &Args) -> Result<()> {
     if pg.rank() == 0 {
         println!(
             "#\n# world 2: synchronised step / no_sync step (goal: ratio <= 1.15; PyTorch gloo here: ~2)"
@@ -199,11 +229,11 @@ fn world2_worker() -> Result<()> {
             "faults/step"
         );
     }
-    // Automatic: plain taps; anchored: `automatic_overlap` (taps at learned depths); layer
-    // boundaries: the model marks them.
+    // Plain taps: overlap off; anchored: `automatic_overlap` (taps at learned depths); layer
+    // boundaries: the model marks them (taps plain otherwise).
     for (mode, marked, anchored) in [
-        ("automatic", false, false),
-        ("anchored (auto overlap)", false, true),
+        ("plain taps (off)", false, false),
+        ("anchored (automatic)", false, true),
         ("layer boundaries", true, false),
     ] {
         let config = match (&args.trace, marked) {
@@ -213,7 +243,7 @@ fn world2_worker() -> Result<()> {
             _ => DdpConfig::new(),
         }
         .with_automatic_overlap(anchored);
-        let m = measure_world2(&pg, &args, marked, config)?;
+        let m = measure_world2(pg, args, marked, config)?;
         if pg.rank() == 0 {
             let no_sync_step = m.no_sync + m.optimizer;
             println!(
@@ -304,4 +334,362 @@ fn measure_world2(
         comm: median(comm),
         after_backward: median(after),
     })
+}
+
+/// The overlap table: default vs overlap off vs layer boundaries on three models.
+mod overlap {
+    use super::{Args, B, ms};
+    use anyhow::{Result, bail};
+    use burn::module::{AutodiffModule, Module};
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::nn::{Linear, LinearConfig, Relu};
+    use burn::optim::{Optimizer, SgdConfig};
+    use burn::tensor::backend::Backend;
+    use burn::tensor::{Distribution, Int, Tensor, TensorData};
+    use ddp_benches::{BenchMlp, bench_batch, median, world_of_one};
+    use ddp_core::{
+        DdpConfig, DistributedDataParallel, ProcessGroup, SyncBatchNorm, SyncBatchNormGroup,
+        layer_boundary,
+    };
+    use ddp_examples::models::{GptShape, TinyGpt};
+    use ddp_examples::reverse::{ReverseBatcher, VOCAB, scored_positions, sequence};
+    use std::time::{Duration, Instant};
+
+    type Device = burn::backend::flex::FlexDevice;
+
+    /// A model of the table: how to build it and compute one step's loss.
+    trait Workload {
+        type M: AutodiffModule<B>;
+        const NAME: &'static str;
+        /// `marked`: with layer boundaries. `group`: the SyncBatchNorm group (world 2).
+        fn model(device: &Device, marked: bool, group: Option<SyncBatchNormGroup>) -> Self::M;
+        fn loss(m: &Self::M, marked: bool, step: usize, device: &Device) -> Tensor<B, 1>;
+        /// Bucket caps (MiB): first, others.
+        fn caps() -> (f64, f64) {
+            (1.0, 25.0)
+        }
+    }
+
+    struct Mlp;
+    impl Workload for Mlp {
+        type M = BenchMlp<B>;
+        const NAME: &'static str = "MLP 6.3M";
+        fn model(device: &Device, _: bool, _: Option<SyncBatchNormGroup>) -> Self::M {
+            BenchMlp::new(device)
+        }
+        fn loss(m: &Self::M, marked: bool, _: usize, device: &Device) -> Tensor<B, 1> {
+            let (x, y) = bench_batch::<B>(device);
+            CrossEntropyLossConfig::new()
+                .init(device)
+                .forward(m.forward(x, marked), y)
+        }
+    }
+
+    const SEQ_LEN: usize = 6;
+    const GPT_BATCH: usize = 32;
+
+    struct Gpt;
+    impl Workload for Gpt {
+        type M = TinyGpt<B>;
+        const NAME: &'static str = "transformer 3.2M";
+        fn model(device: &Device, marked: bool, _: Option<SyncBatchNormGroup>) -> Self::M {
+            let shape = GptShape {
+                vocab: VOCAB,
+                max_len: 2 * SEQ_LEN + 2,
+                d_model: 256,
+                heads: 4,
+                layers: 4,
+                boundaries: marked,
+            };
+            TinyGpt::new(shape, device)
+        }
+        fn loss(m: &Self::M, _: bool, step: usize, device: &Device) -> Tensor<B, 1> {
+            use burn::data::dataloader::batcher::Batcher;
+            let items: Vec<Vec<i64>> = (0..GPT_BATCH)
+                .map(|i| sequence(7, (step * GPT_BATCH + i) as u64, SEQ_LEN))
+                .collect();
+            let b: ddp_examples::reverse::ReverseBatch<B> = ReverseBatcher.batch(items, device);
+            let scored = scored_positions(SEQ_LEN);
+            let logits = m
+                .forward(b.inputs)
+                .slice([0..GPT_BATCH, scored.clone(), 0..VOCAB])
+                .reshape([GPT_BATCH * SEQ_LEN, VOCAB]);
+            let targets = b
+                .targets
+                .slice([0..GPT_BATCH, scored])
+                .reshape([GPT_BATCH * SEQ_LEN]);
+            CrossEntropyLossConfig::new()
+                .init(device)
+                .forward(logits, targets)
+        }
+        fn caps() -> (f64, f64) {
+            // 12.8 MB of gradients: several buckets, as PyTorch's 25 MiB would give a larger
+            // model.
+            (1.0, 4.0)
+        }
+    }
+
+    const CNN_CHANNELS: usize = 32;
+    const CNN_BATCH: usize = 64;
+
+    /// The `digits_cnn` example's shape (`ddp_examples::models::DigitsCnn`), with optional
+    /// layer boundaries: `[conv 3x3 -> SyncBatchNorm -> relu] x 2 -> 2x2 average pool ->
+    /// linear`.
+    #[derive(Module, Debug)]
+    struct Cnn<B: Backend> {
+        conv1: burn::nn::conv::Conv2d<B>,
+        norm1: SyncBatchNorm<B>,
+        conv2: burn::nn::conv::Conv2d<B>,
+        norm2: SyncBatchNorm<B>,
+        pool: burn::nn::pool::AvgPool2d,
+        out: Linear<B>,
+        act: Relu,
+    }
+
+    struct ConvNet;
+    impl Workload for ConvNet {
+        type M = Cnn<B>;
+        const NAME: &'static str = "CNN (SyncBN) 29K";
+        fn model(device: &Device, _: bool, group: Option<SyncBatchNormGroup>) -> Self::M {
+            use burn::nn::PaddingConfig2d;
+            use burn::nn::conv::Conv2dConfig;
+            let conv = |from: usize, to: usize| {
+                Conv2dConfig::new([from, to], [3, 3])
+                    .with_padding(PaddingConfig2d::Same)
+                    .init(device)
+            };
+            let norm = |features: usize| {
+                let bn = burn::nn::BatchNormConfig::new(features).init(device);
+                SyncBatchNorm::from_batch_norm(bn, group.clone())
+            };
+            let c = CNN_CHANNELS;
+            Cnn {
+                conv1: conv(1, c),
+                norm1: norm(c),
+                conv2: conv(c, 2 * c),
+                norm2: norm(2 * c),
+                pool: burn::nn::pool::AvgPool2dConfig::new([2, 2])
+                    .with_strides([2, 2])
+                    .init(),
+                out: LinearConfig::new(2 * c * 16, 10).init(device),
+                act: Relu::new(),
+            }
+        }
+        fn loss(m: &Self::M, marked: bool, _: usize, device: &Device) -> Tensor<B, 1> {
+            let mark = |t: Tensor<B, 4>| if marked { layer_boundary(t) } else { t };
+            let x = Tensor::<B, 4>::random(
+                [CNN_BATCH, 1, 8, 8],
+                Distribution::Normal(0.0, 1.0),
+                device,
+            );
+            let labels: Vec<i64> = (0..CNN_BATCH as i64).map(|i| i % 10).collect();
+            let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [CNN_BATCH]), device);
+            let x = m.act.forward(m.norm1.forward(m.conv1.forward(x)));
+            let x = mark(x);
+            let x = m.act.forward(m.norm2.forward(m.conv2.forward(x)));
+            let x = mark(m.pool.forward(x));
+            let logits = m.out.forward(x.flatten(1, 3));
+            CrossEntropyLossConfig::new()
+                .init(device)
+                .forward(logits, y)
+        }
+        fn caps() -> (f64, f64) {
+            // 0.12 MB of gradients: one bucket with DDP's caps, which cannot overlap.
+            (0.02, 0.05)
+        }
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Mode {
+        Default,
+        Off,
+        Boundaries,
+    }
+
+    impl Mode {
+        const ALL: [Mode; 3] = [Mode::Default, Mode::Off, Mode::Boundaries];
+        fn label(self) -> &'static str {
+            match self {
+                Mode::Default => "default",
+                Mode::Off => "overlap off",
+                Mode::Boundaries => "boundaries (off + marks)",
+            }
+        }
+        fn config<W: Workload>(self) -> DdpConfig {
+            let (first, cap) = W::caps();
+            let config = DdpConfig::new()
+                .with_first_bucket_cap_mb(first)
+                .with_bucket_cap_mb(cap);
+            match self {
+                Mode::Default => config,
+                Mode::Off | Mode::Boundaries => config.with_automatic_overlap(false),
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct Row {
+        step: Vec<Duration>,
+        overlap: Vec<f64>,
+        comm: Vec<Duration>,
+        early: Vec<usize>,
+        buckets: usize,
+    }
+
+    fn median_f(mut v: Vec<f64>) -> f64 {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    fn median_u(mut v: Vec<usize>) -> usize {
+        v.sort();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// One synchronised step; returns its wall time.
+    fn step<W: Workload>(
+        ddp: &mut DistributedDataParallel<B, W::M>,
+        opt: &mut impl Optimizer<W::M, B>,
+        marked: bool,
+        n: usize,
+        device: &Device,
+    ) -> Result<Duration> {
+        let t = Instant::now();
+        let loss = ddp.forward(|m| W::loss(m, marked, n, device))?;
+        let grads = ddp.backward(loss)?;
+        ddp.optimizer_step(opt, 0.001, grads);
+        Ok(t.elapsed())
+    }
+
+    /// Every mode of one model, interleaved in rounds (round 0 warms up: buckets are rebuilt
+    /// and depths learned there).
+    fn measure<W: Workload>(
+        pg: &ProcessGroup,
+        modes: &[Mode],
+        steps: usize,
+    ) -> Result<Vec<(Mode, Row)>> {
+        let device = Default::default();
+        let group = if pg.world_size() > 1 {
+            Some(SyncBatchNormGroup::new(pg)?)
+        } else {
+            None
+        };
+        let mut runs = Vec::new();
+        for &mode in modes {
+            let marked = mode == Mode::Boundaries;
+            let model = W::model(&device, marked, group.clone());
+            let ddp = DistributedDataParallel::new(model, pg.clone(), mode.config::<W>())?;
+            runs.push((
+                mode,
+                ddp,
+                SgdConfig::new().init::<B, W::M>(),
+                Row::default(),
+            ));
+        }
+        let rounds = 4;
+        let per_round = steps.div_ceil(rounds).max(1);
+        let mut n = 0;
+        for round in 0..=rounds {
+            for (mode, ddp, opt, row) in runs.iter_mut() {
+                let marked = *mode == Mode::Boundaries;
+                for _ in 0..per_round {
+                    n += 1;
+                    let t = step::<W>(ddp, opt, marked, n, &device)?;
+                    if round == 0 {
+                        continue;
+                    }
+                    let s = ddp.last_step_stats().cloned().unwrap_or_default();
+                    row.step.push(t);
+                    row.overlap.push(s.overlap_fraction());
+                    row.comm.push(s.comm);
+                    row.early
+                        .push(s.buckets_ready_before_backward_end(Duration::from_millis(1)));
+                    row.buckets = s.buckets;
+                }
+            }
+        }
+        Ok(runs
+            .into_iter()
+            .map(|(mode, _, _, row)| (mode, row))
+            .collect())
+    }
+
+    fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {
+        let rows = measure::<W>(pg, &Mode::ALL, steps)?;
+        if pg.rank() != 0 {
+            return Ok(());
+        }
+        let off = rows
+            .iter()
+            .find(|(m, _)| *m == Mode::Off)
+            .map(|(_, r)| median(r.step.clone()))
+            .unwrap_or_default();
+        for (mode, row) in rows {
+            let t = median(row.step.clone());
+            println!(
+                "  {:<20} {:<26} {:>9.2} {:>7.3} {:>8.0}% {:>9.2} {:>5}/{:<3}",
+                W::NAME,
+                mode.label(),
+                ms(t),
+                t.as_secs_f64() / off.as_secs_f64().max(1e-9),
+                100.0 * median_f(row.overlap),
+                ms(median(row.comm)),
+                median_u(row.early),
+                row.buckets
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn world2(pg: &ProcessGroup, args: &Args) -> Result<()> {
+        if pg.rank() == 0 {
+            println!(
+                "#\n# world 2, shared memory: all-reduce time hidden behind backward (goal: default >= 50%, step never slower than off)"
+            );
+            println!(
+                "# {:<20} {:<26} {:>9} {:>7} {:>9} {:>9} {:>9}",
+                "model", "mode", "step ms", "/ off", "hidden", "comm ms", "ready early"
+            );
+        }
+        for model in &args.models {
+            match model.as_str() {
+                "mlp" => table::<Mlp>(pg, args.overlap_steps)?,
+                "transformer" => table::<Gpt>(pg, args.overlap_steps)?,
+                "cnn" => table::<ConvNet>(pg, args.overlap_steps)?,
+                other => bail!("unknown model '{other}' (mlp, transformer, cnn)"),
+            }
+        }
+        Ok(())
+    }
+
+    fn overhead<W: Workload>(steps: usize) -> Result<()> {
+        let (_server, pg) = world_of_one()?;
+        let rows = measure::<W>(&pg, &[Mode::Default, Mode::Off], steps)?;
+        let t: Vec<Duration> = rows.into_iter().map(|(_, r)| median(r.step)).collect();
+        println!(
+            "  {:<20} {:>11.2} {:>9.2} {:>8.3}",
+            W::NAME,
+            ms(t[0]),
+            ms(t[1]),
+            t[0].as_secs_f64() / t[1].as_secs_f64().max(1e-9)
+        );
+        Ok(())
+    }
+
+    pub(super) fn world1(args: &Args) -> Result<()> {
+        println!("#\n# world 1: default / overlap off (the anchors' cost; goal <= 1.03)");
+        println!(
+            "# {:<20} {:>11} {:>9} {:>8}",
+            "model", "default ms", "off ms", "ratio"
+        );
+        for model in &args.models {
+            match model.as_str() {
+                "mlp" => overhead::<Mlp>(args.overlap_steps)?,
+                "transformer" => overhead::<Gpt>(args.overlap_steps)?,
+                "cnn" => overhead::<ConvNet>(args.overlap_steps)?,
+                other => bail!("unknown model '{other}' (mlp, transformer, cnn)"),
+            }
+        }
+        Ok(())
+    }
 }

@@ -35,6 +35,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -68,6 +69,16 @@ pub struct TapScope<I: Backend> {
     first_use: Mutex<Vec<usize>>,
     pending: Mutex<Vec<PendingTap<I>>>,
     early: AtomicUsize,
+    /// The plan this forward's lazy taps follow, and which forward of the step this is.
+    plan: Option<(Arc<DepthPlan>, usize)>,
+    /// Set when this forward's first uses left the plan's sequence: later taps are plain.
+    diverged: AtomicBool,
+    /// Taps created at a planned depth.
+    anchored: AtomicUsize,
+    /// Per parameter index: the deepest backward level (seen by a probe, see
+    /// [`TapOps::probe_chain`](sealed::TapOps::probe_chain)) at which every consumer of its tap
+    /// had run.
+    done_at: Mutex<HashMap<usize, usize>>,
     /// References to each tap's node held outside the graph for the whole backward: 1 when the
     /// tapped copy outlives backward (`step_on`, whose closure holds it), else 0.
     outside_refs: usize,
@@ -90,7 +101,78 @@ impl<I: Backend> TapScope<I> {
             first_use: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             early: AtomicUsize::new(0),
+            plan: None,
+            diverged: AtomicBool::new(false),
+            anchored: AtomicUsize::new(0),
+            done_at: Mutex::new(HashMap::new()),
             outside_refs: 0,
+        }
+    }
+
+    /// Lazy taps of this scope, the `forward`-th of its step, follow `plan` as long as the
+    /// forward uses parameters in the order the plan was learned from.
+    pub(crate) fn with_plan(mut self, plan: Option<Arc<DepthPlan>>, forward: usize) -> Self {
+        self.plan = plan.map(|p| (p, forward));
+        self
+    }
+
+    /// How many taps were created at a planned depth.
+    pub(crate) fn anchored_taps(&self) -> usize {
+        self.anchored.load(Ordering::Relaxed)
+    }
+
+    /// Whether this forward used its parameters exactly as the plan's forward did (same
+    /// sequence of first uses), so every anchor was where the plan put it.
+    fn followed(&self, plan: &DepthPlan, forward: usize) -> bool {
+        let first_use = self
+            .first_use
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        !self.diverged.load(Ordering::Relaxed)
+            && plan
+                .forwards
+                .get(forward)
+                .is_some_and(|f| f.len() == first_use.len())
+    }
+
+    /// The planned anchor depth for the tap of `index`, the next first use of this forward, or
+    /// `None` (a plain tap): also when the forward has left the plan's sequence, from then on.
+    fn planned_depth(&self, index: usize) -> Option<usize> {
+        let position = {
+            let mut first_use = self
+                .first_use
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            first_use.push(index);
+            first_use.len() - 1
+        };
+        let (plan, forward) = self.plan.as_ref()?;
+        if self.diverged.load(Ordering::Relaxed) {
+            return None;
+        }
+        match plan.forwards.get(*forward).and_then(|f| f.get(position)) {
+            Some(&(planned, depth)) if planned == index => {
+                if depth.is_some() {
+                    self.anchored.fetch_add(1, Ordering::Relaxed);
+                }
+                depth
+            }
+            _ => {
+                self.diverged.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Called by the probe of backward level `level`: notes the taps whose consumers have all
+    /// run by now (their first note is the deepest level).
+    fn note_done(&self, level: usize) {
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut done_at = self.done_at.lock().unwrap_or_else(PoisonError::into_inner);
+        for p in pending.iter() {
+            if Arc::strong_count(&p.tensor.node) <= 2 + self.outside_refs {
+                done_at.entry(p.index).or_insert(level);
+            }
         }
     }
 
@@ -168,6 +250,16 @@ pub(crate) mod sealed {
 
         /// The autodiff depth of `tensor` (its node's order).
         fn depth(tensor: &FloatTensor<Self>) -> usize;
+
+        /// A tracked chain of one-element identity nodes of depth 0 to `depth` (on `like`'s
+        /// device), returning its last node: backward runs one of them in every level below
+        /// `depth`, each noting in `scopes` which taps have no consumer left to run
+        /// ([`DepthPlan::learn`] reads that). Add it, times zero, to the loss.
+        fn probe_chain(
+            like: &FloatTensor<Self>,
+            scopes: &[Arc<TapScope<Self::InnerBackend>>],
+            depth: usize,
+        ) -> FloatTensor<Self>;
 
         /// Returns `tensor` unchanged; in backward, once everything computed from it has run, hands
         /// over the scope's complete gradients.
@@ -318,6 +410,50 @@ fn anchor_at<B: Backend, C: CheckpointStrategy>(
     chain.get(depth).and_then(typed).unwrap_or(last)
 }
 
+/// The state of the probe of one backward level.
+struct ProbeState<B: Backend> {
+    scopes: Arc<Vec<Arc<TapScope<B>>>>,
+    level: usize,
+}
+
+impl<B: Backend> Clone for ProbeState<B> {
+    fn clone(&self) -> Self {
+        ProbeState {
+            scopes: self.scopes.clone(),
+            level: self.level,
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for ProbeState<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProbeState")
+            .field("level", &self.level)
+            .finish()
+    }
+}
+
+/// A tracked identity on a one-element tensor: backward runs it in its level, where it notes
+/// which taps are complete.
+#[derive(Debug)]
+struct Probe;
+
+impl<B: Backend> Backward<B, 1> for Probe {
+    type State = ProbeState<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        for scope in ops.state.scopes.iter() {
+            scope.note_done(ops.state.level);
+        }
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| grad);
+    }
+}
+
 struct BoundaryState<B: Backend>(Arc<TapScope<B>>);
 
 impl<B: Backend> Clone for BoundaryState<B> {
@@ -381,6 +517,43 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         tensor.node.order
     }
 
+    fn probe_chain(
+        like: &FloatTensor<Self>,
+        scopes: &[Arc<TapScope<B>>],
+        depth: usize,
+    ) -> FloatTensor<Self> {
+        let device = {
+            use burn::tensor::ops::FloatTensorOps;
+            Self::float_device(like)
+        };
+        // In the loss's dtype: the probes are added to it.
+        let dtype = burn::tensor::TensorMetadata::dtype(like);
+        let data = burn::tensor::TensorData::new(vec![0.0f32], [1]).convert_dtype(dtype);
+        let root: Tensor<Self, 1> = {
+            use burn::tensor::ops::FloatTensorOps;
+            // The backend's op keeps the dtype (`Tensor::from_data` would take the default).
+            Tensor::from_primitive(TensorPrimitive::Float(Self::float_from_data(data, &device)))
+                .require_grad()
+        };
+        let scopes = Arc::new(scopes.to_vec());
+        let mut last = root.into_primitive().tensor();
+        for level in 1..=depth {
+            let state = ProbeState {
+                scopes: scopes.clone(),
+                level,
+            };
+            last = match Probe
+                .prepare::<C>([last.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(state, last.primitive.clone()),
+                OpsKind::UnTracked(prep) => prep.finish(last.primitive.clone()),
+            };
+        }
+        last
+    }
+
     fn boundary(tensor: FloatTensor<Self>, scope: &Arc<TapScope<B>>) -> FloatTensor<Self> {
         match Boundary
             .prepare::<C>([tensor.node.clone()])
@@ -393,46 +566,83 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
     }
 }
 
-/// Levels added to each estimated depth: an estimate a level too shallow would let the tap
-/// run after the layer below has started its backward, while one too deep costs nothing.
-const DEPTH_MARGIN: usize = 2;
-
-/// Where to anchor each parameter's tap so that backward reaches it right after the
-/// parameter's last consumer: learned once, from a forward without anchors.
+/// Where to anchor each lazy tap so that backward reaches it right after its parameter's
+/// consumers *without moving any other node*: learned on one step with plain taps.
 ///
-/// Taps are created lazily, at each parameter's first use in the forward; the `k`-th of `n`
-/// first uses is estimated to happen `k / n` of the way through the forward, which, scaled to
-/// the loss's depth, estimates the depth of the layer's input. (burn's node counter would be a
-/// finer clock, but it is global: other threads' autodiff work, ranks as threads in tests,
-/// would make the estimate vary from run to run.) Too deep is harmless (the consumer moves
-/// deeper and the tap still runs right after it); too shallow only runs it later. The plan is
-/// frozen after learning: anchored graphs are deeper, and learning from them would push the
-/// anchors deeper each step.
+/// burn runs backward level by level, deepest first, and a node's depth is one more than its
+/// deepest input's. A tap at depth `t`, with `t` below every consumer's depth, leaves each
+/// consumer's depth, and so every other node's depth, level and order, exactly as with plain
+/// taps: backward does the same floating-point sums in the same order (results are bitwise those
+/// of plain taps), and the tap runs right below its shallowest consumer instead of at the end.
+/// Estimating depths from the forward (an earlier design) cannot be exact: an anchor too deep
+/// moves its consumer, and everything after it, deeper.
+///
+/// Learning: a probe in every backward level notes when each tap's consumers have all run. The
+/// probe of a level runs first in it (burn collects the graph depth-first from the root, and the
+/// probes are the root's last input), so first noted at level `r`, every consumer is deeper than
+/// `r` and one is at `r + 1`: depth `r` is safe, and the tap runs in the level right below its
+/// shallowest consumer. The plan
+/// holds for a step whose forwards use the parameters in the same order and whose loss has the
+/// learned depth (unchanged depths leave it unchanged); otherwise DDP learns again.
 #[derive(Debug, Clone)]
 pub(crate) struct DepthPlan {
-    depth: Vec<Option<usize>>,
+    /// Per forward of the step: parameter indices in order of first use, each with the depth
+    /// of its tap's anchor (`None`: a plain tap).
+    forwards: Vec<Vec<(usize, Option<usize>)>>,
+    /// The loss's depth when the plan was learned.
+    loss_depth: usize,
 }
 
 impl DepthPlan {
-    /// Learns from one forward's taps (their order of first use) and the loss's depth.
-    pub(crate) fn learn<I: Backend>(
-        scope: &TapScope<I>,
-        loss_depth: usize,
-        params: usize,
-    ) -> DepthPlan {
-        let mut depth = vec![None; params];
-        let first_use = scope
-            .first_use
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let n = first_use.len().max(1) as f64;
-        for (k, &index) in first_use.iter().enumerate() {
-            let estimate = (k as f64 / n * loss_depth as f64).ceil() as usize;
-            if let Some(d) = depth.get_mut(index) {
-                *d = Some(estimate + DEPTH_MARGIN);
-            }
+    /// Learns from the forwards of one step, run with plain taps and a backward probed by
+    /// [`TapOps::probe_chain`](sealed::TapOps::probe_chain), whose loss had depth `loss_depth`.
+    pub(crate) fn learn<I: Backend>(scopes: &[Arc<TapScope<I>>], loss_depth: usize) -> DepthPlan {
+        let forwards = scopes
+            .iter()
+            .map(|scope| {
+                let first_use = scope
+                    .first_use
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let done_at = scope.done_at.lock().unwrap_or_else(PoisonError::into_inner);
+                first_use
+                    .iter()
+                    .map(|&index| {
+                        // Tap depth r = anchor depth r - 1; plain taps already have depth 1.
+                        let anchor = done_at
+                            .get(&index)
+                            .and_then(|r| r.checked_sub(1))
+                            .filter(|&d| d >= 1);
+                        (index, anchor)
+                    })
+                    .collect()
+            })
+            .collect();
+        DepthPlan {
+            forwards,
+            loss_depth,
         }
-        DepthPlan { depth }
+    }
+
+    /// How many taps the plan anchors.
+    pub(crate) fn anchors(&self) -> usize {
+        self.forwards
+            .iter()
+            .flatten()
+            .filter(|(_, d)| d.is_some())
+            .count()
+    }
+
+    /// Whether the step made of `scopes` (forwards that followed this plan) with a loss of depth
+    /// `loss_depth` had the graph the plan was learned on, as far as DDP can see: the same
+    /// forwards, the same first uses, the same loss depth.
+    pub(crate) fn held<I: Backend>(&self, scopes: &[Arc<TapScope<I>>], loss_depth: usize) -> bool {
+        loss_depth == self.loss_depth
+            && scopes.len() == self.forwards.len()
+            && scopes
+                .iter()
+                .enumerate()
+                .all(|(forward, scope)| scope.followed(self, forward))
     }
 }
 
@@ -441,13 +651,12 @@ impl DepthPlan {
 /// Without `lazy`, every tap is created now, directly above its parameter (it fires at the end
 /// of backward unless a layer boundary hands it over). With `lazy`, the parameters of the copy
 /// are uninitialised and each tap is created at the parameter's first use in the forward,
-/// anchored at the plan's depth when there is a plan.
+/// anchored where the scope's plan says (see [`DepthPlan`]).
 pub(crate) struct TapMapper<B: TapBackend> {
     next: usize,
     kinds: Arc<Vec<ParamKind>>,
     scope: Arc<TapScope<B::InnerBackend>>,
     lazy: bool,
-    plan: Option<Arc<DepthPlan>>,
 }
 
 impl<B: TapBackend> TapMapper<B> {
@@ -455,14 +664,12 @@ impl<B: TapBackend> TapMapper<B> {
         kinds: Arc<Vec<ParamKind>>,
         scope: Arc<TapScope<B::InnerBackend>>,
         lazy: bool,
-        plan: Option<Arc<DepthPlan>>,
     ) -> Self {
         TapMapper {
             next: 0,
             kinds,
             scope,
             lazy,
-            plan,
         }
     }
 }
@@ -483,10 +690,6 @@ impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
                 mapper,
             );
         }
-        let depth = self
-            .plan
-            .as_ref()
-            .and_then(|p| p.depth.get(index).copied().flatten());
         let (device, shape) = (tensor.device(), tensor.shape());
         let scope = self.scope.clone();
         // One tap however many clones of the copy initialise the parameter.
@@ -496,13 +699,8 @@ impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
             move |_, _| {
                 tapped
                     .get_or_init(|| {
-                        scope
-                            .first_use
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(index);
                         let primitive = tensor.clone().into_primitive().tensor();
-                        let out = match depth {
+                        let out = match scope.planned_depth(index) {
                             Some(d) => B::tap_at(primitive, index, &scope, d),
                             None => B::tap(primitive, index, &scope),
                         };

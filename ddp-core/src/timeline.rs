@@ -1,8 +1,9 @@
 //! Step timelines: a Chrome trace (chrome://tracing, Perfetto) and overlap statistics.
 //!
 //! Each recorded step adds: `forward` and `backward` on the compute track, one `ready` marker
-//! per bucket (its last gradient arrived), each bucket's `all_reduce` on the communication
-//! track (as it ran on the communication thread), `unpack` per bucket, and `optimizer`.
+//! per bucket (its last gradient arrived; its `ms_vs_backward_end` argument is negative when
+//! that was before backward ended), each bucket's `all_reduce` on the communication track (as
+//! it ran on the communication thread), `unpack` per bucket, and `optimizer`.
 
 use crate::reducer::BucketTimes;
 use std::time::{Duration, Instant};
@@ -30,6 +31,19 @@ pub struct StepStats {
     /// Gradients handed over at a [`layer_boundary`](crate::layer_boundary), before the end of
     /// backward (0 without boundaries).
     pub early_gradients: usize,
+    /// Taps anchored where [`DdpConfig::automatic_overlap`](crate::DdpConfig::automatic_overlap)
+    /// learned backward reaches their parameter's consumers (0 with overlap off, on the step that
+    /// learns, and in forwards whose graph changed: their taps are plain).
+    pub anchored_taps: usize,
+    /// Per bucket, in bucket (launch) order: when its last gradient arrived, in seconds
+    /// relative to the end of backward; negative = ready while backward was still running, so
+    /// its all-reduce could hide behind the rest of backward. Buckets completed only after
+    /// backward (a parameter this rank did not use) are positive.
+    pub bucket_ready: Vec<f64>,
+    /// When backward (or the closure of [`step_on`](crate::DistributedDataParallel::step_on))
+    /// returned: the reference point of [`bucket_ready`](Self::bucket_ready), to compare with
+    /// timestamps of your own.
+    pub backward_end: Option<Instant>,
 }
 
 impl StepStats {
@@ -40,6 +54,18 @@ impl StepStats {
         }
         self.comm_during_backward.as_secs_f64() / self.comm.as_secs_f64()
     }
+
+    /// How many buckets were ready at least `margin` before the end of backward.
+    pub fn buckets_ready_before_backward_end(&self, margin: Duration) -> usize {
+        let margin = margin.as_secs_f64();
+        self.bucket_ready.iter().filter(|&&r| r <= -margin).count()
+    }
+}
+
+/// `at - reference` in seconds, negative when `at` is earlier.
+fn signed_secs(at: Instant, reference: Instant) -> f64 {
+    at.saturating_duration_since(reference).as_secs_f64()
+        - reference.saturating_duration_since(at).as_secs_f64()
 }
 
 /// Timestamps of one step as the wrapper saw them.
@@ -71,6 +97,14 @@ impl StepTimes {
             buckets: self.buckets.comm.len(),
             buckets_launched_during_backward: self.buckets.launched_during_backward,
             early_gradients: 0,
+            anchored_taps: 0,
+            bucket_ready: self
+                .buckets
+                .ready
+                .iter()
+                .map(|r| r.map_or(f64::NAN, |at| signed_secs(at, b1)))
+                .collect(),
+            backward_end: Some(b1),
         }
     }
 }
@@ -113,10 +147,11 @@ impl Timeline {
         ));
     }
 
-    fn instant(&mut self, name: &str, at: Instant, step: u64) {
+    /// An instant event; `extra_args` is appended to its `args` object (`,"key":value...`).
+    fn instant(&mut self, name: &str, at: Instant, step: u64, extra_args: &str) {
         let ts = self.us(at);
         self.events.push(format!(
-            r#"{{"name":"{name}","ph":"i","s":"t","pid":{},"tid":1,"ts":{ts:.1},"args":{{"step":{step}}}}}"#,
+            r#"{{"name":"{name}","ph":"i","s":"t","pid":{},"tid":1,"ts":{ts:.1},"args":{{"step":{step}{extra_args}}}}}"#,
             self.pid
         ));
     }
@@ -126,7 +161,14 @@ impl Timeline {
         self.span("backward", 1, t.backward.0, t.backward.1, step);
         for (b, ready) in t.buckets.ready.iter().enumerate() {
             if let Some(at) = ready {
-                self.instant(&format!("bucket {b} ready"), *at, step);
+                let vs_end = signed_secs(*at, t.backward.1) * 1e3;
+                let name = format!("bucket {b} ready");
+                self.instant(
+                    &name,
+                    *at,
+                    step,
+                    &format!(r#","ms_vs_backward_end":{vs_end:.3}"#),
+                );
             }
         }
         for (b, c) in t.buckets.comm.iter().enumerate() {

@@ -14,8 +14,8 @@ use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 use ddp_comm::{ProcessGroup, ReduceOp};
 use std::sync::Arc;
 use std::time::Instant;
@@ -69,10 +69,9 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     buffers: BufferSync,
     /// The taps of the forwards since the last backward.
     scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
-    /// Tap depths for [`DdpConfig::automatic_overlap`], once learned.
+    /// Tap depths for [`DdpConfig::automatic_overlap`], once learned (`None`: the next
+    /// backward learns them).
     depth_plan: Option<Arc<DepthPlan>>,
-    /// The taps of the forward to learn the depth plan from.
-    learning: Option<Arc<TapScope<B::InnerBackend>>>,
     poisoned: Option<String>,
     forward_times: Option<(Instant, Instant)>,
     last_stats: Option<StepStats>,
@@ -136,7 +135,6 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             reducer,
             scopes: Vec::new(),
             depth_plan: None,
-            learning: None,
             poisoned: None,
             forward_times: None,
             last_stats: None,
@@ -285,13 +283,15 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         // 2. A copy of the module whose trainable parameters pass through taps.
         let start = Instant::now();
         let generation = self.reducer.new_forward()?;
-        let scope = Arc::new(TapScope::new(self.reducer.clone(), generation));
         let lazy = self.config.automatic_overlap;
+        let plan = self.depth_plan.clone().filter(|_| lazy);
+        let scope = Arc::new(
+            TapScope::new(self.reducer.clone(), generation).with_plan(plan, self.scopes.len()),
+        );
         let tapped = self.inner().clone().map(&mut TapMapper::<B>::new(
             self.kinds.clone(),
             scope.clone(),
             lazy,
-            self.depth_plan.clone(),
         ));
         let boundary_scope = scope.clone();
         let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
@@ -300,9 +300,6 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         });
         // 3. The user's forward; it may update buffers (running statistics).
         let out = with_boundary(boundary, || f(&tapped));
-        if lazy && self.depth_plan.is_none() {
-            self.learning = Some(scope.clone());
-        }
         self.buffers.mark_updated();
         self.scopes.push(scope);
         self.forward_times = Some((start, Instant::now()));
@@ -359,26 +356,44 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let buffers = self
             .buffers
             .start::<B, M>(&self.pg, self.inner(), round.root)?;
-        let learn = match self.learning.take() {
-            Some(scope) if sync => {
-                let depth = B::depth(&loss.clone().into_primitive().tensor());
-                Some((scope, depth))
-            }
-            _ => None,
-        };
         // 2. Backward: each tap hands its gradient to the reducer; a full bucket starts its
-        //    all-reduce at once (in bucket order).
+        //    all-reduce at once (in bucket order). With automatic overlap and no plan yet, the
+        //    taps are plain and probes learn where to anchor them from the next step on.
+        let lazy = self.config.automatic_overlap;
+        let loss_depth = B::depth(&loss.clone().into_primitive().tensor());
+        let learn = lazy && self.depth_plan.is_none();
+        let root = if learn {
+            let probes = B::probe_chain(
+                &loss.clone().into_primitive().tensor(),
+                &self.scopes,
+                loss_depth,
+            );
+            let probes: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(probes));
+            // Zero times the probes: the loss's gradient, and so every other, is unchanged.
+            loss + probes.mul_scalar(0.0).reshape([1usize; D])
+        } else {
+            loss
+        };
         let start = Instant::now();
-        drop(loss.backward());
+        drop(root.backward());
         let end = Instant::now();
         let early = self.scopes.iter().map(|s| s.early_gradients()).sum();
+        let anchored = self.scopes.iter().map(|s| s.anchored_taps()).sum();
+        if learn {
+            let plan = DepthPlan::learn(&self.scopes, loss_depth);
+            tracing::debug!(anchors = plan.anchors(), "learned where to anchor the taps");
+            self.depth_plan = Some(Arc::new(plan));
+        } else if let Some(plan) = self.depth_plan.as_ref().filter(|_| lazy)
+            && !plan.held(&self.scopes, loss_depth)
+        {
+            // Still correct (anchors only move when a tap runs), but the graph changed: learn
+            // again on the next backward.
+            tracing::debug!("the graph changed; learning tap depths again");
+            self.depth_plan = None;
+        }
         self.clear_scopes();
         // 3. The remaining buckets; wait for all of them; averaged gradients.
         let reduced = self.reducer.finish(&self.table)?;
-        if let Some((scope, depth)) = learn {
-            let n = self.table.entries.len();
-            self.depth_plan = Some(Arc::new(DepthPlan::learn(&scope, depth, n)));
-        }
         // 4. Every rank takes rank 0's buffers.
         self.land_buffers(buffers)?;
         let Some((grads, buckets)) = reduced else {
@@ -392,6 +407,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         };
         let mut stats = times.stats();
         stats.early_gradients = early;
+        stats.anchored_taps = anchored;
         self.last_stats = Some(stats);
         self.step += 1;
         self.record(&times)?;
@@ -520,13 +536,17 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         // 2. The tapped copy, then arm: every tap event of `f`'s backward is expected.
         let generation = self.reducer.new_forward()?;
-        let scope =
-            Arc::new(TapScope::new(self.reducer.clone(), generation).copy_outlives_backward());
+        let lazy = self.config.automatic_overlap;
+        let plan = self.depth_plan.clone().filter(|_| lazy);
+        let scope = Arc::new(
+            TapScope::new(self.reducer.clone(), generation)
+                .copy_outlives_backward()
+                .with_plan(plan, 0),
+        );
         let tapped = module.clone().map(&mut TapMapper::<B>::new(
             self.kinds.clone(),
             scope.clone(),
-            self.config.automatic_overlap,
-            self.depth_plan.clone(),
+            lazy,
         ));
         self.reducer.begin(sync, self.pg.world_size())?;
         let boundary_scope = scope.clone();
@@ -542,6 +562,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let end = Instant::now();
         drop(tapped);
         let early = scope.early_gradients();
+        let anchored = scope.anchored_taps();
         scope.clear();
         let out = match out {
             Ok(out) => out,
@@ -573,6 +594,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         };
         let mut stats = times.stats();
         stats.early_gradients = early;
+        stats.anchored_taps = anchored;
         tracing::trace!(
             buckets = stats.buckets,
             during_backward = stats.buckets_launched_during_backward,

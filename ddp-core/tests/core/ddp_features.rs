@@ -316,6 +316,241 @@ fn automatic_overlap_fires_taps_before_the_end_of_backward_and_changes_nothing()
     assert_eq!(anchored[0].0, anchored[1].0, "replicas differ");
 }
 
+/// Records when backward passes it: an identity autodiff op whose backward notes the time, a
+/// reference point inside backward for the buckets' readiness.
+mod clock {
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::{Tensor, TensorPrimitive};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    pub type Seen = Arc<Mutex<Option<Instant>>>;
+
+    #[derive(Debug)]
+    struct Clock;
+
+    impl Backward<Flex, 1> for Clock {
+        type State = Seen;
+        fn backward(self, ops: Ops<Seen, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            *ops.state.lock().unwrap() = Some(Instant::now());
+            unary::<Flex, _>(ops.parents, ops.node, grads, |g| g);
+        }
+    }
+
+    pub fn clock(x: Tensor<Autodiff<Flex>, 2>, seen: &Seen) -> Tensor<Autodiff<Flex>, 2> {
+        let t = x.into_primitive().tensor();
+        let out = match Clock
+            .prepare::<NoCheckpointing>([t.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(seen.clone(), t.primitive),
+            OpsKind::UnTracked(prep) => prep.finish(t.primitive),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+}
+
+/// Per-bucket readiness (`StepStats::bucket_ready`, relative to the end of backward) is
+/// observed against a clock op between the first and second layer: backward passes it after
+/// the upper layers' backward and before the first layer's. Plain taps fire at the end of
+/// backward, so no bucket is ready before the clock; with boundaries the upper layers' buckets
+/// are. Deterministic: it compares the order of events on the backward thread, not durations.
+#[test]
+fn bucket_readiness_shows_which_buckets_left_before_the_end_of_backward() {
+    let initial = initial_deep();
+    let run = |marked: bool, config: DdpConfig| {
+        run_ranks(2, |pg| {
+            let device = Default::default();
+            let rank = pg.rank();
+            let mut ddp =
+                DistributedDataParallel::new(initial.clone(), pg, config.clone()).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+            let mut before_clock = Vec::new();
+            for step in 0..3 {
+                let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+                let (x, y) = batch(&idx, &device);
+                let seen = clock::Seen::default();
+                let pred = ddp
+                    .forward(|m| {
+                        let mark = |t| if marked { layer_boundary(t) } else { t };
+                        let h = m.act.forward(m.l1.forward(x));
+                        let h = mark(clock::clock(h, &seen));
+                        let h = mark(m.act.forward(m.l2.forward(h)));
+                        m.l3.forward(h)
+                    })
+                    .unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                let stats = ddp.last_step_stats().unwrap();
+                let end = stats.backward_end.unwrap();
+                let at = seen.lock().unwrap().expect("backward passed the clock");
+                let clock_vs_end = -(end - at).as_secs_f64();
+                assert_eq!(stats.bucket_ready.len(), stats.buckets);
+                assert!(stats.bucket_ready.iter().all(|r| r.is_finite()));
+                before_clock.push(
+                    stats
+                        .bucket_ready
+                        .iter()
+                        .filter(|&&r| r < clock_vs_end)
+                        .count(),
+                );
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+            }
+            before_clock
+        })
+    };
+    let plain = run(false, small_buckets().with_automatic_overlap(false));
+    let marked = run(true, small_buckets().with_automatic_overlap(false));
+    let automatic = run(false, small_buckets().with_automatic_overlap(true));
+    for r in 0..2 {
+        // Step 0 learns where to anchor (plain taps); then the anchored taps of the upper
+        // layers fire right after their layer, before backward reaches the clock.
+        assert_eq!(automatic[r][0], 0, "rank {r}: the first step learns");
+        assert!(
+            automatic[r][1..].iter().all(|&n| n > 0),
+            "rank {r}: automatic overlap, no marks: {:?}",
+            automatic[r]
+        );
+        assert!(
+            plain[r].iter().all(|&n| n == 0),
+            "rank {r}: plain taps fire at the end of backward: {:?}",
+            plain[r]
+        );
+        assert!(
+            marked[r].iter().all(|&n| n > 0),
+            "rank {r}: boundaries hand the upper layers' buckets over before the first layer's \
+             backward: {:?}",
+            marked[r]
+        );
+    }
+}
+
+/// Backward sums several contributions into one node (a fan-out of four, a layer used twice):
+/// burn adds them in the order its schedule reaches them, so a tap that moved any other node
+/// would change the floating-point result.
+#[derive(Module, Debug)]
+struct Fan<B: Backend> {
+    inp: Linear<B>,
+    a: Linear<B>,
+    b: Linear<B>,
+    c: Linear<B>,
+    shared: Linear<B>,
+    extra: Linear<B>,
+    out: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> Fan<B> {
+    fn new(device: &B::Device) -> Self {
+        let l = |i, o| LinearConfig::new(i, o).init(device);
+        Fan {
+            inp: l(6, 16),
+            a: l(16, 16),
+            b: l(16, 16),
+            c: l(16, 16),
+            shared: l(16, 16),
+            extra: l(16, 16),
+            out: l(16, 3),
+            act: Relu::new(),
+        }
+    }
+
+    /// `variant` 0: the usual graph; 1: the same parameters, a deeper graph; 2: `extra` is
+    /// used, and the fan-out skipped.
+    fn forward(&self, x: Tensor<B, 2>, variant: usize) -> Tensor<B, 2> {
+        let h = self.act.forward(self.inp.forward(x));
+        let h = if variant == 2 {
+            self.extra.forward(h)
+        } else {
+            self.a.forward(h.clone()) + self.b.forward(h.clone()) + self.c.forward(h.clone()) + h
+        };
+        let h = if variant == 1 {
+            (h * 1.0 + 0.0) * 1.0
+        } else {
+            h
+        };
+        let h = self.act.forward(self.shared.forward(h));
+        let h = self.act.forward(self.shared.forward(h));
+        self.out.forward(h)
+    }
+}
+
+/// Anchored taps (automatic overlap) move no other node of the graph, so every step's result is
+/// bitwise the one of plain taps, including steps whose graph changed: a deeper graph is seen
+/// (the loss's depth) and learned again; a forward that uses other parameters gets plain taps
+/// from its first difference on.
+#[test]
+fn automatic_overlap_is_bitwise_plain_taps_and_learns_again_when_the_graph_changes() {
+    let initial = {
+        let m = Fan::<B>::new(&Default::default());
+        flat_params(&m);
+        m
+    };
+    // Per step: the forward's variant.
+    let variants = [0, 0, 1, 0, 0, 2, 0, 0];
+    let run = |automatic: bool| {
+        run_ranks(2, |pg| {
+            let device = Default::default();
+            let rank = pg.rank();
+            let config = small_buckets().with_automatic_overlap(automatic);
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Fan<B>>();
+            let mut history = Vec::new();
+            for (step, &variant) in variants.iter().enumerate() {
+                let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+                let (x, y) = batch(&idx, &device);
+                let pred = ddp.forward(|m| m.forward(x, variant)).unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                let anchored = ddp.last_step_stats().unwrap().anchored_taps;
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+                history.push((flat_params(ddp.module()), anchored));
+            }
+            history
+        })
+    };
+    let plain = run(false);
+    let anchored = run(true);
+    let taps: Vec<usize> = anchored[0].iter().map(|(_, a)| *a).collect();
+    for r in 0..2 {
+        for step in 0..variants.len() {
+            assert_eq!(plain[r][step].1, 0);
+            assert!(
+                anchored[r][step]
+                    .0
+                    .iter()
+                    .zip(&plain[r][step].0)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {r} step {step}: anchored taps changed the result (anchored {taps:?})"
+            );
+        }
+    }
+    for (step, (a, b)) in anchored[0].iter().zip(&anchored[1]).enumerate() {
+        assert_eq!(a.0, b.0, "step {step}: replicas differ");
+    }
+    assert_eq!(taps[0], 0, "step 0 learns: {taps:?}");
+    assert!(taps[1] > 6, "step 1 anchors most taps: {taps:?}");
+    assert_eq!(
+        taps[2], taps[1],
+        "step 2 (deeper) is seen only after it: {taps:?}"
+    );
+    assert_eq!(taps[3], 0, "step 3 learns again: {taps:?}");
+    assert_eq!(taps[4], taps[1], "step 4 anchors again: {taps:?}");
+    assert!(
+        taps[5] < taps[1],
+        "step 5 uses other parameters: plain taps from the first difference: {taps:?}"
+    );
+    assert_eq!(taps[6], 0, "step 6 learns again: {taps:?}");
+    assert_eq!(taps[7], taps[1], "step 7 anchors again: {taps:?}");
+}
+
 /// Ranks configured with different bucket caps would reduce buckets of different sizes (NCCL
 /// would hang or add unrelated gradients): the first backward names the rank that differs.
 #[test]
