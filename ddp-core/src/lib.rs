@@ -86,20 +86,31 @@
 //! ```
 //!
 //! ## Overlap
-//! burn runs backward by node depth, deepest first, and a tap sits right above its parameter,
-//! so taps fire at the end of backward. Buckets are launched as they fill, and their unpacking
-//! overlaps with the later buckets' all-reduces; [`StepStats::overlap_fraction`] reports how
-//! much communication ran during backward. Mark layer boundaries ([`layer_boundary`]) to hand
-//! each layer's gradients over right after that layer's backward: the documented way.
+//! burn runs backward by node depth, deepest first, and a plain tap sits right above its
+//! parameter, so plain taps all fire at the end of backward and no bucket can leave earlier.
+//! With [`DdpConfig::automatic_overlap`] (off by default, see below) each tap is created at its
+//! parameter's first use in the forward; the first backward learns, with probes in every level, how deep each
+//! tap's consumers are, and from the second step on each tap is anchored (through a chain of
+//! free, untracked identity nodes) one level below its shallowest consumer. Backward then
+//! reaches it right after the layer that used the parameter, and every other node keeps its
+//! depth, so backward runs the same operations in the same order: results are bitwise those of
+//! plain taps (tested, with fan-outs, shared layers and graphs that change). A step whose
+//! forward uses parameters in another order gets plain taps from the first difference on; when
+//! that happens, or the loss's depth differs from the learned one, the next backward learns
+//! again. Bucket order and the collectives are unaffected (buckets always launch in order), so
+//! no shape of model can make ranks disagree. [`step_on`](DistributedDataParallel::step_on) cannot learn (the loss stays inside its
+//! closure): it uses what a `forward`/`backward` step learned, else plain taps.
 //!
-//! Without marks, [`DdpConfig::automatic_overlap`] (experimental, off by default) creates each
-//! tap at its parameter's first use in the forward and anchors it, through a chain of free
-//! untracked identity nodes, at a depth estimated on the first step (the order of first use
-//! scaled to the loss's depth), so backward reaches most taps right after their layer. What
-//! was found: the estimate cannot be exact (burn's public API does not show the layer's input
-//! to DDP), and a tap anchored deeper than its layer's input pushes every later node deeper,
-//! which makes later estimates too shallow; such taps then fire somewhat later, never wrongly.
-//! On the 2-core development machine the overlap it gives is within the noise of plain taps.
+//! [`layer_boundary`] marks in the model still work: a boundary hands over every tap that is
+//! complete when backward passes it. [`StepStats::overlap_fraction`] reports how much
+//! communication ran during backward, [`StepStats::bucket_ready`] when each bucket was ready
+//! relative to the end of backward, and [`StepStats::anchored_taps`] how many taps were anchored.
+//!
+//! Why it is not the default yet (`ddp_step` bench, `--overlap-only`, 2-core machine): buckets
+//! are laid out once, in the order gradients arrived in the first backward, which is the
+//! learning step with plain taps, so buckets mix layers and wait for their earliest one; on the
+//! transformer anchored taps hid 4% of all-reduce time (boundaries 96%), on the MLP the same as
+//! plain taps (its second bucket holds the first layer), and the CNN's world-1 step was slower.
 //!
 //! ## Memory traffic
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers
@@ -108,6 +119,9 @@
 //! become the returned gradient tensors, so no bucket buffer is packed or unpacked. On the CPU
 //! backend, launch workers with [`launch()`] (or set [`launch::ALLOCATOR_ENV`] yourself): glibc's
 //! default `malloc` settings make burn's per-step buffers page-fault in again every step.
+//! Buffers above 32 MiB page-fault every step whatever glibc is told; a program on the CPU
+//! backend should use mimalloc as its global allocator, as the examples do (README, "CPU step
+//! time").
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod boundary;

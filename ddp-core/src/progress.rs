@@ -332,12 +332,9 @@ pub struct EpochProgress {
     pg: ProcessGroup,
     epoch: usize,
     epochs: usize,
-    steps: usize,
     done: usize,
-    display: Display,
+    display: ProgressDisplay,
     start: Instant,
-    last_line: Instant,
-    last_report: Option<Instant>,
     loss_sum: f64,
     last_loss: f64,
     samples: u64,
@@ -362,36 +359,13 @@ impl EpochProgress {
         channel: Option<&'static Mutex<File>>,
     ) -> Self {
         let label = format!("epoch {}/{}", epoch + 1, epochs);
-        let display = match (kind, channel) {
-            (DisplayKind::Bar, _) => {
-                let bar = ProgressBar::with_draw_target(Some(steps as u64), stderr_target());
-                bar.set_style(bar_style("{prefix}"));
-                bar.set_prefix(label);
-                Display::Bar(bar)
-            }
-            (DisplayKind::Report, Some(channel)) => {
-                send(
-                    channel,
-                    &Report::Begin {
-                        len: steps as u64,
-                        label,
-                    },
-                );
-                Display::Report(channel)
-            }
-            (DisplayKind::Report | DisplayKind::Lines, _) => Display::Lines,
-            (DisplayKind::Quiet, _) => Display::Quiet,
-        };
         EpochProgress {
             pg: pg.clone(),
             epoch,
             epochs,
-            steps,
             done: 0,
-            display,
+            display: ProgressDisplay::with_kind(label, steps as u64, kind, channel),
             start: Instant::now(),
-            last_line: Instant::now(),
-            last_report: None,
             loss_sum: 0.0,
             last_loss: 0.0,
             samples: 0,
@@ -411,47 +385,11 @@ impl EpochProgress {
         self.samples += v[1] as u64;
         self.done += 1;
         let rate = self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        let message = || format!("loss {loss:.4} {rate:.0} samples/s");
-        match &self.display {
-            Display::Bar(bar) => {
-                bar.set_message(message());
-                bar.inc(1);
-            }
-            Display::Report(channel) => {
-                let due = self
-                    .last_report
-                    .is_none_or(|t| t.elapsed() >= REPORT_INTERVAL);
-                if due || self.done >= self.steps {
-                    self.last_report = Some(Instant::now());
-                    send(
-                        channel,
-                        &Report::Position {
-                            pos: self.done as u64,
-                            message: message(),
-                        },
-                    );
-                }
-            }
-            Display::Lines if self.last_line.elapsed() >= PLAIN_INTERVAL => {
-                self.last_line = Instant::now();
-                let left = (self.steps.saturating_sub(self.done)) as f64
-                    * self.start.elapsed().as_secs_f64()
-                    / self.done.max(1) as f64;
-                self.line(&format!(
-                    "epoch {}/{} step {}/{} loss {loss:.4} {rate:.0} samples/s eta {left:.0}s",
-                    self.epoch + 1,
-                    self.epochs,
-                    self.done,
-                    self.steps
-                ));
-            }
-            Display::Lines | Display::Quiet => {}
-        }
+        self.display.position(
+            self.done as u64,
+            &format!("loss {loss:.4} {rate:.0} samples/s"),
+        );
         Ok(())
-    }
-
-    fn line(&self, text: &str) {
-        let _ = writeln!(std::io::stderr().lock(), "{text}");
     }
 
     /// Ends the epoch and returns its summary (the same on every rank).
@@ -462,13 +400,9 @@ impl EpochProgress {
             samples: self.samples,
             elapsed: self.start.elapsed(),
         };
-        match &self.display {
-            Display::Bar(bar) => bar.finish_and_clear(),
-            Display::Report(channel) => send(channel, &Report::End),
-            Display::Lines | Display::Quiet => {}
-        }
+        self.display.finish();
         if self.pg.rank() == 0 {
-            self.line(&format!(
+            line(&format!(
                 "epoch {}/{}: loss {:.4}, {} samples in {:.1}s ({:.0} samples/s)",
                 self.epoch + 1,
                 self.epochs,
@@ -480,6 +414,119 @@ impl EpochProgress {
         }
         summary
     }
+}
+
+/// A progress bar for a loop that rank 0 drives alone, shown as every ddp-burn display is: a
+/// report to the launcher's pipe when it handed this process one (the launcher draws the bar
+/// above the workers' output), else a bar on stderr when it is a terminal (or
+/// `DDP_PROGRESS=bar`), else a line every few seconds. Nothing here is collective: it is for
+/// trainers whose numbers are already the job's on rank 0, such as ddp-train's renderer for
+/// burn-train. [`EpochProgress`] uses it for its own bars.
+#[derive(Debug)]
+pub struct ProgressDisplay {
+    display: Display,
+    label: String,
+    len: u64,
+    start: Instant,
+    last_line: Instant,
+    last_report: Option<Instant>,
+}
+
+impl ProgressDisplay {
+    /// Starts a bar of `len` steps named `label` (`train epoch 2/10`). Create it on rank 0
+    /// only: the other ranks of a job show nothing.
+    pub fn begin(label: impl Into<String>, len: u64) -> Self {
+        let channel = report_channel();
+        let kind = display_kind(true, channel.is_some(), stderr_draws_bar());
+        Self::with_kind(label.into(), len, kind, channel)
+    }
+
+    fn with_kind(
+        label: String,
+        len: u64,
+        kind: DisplayKind,
+        channel: Option<&'static Mutex<File>>,
+    ) -> Self {
+        let display = match (kind, channel) {
+            (DisplayKind::Bar, _) => {
+                let bar = ProgressBar::with_draw_target(Some(len), stderr_target());
+                bar.set_style(bar_style("{prefix}"));
+                bar.set_prefix(label.clone());
+                Display::Bar(bar)
+            }
+            (DisplayKind::Report, Some(channel)) => {
+                send(
+                    channel,
+                    &Report::Begin {
+                        len,
+                        label: label.clone(),
+                    },
+                );
+                Display::Report(channel)
+            }
+            (DisplayKind::Report | DisplayKind::Lines, _) => Display::Lines,
+            (DisplayKind::Quiet, _) => Display::Quiet,
+        };
+        ProgressDisplay {
+            display,
+            label,
+            len,
+            start: Instant::now(),
+            last_line: Instant::now(),
+            last_report: None,
+        }
+    }
+
+    /// `pos` of the bar's steps are done; `message` (metrics, rate) is shown beside it. The
+    /// launcher gets at most one report per 50 ms (the first and the last always), lines come
+    /// every few seconds.
+    pub fn position(&mut self, pos: u64, message: &str) {
+        match &self.display {
+            Display::Bar(bar) => {
+                bar.set_message(message.to_string());
+                bar.set_position(pos);
+            }
+            Display::Report(channel) => {
+                let due = self
+                    .last_report
+                    .is_none_or(|t| t.elapsed() >= REPORT_INTERVAL);
+                if due || pos >= self.len {
+                    self.last_report = Some(Instant::now());
+                    send(
+                        channel,
+                        &Report::Position {
+                            pos,
+                            message: message.to_string(),
+                        },
+                    );
+                }
+            }
+            Display::Lines if self.last_line.elapsed() >= PLAIN_INTERVAL => {
+                self.last_line = Instant::now();
+                let left = self.len.saturating_sub(pos) as f64 * self.start.elapsed().as_secs_f64()
+                    / pos.max(1) as f64;
+                line(&format!(
+                    "{} step {pos}/{} {message} eta {left:.0}s",
+                    self.label, self.len
+                ));
+            }
+            Display::Lines | Display::Quiet => {}
+        }
+    }
+
+    /// Ends the bar: clears it (or tells the launcher to).
+    pub fn finish(self) {
+        match &self.display {
+            Display::Bar(bar) => bar.finish_and_clear(),
+            Display::Report(channel) => send(channel, &Report::End),
+            Display::Lines | Display::Quiet => {}
+        }
+    }
+}
+
+/// A line on stderr.
+fn line(text: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
 
 /// The bar's look; `head` names the bar (`{prefix}` is the epoch).
@@ -677,5 +724,44 @@ mod tests {
         assert_eq!(positions.first(), Some(&1), "{text}");
         assert_eq!(positions.last(), Some(&4), "{text}");
         assert_eq!(text.lines().count(), reports.len(), "every line parses");
+    }
+
+    #[test]
+    fn a_display_driven_by_rank_0_alone_reports_its_positions_to_the_launcher() {
+        let (mut reader, writer) = std::io::pipe().expect("pipe");
+        let channel: &'static Mutex<File> = Box::leak(Box::new(Mutex::new(File::from(
+            std::os::fd::OwnedFd::from(writer),
+        ))));
+        let label = "valid epoch 1/2".to_string();
+        let mut display = ProgressDisplay::with_kind(label, 10, DisplayKind::Report, Some(channel));
+        display.position(3, "Loss 0.25");
+        display.position(10, "Loss 0.20");
+        display.finish();
+        drop(std::mem::replace(
+            &mut *channel.lock().unwrap(),
+            tempfile::tempfile().expect("tempfile"),
+        ));
+        let mut text = String::new();
+        reader.read_to_string(&mut text).expect("read");
+        let reports: Vec<Report> = text.lines().filter_map(Report::parse).collect();
+        assert_eq!(
+            reports,
+            vec![
+                Report::Begin {
+                    len: 10,
+                    label: "valid epoch 1/2".into()
+                },
+                Report::Position {
+                    pos: 3,
+                    message: "Loss 0.25".into()
+                },
+                Report::Position {
+                    pos: 10,
+                    message: "Loss 0.20".into()
+                },
+                Report::End,
+            ],
+            "{text}"
+        );
     }
 }

@@ -36,6 +36,10 @@
 //!   [`DistributedLoader::with_start_epoch`]); ranks given different epochs fail together.
 //!   Resume is per epoch: burn-train checkpoints at epoch ends only, so a run killed mid-epoch
 //!   repeats that epoch from its start, with the same shuffle (the sampler's seed + epoch).
+//! - [`ProgressRenderer`]: rank 0's renderer, installed by `distributed`: a bar per epoch and
+//!   phase with the latest metrics, drawn by the launcher when the job runs under it (as the
+//!   hand-written examples' bars are), else on rank 0's terminal, else a line every few
+//!   seconds. burn-train's terminal dashboard (its `tui` feature) is not built here.
 //! - [`latest_checkpoint`]: the latest complete epoch in this process's directory.
 //! - [`DistributedItem`]: how a step output is merged across ranks, so metrics cover the
 //!   global batch (implemented for burn-train's classification and regression outputs).
@@ -69,6 +73,7 @@ mod error;
 mod item;
 mod loader;
 mod params;
+mod renderer;
 mod resume;
 mod silent;
 mod strategy;
@@ -80,6 +85,7 @@ pub use checkpoint::resume_epoch;
 pub use error::{DdpTrainError, Result};
 pub use item::DistributedItem;
 pub use loader::DistributedLoader;
+pub use renderer::ProgressRenderer;
 pub use resume::latest_checkpoint;
 pub use silent::SilentRenderer;
 pub use strategy::{DdpComponents, DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};

@@ -26,6 +26,7 @@ use crate::checkpoint::{
 use crate::error::{DdpTrainError, Result};
 use crate::item::{DistributedItem, Exchange, exchange};
 use crate::params::verify_same_model;
+use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
@@ -671,8 +672,10 @@ impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
 
 /// Makes a burn-train `SupervisedTraining` distributed.
 pub trait DistributedTrainingExt {
-    /// Trains with `strategy` (see [`DdpStrategy`]); on ranks other than 0, also draws nothing
-    /// and installs no experiment log file (rank 0 renders and logs for the whole job).
+    /// Trains with `strategy` (see [`DdpStrategy`]). Rank 0 renders with [`ProgressRenderer`]
+    /// (the launcher's live bar, or its own; call `.renderer(...)` afterwards for another); the
+    /// other ranks draw nothing and install no experiment log file (rank 0 renders and logs for
+    /// the whole job).
     fn distributed(self, strategy: &DdpStrategy) -> Self;
 }
 
@@ -681,7 +684,7 @@ impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<
         let training =
             self.with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy.clone())));
         if strategy.rank() == 0 {
-            training
+            training.renderer(ProgressRenderer::new())
         } else {
             training
                 .renderer(SilentRenderer)
