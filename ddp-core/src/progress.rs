@@ -680,26 +680,37 @@ mod tests {
         (server, pg)
     }
 
-    #[test]
-    fn reporting_rank_0_sends_begin_positions_and_end() {
-        let (_server, pg) = world_of_one();
-        let (mut reader, writer) = std::io::pipe().expect("pipe");
-        let channel: &'static Mutex<File> = Box::leak(Box::new(Mutex::new(File::from(
+    /// A pipe standing in for the launcher's: its read end, and the write end as rank 0 holds it.
+    fn launcher_pipe() -> (std::io::PipeReader, &'static Mutex<File>) {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        let channel = Box::leak(Box::new(Mutex::new(File::from(
             std::os::fd::OwnedFd::from(writer),
         ))));
-        let mut p = EpochProgress::with_display(&pg, 1, 3, 4, DisplayKind::Report, Some(channel));
-        for _ in 0..4 {
-            p.step(0.5, 8).expect("step");
-        }
-        let summary = p.finish();
-        assert_eq!(summary.samples, 32);
-        // Close the only writer so the read ends.
+        (reader, channel)
+    }
+
+    /// Everything written to the pipe, once its only write end is closed.
+    fn read_reports(mut reader: std::io::PipeReader, channel: &Mutex<File>) -> String {
         drop(std::mem::replace(
             &mut *channel.lock().unwrap(),
             tempfile::tempfile().expect("tempfile"),
         ));
         let mut text = String::new();
         reader.read_to_string(&mut text).expect("read");
+        text
+    }
+
+    #[test]
+    fn reporting_rank_0_sends_begin_positions_and_end() {
+        let (_server, pg) = world_of_one();
+        let (reader, channel) = launcher_pipe();
+        let mut p = EpochProgress::with_display(&pg, 1, 3, 4, DisplayKind::Report, Some(channel));
+        for _ in 0..4 {
+            p.step(0.5, 8).expect("step");
+        }
+        let summary = p.finish();
+        assert_eq!(summary.samples, 32);
+        let text = read_reports(reader, channel);
         let reports: Vec<Report> = text.lines().filter_map(Report::parse).collect();
         assert_eq!(
             reports.first(),
@@ -728,21 +739,13 @@ mod tests {
 
     #[test]
     fn a_display_driven_by_rank_0_alone_reports_its_positions_to_the_launcher() {
-        let (mut reader, writer) = std::io::pipe().expect("pipe");
-        let channel: &'static Mutex<File> = Box::leak(Box::new(Mutex::new(File::from(
-            std::os::fd::OwnedFd::from(writer),
-        ))));
+        let (reader, channel) = launcher_pipe();
         let label = "valid epoch 1/2".to_string();
         let mut display = ProgressDisplay::with_kind(label, 10, DisplayKind::Report, Some(channel));
         display.position(3, "Loss 0.25");
         display.position(10, "Loss 0.20");
         display.finish();
-        drop(std::mem::replace(
-            &mut *channel.lock().unwrap(),
-            tempfile::tempfile().expect("tempfile"),
-        ));
-        let mut text = String::new();
-        reader.read_to_string(&mut text).expect("read");
+        let text = read_reports(reader, channel);
         let reports: Vec<Report> = text.lines().filter_map(Report::parse).collect();
         assert_eq!(
             reports,
