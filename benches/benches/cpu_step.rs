@@ -17,7 +17,8 @@
 //! Allocators: glibc's defaults; glibc with the launcher's worker settings
 //! (`ddp_core::launch::ALLOCATOR_ENV`); glibc with transparent huge pages for its mmap'd chunks
 //! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`); mimalloc; jemalloc. The last two are this
-//! binary's own global allocator, picked per child by `CPU_STEP_ALLOCATOR` (see
+//! binary's own global allocator (jemalloc with `--features jemalloc`), picked per child by
+//! `CPU_STEP_ALLOCATOR` (see
 //! [`SwitchAllocator`]). PyTorch's row runs `benches/pytorch/cpu_step.py` with the same shapes
 //! and `torch.set_num_threads`, when `--python` names an interpreter that has torch.
 
@@ -84,6 +85,7 @@ unsafe impl GlobalAlloc for SwitchAllocator {
         unsafe {
             match choice() {
                 MIMALLOC => mimalloc::MiMalloc.alloc(layout),
+                #[cfg(feature = "jemalloc")]
                 JEMALLOC => tikv_jemallocator::Jemalloc.alloc(layout),
                 _ => System.alloc(layout),
             }
@@ -94,6 +96,7 @@ unsafe impl GlobalAlloc for SwitchAllocator {
         unsafe {
             match choice() {
                 MIMALLOC => mimalloc::MiMalloc.alloc_zeroed(layout),
+                #[cfg(feature = "jemalloc")]
                 JEMALLOC => tikv_jemallocator::Jemalloc.alloc_zeroed(layout),
                 _ => System.alloc_zeroed(layout),
             }
@@ -104,6 +107,7 @@ unsafe impl GlobalAlloc for SwitchAllocator {
         unsafe {
             match choice() {
                 MIMALLOC => mimalloc::MiMalloc.dealloc(ptr, layout),
+                #[cfg(feature = "jemalloc")]
                 JEMALLOC => tikv_jemallocator::Jemalloc.dealloc(ptr, layout),
                 _ => System.dealloc(ptr, layout),
             }
@@ -114,6 +118,7 @@ unsafe impl GlobalAlloc for SwitchAllocator {
         unsafe {
             match choice() {
                 MIMALLOC => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
+                #[cfg(feature = "jemalloc")]
                 JEMALLOC => tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size),
                 _ => System.realloc(ptr, layout, new_size),
             }
@@ -123,6 +128,13 @@ unsafe impl GlobalAlloc for SwitchAllocator {
 
 #[global_allocator]
 static GLOBAL: SwitchAllocator = SwitchAllocator;
+
+/// The allocators measured by default: jemalloc too when built with `--features jemalloc`.
+const DEFAULT_ALLOCATORS: &str = if cfg!(feature = "jemalloc") {
+    "glibc,launcher,hugetlb,mimalloc,jemalloc"
+} else {
+    "glibc,launcher,hugetlb,mimalloc"
+};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -140,11 +152,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,conv2-wgrad")]
     models: Vec<String>,
     /// Allocators to measure (glibc, launcher, hugetlb, mimalloc, jemalloc).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "glibc,launcher,hugetlb,mimalloc,jemalloc"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_ALLOCATORS)]
     allocators: Vec<String>,
     /// A Python interpreter with torch, for PyTorch's rows (skipped without it).
     #[arg(long, env = "CPU_STEP_PYTHON")]
@@ -304,7 +312,10 @@ fn allocator_env(name: &str) -> Result<Vec<(String, String)>> {
             "glibc.malloc.hugetlb=1".to_string(),
         )],
         "mimalloc" => own("mimalloc"),
-        "jemalloc" => own("jemalloc"),
+        "jemalloc" if cfg!(feature = "jemalloc") => own("jemalloc"),
+        "jemalloc" => bail!(
+            "this bench was built without jemalloc: add `--features jemalloc` (its build needs make)"
+        ),
         other => bail!(
             "unknown allocator {other:?}: expected glibc, launcher, hugetlb, mimalloc or jemalloc"
         ),
