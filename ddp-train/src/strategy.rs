@@ -30,7 +30,7 @@ use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_train::checkpoint::{
     AsyncCheckpointer, ComposedCheckpointingStrategy, KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
@@ -362,12 +362,7 @@ impl DdpStrategy {
         let Some(epoch) = resume else {
             return Ok(());
         };
-        let device = learner
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let device = model_device(&learner.model());
         match &self.checkpoints {
             Some(dir) => {
                 let dir = dir.join("checkpoint");
@@ -420,12 +415,7 @@ impl DdpStrategy {
         let (world, rank) = (pg.world_size(), pg.rank());
         let epoch = global.items_processed;
         let accumulation = components.grad_accumulation.unwrap_or(1).max(1);
-        let device = learner
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let device = model_device(&learner.model());
         let mut iter = train.iter();
         let mut accumulated = 0;
         let mut step = 0;
@@ -541,12 +531,7 @@ impl DdpStrategy {
     ) -> Result<()> {
         let epoch = global.items_processed;
         // Autodiff backends share their inner backend's device type.
-        let device = learner
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let device = model_device(&learner.model());
         let model = learner.model().valid();
         let global_batch = self.metrics == MetricsSync::Global;
         let mut iter = valid.iter();
@@ -691,4 +676,9 @@ impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<
                 .with_application_logger(None)
         }
     }
+}
+
+/// The device the model's parameters live on (the default device for a model without any).
+fn model_device<B: Backend, M: Module<B>>(model: &M) -> B::Device {
+    model.devices().into_iter().next().unwrap_or_default()
 }
