@@ -340,18 +340,13 @@ fn measure_world2(
 mod overlap {
     use super::{Args, B, ms};
     use anyhow::{Result, bail};
-    use burn::module::{AutodiffModule, Module};
+    use burn::module::AutodiffModule;
     use burn::nn::loss::CrossEntropyLossConfig;
-    use burn::nn::{Linear, LinearConfig, Relu};
     use burn::optim::{Optimizer, SgdConfig};
-    use burn::tensor::backend::Backend;
     use burn::tensor::{Distribution, Int, Tensor, TensorData};
     use ddp_benches::{BenchMlp, bench_batch, median, world_of_one};
-    use ddp_core::{
-        DdpConfig, DistributedDataParallel, ProcessGroup, SyncBatchNorm, SyncBatchNormGroup,
-        layer_boundary,
-    };
-    use ddp_examples::models::{GptShape, TinyGpt};
+    use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, SyncBatchNormGroup};
+    use ddp_examples::models::{DigitsCnn, GptShape, TinyGpt};
     use ddp_examples::reverse::{ReverseBatcher, VOCAB, scored_positions, sequence};
     use std::time::{Duration, Instant};
 
@@ -432,63 +427,18 @@ mod overlap {
     const CNN_CHANNELS: usize = 32;
     const CNN_BATCH: usize = 64;
 
-    /// The `digits_cnn` example's shape (`ddp_examples::models::DigitsCnn`), with optional
-    /// layer boundaries: `[conv 3x3 -> SyncBatchNorm -> relu] x 2 -> 2x2 average pool ->
-    /// linear`.
-    #[derive(Module, Debug)]
-    struct Cnn<B: Backend> {
-        conv1: burn::nn::conv::Conv2d<B>,
-        norm1: SyncBatchNorm<B>,
-        conv2: burn::nn::conv::Conv2d<B>,
-        norm2: SyncBatchNorm<B>,
-        pool: burn::nn::pool::AvgPool2d,
-        out: Linear<B>,
-        act: Relu,
-    }
-
     struct ConvNet;
     impl Workload for ConvNet {
-        type M = Cnn<B>;
+        type M = DigitsCnn<B>;
         const NAME: &'static str = "CNN (SyncBN) 29K";
         fn model(device: &Device, _: bool, group: Option<SyncBatchNormGroup>) -> Self::M {
-            use burn::nn::PaddingConfig2d;
-            use burn::nn::conv::Conv2dConfig;
-            let conv = |from: usize, to: usize| {
-                Conv2dConfig::new([from, to], [3, 3])
-                    .with_padding(PaddingConfig2d::Same)
-                    .init(device)
-            };
-            let norm = |features: usize| {
-                let bn = burn::nn::BatchNormConfig::new(features).init(device);
-                SyncBatchNorm::from_batch_norm(bn, group.clone())
-            };
-            let c = CNN_CHANNELS;
-            Cnn {
-                conv1: conv(1, c),
-                norm1: norm(c),
-                conv2: conv(c, 2 * c),
-                norm2: norm(2 * c),
-                pool: burn::nn::pool::AvgPool2dConfig::new([2, 2])
-                    .with_strides([2, 2])
-                    .init(),
-                out: LinearConfig::new(2 * c * 16, 10).init(device),
-                act: Relu::new(),
-            }
+            DigitsCnn::new(CNN_CHANNELS, group, device)
         }
         fn loss(m: &Self::M, marked: bool, _: usize, device: &Device) -> Tensor<B, 1> {
-            let mark = |t: Tensor<B, 4>| if marked { layer_boundary(t) } else { t };
-            let x = Tensor::<B, 4>::random(
-                [CNN_BATCH, 1, 8, 8],
-                Distribution::Normal(0.0, 1.0),
-                device,
-            );
+            let x = Tensor::<B, 2>::random([CNN_BATCH, 64], Distribution::Normal(0.0, 1.0), device);
             let labels: Vec<i64> = (0..CNN_BATCH as i64).map(|i| i % 10).collect();
             let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [CNN_BATCH]), device);
-            let x = m.act.forward(m.norm1.forward(m.conv1.forward(x)));
-            let x = mark(x);
-            let x = m.act.forward(m.norm2.forward(m.conv2.forward(x)));
-            let x = mark(m.pool.forward(x));
-            let logits = m.out.forward(x.flatten(1, 3));
+            let logits = m.forward_marked(x, marked);
             CrossEntropyLossConfig::new()
                 .init(device)
                 .forward(logits, y)

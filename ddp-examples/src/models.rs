@@ -199,11 +199,25 @@ impl<B: ddp_core::SyncBatchNormBackend> DigitsCnn<B> {
 
     /// Class scores `[n, 10]` for images `[n, 64]` (read as 1x8x8).
     pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.forward_marked(images, false)
+    }
+
+    /// [`forward`](Self::forward), with a [`layer_boundary`](ddp_core::layer_boundary) after
+    /// the first block and after the pooling when `marked` (the DDP step bench's overlap
+    /// table).
+    pub fn forward_marked(&self, images: Tensor<B, 2>, marked: bool) -> Tensor<B, 2> {
+        let mark = |t: Tensor<B, 4>| {
+            if marked {
+                ddp_core::layer_boundary(t)
+            } else {
+                t
+            }
+        };
         let [n, _] = images.dims();
         let x = images.reshape([n, 1, 8, 8]);
-        let x = self.act.forward(self.norm1.forward(self.conv1.forward(x)));
+        let x = mark(self.act.forward(self.norm1.forward(self.conv1.forward(x))));
         let x = self.act.forward(self.norm2.forward(self.conv2.forward(x)));
-        let x = self.pool.forward(x);
+        let x = mark(self.pool.forward(x));
         self.out.forward(x.flatten(1, 3))
     }
 }
