@@ -18,8 +18,7 @@
 //! (`ddp_core::launch::ALLOCATOR_ENV`); glibc with transparent huge pages for its mmap'd chunks
 //! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`); mimalloc; jemalloc. The last two are this
 //! binary's own global allocator (jemalloc with `--features jemalloc`), picked per child by
-//! `CPU_STEP_ALLOCATOR` (see
-//! [`SwitchAllocator`]). PyTorch's row runs `benches/pytorch/cpu_step.py` with the same shapes
+//! `DDP_BENCH_ALLOCATOR` (see `ddp_benches::allocator::SwitchAllocator`). PyTorch's row runs `benches/pytorch/cpu_step.py` with the same shapes
 //! and `torch.set_num_threads`, when `--python` names an interpreter that has torch.
 
 use anyhow::{Context, Result, bail};
@@ -33,98 +32,12 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use clap::Parser;
-use std::alloc::{GlobalAlloc, Layout, System};
+use ddp_benches::allocator::{SwitchAllocator, allocator_env, allocator_env_removed, minor_faults};
 use std::process::Command;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 /// burn-flex with autodiff, as the examples train.
 type Train = Autodiff<Flex>;
-
-/// The environment variable that picks this binary's global allocator in a child.
-const ALLOCATOR_VAR: &std::ffi::CStr = c"CPU_STEP_ALLOCATOR";
-
-/// A global allocator chosen once, at the process's first allocation, from
-/// `CPU_STEP_ALLOCATOR` (`mimalloc`, `jemalloc`, anything else: the system's), so one bench
-/// binary compares allocators row by row. The choice never changes afterwards, so every block
-/// is freed by the allocator that made it.
-struct SwitchAllocator;
-
-static CHOICE: AtomicU8 = AtomicU8::new(0);
-const SYSTEM: u8 = 1;
-const MIMALLOC: u8 = 2;
-const JEMALLOC: u8 = 3;
-
-fn choice() -> u8 {
-    let c = CHOICE.load(Ordering::Relaxed);
-    if c != 0 {
-        return c;
-    }
-    // SAFETY: getenv reads the environment without allocating; the pointer it returns is
-    // read at once, before anything could change the environment.
-    let picked = unsafe {
-        let value = libc::getenv(ALLOCATOR_VAR.as_ptr());
-        if value.is_null() {
-            SYSTEM
-        } else {
-            match std::ffi::CStr::from_ptr(value).to_bytes() {
-                b"mimalloc" => MIMALLOC,
-                b"jemalloc" => JEMALLOC,
-                _ => SYSTEM,
-            }
-        }
-    };
-    CHOICE.store(picked, Ordering::Relaxed);
-    picked
-}
-
-// SAFETY: every call is forwarded to one allocator, the same for the whole process.
-unsafe impl GlobalAlloc for SwitchAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe {
-            match choice() {
-                MIMALLOC => mimalloc::MiMalloc.alloc(layout),
-                #[cfg(feature = "jemalloc")]
-                JEMALLOC => tikv_jemallocator::Jemalloc.alloc(layout),
-                _ => System.alloc(layout),
-            }
-        }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe {
-            match choice() {
-                MIMALLOC => mimalloc::MiMalloc.alloc_zeroed(layout),
-                #[cfg(feature = "jemalloc")]
-                JEMALLOC => tikv_jemallocator::Jemalloc.alloc_zeroed(layout),
-                _ => System.alloc_zeroed(layout),
-            }
-        }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was made by the same allocator (the choice never changes).
-        unsafe {
-            match choice() {
-                MIMALLOC => mimalloc::MiMalloc.dealloc(ptr, layout),
-                #[cfg(feature = "jemalloc")]
-                JEMALLOC => tikv_jemallocator::Jemalloc.dealloc(ptr, layout),
-                _ => System.dealloc(ptr, layout),
-            }
-        }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr` was made by the same allocator (the choice never changes).
-        unsafe {
-            match choice() {
-                MIMALLOC => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
-                #[cfg(feature = "jemalloc")]
-                JEMALLOC => tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size),
-                _ => System.realloc(ptr, layout, new_size),
-            }
-        }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: SwitchAllocator = SwitchAllocator;
@@ -221,16 +134,6 @@ impl<B: Backend> Cnn<B> {
     }
 }
 
-/// Minor page faults of this process so far.
-fn minor_faults() -> u64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage.ru_minflt as u64
-    }
-}
-
 /// Median ms per step and minor faults per step of `steps` SGD steps after `warmup`.
 fn measure<M, F>(mut model: M, forward: F, batch: usize, args: &Args) -> (f64, f64)
 where
@@ -296,30 +199,6 @@ fn child(model: &str, args: &Args) -> Result<()> {
     };
     println!("RESULT {ms:.3} {faults:.0}");
     Ok(())
-}
-
-/// The environment of one allocator row.
-fn allocator_env(name: &str) -> Result<Vec<(String, String)>> {
-    let own = |v: &str| vec![("CPU_STEP_ALLOCATOR".to_string(), v.to_string())];
-    Ok(match name {
-        "glibc" => vec![],
-        "launcher" => ddp_core::launch::ALLOCATOR_ENV
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        "hugetlb" => vec![(
-            "GLIBC_TUNABLES".to_string(),
-            "glibc.malloc.hugetlb=1".to_string(),
-        )],
-        "mimalloc" => own("mimalloc"),
-        "jemalloc" if cfg!(feature = "jemalloc") => own("jemalloc"),
-        "jemalloc" => bail!(
-            "this bench was built without jemalloc: add `--features jemalloc` (its build needs make)"
-        ),
-        other => bail!(
-            "unknown allocator {other:?}: expected glibc, launcher, hugetlb, mimalloc or jemalloc"
-        ),
-    })
 }
 
 fn parse_result(stdout: &[u8]) -> Option<(f64, f64)> {
@@ -388,15 +267,11 @@ fn main() -> Result<()> {
                     "--warmup",
                     &args.warmup.to_string(),
                 ])
-                .env("RAYON_NUM_THREADS", threads.to_string())
-                .env_remove("CPU_STEP_ALLOCATOR")
-                .env_remove("GLIBC_TUNABLES")
-                .envs(allocator_env(allocator)?);
-                for (k, _) in ddp_core::launch::ALLOCATOR_ENV {
-                    if allocator != "launcher" {
-                        cmd.env_remove(k);
-                    }
+                .env("RAYON_NUM_THREADS", threads.to_string());
+                for key in allocator_env_removed() {
+                    cmd.env_remove(key);
                 }
+                cmd.envs(allocator_env(allocator)?);
                 let (ms, faults) = run_row(&mut cmd, &format!("{model} {allocator}"))?;
                 let ratio = torch.map_or("-".to_string(), |(t, _)| format!("{:.2}x", ms / t));
                 println!(

@@ -28,15 +28,20 @@
 //! off for each model (the cost of its anchors; goal <= 1.03).
 //!
 //! Times are medians of per-step wall times; compare ratios within one run. `faults/step` is
-//! the process's minor page faults per synchronised / no-sync step. The benchmark runs with the
-//! allocator settings the launcher gives its workers (`ddp_core::launch::ALLOCATOR_ENV`);
-//! `--glibc-defaults` shows what glibc's defaults cost (about 15,000 faults per step here).
+//! the process's minor page faults per step (world 1: plain / DDP; world 2: synchronised /
+//! no-sync step, in rank 0's process): the difference between plain and DDP, and between
+//! synchronised and no-sync steps, is what DDP's own buffers cost per step; the rest is burn's
+//! per-step tensors. `--allocators glibc,launcher,mimalloc` runs every table once per
+//! allocator, each in fresh processes: glibc's defaults, glibc with the settings the launcher
+//! gives its workers (`ddp_core::launch::ALLOCATOR_ENV`, the default row), mimalloc (what the
+//! examples use); see `ddp_benches::allocator`.
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use clap::Parser;
+use ddp_benches::allocator::{SwitchAllocator, allocator_env, allocator_env_removed, minor_faults};
 use ddp_benches::{BATCH, BenchMlp, bench_batch, median, run_two_ranks, world_of_one};
 use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
 use std::process::Command;
@@ -52,10 +57,14 @@ struct Args {
     /// Write the Chrome trace of world 2 (boundaries marked) here.
     #[arg(long)]
     trace: Option<String>,
-    /// Run with glibc's default malloc settings instead of the launcher's worker defaults
-    /// (`ddp_core::launch::ALLOCATOR_ENV`), to see what per-step page faults cost.
-    #[arg(long)]
-    glibc_defaults: bool,
+    /// Allocators to run every table with, each in fresh processes: glibc, launcher (glibc
+    /// with the launcher's worker settings), hugetlb, mimalloc, jemalloc (with the `jemalloc`
+    /// feature).
+    #[arg(long, value_delimiter = ',', default_value = "launcher")]
+    allocators: Vec<String>,
+    /// The allocator of this process (set by the parent for each row).
+    #[arg(long, hide = true)]
+    allocator_row: Option<String>,
     /// Measured steps per model and mode in the overlap table (after one warm-up round).
     #[arg(long, default_value_t = 12)]
     overlap_steps: usize,
@@ -70,16 +79,8 @@ struct Args {
     bench: bool,
 }
 
-/// Minor page faults of this process so far (first touches of memory the allocator just got
-/// from the kernel): the hidden cost of buffers that are freed and allocated again every step.
-fn minor_faults() -> u64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage.ru_minflt as u64
-    }
-}
+#[global_allocator]
+static GLOBAL: SwitchAllocator = SwitchAllocator;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -95,34 +96,32 @@ fn main() -> Result<()> {
         return world2_worker();
     }
     let args = Args::parse();
-    let (allocator_key, _) = ddp_core::launch::ALLOCATOR_ENV[0];
-    if !args.glibc_defaults && std::env::var_os(allocator_key).is_none() {
-        // glibc reads its malloc settings at start-up: run again with the environment the
-        // launcher gives its workers (the world-2 ranks inherit it).
-        let status = Command::new(std::env::current_exe()?)
-            .args(std::env::args_os().skip(1))
-            .envs(ddp_core::launch::ALLOCATOR_ENV)
-            .status()
-            .context("re-running with the launcher's allocator settings")?;
-        std::process::exit(status.code().unwrap_or(1));
-    }
+    let Some(allocator) = args.allocator_row.clone() else {
+        // The allocator and glibc's malloc settings are fixed at start-up: run every table
+        // again in a fresh process per allocator (the world-2 ranks inherit its environment).
+        for name in &args.allocators {
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.args(std::env::args_os().skip(1))
+                .args(["--allocator-row", name]);
+            for key in allocator_env_removed() {
+                cmd.env_remove(key);
+            }
+            let status = cmd
+                .envs(allocator_env(name)?)
+                .status()
+                .with_context(|| format!("running the {name} allocator's tables"))?;
+            if !status.success() {
+                anyhow::bail!("the {name} allocator's run failed ({status})");
+            }
+        }
+        return Ok(());
+    };
     println!("# DDP step benchmark: MLP 1024-2048-2048-10 (6.3M params, 24 MiB f32 gradients)");
     println!(
         "# batch {BATCH} per rank, SGD, 1 compute thread per rank, {} steps per row (median)",
         args.steps
     );
-    let allocator: Vec<String> = ddp_core::launch::ALLOCATOR_ENV
-        .iter()
-        .filter_map(|(k, _)| std::env::var(k).ok().map(|v| format!("{k}={v}")))
-        .collect();
-    println!(
-        "# allocator: {}",
-        if allocator.is_empty() {
-            "glibc defaults (--glibc-defaults)".to_string()
-        } else {
-            format!("{} (the launcher's worker defaults)", allocator.join(" "))
-        }
-    );
+    println!("# allocator: {allocator} (ddp_benches::allocator)");
     if !args.overlap_only {
         world1(&args)?;
     }
@@ -139,46 +138,52 @@ fn world1(args: &Args) -> Result<()> {
     let mut ddp = DistributedDataParallel::new(BenchMlp::<B>::new(&device), pg, DdpConfig::new())?;
     let mut ddp_opt = SgdConfig::new().init::<B, BenchMlp<B>>();
     let (mut plain, mut wrapped) = (Vec::new(), Vec::new());
+    let (mut plain_faults, mut wrapped_faults) = (0, 0);
     let rounds = 4;
     for round in 0..=rounds {
         for _ in 0..args.steps.div_ceil(rounds) {
             let (x, y) = bench_batch::<B>(&device);
-            let t = Instant::now();
+            let (t, f) = (Instant::now(), minor_faults());
             let loss = loss_fn.forward(plain_model.forward(x, false), y);
             let grads = GradientsParams::from_grads(loss.backward(), &plain_model);
             plain_model = plain_opt.step(0.01, plain_model, grads);
             if round > 0 {
                 plain.push(t.elapsed());
+                plain_faults += minor_faults() - f;
             }
         }
         for _ in 0..args.steps.div_ceil(rounds) {
             let (x, y) = bench_batch::<B>(&device);
-            let t = Instant::now();
+            let (t, f) = (Instant::now(), minor_faults());
             let out = ddp.forward(|m| m.forward(x, false))?;
             let grads = ddp.backward(loss_fn.forward(out, y))?;
             ddp.optimizer_step(&mut ddp_opt, 0.01, grads);
             if round > 0 {
                 wrapped.push(t.elapsed());
+                wrapped_faults += minor_faults() - f;
             }
         }
     }
+    let measured = plain.len().max(1) as u64;
     let (p, d) = (median(plain), median(wrapped));
     println!("#\n# world 1: DDP overhead (goal: ratio <= 1.03)");
     println!(
-        "# {:<28} {:>10} {:>12}",
-        "configuration", "ms/step", "samples/s"
+        "# {:<28} {:>10} {:>12} {:>12}",
+        "configuration", "ms/step", "samples/s", "faults/step"
     );
     println!(
-        "  {:<28} {:>10.2} {:>12.0}",
+        "  {:<28} {:>10.2} {:>12.0} {:>12}",
         "plain burn",
         ms(p),
-        BATCH as f64 / p.as_secs_f64()
+        BATCH as f64 / p.as_secs_f64(),
+        plain_faults / measured
     );
     println!(
-        "  {:<28} {:>10.2} {:>12.0}",
+        "  {:<28} {:>10.2} {:>12.0} {:>12}",
         "DDP (world 1)",
         ms(d),
-        BATCH as f64 / d.as_secs_f64()
+        BATCH as f64 / d.as_secs_f64(),
+        wrapped_faults / measured
     );
     println!(
         "  ratio DDP / plain: {:.3}",

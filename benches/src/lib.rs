@@ -8,6 +8,8 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer, layer_boundary};
 use std::time::Duration;
 
+pub mod allocator;
+
 /// Samples per rank in the DDP step benches.
 pub const BATCH: usize = 64;
 
