@@ -39,7 +39,10 @@
 //! - [`ProgressRenderer`]: rank 0's renderer, installed by `distributed`: a bar per epoch and
 //!   phase with the latest metrics, drawn by the launcher when the job runs under it (as the
 //!   hand-written examples' bars are), else on rank 0's terminal, else a line every few
-//!   seconds. burn-train's terminal dashboard (its `tui` feature) is not built here.
+//!   seconds. When rank 0 runs in a terminal outside the launcher (a world-1 run, or ranks
+//!   started by hand), it shows burn-train's own terminal dashboard instead (feature `tui`, on
+//!   by default as in burn-train; `DDP_PROGRESS=bar` or `lines` keeps the bar); quitting the
+//!   dashboard stops every rank at the next step.
 //! - [`latest_checkpoint`]: the latest complete epoch in this process's directory.
 //! - [`DistributedItem`]: how a step output is merged across ranks, so metrics cover the
 //!   global batch (implemented for burn-train's classification and regression outputs).
