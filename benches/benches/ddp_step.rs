@@ -74,6 +74,10 @@ struct Args {
     /// Models of the overlap table, comma-separated: mlp, transformer, cnn.
     #[arg(long, value_delimiter = ',', default_value = "mlp,transformer,cnn")]
     models: Vec<String>,
+    /// A Python interpreter with torch: PyTorch DDP (gloo) on the transformer's shape
+    /// (`benches/pytorch/ddp_overlap.py`), printed under the overlap table.
+    #[arg(long, env = "DDP_STEP_PYTHON")]
+    python: Option<String>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -126,7 +130,45 @@ fn main() -> Result<()> {
         world1(&args)?;
     }
     overlap::world1(&args)?;
-    world2(&args)
+    world2(&args)?;
+    if let Some(python) = &args.python {
+        pytorch_overlap(python, &args)?;
+    }
+    Ok(())
+}
+
+/// PyTorch DDP (gloo) on the transformer's shape: its step time and hidden share, as a row
+/// under the overlap table.
+fn pytorch_overlap(python: &str, args: &Args) -> Result<()> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/pytorch/ddp_overlap.py");
+    let out = Command::new(python)
+        .args([script, "--steps", &args.overlap_steps.to_string()])
+        .output()
+        .with_context(|| format!("running {python} {script}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let result = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .map(|r| {
+            r.split_whitespace()
+                .map(|v| v.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        });
+    let Some([Some(step_ms), Some(hidden)]) = result.as_deref() else {
+        anyhow::bail!(
+            "{script} gave no result (exit {}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for line in text.lines().filter(|l| l.starts_with('#')) {
+        println!("{line}");
+    }
+    println!(
+        "  {:<20} {:<26} {:>9.2} {:>7} {:>8.0}%",
+        "transformer 3.2M", "PyTorch DDP (gloo)", step_ms, "-", hidden
+    );
+    Ok(())
 }
 
 fn world1(args: &Args) -> Result<()> {

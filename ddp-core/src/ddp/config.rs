@@ -62,8 +62,8 @@ pub struct DdpConfig {
     #[config(default = true)]
     pub broadcast_buffers: bool,
     /// Let gradients leave during backward without [`layer_boundary`](crate::layer_boundary)
-    /// marks (off by default: measured, it does not yet beat plain taps, see the crate docs).
-    /// burn runs backward deepest node first and a
+    /// marks (on by default; `false` is the switch to turn it off). burn runs backward deepest
+    /// node first and a
     /// plain tap sits right above its parameter, so it would fire at the very end. Instead each
     /// tap is created at its parameter's first use in the forward and, from the second backward
     /// on, anchored at the depth probes measured on the first (one level below its shallowest
@@ -71,8 +71,10 @@ pub struct DdpConfig {
     /// other node keeps its depth, so the results are bitwise those of plain taps. A forward
     /// that uses parameters in another order gets plain taps from the first difference on; when
     /// that happens or the loss's depth changed, the next backward learns again. Marks still
-    /// work and hand over what they find first. See the crate docs' Overlap section.
-    #[config(default = false)]
+    /// work and hand over what they find first. The first backward whose taps are anchored on
+    /// every rank lays the buckets out again, once, in the order they then arrive. See the
+    /// crate docs' Overlap section.
+    #[config(default = true)]
     pub automatic_overlap: bool,
     /// Gradient compression for the all-reduce: the [`Fp16CompressHook`](crate::hooks::Fp16CompressHook)
     /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook.

@@ -393,7 +393,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         self.clear_scopes();
         // 3. The remaining buckets; wait for all of them; averaged gradients.
-        let reduced = self.reducer.finish(&self.table)?;
+        let reduced = self.reducer.finish(&self.table, anchored > 0)?;
         // 4. Every rank takes rank 0's buffers.
         self.land_buffers(buffers)?;
         let Some((grads, buckets)) = reduced else {
@@ -575,7 +575,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         };
         // 4. The remaining buckets; wait for all of them; averaged gradients (caller's ids).
         let table = rekeyed.as_ref().unwrap_or(&self.table);
-        let reduced = self.reducer.finish(table)?;
+        let reduced = self.reducer.finish(table, anchored > 0)?;
         // 5. Rank 0's buffers into the caller's module, after every bucket collective: the
         //    buckets were issued from inside `f`, so only here is the point the same everywhere.
         self.buffers.mark_updated();
@@ -705,7 +705,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             let buffers = self
                 .buffers
                 .start::<B, M>(&self.pg, self.inner(), round.root)?;
-            let reduced = self.reducer.finish(&self.table)?;
+            let reduced = self.reducer.finish(&self.table, false)?;
             self.land_buffers(buffers)?;
             if let Some((grads, _)) = reduced {
                 self.optimizer_step(optimizer, lr, grads);

@@ -93,6 +93,10 @@ struct State<I: Backend> {
     stray_events: usize,
     arrival: Vec<usize>,
     rebuilt: bool,
+    /// Whether buckets were laid out again from a backward whose taps were anchored
+    /// (automatic overlap): the first re-layout follows the learning step's plain taps, whose
+    /// order mixes layers; this second one follows the order anchored taps produce.
+    relaid_anchored: bool,
     /// Whether the ranks compared their bucket layouts since the last re-layout.
     layout_verified: bool,
     times: BucketTimes,
@@ -144,6 +148,7 @@ impl<I: Backend> Reducer<I> {
             stray_events: 0,
             arrival: Vec::with_capacity(n),
             rebuilt: false,
+            relaid_anchored: false,
             layout_verified: false,
             times: BucketTimes::default(),
             error: None,
@@ -227,6 +232,10 @@ impl<I: Backend> Reducer<I> {
             layout_check::verify(pg, &self.slots, &s.layout, "before the first bucket")?;
             s.layout_verified = true;
         }
+        if s.rebuilt && !s.relaid_anchored {
+            // Waiting for an anchored backward to lay the buckets out again: its own order.
+            s.arrival.clear();
+        }
         s.phase = phase;
         s.active = active;
         s.events = 0;
@@ -248,10 +257,13 @@ impl<I: Backend> Reducer<I> {
     }
 
     /// Ends a backward; the forwards before it are consumed. With `sync`, returns the averaged
-    /// gradients (ids from `table`) and the bucket timings.
+    /// gradients (ids from `table`) and the bucket timings. `anchored`: this backward's taps
+    /// were anchored (automatic overlap); the first synchronised backward anchored on every
+    /// rank lays the buckets out again, once, in its arrival order.
     pub(crate) fn finish(
         &self,
         table: &ParamTable<I>,
+        anchored: bool,
     ) -> Result<Option<(GradientsParams, BucketTimes)>, DdpError> {
         let mut s = self.lock();
         let Phase::Backward { sync, shadow } = std::mem::replace(&mut s.phase, Phase::Idle) else {
@@ -292,7 +304,8 @@ impl<I: Backend> Reducer<I> {
             s.times.comm[b] = timing;
             results.push(reduced);
         }
-        let used = self.used_anywhere(&mut s)?;
+        let wants_relayout = s.rebuilt && !s.relaid_anchored && anchored;
+        let (used, relayout) = self.used_anywhere(&mut s, wants_relayout)?;
         // Ranks that joined sent zeros: the average is over the ranks still training.
         let rescale = (s.active < self.world).then(|| self.world as f32 / s.active as f32);
         let mut grads = GradientsParams::new();
@@ -311,6 +324,9 @@ impl<I: Backend> Reducer<I> {
         }
         s.used.iter_mut().for_each(|u| *u = false);
         if !s.rebuilt {
+            self.rebuild(&mut s)?;
+        } else if relayout {
+            s.relaid_anchored = true;
             self.rebuild(&mut s)?;
         }
         Ok(Some((grads, std::mem::take(&mut s.times))))
@@ -370,15 +386,23 @@ impl<I: Backend> Reducer<I> {
     }
 
     /// Per slot: whether any rank produced a gradient for it since the last synchronised
-    /// backward (one small all-reduce of flags, after the last bucket).
-    fn used_anywhere(&self, s: &mut State<I>) -> Result<Vec<bool>, DdpError> {
+    /// backward; and whether every rank `wants_relayout` (one small all-reduce of flags, after
+    /// the last bucket, so the ranks decide together).
+    fn used_anywhere(
+        &self,
+        s: &mut State<I>,
+        wants_relayout: bool,
+    ) -> Result<(Vec<bool>, bool), DdpError> {
         let Some(pg) = &self.pg else {
-            return Ok(s.used.clone());
+            return Ok((s.used.clone(), wants_relayout));
         };
         let mut flags: Vec<u8> = s.used.iter().map(|&u| u8::from(u)).collect();
+        // Max of "does not want" is 0 only when every rank wants it.
+        flags.push(u8::from(!wants_relayout));
         pg.all_reduce(&mut flags, ReduceOp::Max)
             .map_err(DdpError::comm("agreeing on which parameters were used"))?;
-        Ok(flags.into_iter().map(|f| f != 0).collect())
+        let relayout = flags.pop() == Some(0);
+        Ok((flags.into_iter().map(|f| f != 0).collect(), relayout))
     }
 
     /// After the first synchronised backward: lay buckets out in the order gradients arrived on
@@ -459,7 +483,7 @@ impl<I: Backend> Reducer<I> {
         if s.events_left[slot] > 0 {
             return Ok(());
         }
-        if !s.rebuilt && !s.arrival.contains(&slot) {
+        if !(s.rebuilt && s.relaid_anchored) && !s.arrival.contains(&slot) {
             s.arrival.push(slot);
         }
         let b = s.layout.bucket_of[slot];

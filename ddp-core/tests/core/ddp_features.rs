@@ -431,6 +431,67 @@ fn bucket_readiness_shows_which_buckets_left_before_the_end_of_backward() {
     }
 }
 
+/// Buckets are laid out once from the first backward's arrival order; with automatic overlap
+/// that backward learns with plain taps, whose order is not the layers' order, so the first
+/// backward whose taps are anchored on every rank lays them out again, once: in the order
+/// anchored taps arrive, which is the order layer boundaries give.
+#[test]
+fn automatic_overlap_lays_buckets_out_again_once_from_the_first_anchored_step() {
+    let initial = {
+        let m = Fan::<B>::new(&Default::default());
+        flat_params(&m);
+        m
+    };
+    let run = |automatic: bool| {
+        run_ranks(2, |pg| {
+            let device = Default::default();
+            let rank = pg.rank();
+            let config = small_buckets().with_automatic_overlap(automatic);
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, Fan<B>>();
+            let mut layouts = Vec::new();
+            for step in 0..4 {
+                let idx: Vec<usize> = (0..4).map(|i| step * 8 + i * 2 + rank).collect();
+                let (x, y) = batch(&idx, &device);
+                let pred = ddp.forward(|m| m.forward(x, 0)).unwrap();
+                let grads = ddp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+                layouts.push(ddp.bucket_assignment());
+            }
+            layouts
+        })
+    };
+    let plain = run(false);
+    let automatic = run(true);
+    for r in 0..2 {
+        assert_eq!(
+            automatic[r][0], plain[r][0],
+            "rank {r}: the learning step's taps are plain"
+        );
+        assert_ne!(
+            automatic[r][1], automatic[r][0],
+            "rank {r}: the first anchored step lays the buckets out again"
+        );
+        assert!(
+            automatic[r][2..].iter().all(|l| *l == automatic[r][1]),
+            "rank {r}: and never again: {:?}",
+            automatic[r]
+        );
+        assert!(plain[r][1..].iter().all(|l| *l == plain[r][0]));
+    }
+    assert_eq!(automatic[0], automatic[1], "every rank has the same layout");
+    // Slots are in registration order (inp, a, b, c, shared, extra, out; weight then bias):
+    // after the re-layout the output layer comes first and the input layer last.
+    let order: Vec<usize> = automatic[0][1].iter().flatten().copied().collect();
+    let position = |slot: usize| order.iter().position(|&s| s == slot).unwrap();
+    assert!(
+        position(12) < position(8) && position(8) < position(0),
+        "out before shared before inp: {order:?}"
+    );
+}
+
 /// Backward sums several contributions into one node (a fan-out of four, a layer used twice):
 /// burn adds them in the order its schedule reaches them, so a tap that moved any other node
 /// would change the floating-point result.

@@ -74,10 +74,11 @@ struct Args {
     /// Mark a layer boundary before each layer, so gradients leave during backward.
     #[arg(long)]
     boundaries: bool,
-    /// Anchor the gradient taps at depths learned on the first step instead
-    /// (`DdpConfig::automatic_overlap`, experimental): no marks in the model.
+    /// Turn DDP's automatic overlap off (`DdpConfig::automatic_overlap`, on by default: taps
+    /// anchored at depths learned on the first step, so gradients leave during backward with
+    /// no marks in the model); taps then fire at the end of backward unless `--boundaries`.
     #[arg(long)]
-    automatic_overlap: bool,
+    no_automatic_overlap: bool,
     /// Shard Adam's state across the ranks (`ZeroRedundancyOptimizer`, ZeRO stage 1).
     #[arg(long)]
     zero: bool,
@@ -206,7 +207,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     )?;
     let config = DdpConfig::new()
         .with_timeline_path(args.timeline.clone())
-        .with_automatic_overlap(args.automatic_overlap)
+        .with_automatic_overlap(!args.no_automatic_overlap)
         .with_collectives(args.collectives.into());
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
     if let Some(r) = args.powersgd {
@@ -219,7 +220,11 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
             args.layers,
             args.batch_size,
             if args.boundaries { "on" } else { "off" },
-            if args.automatic_overlap { "on" } else { "off" },
+            if args.no_automatic_overlap {
+                "off"
+            } else {
+                "on"
+            },
             if args.zero { "on" } else { "off" }
         );
     }
