@@ -522,6 +522,7 @@ fn a_sigkill_before_the_commit_keeps_the_previous_checkpoint() {
 fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full_dir = tempfile::tempdir().expect("tempdir");
+    let consolidated_dir = tempfile::tempdir().expect("tempdir");
     let at_save = run_ranks(4, |pg| {
         let mut ddp = ddp(Mlp::seeded(&Default::default(), HIDDEN, SEED), &pg);
         let mut optim: Zero = ZeroRedundancyOptimizer::new(adam(), pg.clone());
@@ -529,6 +530,14 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
         sharded(dir.path(), &pg)
             .save_zero(ddp.module(), &optim, &TrainingState::new(0, SAVE_AT as u64))
             .expect("sharded save");
+        // The same state, gathered on rank 0 by ZeRO into a full checkpoint.
+        optim
+            .save_checkpoint(
+                &full(consolidated_dir.path(), &pg),
+                ddp.module(),
+                &TrainingState::new(0, SAVE_AT as u64),
+            )
+            .expect("consolidated save");
         flat_params(ddp.module())
     })
     .remove(0);
@@ -546,14 +555,19 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
     );
 
     // The rank-0 Checkpointer resumes from it at world 1, and training goes on exactly as from
-    // the shards.
+    // the shards and as from ZeRO's own consolidated checkpoint.
     let from_full = resume_plain(1, &Source::Full(full_dir.path())).remove(0);
     let from_shards = resume_plain(1, &Source::Sharded(dir.path())).remove(0);
+    let from_consolidated = resume_plain(1, &Source::Full(consolidated_dir.path())).remove(0);
     assert_eq!(from_full.saved_world, 4);
     assert!(bitwise(&from_full.loaded, &at_save), "the converted model");
     assert!(
+        bitwise(&from_full.trained, &from_consolidated.trained),
+        "the converted optimizer state differs from ZeRO's consolidated one"
+    );
+    assert!(
         bitwise(&from_full.trained, &from_shards.trained),
-        "the converted optimizer state"
+        "converted and sharded resumes differ"
     );
 
     let err = convert_to_full::<B, Mlp<B>, MlpAdam, _>(
