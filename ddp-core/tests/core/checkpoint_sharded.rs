@@ -342,8 +342,11 @@ fn save_two_steps(dir: &Path) -> Vec<f32> {
     .remove(0)
 }
 
-/// Loads the latest at world 2: (step, invalid checkpoints' reasons, parameters).
-fn load_latest_at_2(dir: &Path) -> Vec<(u64, Vec<(String, InvalidReason)>, Vec<f32>)> {
+/// Skipped checkpoints: name and reason.
+type Skipped = Vec<(String, InvalidReason)>;
+
+/// Loads the latest at world 2: (step, skipped checkpoints, parameters) per rank.
+fn load_latest_at_2(dir: &Path) -> Vec<(u64, Skipped, Vec<f32>)> {
     run_ranks(2, |pg| {
         let (mut model, mut optim) = (other_model(), adam());
         let outcome = sharded(dir, &pg)
