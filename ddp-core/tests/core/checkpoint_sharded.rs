@@ -207,6 +207,12 @@ fn saved_at_world_4_resumes_at_2_3_and_4_as_an_uninterrupted_run() {
         );
     }
     assert_eq!(m.tensors.len(), 6, "3 linear layers, weight and bias");
+    let sizes: Vec<(u64, u64)> = m
+        .shards
+        .iter()
+        .map(|s| (s.model.size, s.optimizer.size))
+        .collect();
+    eprintln!("world 4 shard sizes (model, optimizer) bytes by rank: {sizes:?}");
 
     for world in [4, 2, 3] {
         let from_sharded = resume_plain(world, &Source::Sharded(dir.path()));
