@@ -178,5 +178,6 @@ pub mod checkpoint;
 pub use checkpoint::{
     CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome, Resumed, TrainingState,
 };
+pub use checkpoint::{ShardedCheckpointError, ShardedCheckpointer};
 pub mod zero;
 pub use zero::{ZeroError, ZeroRedundancyOptimizer, ZeroStage};

@@ -154,6 +154,7 @@ mod manifest;
 mod outcome;
 mod reader;
 mod restore;
+pub mod sharded;
 mod state;
 mod sync;
 mod writer;
@@ -168,5 +169,6 @@ pub use manifest::{
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
+pub use sharded::{ShardedCheckpointError, ShardedCheckpointer};
 pub use state::{FRAMEWORK_VERSION, TrainingState};
 pub use writer::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};

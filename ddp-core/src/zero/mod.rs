@@ -84,9 +84,9 @@
 
 mod consolidate;
 mod error;
-mod layout;
+pub(crate) mod layout;
 mod optimizer;
-mod partition;
+pub(crate) mod partition;
 mod stage2;
 
 pub use error::ZeroError;

@@ -13,6 +13,7 @@ mod checkpoint_exact_resume;
 mod checkpoint_interop;
 mod checkpoint_io_errors;
 mod checkpoint_rotation;
+mod checkpoint_sharded;
 mod checkpoint_world_size;
 mod ddp_equivalence;
 mod ddp_features;

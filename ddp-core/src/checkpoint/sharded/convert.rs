@@ -1,0 +1,80 @@
+//! Turning a sharded checkpoint into a rank-0 full checkpoint, readable by
+//! [`Checkpointer::load_latest`](super::super::Checkpointer::load_latest) and by tools that
+//! expect one `model.safetensors`.
+
+use super::super::error::CheckpointError;
+use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::super::outcome::SavedCheckpoint;
+use super::super::writer::write_checkpoint;
+use super::codec::encode_optimizer_shard;
+use super::error::ShardedCheckpointError;
+use super::load::{load_optimizer, merged_model, param_ids_json};
+use super::manifest::verify_all;
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::Optimizer;
+use burn::record::Record;
+use burn::tensor::backend::AutodiffBackend;
+use hashbrown::HashMap;
+use std::path::Path;
+
+/// Writes sharded checkpoint `name` of `sharded_dir` as a rank-0 full checkpoint of the same
+/// name in `full_dir` (atomically, moving `full_dir`'s `latest` to it), so that
+/// [`Checkpointer::load_latest`](super::super::Checkpointer::load_latest) on a
+/// [`CheckpointConfig`](super::super::CheckpointConfig) of `full_dir` resumes from it at any
+/// world size. `O` is the optimizer type the run uses (for a `ZeroRedundancyOptimizer` run,
+/// the optimizer it wraps): its record type decodes the optimizer shards. Rank-local, no
+/// process group: run it on one rank or offline. It reads every shard (`device` holds the
+/// optimizer state meanwhile).
+///
+/// # Errors
+/// [`CheckpointError::Invalid`] naming the bad shard, [`CheckpointError::InvalidName`],
+/// [`ShardedCheckpointError::OptimizerState`] (another optimizer type), I/O errors.
+pub fn convert_to_full<B, M, O, R>(
+    sharded_dir: &Path,
+    name: &str,
+    full_dir: &Path,
+    device: &B::Device,
+) -> Result<SavedCheckpoint, ShardedCheckpointError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+    R: Record<B>,
+{
+    if super::super::writer::parse_checkpoint_name(name).is_none() {
+        return Err(CheckpointError::InvalidName {
+            name: name.to_string(),
+            reason: "a checkpoint name is step-<global step>",
+        }
+        .into());
+    }
+    let path = sharded_dir.join(name);
+    let manifest = verify_all(&path).map_err(|e| e.into_error(name, sharded_dir))?;
+    let model = merged_model(&path, &manifest)?;
+    let ids = param_ids_json(&manifest)?;
+    let record = load_optimizer::<B, R>(device, &path, &manifest, None)?;
+    let optimizer = encode_optimizer_shard::<B, R>(record, OPTIMIZER_FILE)?;
+    let state = serde_json::to_vec_pretty(&manifest.state)
+        .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
+    let files = [
+        (MODEL_FILE, model),
+        (OPTIMIZER_FILE, optimizer),
+        (STATE_FILE, state),
+        (PARAM_IDS_FILE, ids),
+    ];
+    let (target, written) = write_checkpoint(full_dir, name, manifest.global_step, &files)?;
+    tracing::info!(
+        from = %path.display(),
+        to = %target.display(),
+        bytes = written.total_bytes(),
+        "converted sharded checkpoint {name} (world size {}) to a full checkpoint",
+        manifest.world_size
+    );
+    Ok(SavedCheckpoint {
+        name: name.to_string(),
+        path: target,
+        global_step: manifest.global_step,
+        bytes: written.total_bytes(),
+        removed: Vec::new(),
+    })
+}

@@ -1,0 +1,398 @@
+//! Loading a sharded checkpoint at any world size: every rank reads the manifest and every
+//! model shard (each replica needs the whole model), then the optimizer shards holding the
+//! state it needs (all of them for a replicated optimizer; under ZeRO only those holding the
+//! parameters it owns at the new world size), verifying each file against the manifest.
+
+use super::super::codec::decode_model;
+use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::manifest::ReadFailure;
+use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
+use super::super::state::FRAMEWORK_VERSION;
+use super::super::sync::broadcast_bytes;
+use super::codec::decode_optimizer_shard;
+use super::collective::{all_ok, on_rank0};
+use super::error::ShardedCheckpointError;
+use super::manifest::{ShardedManifest, read_manifest, read_verified};
+use super::ownership::Ownership;
+use super::safetensors;
+use super::save::ShardedCheckpointer;
+use super::search::find_latest_valid;
+use crate::zero::ZeroRedundancyOptimizer;
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::Optimizer;
+use burn::record::Record;
+use burn::tensor::backend::AutodiffBackend;
+use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Which optimizer state a rank needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Every parameter's (a replicated optimizer).
+    All,
+    /// The parameters this rank owns at the current world size (ZeRO).
+    Owned,
+}
+
+/// What rank 0 tells the others after its search.
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    name: Option<String>,
+    invalid: Vec<InvalidCheckpoint>,
+}
+
+impl ShardedCheckpointer {
+    /// Restores the newest valid sharded checkpoint, saved at any world size, into `model`
+    /// and a replicated optimizer (plain DDP: every rank gets every parameter's state), their
+    /// tensors on `device`. Returns [`LoadOutcome::Fresh`] when there is none; invalid
+    /// checkpoints (a shard missing, truncated or altered) are skipped with a warning naming
+    /// the file, and listed in the outcome.
+    ///
+    /// Call it **before** wrapping the model in
+    /// [`DistributedDataParallel`](crate::DistributedDataParallel) (the module takes the saved
+    /// `ParamId`s, to which the optimizer state is keyed).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// [`CheckpointError::LoadModel`] when the checkpoint does not fit the model,
+    /// [`CheckpointError::Invalid`] when a rank cannot read a shard rank 0 verified (no shared
+    /// filesystem), [`ShardedCheckpointError::OptimizerState`], I/O and communication errors.
+    /// On error `model` and `optim` are unchanged on every rank.
+    pub fn load_latest<B, M, O, R>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut O,
+    ) -> Result<LoadOutcome, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B>,
+    {
+        self.load_latest_with::<B, M, O, R>(device, model, optim, Want::All)
+    }
+
+    /// Restores the newest valid sharded checkpoint like [`load_latest`](Self::load_latest)
+    /// into a [`ZeroRedundancyOptimizer`]: each rank reads only the optimizer shards holding
+    /// the state of the parameters it owns at the current world size, which the optimizer
+    /// keeps at its next step.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`load_latest`](Self::load_latest).
+    pub fn load_latest_zero<B, M, O, R>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut ZeroRedundancyOptimizer<O, M, B>,
+    ) -> Result<LoadOutcome, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B> + Clone,
+    {
+        self.load_latest_with::<B, M, ZeroRedundancyOptimizer<O, M, B>, R>(
+            device,
+            model,
+            optim,
+            Want::Owned,
+        )
+    }
+
+    /// Restores checkpoint `name` (e.g. `step-0000000120`) like
+    /// [`load_latest`](Self::load_latest), failing with [`CheckpointError::Invalid`] (naming
+    /// the bad shard file) if it does not verify.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`load_latest`](Self::load_latest), plus [`CheckpointError::Invalid`] and
+    /// [`CheckpointError::InvalidName`].
+    pub fn load<B, M, O, R>(
+        &self,
+        name: &str,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut O,
+    ) -> Result<Resumed, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B>,
+    {
+        validate_name(name)?;
+        let dir = self.config.dir().to_path_buf();
+        on_rank0(&self.pg, "verify the checkpoint", || {
+            super::manifest::verify_all(&dir.join(name))
+                .map(|_| ())
+                .map_err(|e| e.into_error(name, &dir).into())
+        })?;
+        self.restore::<B, M, O, R>(device, model, optim, name, Vec::new(), Want::All)
+    }
+
+    fn load_latest_with<B, M, O, R>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut O,
+        want: Want,
+    ) -> Result<LoadOutcome, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B>,
+    {
+        let dir = self.config.dir().to_path_buf();
+        let header = on_rank0(&self.pg, "search for the latest sharded checkpoint", || {
+            let (found, invalid) = find_latest_valid(&dir)?;
+            let header = Header {
+                name: found,
+                invalid,
+            };
+            serde_json::to_vec(&header)
+                .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())
+        })?;
+        let header = broadcast_bytes(
+            &self.pg,
+            header.unwrap_or_default(),
+            0,
+            "sharing the resume header",
+        )?;
+        let header: Header = serde_json::from_slice(&header)
+            .map_err(CheckpointError::json("decoding the resume header"))?;
+        match header.name {
+            None => {
+                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());
+                Ok(LoadOutcome::Fresh {
+                    dir,
+                    invalid: header.invalid,
+                })
+            }
+            Some(name) => {
+                let resumed =
+                    self.restore::<B, M, O, R>(device, model, optim, &name, header.invalid, want)?;
+                Ok(LoadOutcome::Resumed(Box::new(resumed)))
+            }
+        }
+    }
+
+    /// Every rank reads what it needs of checkpoint `name` (verified by rank 0) and loads it;
+    /// `model` and `optim` change only when every rank succeeded.
+    fn restore<B, M, O, R>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        optim: &mut O,
+        name: &str,
+        invalid: Vec<InvalidCheckpoint>,
+        want: Want,
+    ) -> Result<Resumed, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B>,
+    {
+        let (rank, world) = (self.pg.rank(), self.pg.world_size());
+        let dir = self.config.dir().to_path_buf();
+        let path = dir.join(name);
+        let loaded = (|| {
+            let manifest = read_manifest(&path).map_err(|e| e.into_error(name, &dir))?;
+            self.check_run_config(name, &manifest)?;
+            let mut m = model.clone();
+            load_model::<B, M>(&mut m, device, &path, &manifest, rank)?;
+            let needed = match want {
+                Want::All => None,
+                Want::Owned => {
+                    let ownership = Ownership::of::<B, M>(&m, world);
+                    Some(
+                        manifest
+                            .tensors
+                            .values()
+                            .map(|t| ParamId::from(t.param_id))
+                            .filter(|id| ownership.owns(rank, *id))
+                            .collect::<BTreeSet<ParamId>>(),
+                    )
+                }
+            };
+            let record = load_optimizer::<B, R>(device, &path, &manifest, needed.as_ref())?;
+            Ok((m, record, manifest))
+        })();
+        let (m, record, manifest) = all_ok(&self.pg, loaded, "load the sharded checkpoint")?;
+        *model = m;
+        *optim = optim.clone().load_record(record);
+
+        let saved = manifest.state;
+        let mut state = saved.training;
+        if saved.world_size == world {
+            state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
+        } else {
+            tracing::warn!(
+                checkpoint = name,
+                saved = saved.world_size,
+                current = world,
+                "resuming a sharded checkpoint at another world size: the model and optimizer are resharded; \
+                 per-rank rng states are dropped"
+            );
+        }
+        if saved.framework_version != FRAMEWORK_VERSION {
+            tracing::warn!(checkpoint = name, saved = %saved.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
+        }
+        let info = CheckpointInfo {
+            name: name.to_string(),
+            path,
+            global_step: manifest.global_step,
+            saved_world_size: saved.world_size,
+            world_size: world,
+            run_config_hash: saved.run_config_hash,
+            framework_version: saved.framework_version,
+            bytes: manifest
+                .shards
+                .iter()
+                .map(|s| s.model.size + s.optimizer.size)
+                .sum(),
+        };
+        tracing::info!(
+            checkpoint = %info.path.display(),
+            epoch = state.epoch,
+            global_step = state.global_step,
+            skipped = invalid.len(),
+            "resumed from sharded checkpoint {name}"
+        );
+        Ok(Resumed {
+            info,
+            state,
+            invalid,
+        })
+    }
+
+    fn check_run_config(
+        &self,
+        name: &str,
+        manifest: &ShardedManifest,
+    ) -> Result<(), CheckpointError> {
+        let (Some(current), Some(saved)) = (
+            self.config.run_config_hash(),
+            manifest.state.run_config_hash.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        if current == saved {
+            return Ok(());
+        }
+        if self.config.strict_run_config() {
+            return Err(CheckpointError::RunConfigMismatch {
+                name: name.to_string(),
+                saved: saved.to_string(),
+                current: current.to_string(),
+            });
+        }
+        tracing::warn!(
+            checkpoint = name,
+            saved,
+            current,
+            "the run config changed since this checkpoint was saved"
+        );
+        Ok(())
+    }
+}
+
+/// Reads every model shard of the checkpoint in `path`, verified, as one safetensors file.
+pub(super) fn merged_model(
+    path: &Path,
+    manifest: &ShardedManifest,
+) -> Result<Vec<u8>, CheckpointError> {
+    let name = manifest.name.as_str();
+    let dir = path.parent().unwrap_or(path);
+    let shards = manifest
+        .shards
+        .iter()
+        .map(|s| read_verified(path, manifest, &s.model.name))
+        .collect::<Result<Vec<_>, ReadFailure>>()
+        .map_err(|e| e.into_error(name, dir))?;
+    let slices: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
+    safetensors::merge(&slices).map_err(|reason| CheckpointError::LoadModel {
+        name: name.to_string(),
+        file: "the model shards".into(),
+        rank: 0,
+        reason,
+    })
+}
+
+/// The module path to `ParamId` map of `manifest`, as the rank-0 checkpoint's `param_ids.json`.
+pub(super) fn param_ids_json(manifest: &ShardedManifest) -> Result<Vec<u8>, CheckpointError> {
+    serde_json::to_vec_pretty(&manifest.param_ids())
+        .map_err(CheckpointError::json("serialising the parameter ids"))
+}
+
+fn load_model<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &mut M,
+    device: &B::Device,
+    path: &Path,
+    manifest: &ShardedManifest,
+    rank: usize,
+) -> Result<(), CheckpointError> {
+    let bytes = merged_model(path, manifest)?;
+    let ids = param_ids_json(manifest)?;
+    decode_model::<B, M>(model, device, bytes, &ids, &manifest.name, rank)
+}
+
+/// Reads the optimizer shards holding the state of `needed` (every shard when `None`) and
+/// merges their entries, keeping only `needed`'s.
+pub(super) fn load_optimizer<B: AutodiffBackend, R: Record<B>>(
+    device: &B::Device,
+    path: &Path,
+    manifest: &ShardedManifest,
+    needed: Option<&BTreeSet<ParamId>>,
+) -> Result<HashMap<ParamId, R>, ShardedCheckpointError> {
+    let wanted = |id: ParamId| needed.is_none_or(|n| n.contains(&id));
+    let ranks: BTreeSet<usize> = manifest
+        .tensors
+        .values()
+        .filter(|t| t.optimizer_state && wanted(ParamId::from(t.param_id)))
+        .map(|t| t.rank)
+        .collect();
+    let dir = path.parent().unwrap_or(path);
+    let mut all = HashMap::new();
+    for shard in manifest.shards.iter().filter(|s| ranks.contains(&s.rank)) {
+        let file = &shard.optimizer.name;
+        let bytes =
+            read_verified(path, manifest, file).map_err(|e| e.into_error(&manifest.name, dir))?;
+        for (id, state) in decode_optimizer_shard::<B, R>(bytes, device, file)? {
+            if !wanted(id) {
+                continue;
+            }
+            if all.insert(id, state).is_some() {
+                return Err(ShardedCheckpointError::Duplicate {
+                    name: manifest.name.clone(),
+                    what: format!("the optimizer state of parameter {id}"),
+                });
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
+fn validate_name(name: &str) -> Result<(), CheckpointError> {
+    use std::path::Component;
+    let mut parts = Path::new(name).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(part)), None) if part == name => Ok(()),
+        _ => Err(CheckpointError::InvalidName {
+            name: name.to_string(),
+            reason: "a checkpoint name is one plain directory name inside the checkpoint directory",
+        }),
+    }
+}

@@ -1,0 +1,205 @@
+//! The sharded manifest: written by rank 0 into the staging directory after every shard is
+//! durable, it names each shard's files (size, sha256) and where every tensor and every
+//! parameter's optimizer state lives. Its presence inside a committed directory is what makes
+//! the directory a sharded checkpoint.
+
+use super::super::error::InvalidReason;
+use super::super::manifest::{FileEntry, ReadFailure, sha256_hex};
+use super::super::state::StateFile;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The sharded manifest's file name inside a checkpoint directory.
+pub const SHARDED_MANIFEST_FILE: &str = "sharded_manifest.json";
+/// The sharded format this build writes and reads.
+pub const SHARDED_FORMAT_VERSION: u32 = 1;
+
+/// Rank `rank`'s model shard (safetensors, tensor names are module paths).
+pub fn model_shard_file(rank: usize, world_size: usize) -> String {
+    format!("model-{rank:05}-of-{world_size:05}.safetensors")
+}
+
+/// Rank `rank`'s optimizer shard (burn `BinBytesRecorder`, full precision, keyed by `ParamId`).
+pub fn optimizer_shard_file(rank: usize, world_size: usize) -> String {
+    format!("optimizer-{rank:05}-of-{world_size:05}.bin")
+}
+
+/// One rank's files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// The rank that wrote it.
+    pub rank: usize,
+    /// Its model tensors.
+    pub model: FileEntry,
+    /// Its optimizer state.
+    pub optimizer: FileEntry,
+}
+
+/// One tensor of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// The rank whose shard holds it.
+    pub rank: usize,
+    /// Safetensors dtype (`F32`...).
+    pub dtype: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// burn's `ParamId` (the optimizer state is keyed by it).
+    pub param_id: u64,
+    /// Whether that rank's optimizer shard holds state for it (parameters that never had a
+    /// gradient, buffers and frozen parameters have none).
+    pub optimizer_state: bool,
+}
+
+/// The contents of [`SHARDED_MANIFEST_FILE`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardedManifest {
+    /// [`SHARDED_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The checkpoint's directory name.
+    pub name: String,
+    /// The global step it was taken at.
+    pub global_step: u64,
+    /// The world size it was written with (one shard per rank).
+    pub world_size: usize,
+    /// The ddp-core version that wrote it.
+    pub framework_version: String,
+    /// Every rank's files, by rank.
+    pub shards: Vec<ShardEntry>,
+    /// Every tensor of the model, by module path.
+    pub tensors: BTreeMap<String, TensorEntry>,
+    /// Training state and run metadata, as the rank-0 checkpoint's `training_state.json`.
+    pub(crate) state: StateFile,
+}
+
+impl ShardedManifest {
+    /// Total size of the shard files.
+    pub fn total_bytes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.model.size + s.optimizer.size)
+            .sum()
+    }
+
+    /// The entry for file `name`, if it is one of the shards'.
+    pub(super) fn file(&self, name: &str) -> Option<&FileEntry> {
+        self.shards
+            .iter()
+            .flat_map(|s| [&s.model, &s.optimizer])
+            .find(|f| f.name == name)
+    }
+
+    /// Module path to `ParamId`, as the rank-0 checkpoint's `param_ids.json`.
+    pub(super) fn param_ids(&self) -> BTreeMap<String, u64> {
+        self.tensors
+            .iter()
+            .map(|(path, t)| (path.clone(), t.param_id))
+            .collect()
+    }
+}
+
+/// Reads and parses the manifest of the checkpoint directory `dir` (not the shards).
+pub(super) fn read_manifest(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(missing_dir(dir)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing_dir(dir)),
+        Err(source) => {
+            return Err(ReadFailure::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    }
+    let bytes = read(dir, SHARDED_MANIFEST_FILE).map_err(|e| match e {
+        ReadFailure::Invalid(InvalidReason::MissingFile { file }) => {
+            InvalidReason::MissingManifest { file }.into()
+        }
+        other => other,
+    })?;
+    let manifest: ShardedManifest =
+        serde_json::from_slice(&bytes).map_err(|e| InvalidReason::BadManifest {
+            file: SHARDED_MANIFEST_FILE.into(),
+            error: e.to_string(),
+        })?;
+    if manifest.format_version != SHARDED_FORMAT_VERSION {
+        return Err(InvalidReason::UnsupportedFormat {
+            file: SHARDED_MANIFEST_FILE.into(),
+            found: manifest.format_version,
+            supported: SHARDED_FORMAT_VERSION,
+        }
+        .into());
+    }
+    if manifest.shards.len() != manifest.world_size
+        || manifest.shards.iter().enumerate().any(|(r, s)| s.rank != r)
+    {
+        return Err(InvalidReason::BadManifest {
+            file: SHARDED_MANIFEST_FILE.into(),
+            error: format!(
+                "{} shards listed for world size {}",
+                manifest.shards.len(),
+                manifest.world_size
+            ),
+        }
+        .into());
+    }
+    Ok(manifest)
+}
+
+/// Reads shard file `name` of checkpoint directory `dir` and checks it against the manifest.
+pub(super) fn read_verified(
+    dir: &Path,
+    manifest: &ShardedManifest,
+    name: &str,
+) -> Result<Vec<u8>, ReadFailure> {
+    let entry = manifest
+        .file(name)
+        .ok_or_else(|| InvalidReason::NotInManifest { file: name.into() })?;
+    let bytes = read(dir, name)?;
+    if bytes.len() as u64 != entry.size {
+        return Err(InvalidReason::SizeMismatch {
+            file: name.into(),
+            expected: entry.size,
+            found: bytes.len() as u64,
+        }
+        .into());
+    }
+    let found = sha256_hex(&bytes);
+    if found != entry.sha256 {
+        return Err(InvalidReason::HashMismatch {
+            file: name.into(),
+            expected: entry.sha256.clone(),
+            found,
+        }
+        .into());
+    }
+    Ok(bytes)
+}
+
+/// Reads the manifest of `dir` and verifies every shard file (size and sha256).
+pub(super) fn verify_all(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
+    let manifest = read_manifest(dir)?;
+    for shard in &manifest.shards {
+        for file in [&shard.model, &shard.optimizer] {
+            read_verified(dir, &manifest, &file.name)?;
+        }
+    }
+    Ok(manifest)
+}
+
+fn missing_dir(dir: &Path) -> ReadFailure {
+    InvalidReason::MissingDir {
+        path: dir.display().to_string(),
+    }
+    .into()
+}
+
+/// Only a missing file is a property of the checkpoint; any other error is the filesystem's.
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ReadFailure> {
+    let path = dir.join(name);
+    super::super::crash_point::read_file(&path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() }.into(),
+        _ => ReadFailure::Io { path, source },
+    })
+}

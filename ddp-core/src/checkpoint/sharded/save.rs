@@ -1,0 +1,460 @@
+//! [`ShardedCheckpointer`] and its save: every rank writes its shard into the staging
+//! directory, then rank 0 checks that every shard is there, writes the manifest and commits
+//! by renaming the directory (see the [module docs](super) for the protocol).
+
+use super::super::config::CheckpointConfig;
+use super::super::crash_point::crash_point;
+use super::super::error::CheckpointError;
+use super::super::manifest::FileEntry;
+use super::super::outcome::SavedCheckpoint;
+use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
+use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};
+use super::super::writer::{
+    TMP_PREFIX, TRASH_PREFIX, checkpoint_name, clean_temporaries, ensure_dir, prune, write_latest,
+};
+use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
+use super::collective::{all_ok, on_rank0};
+use super::error::ShardedCheckpointError;
+use super::fs::{fresh_dir, remove_path, rename, sync_dir, write_synced};
+use super::manifest::{
+    SHARDED_FORMAT_VERSION, SHARDED_MANIFEST_FILE, ShardEntry, ShardedManifest, TensorEntry,
+    model_shard_file, optimizer_shard_file,
+};
+use super::ownership::Ownership;
+use super::safetensors;
+use super::search::check_not_backwards;
+use crate::zero::ZeroRedundancyOptimizer;
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::Optimizer;
+use burn::record::Record;
+use burn::tensor::backend::AutodiffBackend;
+use ddp_comm::ProcessGroup;
+use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Test-only crash points of a sharded save (with the `test-hooks` feature), in the order a
+/// save passes them, for [`TEST_CRASH_AT_ENV`](super::super::TEST_CRASH_AT_ENV):
+///
+/// - `sharded-before-manifest`: every shard is written, fsynced and confirmed; no manifest;
+/// - `sharded-before-rename`: the manifest is in the staging directory, not yet committed;
+/// - `sharded-after-rename`: committed under its final name, `latest` not yet moved.
+#[cfg(any(test, feature = "test-hooks"))]
+pub const SHARDED_CRASH_POINTS: &[&str] = &[
+    "sharded-before-manifest",
+    "sharded-before-rename",
+    "sharded-after-rename",
+];
+
+/// Saves and loads sharded checkpoints: every rank writes its own shard of the model and of
+/// the optimizer state, and a load at any world size takes what it needs from whichever shards
+/// hold it. See the [module docs](super) for the layout, the commit protocol and the
+/// shared-filesystem requirement.
+///
+/// Every method is **collective**: all ranks call it at the same point.
+#[derive(Debug)]
+pub struct ShardedCheckpointer {
+    pub(super) config: CheckpointConfig,
+    pub(super) pg: ProcessGroup,
+}
+
+/// Whose optimizer state a rank passes to the save.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Every parameter's (plain DDP: replicas hold identical state): keep this rank's part.
+    Replicated,
+    /// This rank's ZeRO shard: it must all be this rank's.
+    Sharded,
+}
+
+/// What a rank tells the others after writing its shard.
+#[derive(Debug, Serialize, Deserialize)]
+struct ShardReport {
+    model: FileEntry,
+    optimizer: FileEntry,
+    tensors: BTreeMap<String, TensorEntry>,
+    rank_rng: Option<serde_json::Value>,
+}
+
+/// What rank 0 tells the others after the commit.
+#[derive(Debug, Serialize, Deserialize)]
+struct SaveSummary {
+    bytes: u64,
+    removed: Vec<String>,
+}
+
+impl ShardedCheckpointer {
+    /// Creates the checkpointer; rank 0 creates the directory and removes what an interrupted
+    /// save left behind (staging directories, temporary files).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
+    pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, ShardedCheckpointError> {
+        config.validate()?;
+        on_rank0(&pg, "prepare the checkpoint directory", || {
+            ensure_dir(config.dir())?;
+            for path in clean_temporaries(config.dir())? {
+                tracing::info!(path = %path.display(), "removed the leftover of an interrupted sharded checkpoint write");
+            }
+            Ok(())
+        })?;
+        Ok(ShardedCheckpointer { config, pg })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.config
+    }
+
+    /// The process group.
+    pub fn process_group(&self) -> &ProcessGroup {
+        &self.pg
+    }
+
+    /// Saves `model`, a replicated optimizer (plain DDP: every rank holds every parameter's
+    /// state) and `state` as checkpoint `step-<global_step>`: each rank writes the tensors and
+    /// optimizer state of its part of the partition (about `1/world` of the bytes), then rank
+    /// 0 commits. `rank_rng` is kept per rank.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point, with identical replicas.
+    ///
+    /// # Errors
+    /// [`CheckpointError::StepMismatch`], [`CheckpointError::NewerCheckpointExists`], I/O
+    /// and serialisation errors (of any rank, on every rank),
+    /// [`ShardedCheckpointError::MissingShard`] (no shared filesystem). A failed save commits
+    /// nothing and keeps the previous `latest`.
+    pub fn save<B, M, O, R>(
+        &self,
+        model: &M,
+        optim: &O,
+        state: &TrainingState,
+    ) -> Result<SavedCheckpoint, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B>,
+    {
+        self.save_record::<B, M, R>(model, optim.to_record(), Held::Replicated, state)
+    }
+
+    /// Saves like [`save`](Self::save), with the optimizer state of a
+    /// [`ZeroRedundancyOptimizer`] of the same process group: each rank writes the state it
+    /// holds (its ZeRO shard), with no gathering.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`save`](Self::save), plus [`ShardedCheckpointError::ForeignOptimizerState`] if the
+    /// optimizer's partition is not this world size's (another process group).
+    pub fn save_zero<B, M, O, R>(
+        &self,
+        model: &M,
+        optim: &ZeroRedundancyOptimizer<O, M, B>,
+        state: &TrainingState,
+    ) -> Result<SavedCheckpoint, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+        R: Record<B> + Clone,
+    {
+        self.save_record::<B, M, R>(model, optim.local_state(), Held::Sharded, state)
+    }
+
+    fn save_record<B, M, R>(
+        &self,
+        model: &M,
+        record: HashMap<ParamId, R>,
+        held: Held,
+        state: &TrainingState,
+    ) -> Result<SavedCheckpoint, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        R: Record<B>,
+    {
+        let started = std::time::Instant::now();
+        let (rank, world) = (self.pg.rank(), self.pg.world_size());
+        let step = state.global_step;
+        agree_on_step(&self.pg, step)?;
+        let dir = self.config.dir().to_path_buf();
+        let name = checkpoint_name(step);
+        let staging = dir.join(format!("{TMP_PREFIX}{name}-sharded"));
+        on_rank0(&self.pg, "prepare the staging directory", || {
+            check_not_backwards(&dir, step)?;
+            fresh_dir(&staging)?;
+            Ok(())
+        })?;
+
+        let written = self.write_shard::<B, M, R>(model, record, held, state, &staging);
+        let written = all_ok(&self.pg, written, "write its shard");
+        let report = match written {
+            Ok(report) => report,
+            Err(e) => {
+                if rank == 0 {
+                    // Best effort: the next start removes it anyway.
+                    let _ = remove_path(&staging);
+                }
+                return Err(e);
+            }
+        };
+        let report = serde_json::to_vec(&report).map_err(CheckpointError::json(
+            "serialising this rank's shard report",
+        ))?;
+        let reports = all_gather_bytes(&self.pg, report)?;
+
+        let summary = on_rank0(&self.pg, "commit the sharded checkpoint", || {
+            let committed = self.commit(&staging, &name, state, reports);
+            if committed.is_err() && staging.exists() {
+                let _ = remove_path(&staging);
+            }
+            let summary = committed?;
+            serde_json::to_vec(&summary)
+                .map_err(|e| CheckpointError::json("serialising the save summary")(e).into())
+        })?;
+        let summary = broadcast_bytes(
+            &self.pg,
+            summary.unwrap_or_default(),
+            0,
+            "sharing the save summary",
+        )?;
+        let summary: SaveSummary = serde_json::from_slice(&summary)
+            .map_err(CheckpointError::json("decoding the save summary"))?;
+        tracing::info!(
+            checkpoint = %dir.join(&name).display(),
+            rank,
+            world,
+            bytes = summary.bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "saved sharded checkpoint {name}"
+        );
+        Ok(SavedCheckpoint {
+            path: dir.join(&name),
+            name,
+            global_step: step,
+            bytes: summary.bytes,
+            removed: summary.removed,
+        })
+    }
+
+    /// Writes and fsyncs this rank's two shard files into `staging`.
+    fn write_shard<B, M, R>(
+        &self,
+        model: &M,
+        record: HashMap<ParamId, R>,
+        held: Held,
+        state: &TrainingState,
+        staging: &Path,
+    ) -> Result<ShardReport, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        R: Record<B>,
+    {
+        let (rank, world) = (self.pg.rank(), self.pg.world_size());
+        let ownership = Ownership::of::<B, M>(model, world);
+        let foreign = record
+            .keys()
+            .filter(|id| !ownership.owns(rank, **id))
+            .count();
+        if held == Held::Sharded && foreign > 0 {
+            return Err(ShardedCheckpointError::ForeignOptimizerState {
+                rank,
+                count: foreign,
+                world_size: world,
+            });
+        }
+        let mine: HashMap<ParamId, R> = record
+            .into_iter()
+            .filter(|(id, _)| ownership.owns(rank, *id))
+            .collect();
+        let model_file = model_shard_file(rank, world);
+        let optim_file = optimizer_shard_file(rank, world);
+        let model_bytes = encode_model_shard::<B, M>(model, &ownership, rank, &model_file)?;
+        let (raw, _) = safetensors::tensors(&model_bytes).map_err(|reason| {
+            CheckpointError::SerializeModel {
+                file: model_file.clone(),
+                reason,
+            }
+        })?;
+        let mut tensors = BTreeMap::new();
+        for (path, id) in tensor_ids::<B, M>(model) {
+            if let Some(t) = raw.get(&path) {
+                tensors.insert(
+                    path,
+                    TensorEntry {
+                        rank,
+                        dtype: t.dtype.clone(),
+                        shape: t.shape.clone(),
+                        param_id: id.val(),
+                        optimizer_state: mine.contains_key(&id),
+                    },
+                );
+            }
+        }
+        let optim_bytes = encode_optimizer_shard::<B, R>(mine, &optim_file)?;
+        write_synced(&staging.join(&model_file), &model_bytes)?;
+        write_synced(&staging.join(&optim_file), &optim_bytes)?;
+        Ok(ShardReport {
+            model: FileEntry::of(&model_file, &model_bytes),
+            optimizer: FileEntry::of(&optim_file, &optim_bytes),
+            tensors,
+            rank_rng: state.rank_rng.clone(),
+        })
+    }
+
+    /// Rank 0: checks that every rank's shard is in `staging`, writes the manifest, renames
+    /// the directory into place (the commit), moves `latest` and prunes.
+    fn commit(
+        &self,
+        staging: &Path,
+        name: &str,
+        state: &TrainingState,
+        reports: Vec<Vec<u8>>,
+    ) -> Result<SaveSummary, ShardedCheckpointError> {
+        let dir = self.config.dir();
+        let mut shards = Vec::with_capacity(reports.len());
+        let mut tensors = BTreeMap::new();
+        let mut rank_rngs = Vec::with_capacity(reports.len());
+        for (rank, bytes) in reports.iter().enumerate() {
+            let report: ShardReport = serde_json::from_slice(bytes)
+                .map_err(CheckpointError::json("decoding a rank's shard report"))?;
+            for file in [&report.model, &report.optimizer] {
+                check_present(staging, rank, file)?;
+            }
+            for (path, entry) in report.tensors {
+                if tensors.insert(path.clone(), entry).is_some() {
+                    return Err(ShardedCheckpointError::Duplicate {
+                        name: name.to_string(),
+                        what: format!("tensor {path}"),
+                    });
+                }
+            }
+            rank_rngs.push(report.rank_rng);
+            shards.push(ShardEntry {
+                rank,
+                model: report.model,
+                optimizer: report.optimizer,
+            });
+        }
+        crash_point("sharded-before-manifest");
+        let manifest = ShardedManifest {
+            format_version: SHARDED_FORMAT_VERSION,
+            name: name.to_string(),
+            global_step: state.global_step,
+            world_size: shards.len(),
+            framework_version: FRAMEWORK_VERSION.to_string(),
+            shards,
+            tensors,
+            state: StateFile {
+                training: state.clone(),
+                rank_rngs,
+                world_size: self.pg.world_size(),
+                run_config_hash: self.config.run_config_hash().map(str::to_string),
+                framework_version: FRAMEWORK_VERSION.to_string(),
+                created_unix_ms: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+            },
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest)
+            .map_err(CheckpointError::json("serialising the sharded manifest"))?;
+        write_synced(&staging.join(SHARDED_MANIFEST_FILE), &bytes)?;
+        sync_dir(staging)?;
+        crash_point("sharded-before-rename");
+        install(dir, staging, name)?;
+        crash_point("sharded-after-rename");
+        write_latest(dir, name)?;
+        let removed = match self.config.keep_last() {
+            Some(keep) => prune(dir, keep, state.global_step).unwrap_or_else(|e| {
+                // The new checkpoint is committed; failing to delete old ones is not fatal.
+                tracing::warn!(error = %e, "could not remove old checkpoints");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        Ok(SaveSummary {
+            bytes: manifest.total_bytes(),
+            removed,
+        })
+    }
+}
+
+/// Checks that rank `rank`'s shard `file` is in `staging` with the size that rank wrote:
+/// without a shared filesystem it is not.
+fn check_present(
+    staging: &Path,
+    rank: usize,
+    file: &FileEntry,
+) -> Result<(), ShardedCheckpointError> {
+    let path = staging.join(&file.name);
+    let found = match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() && meta.len() == file.size => return Ok(()),
+        Ok(meta) if meta.is_file() => {
+            format!("{} bytes, rank {rank} wrote {}", meta.len(), file.size)
+        }
+        Ok(_) => "not a file".to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such file".to_string(),
+        Err(source) => return Err(CheckpointError::Read { path, source }.into()),
+    };
+    Err(ShardedCheckpointError::MissingShard { rank, path, found })
+}
+
+/// Renames `staging` to `<dir>/<name>` (moving a checkpoint of the same name aside first) and
+/// fsyncs `dir`: the commit.
+fn install(dir: &Path, staging: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
+    let target = dir.join(name);
+    let trash = if target.exists() {
+        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
+        rename(&target, &trash)?;
+        Some(trash)
+    } else {
+        None
+    };
+    if let Err(e) = rename(staging, &target) {
+        if let Some(trash) = &trash {
+            // Put the replaced checkpoint back (best effort).
+            let _ = std::fs::rename(trash, &target);
+        }
+        return Err(e);
+    }
+    sync_dir(dir)?;
+    if let Some(trash) = trash
+        && let Err(e) = remove_path(&trash)
+    {
+        tracing::warn!(error = %e, "could not remove the replaced checkpoint");
+    }
+    Ok(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_rank_0_cannot_see_is_an_error_naming_the_rank_and_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a.bin"), b"abc").expect("write");
+        assert!(check_present(dir.path(), 0, &FileEntry::of("a.bin", b"abc")).is_ok());
+        let err = check_present(dir.path(), 2, &FileEntry::of("b.bin", b"abc")).unwrap_err();
+        assert!(
+            matches!(&err, ShardedCheckpointError::MissingShard { rank: 2, path, .. } if path.ends_with("b.bin")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("shares"), "{err}");
+        let short = check_present(dir.path(), 1, &FileEntry::of("a.bin", b"abcd")).unwrap_err();
+        assert!(
+            short.to_string().contains("3 bytes, rank 1 wrote 4"),
+            "{short}"
+        );
+    }
+}
