@@ -33,6 +33,8 @@
 //!   workers, stop them all on a failure and restart the group with `--max-restarts`.
 //! - [`zero`]: [`ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
 //!   (ZeRO stage 1), with checkpoints that resume at another world size.
+//! - [`amp`]: [`GradScaler`], dynamic loss scaling (PyTorch's `GradScaler`) whose found-inf
+//!   flag is all-reduced, so every rank skips the same steps and keeps the same scale.
 //! - [`metrics`]: evaluation without padding: [`ExactShard`] puts each test sample on exactly
 //!   one rank and [`EvalTotals`] all-reduces the counts, so accuracy covers the test set once.
 //! - [`sync_batch_norm`]: [`SyncBatchNorm`], batch norm over the global batch with gradients
@@ -181,3 +183,5 @@ pub use checkpoint::{
 pub use checkpoint::{ShardedCheckpointError, ShardedCheckpointer};
 pub mod zero;
 pub use zero::{ZeroError, ZeroRedundancyOptimizer, ZeroStage};
+pub mod amp;
+pub use amp::{AmpError, GradScaler, GradScalerConfig, GradScalerState};

@@ -6,6 +6,7 @@ mod checkpoint_common;
 mod common;
 mod launch_common;
 
+mod amp;
 mod checkpoint_collective;
 mod checkpoint_corruption;
 mod checkpoint_crash;

@@ -9,9 +9,10 @@ use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
-use burn::tensor::ElementConversion;
-use clap::Parser;
+use burn::tensor::{ElementConversion, FloatDType};
+use clap::{Parser, ValueEnum};
 use ddp_core::TapBackend;
+use ddp_core::amp::{GradScalerConfig, autocast};
 use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
@@ -102,6 +103,28 @@ struct Args {
     /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
     #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
     collectives: CollectivesArg,
+    /// Run the model's forward and backward in this dtype, the f32 parameters staying the
+    /// master weights, with dynamic loss scaling (`ddp_core::amp`).
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    mixed_precision: Option<MixedPrecision>,
+}
+
+/// `--mixed-precision bf16|f16`: the dtype of the autocast forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MixedPrecision {
+    /// bfloat16: f32's range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half: 11 bits of mantissa, overflows above 65504 (loss scaling backs off).
+    F16,
+}
+
+impl MixedPrecision {
+    fn dtype(self) -> FloatDType {
+        match self {
+            MixedPrecision::Bf16 => FloatDType::BF16,
+            MixedPrecision::F16 => FloatDType::F16,
+        }
+    }
 }
 
 /// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
@@ -229,6 +252,12 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         );
     }
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    // Disabled without --mixed-precision: scale() and step() are then the plain loss and step.
+    let mut scaler = GradScalerConfig::new()
+        .with_enabled(args.mixed_precision.is_some())
+        .init(pg.clone())?;
+    let half = args.mixed_precision.map(MixedPrecision::dtype);
+    let mut skipped = 0usize;
     let scored = scored_positions(args.seq_len);
     let start = std::time::Instant::now();
     let mut overlap = Vec::new();
@@ -239,7 +268,13 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         for batch in loader.iter() {
             let batch = batch?;
             let [n, _] = batch.inputs.dims();
-            let logits = ddp.forward(|m| m.forward(batch.inputs))?;
+            let logits = ddp.forward(|m| match half {
+                // The loss stays f32, as under PyTorch's autocast.
+                Some(dtype) => autocast(m.clone(), dtype)
+                    .forward(batch.inputs)
+                    .cast(FloatDType::F32),
+                None => m.forward(batch.inputs),
+            })?;
             let logits = logits
                 .slice([0..n, scored.clone(), 0..VOCAB])
                 .reshape([n * args.seq_len, VOCAB]);
@@ -249,8 +284,10 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
                 .reshape([n * args.seq_len]);
             let loss = loss_fn.forward(logits, targets);
             let loss_value: f32 = loss.clone().into_scalar().elem();
-            let grads = ddp.backward(loss)?;
-            ddp.optimizer_step(&mut optim, args.lr, grads);
+            let grads = ddp.backward(scaler.scale(loss))?;
+            if !scaler.step(&mut ddp, &mut optim, args.lr, grads)?.stepped {
+                skipped += 1; // inf/NaN on some rank: every rank skipped it
+            }
             if let Some(s) = ddp.last_step_stats() {
                 overlap.push(s.overlap_fraction());
             }
@@ -297,6 +334,12 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let state_bytes = optim.state_bytes()?;
     if rank == 0 {
         println!("transformer: optimizer state on rank 0: {state_bytes} bytes");
+    }
+    if let (0, Some(mp)) = (rank, args.mixed_precision) {
+        println!(
+            "transformer: mixed precision {mp:?}: {skipped} step(s) skipped for inf/NaN (every rank alike), loss scale now {}",
+            scaler.scale_factor()
+        );
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());

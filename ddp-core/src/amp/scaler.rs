@@ -1,0 +1,278 @@
+//! [`GradScaler`]: dynamic loss scaling whose skip decision and scale are the same on every
+//! rank.
+
+use super::config::GradScalerConfig;
+use super::error::AmpError;
+use super::state::GradScalerState;
+use super::unscale::unscale_and_check;
+use crate::{DistributedDataParallel, TapBackend};
+use burn::module::AutodiffModule;
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use ddp_comm::{ProcessGroup, ReduceOp};
+
+/// PyTorch's `torch.amp.GradScaler` for DDP: multiplies the loss by a scale before backward so
+/// small half-precision gradients do not flush to zero, divides it out of the gradients, skips
+/// the optimizer step when any rank found an inf/NaN, and adapts the scale.
+///
+/// Build it with [`GradScalerConfig::init`]. Per step:
+/// 1. `ddp.backward(scaler.scale(loss))?` ([`scale`](Self::scale));
+/// 2. `scaler.step(&mut ddp, &mut optim, lr, grads)?` ([`step`](Self::step)): unscale, check,
+///    all-reduce the found-inf flag (max), step or skip on every rank alike, update the scale
+///    (PyTorch's `scaler.step(optim)` and `scaler.update()` in one call).
+///
+/// To clip or inspect the true gradients first, split step 2: [`unscale`](Self::unscale), work
+/// on [`UnscaledGradients::grads_mut`], then [`step_unscaled`](Self::step_unscaled). Without
+/// the DDP wrapper (a custom loop), call [`unscale`](Self::unscale), step your optimizer unless
+/// [`found_inf`](UnscaledGradients::found_inf), then [`update`](Self::update).
+///
+/// # Why the flag is all-reduced
+/// DDP averages gradients, so an inf on one rank usually reaches every rank. It does not with
+/// [`LocalGradientsHook`](crate::zero::LocalGradientsHook) (ZeRO stage 2: each rank holds its
+/// own gradients), with a hook that drops values (PowerSGD), or when an inf appears after the
+/// reduction. One collective of one f32 per step makes every rank take the same decision, so
+/// replicas stay bitwise equal, the scale stays identical everywhere, and collectives inside
+/// the optimizer (ZeRO's broadcasts) are issued by all ranks or none.
+#[derive(Debug)]
+pub struct GradScaler {
+    config: GradScalerConfig,
+    state: GradScalerState,
+    pg: ProcessGroup,
+}
+
+/// A step's gradients divided by the scale, and whether some rank found an inf/NaN in its
+/// own: [`GradScaler::unscale`]'s result, for [`GradScaler::step_unscaled`].
+#[derive(Debug)]
+pub struct UnscaledGradients {
+    grads: GradientsParams,
+    found_inf: bool,
+}
+
+impl UnscaledGradients {
+    /// Whether any rank's gradients held an inf/NaN (the same on every rank): the step is
+    /// skipped.
+    pub fn found_inf(&self) -> bool {
+        self.found_inf
+    }
+
+    /// The unscaled gradients, e.g. to clip them.
+    pub fn grads_mut(&mut self) -> &mut GradientsParams {
+        &mut self.grads
+    }
+
+    /// The unscaled gradients.
+    pub fn into_grads(self) -> GradientsParams {
+        self.grads
+    }
+}
+
+/// What [`GradScaler::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaledStep {
+    /// The optimizer stepped (no rank found an inf/NaN).
+    pub stepped: bool,
+    /// The scale this step's loss was multiplied by.
+    pub scale: f32,
+    /// The scale for the next step.
+    pub next_scale: f32,
+}
+
+impl GradScaler {
+    pub(crate) fn from_config(config: GradScalerConfig, pg: ProcessGroup) -> Self {
+        GradScaler {
+            state: GradScalerState::new(config.init_scale),
+            config,
+            pg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GradScalerConfig {
+        &self.config
+    }
+
+    /// Whether loss scaling is on ([`GradScalerConfig::enabled`]).
+    pub fn is_enabled(&self) -> bool {
+        self.config.enabled
+    }
+
+    /// The current scale (PyTorch's `get_scale()`); 1 when disabled.
+    pub fn scale_factor(&self) -> f32 {
+        if self.config.enabled {
+            self.state.scale
+        } else {
+            1.0
+        }
+    }
+
+    /// `loss * scale`, to pass to `ddp.backward` (the loss unchanged when disabled). With a
+    /// power-of-two scale the product is exact, so only values that leave the dtype's range
+    /// change.
+    pub fn scale<B: Backend, const D: usize>(&self, loss: Tensor<B, D>) -> Tensor<B, D> {
+        if self.config.enabled {
+            loss.mul_scalar(self.state.scale)
+        } else {
+            loss
+        }
+    }
+
+    /// Divides the scale out of `grads` (in f32: one multiplication by `1 / scale`) and
+    /// agrees with every rank whether any of them holds an inf/NaN (an all-reduce, max, of one
+    /// flag). `module` is the one the gradients belong to (`ddp.module()`).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point (when enabled).
+    ///
+    /// # Errors
+    /// [`AmpError::HalfPrecisionGradient`] (the gradients are then as they came in);
+    /// [`AmpError::FoundInfAllReduce`], after which the process group is aborted.
+    pub fn unscale<B, M>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+    ) -> Result<UnscaledGradients, AmpError>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: AutodiffModule<B>,
+    {
+        if !self.config.enabled {
+            return Ok(UnscaledGradients {
+                grads,
+                found_inf: false,
+            });
+        }
+        // f64 then f32, as PyTorch computes `inv_scale`; exact for a power of two.
+        let inv_scale = (1.0 / self.state.scale as f64) as f32;
+        let local = unscale_and_check::<B, M>(module, &mut grads, inv_scale)?;
+        let found_inf = self.agree(local)?;
+        if local || found_inf {
+            tracing::debug!(
+                rank = self.pg.rank(),
+                local,
+                scale = self.state.scale,
+                "inf/NaN in the gradients: skipping this step"
+            );
+        }
+        Ok(UnscaledGradients { grads, found_inf })
+    }
+
+    /// The max of every rank's flag (so any rank's inf counts everywhere).
+    fn agree(&self, local: bool) -> Result<bool, AmpError> {
+        let mut flag = [if local { 1.0f32 } else { 0.0 }];
+        if self.pg.world_size() > 1
+            && let Err(e) = self.pg.all_reduce(&mut flag, ReduceOp::Max)
+        {
+            let reason = format!("GradScaler: all-reducing the found-inf flag: {e}");
+            tracing::error!(rank = self.pg.rank(), error = %reason, "aborting the process group");
+            self.pg.abort(&reason);
+            return Err(AmpError::FoundInfAllReduce(e));
+        }
+        Ok(flag[0] > 0.0)
+    }
+
+    /// Updates the scale after a step, PyTorch's `scaler.update()`: backoff when `found_inf`,
+    /// growth after `growth_interval` finite steps in a row. [`step`](Self::step) and
+    /// [`step_unscaled`](Self::step_unscaled) call it; call it yourself only in a loop that
+    /// steps its optimizer without them. Pass the agreed flag
+    /// ([`UnscaledGradients::found_inf`]) so the scale stays identical on every rank.
+    pub fn update(&mut self, found_inf: bool) {
+        if !self.config.enabled {
+            return;
+        }
+        let c = &self.config;
+        let before = self.state.scale;
+        self.state.update(
+            found_inf,
+            c.growth_factor,
+            c.backoff_factor,
+            c.growth_interval,
+        );
+        if self.state.scale != before {
+            tracing::debug!(from = before, to = self.state.scale, "loss scale changed");
+        }
+    }
+
+    /// Unscales `grads` (from `ddp.backward(scaler.scale(loss))`), steps `optimizer` through
+    /// `ddp` unless some rank found an inf/NaN, and updates the scale. Works with any burn
+    /// optimizer and with [`ZeroRedundancyOptimizer`](crate::ZeroRedundancyOptimizer) (stage 1
+    /// or 2: every rank skips alike, so its collectives stay matched).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`unscale`](Self::unscale); nothing is stepped and the scale is unchanged.
+    pub fn step<B, M, O>(
+        &mut self,
+        ddp: &mut DistributedDataParallel<B, M>,
+        optimizer: &mut O,
+        lr: f64,
+        grads: GradientsParams,
+    ) -> Result<ScaledStep, AmpError>
+    where
+        B: TapBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let unscaled = self.unscale(ddp.module(), grads)?;
+        Ok(self.step_unscaled(ddp, optimizer, lr, unscaled))
+    }
+
+    /// The second half of [`step`](Self::step), after [`unscale`](Self::unscale): steps
+    /// `optimizer` through `ddp` unless [`found_inf`](UnscaledGradients::found_inf), then
+    /// updates the scale. Local (no communication).
+    pub fn step_unscaled<B, M, O>(
+        &mut self,
+        ddp: &mut DistributedDataParallel<B, M>,
+        optimizer: &mut O,
+        lr: f64,
+        unscaled: UnscaledGradients,
+    ) -> ScaledStep
+    where
+        B: TapBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let scale = self.scale_factor();
+        let found_inf = unscaled.found_inf;
+        if !found_inf {
+            ddp.optimizer_step(optimizer, lr, unscaled.grads);
+        }
+        self.update(found_inf);
+        ScaledStep {
+            stepped: !found_inf,
+            scale,
+            next_scale: self.scale_factor(),
+        }
+    }
+
+    /// The scale and growth tracker, for a checkpoint (see [`GradScalerState`]).
+    pub fn state(&self) -> GradScalerState {
+        self.state
+    }
+
+    /// Restores a [`state`](Self::state) saved by a scaler with this config (PyTorch's
+    /// `load_state_dict`). Every rank loads the same state.
+    ///
+    /// # Errors
+    /// [`AmpError::InvalidState`] when the scale is not a finite number above 0 or the growth
+    /// tracker is not below `growth_interval`; the current state is kept.
+    pub fn load_state(&mut self, state: GradScalerState) -> Result<(), AmpError> {
+        if !(state.scale.is_finite() && state.scale > 0.0) {
+            return Err(AmpError::InvalidState(format!(
+                "scale is {}, not a finite number above 0",
+                state.scale
+            )));
+        }
+        if state.growth_tracker >= self.config.growth_interval {
+            return Err(AmpError::InvalidState(format!(
+                "growth_tracker is {} but growth_interval is {}: the state belongs to a \
+                 scaler with a longer growth_interval",
+                state.growth_tracker, self.config.growth_interval
+            )));
+        }
+        self.state = state;
+        Ok(())
+    }
+}
