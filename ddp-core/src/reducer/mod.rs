@@ -483,7 +483,8 @@ impl<I: Backend> Reducer<I> {
         if s.events_left[slot] > 0 {
             return Ok(());
         }
-        if !(s.rebuilt && s.relaid_anchored) && !s.arrival.contains(&slot) {
+        // (`relaid_anchored` implies `rebuilt`: no re-layout is left to come.)
+        if !s.relaid_anchored && !s.arrival.contains(&slot) {
             s.arrival.push(slot);
         }
         let b = s.layout.bucket_of[slot];
