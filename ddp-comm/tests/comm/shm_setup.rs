@@ -150,3 +150,38 @@ fn auto_is_the_default_and_picks_shared_memory_on_one_host() {
         assert_eq!(r.unwrap(), "shm+tcp");
     }
 }
+
+/// Every element of a shared-memory sum is added in rank order, whichever rank reduces its
+/// slice, so the result of an element does not depend on where it sits in the buffer (DDP's
+/// sums stay bitwise the same when its buckets are laid out again). The values make the order
+/// visible: (2^-24 + 2^-24) + 1 is 1 + 2^-23, while rank 2 adding its own 1 first would give
+/// (1 + 2^-24) + 2^-24 = 1.
+#[test]
+fn shm_sums_add_the_ranks_in_order_wherever_an_element_sits() {
+    let tiny = f32::EPSILON / 2.0;
+    let value = |rank: usize| if rank == 2 { 1.0f32 } else { tiny };
+    let in_rank_order = (value(0) + value(1)) + value(2);
+    assert_ne!(in_rank_order, (value(2) + value(0)) + value(1));
+    let results = run_ok_with(Setup::Shm, 3, |pg| {
+        // Long enough that each of the 3 ranks reduces a slice of it; and a reduce-scatter,
+        // whose blocks each rank reduces in turn.
+        let mut v = vec![value(pg.rank()); 3000];
+        pg.all_reduce(&mut v, ReduceOp::Sum)?;
+        let input = vec![value(pg.rank()); 3 * 1000];
+        let mut block = vec![0.0f32; 1000];
+        pg.reduce_scatter(&input, &mut block, ReduceOp::Sum)?;
+        Ok((pg.rank(), v, block))
+    });
+    for (rank, v, block) in results {
+        let at = |xs: &[f32]| {
+            xs.iter()
+                .position(|x| x.to_bits() != in_rank_order.to_bits())
+        };
+        assert_eq!(at(&v), None, "rank {rank}: all-reduce not in rank order");
+        assert_eq!(
+            at(&block),
+            None,
+            "rank {rank}: reduce-scatter not in rank order"
+        );
+    }
+}

@@ -61,10 +61,10 @@
 //!
 //! Equivalence: the result equals plain DDP + the same optimizer. At world 1 and 2 it is
 //! bitwise: an average of two numbers rounds the same in either order, and both DDP's
-//! all-reduce and this reduce-scatter sum then divide by the world size once. From world 3 on,
-//! the shared-memory all-reduce adds the ranks' values starting from the rank that reduces
-//! that slice of DDP's bucket, and the reduce-scatter starting from the parameter's owner, so
-//! the sums may round differently in the last bit (tested within 1e-6 after several Adam steps).
+//! all-reduce and this reduce-scatter sum then divide by the world size once. From world 3 on
+//! the order of the additions matters: the shared-memory transport adds in rank order in both
+//! collectives, but the TCP ring's order depends on where an element sits, so the sums may
+//! round differently in the last bit (tested within 1e-6 after several Adam steps).
 //!
 //! Not overlapped: the reduce-scatter runs in the optimizer step, after backward. DDP builds
 //! its buckets in gradient-ready order and materialises every parameter's gradient, so until

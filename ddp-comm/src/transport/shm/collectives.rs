@@ -7,7 +7,7 @@ use super::engine::ShmGroup;
 use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
 use crate::transport::Parts;
 use std::ops::Range;
 use std::time::Instant;
@@ -51,7 +51,10 @@ impl ShmGroup {
     /// the peers' slices of the current one. `to`: `None` gives every rank the result
     /// (all-reduce); `Some(r)` gives it to slot `r` only and leaves the others' `buf`
     /// unchanged (reduce). `divide` is the `Avg` epilogue's divisor, applied once, by the rank
-    /// that reduced the slice.
+    /// that reduced the slice. Every slice is combined in rank order (slot 0's values, then
+    /// slot 1's, ...), whichever rank reduces it, so an element's result does not depend on
+    /// where it sits in the buffer: DDP's sums are the same bit for bit whatever its bucket
+    /// layout.
     pub(crate) fn reduce_to(
         &mut self,
         fp: &Fingerprint,
@@ -96,10 +99,29 @@ impl ShmGroup {
             let own = parts[me].clone();
             let mine = self.buf(me, k);
             if !own.is_empty() {
-                for q in (0..n).filter(|&q| q != me) {
-                    let src = self.buf(q, k) + own.start;
-                    self.seg
-                        .combine_within(mine + own.start, src, own.len(), fp.dtype, combine);
+                if me == 0 {
+                    for q in 1..n {
+                        let src = self.buf(q, k) + own.start;
+                        self.seg.combine_within(
+                            mine + own.start,
+                            src,
+                            own.len(),
+                            fp.dtype,
+                            combine,
+                        );
+                    }
+                } else {
+                    // In rank order, as slot 0 does, so a sum never depends on which rank
+                    // reduces it (and so on how a bucket is cut into slices).
+                    let sources: Vec<usize> = (0..n).map(|q| self.buf(q, k) + own.start).collect();
+                    let mut acc = std::mem::take(&mut self.scratch);
+                    acc.resize(own.len(), 0);
+                    self.seg.read(sources[0], &mut acc);
+                    for &src in &sources[1..] {
+                        self.seg.combine_into(src, &mut acc, fp.dtype, combine);
+                    }
+                    self.seg.write(mine + own.start, &acc);
+                    self.scratch = acc;
                 }
                 if let Some(d) = divide {
                     self.seg.divide(mine + own.start, own.len(), fp.dtype, d);
@@ -204,10 +226,20 @@ impl ShmGroup {
             let r = els.start * e..els.end * e;
             let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
             let out = &mut output[r.clone()];
-            out.copy_from_slice(&input[me * m + r.start..me * m + r.end]);
-            for q in (0..n).filter(|&q| q != me) {
-                self.seg
-                    .combine_into(self.buf(q, k) + me * sub, out, fp.dtype, combine);
+            let own = &input[me * m + r.start..me * m + r.end];
+            // In rank order whatever block this rank owns, as in `reduce_parts_to`.
+            if me == 0 {
+                out.copy_from_slice(own);
+            } else {
+                self.seg.read(self.buf(0, k) + me * sub, out);
+            }
+            for q in 1..n {
+                if q == me {
+                    combine_bytes(fp.dtype, combine, out, own);
+                } else {
+                    self.seg
+                        .combine_into(self.buf(q, k) + me * sub, out, fp.dtype, combine);
+                }
             }
             if let Some(d) = divide {
                 divide_bytes(fp.dtype, out, d);

@@ -92,6 +92,8 @@ pub(crate) struct ShmGroup {
     /// The next step number to begin.
     step: u64,
     timeout: Duration,
+    /// Where a slice is summed in rank order (see `collectives.rs`), reused between steps.
+    pub(super) scratch: Vec<u8>,
 }
 
 impl ShmGroup {
@@ -118,6 +120,7 @@ impl ShmGroup {
             patience: Patience::from_env(),
             step: 0,
             timeout,
+            scratch: Vec::new(),
         }
     }
 
