@@ -48,12 +48,13 @@ pub(crate) fn broadcast_bytes(
 }
 
 /// Runs `work` on rank 0 only and shares how it went: rank 0 gets its result (`Some`), the
-/// others `Ok(None)` or [`CheckpointError::Rank0Failed`] with rank 0's message.
-pub(crate) fn on_rank0<T>(
+/// others `Ok(None)` or [`CheckpointError::Rank0Failed`] with rank 0's message. `E`: the
+/// caller's error type (the sharded checkpointer's wraps [`CheckpointError`]).
+pub(crate) fn on_rank0<T, E: From<CheckpointError> + std::fmt::Display>(
     pg: &ProcessGroup,
     action: &'static str,
-    work: impl FnOnce() -> Result<T, CheckpointError>,
-) -> Result<Option<T>, CheckpointError> {
+    work: impl FnOnce() -> Result<T, E>,
+) -> Result<Option<T>, E> {
     let result = if pg.rank() == 0 { Some(work()) } else { None };
     let message = match &result {
         Some(Err(e)) => e.to_string().into_bytes(),
@@ -68,7 +69,8 @@ pub(crate) fn on_rank0<T>(
             return Err(CheckpointError::Rank0Failed {
                 action,
                 message: String::from_utf8_lossy(&message).into_owned(),
-            });
+            }
+            .into());
         }
     }
     result.transpose()
@@ -76,11 +78,11 @@ pub(crate) fn on_rank0<T>(
 
 /// Every rank learns whether all succeeded: returns this rank's own error, or
 /// [`CheckpointError::PeerFailed`] naming the highest failing rank, or the value.
-pub(crate) fn all_succeeded<T>(
+pub(crate) fn all_succeeded<T, E: From<CheckpointError>>(
     pg: &ProcessGroup,
-    result: Result<T, CheckpointError>,
+    result: Result<T, E>,
     action: &'static str,
-) -> Result<T, CheckpointError> {
+) -> Result<T, E> {
     let mut failed = [if result.is_err() {
         pg.rank() as i64 + 1
     } else {
@@ -94,7 +96,8 @@ pub(crate) fn all_succeeded<T>(
         (Ok(_), rank) => Err(CheckpointError::PeerFailed {
             rank: (rank - 1) as usize,
             action,
-        }),
+        }
+        .into()),
     }
 }
 

@@ -9,8 +9,8 @@ use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::state::FRAMEWORK_VERSION;
 use super::super::sync::broadcast_bytes;
+use super::super::sync::{all_succeeded, on_rank0};
 use super::codec::decode_optimizer_shard;
-use super::collective::{all_ok, on_rank0};
 use super::error::ShardedCheckpointError;
 use super::manifest::{ShardedManifest, read_manifest, read_verified};
 use super::ownership::Ownership;
@@ -132,7 +132,7 @@ impl ShardedCheckpointer {
     {
         validate_name(name)?;
         let dir = self.config.dir().to_path_buf();
-        on_rank0(&self.pg, "verify the checkpoint", || {
+        on_rank0::<_, ShardedCheckpointError>(&self.pg, "verify the checkpoint", || {
             super::manifest::verify_all(&dir.join(name))
                 .map(|_| ())
                 .map_err(|e| e.into_error(name, &dir).into())
@@ -154,15 +154,19 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         let dir = self.config.dir().to_path_buf();
-        let header = on_rank0(&self.pg, "search for the latest sharded checkpoint", || {
-            let (found, invalid) = find_latest_valid(&dir)?;
-            let header = Header {
-                name: found,
-                invalid,
-            };
-            serde_json::to_vec(&header)
-                .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())
-        })?;
+        let header = on_rank0::<_, ShardedCheckpointError>(
+            &self.pg,
+            "search for the latest sharded checkpoint",
+            || {
+                let (found, invalid) = find_latest_valid(&dir)?;
+                let header = Header {
+                    name: found,
+                    invalid,
+                };
+                serde_json::to_vec(&header)
+                    .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())
+            },
+        )?;
         let header = broadcast_bytes(
             &self.pg,
             header.unwrap_or_default(),
@@ -229,7 +233,11 @@ impl ShardedCheckpointer {
             let record = load_optimizer::<B, R>(device, &path, &manifest, needed.as_ref())?;
             Ok((m, record, manifest))
         })();
-        let (m, record, manifest) = all_ok(&self.pg, loaded, "load the sharded checkpoint")?;
+        let (m, record, manifest) = all_succeeded::<_, ShardedCheckpointError>(
+            &self.pg,
+            loaded,
+            "load the sharded checkpoint",
+        )?;
         *model = m;
         *optim = optim.clone().load_record(record);
 

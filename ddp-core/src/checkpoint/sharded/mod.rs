@@ -105,7 +105,6 @@
 //! ```
 
 mod codec;
-mod collective;
 mod convert;
 mod error;
 mod fs;

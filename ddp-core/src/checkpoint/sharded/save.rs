@@ -9,11 +9,11 @@ use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};
+use super::super::sync::{all_succeeded, on_rank0};
 use super::super::writer::{
     TMP_PREFIX, TRASH_PREFIX, checkpoint_name, clean_temporaries, ensure_dir, prune, write_latest,
 };
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
-use super::collective::{all_ok, on_rank0};
 use super::error::ShardedCheckpointError;
 use super::fs::{fresh_dir, remove_path, rename, sync_dir, write_synced};
 use super::manifest::{
@@ -96,7 +96,7 @@ impl ShardedCheckpointer {
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, ShardedCheckpointError> {
         config.validate()?;
-        on_rank0(&pg, "prepare the checkpoint directory", || {
+        on_rank0::<_, ShardedCheckpointError>(&pg, "prepare the checkpoint directory", || {
             ensure_dir(config.dir())?;
             for path in clean_temporaries(config.dir())? {
                 tracing::info!(path = %path.display(), "removed the leftover of an interrupted sharded checkpoint write");
@@ -188,14 +188,15 @@ impl ShardedCheckpointer {
         let dir = self.config.dir().to_path_buf();
         let name = checkpoint_name(step);
         let staging = dir.join(format!("{TMP_PREFIX}{name}-sharded"));
-        on_rank0(&self.pg, "prepare the staging directory", || {
+        on_rank0::<_, ShardedCheckpointError>(&self.pg, "prepare the staging directory", || {
             check_not_backwards(&dir, step)?;
             fresh_dir(&staging)?;
             Ok(())
         })?;
 
         let written = self.write_shard::<B, M, R>(model, record, held, state, &staging);
-        let written = all_ok(&self.pg, written, "write its shard");
+        let written =
+            all_succeeded::<_, ShardedCheckpointError>(&self.pg, written, "write its shard");
         let report = match written {
             Ok(report) => report,
             Err(e) => {
@@ -211,15 +212,19 @@ impl ShardedCheckpointer {
         ))?;
         let reports = all_gather_bytes(&self.pg, report)?;
 
-        let summary = on_rank0(&self.pg, "commit the sharded checkpoint", || {
-            let committed = self.commit(&staging, &name, state, reports);
-            if committed.is_err() && staging.exists() {
-                let _ = remove_path(&staging);
-            }
-            let summary = committed?;
-            serde_json::to_vec(&summary)
-                .map_err(|e| CheckpointError::json("serialising the save summary")(e).into())
-        })?;
+        let summary = on_rank0::<_, ShardedCheckpointError>(
+            &self.pg,
+            "commit the sharded checkpoint",
+            || {
+                let committed = self.commit(&staging, &name, state, reports);
+                if committed.is_err() && staging.exists() {
+                    let _ = remove_path(&staging);
+                }
+                let summary = committed?;
+                serde_json::to_vec(&summary)
+                    .map_err(|e| CheckpointError::json("serialising the save summary")(e).into())
+            },
+        )?;
         let summary = broadcast_bytes(
             &self.pg,
             summary.unwrap_or_default(),
