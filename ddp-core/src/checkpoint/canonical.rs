@@ -7,23 +7,23 @@
 //! section is kept as is: its offsets are relative to its start.
 
 /// Safetensors files begin with the header's length as a little-endian u64.
-const LEN_BYTES: usize = 8;
+/// Bytes of the little-endian header length that starts a safetensors file.
+pub(crate) const LEN_BYTES: usize = 8;
 /// The format pads the header with spaces to a multiple of 8 bytes.
 const HEADER_ALIGN: usize = 8;
 
-/// `bytes` (a safetensors file) with its header rewritten in canonical form: compact JSON,
-/// every object's keys sorted, padded with spaces to a multiple of 8 bytes.
+/// Where a safetensors file's JSON header ends (it starts at byte 8, after its length).
 ///
 /// # Errors
-/// A message saying what is wrong with the header (a file burn produced never has one).
-pub(crate) fn canonical_safetensors(bytes: &[u8]) -> Result<Vec<u8>, String> {
+/// The file is shorter than its 8-byte length, or than the length it announces.
+pub(crate) fn header_end(bytes: &[u8]) -> Result<usize, String> {
     let len_bytes: [u8; LEN_BYTES] = bytes
         .get(..LEN_BYTES)
         .and_then(|b| b.try_into().ok())
         .ok_or("shorter than the 8-byte header length")?;
     let len = usize::try_from(u64::from_le_bytes(len_bytes))
         .map_err(|_| "header length does not fit in memory")?;
-    let end = LEN_BYTES
+    LEN_BYTES
         .checked_add(len)
         .filter(|&end| end <= bytes.len())
         .ok_or_else(|| {
@@ -31,7 +31,16 @@ pub(crate) fn canonical_safetensors(bytes: &[u8]) -> Result<Vec<u8>, String> {
                 "header length {len} exceeds the file ({} bytes)",
                 bytes.len()
             )
-        })?;
+        })
+}
+
+/// `bytes` (a safetensors file) with its header rewritten in canonical form: compact JSON,
+/// every object's keys sorted, padded with spaces to a multiple of 8 bytes.
+///
+/// # Errors
+/// A message saying what is wrong with the header (a file burn produced never has one).
+pub(crate) fn canonical_safetensors(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let end = header_end(bytes)?;
     let header: serde_json::Value = serde_json::from_slice(&bytes[LEN_BYTES..end])
         .map_err(|e| format!("header is not JSON: {e}"))?;
     let mut json =

@@ -107,6 +107,36 @@ impl CheckpointConfig {
         self.strict_run_config
     }
 
+    /// Compares the hash a checkpoint `name` was saved with (`saved`) with this run's: a
+    /// mismatch is [`CheckpointError::RunConfigMismatch`] when strict, a warning otherwise;
+    /// nothing to compare when either is missing.
+    pub(crate) fn check_run_config(
+        &self,
+        name: &str,
+        saved: Option<&str>,
+    ) -> Result<(), CheckpointError> {
+        let (Some(current), Some(saved)) = (self.run_config_hash(), saved) else {
+            return Ok(());
+        };
+        if current == saved {
+            return Ok(());
+        }
+        if self.strict_run_config() {
+            return Err(CheckpointError::RunConfigMismatch {
+                name: name.to_string(),
+                saved: saved.to_string(),
+                current: current.to_string(),
+            });
+        }
+        tracing::warn!(
+            checkpoint = name,
+            saved,
+            current,
+            "the run config changed since this checkpoint was saved"
+        );
+        Ok(())
+    }
+
     pub(crate) fn validate(&self) -> Result<(), CheckpointError> {
         if self.keep_last == Some(0) {
             return Err(CheckpointError::InvalidConfig(

@@ -10,7 +10,7 @@ use super::manifest::{
 };
 use super::outcome::{CheckpointInfo, Resumed};
 use super::reader::{FoundCheckpoint, parse_state, read_one};
-use super::state::{FRAMEWORK_VERSION, StateFile};
+use super::state::FRAMEWORK_VERSION;
 use super::sync::{all_succeeded, broadcast_bytes};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -43,7 +43,8 @@ impl Checkpointer {
         // Decode into copies: on any rank's failure, every rank's model and optimizer stay as
         // they were.
         let decoded = state.and_then(|state| {
-            self.check_run_config(name, &state)?;
+            self.config
+                .check_run_config(name, state.run_config_hash.as_deref())?;
             let (mut m, mut o) = (model.clone(), optim.clone());
             decode_model::<B, M>(
                 &mut m,
@@ -148,31 +149,5 @@ impl Checkpointer {
             );
         }
         Ok(VerifiedFiles { manifest, files })
-    }
-
-    fn check_run_config(&self, name: &str, saved: &StateFile) -> Result<(), CheckpointError> {
-        let (Some(current), Some(saved)) = (
-            self.config.run_config_hash(),
-            saved.run_config_hash.as_deref(),
-        ) else {
-            return Ok(());
-        };
-        if current == saved {
-            return Ok(());
-        }
-        if self.config.strict_run_config() {
-            return Err(CheckpointError::RunConfigMismatch {
-                name: name.to_string(),
-                saved: saved.to_string(),
-                current: current.to_string(),
-            });
-        }
-        tracing::warn!(
-            checkpoint = name,
-            saved,
-            current,
-            "the run config changed since this checkpoint was saved"
-        );
-        Ok(())
     }
 }

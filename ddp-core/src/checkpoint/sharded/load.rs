@@ -213,7 +213,8 @@ impl ShardedCheckpointer {
         let path = dir.join(name);
         let loaded = (|| {
             let manifest = read_manifest(&path).map_err(|e| e.into_error(name, &dir))?;
-            self.check_run_config(name, &manifest)?;
+            self.config
+                .check_run_config(name, manifest.state.run_config_hash.as_deref())?;
             let mut m = model.clone();
             load_model::<B, M>(&mut m, device, &path, &manifest, rank)?;
             let needed = match want {
@@ -283,36 +284,6 @@ impl ShardedCheckpointer {
             state,
             invalid,
         })
-    }
-
-    fn check_run_config(
-        &self,
-        name: &str,
-        manifest: &ShardedManifest,
-    ) -> Result<(), CheckpointError> {
-        let (Some(current), Some(saved)) = (
-            self.config.run_config_hash(),
-            manifest.state.run_config_hash.as_deref(),
-        ) else {
-            return Ok(());
-        };
-        if current == saved {
-            return Ok(());
-        }
-        if self.config.strict_run_config() {
-            return Err(CheckpointError::RunConfigMismatch {
-                name: name.to_string(),
-                saved: saved.to_string(),
-                current: current.to_string(),
-            });
-        }
-        tracing::warn!(
-            checkpoint = name,
-            saved,
-            current,
-            "the run config changed since this checkpoint was saved"
-        );
-        Ok(())
     }
 }
 

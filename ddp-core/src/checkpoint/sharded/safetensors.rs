@@ -6,7 +6,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-const LEN_BYTES: usize = 8;
+use super::super::canonical::{LEN_BYTES, header_end};
+
 const HEADER_ALIGN: usize = 8;
 const METADATA_KEY: &str = "__metadata__";
 
@@ -20,21 +21,7 @@ pub(super) struct RawTensor {
 
 /// The tensors of a safetensors file (without metadata) and where its data begins.
 pub(super) fn tensors(bytes: &[u8]) -> Result<(BTreeMap<String, RawTensor>, usize), String> {
-    let len_bytes: [u8; LEN_BYTES] = bytes
-        .get(..LEN_BYTES)
-        .and_then(|b| b.try_into().ok())
-        .ok_or("shorter than the 8-byte header length")?;
-    let len = usize::try_from(u64::from_le_bytes(len_bytes))
-        .map_err(|_| "header length does not fit in memory")?;
-    let start = LEN_BYTES
-        .checked_add(len)
-        .filter(|&end| end <= bytes.len())
-        .ok_or_else(|| {
-            format!(
-                "header length {len} exceeds the file ({} bytes)",
-                bytes.len()
-            )
-        })?;
+    let start = header_end(bytes)?;
     let mut header: BTreeMap<String, serde_json::Value> =
         serde_json::from_slice(&bytes[LEN_BYTES..start])
             .map_err(|e| format!("header is not a JSON object: {e}"))?;
