@@ -5,8 +5,8 @@
 //! cargo bench -p ddp-benches --features cuda --bench nccl_all_reduce -- --max-bytes 64M --device 1
 //! ```
 //!
-//! Two tables: `device` runs [`NcclGroup::all_reduce`] in place on a device buffer (the GPU
-//! path DDP would use); `host` runs [`NcclGroup::all_reduce_host`] on a host buffer (copy to the
+//! Two tables: `device` runs [`NcclBackend::all_reduce`] in place on a device buffer (the GPU
+//! path DDP would use); `host` runs [`NcclBackend::all_reduce_host`] on a host buffer (copy to the
 //! device, all-reduce, copy back and wait: the host-staged fallback). For each size it runs
 //! warm-up iterations, then times a fixed number of iterations and synchronises the stream
 //! before stopping the clock. `algbw = bytes / time`; `busbw = algbw * 2(n-1)/n`, which is 0 at
@@ -19,11 +19,13 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use ddp_benches::parse_bytes;
 use ddp_comm::cudarc::nccl::result::get_nccl_version;
-use ddp_comm::{CommError, NcclGroup, NcclGroupConfig, ReduceOp};
+use ddp_comm::{CommError, NcclBackend, NcclBackendConfig, ReduceOp};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(about = "nccl-tests style all-reduce benchmark over ddp-comm's NcclGroup, world size 1")]
+#[command(
+    about = "nccl-tests style all-reduce benchmark over ddp-comm's NcclBackend, world size 1"
+)]
 struct Args {
     /// Smallest message (bytes; K/M/G suffixes allowed).
     #[arg(long, default_value = "4K", value_parser = parse_bytes)]
@@ -76,7 +78,7 @@ fn main() -> Result<()> {
     let n = group.world_size();
     let name = group.context().name().unwrap_or_else(|_| "unknown".into());
     let version = get_nccl_version().map_or_else(|_| "unknown".into(), |v| v.to_string());
-    println!("# ddp-comm NcclGroup all-reduce benchmark: world size {n}, in place, float, sum");
+    println!("# ddp-comm NcclBackend all-reduce benchmark: world size {n}, in place, float, sum");
     println!("# NCCL version code {version}; device buffers allocated on the group's stream");
     println!(
         "#  rank {:>2} pid {:>7} device {:>2} [{name}]",
@@ -126,7 +128,7 @@ fn main() -> Result<()> {
 }
 
 /// A world-1 group on `device`, or `None` after saying why this machine cannot run NCCL.
-fn open_group(device: usize) -> Result<Option<NcclGroup>> {
+fn open_group(device: usize) -> Result<Option<NcclBackend>> {
     if !ddp_comm::cuda_driver_present() {
         eprintln!(
             "skipping: no CUDA driver found (libcuda could not be loaded); the NCCL benchmark needs an NVIDIA GPU"
@@ -134,9 +136,9 @@ fn open_group(device: usize) -> Result<Option<NcclGroup>> {
         return Ok(None);
     }
     let (_server, store) = ddp_benches::local_store()?;
-    match NcclGroup::new(
+    match NcclBackend::new(
         &store,
-        NcclGroupConfig::new(0, 1, device).with_name("bench"),
+        NcclBackendConfig::new(0, 1, device).with_name("bench"),
     ) {
         Ok(group) => Ok(Some(group)),
         Err(CommError::Nccl(e)) if e.is_unavailable() => {
@@ -152,7 +154,7 @@ fn iterations(bytes: usize) -> usize {
     ((1usize << 30) / bytes).clamp(5, 1000)
 }
 
-fn measure(group: &NcclGroup, path: Path, bytes: usize) -> Result<Row> {
+fn measure(group: &NcclBackend, path: Path, bytes: usize) -> Result<Row> {
     let n = group.world_size();
     let count = bytes / 4;
     let iters = iterations(bytes);

@@ -34,14 +34,16 @@
 //!   left in `/dev/shm` however a job ends (a crash during setup is cleaned up by the next job).
 //!
 //! ## NCCL (feature `cuda`)
-//! `NcclGroup` runs collectives between GPUs, one per process, through NCCL (cudarc's
+//! NCCL is a backend of [`ProcessGroup`], as `ProcessGroupNCCL` is in c10d:
+//! `pg.nccl(device)` is the group's `NcclBackend`, created on the first call (collective) and
+//! kept, aborted and destroyed with the group. It runs collectives between GPUs, one per process, through NCCL (cudarc's
 //! bindings, which load the CUDA driver and libnccl at run time): `all_reduce`, `broadcast`,
 //! `all_gather` and `reduce_scatter` on device buffers (cudarc's `CudaSlice` or views, on the
 //! rank's device; `ddp_comm::cudarc` re-exports the matching version) and on host slices
 //! (`*_host`: copy in, collective, copy out; `all_reduce_host_async` returns a [`Work`]), plus
 //! `barrier` and `synchronize`. Rank 0 publishes the NCCL unique id in the [`Store`] under
-//! `nccl/<name>/unique_id`; `NcclGroup::from_process_group` reuses a [`ProcessGroup`]'s store
-//! and puts each rank on the device of its `LOCAL_RANK`. The communicator lives on its own
+//! `nccl/<name>/unique_id`; a group's backend meets through the group's store, and
+//! `NcclBackend::new` creates one alone (another name, device or timeout). The communicator lives on its own
 //! thread and CUDA stream (cudarc's `Comm` is not `Send`). A machine without a driver, a GPU or
 //! libnccl gets an `NcclError` that says so (`is_unavailable()`), never a panic. NCCL has no
 //! mismatch detection: a rank that issues a different collective corrupts data or stalls.
@@ -53,8 +55,8 @@
 //! and a CUDA event recorded after it, and is supervised by a [`Watchdog`] ([`watchdog`]): a
 //! thread polls the events and `ncclCommGetAsyncError` every 2 ms and publishes this rank's
 //! last issued and completed sequence numbers in the store (`watchdog/<group>/<rank>`). A
-//! collective not finished within `NcclGroupConfig::timeout` (default 10 minutes;
-//! `for_process_group` takes the process group's, `DDP_TIMEOUT_SECS`), or an async error,
+//! collective not finished within `NcclBackendConfig::timeout` (default 10 minutes;
+//! a process group's backend takes the group's, `DDP_TIMEOUT_SECS`), or an async error,
 //! aborts the communicator (`ncclCommAbort`), and every waiter and later call gets
 //! [`CommError::Watchdog`]: the stuck collective (sequence number, op, bucket, bytes, how long)
 //! and the ranks that never issued it, or "every rank issued it and none finished" (a network
@@ -65,7 +67,7 @@
 //! After an abort, a collective whose event completes (its kernels exited) still reports the
 //! failure, never garbage as a result.
 //! `synchronize`, `barrier`, the `*_host` calls and dropping the group wait
-//! through the watchdog, so none of them can hang. `NcclGroup::all_reduce_raw_async` queues an
+//! through the watchdog, so none of them can hang. `NcclBackend::all_reduce_raw_async` queues an
 //! all-reduce of a device address and returns an `NcclWork` whose `wait` reports when it ran
 //! on the GPU (CUDA events mapped onto the host clock).
 //!
@@ -149,8 +151,8 @@ pub use watchdog::{CollectiveLabel, Watchdog, WatchdogConfig, WatchdogFailure};
 pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use nccl::{
-    NCCL_DEFAULT_TIMEOUT, NcclDtype, NcclElement, NcclError, NcclGroup, NcclGroupConfig, NcclWork,
-    cuda_device_count, nccl_device_uuid,
+    NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclBackendConfig, NcclDtype, NcclElement, NcclError,
+    NcclWork, cuda_device_count, nccl_device_uuid,
 };
 
 /// Whether the CUDA driver library can be loaded. Check it before the first GPU tensor

@@ -8,9 +8,9 @@
 
 use ddp_comm::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use ddp_comm::{
-    CollectiveLabel, CommError, NCCL_DEFAULT_TIMEOUT, NcclDtype, NcclElement, NcclError, NcclGroup,
-    NcclGroupConfig, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer,
-    bf16, cuda_device_count, f16,
+    CollectiveLabel, CommError, NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclBackendConfig, NcclDtype,
+    NcclElement, NcclError, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
+    StoreServer, bf16, cuda_device_count, f16,
 };
 use std::time::Duration;
 
@@ -43,31 +43,31 @@ fn require_gpu() {
 }
 
 /// Creates a group; fails saying what to install or set when NCCL cannot be loaded.
-fn create(store: &Store, config: NcclGroupConfig) -> NcclGroup {
-    NcclGroup::new(store, config).unwrap_or_else(|e| {
+fn create(store: &Store, config: NcclBackendConfig) -> NcclBackend {
+    NcclBackend::new(store, config).unwrap_or_else(|e| {
         panic!("creating a world-1 NCCL group failed (point LD_LIBRARY_PATH at libnccl): {e}")
     })
 }
 
 /// A world-1 group on device 0.
-fn world_one(name: &str) -> NcclGroup {
+fn world_one(name: &str) -> NcclBackend {
     require_gpu();
     let (_server, store) = store_pair();
-    create(&store, NcclGroupConfig::new(0, 1, 0).with_name(name))
+    create(&store, NcclBackendConfig::new(0, 1, 0).with_name(name))
 }
 
-fn upload<T: DeviceRepr>(g: &NcclGroup, host: &[T]) -> CudaSlice<T> {
+fn upload<T: DeviceRepr>(g: &NcclBackend, host: &[T]) -> CudaSlice<T> {
     g.stream().clone_htod(host).expect("copy to the device")
 }
 
-fn download<T: DeviceRepr>(g: &NcclGroup, dev: &CudaSlice<T>) -> Vec<T> {
+fn download<T: DeviceRepr>(g: &NcclBackend, dev: &CudaSlice<T>) -> Vec<T> {
     let host = g.stream().clone_dtoh(dev).expect("copy to the host");
     g.stream().synchronize().expect("synchronize");
     host
 }
 
 /// At world size 1 every reduction of a buffer is the buffer itself.
-fn all_reduce_keeps_values<T: NcclElement>(g: &NcclGroup, values: &[T]) {
+fn all_reduce_keeps_values<T: NcclElement>(g: &NcclBackend, values: &[T]) {
     for op in ALL_OPS {
         let mut dev = upload(g, values);
         g.all_reduce(&mut dev, op).expect("device all_reduce");
@@ -199,15 +199,21 @@ fn a_group_is_usable_from_another_thread() {
 fn unique_id_is_published_under_the_group_name_and_a_name_is_used_once() {
     require_gpu();
     let (_server, store) = store_pair();
-    let g = create(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange"));
+    let g = create(
+        &store,
+        NcclBackendConfig::new(0, 1, 0).with_name("exchange"),
+    );
     let id = store
         .get("nccl/exchange/unique_id")
         .expect("rank 0 published the id");
     assert_eq!(id.len(), 128);
     assert_eq!((g.rank(), g.world_size(), g.device()), (0, 1, 0));
     drop(g);
-    let e =
-        NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0).with_name("exchange")).unwrap_err();
+    let e = NcclBackend::new(
+        &store,
+        NcclBackendConfig::new(0, 1, 0).with_name("exchange"),
+    )
+    .unwrap_err();
     assert!(
         matches!(e, CommError::Nccl(NcclError::NameInUse { .. })),
         "{e}"
@@ -215,24 +221,40 @@ fn unique_id_is_published_under_the_group_name_and_a_name_is_used_once() {
     // Another name is another group on the same store.
     let other = create(
         &store,
-        NcclGroupConfig::new(0, 1, 0).with_name("exchange-2"),
+        NcclBackendConfig::new(0, 1, 0).with_name("exchange-2"),
     );
     assert_eq!(other.world_size(), 1);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
-fn a_group_can_be_made_from_a_process_group() {
+fn a_process_group_has_one_nccl_backend_kept_with_it() {
     require_gpu();
     let (_server, store) = store_pair();
     let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("world 1");
-    let g = NcclGroup::from_process_group(&pg)
-        .unwrap_or_else(|e| panic!("NCCL group from a process group: {e}"));
+    let g = pg
+        .nccl(pg.local_rank())
+        .unwrap_or_else(|e| panic!("the process group's NCCL backend: {e}"));
     assert_eq!(g.device(), pg.local_rank());
     let mut v = [5i32, 6];
     g.all_reduce_host(&mut v, ReduceOp::Avg)
         .expect("all_reduce");
     assert_eq!(v, [5, 6]);
+    // A second call, from a clone, is the same communicator (no second rendezvous).
+    let again = pg.clone().nccl(pg.local_rank()).expect("the same backend");
+    assert_eq!(again.name(), g.name());
+    let mut w = [7i32];
+    again
+        .all_reduce_host(&mut w, ReduceOp::Sum)
+        .expect("all_reduce");
+    assert_eq!(w, [7]);
+    // One device per rank per group.
+    let e = pg.nccl(pg.local_rank() + 1).unwrap_err();
+    assert!(matches!(e, CommError::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("new_group"), "{e}");
+    // Aborting the group aborts its backend.
+    pg.abort("test abort");
+    assert!(g.all_reduce_host(&mut w, ReduceOp::Sum).is_err());
 }
 
 /// Runs on every machine: without a driver, creating a group is a clear error; with one, a
@@ -241,7 +263,7 @@ fn a_group_can_be_made_from_a_process_group() {
 fn a_group_this_machine_cannot_make_is_an_error_not_a_panic() {
     let (_server, store) = store_pair();
     if !ddp_comm::cuda_driver_present() {
-        let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, 0)).unwrap_err();
+        let e = NcclBackend::new(&store, NcclBackendConfig::new(0, 1, 0)).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("no CUDA driver found (libcuda could not be loaded)"),
@@ -252,10 +274,18 @@ fn a_group_this_machine_cannot_make_is_an_error_not_a_panic() {
             cuda_device_count(),
             Err(CommError::Nccl(NcclError::DriverNotFound))
         ));
+        // The same through a process group's backend, which stays uncreated.
+        let (_server, store) = store_pair();
+        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("world 1");
+        let e = pg.nccl(0).unwrap_err();
+        assert!(
+            matches!(&e, CommError::Nccl(n) if n.is_unavailable()),
+            "{e}"
+        );
         return;
     }
     let count = cuda_device_count().expect("the driver counts its GPUs");
-    let e = NcclGroup::new(&store, NcclGroupConfig::new(0, 1, count)).unwrap_err();
+    let e = NcclBackend::new(&store, NcclBackendConfig::new(0, 1, count)).unwrap_err();
     assert!(
         matches!(&e, CommError::Nccl(NcclError::NoSuchDevice { device, .. }) if *device == count),
         "{e}"
@@ -299,10 +329,10 @@ fn raw_async_all_reduce_gives_the_values_and_a_gpu_timing() {
 fn init_without_the_other_rank_times_out_with_the_group_named() {
     require_gpu();
     let (_server, store) = store_pair();
-    let config = NcclGroupConfig::new(0, 2, 0)
+    let config = NcclBackendConfig::new(0, 2, 0)
         .with_name("lonely")
         .with_timeout(Duration::from_secs(3));
-    match NcclGroup::new(&store, config) {
+    match NcclBackend::new(&store, config) {
         Err(CommError::Nccl(NcclError::InitTimeout {
             group, world_size, ..
         })) => assert_eq!((group.as_str(), world_size), ("lonely", 2)),
@@ -314,7 +344,10 @@ fn init_without_the_other_rank_times_out_with_the_group_named() {
 /// Runs without a GPU: the timeout a group gets by default and from a process group.
 #[test]
 fn the_group_timeout_defaults_to_ten_minutes_and_follows_the_process_group() {
-    assert_eq!(NcclGroupConfig::new(0, 1, 0).timeout, NCCL_DEFAULT_TIMEOUT);
+    assert_eq!(
+        NcclBackendConfig::new(0, 1, 0).timeout,
+        NCCL_DEFAULT_TIMEOUT
+    );
     assert_eq!(NCCL_DEFAULT_TIMEOUT, Duration::from_secs(600));
     let (_server, store) = store_pair();
     let pg = ProcessGroup::with_store(
@@ -323,7 +356,7 @@ fn the_group_timeout_defaults_to_ten_minutes_and_follows_the_process_group() {
     )
     .expect("world 1");
     assert_eq!(
-        NcclGroupConfig::for_process_group(&pg).timeout,
+        NcclBackendConfig::for_process_group(&pg).timeout,
         Duration::from_secs(42)
     );
 }
@@ -334,7 +367,7 @@ fn nccl_work_and_the_group_can_move_between_threads() {
     fn movable<T: Send>() {}
     fn shareable<T: Send + Sync>() {}
     movable::<ddp_comm::NcclWork>();
-    shareable::<NcclGroup>();
+    shareable::<NcclBackend>();
     movable::<ddp_comm::watchdog::WatchedWork>();
     shareable::<ddp_comm::Watchdog>();
 }

@@ -3,6 +3,7 @@
 //! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups.
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
 //! - [`Work`]: the handle of an asynchronous collective.
+//! - `ProcessGroup::nccl` (feature `cuda`): the group's NCCL backend, for device buffers.
 //!
 //! # Threads
 //! Each group has one communication thread that owns its connections and runs collectives in
@@ -17,6 +18,8 @@ mod abort;
 mod collectives;
 mod config;
 mod job_thread;
+#[cfg(feature = "cuda")]
+mod nccl_backend;
 mod process_group;
 mod work;
 mod worker;

@@ -54,6 +54,9 @@ pub(crate) struct Inner {
     subgroups: AtomicU64,
     /// The job's random nonce (agreed through the store), part of every group id.
     job_nonce: Vec<u8>,
+    /// The NCCL backend ([`ProcessGroup::nccl`]); dropped before the store it met through.
+    #[cfg(feature = "cuda")]
+    pub(crate) nccl: super::nccl_backend::NcclSlot,
     /// Keeps the parent (and so the store it may host) alive while a subgroup exists.
     _parent: Option<Arc<Inner>>,
     /// Declared last: dropped after every store connection above is closed.
@@ -195,6 +198,8 @@ impl ProcessGroup {
                 payload: AtomicU64::new(0),
                 subgroups: AtomicU64::new(0),
                 job_nonce,
+                #[cfg(feature = "cuda")]
+                nccl: Default::default(),
                 _parent: parent,
                 _server: server,
             }),
@@ -345,9 +350,13 @@ impl ProcessGroup {
     ///   third rank notices when that rank moves on (or at the timeout).
     ///
     /// Only the first call acts; later ones do nothing. It aborts this group only, not its
-    /// parent or its subgroups. Publishing waits at most about a second for the store.
+    /// parent or its subgroups. With the `cuda` feature it also aborts the group's NCCL
+    /// backend (`ProcessGroup::nccl`), if created. Publishing waits at most about a second for
+    /// the store.
     pub fn abort(&self, reason: &str) {
         self.inner.worker.abort(reason);
+        #[cfg(feature = "cuda")]
+        self.inner.nccl.abort(reason);
     }
 
     /// Bytes this rank has handed to collectives and point-to-point calls on this group so far:

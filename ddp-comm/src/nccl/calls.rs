@@ -1,4 +1,4 @@
-//! The NCCL calls themselves, in one place: every collective of [`NcclGroup`](super::NcclGroup)
+//! The NCCL calls themselves, in one place: every collective of [`NcclBackend`](super::NcclBackend)
 //! (on device buffers, on host slices staged through the device, on raw addresses) queues
 //! through [`CommState::queue`].
 

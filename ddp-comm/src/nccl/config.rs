@@ -1,4 +1,4 @@
-//! [`NcclGroupConfig`]: who this rank is and which GPU it drives.
+//! [`NcclBackendConfig`]: who this rank is and which GPU it drives.
 
 use crate::deadline::check_timeout;
 use crate::error::{CommError, Result};
@@ -9,10 +9,10 @@ use std::time::Duration;
 /// minutes, PyTorch's default for NCCL process groups.
 pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Settings of an [`NcclGroup`](super::NcclGroup), in burn's config style:
-/// `NcclGroupConfig::new(rank, world_size, local_rank).with_name("tensor-parallel")`.
+/// Settings of an [`NcclBackend`](super::NcclBackend), in burn's config style:
+/// `NcclBackendConfig::new(rank, world_size, local_rank).with_name("tensor-parallel")`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NcclGroupConfig {
+pub struct NcclBackendConfig {
     /// This process's rank in the group, `0..world_size`.
     pub rank: usize,
     /// Number of ranks in the group.
@@ -31,11 +31,11 @@ pub struct NcclGroupConfig {
     pub timeout: Duration,
 }
 
-impl NcclGroupConfig {
+impl NcclBackendConfig {
     /// A group of `world_size` ranks in which this process is `rank` and drives `device`.
     /// The name defaults to `default`.
     pub fn new(rank: usize, world_size: usize, device: usize) -> Self {
-        NcclGroupConfig {
+        NcclBackendConfig {
             rank,
             world_size,
             device,
@@ -100,26 +100,29 @@ mod tests {
 
     #[test]
     fn rank_outside_world_is_rejected() {
-        let e = NcclGroupConfig::new(2, 2, 0).validate().unwrap_err();
+        let e = NcclBackendConfig::new(2, 2, 0).validate().unwrap_err();
         assert!(
             e.to_string()
                 .contains("rank 2 is out of range for world size 2"),
             "{e}"
         );
-        assert!(NcclGroupConfig::new(0, 0, 0).validate().is_err());
+        assert!(NcclBackendConfig::new(0, 0, 0).validate().is_err());
         assert!(
-            NcclGroupConfig::new(0, 1, 0)
+            NcclBackendConfig::new(0, 1, 0)
                 .with_name("")
                 .validate()
                 .is_err()
         );
-        assert!(NcclGroupConfig::new(1, 2, 1).validate().is_ok());
+        assert!(NcclBackendConfig::new(1, 2, 1).validate().is_ok());
         assert!(
-            NcclGroupConfig::new(0, 1, 0)
+            NcclBackendConfig::new(0, 1, 0)
                 .with_timeout(std::time::Duration::ZERO)
                 .validate()
                 .is_err()
         );
-        assert_eq!(NcclGroupConfig::new(0, 1, 0).timeout, NCCL_DEFAULT_TIMEOUT);
+        assert_eq!(
+            NcclBackendConfig::new(0, 1, 0).timeout,
+            NCCL_DEFAULT_TIMEOUT
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use cudarc::nccl::sys::ncclDataType_t;
 
-/// The element type of a buffer given to [`NcclGroup::all_reduce_raw_async`](super::NcclGroup::all_reduce_raw_async)
+/// The element type of a buffer given to [`NcclBackend::all_reduce_raw_async`](super::NcclBackend::all_reduce_raw_async)
 /// by device address (the typed methods take it from the buffer's type instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

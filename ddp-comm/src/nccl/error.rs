@@ -63,7 +63,7 @@ pub enum NcclError {
     /// Not every rank joined the communicator within the group's timeout; the half-made
     /// communicator was aborted.
     #[error(
-        "NCCL group '{group}': rank {rank} could not join the communicator of {world_size} ranks within {timeout:?}; the init was aborted. Check that every rank started and called NcclGroup::new with the same group name and world size, that the hosts reach each other (NCCL_SOCKET_IFNAME, firewalls), and set NCCL_DEBUG=INFO for NCCL's own report"
+        "NCCL group '{group}': rank {rank} could not join the communicator of {world_size} ranks within {timeout:?}; the init was aborted. Check that every rank started and called NcclBackend::new with the same group name and world size, that the hosts reach each other (NCCL_SOCKET_IFNAME, firewalls), and set NCCL_DEBUG=INFO for NCCL's own report"
     )]
     InitTimeout {
         /// The group's name.
@@ -89,7 +89,7 @@ pub enum NcclError {
     },
     /// Rank 0 found a unique id already published under the group's key.
     #[error(
-        "an NCCL unique id is already published under store key '{key}': each NCCL group needs a name that is unique within its store (NcclGroupConfig::with_name)"
+        "an NCCL unique id is already published under store key '{key}': each NCCL group needs a name that is unique within its store (NcclBackendConfig::with_name)"
     )]
     NameInUse {
         /// The key.

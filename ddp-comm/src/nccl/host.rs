@@ -5,9 +5,9 @@
 //! from the driver's memory pool, waits for the collective through the watchdog (bounded by the
 //! timeout) and only then copies back, and returns when the result is in host memory.
 
+use super::backend::NcclBackend;
 use super::calls::{Buffers, Call};
 use super::element::NcclElement;
-use super::group::NcclGroup;
 use super::thread::CommState;
 use crate::error::Result;
 use crate::group::Work;
@@ -15,8 +15,8 @@ use crate::reduce_op::ReduceOp;
 use crate::watchdog::CollectiveLabel;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-impl NcclGroup {
-    /// [`NcclGroup::all_reduce`] on a host slice.
+impl NcclBackend {
+    /// [`NcclBackend::all_reduce`] on a host slice.
     ///
     /// # Collective
     /// Every rank calls it with a slice of the same length; afterwards every rank's slice holds
@@ -35,11 +35,11 @@ impl NcclGroup {
         })
     }
 
-    /// [`NcclGroup::all_reduce_host`] on an owned buffer, without blocking: the returned
+    /// [`NcclBackend::all_reduce_host`] on an owned buffer, without blocking: the returned
     /// [`Work`] gives the buffer back holding the result, so the caller can compute meanwhile.
     ///
     /// # Collective
-    /// As [`NcclGroup::all_reduce_host`]; collectives run in issue order.
+    /// As [`NcclBackend::all_reduce_host`]; collectives run in issue order.
     ///
     /// # Errors
     /// From [`Work::wait`]: CUDA and NCCL failures, [`CommError::Destroyed`](crate::CommError)
@@ -60,7 +60,7 @@ impl NcclGroup {
         })
     }
 
-    /// [`NcclGroup::broadcast`] on a host slice: `root`'s slice lands in every rank's.
+    /// [`NcclBackend::broadcast`] on a host slice: `root`'s slice lands in every rank's.
     ///
     /// # Collective
     /// Every rank calls it with the same `root` and slice length.
@@ -100,7 +100,7 @@ impl NcclGroup {
         })
     }
 
-    /// [`NcclGroup::all_gather`] on host slices: rank `r`'s `send` lands at
+    /// [`NcclBackend::all_gather`] on host slices: rank `r`'s `send` lands at
     /// `recv[r * send.len()..]` on every rank.
     ///
     /// # Collective
@@ -132,7 +132,7 @@ impl NcclGroup {
         })
     }
 
-    /// [`NcclGroup::reduce_scatter`] on host slices: `recv` receives block `rank` of the
+    /// [`NcclBackend::reduce_scatter`] on host slices: `recv` receives block `rank` of the
     /// reduction of every rank's `send`.
     ///
     /// # Collective

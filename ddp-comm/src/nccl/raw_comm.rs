@@ -86,7 +86,7 @@ impl RawComm {
             group: group.to_string(),
             rank,
         };
-        // NcclGroupConfig::validate bounds both by i32::MAX.
+        // NcclBackendConfig::validate bounds both by i32::MAX.
         let nranks = c_int::try_from(world_size).unwrap_or(c_int::MAX);
         let rank_int = c_int::try_from(rank).unwrap_or(c_int::MAX);
         let mut config = nonblocking_config();

@@ -1,4 +1,4 @@
-//! The communication thread of an [`NcclGroup`](super::NcclGroup).
+//! The communication thread of an [`NcclBackend`](super::NcclBackend).
 //!
 //! One thread creates the CUDA context, the group's stream, the communicator ([`RawComm`]) and
 //! the group's [`Watchdog`], keeps them for the group's life, and runs the jobs that callers on
@@ -196,12 +196,12 @@ impl CommThread {
         Ok((CommThread { thread, failer }, ctx, stream))
     }
 
-    /// Fails the group now, from the calling thread: see [`NcclGroup::abort`](super::NcclGroup::abort).
+    /// Fails the group now, from the calling thread: see [`NcclBackend::abort`](super::NcclBackend::abort).
     pub(crate) fn fail(&self, why: &str) -> CommError {
         self.failer.fail(why)
     }
 
-    /// The group's failure, if it has failed: see [`NcclGroup::check`](super::NcclGroup::check).
+    /// The group's failure, if it has failed: see [`NcclBackend::check`](super::NcclBackend::check).
     pub(crate) fn check(&self) -> Result<()> {
         self.failer.check()
     }

@@ -38,7 +38,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
-use ddp_comm::{NcclDtype, NcclGroup, NcclGroupConfig, ProcessGroup, WorkTiming};
+use ddp_comm::{NcclBackend, NcclDtype, ProcessGroup, WorkTiming};
 use std::any::Any;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -46,17 +46,14 @@ use std::time::Duration;
 /// How often a bucket's wait for the issuing thread checks the group and the GPU wait.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
-/// The store key counting the NCCL groups DDP created on one store, so each gets its own name.
-const GROUP_COUNTER_KEY: &str = "ddp/nccl_bucket_groups";
-
 /// Gradients stay on the GPU; buckets are averaged by NCCL.
 pub(crate) struct NcclEngine {
-    /// The issuing thread, which waits for each bucket's kernels and queues its all-reduce; it
-    /// holds the NCCL group, and is stopped on drop, so the communicator is torn down with the
-    /// engine (not while the process exits).
+    /// The issuing thread, which waits for each bucket's kernels and queues its all-reduce;
+    /// stopped on drop. The communicator itself is the process group's and lives as long as
+    /// the group.
     issuer: Issuer,
     /// The group too, to abort it from DDP's thread when a step fails.
-    nccl: NcclGroup,
+    nccl: NcclBackend,
     /// How long the issuing thread may wait for the GPU (the process group's timeout).
     timeout: Duration,
 }
@@ -68,29 +65,15 @@ impl Drop for NcclEngine {
 }
 
 impl NcclEngine {
-    /// Joins an NCCL group over `pg`'s ranks on CUDA device `device` (the model's).
+    /// Reduces through `pg`'s NCCL backend on CUDA device `device` (the model's).
     ///
     /// # Collective
     /// Every rank of `pg` calls it.
     pub(crate) fn new(pg: &ProcessGroup, device: usize) -> Result<NcclEngine, DdpError> {
-        // A name no earlier DDP on this store used: rank 0 counts, everyone learns the count.
-        let mut serial = [0i64];
-        if pg.rank() == 0 {
-            serial[0] = pg
-                .store()
-                .add(GROUP_COUNTER_KEY, 1)
-                .map_err(DdpError::comm(
-                    "naming the NCCL group of the gradient buckets",
-                ))?;
-        }
-        pg.broadcast(&mut serial, 0).map_err(DdpError::comm(
-            "naming the NCCL group of the gradient buckets",
-        ))?;
-        let config = NcclGroupConfig::for_process_group(pg)
-            .with_device(device)
-            .with_name(format!("ddp-buckets-{}", serial[0]));
-        let nccl = NcclGroup::new(pg.store(), config).map_err(DdpError::comm(
-            "creating the NCCL group for the gradient buckets",
+        // The process group's own NCCL backend (created by the first DDP on this group, kept
+        // with the group), as PyTorch's DDP reduces through its group's ProcessGroupNCCL.
+        let nccl = pg.nccl(device).map_err(DdpError::comm(
+            "creating the process group's NCCL backend for the gradient buckets",
         ))?;
         tracing::info!(
             rank = pg.rank(),
@@ -212,7 +195,7 @@ struct InFlight {
     issued: Option<mpsc::Receiver<Issued>>,
     layout: FlatLayout,
     /// To give up as soon as the group has failed.
-    nccl: NcclGroup,
+    nccl: NcclBackend,
     /// To give up, failing the group, once the issuing thread has waited for the GPU longer
     /// than `timeout`.
     gpu_wait: Arc<GpuWait>,

@@ -13,7 +13,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 use cubecl::future::DynFut;
 use cubecl::server::ServerError;
-use ddp_comm::{CollectiveLabel, NcclDtype, NcclGroup, NcclWork, ReduceOp};
+use ddp_comm::{CollectiveLabel, NcclBackend, NcclDtype, NcclWork, ReduceOp};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -116,7 +116,7 @@ pub(super) struct Issuer {
 
 impl Issuer {
     /// Starts the thread; it holds a handle of `nccl` until it ends.
-    pub(super) fn start(nccl: NcclGroup, rank: usize) -> Result<Issuer, DdpError> {
+    pub(super) fn start(nccl: NcclBackend, rank: usize) -> Result<Issuer, DdpError> {
         let (sender, issues) = mpsc::channel::<Issue>();
         let gpu_wait = Arc::new(GpuWait::default());
         let waiting = gpu_wait.clone();
@@ -159,7 +159,7 @@ impl Issuer {
     /// Ends the thread: joined once it has finished its buckets, or left behind (and said so)
     /// when it has been waiting for the GPU longer than `timeout`, or is still busy
     /// [`STOP_AFTER_FAILURE`] after `nccl` failed.
-    pub(super) fn stop(&mut self, nccl: &NcclGroup, timeout: Duration) {
+    pub(super) fn stop(&mut self, nccl: &NcclBackend, timeout: Duration) {
         self.sender
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -215,7 +215,7 @@ impl Drop for Waiting<'_> {
 /// thread's stream, recorded when the bucket launched), then queues its all-reduce on NCCL's
 /// stream. Only this thread blocks; backward goes on queueing kernels, and no whole-device
 /// sync is made.
-fn issue(nccl: &NcclGroup, gpu_wait: &GpuWait, job: &mut Issue) -> Result<NcclWork, NotIssued> {
+fn issue(nccl: &NcclBackend, gpu_wait: &GpuWait, job: &mut Issue) -> Result<NcclWork, NotIssued> {
     let fail = |what: &str, e: &dyn std::fmt::Debug| NotIssued {
         error: DdpError::Gradient {
             path: job.path.clone(),

@@ -1,7 +1,7 @@
-//! [`NcclGroup`]: construction, accessors and the collectives on device buffers.
+//! [`NcclBackend`]: construction, accessors and the collectives on device buffers.
 
 use super::calls::{Buffers, Call};
-use super::config::NcclGroupConfig;
+use super::config::NcclBackendConfig;
 use super::dtype::NcclDtype;
 use super::element::NcclElement;
 use super::error::NcclError;
@@ -10,7 +10,6 @@ use super::thread::{CommThread, InitSpec};
 use super::unique_id;
 use super::work::NcclWork;
 use crate::error::{CommError, Result};
-use crate::group::ProcessGroup;
 use crate::reduce_op::ReduceOp;
 use crate::store::Store;
 use crate::watchdog::CollectiveLabel;
@@ -21,19 +20,24 @@ use std::sync::Arc;
 /// An NCCL communicator for one rank: collectives on CUDA buffers between the processes of a
 /// job, one GPU each. Cheap to clone (clones share the communicator).
 ///
+/// The usual way to get one is as the CUDA backend of a process group,
+/// [`ProcessGroup::nccl`](crate::ProcessGroup::nccl): the same ranks, created on first use and kept with the group.
+/// [`NcclBackend::new`] creates one alone, from a store and a config (another name, device or
+/// timeout).
+///
 /// # Collective
 /// Every rank of the group must issue the same collectives, with the same sizes, in the same
-/// order. Unlike [`ProcessGroup`], NCCL cannot detect a mismatch: it hangs or corrupts data.
+/// order. Unlike [`ProcessGroup`](crate::ProcessGroup), NCCL cannot detect a mismatch: it hangs or corrupts data.
 ///
 /// # Completion
 /// A device collective returns once NCCL has queued it on the group's [stream](Self::stream);
 /// the GPU runs it later. cudarc records the buffers' use, so later work on them through cudarc,
-/// on any stream, waits for the collective; [`NcclGroup::synchronize`] waits on the host.
+/// on any stream, waits for the collective; [`NcclBackend::synchronize`] waits on the host.
 /// The `*_host` methods return when the result is in host memory.
 ///
 /// # Failure
 /// A watchdog supervises every collective ([`crate::watchdog`]): one that has not finished on
-/// the GPU [`timeout`](NcclGroupConfig::timeout) after it was queued, or an asynchronous NCCL
+/// the GPU [`timeout`](NcclBackendConfig::timeout) after it was queued, or an asynchronous NCCL
 /// error, aborts the communicator (`ncclCommAbort`), and every waiter and every later call gets
 /// [`CommError::Watchdog`] naming the collective (sequence number, op, bucket, bytes) and the
 /// ranks that never issued it, or saying that all issued it and none finished (a network or
@@ -45,9 +49,10 @@ use std::sync::Arc;
 ///
 /// # Example
 /// ```no_run
-/// use ddp_comm::{NcclGroup, ReduceOp, init_from_env};
-/// let pg = init_from_env()?; // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
-/// let nccl = NcclGroup::from_process_group(&pg)?; // device = LOCAL_RANK
+/// use ddp_comm::{InitMethod, ProcessGroupConfig, ReduceOp, init_process_group};
+/// // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun or ddp-run set them
+/// let pg = init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)?;
+/// let nccl = pg.nccl(pg.local_rank())?; // the group's NCCL backend, on this rank's GPU
 /// let mut grads = nccl.stream().clone_htod(&[1.0f32; 1024]).expect("device memory");
 /// nccl.all_reduce(&mut grads, ReduceOp::Avg)?; // queued on the group's stream
 /// nccl.synchronize()?; // finished on the GPU
@@ -56,7 +61,7 @@ use std::sync::Arc;
 /// # Ok::<(), ddp_comm::CommError>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct NcclGroup {
+pub struct NcclBackend {
     inner: Arc<Inner>,
 }
 
@@ -65,10 +70,10 @@ struct Inner {
     thread: CommThread,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    config: NcclGroupConfig,
+    config: NcclBackendConfig,
 }
 
-impl NcclGroup {
+impl NcclBackend {
     /// Joins an NCCL group through `store`: rank 0 creates the unique id and publishes it under
     /// `nccl/<name>/unique_id`; the others wait for it (up to the store's timeout). Then every
     /// rank creates its communicator, which returns once all ranks have joined, or fails with
@@ -85,13 +90,13 @@ impl NcclGroup {
     /// publish; [`NcclError::NameInUse`] on rank 0 when the name was used before in this
     /// store; [`NcclError::InitTimeout`]; NCCL and CUDA failures while creating the
     /// communicator.
-    pub fn new(store: &Store, config: NcclGroupConfig) -> Result<NcclGroup> {
+    pub fn new(store: &Store, config: NcclBackendConfig) -> Result<NcclBackend> {
         config.validate()?;
         // NCCL_COMM_BLOCKING=1 overrides the non-blocking config: init would have no timeout and
         // a call could block inside NCCL where the watchdog cannot abort it.
         if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|v| v.trim() == "1") {
             return Err(CommError::arg(
-                "NcclGroup::new",
+                "NcclBackend::new",
                 "NCCL_COMM_BLOCKING=1 makes NCCL's calls blocking, which the watchdog cannot \
                  time out or abort; unset it"
                     .to_string(),
@@ -119,7 +124,7 @@ impl NcclGroup {
             store: store.clone(),
             timeout: config.timeout,
         })?;
-        Ok(NcclGroup {
+        Ok(NcclBackend {
             inner: Arc::new(Inner {
                 thread,
                 context,
@@ -127,20 +132,6 @@ impl NcclGroup {
                 config,
             }),
         })
-    }
-
-    /// An NCCL group over the same ranks as `pg`, meeting through its store, each rank on the
-    /// device of its `LOCAL_RANK` ([`NcclGroupConfig::for_process_group`]). For a second NCCL
-    /// group over the same process group, or another device, use [`NcclGroup::new`] with
-    /// `pg.store()` and a config of your own.
-    ///
-    /// # Collective
-    /// Every rank of `pg` calls it.
-    ///
-    /// # Errors
-    /// As [`NcclGroup::new`].
-    pub fn from_process_group(pg: &ProcessGroup) -> Result<NcclGroup> {
-        Self::new(pg.store(), NcclGroupConfig::for_process_group(pg))
     }
 
     /// This process's rank in the group.
@@ -483,7 +474,7 @@ impl NcclGroup {
 
 /// Rank 0's unique id. cudarc panics if a symbol is missing from an old libnccl; that becomes
 /// an error here.
-fn new_unique_id(config: &NcclGroupConfig) -> Result<Id> {
+fn new_unique_id(config: &NcclBackendConfig) -> Result<Id> {
     match std::panic::catch_unwind(Id::new) {
         Ok(Ok(id)) => Ok(id),
         Ok(Err(e)) => Err(NcclError::Nccl {
