@@ -66,7 +66,7 @@ impl ProcessGroup {
             .with_op(op);
         let buf = bytes_mut(buf);
         self.inner
-            .worker
+            .transport
             .run_blocking(move |s| s.run(&fp, |t| t.all_reduce(&fp, buf, op)))
     }
 
@@ -75,7 +75,7 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len())
             .with_op(op);
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| t.all_reduce(&fp, bytes_mut(&mut buf), op))?;
             Ok(buf)
         })
@@ -100,7 +100,7 @@ impl ProcessGroup {
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
             .with_op(op);
         let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
             })
@@ -118,7 +118,7 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
             .with_op(op);
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
             s.run(&fp, |t| {
                 t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
@@ -137,7 +137,7 @@ impl ProcessGroup {
             .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
         let buf = bytes_mut(buf);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.broadcast(&fp, buf, root)
@@ -151,7 +151,7 @@ impl ProcessGroup {
             .fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len())
             .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.broadcast(&fp, bytes_mut(&mut buf), root)
@@ -171,7 +171,7 @@ impl ProcessGroup {
             input.len() * self.world_size(),
         );
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.all_gather(&fp, input, output)
@@ -184,7 +184,7 @@ impl ProcessGroup {
     pub fn all_gather_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
         let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
         let mut output = vec![T::zeroed(); input.len() * self.world_size()];
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 t.all_gather(&fp, bytes(&input), bytes_mut(&mut output))
             })?;
@@ -210,7 +210,7 @@ impl ProcessGroup {
         let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
         let check = self.check_all_to_all(input.len(), output.len());
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.all_to_all(&fp, input, output)
@@ -225,7 +225,7 @@ impl ProcessGroup {
         let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
         let check = self.check_all_to_all(input.len(), input.len());
         let mut output = vec![T::zeroed(); input.len()];
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.all_to_all(&fp, bytes(&input), bytes_mut(&mut output))
@@ -267,7 +267,7 @@ impl ProcessGroup {
             output.len() * self.world_size(),
         );
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.reduce_scatter(&fp, input, output, op)
@@ -285,7 +285,7 @@ impl ProcessGroup {
             .with_op(op);
         let check = self.check_len("reduce_scatter", "input", input.len(), block * n);
         let mut output = vec![T::zeroed(); block];
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.reduce_scatter(&fp, bytes(&input), bytes_mut(&mut output), op)
@@ -302,7 +302,7 @@ impl ProcessGroup {
             .with_root(root);
         let check = self.check_rank("reduce", "root", root);
         let buf = bytes_mut(buf);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.reduce(&fp, buf, root, op)
@@ -339,7 +339,7 @@ impl ProcessGroup {
         });
         let input = bytes(input);
         let output = output.map(bytes_mut);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.gather(&fp, input, output, root)
@@ -379,7 +379,7 @@ impl ProcessGroup {
         });
         let input = input.map(bytes);
         let output = bytes_mut(output);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.scatter(&fp, input, output, root)
@@ -391,7 +391,7 @@ impl ProcessGroup {
     pub fn barrier(&self) -> Result<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
         self.inner
-            .worker
+            .transport
             .run_blocking(move |s| s.run(&fp, |t| t.barrier(&fp)))
     }
 
@@ -399,7 +399,7 @@ impl ProcessGroup {
     pub fn barrier_async(&self) -> Work<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
         self.inner
-            .worker
+            .transport
             .submit(move |s| s.run(&fp, |t| t.barrier(&fp)))
     }
 
@@ -411,7 +411,7 @@ impl ProcessGroup {
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
         let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
         let buf = bytes(buf);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.send(&fp, buf, dst)
@@ -423,7 +423,7 @@ impl ProcessGroup {
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
         let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
         let buf = bytes_mut(buf);
-        self.inner.worker.run_blocking(move |s| {
+        self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.recv(&fp, buf, src)
@@ -434,7 +434,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::send`] on the communication thread.
     pub fn send_async<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
         let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.send(&fp, bytes(&buf), dst)
@@ -447,7 +447,7 @@ impl ProcessGroup {
     /// length).
     pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
         let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
-        self.inner.worker.submit(move |s| {
+        self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
                 check?;
                 t.recv(&fp, bytes_mut(&mut buf), src)

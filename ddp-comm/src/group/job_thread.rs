@@ -1,7 +1,7 @@
 //! A thread that owns some state and runs the jobs submitted from any thread against it, one at
 //! a time, in submission order.
 //!
-//! Both communication threads are one: the CPU transports' worker (its state is the transport)
+//! Both communication threads are one: the CPU transports' thread ([`TransportThread`](super::transport_thread::TransportThread): its state is the transport)
 //! and the NCCL group's (its state is the communicator, which cannot leave its thread). What a
 //! job does on failure (reporting to the store, marking the group failed) is the caller's
 //! business; this file only moves jobs, results and borrows between threads.

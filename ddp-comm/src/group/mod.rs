@@ -21,13 +21,13 @@ mod job_thread;
 #[cfg(feature = "cuda")]
 mod nccl_backend;
 mod process_group;
+mod transport_thread;
 mod work;
-mod worker;
 
 pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 #[cfg(feature = "cuda")]
 pub(crate) use job_thread::{Job, JobThread, serve};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
+pub use transport_thread::FAILURE_FILE_ENV;
 pub use work::{Work, WorkTiming};
-pub use worker::FAILURE_FILE_ENV;

@@ -1,7 +1,7 @@
 //! [`ProcessGroup`]: a set of ranks that run collectives together.
 
 use super::config::ProcessGroupConfig;
-use super::worker::Worker;
+use super::transport_thread::TransportThread;
 use crate::collective::{CollectiveKind, Fingerprint};
 use crate::dtype::DataType;
 use crate::error::{CommError, Result};
@@ -39,7 +39,7 @@ pub struct ProcessGroup {
 }
 
 pub(crate) struct Inner {
-    pub(crate) worker: Worker,
+    pub(crate) transport: TransportThread,
     name: String,
     ranks: Vec<usize>,
     group_rank: usize,
@@ -65,7 +65,7 @@ pub(crate) struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.worker.shutdown();
+        self.transport.shutdown();
     }
 }
 
@@ -176,7 +176,7 @@ impl ProcessGroup {
             units,
         } = transport::connect(&spec)?;
         let reporter = store.duplicate()?;
-        let worker = Worker::start(
+        let transport = TransportThread::start(
             transport,
             Some(reporter),
             config.rank,
@@ -185,7 +185,7 @@ impl ProcessGroup {
         tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), backend, "process group ready");
         Ok(ProcessGroup {
             inner: Arc::new(Inner {
-                worker,
+                transport,
                 name,
                 ranks,
                 group_rank,
@@ -286,7 +286,7 @@ impl ProcessGroup {
     /// An empty list, a duplicate, or a rank that is not a member of this group; rendezvous
     /// failures among the members; [`CommError::Aborted`] after [`ProcessGroup::abort`].
     pub fn new_group(&self, ranks: &[usize]) -> Result<Option<ProcessGroup>> {
-        if let Some(e) = self.inner.worker.aborted() {
+        if let Some(e) = self.inner.transport.aborted() {
             return Err(e);
         }
         let index = self.inner.subgroups.fetch_add(1, Ordering::SeqCst);
@@ -354,7 +354,7 @@ impl ProcessGroup {
     /// backend (`ProcessGroup::nccl`), if created. Publishing waits at most about a second for
     /// the store.
     pub fn abort(&self, reason: &str) {
-        self.inner.worker.abort(reason);
+        self.inner.transport.abort(reason);
         #[cfg(feature = "cuda")]
         self.inner.nccl.abort(reason);
     }

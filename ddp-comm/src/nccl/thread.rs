@@ -3,7 +3,7 @@
 //! One thread creates the CUDA context, the group's stream, the communicator ([`RawComm`]) and
 //! the group's [`Watchdog`], keeps them for the group's life, and runs the jobs that callers on
 //! any thread submit through a channel, in issue order (the order NCCL needs on every rank).
-//! The same pattern as the CPU transports' worker.
+//! The same pattern as the CPU transports' thread (`group/transport_thread.rs`).
 //!
 //! Every collective is queued with CUDA events before and after it and handed to the watchdog,
 //! which polls the end event and `ncclCommGetAsyncError` and aborts the communicator when a

@@ -3,7 +3,7 @@
 //! Buffers larger than a staging buffer stream through it: step `s` handles the `s`-th chunk.
 //! Every collective takes at least one step, so even an empty one checks fingerprints.
 
-use super::engine::ShmGroup;
+use super::group::ShmGroup;
 use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;

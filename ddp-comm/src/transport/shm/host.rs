@@ -1,7 +1,7 @@
 //! Who shares a host, who is alive, and what a crashed run left behind: all through `/proc` and
 //! plain file operations.
 
-use super::layout::{HEADER_BYTES, Header};
+use super::segment_layout::{HEADER_BYTES, Header};
 use super::sys::open_own_file;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -135,7 +135,7 @@ pub(super) fn remove_stale_segments(dir: &Path) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::Layout;
+    use super::super::segment_layout::Layout;
     use super::*;
 
     #[test]

@@ -2,8 +2,8 @@
 //! `/dev/shm`, reading each other's staging buffers directly.
 //!
 //! - `sys`: **every `unsafe`** (mmap, atomics and bytes in the mapping, futex).
-//! - `layout`: the offsets below; `host`: host ids, process liveness, stale-segment cleanup.
-//! - `setup`: rendezvous through the store; `engine`: the step protocol and its waits and
+//! - `segment_layout`: the offsets below; `host`: host ids, process liveness, stale-segment cleanup.
+//! - `setup`: rendezvous through the store; `group`: [`ShmGroup`], the step protocol and its waits and
 //!   errors; `collectives`: what each collective does in its steps.
 //!
 //! # Segment layout
@@ -69,11 +69,11 @@
 //! namespace) is dead.
 
 mod collectives;
-mod engine;
+mod group;
 pub(crate) mod host;
-mod layout;
+mod segment_layout;
 mod setup;
 mod sys;
 
-pub(crate) use engine::{ShmAbort, ShmGroup};
+pub(crate) use group::{ShmAbort, ShmGroup};
 pub(crate) use setup::{SetupSpec, setup};

@@ -39,7 +39,7 @@ const PUBLISH_DEADLINE: Duration = Duration::from_secs(1);
 pub const FAILURE_FILE_ENV: &str = "DDP_FAILURE_FILE";
 
 /// What jobs run against on the communication thread.
-pub(crate) struct WorkerState {
+pub(crate) struct TransportState {
     transport: Box<dyn Transport>,
     reporter: Option<Store>,
     my_rank: usize,
@@ -47,7 +47,7 @@ pub(crate) struct WorkerState {
     abort: Arc<Abort>,
 }
 
-impl WorkerState {
+impl TransportState {
     /// Runs one collective unless the group already failed; turns a failure into a report.
     pub(crate) fn run<R>(
         &mut self,
@@ -220,30 +220,30 @@ fn write_failure_file(e: &CommError) {
 }
 
 /// Handle to the communication thread; dropping it lets the queue drain and joins the thread.
-pub(crate) struct Worker {
-    thread: JobThread<WorkerState>,
+pub(crate) struct TransportThread {
+    thread: JobThread<TransportState>,
     abort: Arc<Abort>,
 }
 
-impl std::fmt::Debug for Worker {
+impl std::fmt::Debug for TransportThread {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker").finish_non_exhaustive()
+        f.debug_struct("TransportThread").finish_non_exhaustive()
     }
 }
 
-impl Worker {
+impl TransportThread {
     pub(crate) fn start(
         transport: Box<dyn Transport>,
         reporter: Option<Store>,
         my_rank: usize,
         name: String,
-    ) -> Result<Worker> {
+    ) -> Result<TransportThread> {
         let abort = Arc::new(Abort::new(
             transport.abort_handle()?,
             reporter.clone(),
             my_rank,
         ));
-        let state = WorkerState {
+        let state = TransportState {
             transport,
             reporter,
             my_rank,
@@ -253,7 +253,7 @@ impl Worker {
         // Dropping the state when the queue closes closes the transport's connections.
         let thread = JobThread::spawn(name, move |rx| drop(serve(rx, state)))
             .map_err(|e| CommError::io("starting the communication thread", e))?;
-        Ok(Worker { thread, abort })
+        Ok(TransportThread { thread, abort })
     }
 
     /// Fails the group at once from any thread: publishes `reason` in the store, then closes
@@ -270,7 +270,7 @@ impl Worker {
     /// Queues a job that owns its data; its result arrives through the returned [`Work`].
     pub(crate) fn submit<R: Send + 'static>(
         &self,
-        job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'static,
+        job: impl FnOnce(&mut TransportState) -> Result<R> + Send + 'static,
     ) -> Work<R> {
         self.thread.submit(move |s| run_catching(s, job))
     }
@@ -278,7 +278,7 @@ impl Worker {
     /// Runs a job that borrows the caller's buffers, blocking until it has finished.
     pub(crate) fn run_blocking<'a, R: Send + 'a>(
         &self,
-        job: impl FnOnce(&mut WorkerState) -> Result<R> + Send + 'a,
+        job: impl FnOnce(&mut TransportState) -> Result<R> + Send + 'a,
     ) -> Result<R> {
         self.thread.run_blocking(move |s| run_catching(s, job))
     }
@@ -292,8 +292,8 @@ impl Worker {
 /// Runs a job, turning a panic inside it (a bug) into a failure of the group with its message,
 /// so the caller gets an error and the peers are told, instead of a dead thread.
 fn run_catching<R>(
-    s: &mut WorkerState,
-    job: impl FnOnce(&mut WorkerState) -> Result<R>,
+    s: &mut TransportState,
+    job: impl FnOnce(&mut TransportState) -> Result<R>,
 ) -> Result<R> {
     match std::panic::catch_unwind(AssertUnwindSafe(|| job(s))) {
         Ok(r) => r,

@@ -5,7 +5,7 @@
 //! the errors; `collectives.rs` says what each collective copies and reduces in its steps.
 
 use super::host::ProcId;
-use super::layout::{
+use super::segment_layout::{
     FP_BYTES, H_EPOCH, H_WAITERS, Layout, S_CONSUMED, S_PID, S_POSTED, S_REDUCED, S_START, S_STATE,
     STATE_ABORTED, STATE_CLOSED, STATE_OPEN,
 };
