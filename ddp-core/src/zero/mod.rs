@@ -6,7 +6,7 @@
 //! gradient; each rank then steps only the parameters it owns and broadcasts them.
 //!
 //! - `partition.rs`: who owns which parameter (by size, largest first).
-//! - `layout.rs`: the module's tensors and the gradients of one shard.
+//! - `module_tensors.rs`: the module's tensors and the gradients of one shard.
 //! - `optimizer.rs`: the wrapper (step, broadcast, checkpoints).
 //! - `consolidate.rs`: gathering the shards' state on rank 0 for a checkpoint.
 //! - `stage2.rs`: stage 2's reduce-scatter of gradients and all-gather of parameters.
@@ -84,7 +84,7 @@
 
 mod consolidate;
 mod error;
-pub(crate) mod layout;
+pub(crate) mod module_tensors;
 mod optimizer;
 pub(crate) mod partition;
 mod stage2;

@@ -2,7 +2,7 @@
 
 use super::consolidate::{encode, gather_on_rank0};
 use super::error::ZeroError;
-use super::layout::{TensorInfo, describe, keep_shard};
+use super::module_tensors::{TensorInfo, describe, keep_shard};
 use super::partition::Partition;
 use super::stage2::{
     GradLayout, LocalGradientsHook, ZeroStage, all_gather_params, reduce_scatter_grads,

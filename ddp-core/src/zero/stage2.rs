@@ -9,7 +9,7 @@
 //! largest shard, which the partition keeps within one tensor of `1/world` of the model.
 
 use super::error::ZeroError;
-use super::layout::TensorInfo;
+use super::module_tensors::TensorInfo;
 use super::partition::Partition;
 use crate::hooks::{CommHook, GradBucket, HookError};
 use crate::model_sync::{read_values, write_values};

@@ -4,7 +4,7 @@
 //! `1/world` of the bytes. Tensors no optimizer steps (buffers, frozen parameters, integer and
 //! boolean tensors) go to rank 0.
 
-use crate::zero::layout::describe;
+use crate::zero::module_tensors::describe;
 use crate::zero::partition::Partition;
 use burn::module::{AutodiffModule, ParamId};
 use burn::tensor::backend::AutodiffBackend;
