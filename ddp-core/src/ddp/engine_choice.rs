@@ -1,17 +1,17 @@
 //! Which [`BucketEngine`] reduces the buckets ([`DdpConfig::collectives`],
 //! [`DdpConfig::host_staging`], [`DdpConfig::compression`]).
 //!
-//! - NCCL on the GPU ([`NcclEngine`](crate::reducer::NcclEngine), feature `cuda`) when the
+//! - NCCL on the GPU ([`NcclEngine`](crate::ddp::reducer::NcclEngine), feature `cuda`) when the
 //!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
 //! - Otherwise world size 1 keeps gradients where they are, and larger worlds reduce over the
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
 //!   the GPU.
 
 use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
+use crate::ddp::hooks::{Bf16CompressHook, Fp16CompressHook};
+use crate::ddp::params::ParamTable;
+use crate::ddp::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, StagedEngine};
 use crate::error::DdpError;
-use crate::hooks::{Bf16CompressHook, Fp16CompressHook};
-use crate::params::ParamTable;
-use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, StagedEngine};
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;
 use std::sync::Arc;
@@ -84,7 +84,7 @@ mod nccl {
 #[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::reducer::NcclEngine;
+    use crate::ddp::reducer::NcclEngine;
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
     /// (the one backend whose buffers NCCL can reduce in place).

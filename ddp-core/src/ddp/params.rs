@@ -107,7 +107,7 @@ impl<I: Backend> ParamTable<I> {
     /// Checks that DDP can reduce every trainable dtype.
     pub(crate) fn check_dtypes(&self) -> Result<(), crate::DdpError> {
         match self.entries.iter().find(|e| {
-            e.kind == ParamKind::Trainable && !crate::reducer::HostGrad::supports(e.dtype)
+            e.kind == ParamKind::Trainable && !crate::ddp::reducer::HostGrad::supports(e.dtype)
         }) {
             Some(e) => Err(crate::DdpError::Unsupported(format!(
                 "parameter '{}' has dtype {:?}; DDP reduces f32, f64, f16 and bf16 parameters",

@@ -35,10 +35,10 @@ pub(crate) use host_grad::HostGrad;
 pub(crate) use nccl_engine::NcclEngine;
 pub(crate) use staged_engine::StagedEngine;
 
-use crate::bucket::BucketLayout;
+use crate::ddp::bucket::BucketLayout;
+use crate::ddp::params::{ParamKind, ParamTable};
+use crate::ddp::tap::GradientSink;
 use crate::error::DdpError;
-use crate::params::{ParamKind, ParamTable};
-use crate::tap::GradientSink;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;

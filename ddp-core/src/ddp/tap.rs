@@ -40,7 +40,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::params::ParamKind;
+use crate::ddp::params::ParamKind;
 use burn::module::{ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorPrimitive};
 
