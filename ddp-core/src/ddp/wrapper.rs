@@ -380,11 +380,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let early = self.scopes.iter().map(|s| s.early_gradients()).sum();
         let anchored = self.scopes.iter().map(|s| s.anchored_taps()).sum();
         if learn {
-            let plan = DepthPlan::learn(&self.scopes, loss_depth);
+            let plan = DepthPlan::learn(self.scopes.iter().map(|s| s.anchoring()), loss_depth);
             tracing::debug!(anchors = plan.anchors(), "learned where to anchor the taps");
             self.depth_plan = Some(Arc::new(plan));
         } else if let Some(plan) = self.depth_plan.as_ref().filter(|_| lazy)
-            && !plan.held(&self.scopes, loss_depth)
+            && !plan.held(self.scopes.iter().map(|s| s.anchoring()), loss_depth)
         {
             // Still correct (anchors only move when a tap runs), but the graph changed: learn
             // again on the next backward.
