@@ -1,5 +1,5 @@
 //! Which [`BucketEngine`] reduces the buckets ([`DdpConfig::collectives`],
-//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]).
+//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]), and the [`Reducer`] that feeds it.
 //!
 //! - NCCL on the GPU ([`NcclEngine`](crate::ddp::reducer::NcclEngine), feature `cuda`) when the
 //!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
@@ -10,7 +10,9 @@
 use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
 use crate::ddp::hooks::{Bf16CompressHook, Fp16CompressHook};
 use crate::ddp::params::ParamTable;
-use crate::ddp::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, StagedEngine};
+use crate::ddp::reducer::{
+    BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer, StagedEngine,
+};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;
@@ -54,6 +56,24 @@ pub(super) fn make_engine<I: Backend>(
     } else {
         Arc::new(host())
     })
+}
+
+/// The reducer for `table`, reducing buckets through `engine`.
+pub(super) fn make_reducer<I: Backend>(
+    pg: &ProcessGroup,
+    config: &DdpConfig,
+    table: &ParamTable<I>,
+    engine: Arc<dyn BucketEngine<I>>,
+) -> Reducer<I> {
+    let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
+    let control = (pg.world_size() > 1).then(|| pg.clone());
+    Reducer::new(
+        table,
+        engine,
+        control,
+        mib(config.first_bucket_cap_mb),
+        mib(config.bucket_cap_mb),
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
