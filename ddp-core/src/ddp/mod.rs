@@ -11,7 +11,8 @@
 //! - `model_sync`: rank 0's model reaches every rank at construction.
 //! - `tap`: the identity nodes that hand each gradient to the reducer during backward.
 //! - `boundary`: [`layer_boundary`](crate::layer_boundary), opt-in marks in a model's forward.
-//! - `reducer`: the bucket bookkeeping and how a bucket is reduced.
+//! - `reducer`: the bucket bookkeeping and how a bucket is reduced; `reducible`: the dtypes it
+//!   reduces.
 //! - [`bucket`]: the bucketing rule; [`hooks`]: communication hooks.
 //! - `timeline`: per-step statistics and the Chrome-trace timeline.
 
@@ -27,6 +28,7 @@ pub(crate) mod model_sync;
 pub(crate) mod params;
 mod record;
 pub(crate) mod reducer;
+pub(crate) mod reducible;
 pub(crate) mod tap;
 pub(crate) mod timeline;
 mod wrapper;

@@ -30,7 +30,6 @@ mod staged_engine;
 
 pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
 pub(crate) use hook_engine::HookEngine;
-pub(crate) use host_grad::HostGrad;
 #[cfg(feature = "cuda")]
 pub(crate) use nccl_engine::NcclEngine;
 pub(crate) use staged_engine::StagedEngine;

@@ -1,0 +1,105 @@
+//! The hook interface: [`CommHook`] and the [`GradBucket`] it reduces.
+
+use ddp_comm::ProcessGroup;
+
+/// What a hook returns when it fails; DDP reports it as [`DdpError::CommHook`](crate::DdpError::CommHook).
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Reduces one bucket of gradients across the ranks of a process group.
+///
+/// # Contract
+/// - Every rank's hook is called with the buckets in the same order, with buffers of the same
+///   layout; it must issue the same collectives on every rank.
+/// - On return, `bucket.buffer()` holds the gradients every rank uses, identical on every rank
+///   (for the replicas to stay equal), approximately their average.
+pub trait CommHook: Send + 'static {
+    /// Replaces this rank's gradients in `bucket` by (an approximation of) their average over
+    /// `pg`'s ranks.
+    ///
+    /// # Errors
+    /// Anything; the error fails this backward on this rank (and aborts the group).
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError>;
+
+    /// A short name for logs and errors.
+    fn name(&self) -> &str {
+        std::any::type_name::<Self>()
+    }
+}
+
+/// One parameter's place in a [`GradBucket`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketParam {
+    /// Module path of the parameter (`fc1.weight`).
+    pub path: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Where its gradient starts in the bucket's buffer.
+    pub offset: usize,
+}
+
+impl BucketParam {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Its range in the bucket's buffer.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.numel()
+    }
+}
+
+/// A bucket of f32 gradients, flattened into one buffer in bucket order.
+#[derive(Debug, Clone)]
+pub struct GradBucket {
+    index: usize,
+    count: usize,
+    buffer: Vec<f32>,
+    params: Vec<BucketParam>,
+}
+
+impl GradBucket {
+    /// A bucket; `params` must tile `buffer` in order.
+    pub(crate) fn new(
+        index: usize,
+        count: usize,
+        buffer: Vec<f32>,
+        params: Vec<BucketParam>,
+    ) -> Self {
+        GradBucket {
+            index,
+            count,
+            buffer,
+            params,
+        }
+    }
+
+    /// The bucket's position in this step (0 is reduced first), stable between layout rebuilds.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Whether this is the step's last bucket (a hook counting steps counts here).
+    pub fn is_last(&self) -> bool {
+        self.index + 1 == self.count
+    }
+
+    /// The gradients, flattened.
+    pub fn buffer(&self) -> &[f32] {
+        &self.buffer
+    }
+
+    /// The gradients, flattened, to overwrite with the result.
+    pub fn buffer_mut(&mut self) -> &mut [f32] {
+        &mut self.buffer
+    }
+
+    /// The parameters whose gradients the buffer holds, in order.
+    pub fn parameters(&self) -> &[BucketParam] {
+        &self.params
+    }
+
+    pub(crate) fn into_buffer(self) -> Vec<f32> {
+        self.buffer
+    }
+}
