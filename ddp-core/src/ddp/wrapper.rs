@@ -2,13 +2,13 @@
 //! an N times larger batch.
 
 use super::buffers::{BufferSync, PendingBuffers};
-use super::config::{Collectives, DdpConfig, GradientCompression};
+use super::config::DdpConfig;
 use super::engine_choice::{make_engine, make_reducer};
 use crate::ddp::boundary::{BoundaryFn, with_boundary};
 use crate::ddp::hooks::CommHook;
 use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
-use crate::ddp::reducer::{BucketEngine, HookEngine, HostEngine, Reducer};
+use crate::ddp::reducer::{BucketEngine, Reducer};
 use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
 use crate::error::DdpError;
@@ -109,7 +109,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table)?;
         // Ids now come from rank 0: describe again.
         let table = ParamTable::describe::<B, M>(&module);
-        let engine = make_engine(&pg, &config, &table)?;
+        let engine = make_engine(&pg, &config, &table, None)?;
         let reducer = Arc::new(make_reducer(&pg, &config, &table, engine.clone()));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
@@ -215,8 +215,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// forward.
     ///
     /// # Errors
-    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, or with
-    /// [`DdpConfig::compression`] set (compression is itself a hook).
+    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, with
+    /// [`DdpConfig::compression`] set (compression is itself a hook), and with
+    /// [`Collectives::Nccl`] or [`HostStaging::PerBucket`], which a hook would make DDP ignore
+    /// (it runs on the CPU transports and reads each gradient on its own).
+    ///
+    /// [`Collectives::Nccl`]: crate::Collectives::Nccl
+    /// [`HostStaging::PerBucket`]: crate::HostStaging::PerBucket
     pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
         self.check_usable()?;
         if self.hooked || self.step > 0 || !self.scopes.is_empty() {
@@ -224,26 +229,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                 "register_comm_hook: register one hook, before the first forward".into(),
             ));
         }
-        if self.config.collectives == Collectives::Nccl {
-            return Err(DdpError::InvalidConfig(
-                "register_comm_hook: communication hooks run on the CPU transports; with \
-                 Collectives::Nccl there is none (use Collectives::Auto or Host)"
-                    .into(),
-            ));
-        }
-        if self.config.compression != GradientCompression::None {
-            return Err(DdpError::InvalidConfig(format!(
-                "register_comm_hook: DdpConfig::compression is {:?}, which is itself a hook; \
-                 set it to None to register another one",
-                self.config.compression
-            )));
-        }
-        let engine: Arc<dyn BucketEngine<B::InnerBackend>> = Arc::new(HookEngine::new(
-            HostEngine {
-                pg: self.pg.clone(),
-            },
-            Box::new(hook),
-        )?);
+        // The same choice as at construction, now with the hook: settings it would make DDP
+        // ignore are errors here.
+        let engine = make_engine(&self.pg, &self.config, &self.table, Some(Box::new(hook)))?;
         self.engine = engine.clone();
         self.hooked = true;
         self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, engine));
