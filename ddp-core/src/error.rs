@@ -94,7 +94,7 @@ pub enum DdpError {
         bucket: usize,
         /// What the hook returned.
         #[source]
-        source: crate::hooks::HookError,
+        source: crate::ddp::hooks::HookError,
     },
     /// [`join`](crate::DistributedDataParallel::join) found ranks that disagree on the step.
     #[error("uneven inputs: {0}")]

@@ -11,11 +11,11 @@
 //!
 //! ## One step, as data flows
 //! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable
-//!    parameters pass through taps (`tap.rs`) runs your forward.
+//!    parameters pass through taps (`ddp/tap.rs`) runs your forward.
 //! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
-//!    backward reaches each tap, which hands the gradient to the reducer (`reducer/mod.rs`, the
+//!    backward reaches each tap, which hands the gradient to the reducer (`ddp/reducer/mod.rs`, the
 //!    bucket bookkeeping); a full bucket is launched, in order, through the bucket engine
-//!    (`reducer/engine.rs`: how a bucket is reduced, over ddp-comm).
+//!    (`ddp/reducer/engine.rs`: how a bucket is reduced, over ddp-comm).
 //! 3. After backward the reducer launches what is left, agrees on which parameters some rank
 //!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
 //! 4. `ddp.optimizer_step(..)` applies your optimizer.
@@ -134,30 +134,23 @@
 //! time").
 #![warn(missing_docs, missing_debug_implementations)]
 
-mod boundary;
-pub mod bucket;
 mod ddp;
 mod error;
-pub mod hooks;
 pub mod metrics;
-mod model_sync;
-mod params;
 pub mod progress;
-mod reducer;
 pub mod sync_batch_norm;
-mod tap;
-mod timeline;
 
-pub use boundary::layer_boundary;
+pub use ddp::boundary::layer_boundary;
+pub use ddp::tap::TapBackend;
+pub use ddp::timeline::StepStats;
 pub use ddp::{Collectives, DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
+pub use ddp::{bucket, hooks};
 pub use error::DdpError;
 pub use metrics::EvalTotals;
 pub use progress::{EpochProgress, EpochSummary};
 pub use sync_batch_norm::{
     SyncBatchNorm, SyncBatchNormBackend, SyncBatchNormError, SyncBatchNormGroup,
 };
-pub use tap::TapBackend;
-pub use timeline::StepStats;
 
 /// The data pipeline crate (sampler internals, loader).
 pub use ddp_data as data;

@@ -77,13 +77,16 @@ pub struct DdpConfig {
     #[config(default = true)]
     pub automatic_overlap: bool,
     /// Gradient compression for the all-reduce: the [`Fp16CompressHook`](crate::hooks::Fp16CompressHook)
-    /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook.
+    /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook. Like any
+    /// hook, not with [`Collectives::Nccl`] or [`HostStaging::PerBucket`] (it would ignore them).
     #[config(default = "GradientCompression::None")]
     pub compression: GradientCompression,
     /// Which collectives reduce the buckets: NCCL on the GPU or the CPU transports.
     #[config(default = "Collectives::Auto")]
     pub collectives: Collectives,
     /// How gradients are staged in host memory for the CPU transports (world size > 1).
+    /// [`HostStaging::PerBucket`] is refused with a communication hook (or compression), which
+    /// reads each gradient on its own.
     #[config(default = "HostStaging::Auto")]
     pub host_staging: HostStaging,
     /// Ranks may run out of batches at different steps (PyTorch's `Join`): every backward first

@@ -1,42 +1,43 @@
 //! Which [`BucketEngine`] reduces the buckets ([`DdpConfig::collectives`],
-//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]).
+//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]), and the [`Reducer`] that feeds it.
 //!
-//! - NCCL on the GPU ([`NcclEngine`](crate::reducer::NcclEngine), feature `cuda`) when the
+//! - NCCL on the GPU ([`NcclEngine`](crate::ddp::reducer::NcclEngine), feature `cuda`) when the
 //!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
 //! - Otherwise world size 1 keeps gradients where they are, and larger worlds reduce over the
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
 //!   the GPU.
 
 use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
+use crate::ddp::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
+use crate::ddp::params::ParamTable;
+use crate::ddp::reducer::{
+    BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer, StagedEngine,
+};
 use crate::error::DdpError;
-use crate::hooks::{Bf16CompressHook, Fp16CompressHook};
-use crate::params::ParamTable;
-use crate::reducer::{BucketEngine, HookEngine, HostEngine, LocalEngine, StagedEngine};
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;
 use std::sync::Arc;
 
-/// The engine for `config` on this model (collective: every rank calls it).
+/// The engine for `config` on this model, with the communication hook `registered` by
+/// [`register_comm_hook`](crate::DistributedDataParallel::register_comm_hook), if any: the one
+/// place that decides how buckets are reduced, at construction and when a hook is registered.
+///
+/// A hook (the registered one, or [`DdpConfig::compression`]'s) runs on the CPU transports and
+/// reads each gradient on its own, so a config asking for more than that would be ignored:
+/// [`Collectives::Nccl`], [`HostStaging::PerBucket`], or compression beside a registered hook
+/// are [`DdpError::InvalidConfig`], saying what to change.
+///
+/// # Collective
+/// Without a hook every rank calls it (the ranks agree on NCCL); with one it is local.
 pub(super) fn make_engine<I: Backend>(
     pg: &ProcessGroup,
     config: &DdpConfig,
     table: &ParamTable<I>,
+    registered: Option<Box<dyn CommHook>>,
 ) -> Result<Arc<dyn BucketEngine<I>>, DdpError> {
     let host = || HostEngine { pg: pg.clone() };
-    let hook = match config.compression {
-        GradientCompression::None => None,
-        GradientCompression::Fp16 => Some(HookEngine::new(host(), Box::new(Fp16CompressHook))?),
-        GradientCompression::Bf16 => Some(HookEngine::new(host(), Box::new(Bf16CompressHook))?),
-    };
-    if let Some(hook) = hook {
-        if config.collectives == Collectives::Nccl {
-            return Err(DdpError::InvalidConfig(format!(
-                "compression {:?} is a communication hook, which runs on the CPU transports; \
-                 with Collectives::Nccl set compression to None (or use Collectives::Auto)",
-                config.compression
-            )));
-        }
-        return Ok(Arc::new(hook));
+    if let Some(hook) = chosen_hook(config, registered)? {
+        return Ok(Arc::new(HookEngine::new(host(), hook)?));
     }
     if let Some(engine) = nccl::engine(pg, config.collectives, table)? {
         return Ok(engine);
@@ -54,6 +55,72 @@ pub(super) fn make_engine<I: Backend>(
     } else {
         Arc::new(host())
     })
+}
+
+/// The hook that reduces f32 buckets: the registered one or the compression's (`None`: the
+/// built-in exact average). Every setting the hook would make DDP ignore is an error.
+fn chosen_hook(
+    config: &DdpConfig,
+    registered: Option<Box<dyn CommHook>>,
+) -> Result<Option<Box<dyn CommHook>>, DdpError> {
+    let compression = config.compression;
+    let (hook, what): (Box<dyn CommHook>, String) = match (registered, compression) {
+        (None, GradientCompression::None) => return Ok(None),
+        (Some(_), GradientCompression::Fp16 | GradientCompression::Bf16) => {
+            return Err(DdpError::InvalidConfig(format!(
+                "register_comm_hook: DdpConfig::compression is {compression:?}, which is itself \
+                 a hook; set it to None to register another one"
+            )));
+        }
+        (Some(hook), GradientCompression::None) => {
+            (hook, "register_comm_hook: a communication hook".to_string())
+        }
+        (None, GradientCompression::Fp16) => (
+            Box::new(Fp16CompressHook),
+            format!("compression {compression:?} is a communication hook, which"),
+        ),
+        (None, GradientCompression::Bf16) => (
+            Box::new(Bf16CompressHook),
+            format!("compression {compression:?} is a communication hook, which"),
+        ),
+    };
+    let instead = if compression == GradientCompression::None {
+        "register no hook"
+    } else {
+        "set compression to None"
+    };
+    if config.collectives == Collectives::Nccl {
+        return Err(DdpError::InvalidConfig(format!(
+            "{what} runs on the CPU transports, which Collectives::Nccl would skip; use \
+             Collectives::Auto or Host, or {instead} to reduce with NCCL"
+        )));
+    }
+    if config.host_staging == HostStaging::PerBucket {
+        return Err(DdpError::InvalidConfig(format!(
+            "{what} reads each gradient to the host on its own, so HostStaging::PerBucket \
+             would be ignored; use HostStaging::Auto or PerGradient, or {instead} to stage \
+             whole buckets"
+        )));
+    }
+    Ok(Some(hook))
+}
+
+/// The reducer for `table`, reducing buckets through `engine`.
+pub(super) fn make_reducer<I: Backend>(
+    pg: &ProcessGroup,
+    config: &DdpConfig,
+    table: &ParamTable<I>,
+    engine: Arc<dyn BucketEngine<I>>,
+) -> Reducer<I> {
+    let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
+    let control = (pg.world_size() > 1).then(|| pg.clone());
+    Reducer::new(
+        table,
+        engine,
+        control,
+        mib(config.first_bucket_cap_mb),
+        mib(config.bucket_cap_mb),
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -84,7 +151,7 @@ mod nccl {
 #[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::reducer::NcclEngine;
+    use crate::ddp::reducer::NcclEngine;
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
     /// (the one backend whose buffers NCCL can reduce in place).

@@ -2,21 +2,21 @@
 //! an N times larger batch.
 
 use super::buffers::{BufferSync, PendingBuffers};
-use super::config::{Collectives, DdpConfig, GradientCompression};
-use super::engine_choice::make_engine;
-use crate::boundary::{BoundaryFn, with_boundary};
+use super::config::DdpConfig;
+use super::engine_choice::{make_engine, make_reducer};
+use crate::ddp::boundary::{BoundaryFn, with_boundary};
+use crate::ddp::hooks::CommHook;
+use crate::ddp::model_sync::{broadcast_module, verify_same_model};
+use crate::ddp::params::{ParamKind, ParamTable};
+use crate::ddp::reducer::{BucketEngine, Reducer};
+use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
+use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
 use crate::error::DdpError;
-use crate::hooks::CommHook;
-use crate::model_sync::{broadcast_module, verify_same_model};
-use crate::params::{ParamKind, ParamTable};
-use crate::reducer::{BucketEngine, HookEngine, HostEngine, Reducer};
-use crate::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
-use crate::timeline::{StepStats, StepTimes, Timeline};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ddp_comm::{ProcessGroup, ReduceOp};
+use ddp_comm::ProcessGroup;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,26 +57,26 @@ use std::time::Instant;
 ///
 /// See the [crate docs](crate) for a complete training loop.
 pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
-    module: Option<M>,
-    pg: ProcessGroup,
-    config: DdpConfig,
-    table: ParamTable<B::InnerBackend>,
-    kinds: Arc<Vec<ParamKind>>,
+    pub(super) module: Option<M>,
+    pub(super) pg: ProcessGroup,
+    pub(super) config: DdpConfig,
+    pub(super) table: ParamTable<B::InnerBackend>,
+    pub(super) kinds: Arc<Vec<ParamKind>>,
     /// How buckets are reduced; kept across `set_module` (a hook keeps its state).
-    engine: Arc<dyn BucketEngine<B::InnerBackend>>,
-    hooked: bool,
-    reducer: Arc<Reducer<B::InnerBackend>>,
-    buffers: BufferSync,
+    pub(super) engine: Arc<dyn BucketEngine<B::InnerBackend>>,
+    pub(super) hooked: bool,
+    pub(super) reducer: Arc<Reducer<B::InnerBackend>>,
+    pub(super) buffers: BufferSync,
     /// The taps of the forwards since the last backward.
-    scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
+    pub(super) scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
     /// Tap depths for [`DdpConfig::automatic_overlap`], once learned (`None`: the next
     /// backward learns them).
-    depth_plan: Option<Arc<DepthPlan>>,
-    poisoned: Option<String>,
-    forward_times: Option<(Instant, Instant)>,
-    last_stats: Option<StepStats>,
-    timeline: Option<Timeline>,
-    step: u64,
+    pub(super) depth_plan: Option<Arc<DepthPlan>>,
+    pub(super) poisoned: Option<String>,
+    pub(super) forward_times: Option<(Instant, Instant)>,
+    pub(super) last_stats: Option<StepStats>,
+    pub(super) timeline: Option<Timeline>,
+    pub(super) step: u64,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
@@ -109,7 +109,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table)?;
         // Ids now come from rank 0: describe again.
         let table = ParamTable::describe::<B, M>(&module);
-        let engine = make_engine(&pg, &config, &table)?;
+        let engine = make_engine(&pg, &config, &table, None)?;
         let reducer = Arc::new(make_reducer(&pg, &config, &table, engine.clone()));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
@@ -143,7 +143,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         })
     }
 
-    fn inner(&self) -> &M {
+    pub(super) fn inner(&self) -> &M {
         // `module` is only `None` inside `optimizer_step`, which always puts it back.
         self.module
             .as_ref()
@@ -215,8 +215,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// forward.
     ///
     /// # Errors
-    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, or with
-    /// [`DdpConfig::compression`] set (compression is itself a hook).
+    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, with
+    /// [`DdpConfig::compression`] set (compression is itself a hook), and with
+    /// [`Collectives::Nccl`] or [`HostStaging::PerBucket`], which a hook would make DDP ignore
+    /// (it runs on the CPU transports and reads each gradient on its own).
+    ///
+    /// [`Collectives::Nccl`]: crate::Collectives::Nccl
+    /// [`HostStaging::PerBucket`]: crate::HostStaging::PerBucket
     pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
         self.check_usable()?;
         if self.hooked || self.step > 0 || !self.scopes.is_empty() {
@@ -224,26 +229,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                 "register_comm_hook: register one hook, before the first forward".into(),
             ));
         }
-        if self.config.collectives == Collectives::Nccl {
-            return Err(DdpError::InvalidConfig(
-                "register_comm_hook: communication hooks run on the CPU transports; with \
-                 Collectives::Nccl there is none (use Collectives::Auto or Host)"
-                    .into(),
-            ));
-        }
-        if self.config.compression != GradientCompression::None {
-            return Err(DdpError::InvalidConfig(format!(
-                "register_comm_hook: DdpConfig::compression is {:?}, which is itself a hook; \
-                 set it to None to register another one",
-                self.config.compression
-            )));
-        }
-        let engine: Arc<dyn BucketEngine<B::InnerBackend>> = Arc::new(HookEngine::new(
-            HostEngine {
-                pg: self.pg.clone(),
-            },
-            Box::new(hook),
-        )?);
+        // The same choice as at construction, now with the hook: settings it would make DDP
+        // ignore are errors here.
+        let engine = make_engine(&self.pg, &self.config, &self.table, Some(Box::new(hook)))?;
         self.engine = engine.clone();
         self.hooked = true;
         self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, engine));
@@ -380,11 +368,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let early = self.scopes.iter().map(|s| s.early_gradients()).sum();
         let anchored = self.scopes.iter().map(|s| s.anchored_taps()).sum();
         if learn {
-            let plan = DepthPlan::learn(&self.scopes, loss_depth);
+            let plan = DepthPlan::learn(self.scopes.iter().map(|s| s.anchoring()), loss_depth);
             tracing::debug!(anchors = plan.anchors(), "learned where to anchor the taps");
             self.depth_plan = Some(Arc::new(plan));
         } else if let Some(plan) = self.depth_plan.as_ref().filter(|_| lazy)
-            && !plan.held(&self.scopes, loss_depth)
+            && !plan.held(self.scopes.iter().map(|s| s.anchoring()), loss_depth)
         {
             // Still correct (anchors only move when a tap runs), but the graph changed: learn
             // again on the next backward.
@@ -606,7 +594,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         Ok((out, Some(grads)))
     }
 
-    fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
+    pub(super) fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
         match buffers {
             Some(pending) => {
                 let module = self.module.take().expect("module present");
@@ -615,103 +603,6 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             None => self.buffers.settle_local::<B, M>(self.inner()),
         }
         Ok(())
-    }
-
-    /// With [`DdpConfig::uneven_inputs`]: one small all-reduce in which every rank says whether
-    /// it still trains and whether this step synchronises.
-    fn join_round(&self, training: bool, sync: bool) -> Result<JoinRound, DdpError> {
-        let world = self.pg.world_size();
-        if !self.config.uneven_inputs || world == 1 {
-            return Ok(JoinRound {
-                active: world,
-                root: 0,
-                sync,
-            });
-        }
-        let rank = self.pg.rank();
-        let mut flags = vec![0u8; 2 * world];
-        if training {
-            flags[rank] = 1;
-            flags[world + rank] = u8::from(sync);
-        }
-        self.pg
-            .all_reduce(&mut flags, ReduceOp::Max)
-            .map_err(DdpError::comm("agreeing on which ranks still have data"))?;
-        let training: Vec<usize> = (0..world).filter(|&r| flags[r] == 1).collect();
-        let (syncing, accumulating): (Vec<usize>, Vec<usize>) =
-            training.iter().partition(|&&r| flags[world + r] == 1);
-        if !syncing.is_empty() && !accumulating.is_empty() {
-            return Err(DdpError::Join(format!(
-                "in the same step ranks {syncing:?} called backward and ranks {accumulating:?} \
-                 called backward_no_sync; every rank still training must make the same call"
-            )));
-        }
-        Ok(JoinRound {
-            active: training.len(),
-            root: training.first().copied().unwrap_or(0),
-            sync: !syncing.is_empty(),
-        })
-    }
-
-    /// For a rank with no batches left, with [`DdpConfig::uneven_inputs`] (PyTorch's `Join`):
-    /// answers the other ranks' steps until every rank has called `join`, then returns how many
-    /// steps it answered. In each of them this rank sends zero gradients, which are not counted
-    /// in the average (the gradients are averaged over the ranks still training), and applies
-    /// the averaged gradients with `optimizer` like everyone else, so models *and* optimizer
-    /// states stay identical on every rank: a checkpoint written by rank 0 afterwards is
-    /// everyone's. Buffers come from the first rank still training.
-    ///
-    /// Every rank calls `join` once after its last step (the last ones to finish return at
-    /// once). Until every rank has joined, make no other collective call (checkpoint saves,
-    /// evaluation) in the training loop: save after `join`.
-    ///
-    /// # Errors
-    /// [`DdpError::InvalidConfig`] without [`DdpConfig::uneven_inputs`]; [`DdpError::Join`]
-    /// when training ranks disagree on `backward` vs `backward_no_sync` in a step;
-    /// [`DdpError::Comm`]. All are final (see [Errors are final](Self#errors-are-final)).
-    pub fn join<O: Optimizer<M, B>>(
-        &mut self,
-        optimizer: &mut O,
-        lr: f64,
-    ) -> Result<usize, DdpError> {
-        self.check_usable()?;
-        let result = self.answer_until_all_joined(optimizer, lr);
-        self.guard(result)
-    }
-
-    fn answer_until_all_joined<O: Optimizer<M, B>>(
-        &mut self,
-        optimizer: &mut O,
-        lr: f64,
-    ) -> Result<usize, DdpError> {
-        if !self.config.uneven_inputs {
-            return Err(DdpError::InvalidConfig(
-                "join needs DdpConfig::with_uneven_inputs(true) on every rank".into(),
-            ));
-        }
-        if !self.scopes.is_empty() {
-            return Err(DdpError::Join(
-                "join was called after a forward whose backward never ran".into(),
-            ));
-        }
-        let mut answered = 0;
-        loop {
-            let round = self.join_round(false, false)?;
-            if round.active == 0 || self.pg.world_size() == 1 {
-                return Ok(answered);
-            }
-            // The same collectives, in the same order, as `step` on the training ranks.
-            self.reducer.begin_shadow(round.sync, round.active)?;
-            let buffers = self
-                .buffers
-                .start::<B, M>(&self.pg, self.inner(), round.root)?;
-            let reduced = self.reducer.finish(&self.table, false)?;
-            self.land_buffers(buffers)?;
-            if let Some((grads, _)) = reduced {
-                self.optimizer_step(optimizer, lr, grads);
-            }
-            answered += 1;
-        }
     }
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
@@ -736,34 +627,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
     }
 
-    fn check_usable(&self) -> Result<(), DdpError> {
-        match &self.poisoned {
-            Some(first) => Err(DdpError::Poisoned {
-                first: first.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Makes an error final: aborts the group (peers fail now, with this reason) and poisons the
-    /// wrapper.
-    fn guard<T>(&mut self, result: Result<T, DdpError>) -> Result<T, DdpError> {
-        if let Err(e) = &result {
-            let reason = e.to_string();
-            tracing::error!(rank = self.pg.rank(), error = %reason, "DDP failed; aborting the process group");
-            // The NCCL group first: its peers then quote this rank's reason, not the error a
-            // peer gets once the process group is aborted.
-            self.engine.abort(&reason);
-            if self.pg.world_size() > 1 {
-                self.pg.abort(&reason);
-            }
-            self.clear_scopes();
-            self.poisoned = Some(reason);
-        }
-        result
-    }
-
-    fn clear_scopes(&mut self) {
+    pub(super) fn clear_scopes(&mut self) {
         for scope in self.scopes.drain(..) {
             scope.clear();
         }
@@ -779,52 +643,4 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     pub fn bucket_assignment(&self) -> Vec<Vec<usize>> {
         self.reducer.bucket_slots()
     }
-
-    fn record(&mut self, times: &StepTimes) -> Result<(), DdpError> {
-        let Some(t) = self.timeline.as_mut() else {
-            return Ok(());
-        };
-        if self.step as usize > self.config.timeline_steps {
-            return Ok(());
-        }
-        t.record_step(self.step, times);
-        self.write_timeline()
-    }
-
-    fn write_timeline(&self) -> Result<(), DdpError> {
-        let (Some(t), Some(path)) = (self.timeline.as_ref(), self.config.timeline_path.as_ref())
-        else {
-            return Ok(());
-        };
-        std::fs::write(path, t.to_json()).map_err(|source| DdpError::Timeline {
-            path: path.clone(),
-            source,
-        })
-    }
-}
-
-/// Who trains in this step (see [`DdpConfig::uneven_inputs`]).
-struct JoinRound {
-    active: usize,
-    /// Where buffers come from: the first rank still training.
-    root: usize,
-    sync: bool,
-}
-
-/// The reducer for `table`, reducing buckets through `engine`.
-fn make_reducer<I: burn::tensor::backend::Backend>(
-    pg: &ProcessGroup,
-    config: &DdpConfig,
-    table: &ParamTable<I>,
-    engine: Arc<dyn BucketEngine<I>>,
-) -> Reducer<I> {
-    let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
-    let control = (pg.world_size() > 1).then(|| pg.clone());
-    Reducer::new(
-        table,
-        engine,
-        control,
-        mib(config.first_bucket_cap_mb),
-        mib(config.bucket_cap_mb),
-    )
 }

@@ -8,7 +8,7 @@ use super::stage2::{
     GradLayout, LocalGradientsHook, ZeroStage, all_gather_params, reduce_scatter_grads,
 };
 use crate::checkpoint::{Checkpointer, SavedCheckpoint, TrainingState};
-use crate::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
 use crate::{DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};

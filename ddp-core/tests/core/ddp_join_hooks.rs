@@ -7,7 +7,8 @@ use burn::tensor::Tensor;
 use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome};
 use ddp_core::hooks::{CommHook, GradBucket, HookError, PowerSgdConfig};
 use ddp_core::{
-    DdpConfig, DdpError, DistributedDataParallel, ProcessGroup, ReduceOp, TrainingState,
+    DdpConfig, DdpError, DistributedDataParallel, GradientCompression, HostStaging, ProcessGroup,
+    ReduceOp, TrainingState,
 };
 
 /// A model whose weights are drawn now, from a seed (burn initialises lazily: clones of a fresh
@@ -331,6 +332,43 @@ fn hooks_are_registered_before_the_first_forward_and_not_with_compression() {
     });
     assert!(PowerSgdConfig::new().with_start_iter(1).init().is_err());
     assert!(PowerSgdConfig::new().with_rank(0).init().is_err());
+}
+
+/// A hook reads each gradient to the host and runs on the CPU transports, so settings asking
+/// for more are refused, naming what to change, instead of being silently ignored.
+#[test]
+fn hooks_and_compression_refuse_settings_they_would_ignore() {
+    let initial = model(8);
+    let per_bucket = || DdpConfig::new().with_host_staging(HostStaging::PerBucket);
+    // A registered hook with per-bucket staging.
+    run_ranks(2, |pg| {
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, per_bucket()).unwrap();
+        let err = ddp
+            .register_comm_hook(PowerSgdConfig::new().init().unwrap())
+            .unwrap_err();
+        assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
+        assert!(err.to_string().contains("HostStaging::PerBucket"), "{err}");
+        assert!(err.to_string().contains("PerGradient"), "{err}");
+    });
+    // Compression (itself a hook) with per-bucket staging: refused at construction.
+    for compression in [GradientCompression::Fp16, GradientCompression::Bf16] {
+        run_ranks(2, |pg| {
+            let config = per_bucket().with_compression(compression);
+            let err = DistributedDataParallel::new(initial.clone(), pg, config).unwrap_err();
+            assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
+            assert!(err.to_string().contains("HostStaging::PerBucket"), "{err}");
+            assert!(err.to_string().contains("compression to None"), "{err}");
+        });
+    }
+    // Settings a hook honours are accepted.
+    for staging in [HostStaging::Auto, HostStaging::PerGradient] {
+        run_ranks(2, |pg| {
+            let config = DdpConfig::new().with_host_staging(staging);
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+            ddp.register_comm_hook(PowerSgdConfig::new().init().unwrap())
+                .unwrap();
+        });
+    }
 }
 
 #[test]

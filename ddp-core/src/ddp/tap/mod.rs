@@ -26,6 +26,10 @@
 //!
 //! Users only name [`TapBackend`] (in bounds such as `B: TapBackend`); the operations are behind
 //! a sealed supertrait.
+//!
+//! Automatic overlap (anchored taps, learning their depths with probes) is in `anchor`.
+
+mod anchor;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -34,13 +38,13 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::params::ParamKind;
+use crate::ddp::params::ParamKind;
+pub(crate) use anchor::DepthPlan;
+use anchor::{Anchoring, ProbeTarget, anchor_at, probe_chain};
 use burn::module::{ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorPrimitive};
 
@@ -62,23 +66,10 @@ struct PendingTap<I: Backend> {
 pub struct TapScope<I: Backend> {
     sink: Arc<dyn GradientSink<I>>,
     generation: u64,
-    /// The anchor chain (untracked identity nodes of depth 0, 1, 2, ...), boxed because its
-    /// element type depends on the checkpoint strategy of the autodiff backend.
-    anchors: Mutex<Vec<Box<dyn Any + Send>>>,
-    /// Parameter indices in the order their taps were created, for [`DepthPlan::learn`].
-    first_use: Mutex<Vec<usize>>,
     pending: Mutex<Vec<PendingTap<I>>>,
     early: AtomicUsize,
-    /// The plan this forward's lazy taps follow, and which forward of the step this is.
-    plan: Option<(Arc<DepthPlan>, usize)>,
-    /// Set when this forward's first uses left the plan's sequence: later taps are plain.
-    diverged: AtomicBool,
-    /// Taps created at a planned depth.
-    anchored: AtomicUsize,
-    /// Per parameter index: the deepest backward level (seen by a probe, see
-    /// [`TapOps::probe_chain`](sealed::TapOps::probe_chain)) at which every consumer of its tap
-    /// had run.
-    done_at: Mutex<HashMap<usize, usize>>,
+    /// Where this forward's lazy taps are anchored (automatic overlap).
+    anchoring: Anchoring,
     /// References to each tap's node held outside the graph for the whole backward: 1 when the
     /// tapped copy outlives backward (`step_on`, whose closure holds it), else 0.
     outside_refs: usize,
@@ -91,20 +82,27 @@ impl<I: Backend> fmt::Debug for TapScope<I> {
     }
 }
 
+impl<I: Backend> ProbeTarget for TapScope<I> {
+    /// Notes the taps whose consumers have all run by now.
+    fn note_done(&self, level: usize) {
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let complete = pending
+            .iter()
+            .filter(|p| Arc::strong_count(&p.tensor.node) <= 2 + self.outside_refs)
+            .map(|p| p.index);
+        self.anchoring.note_done(level, complete);
+    }
+}
+
 impl<I: Backend> TapScope<I> {
     /// A scope whose taps send gradients of forward `generation` to `sink`.
     pub(crate) fn new(sink: Arc<dyn GradientSink<I>>, generation: u64) -> Self {
         TapScope {
             sink,
             generation,
-            anchors: Mutex::new(Vec::new()),
-            first_use: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             early: AtomicUsize::new(0),
-            plan: None,
-            diverged: AtomicBool::new(false),
-            anchored: AtomicUsize::new(0),
-            done_at: Mutex::new(HashMap::new()),
+            anchoring: Anchoring::new(),
             outside_refs: 0,
         }
     }
@@ -112,68 +110,18 @@ impl<I: Backend> TapScope<I> {
     /// Lazy taps of this scope, the `forward`-th of its step, follow `plan` as long as the
     /// forward uses parameters in the order the plan was learned from.
     pub(crate) fn with_plan(mut self, plan: Option<Arc<DepthPlan>>, forward: usize) -> Self {
-        self.plan = plan.map(|p| (p, forward));
+        self.anchoring.set_plan(plan, forward);
         self
     }
 
     /// How many taps were created at a planned depth.
     pub(crate) fn anchored_taps(&self) -> usize {
-        self.anchored.load(Ordering::Relaxed)
+        self.anchoring.anchored_taps()
     }
 
-    /// Whether this forward used its parameters exactly as the plan's forward did (same
-    /// sequence of first uses), so every anchor was where the plan put it.
-    fn followed(&self, plan: &DepthPlan, forward: usize) -> bool {
-        let first_use = self
-            .first_use
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        !self.diverged.load(Ordering::Relaxed)
-            && plan
-                .forwards
-                .get(forward)
-                .is_some_and(|f| f.len() == first_use.len())
-    }
-
-    /// The planned anchor depth for the tap of `index`, the next first use of this forward, or
-    /// `None` (a plain tap): also when the forward has left the plan's sequence, from then on.
-    fn planned_depth(&self, index: usize) -> Option<usize> {
-        let position = {
-            let mut first_use = self
-                .first_use
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            first_use.push(index);
-            first_use.len() - 1
-        };
-        let (plan, forward) = self.plan.as_ref()?;
-        if self.diverged.load(Ordering::Relaxed) {
-            return None;
-        }
-        match plan.forwards.get(*forward).and_then(|f| f.get(position)) {
-            Some(&(planned, depth)) if planned == index => {
-                if depth.is_some() {
-                    self.anchored.fetch_add(1, Ordering::Relaxed);
-                }
-                depth
-            }
-            _ => {
-                self.diverged.store(true, Ordering::Relaxed);
-                None
-            }
-        }
-    }
-
-    /// Called by the probe of backward level `level`: notes the taps whose consumers have all
-    /// run by now (their first note is the deepest level).
-    fn note_done(&self, level: usize) {
-        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut done_at = self.done_at.lock().unwrap_or_else(PoisonError::into_inner);
-        for p in pending.iter() {
-            if Arc::strong_count(&p.tensor.node) <= 2 + self.outside_refs {
-                done_at.entry(p.index).or_insert(level);
-            }
-        }
+    /// This forward's anchoring, for [`DepthPlan::learn`] and [`DepthPlan::held`].
+    pub(crate) fn anchoring(&self) -> &Anchoring {
+        &self.anchoring
     }
 
     /// For a tapped copy that stays alive during backward (its parameters hold each tap's
@@ -365,95 +313,6 @@ impl<B: Backend, const N: usize> Backward<B, N> for Tap<N> {
     }
 }
 
-/// An untracked identity: each one is one level deeper than its input, at no cost.
-#[derive(Debug)]
-struct Anchor;
-
-impl<B: Backend> Backward<B, 1> for Anchor {
-    type State = ();
-
-    fn backward(self, _: Ops<(), 1>, _: &mut Gradients, _: &mut Checkpointer) {}
-}
-
-/// The scope's anchor of depth `depth`, extending the chain as needed (one node per level, on a
-/// one-element tensor; shared by every tap of the forward).
-fn anchor_at<B: Backend, C: CheckpointStrategy>(
-    scope: &TapScope<B>,
-    like: &FloatTensor<Autodiff<B, C>>,
-    depth: usize,
-) -> FloatTensor<Autodiff<B, C>> {
-    let mut chain = scope.anchors.lock().unwrap_or_else(PoisonError::into_inner);
-    let typed = |b: &Box<dyn Any + Send>| b.downcast_ref::<FloatTensor<Autodiff<B, C>>>().cloned();
-    let mut last = match chain.last().and_then(typed) {
-        Some(t) => t,
-        None => {
-            use burn::tensor::ops::FloatTensorOps;
-            let device = Autodiff::<B, C>::float_device(like);
-            let data = burn::tensor::TensorData::new(vec![0.0f32], [1]);
-            let root = Autodiff::<B, C>::float_from_data(data, &device);
-            chain.clear();
-            chain.push(Box::new(root.clone()));
-            root
-        }
-    };
-    while chain.len() <= depth {
-        last = match Anchor
-            .prepare::<C>([last.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::UnTracked(prep) => prep.finish(last.primitive.clone()),
-            OpsKind::Tracked(prep) => prep.finish((), last.primitive.clone()),
-        };
-        chain.push(Box::new(last.clone()));
-    }
-    chain.get(depth).and_then(typed).unwrap_or(last)
-}
-
-/// The state of the probe of one backward level.
-struct ProbeState<B: Backend> {
-    scopes: Arc<Vec<Arc<TapScope<B>>>>,
-    level: usize,
-}
-
-impl<B: Backend> Clone for ProbeState<B> {
-    fn clone(&self) -> Self {
-        ProbeState {
-            scopes: self.scopes.clone(),
-            level: self.level,
-        }
-    }
-}
-
-impl<B: Backend> fmt::Debug for ProbeState<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProbeState")
-            .field("level", &self.level)
-            .finish()
-    }
-}
-
-/// A tracked identity on a one-element tensor: backward runs it in its level, where it notes
-/// which taps are complete.
-#[derive(Debug)]
-struct Probe;
-
-impl<B: Backend> Backward<B, 1> for Probe {
-    type State = ProbeState<B>;
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        for scope in ops.state.scopes.iter() {
-            scope.note_done(ops.state.level);
-        }
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| grad);
-    }
-}
-
 struct BoundaryState<B: Backend>(Arc<TapScope<B>>);
 
 impl<B: Backend> Clone for BoundaryState<B> {
@@ -505,7 +364,7 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         scope: &Arc<TapScope<B>>,
         depth: usize,
     ) -> FloatTensor<Self> {
-        let anchor = anchor_at::<B, C>(scope, &tensor, depth);
+        let anchor = anchor_at::<B, C>(&scope.anchoring, &tensor, depth);
         let kind = Tap::<2>
             .prepare::<C>([tensor.node.clone(), anchor.node.clone()])
             .compute_bound()
@@ -522,36 +381,11 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
         scopes: &[Arc<TapScope<B>>],
         depth: usize,
     ) -> FloatTensor<Self> {
-        let device = {
-            use burn::tensor::ops::FloatTensorOps;
-            Self::float_device(like)
-        };
-        // In the loss's dtype: the probes are added to it.
-        let dtype = burn::tensor::TensorMetadata::dtype(like);
-        let data = burn::tensor::TensorData::new(vec![0.0f32], [1]).convert_dtype(dtype);
-        let root: Tensor<Self, 1> = {
-            use burn::tensor::ops::FloatTensorOps;
-            // The backend's op keeps the dtype (`Tensor::from_data` would take the default).
-            Tensor::from_primitive(TensorPrimitive::Float(Self::float_from_data(data, &device)))
-                .require_grad()
-        };
-        let scopes = Arc::new(scopes.to_vec());
-        let mut last = root.into_primitive().tensor();
-        for level in 1..=depth {
-            let state = ProbeState {
-                scopes: scopes.clone(),
-                level,
-            };
-            last = match Probe
-                .prepare::<C>([last.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(state, last.primitive.clone()),
-                OpsKind::UnTracked(prep) => prep.finish(last.primitive.clone()),
-            };
-        }
-        last
+        let targets = scopes
+            .iter()
+            .map(|scope| scope.clone() as Arc<dyn ProbeTarget>)
+            .collect();
+        probe_chain::<B, C>(like, targets, depth)
     }
 
     fn boundary(tensor: FloatTensor<Self>, scope: &Arc<TapScope<B>>) -> FloatTensor<Self> {
@@ -563,86 +397,6 @@ impl<B: Backend, C: CheckpointStrategy> sealed::TapOps for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish(BoundaryState(scope.clone()), tensor.primitive),
             OpsKind::UnTracked(prep) => prep.finish(tensor.primitive),
         }
-    }
-}
-
-/// Where to anchor each lazy tap so that backward reaches it right after its parameter's
-/// consumers *without moving any other node*: learned on one step with plain taps.
-///
-/// burn runs backward level by level, deepest first, and a node's depth is one more than its
-/// deepest input's. A tap at depth `t`, with `t` below every consumer's depth, leaves each
-/// consumer's depth, and so every other node's depth, level and order, exactly as with plain
-/// taps: backward does the same floating-point sums in the same order (results are bitwise those
-/// of plain taps), and the tap runs right below its shallowest consumer instead of at the end.
-/// Estimating depths from the forward (an earlier design) cannot be exact: an anchor too deep
-/// moves its consumer, and everything after it, deeper.
-///
-/// Learning: a probe in every backward level notes when each tap's consumers have all run. The
-/// probe of a level runs first in it (burn collects the graph depth-first from the root, and the
-/// probes are the root's last input), so first noted at level `r`, every consumer is deeper than
-/// `r` and one is at `r + 1`: depth `r` is safe, and the tap runs in the level right below its
-/// shallowest consumer. The plan
-/// holds for a step whose forwards use the parameters in the same order and whose loss has the
-/// learned depth (unchanged depths leave it unchanged); otherwise DDP learns again.
-#[derive(Debug, Clone)]
-pub(crate) struct DepthPlan {
-    /// Per forward of the step: parameter indices in order of first use, each with the depth
-    /// of its tap's anchor (`None`: a plain tap).
-    forwards: Vec<Vec<(usize, Option<usize>)>>,
-    /// The loss's depth when the plan was learned.
-    loss_depth: usize,
-}
-
-impl DepthPlan {
-    /// Learns from the forwards of one step, run with plain taps and a backward probed by
-    /// [`TapOps::probe_chain`](sealed::TapOps::probe_chain), whose loss had depth `loss_depth`.
-    pub(crate) fn learn<I: Backend>(scopes: &[Arc<TapScope<I>>], loss_depth: usize) -> DepthPlan {
-        let forwards = scopes
-            .iter()
-            .map(|scope| {
-                let first_use = scope
-                    .first_use
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let done_at = scope.done_at.lock().unwrap_or_else(PoisonError::into_inner);
-                first_use
-                    .iter()
-                    .map(|&index| {
-                        // Tap depth r = anchor depth r - 1; plain taps already have depth 1.
-                        let anchor = done_at
-                            .get(&index)
-                            .and_then(|r| r.checked_sub(1))
-                            .filter(|&d| d >= 1);
-                        (index, anchor)
-                    })
-                    .collect()
-            })
-            .collect();
-        DepthPlan {
-            forwards,
-            loss_depth,
-        }
-    }
-
-    /// How many taps the plan anchors.
-    pub(crate) fn anchors(&self) -> usize {
-        self.forwards
-            .iter()
-            .flatten()
-            .filter(|(_, d)| d.is_some())
-            .count()
-    }
-
-    /// Whether the step made of `scopes` (forwards that followed this plan) with a loss of depth
-    /// `loss_depth` had the graph the plan was learned on, as far as DDP can see: the same
-    /// forwards, the same first uses, the same loss depth.
-    pub(crate) fn held<I: Backend>(&self, scopes: &[Arc<TapScope<I>>], loss_depth: usize) -> bool {
-        loss_depth == self.loss_depth
-            && scopes.len() == self.forwards.len()
-            && scopes
-                .iter()
-                .enumerate()
-                .all(|(forward, scope)| scope.followed(self, forward))
     }
 }
 
@@ -700,7 +454,7 @@ impl<B: TapBackend> ModuleMapper<B> for TapMapper<B> {
                 tapped
                     .get_or_init(|| {
                         let primitive = tensor.clone().into_primitive().tensor();
-                        let out = match scope.planned_depth(index) {
+                        let out = match scope.anchoring.planned_depth(index) {
                             Some(d) => B::tap_at(primitive, index, &scope, d),
                             None => B::tap(primitive, index, &scope),
                         };

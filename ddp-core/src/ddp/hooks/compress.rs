@@ -1,6 +1,6 @@
 //! fp16/bf16 compression as hooks: half the bytes of an f32 all-reduce.
 
-use super::{CommHook, GradBucket, HookError};
+use super::comm_hook::{CommHook, GradBucket, HookError};
 use ddp_comm::{Element, ProcessGroup, ReduceOp, bf16, f16};
 
 /// Sends gradients as f16 (PyTorch's `fp16_compress_hook`): each value is scaled by

@@ -7,8 +7,8 @@
 
 use super::engine::{BucketEngine, Held, HostEngine, PendingBucket, Reduced, Slot};
 use super::host_grad::HostGrad;
+use crate::ddp::hooks::{BucketParam, CommHook, GradBucket};
 use crate::error::DdpError;
-use crate::hooks::{BucketParam, CommHook, GradBucket};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 use ddp_comm::{ProcessGroup, WorkTiming};

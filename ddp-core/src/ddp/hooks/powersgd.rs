@@ -2,8 +2,8 @@
 //! sent as two thin matrices P (n×r) and Q (m×r) with M ≈ P·Qᵀ, and what the approximation
 //! missed is added to the next step's gradient (error feedback), so nothing is lost for good.
 
+use super::comm_hook::{CommHook, GradBucket, HookError};
 use super::linalg::{expand, orthogonalize, project, project_t};
-use super::{CommHook, GradBucket, HookError};
 use crate::DdpError;
 use burn::config::Config;
 use ddp_comm::{ProcessGroup, ReduceOp};

@@ -27,11 +27,6 @@ impl HostGrad {
         })
     }
 
-    /// Whether DDP reduces gradients of `dtype`.
-    pub(crate) fn supports(dtype: DType) -> bool {
-        matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
-    }
-
     /// `n` zeros of `dtype`; `None` for a dtype DDP does not reduce.
     pub(crate) fn zeros(dtype: DType, n: usize) -> Option<HostGrad> {
         Some(match dtype {

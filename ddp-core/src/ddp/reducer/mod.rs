@@ -30,15 +30,14 @@ mod staged_engine;
 
 pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
 pub(crate) use hook_engine::HookEngine;
-pub(crate) use host_grad::HostGrad;
 #[cfg(feature = "cuda")]
 pub(crate) use nccl_engine::NcclEngine;
 pub(crate) use staged_engine::StagedEngine;
 
-use crate::bucket::BucketLayout;
+use crate::ddp::bucket::BucketLayout;
+use crate::ddp::params::{ParamKind, ParamTable};
+use crate::ddp::tap::GradientSink;
 use crate::error::DdpError;
-use crate::params::{ParamKind, ParamTable};
-use crate::tap::GradientSink;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;

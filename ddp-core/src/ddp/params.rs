@@ -12,6 +12,7 @@
 //! its clones share their value. It maps a clone of the module with placeholder values and looks
 //! at which tensors changed in the original, then puts the original values back.
 
+use crate::ddp::reducible::reducible_dtype;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -106,9 +107,11 @@ impl<I: Backend> ParamTable<I> {
 
     /// Checks that DDP can reduce every trainable dtype.
     pub(crate) fn check_dtypes(&self) -> Result<(), crate::DdpError> {
-        match self.entries.iter().find(|e| {
-            e.kind == ParamKind::Trainable && !crate::reducer::HostGrad::supports(e.dtype)
-        }) {
+        match self
+            .entries
+            .iter()
+            .find(|e| e.kind == ParamKind::Trainable && !reducible_dtype(e.dtype))
+        {
             Some(e) => Err(crate::DdpError::Unsupported(format!(
                 "parameter '{}' has dtype {:?}; DDP reduces f32, f64, f16 and bf16 parameters",
                 e.path, e.dtype

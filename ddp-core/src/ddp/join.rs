@@ -1,0 +1,123 @@
+//! Uneven inputs ([`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs), PyTorch's
+//! `Join`): every step starts with a round in which the ranks say whether they still train, and
+//! a rank with no batches left answers the others' steps from
+//! [`join`](DistributedDataParallel::join) until all have joined.
+
+use super::wrapper::DistributedDataParallel;
+use crate::ddp::tap::TapBackend;
+use crate::error::DdpError;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use ddp_comm::ReduceOp;
+
+/// Who trains in this step (see [`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs)).
+pub(super) struct JoinRound {
+    /// How many ranks still train.
+    pub(super) active: usize,
+    /// Where buffers come from: the first rank still training.
+    pub(super) root: usize,
+    /// Whether this step synchronises (some training rank called `backward`).
+    pub(super) sync: bool,
+}
+
+impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
+    /// With [`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs): one small
+    /// all-reduce in which every rank says whether it still trains and whether this step
+    /// synchronises.
+    pub(super) fn join_round(&self, training: bool, sync: bool) -> Result<JoinRound, DdpError> {
+        let world = self.pg.world_size();
+        if !self.config.uneven_inputs || world == 1 {
+            return Ok(JoinRound {
+                active: world,
+                root: 0,
+                sync,
+            });
+        }
+        let rank = self.pg.rank();
+        let mut flags = vec![0u8; 2 * world];
+        if training {
+            flags[rank] = 1;
+            flags[world + rank] = u8::from(sync);
+        }
+        self.pg
+            .all_reduce(&mut flags, ReduceOp::Max)
+            .map_err(DdpError::comm("agreeing on which ranks still have data"))?;
+        let training: Vec<usize> = (0..world).filter(|&r| flags[r] == 1).collect();
+        let (syncing, accumulating): (Vec<usize>, Vec<usize>) =
+            training.iter().partition(|&&r| flags[world + r] == 1);
+        if !syncing.is_empty() && !accumulating.is_empty() {
+            return Err(DdpError::Join(format!(
+                "in the same step ranks {syncing:?} called backward and ranks {accumulating:?} \
+                 called backward_no_sync; every rank still training must make the same call"
+            )));
+        }
+        Ok(JoinRound {
+            active: training.len(),
+            root: training.first().copied().unwrap_or(0),
+            sync: !syncing.is_empty(),
+        })
+    }
+
+    /// For a rank with no batches left, with [`DdpConfig::uneven_inputs`] (PyTorch's `Join`):
+    /// answers the other ranks' steps until every rank has called `join`, then returns how many
+    /// steps it answered. In each of them this rank sends zero gradients, which are not counted
+    /// in the average (the gradients are averaged over the ranks still training), and applies
+    /// the averaged gradients with `optimizer` like everyone else, so models *and* optimizer
+    /// states stay identical on every rank: a checkpoint written by rank 0 afterwards is
+    /// everyone's. Buffers come from the first rank still training.
+    ///
+    /// Every rank calls `join` once after its last step (the last ones to finish return at
+    /// once). Until every rank has joined, make no other collective call (checkpoint saves,
+    /// evaluation) in the training loop: save after `join`.
+    ///
+    /// # Errors
+    /// [`DdpError::InvalidConfig`] without [`DdpConfig::uneven_inputs`]; [`DdpError::Join`]
+    /// when training ranks disagree on `backward` vs `backward_no_sync` in a step;
+    /// [`DdpError::Comm`]. All are final (see [Errors are final](Self#errors-are-final)).
+    ///
+    /// [`DdpConfig::uneven_inputs`]: crate::DdpConfig::uneven_inputs
+    pub fn join<O: Optimizer<M, B>>(
+        &mut self,
+        optimizer: &mut O,
+        lr: f64,
+    ) -> Result<usize, DdpError> {
+        self.check_usable()?;
+        let result = self.answer_until_all_joined(optimizer, lr);
+        self.guard(result)
+    }
+
+    fn answer_until_all_joined<O: Optimizer<M, B>>(
+        &mut self,
+        optimizer: &mut O,
+        lr: f64,
+    ) -> Result<usize, DdpError> {
+        if !self.config.uneven_inputs {
+            return Err(DdpError::InvalidConfig(
+                "join needs DdpConfig::with_uneven_inputs(true) on every rank".into(),
+            ));
+        }
+        if !self.scopes.is_empty() {
+            return Err(DdpError::Join(
+                "join was called after a forward whose backward never ran".into(),
+            ));
+        }
+        let mut answered = 0;
+        loop {
+            let round = self.join_round(false, false)?;
+            if round.active == 0 || self.pg.world_size() == 1 {
+                return Ok(answered);
+            }
+            // The same collectives, in the same order, as `step` on the training ranks.
+            self.reducer.begin_shadow(round.sync, round.active)?;
+            let buffers = self
+                .buffers
+                .start::<B, M>(&self.pg, self.inner(), round.root)?;
+            let reduced = self.reducer.finish(&self.table, false)?;
+            self.land_buffers(buffers)?;
+            if let Some((grads, _)) = reduced {
+                self.optimizer_step(optimizer, lr, grads);
+            }
+            answered += 1;
+        }
+    }
+}
