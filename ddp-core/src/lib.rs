@@ -172,7 +172,8 @@ pub use ddp_comm::{
     CommError, InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
     StoreServer, Work, init_from_env, init_process_group,
 };
-pub mod launch;
+/// The launcher crate (`ddp-run`, [`launch()`], the worker environment), re-exported.
+pub use ddp_launch as launch;
 pub use launch::{
     LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, launch,
 };

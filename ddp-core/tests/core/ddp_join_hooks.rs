@@ -368,7 +368,7 @@ fn powersgd_keeps_replicas_identical_and_sends_far_fewer_bytes() {
 #[test]
 fn the_uneven_inputs_example_trains_three_processes_to_one_model() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = crate::launch_common::example("uneven_inputs");
+    let mut cmd = crate::example_common::example("uneven_inputs");
     let out = cmd
         .args(["--nproc-per-node", "3", "--checkpoint-dir"])
         .arg(dir.path())

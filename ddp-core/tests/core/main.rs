@@ -4,7 +4,7 @@
 
 mod checkpoint_common;
 mod common;
-mod launch_common;
+mod example_common;
 
 mod amp;
 mod checkpoint_collective;
@@ -24,12 +24,6 @@ mod ddp_step_on;
 mod exact_evaluation;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
-mod launch_env;
-mod launch_errors;
-mod launch_failures;
-mod launch_multinode;
-mod launch_orphans;
-mod launch_progress;
 mod launch_restart_resume;
 mod sync_batch_norm;
 mod zero;

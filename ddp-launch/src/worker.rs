@@ -66,7 +66,7 @@ pub(crate) fn role(
 /// error ([`LaunchError::Training`]). [`LaunchError::exit_code`] gives the status to exit with.
 ///
 /// # Example
-/// See the [module documentation](mod@crate::launch) for a complete program.
+/// See the [module documentation](crate) for a complete program.
 pub fn launch<F, E>(args: &LaunchArgs, train: F) -> Result<(), LaunchError>
 where
     F: FnOnce(WorkerContext) -> Result<(), E>,
@@ -108,9 +108,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::args::NprocPerNode;
-    use crate::launch::env::LauncherKind;
-    use crate::launch::env::tests::vars;
+    use crate::args::NprocPerNode;
+    use crate::env::LauncherKind;
+    use crate::env::tests::vars;
 
     const SLURM: [(&str, &str); 7] = [
         ("SLURM_PROCID", "1"),
