@@ -26,9 +26,7 @@ use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub use ddp_launch::progress::{
-    PROGRESS_ENV, PROGRESS_FD_ENV, ProgressSetting, claim_report_pipe,
-};
+pub use ddp_launch::progress::{PROGRESS_ENV, PROGRESS_FD_ENV, ProgressSetting, claim_report_pipe};
 
 /// How often the plain (non-terminal) output prints a line.
 const PLAIN_INTERVAL: Duration = Duration::from_secs(5);

@@ -12,7 +12,7 @@
 //!   count, a joined [`ProcessGroup`](ddp_comm::ProcessGroup)).
 //! - `ddp-run`: the same for any program,
 //!   `ddp-run --nproc-per-node 2 -- ./train --epochs 3`. The program joins the job with
-//!   [`ddp_comm::init_from_env`] or [`launch`].
+//!   [`init_from_env`] or [`launch`].
 //!
 //! Flags are parsed into [`LaunchArgs`] (what was typed) and validated into a [`LaunchPlan`]
 //! (world size, ranks, ports, the environment of each worker), which [`LaunchPlan::run`]
@@ -141,6 +141,7 @@ mod blame;
 mod context;
 mod env;
 mod error;
+mod init;
 mod live;
 mod output;
 mod plan;
@@ -157,6 +158,7 @@ pub use blame::{RootCause, Victim};
 pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
+pub use init::init_from_env;
 pub use plan::{ALLOCATOR_ENV, LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use worker::launch;

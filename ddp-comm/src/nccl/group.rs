@@ -45,8 +45,9 @@ use std::sync::Arc;
 ///
 /// # Example
 /// ```no_run
-/// use ddp_comm::{NcclGroup, ReduceOp, init_from_env};
-/// let pg = init_from_env()?; // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+/// use ddp_comm::{InitMethod, NcclGroup, ProcessGroupConfig, ReduceOp, init_process_group};
+/// // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+/// let pg = init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)?;
 /// let nccl = NcclGroup::from_process_group(&pg)?; // device = LOCAL_RANK
 /// let mut grads = nccl.stream().clone_htod(&[1.0f32; 1024]).expect("device memory");
 /// nccl.all_reduce(&mut grads, ReduceOp::Avg)?; // queued on the group's stream

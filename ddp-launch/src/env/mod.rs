@@ -11,6 +11,8 @@ use crate::error::LaunchError;
 use crate::plan::{RESTART_COUNT_ENV, WORKER_ENV};
 use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
 use open_mpi::OPEN_MPI_JOB_KEY_VAR;
+#[cfg(test)]
+pub(crate) use slurm::slurm_port;
 use std::time::Duration;
 
 /// The port used when a launcher set no `MASTER_PORT` (torch's default).

@@ -37,7 +37,6 @@ pub fn example(name: &str) -> Command {
     cmd
 }
 
-
 /// Removes launcher variables the test runner might have, so each test starts from a plain
 /// environment, and keeps logs quiet.
 fn clean_env(cmd: &mut Command) {
