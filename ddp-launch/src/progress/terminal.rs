@@ -67,9 +67,9 @@ pub fn stderr_draws_bar() -> bool {
     )
 }
 
-/// The draw target of every bar: stderr at [`DRAW_HZ`], drawn whether or not it is a terminal
-/// (the caller decided that already, see [`ProgressSetting::draws_bar`]; indicatif's own
-/// stderr target would hide itself on a pipe even with `DDP_PROGRESS=bar`).
+/// The draw target of every bar: stderr at `DRAW_HZ` (20) redraws a second, drawn whether or
+/// not it is a terminal (the caller decided that already, see [`ProgressSetting::draws_bar`];
+/// indicatif's own stderr target would hide itself on a pipe even with `DDP_PROGRESS=bar`).
 pub fn stderr_target() -> ProgressDrawTarget {
     ProgressDrawTarget::term_like_with_hz(Box::new(StderrTerm), DRAW_HZ)
 }
