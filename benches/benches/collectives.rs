@@ -22,7 +22,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use ddp_benches::parse_bytes;
-use ddp_comm::{ProcessGroup, ReduceOp, init_from_env};
+use ddp_comm::{InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, init_process_group};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -170,7 +170,7 @@ fn run_world_mpi(n: usize, port: u16, args: &[String]) -> Result<()> {
 
 fn worker() -> Result<()> {
     let args = Args::parse();
-    let pg = init_from_env()?;
+    let pg = init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)?;
     let n = pg.world_size();
     if pg.rank() == 0 {
         println!(

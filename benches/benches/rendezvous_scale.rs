@@ -14,13 +14,16 @@
 //! at most 2 s for 1,024 ranks on a 2-core machine.
 //!
 //! Part 2 (`--world`): that many real processes (this binary again) form a TCP process group
-//! through `init_from_env` and run an all-reduce whose result is checked; while they wait,
-//! this process counts the sockets in each one's `/proc/<pid>/fd`. Rank 0 also hosts the
+//! through `env://` (`InitMethod::Env`) and run an all-reduce whose result is checked; while
+//! they wait, this process counts the sockets in each one's `/proc/<pid>/fd`. Rank 0 also hosts the
 //! store, so its own server-side sockets (one per rank) are shown apart.
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use ddp_comm::{ReduceOp, Store, StoreConfig, StoreServer, TransportKind, init_from_env};
+use ddp_comm::{
+    InitMethod, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer, TransportKind,
+    init_process_group,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::Barrier;
@@ -238,7 +241,7 @@ fn socket_count(pid: u32) -> Result<usize> {
 
 /// A rank of part 2.
 fn worker() -> Result<()> {
-    let pg = init_from_env()?;
+    let pg = init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)?;
     let (rank, n) = (pg.rank(), pg.world_size());
     let mut v = vec![rank as f32 + 1.0; ELEMENTS];
     pg.all_reduce(&mut v, ReduceOp::Sum)?;

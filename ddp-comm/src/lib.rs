@@ -140,7 +140,7 @@ pub use group::{
     FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming,
 };
 pub use half::{bf16, f16};
-pub use init::{InitMethod, init_from_env, init_process_group};
+pub use init::{InitMethod, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{Store, StoreConfig, StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};

@@ -72,7 +72,7 @@
 //! type B = Autodiff<Flex>;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let device = Default::default();
-//! let pg = init_from_env()?; // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (set by ddp-run)
+//! let pg = init_from_env()?; // set by ddp-run, torchrun, srun or mpirun
 //! let model: Linear<B> = LinearConfig::new(4, 1).init(&device);
 //! let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new())?;
 //! let mut optim = SgdConfig::new().init();
@@ -163,11 +163,13 @@ pub use ddp_data::{
 pub use ddp_comm::cuda_driver_present;
 pub use ddp_comm::{
     CommError, InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
-    StoreServer, Work, init_from_env, init_process_group,
+    StoreServer, Work, init_process_group,
 };
-pub mod launch;
+/// The launcher crate (`ddp-run`, [`launch()`], the worker environment), re-exported.
+pub use ddp_launch as launch;
 pub use launch::{
-    LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, launch,
+    LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, init_from_env,
+    launch,
 };
 pub mod checkpoint;
 pub use checkpoint::{

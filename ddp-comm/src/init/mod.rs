@@ -173,12 +173,6 @@ fn exposed_ip(host: &str, port: u16) -> Option<std::net::IpAddr> {
         .find(|ip| !ip.is_loopback())
 }
 
-/// Joins the job described by the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-/// `MASTER_PORT`, ...): `init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)`.
-pub fn init_from_env() -> Result<ProcessGroup> {
-    init_process_group(&InitMethod::Env, ProcessGroupConfig::from_env()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

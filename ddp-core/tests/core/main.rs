@@ -4,7 +4,6 @@
 
 mod checkpoint_common;
 mod common;
-mod launch_common;
 
 mod amp;
 mod checkpoint_collective;
@@ -24,13 +23,6 @@ mod ddp_step_on;
 mod exact_evaluation;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
-mod launch_env;
-mod launch_errors;
-mod launch_failures;
-mod launch_multinode;
-mod launch_orphans;
-mod launch_progress;
-mod launch_restart_resume;
 mod sync_batch_norm;
 mod zero;
 mod zero2;

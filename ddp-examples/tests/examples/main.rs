@@ -9,3 +9,4 @@ mod examples_end_to_end;
 mod open_mpi;
 mod restart_fresh;
 mod slurm;
+mod uneven_inputs;

@@ -31,7 +31,7 @@ fn ddp_run() -> PathBuf {
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(&cargo)
-        .args(["build", "--quiet", "-p", "ddp-core", "--bin", "ddp-run"])
+        .args(["build", "--quiet", "-p", "ddp-launch", "--bin", "ddp-run"])
         .args(["--profile", profile])
         .arg("--target-dir")
         .arg(target_dir)

@@ -12,11 +12,12 @@
 //! Errors are printed to stderr as `error: <message>` and end in exit code 2.
 
 use anyhow::{Context, Result, ensure};
-use ddp_comm::{ProcessGroup, ReduceOp, init_from_env};
+use ddp_comm::{InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, init_process_group};
 
 fn main() {
     let scenario = std::env::args().nth(1).unwrap_or_default();
-    let result = init_from_env()
+    let result = ProcessGroupConfig::from_env()
+        .and_then(|config| init_process_group(&InitMethod::Env, config))
         .context("init_process_group")
         .and_then(|pg| match scenario.as_str() {
             "collectives" => collectives(&pg),

@@ -2,6 +2,9 @@
 //! once per file. Each module is one former test file; `cargo test --test processes NAME`
 //! filters as before.
 
+mod clean_env;
+
 mod comm_processes;
 mod ddp_processes;
+mod launch_restart_resume;
 mod shm_processes;

@@ -9,7 +9,7 @@ use ddp_comm::ProcessGroup;
 /// The process group is already joined: every rank of the job is connected.
 ///
 /// ```no_run
-/// # fn f(ctx: ddp_core::WorkerContext) -> Result<(), ddp_comm::CommError> {
+/// # fn f(ctx: ddp_launch::WorkerContext) -> Result<(), ddp_comm::CommError> {
 /// use ddp_comm::ReduceOp;
 /// let mut grads = vec![1.0f32; 4];
 /// ctx.process_group().all_reduce(&mut grads, ReduceOp::Avg)?;
@@ -67,7 +67,7 @@ impl WorkerContext {
     /// the restart exists to keep.
     ///
     /// ```no_run
-    /// # fn f(ctx: ddp_core::WorkerContext, fresh_flag: bool) {
+    /// # fn f(ctx: ddp_launch::WorkerContext, fresh_flag: bool) {
     /// // `--fresh` applies to the first attempt of a launch only.
     /// let start_over = fresh_flag && !ctx.is_restart();
     /// # }

@@ -7,7 +7,7 @@ use std::path::Path;
 fn run(dir: &Path, name: &str, extra: &[&str], tail: &[&str]) -> (bool, String, Vec<u8>) {
     let ckpt = dir.join(format!("{name}-ckpt"));
     let out = dir.join(format!("{name}.bin"));
-    let mut cmd = crate::launch_common::example("restart_resume");
+    let mut cmd = crate::clean_env::program(env!("CARGO_BIN_EXE_restart_resume"));
     if !extra.contains(&"--nproc-per-node") {
         cmd.args(["--nproc-per-node", "2"]);
     }

@@ -426,7 +426,7 @@ pub(crate) fn kill_orphans(workers: &[u32], keep: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::LaunchArgs;
+    use crate::LaunchArgs;
     use std::time::Duration;
 
     /// The state letter of `pid` in /proc (`Z`: zombie), or `None` once it is gone.

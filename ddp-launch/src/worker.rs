@@ -6,7 +6,6 @@ use super::context::WorkerContext;
 use super::env::WorkerEnv;
 use super::error::LaunchError;
 use super::plan::LaunchPlan;
-use ddp_comm::{InitMethod, ProcessGroupConfig, init_process_group};
 use std::error::Error as StdError;
 
 /// What this process is.
@@ -66,7 +65,7 @@ pub(crate) fn role(
 /// error ([`LaunchError::Training`]). [`LaunchError::exit_code`] gives the status to exit with.
 ///
 /// # Example
-/// See the [module documentation](mod@crate::launch) for a complete program.
+/// See the [module documentation](crate) for a complete program.
 pub fn launch<F, E>(args: &LaunchArgs, train: F) -> Result<(), LaunchError>
 where
     F: FnOnce(WorkerContext) -> Result<(), E>,
@@ -87,30 +86,16 @@ where
     // Before anything can start a program: the launcher's progress pipe is rank 0's alone.
     crate::progress::claim_report_pipe();
     let rank = env.rank;
-    let mut config = ProcessGroupConfig::new(env.rank, env.world_size)
-        .with_local(env.local_rank, env.local_world_size);
-    if let Some(timeout) = env.timeout {
-        config = config.with_timeout(timeout);
-    }
-    if let Some(token) = &env.job_token {
-        config = config.with_token(token.as_bytes());
-    }
-    let method = InitMethod::Tcp {
-        host: env.master_addr.clone(),
-        port: env.master_port,
-    };
-    tracing::debug!(?env, "joining the process group");
-    let group = init_process_group(&method, config)
-        .map_err(|source| LaunchError::ProcessGroup { rank, source })?;
+    let group = env.init_process_group()?;
     train(WorkerContext::new(env, group)).map_err(|e| LaunchError::training(rank, e.into()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::args::NprocPerNode;
-    use crate::launch::env::LauncherKind;
-    use crate::launch::env::tests::vars;
+    use crate::args::NprocPerNode;
+    use crate::env::LauncherKind;
+    use crate::env::tests::vars;
 
     const SLURM: [(&str, &str); 7] = [
         ("SLURM_PROCID", "1"),

@@ -105,13 +105,13 @@ pub(crate) struct WorkerCommand {
 /// [`launch`](super::launch) does); started with [`LaunchPlan::run`].
 ///
 /// ```
-/// use ddp_core::{LaunchArgs, LaunchPlan, NprocPerNode};
+/// use ddp_launch::{LaunchArgs, LaunchPlan, NprocPerNode};
 /// let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(2));
 /// let plan = LaunchPlan::new(&args, "true", Vec::<String>::new())?;
 /// assert_eq!(plan.world_size(), 2);
 /// let env = plan.worker_env(1, 0, 29500);
 /// assert!(env.contains(&("RANK".to_string(), "1".to_string())));
-/// # Ok::<(), ddp_core::LaunchError>(())
+/// # Ok::<(), ddp_launch::LaunchError>(())
 /// ```
 #[derive(Clone)]
 pub struct LaunchPlan {

@@ -1,4 +1,7 @@
-//! Starting and supervising data-parallel jobs: burn's `torchrun`.
+//! # ddp-launch
+//!
+//! Starting and supervising data-parallel jobs: burn's `torchrun`. This crate does not depend on
+//! burn, so the `ddp-run` binary builds without it; ddp-core re-exports it as `ddp_core::launch`.
 //!
 //! Two front ends share one supervisor:
 //!
@@ -9,7 +12,7 @@
 //!   count, a joined [`ProcessGroup`](ddp_comm::ProcessGroup)).
 //! - `ddp-run`: the same for any program,
 //!   `ddp-run --nproc-per-node 2 -- ./train --epochs 3`. The program joins the job with
-//!   [`ddp_comm::init_from_env`] or [`launch`].
+//!   [`init_from_env`] or [`launch`].
 //!
 //! Flags are parsed into [`LaunchArgs`] (what was typed) and validated into a [`LaunchPlan`]
 //! (world size, ranks, ports, the environment of each worker), which [`LaunchPlan::run`]
@@ -19,7 +22,7 @@
 //! ```no_run
 //! use clap::Parser;
 //! use ddp_comm::ReduceOp;
-//! use ddp_core::{LaunchArgs, LaunchError, WorkerContext};
+//! use ddp_launch::{LaunchArgs, LaunchError, WorkerContext};
 //!
 //! /// Your program's flags; the launcher's are flattened in.
 //! #[derive(Parser)]
@@ -46,7 +49,7 @@
 //!
 //! fn main() -> Result<(), LaunchError> {
 //!     let args = Args::parse();
-//!     ddp_core::launch(&args.launch, |ctx| train(ctx, &args))
+//!     ddp_launch::launch(&args.launch, |ctx| train(ctx, &args))
 //! }
 //! ```
 //! `anyhow::Result<()>` works as the training function's return type too.
@@ -75,7 +78,7 @@
 //! # Output and progress
 //! Workers' lines are printed prefixed with `[rank N]: `. A worker's stderr is a pipe, so when
 //! the launcher's stderr is a terminal, global rank 0 also gets `DDP_PROGRESS_FD`, an inherited
-//! pipe for [`EpochProgress`](crate::EpochProgress) reports: the launcher draws rank 0's bar live
+//! pipe for the progress reports of ddp-core's `EpochProgress` ([`progress`]): the launcher draws rank 0's bar live
 //! and prints every worker's lines above it. Otherwise (a file, a pipe, `TERM=dumb`) rank 0
 //! prints a line every few seconds. `DDP_PROGRESS=bar|lines|auto` overrides the choice.
 //!
@@ -138,9 +141,11 @@ mod blame;
 mod context;
 mod env;
 mod error;
+mod init;
 mod live;
 mod output;
 mod plan;
+pub mod progress;
 mod rendezvous;
 mod signals;
 mod spawn;
@@ -153,6 +158,7 @@ pub use blame::{RootCause, Victim};
 pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
+pub use init::init_from_env;
 pub use plan::{ALLOCATOR_ENV, LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use worker::launch;

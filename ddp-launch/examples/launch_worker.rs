@@ -1,16 +1,16 @@
-//! Test program for the launcher's integration tests (`ddp-core/tests/launch_*.rs`): a training
-//! binary built on `ddp_core::launch`, whose behaviour is chosen by `--mode`. It also shows the
+//! Test program for the launcher's integration tests (`ddp-launch/tests/launch/`): a training
+//! binary built on `ddp_launch::launch`, whose behaviour is chosen by `--mode`. It also shows the
 //! intended shape of a real program: own flags plus flattened `LaunchArgs`, an `anyhow`
 //! training function, `main` returning `LaunchError`.
 //!
 //! ```text
-//! cargo run -p ddp-core --example launch_worker -- --nproc-per-node 2 --mode env
+//! cargo run -p ddp-launch --example launch_worker -- --nproc-per-node 2 --mode env
 //! ```
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use ddp_comm::ReduceOp;
-use ddp_core::{LaunchArgs, LaunchError, WorkerContext};
+use ddp_launch::{LaunchArgs, LaunchError, WorkerContext};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ struct Args {
 
 fn main() -> Result<(), LaunchError> {
     let args = Args::parse();
-    ddp_core::launch(&args.launch, |ctx| train(ctx, &args))
+    ddp_launch::launch(&args.launch, |ctx| train(ctx, &args))
 }
 
 fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {

@@ -22,7 +22,7 @@ pub fn worker_path() -> PathBuf {
     example_path("launch_worker")
 }
 
-/// ddp-core's example `name` (built by `cargo test`, which builds examples); a missing or stale
+/// ddp-launch's example `name` (built by `cargo test`, which builds examples); a missing or stale
 /// build is a failure saying how to build it.
 pub fn example_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -32,7 +32,7 @@ pub fn example_path(name: &str) -> PathBuf {
         .and_then(Path::parent)
         .map(|p| p.join("examples").join(name))
         .expect("target directory");
-    let hint = "run `cargo test -p ddp-core` (which builds examples) or `cargo build -p ddp-core --examples`";
+    let hint = "run `cargo test -p ddp-launch` (which builds examples) or `cargo build -p ddp-launch --examples`";
     let built = std::fs::metadata(&path)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{}: {e}: {hint}", path.display()));
@@ -48,7 +48,7 @@ pub fn example_path(name: &str) -> PathBuf {
     path
 }
 
-/// ddp-core's example `name`, run directly (it launches itself) in a clean environment.
+/// ddp-launch's example `name`, run directly (it launches itself) in a clean environment.
 pub fn example(name: &str) -> Command {
     let mut cmd = Command::new(example_path(name));
     clean_env(&mut cmd);

@@ -4,10 +4,10 @@
 //! ddp-run --nproc-per-node 2 -- ./train --epochs 3
 //! ddp-run --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 -- ./train
 //! ```
-//! See `ddp_core::launch` for the worker environment, failure handling and multi-node setup.
+//! See `ddp_launch::launch` for the worker environment, failure handling and multi-node setup.
 
 use clap::Parser;
-use ddp_core::{LaunchArgs, LaunchPlan};
+use ddp_launch::{LaunchArgs, LaunchPlan};
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ddp_core=info,warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ddp_launch=info,warn"));
     // A second subscriber cannot exist in a fresh binary; ignore the impossible error.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

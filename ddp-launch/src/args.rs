@@ -65,10 +65,10 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 ///     #[arg(long, default_value_t = 3)]
 ///     epochs: usize,
 ///     #[command(flatten)]
-///     launch: ddp_core::LaunchArgs,
+///     launch: ddp_launch::LaunchArgs,
 /// }
 /// let args = Args::parse_from(["train", "--nproc-per-node", "2", "--epochs", "5"]);
-/// assert_eq!(args.launch.nproc_per_node, Some(ddp_core::NprocPerNode::Count(2)));
+/// assert_eq!(args.launch.nproc_per_node, Some(ddp_launch::NprocPerNode::Count(2)));
 /// ```
 ///
 /// Every flag also reads a `DDP_*` environment variable when not given (`DDP_NPROC_PER_NODE`,

@@ -1,4 +1,5 @@
-//! Test program: DDP training with a checkpoint every epoch, resumed by default, under `launch()`.
+//! Test program of `tests/processes/launch_restart_resume.rs`: DDP training with a checkpoint
+//! every epoch, resumed by default, under `launch()`.
 //!
 //! `restart_resume --nproc-per-node 2 [--max-restarts 1] [--kill-rank R] -- <checkpoint-dir> <output-file> [kill-step]`
 //!

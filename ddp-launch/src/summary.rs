@@ -214,7 +214,7 @@ impl fmt::Display for FailureSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::blame::Victim;
+    use crate::blame::Victim;
 
     fn failure(exit: WorkerExit, tail: &[&str]) -> FailureSummary {
         FailureSummary {

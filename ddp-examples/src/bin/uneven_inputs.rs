@@ -2,7 +2,7 @@
 //! `Join` context does, then save one checkpoint.
 //!
 //! ```text
-//! cargo run -p ddp-core --example uneven_inputs -- --nproc-per-node 3
+//! cargo run -p ddp-examples --bin uneven_inputs -- --nproc-per-node 3
 //! ```
 //!
 //! Rank `r` gets `3 + 2r` batches of a synthetic regression task (think: a filtered data set).

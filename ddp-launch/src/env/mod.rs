@@ -1,0 +1,386 @@
+//! [`WorkerEnv`]: this process's place in a job, read from the environment a launcher set:
+//! `ddp-run` / [`launch`](super::launch), torchrun (or by hand), Slurm's `srun`, Open MPI's
+//! `mpirun`. This module holds the shared reader and the choice of dialect; each dialect's
+//! variables are read in its own file (`torchrun.rs`, `slurm.rs`, `open_mpi.rs`).
+
+mod open_mpi;
+mod slurm;
+mod torchrun;
+
+use crate::error::LaunchError;
+use crate::plan::{RESTART_COUNT_ENV, WORKER_ENV};
+use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
+use open_mpi::OPEN_MPI_JOB_KEY_VAR;
+#[cfg(test)]
+pub(crate) use slurm::slurm_port;
+use std::time::Duration;
+
+/// The port used when a launcher set no `MASTER_PORT` (torch's default).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// Which launcher started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LauncherKind {
+    /// `ddp-run` or [`launch`](super::launch) (`DDP_LAUNCH_WORKER=1`).
+    DdpRun,
+    /// torchrun, or anything that sets `RANK` and `WORLD_SIZE` (including a user by hand).
+    Torchrun,
+    /// Slurm's `srun` (`SLURM_PROCID` in a job step).
+    Slurm,
+    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_RANK`).
+    OpenMpi,
+}
+
+/// Where this worker sits in the job and how to reach rank 0, as a launcher described it.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerEnv {
+    /// Who started this process.
+    pub launcher: LauncherKind,
+    /// Global rank.
+    pub rank: usize,
+    /// Number of workers in the job.
+    pub world_size: usize,
+    /// Rank on this node (the device index).
+    pub local_rank: usize,
+    /// Workers on this node.
+    pub local_world_size: usize,
+    /// This node's rank.
+    pub node_rank: usize,
+    /// Host of rank 0's store.
+    pub master_addr: String,
+    /// Port of rank 0's store.
+    pub master_port: u16,
+    /// How many times the group was restarted before this attempt.
+    pub restart_count: u32,
+    /// The job token every connection proves, if the launcher set one.
+    pub job_token: Option<String>,
+    /// `DDP_TIMEOUT_SECS`, if set.
+    pub timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for WorkerEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerEnv")
+            .field("launcher", &self.launcher)
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .field("node_rank", &self.node_rank)
+            .field("master_addr", &self.master_addr)
+            .field("master_port", &self.master_port)
+            .field("restart_count", &self.restart_count)
+            .field("job_token", &self.job_token.as_ref().map(|_| "<set>"))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Reads variables through a lookup function, so parsing is testable without touching the
+/// process environment. Empty values count as unset.
+struct Vars<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Vars<'_> {
+    fn get(&self, key: &str) -> Option<String> {
+        (self.0)(key)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn first(&self, keys: &[&str]) -> Option<(String, String)> {
+        keys.iter()
+            .find_map(|k| self.get(k).map(|v| (k.to_string(), v)))
+    }
+
+    fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, LaunchError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                LaunchError::worker_env(key, format!("'{v}' is not a non-negative integer"))
+            }),
+        }
+    }
+
+    fn required<T: std::str::FromStr>(&self, key: &str, launcher: &str) -> Result<T, LaunchError> {
+        self.number(key)?.ok_or_else(|| {
+            LaunchError::worker_env(
+                key,
+                format!("is not set, but {launcher} sets it for every worker"),
+            )
+        })
+    }
+
+    fn port(&self) -> Result<Option<u16>, LaunchError> {
+        match self.number::<u16>("MASTER_PORT")? {
+            Some(0) => Err(LaunchError::worker_env(
+                "MASTER_PORT",
+                "port 0 is not allowed",
+            )),
+            p => Ok(p),
+        }
+    }
+
+    fn common(&self) -> Result<(Option<String>, Option<Duration>, u32), LaunchError> {
+        let token = self.get(TOKEN_ENV);
+        let timeout = self.number::<u64>(TIMEOUT_ENV)?.map(Duration::from_secs);
+        let restarts = match self.number::<u32>(RESTART_COUNT_ENV)? {
+            Some(n) => n,
+            None => self
+                .number::<u32>("TORCHELASTIC_RESTART_COUNT")?
+                .unwrap_or(0),
+        };
+        Ok((token, timeout, restarts))
+    }
+}
+
+impl WorkerEnv {
+    /// Whether the group was restarted before this attempt (see
+    /// [`WorkerContext::is_restart`](super::WorkerContext::is_restart)).
+    pub fn is_restart(&self) -> bool {
+        self.restart_count > 0
+    }
+
+    /// Reads the process environment; `Ok(None)` when no launcher set it up as a worker.
+    /// Checks, in order: `ddp-run`/torchrun variables (`DDP_LAUNCH_WORKER`, `RANK`), Open MPI,
+    /// then Slurm.
+    ///
+    /// # Errors
+    /// [`LaunchError::WorkerEnv`] naming a variable that is missing, unparsable or inconsistent.
+    pub fn from_env() -> Result<Option<WorkerEnv>, LaunchError> {
+        WorkerEnv::from_vars(&|k| std::env::var(k).ok())
+    }
+
+    /// [`WorkerEnv::from_env`] over any lookup function, e.g. a map in tests.
+    ///
+    /// # Errors
+    /// As [`WorkerEnv::from_env`].
+    pub fn from_vars(
+        vars: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<WorkerEnv>, LaunchError> {
+        if let Some(env) = WorkerEnv::from_launcher_vars(vars)? {
+            return Ok(Some(env));
+        }
+        WorkerEnv::from_external_vars(vars)
+    }
+
+    /// Only `ddp-run`/[`launch`](super::launch) and torchrun-style variables.
+    pub(crate) fn from_launcher_vars(
+        vars: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<WorkerEnv>, LaunchError> {
+        let v = Vars(vars);
+        let ours = v.get(WORKER_ENV).is_some_and(|x| x == "1");
+        if !ours && !v.has("RANK") {
+            return Ok(None);
+        }
+        torchrun::from_torchrun(&v, ours)?.validate()
+    }
+
+    /// Only Open MPI and Slurm variables.
+    pub(crate) fn from_external_vars(
+        vars: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<WorkerEnv>, LaunchError> {
+        let v = Vars(vars);
+        if v.has("OMPI_COMM_WORLD_RANK") {
+            return open_mpi::from_open_mpi(&v).and_then(WorkerEnv::validate);
+        }
+        if v.has("SLURM_PROCID") && v.first(&["SLURM_STEP_ID", "SLURM_STEPID"]).is_some() {
+            return slurm::from_slurm(&v).and_then(WorkerEnv::validate);
+        }
+        Ok(None)
+    }
+
+    fn validate(self) -> Result<Option<WorkerEnv>, LaunchError> {
+        let bad = |var: &str, reason: String| Err(LaunchError::worker_env(var, reason));
+        if self.world_size == 0 {
+            return bad("WORLD_SIZE", "must be at least 1, got 0".into());
+        }
+        if self.rank >= self.world_size {
+            return bad(
+                "RANK",
+                format!("rank {} is outside 0..{}", self.rank, self.world_size),
+            );
+        }
+        if self.local_world_size == 0 || self.local_world_size > self.world_size {
+            return bad(
+                "LOCAL_WORLD_SIZE",
+                format!(
+                    "must be in 1..={}, got {}",
+                    self.world_size, self.local_world_size
+                ),
+            );
+        }
+        if self.local_rank >= self.local_world_size {
+            return bad(
+                "LOCAL_RANK",
+                format!(
+                    "local rank {} is outside 0..{}",
+                    self.local_rank, self.local_world_size
+                ),
+            );
+        }
+        if self.job_token.is_none() && self.local_world_size < self.world_size {
+            return bad(TOKEN_ENV, self.missing_token_advice());
+        }
+        Ok(Some(self))
+    }
+
+    /// Why a multi-node job needs a secret, and how to give one with this launcher. Its ranks
+    /// listen where other hosts reach them, and without a secret anyone on the network could
+    /// join the store, claim a rank or inject gradients.
+    fn missing_token_advice(&self) -> String {
+        let how = match self.launcher {
+            LauncherKind::Slurm => format!(
+                "put `export {TOKEN_ENV}=$(openssl rand -hex 16)` in the batch script before \
+                 srun (srun gives every task the script's environment)"
+            ),
+            LauncherKind::OpenMpi => format!(
+                "run `export {TOKEN_ENV}=$(openssl rand -hex 16)` and pass it with \
+                 `mpirun -x {TOKEN_ENV} ...` (this mpirun set no {OPEN_MPI_JOB_KEY_VAR}, the \
+                 per-job secret Open MPI 4 gives its processes)"
+            ),
+            LauncherKind::DdpRun | LauncherKind::Torchrun => format!(
+                "set the same secret on every node, e.g. `export {TOKEN_ENV}=$(openssl rand -hex 16)`"
+            ),
+        };
+        format!(
+            "is not set, and this job runs on several nodes ({} ranks, {} on this node), so its \
+             store and ranks listen where other hosts can reach them: without a secret anyone on \
+             the network could join it. {how}",
+            self.world_size, self.local_world_size
+        )
+    }
+}
+
+/// `MASTER_ADDR`, defaulting to loopback when every rank is on this node.
+fn master_addr(
+    v: &Vars<'_>,
+    local_world_size: usize,
+    world_size: usize,
+    launcher: &str,
+) -> Result<String, LaunchError> {
+    match v.get("MASTER_ADDR") {
+        Some(a) => Ok(a),
+        None if local_world_size >= world_size => Ok("127.0.0.1".into()),
+        None => Err(LaunchError::worker_env(
+            "MASTER_ADDR",
+            format!(
+                "is not set, and {launcher} placed ranks on several nodes: set it to the host of rank 0"
+            ),
+        )),
+    }
+}
+
+/// Where derived ports fall: below Linux's ephemeral range (32768..61000 by default), from which
+/// the kernel hands out the ports of outgoing connections and of other programs' listeners, so
+/// such a socket cannot already hold the port a job derives.
+pub(crate) const DERIVED_PORTS: std::ops::Range<u16> = 10_000..32_000;
+
+pub(super) fn derived_port(spread: u64) -> u16 {
+    let width = u64::from(DERIVED_PORTS.end - DERIVED_PORTS.start);
+    DERIVED_PORTS.start + (spread % width) as u16
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// An environment of just `pairs`, as `from_vars` reads it (shared with the worker tests).
+    pub(crate) fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    pub(crate) fn detect(pairs: &[(&str, &str)]) -> Result<Option<WorkerEnv>, LaunchError> {
+        WorkerEnv::from_vars(&vars(pairs))
+    }
+
+    #[test]
+    fn no_launcher_variables_means_not_a_worker() {
+        assert_eq!(
+            detect(&[("PATH", "/bin"), ("SLURM_JOB_ID", "5")]).expect("ok"),
+            None
+        );
+        // A Slurm batch script (no step) is not a worker either.
+        assert_eq!(
+            detect(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")]).expect("ok"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_multi_node_job_without_a_secret_is_refused_with_how_to_set_one() {
+        let mpi_two_nodes = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", "2041184257"),
+            ("MASTER_ADDR", "node0"),
+        ];
+        // The job id is public (`ps`), so it is no secret.
+        let e = detect(&mpi_two_nodes).unwrap_err().to_string();
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
+            "{e}"
+        );
+        assert!(e.contains("mpirun -x DDP_JOB_TOKEN"), "{e}");
+        // mpirun's per-job key is.
+        let mut keyed = mpi_two_nodes.to_vec();
+        keyed.push((OPEN_MPI_JOB_KEY_VAR, "857e142413aecff8-fd43b546c5cc03a9"));
+        let env = detect(&keyed).expect("ok").expect("worker");
+        assert!(env.job_token.expect("token").contains("857e142413aecff8"));
+
+        let slurm_two_nodes = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NTASKS_PER_NODE", "1"),
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+        ];
+        let e = detect(&slurm_two_nodes).unwrap_err().to_string();
+        assert!(e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes (2 ranks, 1 on this node)"), "{e}");
+        assert!(e.contains("in the batch script before srun"), "{e}");
+
+        let torchrun_two_nodes = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+        ];
+        let e = detect(&torchrun_two_nodes).unwrap_err().to_string();
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
+            "{e}"
+        );
+        let mut with_token = torchrun_two_nodes.to_vec();
+        with_token.push((TOKEN_ENV, "secret"));
+        assert!(detect(&with_token).expect("ok").is_some());
+    }
+
+    #[test]
+    fn ddp_launcher_variables_win_over_slurm_and_mpi() {
+        let env = detect(&[
+            (WORKER_ENV, "1"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!((env.launcher, env.rank), (LauncherKind::DdpRun, 1));
+    }
+}

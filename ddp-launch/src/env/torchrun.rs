@@ -1,0 +1,146 @@
+//! The environment of `ddp-run` / [`launch`](crate::launch) and of torchrun (or a user setting
+//! `RANK` and `WORLD_SIZE` by hand): the job's own variable names.
+
+use super::{DEFAULT_MASTER_PORT, LauncherKind, Vars, WorkerEnv, master_addr};
+use crate::error::LaunchError;
+
+/// The worker that torchrun-style variables describe; `ours` when `DDP_LAUNCH_WORKER=1` (the
+/// ddp launcher) rather than torchrun or a user.
+pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, LaunchError> {
+    let (launcher, name) = if ours {
+        (LauncherKind::DdpRun, "the ddp launcher")
+    } else {
+        (LauncherKind::Torchrun, "torchrun")
+    };
+    let rank: usize = v.required("RANK", name)?;
+    let world_size: usize = v.required("WORLD_SIZE", name)?;
+    let local_rank = v.number("LOCAL_RANK")?.unwrap_or(rank);
+    let local_world_size = v.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+    let node_rank = match v.number("GROUP_RANK")? {
+        Some(n) => n,
+        None => rank / local_world_size.max(1),
+    };
+    let (job_token, timeout, restart_count) = v.common()?;
+    Ok(WorkerEnv {
+        launcher,
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        node_rank,
+        master_addr: master_addr(v, local_world_size, world_size, name)?,
+        master_port: v.port()?.unwrap_or(DEFAULT_MASTER_PORT),
+        restart_count,
+        job_token,
+        timeout,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::detect;
+    use super::super::*;
+    use crate::plan::{RESTART_COUNT_ENV, WORKER_ENV};
+    use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
+
+    #[test]
+    fn ddp_launcher_environment_is_read_completely() {
+        let env = detect(&[
+            (WORKER_ENV, "1"),
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "1234"),
+            (RESTART_COUNT_ENV, "2"),
+            (TOKEN_ENV, "tok"),
+            (TIMEOUT_ENV, "30"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!(env.launcher, LauncherKind::DdpRun);
+        assert_eq!(
+            (
+                env.rank,
+                env.world_size,
+                env.local_rank,
+                env.local_world_size,
+                env.node_rank
+            ),
+            (3, 4, 1, 2, 1)
+        );
+        assert_eq!(
+            (env.master_addr.as_str(), env.master_port),
+            ("10.0.0.1", 1234)
+        );
+        assert_eq!(env.restart_count, 2);
+        assert!(env.is_restart());
+        assert_eq!(env.job_token.as_deref(), Some("tok"));
+        assert_eq!(env.timeout, Some(Duration::from_secs(30)));
+        assert!(
+            !format!("{env:?}").contains("tok\""),
+            "the token is not printed"
+        );
+    }
+
+    #[test]
+    fn torchrun_style_defaults_fill_in_local_values() {
+        let env = detect(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("TORCHELASTIC_RESTART_COUNT", "1"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!(env.launcher, LauncherKind::Torchrun);
+        assert_eq!(
+            (env.local_rank, env.local_world_size, env.node_rank),
+            (1, 2, 0)
+        );
+        let first = detect(&[("RANK", "1"), ("WORLD_SIZE", "2")])
+            .expect("ok")
+            .expect("worker");
+        assert!(!first.is_restart(), "no restart count: the first attempt");
+        assert_eq!(
+            (env.master_addr.as_str(), env.master_port),
+            ("127.0.0.1", DEFAULT_MASTER_PORT)
+        );
+        assert_eq!(env.restart_count, 1);
+    }
+
+    #[test]
+    fn bad_launcher_variables_are_named() {
+        let e = detect(&[(WORKER_ENV, "1"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "RANK: is not set, but the ddp launcher sets it for every worker"
+        );
+        let e = detect(&[("RANK", "x"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "RANK: 'x' is not a non-negative integer");
+        let e = detect(&[("RANK", "2"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "RANK: rank 2 is outside 0..2");
+        let e = detect(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("MASTER_ADDR: is not set, and torchrun placed ranks on several nodes"),
+            "{e}"
+        );
+        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "0")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "MASTER_PORT: port 0 is not allowed");
+    }
+}

@@ -1,0 +1,12 @@
+//! The launcher's integration tests in one binary: they run `ddp-run` and the `launch_worker`
+//! example as real processes. Each module is one former test file; `cargo test --test launch
+//! NAME` filters as before.
+
+mod launch_common;
+
+mod launch_env;
+mod launch_errors;
+mod launch_failures;
+mod launch_multinode;
+mod launch_orphans;
+mod launch_progress;
