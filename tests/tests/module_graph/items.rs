@@ -180,10 +180,11 @@ fn parse_item(
                 if keyword != "impl" {
                     items.defs.extend(name.filter(|n| n != "_" && n != "mut"));
                 }
-                if keyword == "static" && trees.get(i + 1).is_some_and(|t| t.is_ident("mut")) {
-                    if let Some(Tree::Ident(n)) = trees.get(i + 2) {
-                        items.defs.insert(n.clone());
-                    }
+                if keyword == "static"
+                    && trees.get(i + 1).is_some_and(|t| t.is_ident("mut"))
+                    && let Some(Tree::Ident(n)) = trees.get(i + 2)
+                {
+                    items.defs.insert(n.clone());
                 }
                 collect_refs(&trees[i + 1..end], items);
             }

@@ -144,10 +144,10 @@ fn lookup(tree: &ModuleTree, m: usize, name: &str, depth: usize) -> Vec<Target> 
     if out.is_empty() {
         for item in module.items.uses.iter().filter(|u| u.kind == UseKind::Glob) {
             for target in resolve(tree, m, &item.path, depth + 1) {
-                if let Target::Module(glob_module) = target {
-                    if glob_module != m {
-                        out.extend(lookup(tree, glob_module, name, depth + 1));
-                    }
+                if let Target::Module(glob_module) = target
+                    && glob_module != m
+                {
+                    out.extend(lookup(tree, glob_module, name, depth + 1));
                 }
             }
         }
