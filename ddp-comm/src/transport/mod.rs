@@ -18,12 +18,14 @@ pub(crate) mod hybrid;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 pub(crate) mod parts;
+mod select;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub(crate) use abort::{AbortHandle, LiveStreams};
 pub(crate) use hybrid::{ConnectSpec, Connected};
 pub(crate) use parts::Parts;
+pub(crate) use select::connect;
 
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
@@ -103,22 +105,6 @@ impl FromStr for TransportKind {
             )),
         }
     }
-}
-
-/// Connects a group with the transport it asked for: MPI for `mpi`, else TCP with shared
-/// memory where ranks share a host ([`hybrid::connect`]).
-pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
-    if spec.transport != TransportKind::Mpi {
-        return hybrid::connect(spec);
-    }
-    #[cfg(feature = "mpi")]
-    return mpi::connect(spec);
-    #[cfg(not(feature = "mpi"))]
-    Err(CommError::config(
-        TRANSPORT_ENV,
-        "mpi: this build has no MPI transport; build with the `mpi` feature of ddp-comm \
-         (needs an MPI library and libclang, e.g. Debian's libopenmpi-dev and libclang-dev)",
-    ))
 }
 
 /// The collectives a transport must provide, on byte buffers. Buffer lengths have been checked by

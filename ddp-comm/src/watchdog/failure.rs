@@ -1,7 +1,7 @@
 //! [`WatchdogFailure`]: what a watchdog found when it failed a group, and who is to blame.
 
 use super::probe::CollectiveLabel;
-use super::progress::{ranks_behind, ranks_finished};
+use super::progress::{PeerProgress, ranks_behind, ranks_finished};
 use std::fmt;
 use std::time::Duration;
 
@@ -32,26 +32,6 @@ pub enum FailureCause {
     /// Another rank's watchdog failed the group first; what it published
     /// (`watchdog/<group>/failed`: its own error, naming it and the cause).
     PeerFailed(String),
-}
-
-/// One rank's progress as it published it in the store (`None`: it never published).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankProgress {
-    /// The rank.
-    pub rank: usize,
-    /// Its last issued sequence number.
-    pub issued: Option<u64>,
-    /// Its last completed sequence number.
-    pub completed: Option<u64>,
-}
-
-/// What the store said about every rank's progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PeerProgress {
-    /// Every rank's entry, in rank order.
-    Known(Vec<RankProgress>),
-    /// The store could not be read in time; why.
-    Unknown(String),
 }
 
 /// The error a [`Watchdog`](super::Watchdog) gives every waiter and every later call once it
@@ -212,6 +192,7 @@ impl std::error::Error for WatchdogFailure {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watchdog::progress::RankProgress;
 
     fn failure(peers: PeerProgress) -> WatchdogFailure {
         WatchdogFailure {

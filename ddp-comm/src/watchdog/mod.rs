@@ -71,8 +71,9 @@ mod reporter;
 #[cfg(feature = "cuda")]
 pub(crate) use bounded::{ABORT_WAIT, Bounded, run_bounded};
 pub use config::WatchdogConfig;
-pub use failure::{FailureCause, PeerProgress, RankProgress, StuckWork, WatchdogFailure};
+pub use failure::{FailureCause, StuckWork, WatchdogFailure};
 #[cfg(feature = "cuda")]
 pub(crate) use monitor::WatchdogFailer;
 pub use monitor::{Watchdog, WatchedWork};
 pub use probe::{AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe};
+pub use progress::{PeerProgress, RankProgress};

@@ -2,9 +2,9 @@
 
 use super::bounded::{ABORT_WAIT, Bounded, run_bounded};
 use super::config::WatchdogConfig;
-use super::failure::{FailureCause, PeerProgress, StuckWork, WatchdogFailure};
+use super::failure::{FailureCause, StuckWork, WatchdogFailure};
 use super::probe::{AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe};
-use super::progress::{Progress, with_own};
+use super::progress::{PeerProgress, Progress, with_own};
 use super::reporter::{PeerFailure, Reporter, ReporterSpec};
 use crate::error::{CommError, Result};
 use crate::store::Store;

@@ -1,8 +1,6 @@
 //! How a rank's progress travels through the store, and what the peers' progress says about a
 //! stuck collective.
 
-use super::failure::{PeerProgress, RankProgress};
-
 /// The store key of `rank`'s progress in `group`.
 pub(crate) fn key(group: &str, rank: usize) -> String {
     format!("watchdog/{group}/{rank}")
@@ -35,6 +33,26 @@ impl Progress {
             completed: completed.parse().ok()?,
         })
     }
+}
+
+/// One rank's progress as it published it in the store (`None`: it never published).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankProgress {
+    /// The rank.
+    pub rank: usize,
+    /// Its last issued sequence number.
+    pub issued: Option<u64>,
+    /// Its last completed sequence number.
+    pub completed: Option<u64>,
+}
+
+/// What the store said about every rank's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerProgress {
+    /// Every rank's entry, in rank order.
+    Known(Vec<RankProgress>),
+    /// The store could not be read in time; why.
+    Unknown(String),
 }
 
 /// The ranks that never issued collective `seq`: their published `issued` is below it, or

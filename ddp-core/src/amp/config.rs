@@ -1,9 +1,9 @@
 //! [`GradScalerConfig`]: the settings of [`GradScaler`](super::GradScaler), PyTorch's defaults.
+//! Its constructor, [`GradScalerConfig::init`], is in `scaler.rs`: plain settings do not
+//! depend on the scaler they configure.
 
 use super::error::AmpError;
-use super::scaler::GradScaler;
 use burn::config::Config;
-use ddp_comm::ProcessGroup;
 
 /// Settings of dynamic loss scaling, as PyTorch's `torch.amp.GradScaler(init_scale,
 /// growth_factor, backoff_factor, growth_interval, enabled)`:
@@ -32,17 +32,9 @@ pub struct GradScalerConfig {
 }
 
 impl GradScalerConfig {
-    /// A scaler over `pg` (the process group DDP uses: `ddp.process_group().clone()`), every
-    /// rank with the same config.
-    ///
-    /// # Errors
-    /// [`AmpError::InvalidConfig`] when a setting is out of range (PyTorch asserts the same).
-    pub fn init(&self, pg: ProcessGroup) -> Result<GradScaler, AmpError> {
-        self.validate()?;
-        Ok(GradScaler::from_config(self.clone(), pg))
-    }
-
-    fn validate(&self) -> Result<(), AmpError> {
+    /// Checks every setting is in range (PyTorch asserts the same); [`GradScalerConfig::init`]
+    /// calls it before building a scaler.
+    pub(super) fn validate(&self) -> Result<(), AmpError> {
         let invalid = |what: String| Err(AmpError::InvalidConfig(what));
         if !(self.init_scale.is_finite() && self.init_scale > 0.0) {
             return invalid(format!(

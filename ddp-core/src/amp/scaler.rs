@@ -78,15 +78,25 @@ pub struct ScaledStep {
     pub next_scale: f32,
 }
 
-impl GradScaler {
-    pub(crate) fn from_config(config: GradScalerConfig, pg: ProcessGroup) -> Self {
-        GradScaler {
-            state: GradScalerState::new(config.init_scale),
-            config,
+/// The constructor lives with what it builds: the config is plain settings and does not
+/// depend on the scaler (burn's `Config::init` pattern).
+impl GradScalerConfig {
+    /// A scaler over `pg` (the process group DDP uses: `ddp.process_group().clone()`), every
+    /// rank with the same config.
+    ///
+    /// # Errors
+    /// [`AmpError::InvalidConfig`] when a setting is out of range (PyTorch asserts the same).
+    pub fn init(&self, pg: ProcessGroup) -> Result<GradScaler, AmpError> {
+        self.validate()?;
+        Ok(GradScaler {
+            state: GradScalerState::new(self.init_scale),
+            config: self.clone(),
             pg,
-        }
+        })
     }
+}
 
+impl GradScaler {
     /// The configuration.
     pub fn config(&self) -> &GradScalerConfig {
         &self.config

@@ -3,14 +3,14 @@
 use super::codec::{encode_model, encode_optimizer};
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
+use super::layout::{checkpoint_name, list_checkpoints};
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::reader::{find_latest_valid, read_latest, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0};
 use super::writer::{
-    check_not_backwards, checkpoint_name, clean_temporaries, ensure_dir, list_checkpoints, prune,
-    remove_newer_than, write_checkpoint,
+    check_not_backwards, clean_temporaries, ensure_dir, prune, remove_newer_than, write_checkpoint,
 };
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;

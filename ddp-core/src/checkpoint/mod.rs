@@ -150,6 +150,7 @@ mod codec;
 mod config;
 mod crash_point;
 mod error;
+mod layout;
 mod manifest;
 mod outcome;
 mod reader;
@@ -164,6 +165,7 @@ pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
+pub use layout::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
@@ -171,4 +173,3 @@ pub use manifest::{
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
 pub use sharded::{ShardedCheckpointError, ShardedCheckpointer};
 pub use state::{FRAMEWORK_VERSION, TrainingState};
-pub use writer::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};

@@ -8,9 +8,9 @@
 
 use super::error::CheckpointError;
 use super::error::{InvalidCheckpoint, InvalidReason};
+use super::layout::{LATEST_FILE, list_checkpoints, parse_checkpoint_name};
 use super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
 use super::state::StateFile;
-use super::writer::{LATEST_FILE, list_checkpoints, parse_checkpoint_name};
 use std::path::Path;
 
 /// A verified checkpoint read into memory.

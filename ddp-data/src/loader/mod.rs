@@ -64,31 +64,6 @@ struct Cursor {
     resume: bool,
 }
 
-impl<B, I, O> DistributedDataLoader<B, I, O>
-where
-    B: Backend,
-    I: Send + 'static,
-    O: Send + 'static,
-{
-    /// Iterates the batches of the current epoch (from the restored position
-    /// if a state was just loaded, otherwise from the epoch's start).
-    ///
-    /// Only the newest iterator updates [`state`](Self::state); an older one
-    /// still alive keeps working but no longer counts.
-    pub fn iter(&self) -> DistributedDataLoaderIter<'_, B, I, O> {
-        let (generation, start) = {
-            let mut cursor = self.lock_cursor();
-            cursor.generation += 1;
-            if !cursor.resume {
-                cursor.position = 0;
-            }
-            cursor.resume = false;
-            (cursor.generation, cursor.position)
-        };
-        DistributedDataLoaderIter::new(self, generation, start)
-    }
-}
-
 impl<B: Backend, I, O> DistributedDataLoader<B, I, O> {
     fn lock_cursor(&self) -> std::sync::MutexGuard<'_, Cursor> {
         // The cursor is plain data; a poisoned lock still holds valid values.

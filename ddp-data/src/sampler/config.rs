@@ -1,11 +1,12 @@
-//! Configuration of a [`DistributedSampler`].
+//! Configuration of a [`DistributedSampler`](super::DistributedSampler). Its constructor,
+//! [`DistributedSamplerConfig::init`], is in `distributed.rs`: plain settings do not depend on
+//! the sampler they configure.
 
 use serde::{Deserialize, Serialize};
 
-use super::DistributedSampler;
 use crate::DataError;
 
-/// Settings of a [`DistributedSampler`], with PyTorch's defaults:
+/// Settings of a [`DistributedSampler`](super::DistributedSampler), with PyTorch's defaults:
 /// `shuffle = true`, `seed = 0`, `drop_last = false`.
 ///
 /// ```
@@ -85,19 +86,6 @@ impl DistributedSamplerConfig {
             return Err(DataError::EmptyDataset);
         }
         Ok(())
-    }
-
-    /// Builds the sampler for a dataset of `dataset_len` items, at epoch 0.
-    ///
-    /// # Errors
-    ///
-    /// See [`validate`](Self::validate).
-    pub fn init(&self, dataset_len: usize) -> Result<DistributedSampler, DataError> {
-        self.validate(dataset_len)?;
-        Ok(DistributedSampler::from_valid_config(
-            self.clone(),
-            dataset_len,
-        ))
     }
 }
 

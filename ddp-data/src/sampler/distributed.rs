@@ -48,6 +48,23 @@ pub struct DistributedSampler {
     order: Arc<[usize]>,
 }
 
+/// The constructor lives with what it builds: the config is plain settings and does not
+/// depend on the sampler (burn's `Config::init` pattern).
+impl DistributedSamplerConfig {
+    /// Builds the sampler for a dataset of `dataset_len` items, at epoch 0.
+    ///
+    /// # Errors
+    ///
+    /// See [`validate`](DistributedSamplerConfig::validate).
+    pub fn init(&self, dataset_len: usize) -> Result<DistributedSampler, DataError> {
+        self.validate(dataset_len)?;
+        Ok(DistributedSampler::from_valid_config(
+            self.clone(),
+            dataset_len,
+        ))
+    }
+}
+
 impl DistributedSampler {
     /// Builds the sampler; `config` must have passed
     /// [`DistributedSamplerConfig::validate`] for `dataset_len`.

@@ -5,14 +5,13 @@
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::CheckpointError;
+use super::super::layout::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
 use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};
 use super::super::sync::{all_succeeded, on_rank0};
-use super::super::writer::{
-    TMP_PREFIX, TRASH_PREFIX, checkpoint_name, clean_temporaries, ensure_dir, prune, write_latest,
-};
+use super::super::writer::{clean_temporaries, ensure_dir, prune, write_latest};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
 use super::fs::{fresh_dir, remove_path, rename, sync_dir, write_synced};

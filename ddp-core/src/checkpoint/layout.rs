@@ -1,0 +1,85 @@
+//! How a checkpoint directory is laid out: the names of checkpoints (`step-<global step>`), of
+//! the `latest` pointer and of leftovers being written or deleted, and the listing of the
+//! checkpoints in it. Shared by the writer and the reader, so that neither depends on the
+//! other for it.
+
+use super::error::CheckpointError;
+use std::path::Path;
+
+/// The pointer file naming the newest complete checkpoint.
+pub const LATEST_FILE: &str = "latest";
+/// Prefix of directories and files being written.
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
+/// Prefix of checkpoints being deleted or replaced.
+pub(crate) const TRASH_PREFIX: &str = ".trash-";
+
+/// The directory name of the checkpoint taken at `global_step`.
+pub fn checkpoint_name(global_step: u64) -> String {
+    format!("step-{global_step:010}")
+}
+
+/// The global step of a checkpoint directory name, if it is one.
+pub fn parse_checkpoint_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The checkpoint directories in `dir` (complete or not), as `(step, name)`, unsorted.
+///
+/// # Errors
+/// [`CheckpointError::Read`] if `dir` or an entry's metadata cannot be read.
+pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, CheckpointError> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for entry in read_dir(dir)? {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(step) = parse_checkpoint_name(&name) else {
+            continue;
+        };
+        // Follows symlinks like `is_dir`, but an I/O error is an error, not "not a directory".
+        match std::fs::metadata(entry.path()) {
+            Ok(meta) if meta.is_dir() => out.push((step, name)),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: entry.path(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The entries of `dir`; an I/O error names `dir`.
+pub(super) fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>, CheckpointError> {
+    let read = |source| CheckpointError::Read {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::read_dir(dir)
+        .map_err(read)?
+        .map(|e| e.map_err(read))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort_by_step() {
+        assert_eq!(checkpoint_name(120), "step-0000000120");
+        assert_eq!(parse_checkpoint_name("step-0000000120"), Some(120));
+        assert_eq!(parse_checkpoint_name("step-"), None);
+        assert_eq!(parse_checkpoint_name("step-12a"), None);
+        assert_eq!(parse_checkpoint_name(".tmp-step-1-5"), None);
+        assert!(checkpoint_name(9) < checkpoint_name(10));
+    }
+}
