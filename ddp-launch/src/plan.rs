@@ -367,20 +367,6 @@ impl LaunchPlan {
         env.extend(self.thread_env.iter().cloned());
         env
     }
-
-    /// Starts the workers of this node, supervises them (restarting the group up to
-    /// `max_restarts` times) and returns when they all succeeded, or with the failure.
-    ///
-    /// Call it from a thread that lives until it returns (normally `main`): workers get
-    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
-    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
-    ///
-    /// # Errors
-    /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),
-    /// [`LaunchError::Interrupted`], [`LaunchError::PortInUse`], [`LaunchError::Spawn`], ...
-    pub fn run(&self) -> Result<(), LaunchError> {
-        super::supervise::run(self)
-    }
 }
 
 /// 128 random bits as hex.

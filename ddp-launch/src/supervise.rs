@@ -46,7 +46,25 @@ enum Outcome {
     Interrupted(i32),
 }
 
-pub(crate) fn run(plan: &LaunchPlan) -> Result<(), LaunchError> {
+impl LaunchPlan {
+    /// Starts the workers of this node, supervises them (restarting the group up to
+    /// `max_restarts` times) and returns when they all succeeded, or with the failure.
+    ///
+    /// Call it from a thread that lives until it returns (normally `main`): workers get
+    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
+    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
+    ///
+    /// # Errors
+    /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),
+    /// [`LaunchError::Interrupted`], [`LaunchError::PortInUse`], [`LaunchError::Spawn`], ...
+    pub fn run(&self) -> Result<(), LaunchError> {
+        supervise(self)
+    }
+}
+
+/// [`LaunchPlan::run`], here with the supervision it is made of, so the plan does not depend
+/// on its supervisor.
+fn supervise(plan: &LaunchPlan) -> Result<(), LaunchError> {
     let signals = SignalGuard::install()?;
     // Orphans of workers reparent to the launcher, which kills them after each attempt.
     become_subreaper();

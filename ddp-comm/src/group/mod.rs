@@ -20,6 +20,8 @@ mod config;
 mod job_thread;
 #[cfg(feature = "cuda")]
 mod nccl_backend;
+#[cfg(feature = "cuda")]
+mod nccl_slot;
 mod process_group;
 mod transport_thread;
 mod work;

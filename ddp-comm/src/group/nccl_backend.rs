@@ -7,27 +7,15 @@
 use super::process_group::ProcessGroup;
 use crate::error::{CommError, Result};
 use crate::nccl::{NcclBackend, NcclBackendConfig};
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 
 /// The store name of a group's NCCL communicator (the group's store is its own namespace).
 const NAME: &str = "process-group";
 
-/// The NCCL backend of one group, once created.
-#[derive(Default)]
-pub(crate) struct NcclSlot {
-    backend: Mutex<Option<NcclBackend>>,
-}
-
-impl NcclSlot {
-    /// Aborts the backend if it exists (see [`ProcessGroup::abort`]); never waits for a
-    /// creation in progress.
-    pub(crate) fn abort(&self, reason: &str) {
-        if let Ok(slot) = self.backend.try_lock()
-            && let Some(backend) = slot.as_ref()
-        {
-            // The error it returns is for a caller that goes on; the group is failing anyway.
-            let _ = backend.abort(reason);
-        }
+impl NcclBackendConfig {
+    /// The same ranks as `pg`, each on the device of its `LOCAL_RANK`, with `pg`'s timeout.
+    pub fn for_process_group(pg: &ProcessGroup) -> Self {
+        Self::new(pg.rank(), pg.world_size(), pg.local_rank()).with_timeout(pg.timeout())
     }
 }
 

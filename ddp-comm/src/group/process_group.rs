@@ -56,7 +56,7 @@ pub(crate) struct Inner {
     job_nonce: Vec<u8>,
     /// The NCCL backend ([`ProcessGroup::nccl`]); dropped before the store it met through.
     #[cfg(feature = "cuda")]
-    pub(crate) nccl: super::nccl_backend::NcclSlot,
+    pub(crate) nccl: super::nccl_slot::NcclSlot,
     /// Keeps the parent (and so the store it may host) alive while a subgroup exists.
     _parent: Option<Arc<Inner>>,
     /// Declared last: dropped after every store connection above is closed.

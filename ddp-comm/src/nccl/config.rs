@@ -2,7 +2,6 @@
 
 use crate::deadline::check_timeout;
 use crate::error::{CommError, Result};
-use crate::group::ProcessGroup;
 use std::time::Duration;
 
 /// How long an NCCL collective may run, and the group may take to form, by default: 10
@@ -26,7 +25,7 @@ pub struct NcclBackendConfig {
     /// How long the ranks may take to form the communicator, and each collective may run
     /// (from when it is queued to when it finishes on the GPU), before the group is aborted
     /// with an error naming the collective and the ranks behind ([`CommError::Watchdog`]).
-    /// Defaults to [`NCCL_DEFAULT_TIMEOUT`] (10 minutes); [`for_process_group`](Self::for_process_group)
+    /// Defaults to [`NCCL_DEFAULT_TIMEOUT`] (10 minutes); a process group's backend ([`ProcessGroup::nccl`](crate::ProcessGroup::nccl))
     /// takes the process group's (`DDP_TIMEOUT_SECS`).
     pub timeout: Duration,
 }
@@ -42,11 +41,6 @@ impl NcclBackendConfig {
             name: "default".into(),
             timeout: NCCL_DEFAULT_TIMEOUT,
         }
-    }
-
-    /// The same ranks as `pg`, each on the device of its `LOCAL_RANK`, with `pg`'s timeout.
-    pub fn for_process_group(pg: &ProcessGroup) -> Self {
-        Self::new(pg.rank(), pg.world_size(), pg.local_rank()).with_timeout(pg.timeout())
     }
 
     /// Sets the timeout.
