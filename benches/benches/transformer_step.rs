@@ -16,12 +16,12 @@
 //! A second DDP row runs the model with `layer_boundary` marks between its blocks, so buckets
 //! launch during backward; each DDP row also shows the share of its all-reduce time that ran
 //! while backward was still going (the timeline's overlap fraction, mean over the steps).
-//! `--collectives nccl` forces the NCCL engine at world size 1 (its launch and copy overhead).
+//! `--collectives nccl` forces the NCCL reduction at world size 1 (its launch and copy overhead).
 //!
 //! Two diagnostics for the GPU: each DDP row's `waited` column is the mean host time from the
 //! end of backward until every bucket was reduced (`StepStats::sync_after_backward`), and the
 //! row `plain burn, host sync before Adam` is plain burn waiting for the GPU between backward
-//! and the optimizer. The NCCL engine blocks the host there (cubecl does not expose its stream,
+//! and the optimizer. The NCCL reduction blocks the host there (cubecl does not expose its stream,
 //! so the optimizer's kernels cannot be ordered after NCCL on the device); plain burn instead
 //! queues the optimizer while the GPU is still running backward. If DDP's step is about that
 //! row's, the cost is the lost overlap of host and GPU, not NCCL.

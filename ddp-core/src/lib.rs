@@ -14,8 +14,8 @@
 //!    parameters pass through taps (`ddp/tap.rs`) runs your forward.
 //! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
 //!    backward reaches each tap, which hands the gradient to the reducer (`ddp/reducer/mod.rs`, the
-//!    bucket bookkeeping); a full bucket is launched, in order, through the bucket engine
-//!    (`ddp/reducer/engine.rs`: how a bucket is reduced, over ddp-comm).
+//!    bucket bookkeeping); a full bucket is launched, in order, through the bucket reduction
+//!    (`ddp/reducer/reduction.rs`: how a bucket is reduced, over ddp-comm).
 //! 3. After backward the reducer launches what is left, agrees on which parameters some rank
 //!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
 //! 4. `ddp.optimizer_step(..)` applies your optimizer.

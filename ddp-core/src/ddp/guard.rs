@@ -26,7 +26,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             tracing::error!(rank = self.pg.rank(), error = %reason, "DDP failed; aborting the process group");
             // The NCCL group first: its peers then quote this rank's reason, not the error a
             // peer gets once the process group is aborted.
-            self.engine.abort(&reason);
+            self.reduction.abort(&reason);
             if self.pg.world_size() > 1 {
                 self.pg.abort(&reason);
             }

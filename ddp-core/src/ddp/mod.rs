@@ -5,7 +5,7 @@
 //! - `join`: uneven inputs, the per-step round and [`join`](DistributedDataParallel::join).
 //! - `guard`: errors are final (abort the group, poison the wrapper).
 //! - `record`: writing the step timeline file.
-//! - `engine_choice`: NCCL or the CPU transports for the buckets, and the reducer over them.
+//! - `reduction_choice`: NCCL or the CPU transports for the buckets, and the reducer over them.
 //! - `buffers`: rank 0's running statistics reach every rank every step.
 //! - `params`: the module's parameters and buffers, in one order on every rank.
 //! - `model_sync`: rank 0's model reaches every rank at construction.
@@ -20,7 +20,6 @@ pub(crate) mod boundary;
 pub mod bucket;
 mod buffers;
 mod config;
-mod engine_choice;
 mod guard;
 pub mod hooks;
 mod join;
@@ -29,6 +28,7 @@ pub(crate) mod params;
 mod record;
 pub(crate) mod reducer;
 pub(crate) mod reducible;
+mod reduction_choice;
 pub(crate) mod tap;
 pub(crate) mod timeline;
 mod wrapper;

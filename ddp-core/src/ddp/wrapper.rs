@@ -3,12 +3,12 @@
 
 use super::buffers::{BufferSync, PendingBuffers};
 use super::config::DdpConfig;
-use super::engine_choice::{make_engine, make_reducer};
+use super::reduction_choice::{choose_reduction, make_reducer};
 use crate::ddp::boundary::{BoundaryFn, with_boundary};
 use crate::ddp::hooks::CommHook;
 use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
-use crate::ddp::reducer::{BucketEngine, Reducer};
+use crate::ddp::reducer::{BucketReduction, Reducer};
 use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
 use crate::error::DdpError;
@@ -63,7 +63,7 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     pub(super) table: ParamTable<B::InnerBackend>,
     pub(super) kinds: Arc<Vec<ParamKind>>,
     /// How buckets are reduced; kept across `set_module` (a hook keeps its state).
-    pub(super) engine: Arc<dyn BucketEngine<B::InnerBackend>>,
+    pub(super) reduction: Arc<dyn BucketReduction<B::InnerBackend>>,
     pub(super) hooked: bool,
     pub(super) reducer: Arc<Reducer<B::InnerBackend>>,
     pub(super) buffers: BufferSync,
@@ -109,8 +109,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table)?;
         // Ids now come from rank 0: describe again.
         let table = ParamTable::describe::<B, M>(&module);
-        let engine = make_engine(&pg, &config, &table, None)?;
-        let reducer = Arc::new(make_reducer(&pg, &config, &table, engine.clone()));
+        let reduction = choose_reduction(&pg, &config, &table, None)?;
+        let reducer = Arc::new(make_reducer(&pg, &config, &table, reduction.clone()));
         let timeline = match (&config.timeline_path, pg.rank()) {
             (Some(_), 0) => Some(Timeline::new(pg.global_rank())),
             _ => None,
@@ -130,7 +130,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             table,
             pg,
             config,
-            engine,
+            reduction,
             hooked: false,
             reducer,
             scopes: Vec::new(),
@@ -199,7 +199,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             &self.pg,
             &self.config,
             &self.table,
-            self.engine.clone(),
+            self.reduction.clone(),
         ));
         self.clear_scopes();
         self.buffers.mark_synced();
@@ -231,10 +231,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         // The same choice as at construction, now with the hook: settings it would make DDP
         // ignore are errors here.
-        let engine = make_engine(&self.pg, &self.config, &self.table, Some(Box::new(hook)))?;
-        self.engine = engine.clone();
+        let reduction =
+            choose_reduction(&self.pg, &self.config, &self.table, Some(Box::new(hook)))?;
+        self.reduction = reduction.clone();
         self.hooked = true;
-        self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, engine));
+        self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, reduction));
         Ok(())
     }
 

@@ -1,4 +1,4 @@
-//! DDP on burn's CUDA backend (feature `cuda`): the NCCL engine and host staging on a real GPU.
+//! DDP on burn's CUDA backend (feature `cuda`): the NCCL reduction and host staging on a real GPU.
 //!
 //! Every test here is `#[ignore]`d with the reason (CI has no GPU, so `cargo test` lists them as
 //! not run); on a GPU machine run them with
@@ -94,7 +94,7 @@ fn small_buckets() -> DdpConfig {
         .with_first_bucket_cap_mb(0.0005)
 }
 
-/// GPU check 1's engine: NCCL forced at world size 1 averages in place (x / 1, exact) and hands
+/// GPU check 1's reduction: NCCL forced at world size 1 averages in place (x / 1, exact) and hands
 /// the gradients back as slices of the flat bucket: training equals plain burn on the same GPU,
 /// bit for bit wherever plain burn repeats itself bit for bit on this GPU.
 #[test]
@@ -114,7 +114,7 @@ fn nccl_engine_at_world_one_equals_plain_training() {
     if deterministic {
         assert!(
             bitwise_equal(&got[0], &expected),
-            "NCCL engine at world 1 differs from plain burn (which repeats itself bit for bit) \
+            "NCCL reduction at world 1 differs from plain burn (which repeats itself bit for bit) \
              by {}",
             max_scaled_diff(&got[0], &expected)
         );
@@ -126,7 +126,7 @@ fn nccl_engine_at_world_one_equals_plain_training() {
         let diff = max_scaled_diff(&got[0], &expected);
         assert!(
             diff < 1e-6,
-            "NCCL engine at world 1 differs from plain burn by {diff}"
+            "NCCL reduction at world 1 differs from plain burn by {diff}"
         );
     }
 }

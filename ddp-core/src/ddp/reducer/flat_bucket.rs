@@ -1,6 +1,6 @@
 //! A bucket as one flat device tensor: gradients written in bucket order, and the reduced flat
-//! tensor cut back into gradients. Shared by the host-staged engine (one copy each way) and the
-//! NCCL engine (no copy), so the bookkeeping the GPU runs is the one the CPU tests run.
+//! tensor cut back into gradients. Shared by the host-staged reduction (one copy each way) and the
+//! NCCL reduction (no copy), so the bookkeeping the GPU runs is the one the CPU tests run.
 //!
 //! Each gradient starts at a multiple of [`SLOT_ALIGN_BYTES`], and a bucket of several ends on
 //! one (zeros in between): burn's CUDA backend makes a slice a view of the bucket only when its
@@ -10,7 +10,7 @@
 //! copied, but no longer turns the gradients after it into copies. The padding is averaged
 //! like the rest (zeros stay zeros) and never read back.
 
-use super::engine::{Held, Slot};
+use super::reduction::{Held, Slot};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -21,7 +21,7 @@ use burn::tensor::{DType, FloatDType, Shape, Slice, TensorMetadata};
 pub(crate) const SLOT_ALIGN_BYTES: usize = 512;
 
 fn internal(what: String) -> DdpError {
-    DdpError::Internal(format!("bucket engine: {what}"))
+    DdpError::Internal(format!("bucket reduction: {what}"))
 }
 
 /// The flat bucket of some slots: where each gradient starts, and the length, in elements.

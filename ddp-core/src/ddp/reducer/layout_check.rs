@@ -6,7 +6,7 @@
 //! ranks exchange a fingerprint of their layout over the CPU process group (8 bytes each) and a
 //! difference is a named [`DdpError::BucketLayoutMismatch`].
 
-use super::engine::Slot;
+use super::reduction::Slot;
 use crate::ddp::bucket::BucketLayout;
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;

@@ -3,7 +3,7 @@
 //! 1. [`Reducer::begin`] arms it: every trainable parameter expects one gradient per tap per
 //!    forward made since the last backward (a parameter used twice has two taps; two forwards
 //!    whose outputs feed one loss give every tap two events, each counted once).
-//! 2. Each tap event ([`GradientSink::on_gradient`]) is kept by the [`BucketEngine`] in its
+//! 2. Each tap event ([`GradientSink::on_gradient`]) is kept by the [`BucketReduction`] in its
 //!    parameter's slot (added to what is there for tied parameters and `no_sync` accumulation).
 //!    When a slot has all its events, its bucket counts it; when a bucket is full it is
 //!    launched, but only after every earlier bucket, so all ranks start the same collectives in
@@ -15,24 +15,24 @@
 //! 4. After the first synchronised backward, buckets are laid out again in the order gradients
 //!    arrived on rank 0 (every rank adopts it).
 //!
-//! *How* a bucket is reduced is the engine's business ([`engine`]).
+//! *How* a bucket is reduced is the reduction's business ([`reduction`]).
 
-mod engine;
 mod flat_bucket;
-mod hook_engine;
+mod hook_reduction;
 mod host_grad;
 mod layout_check;
 #[cfg(feature = "cuda")]
-mod nccl_engine;
-#[cfg(feature = "cuda")]
 mod nccl_issuer;
-mod staged_engine;
-
-pub(crate) use engine::{BucketEngine, HostEngine, LocalEngine, Slot};
-pub(crate) use hook_engine::HookEngine;
 #[cfg(feature = "cuda")]
-pub(crate) use nccl_engine::NcclEngine;
-pub(crate) use staged_engine::StagedEngine;
+mod nccl_reduction;
+mod reduction;
+mod staged_reduction;
+
+pub(crate) use hook_reduction::HookReduction;
+#[cfg(feature = "cuda")]
+pub(crate) use nccl_reduction::NcclReduction;
+pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
+pub(crate) use staged_reduction::StagedReduction;
 
 use crate::ddp::bucket::BucketLayout;
 use crate::ddp::params::{ParamKind, ParamTable};
@@ -43,7 +43,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, WorkTiming};
-use engine::{Held, PendingBucket};
+use reduction::{Held, PendingBucket};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -111,7 +111,7 @@ pub(crate) struct Reducer<I: Backend> {
     slots: Vec<Slot<I>>,
     /// Parameter index (module order) to slot; `None` for buffers and frozen parameters.
     slot_of: Vec<Option<usize>>,
-    engine: Arc<dyn BucketEngine<I>>,
+    reduction: Arc<dyn BucketReduction<I>>,
     world: usize,
     /// For the control collectives (used parameters, bucket order); `None` at world size 1.
     pg: Option<ProcessGroup>,
@@ -123,7 +123,7 @@ impl<I: Backend> Reducer<I> {
     /// A reducer for `table`'s trainable parameters; `pg` is `None` at world size 1.
     pub(crate) fn new(
         table: &ParamTable<I>,
-        engine: Arc<dyn BucketEngine<I>>,
+        reduction: Arc<dyn BucketReduction<I>>,
         pg: Option<ProcessGroup>,
         first_cap_bytes: usize,
         cap_bytes: usize,
@@ -158,7 +158,7 @@ impl<I: Backend> Reducer<I> {
             state: Mutex::new(state),
             slots,
             slot_of,
-            engine,
+            reduction,
             world: pg.as_ref().map_or(1, ProcessGroup::world_size),
             pg,
             first_cap_bytes,
@@ -379,7 +379,7 @@ impl<I: Backend> Reducer<I> {
         let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
         let grads: Vec<Option<Held<I>>> = bucket.iter().map(|&i| s.held[i].take()).collect();
         let count = s.layout.buckets.len();
-        let pending = self.engine.launch((b, count), &slots, grads)?;
+        let pending = self.reduction.launch((b, count), &slots, grads)?;
         s.in_flight[b] = Some(pending);
         Ok(())
     }
@@ -471,9 +471,9 @@ impl<I: Backend> Reducer<I> {
             )));
         }
         s.events += 1;
-        let held = self.engine.hold(info, grad)?;
+        let held = self.reduction.hold(info, grad)?;
         let held = match s.held[slot].take() {
-            Some(acc) => self.engine.add(info, acc, held)?,
+            Some(acc) => self.reduction.add(info, acc, held)?,
             None => held,
         };
         s.held[slot] = Some(held);

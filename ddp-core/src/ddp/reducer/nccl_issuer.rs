@@ -1,10 +1,10 @@
-//! The NCCL engine's issuing thread: waits on the host for each bucket's ready fence (created
+//! The NCCL reduction's issuing thread: waits on the host for each bucket's ready fence (created
 //! on the backward thread when the bucket launched), then queues its all-reduce on NCCL's
-//! stream (see [`NcclEngine`](super::NcclEngine) for why a thread of its own does this).
+//! stream (see [`NcclReduction`](super::NcclReduction) for why a thread of its own does this).
 //!
 //! Nothing can interrupt a host wait for a GPU that never finishes a kernel, so the thread says
 //! when it is in one ([`GpuWait`]): a bucket's wait gives up once that has lasted longer than
-//! the timeout, and dropping the engine leaves such a thread behind rather than hang. A bucket
+//! the timeout, and dropping the reduction leaves such a thread behind rather than hang. A bucket
 //! the thread cannot hand back ([`Issued`], dropped) returns its memory to cubecl's pool only if
 //! its all-reduce certainly finished.
 
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long dropping the engine waits for the thread once the group has failed (its NCCL calls
+/// How long dropping the reduction waits for the thread once the group has failed (its NCCL calls
 /// then return at once; only a GPU wait can hold it longer).
 const STOP_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
@@ -135,7 +135,7 @@ impl Issuer {
             })
             .map_err(|e| {
                 DdpError::Internal(format!(
-                    "NCCL bucket engine: starting the issuing thread: {e}"
+                    "NCCL bucket reduction: starting the issuing thread: {e}"
                 ))
             })?;
         Ok(Issuer {
@@ -151,7 +151,7 @@ impl Issuer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .ok_or("the engine is being dropped")?
+            .ok_or("the reduction is being dropped")?
             .send(job)
             .map_err(|_| "the issuing thread ended".to_string())
     }

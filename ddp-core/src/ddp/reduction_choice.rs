@@ -1,7 +1,7 @@
-//! Which [`BucketEngine`] reduces the buckets ([`DdpConfig::collectives`],
+//! Which [`BucketReduction`] reduces the buckets ([`DdpConfig::collectives`],
 //! [`DdpConfig::host_staging`], [`DdpConfig::compression`]), and the [`Reducer`] that feeds it.
 //!
-//! - NCCL on the GPU ([`NcclEngine`](crate::ddp::reducer::NcclEngine), feature `cuda`) when the
+//! - NCCL on the GPU ([`NcclReduction`](crate::ddp::reducer::NcclReduction), feature `cuda`) when the
 //!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
 //! - Otherwise world size 1 keeps gradients where they are, and larger worlds reduce over the
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
@@ -11,14 +11,14 @@ use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
 use crate::ddp::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
 use crate::ddp::params::ParamTable;
 use crate::ddp::reducer::{
-    BucketEngine, HookEngine, HostEngine, LocalEngine, Reducer, StagedEngine,
+    BucketReduction, HookReduction, HostReduction, LocalReduction, Reducer, StagedReduction,
 };
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;
 use std::sync::Arc;
 
-/// The engine for `config` on this model, with the communication hook `registered` by
+/// The reduction for `config` on this model, with the communication hook `registered` by
 /// [`register_comm_hook`](crate::DistributedDataParallel::register_comm_hook), if any: the one
 /// place that decides how buckets are reduced, at construction and when a hook is registered.
 ///
@@ -29,21 +29,21 @@ use std::sync::Arc;
 ///
 /// # Collective
 /// Without a hook every rank calls it (the ranks agree on NCCL); with one it is local.
-pub(super) fn make_engine<I: Backend>(
+pub(super) fn choose_reduction<I: Backend>(
     pg: &ProcessGroup,
     config: &DdpConfig,
     table: &ParamTable<I>,
     registered: Option<Box<dyn CommHook>>,
-) -> Result<Arc<dyn BucketEngine<I>>, DdpError> {
-    let host = || HostEngine { pg: pg.clone() };
+) -> Result<Arc<dyn BucketReduction<I>>, DdpError> {
+    let host = || HostReduction { pg: pg.clone() };
     if let Some(hook) = chosen_hook(config, registered)? {
-        return Ok(Arc::new(HookEngine::new(host(), hook)?));
+        return Ok(Arc::new(HookReduction::new(host(), hook)?));
     }
-    if let Some(engine) = nccl::engine(pg, config.collectives, table)? {
-        return Ok(engine);
+    if let Some(reduction) = nccl::reduction(pg, config.collectives, table)? {
+        return Ok(reduction);
     }
     if pg.world_size() == 1 {
-        return Ok(Arc::new(LocalEngine));
+        return Ok(Arc::new(LocalReduction));
     }
     let per_bucket = match config.host_staging {
         HostStaging::PerGradient => false,
@@ -51,7 +51,7 @@ pub(super) fn make_engine<I: Backend>(
         HostStaging::Auto => nccl::on_cuda_device(table),
     };
     Ok(if per_bucket {
-        Arc::new(StagedEngine { pg: pg.clone() })
+        Arc::new(StagedReduction { pg: pg.clone() })
     } else {
         Arc::new(host())
     })
@@ -105,18 +105,18 @@ fn chosen_hook(
     Ok(Some(hook))
 }
 
-/// The reducer for `table`, reducing buckets through `engine`.
+/// The reducer for `table`, reducing buckets through `reduction`.
 pub(super) fn make_reducer<I: Backend>(
     pg: &ProcessGroup,
     config: &DdpConfig,
     table: &ParamTable<I>,
-    engine: Arc<dyn BucketEngine<I>>,
+    reduction: Arc<dyn BucketReduction<I>>,
 ) -> Reducer<I> {
     let mib = |v: f64| (v * (1u64 << 20) as f64) as usize;
     let control = (pg.world_size() > 1).then(|| pg.clone());
     Reducer::new(
         table,
-        engine,
+        reduction,
         control,
         mib(config.first_bucket_cap_mb),
         mib(config.bucket_cap_mb),
@@ -128,11 +128,11 @@ mod nccl {
     use super::*;
 
     /// Built without NCCL: only a request for it is an error.
-    pub(super) fn engine<I: Backend>(
+    pub(super) fn reduction<I: Backend>(
         _pg: &ProcessGroup,
         collectives: Collectives,
         _table: &ParamTable<I>,
-    ) -> Result<Option<Arc<dyn BucketEngine<I>>>, DdpError> {
+    ) -> Result<Option<Arc<dyn BucketReduction<I>>>, DdpError> {
         match collectives {
             Collectives::Nccl => Err(DdpError::InvalidConfig(
                 "Collectives::Nccl needs ddp-core built with its `cuda` feature \
@@ -151,12 +151,12 @@ mod nccl {
 #[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::ddp::reducer::NcclEngine;
+    use crate::ddp::reducer::NcclReduction;
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
     /// (the one backend whose buffers NCCL can reduce in place).
     pub(super) fn cuda_device<I: Backend>(table: &ParamTable<I>) -> Option<usize> {
-        NcclEngine::cuda_device::<I>(&table.entries.first()?.device)
+        NcclReduction::cuda_device::<I>(&table.entries.first()?.device)
     }
 
     /// Whether the model is on a CUDA GPU, whatever burn's tensor type there (the fused one
@@ -169,11 +169,11 @@ mod nccl {
         })
     }
 
-    pub(super) fn engine<I: Backend>(
+    pub(super) fn reduction<I: Backend>(
         pg: &ProcessGroup,
         collectives: Collectives,
         table: &ParamTable<I>,
-    ) -> Result<Option<Arc<dyn BucketEngine<I>>>, DdpError> {
+    ) -> Result<Option<Arc<dyn BucketReduction<I>>>, DdpError> {
         let device = match (collectives, cuda_device(table)) {
             (Collectives::Auto, None) if pg.world_size() > 1 && on_cuda_device(table) => {
                 tracing::warn!(
@@ -198,7 +198,7 @@ mod nccl {
             (_, Some(d)) => d,
         };
         match (nccl_can_run(pg, device)?, collectives) {
-            (Ok(()), _) => Ok(Some(Arc::new(NcclEngine::new(pg, device)?))),
+            (Ok(()), _) => Ok(Some(Arc::new(NcclReduction::new(pg, device)?))),
             (Err(why), Collectives::Nccl) => Err(DdpError::InvalidConfig(format!(
                 "Collectives::Nccl: {why}; use Collectives::Auto or Host to reduce through host \
                  memory instead"

@@ -1,4 +1,4 @@
-//! [`StagedEngine`]: host staging with one device-to-host copy per bucket, for GPU backends
+//! [`StagedReduction`]: host staging with one device-to-host copy per bucket, for GPU backends
 //! whose ranks reduce over the CPU transports.
 //!
 //! Reading each gradient on its own costs a device synchronisation per parameter (hundreds per
@@ -6,9 +6,9 @@
 //! flattened and concatenated on the device, read in one copy, all-reduced in host memory,
 //! written back in one copy, and each gradient is a slice of that device buffer.
 
-use super::engine::{BucketEngine, Held, LocalEngine, PendingBucket, Reduced, Slot};
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad};
+use super::reduction::{BucketReduction, Held, LocalReduction, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
@@ -16,7 +16,7 @@ use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, Work, bf16, f16};
 
 /// Gradients kept on the device; one read and one write per bucket.
-pub(crate) struct StagedEngine {
+pub(crate) struct StagedReduction {
     pub(crate) pg: ProcessGroup,
 }
 
@@ -27,13 +27,13 @@ fn fail<I: Backend>(slot: &Slot<I>, reason: String) -> DdpError {
     }
 }
 
-impl<I: Backend> BucketEngine<I> for StagedEngine {
+impl<I: Backend> BucketReduction<I> for StagedReduction {
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        LocalEngine.hold(slot, grad)
+        LocalReduction.hold(slot, grad)
     }
 
     fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        LocalEngine.add(slot, acc, more)
+        LocalReduction.add(slot, acc, more)
     }
 
     fn launch(
@@ -44,7 +44,7 @@ impl<I: Backend> BucketEngine<I> for StagedEngine {
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
         let first = slots
             .first()
-            .ok_or_else(|| DdpError::Internal("bucket engine: empty bucket".into()))?;
+            .ok_or_else(|| DdpError::Internal("bucket reduction: empty bucket".into()))?;
         let (bucket, layout) = flatten(slots, grads)?;
         // The one device-to-host copy of this bucket.
         let data = match burn::tensor::try_read_sync(I::float_into_data(bucket)) {
@@ -89,7 +89,7 @@ impl<I: Backend, T: HostElement> PendingBucket<I> for Staged<T> {
         let flat = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
         let device = &slots
             .first()
-            .ok_or_else(|| DdpError::Internal("bucket engine: empty bucket".into()))?
+            .ok_or_else(|| DdpError::Internal("bucket reduction: empty bucket".into()))?
             .device;
         let total = flat.len();
         // The one host-to-device copy; each gradient is a slice of it.

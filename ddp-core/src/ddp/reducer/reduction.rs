@@ -1,16 +1,16 @@
 //! How a full bucket is reduced: the one interface between DDP's bucket bookkeeping
 //! ([`super::Reducer`]) and the data movement.
 //!
-//! A [`BucketEngine`] decides how a gradient is kept until its bucket is full
-//! ([`BucketEngine::hold`], [`BucketEngine::add`]) and how a full bucket becomes averaged
-//! gradient tensors ([`BucketEngine::launch`], then [`PendingBucket::wait`]). The bookkeeping
+//! A [`BucketReduction`] decides how a gradient is kept until its bucket is full
+//! ([`BucketReduction::hold`], [`BucketReduction::add`]) and how a full bucket becomes averaged
+//! gradient tensors ([`BucketReduction::launch`], then [`PendingBucket::wait`]). The bookkeeping
 //! decides *when*: which bucket is full, in which order buckets launch, and which parameters no
 //! rank used.
 //!
-//! - [`LocalEngine`] (world size 1): gradients stay tensors on their device; nothing moves.
-//! - [`HostEngine`]: gradients are read into host memory in their own dtype, and a bucket is one
+//! - [`LocalReduction`] (world size 1): gradients stay tensors on their device; nothing moves.
+//! - [`HostReduction`]: gradients are read into host memory in their own dtype, and a bucket is one
 //!   coalesced all-reduce over ddp-comm (shared memory or TCP).
-//! - [`HookEngine`](super::hook_engine::HookEngine): f32 buckets go through a user's
+//! - [`HookReduction`](super::hook_reduction::HookReduction): f32 buckets go through a user's
 //!   [`CommHook`](crate::hooks::CommHook) (fp16/bf16 compression, PowerSGD) on a thread of its
 //!   own.
 
@@ -39,7 +39,7 @@ impl<I: Backend> Slot<I> {
     }
 }
 
-/// A gradient kept until its bucket launches, in the engine's representation.
+/// A gradient kept until its bucket launches, in the reduction's representation.
 pub(crate) enum Held<I: Backend> {
     /// Still a tensor on its device.
     Tensor(FloatTensor<I>),
@@ -58,7 +58,7 @@ pub(crate) trait PendingBucket<I: Backend>: Send {
 }
 
 /// How gradients are kept and how a full bucket is reduced.
-pub(crate) trait BucketEngine<I: Backend>: Send + Sync {
+pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
     /// Takes a gradient as backward produced it.
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError>;
     /// Adds a further gradient of the same slot.
@@ -71,18 +71,18 @@ pub(crate) trait BucketEngine<I: Backend>: Send + Sync {
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
-    /// This rank's DDP failed (`reason`): fail whatever the engine communicates through
+    /// This rank's DDP failed (`reason`): fail whatever the reduction communicates through
     /// besides the process group (which DDP aborts itself), so peers waiting in it fail
     /// promptly naming this rank instead of at their timeout.
     fn abort(&self, _reason: &str) {}
 }
 
 fn internal(what: &str) -> DdpError {
-    DdpError::Internal(format!("bucket engine: {what}"))
+    DdpError::Internal(format!("bucket reduction: {what}"))
 }
 
 /// World size 1: nothing to reduce; a parameter's gradients are summed on the device.
-pub(crate) struct LocalEngine;
+pub(crate) struct LocalReduction;
 
 struct Ready<I: Backend>(Vec<Option<FloatTensor<I>>>);
 
@@ -92,7 +92,7 @@ impl<I: Backend> PendingBucket<I> for Ready<I> {
     }
 }
 
-impl<I: Backend> BucketEngine<I> for LocalEngine {
+impl<I: Backend> BucketReduction<I> for LocalReduction {
     fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
         Ok(Held::Tensor(grad))
     }
@@ -100,7 +100,7 @@ impl<I: Backend> BucketEngine<I> for LocalEngine {
     fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
         match (acc, more) {
             (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
-            _ => Err(internal("the local engine holds tensors only")),
+            _ => Err(internal("the local reduction holds tensors only")),
         }
     }
 
@@ -115,7 +115,7 @@ impl<I: Backend> BucketEngine<I> for LocalEngine {
             .map(|g| match g {
                 None => Ok(None),
                 Some(Held::Tensor(t)) => Ok(Some(t)),
-                Some(Held::Host(_)) => Err(internal("the local engine holds tensors only")),
+                Some(Held::Host(_)) => Err(internal("the local reduction holds tensors only")),
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Box::new(Ready(tensors)))
@@ -123,11 +123,11 @@ impl<I: Backend> BucketEngine<I> for LocalEngine {
 }
 
 /// Gradients in host memory, buckets all-reduced over the process group's CPU transports.
-pub(crate) struct HostEngine {
+pub(crate) struct HostReduction {
     pub(crate) pg: ProcessGroup,
 }
 
-impl<I: Backend> BucketEngine<I> for HostEngine {
+impl<I: Backend> BucketReduction<I> for HostReduction {
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
         let fail = |reason: String| DdpError::Gradient {
             path: slot.path.clone(),
@@ -162,7 +162,7 @@ impl<I: Backend> BucketEngine<I> for HostEngine {
                 })?;
                 Ok(Held::Host(a))
             }
-            _ => Err(internal("the host engine holds host buffers only")),
+            _ => Err(internal("the host reduction holds host buffers only")),
         }
     }
 
@@ -184,7 +184,7 @@ impl<I: Backend> BucketEngine<I> for HostEngine {
                 None => HostGrad::zeros(slot.dtype, slot.numel())
                     .ok_or_else(|| internal("unsupported dtype reached a bucket"))?,
                 Some(Held::Tensor(_)) => {
-                    return Err(internal("the host engine holds host buffers only"));
+                    return Err(internal("the host reduction holds host buffers only"));
                 }
             });
         }

@@ -1,12 +1,12 @@
-//! [`HookEngine`]: buckets reduced by a user's [`CommHook`] on a communication thread.
+//! [`HookReduction`]: buckets reduced by a user's [`CommHook`] on a communication thread.
 //!
 //! The hook runs on its own thread, one bucket after another in launch order, so backward keeps
 //! going while it communicates, and every rank issues the hook's collectives in the same
 //! order. The reducer waits for every bucket before its own control collectives, so those
 //! never interleave with the hook's.
 
-use super::engine::{BucketEngine, Held, HostEngine, PendingBucket, Reduced, Slot};
 use super::host_grad::HostGrad;
+use super::reduction::{BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot};
 use crate::ddp::hooks::{BucketParam, CommHook, GradBucket};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
@@ -21,18 +21,18 @@ struct Job {
     reply: mpsc::Sender<(Result<GradBucket, DdpError>, WorkTiming)>,
 }
 
-/// f32 buckets go through the hook; buckets of other dtypes through [`HostEngine`].
-pub(crate) struct HookEngine {
-    host: HostEngine,
+/// f32 buckets go through the hook; buckets of other dtypes through [`HostReduction`].
+pub(crate) struct HookReduction {
+    host: HostReduction,
     jobs: mpsc::Sender<Job>,
 }
 
-impl HookEngine {
-    /// Starts the hook's thread; it ends when the engine is dropped.
+impl HookReduction {
+    /// Starts the hook's thread; it ends when the reduction is dropped.
     pub(crate) fn new(
-        host: HostEngine,
+        host: HostReduction,
         mut hook: Box<dyn CommHook>,
-    ) -> Result<HookEngine, DdpError> {
+    ) -> Result<HookReduction, DdpError> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let pg: ProcessGroup = host.pg.clone();
         std::thread::Builder::new()
@@ -63,21 +63,21 @@ impl HookEngine {
                 }
             })
             .map_err(|e| DdpError::Internal(format!("starting the hook thread: {e}")))?;
-        Ok(HookEngine { host, jobs })
+        Ok(HookReduction { host, jobs })
     }
 }
 
-impl<I: Backend> BucketEngine<I> for HookEngine {
+impl<I: Backend> BucketReduction<I> for HookReduction {
     fn hold(
         &self,
         slot: &Slot<I>,
         grad: burn::tensor::ops::FloatTensor<I>,
     ) -> Result<Held<I>, DdpError> {
-        BucketEngine::<I>::hold(&self.host, slot, grad)
+        BucketReduction::<I>::hold(&self.host, slot, grad)
     }
 
     fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        BucketEngine::<I>::add(&self.host, slot, acc, more)
+        BucketReduction::<I>::add(&self.host, slot, acc, more)
     }
 
     fn launch(
@@ -104,7 +104,7 @@ impl<I: Backend> BucketEngine<I> for HookEngine {
                 None => buffer.resize(buffer.len() + slot.numel(), 0.0),
                 Some(_) => {
                     return Err(DdpError::Internal(
-                        "bucket engine: an f32 bucket holds a non-f32 gradient".into(),
+                        "bucket reduction: an f32 bucket holds a non-f32 gradient".into(),
                     ));
                 }
             }

@@ -1,4 +1,4 @@
-//! [`NcclEngine`]: buckets all-reduced by NCCL on the GPU, in place, while backward goes on.
+//! [`NcclReduction`]: buckets all-reduced by NCCL on the GPU, in place, while backward goes on.
 //!
 //! A full bucket's gradients are concatenated on the device into one flat tensor
 //! ([`flatten`], each gradient at a 512-byte boundary); NCCL averages that tensor's memory in
@@ -10,9 +10,9 @@
 //! cubecl 0.10 does not expose the CUDA stream its kernels run on (one per thread), so NCCL's
 //! stream cannot wait on an event of ours. What cubecl does give is `client.sync()`: called on
 //! a thread, it records an event on that thread's stream and returns a future at once. So
-//! [`BucketEngine::launch`], on the backward thread, takes the flat bucket's device address and
+//! [`BucketReduction::launch`], on the backward thread, takes the flat bucket's device address and
 //! that future (the "ready fence": every kernel that produced the bucket is before it), hands
-//! both to the engine's issuing thread and returns. That thread waits on the host for the
+//! both to the reduction's issuing thread and returns. That thread waits on the host for the
 //! fence only, then queues the all-reduce on the NCCL group's stream. Only the issuing thread
 //! blocks; backward goes on queueing kernels, and nothing syncs the whole device. [`PendingBucket::wait`]
 //! returns once the all-reduce has finished on the GPU, so every later kernel that reads the
@@ -29,9 +29,9 @@
 //! gradients straight into the bucket, saving the concatenation); burn allocates every
 //! gradient itself, so one device copy per gradient remains.
 
-use super::engine::{BucketEngine, Held, LocalEngine, PendingBucket, Reduced, Slot};
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::nccl_issuer::{GpuWait, Issue, Issued, Issuer};
+use super::reduction::{BucketReduction, Held, LocalReduction, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -47,7 +47,7 @@ use std::time::Duration;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// Gradients stay on the GPU; buckets are averaged by NCCL.
-pub(crate) struct NcclEngine {
+pub(crate) struct NcclReduction {
     /// The issuing thread, which waits for each bucket's kernels and queues its all-reduce;
     /// stopped on drop. The communicator itself is the process group's and lives as long as
     /// the group.
@@ -58,18 +58,18 @@ pub(crate) struct NcclEngine {
     timeout: Duration,
 }
 
-impl Drop for NcclEngine {
+impl Drop for NcclReduction {
     fn drop(&mut self) {
         self.issuer.stop(&self.nccl, self.timeout);
     }
 }
 
-impl NcclEngine {
+impl NcclReduction {
     /// Reduces through `pg`'s NCCL backend on CUDA device `device` (the model's).
     ///
     /// # Collective
     /// Every rank of `pg` calls it.
-    pub(crate) fn new(pg: &ProcessGroup, device: usize) -> Result<NcclEngine, DdpError> {
+    pub(crate) fn new(pg: &ProcessGroup, device: usize) -> Result<NcclReduction, DdpError> {
         // The process group's own NCCL backend (created by the first DDP on this group, kept
         // with the group), as PyTorch's DDP reduces through its group's ProcessGroupNCCL.
         let nccl = pg.nccl(device).map_err(DdpError::comm(
@@ -82,7 +82,7 @@ impl NcclEngine {
             "gradient buckets are all-reduced by NCCL"
         );
         let issuer = Issuer::start(nccl.clone(), pg.rank())?;
-        Ok(NcclEngine {
+        Ok(NcclReduction {
             issuer,
             nccl,
             timeout: pg.timeout(),
@@ -90,7 +90,7 @@ impl NcclEngine {
     }
 
     /// The CUDA device ordinal of `device` when it is burn's CUDA backend's device type and the
-    /// backend's tensors are the ones this engine reduces in place.
+    /// backend's tensors are the ones this reduction reduces in place.
     pub(crate) fn cuda_device<I: Backend>(device: &I::Device) -> Option<usize> {
         let is_cube = std::any::TypeId::of::<FloatTensor<I>>()
             == std::any::TypeId::of::<CubeTensor<CudaRuntime>>();
@@ -100,7 +100,7 @@ impl NcclEngine {
 }
 
 fn internal(what: String) -> DdpError {
-    DdpError::Internal(format!("NCCL bucket engine: {what}"))
+    DdpError::Internal(format!("NCCL bucket reduction: {what}"))
 }
 
 fn nccl_dtype(dtype: DType) -> Option<NcclDtype> {
@@ -113,13 +113,13 @@ fn nccl_dtype(dtype: DType) -> Option<NcclDtype> {
     })
 }
 
-impl<I: Backend> BucketEngine<I> for NcclEngine {
+impl<I: Backend> BucketReduction<I> for NcclReduction {
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        LocalEngine.hold(slot, grad)
+        LocalReduction.hold(slot, grad)
     }
 
     fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        LocalEngine.add(slot, acc, more)
+        LocalReduction.add(slot, acc, more)
     }
 
     fn launch(
