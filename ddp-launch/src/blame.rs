@@ -8,6 +8,7 @@
 //! 0, which may be the rank that hangs or the victim that already exited.
 
 use super::error::LaunchError;
+use super::summary::{RootCause, Victim};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -34,31 +35,6 @@ impl FailureReport {
             message: message.trim_end().to_string(),
         })
     }
-}
-
-/// A rank on the chain of blame that failed because of the next one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Victim {
-    /// Its global rank.
-    pub rank: usize,
-    /// The rank it blamed.
-    pub blamed: usize,
-    /// Its error message.
-    pub message: String,
-}
-
-/// Where the chain of blame from the first failure ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RootCause {
-    /// The global rank where the trouble started.
-    pub rank: usize,
-    /// What it reported itself: `None` when it reported no failure (it stalled or hung, or its
-    /// report is on another node).
-    pub own_report: Option<String>,
-    /// The ranks that failed because of it, from the first to fail to the one that blamed it.
-    pub victims: Vec<Victim>,
 }
 
 /// Follows the blame from `first`. `None` when `first` blamed nobody (it is its own root cause).

@@ -1,6 +1,6 @@
 //! [`LaunchError`]: everything that can stop a launch, one variant per failure.
 
-use super::signals::signal_name;
+use super::signal_names::signal_name;
 use super::summary::FailureSummary;
 use ddp_comm::{CommError, TOKEN_ENV};
 use std::error::Error as StdError;

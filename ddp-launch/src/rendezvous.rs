@@ -16,7 +16,8 @@
 
 use super::error::LaunchError;
 use super::plan::{LaunchPlan, MasterPort};
-use super::signals::{SignalGuard, signal_name};
+use super::signal_names::signal_name;
+use super::signals::SignalGuard;
 use super::summary::FailureCause;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::net::TcpListener;

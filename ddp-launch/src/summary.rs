@@ -1,7 +1,6 @@
 //! [`FailureSummary`]: which rank failed first, how, and its last lines of output.
 
-use super::blame::RootCause;
-use super::signals::signal_name;
+use super::signal_names::signal_name;
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -211,10 +210,34 @@ impl fmt::Display for FailureSummary {
     }
 }
 
+/// A rank on the chain of blame that failed because of the next one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Victim {
+    /// Its global rank.
+    pub rank: usize,
+    /// The rank it blamed.
+    pub blamed: usize,
+    /// Its error message.
+    pub message: String,
+}
+
+/// Where the chain of blame from the first failure ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RootCause {
+    /// The global rank where the trouble started.
+    pub rank: usize,
+    /// What it reported itself: `None` when it reported no failure (it stalled or hung, or its
+    /// report is on another node).
+    pub own_report: Option<String>,
+    /// The ranks that failed because of it, from the first to fail to the one that blamed it.
+    pub victims: Vec<Victim>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blame::Victim;
 
     fn failure(exit: WorkerExit, tail: &[&str]) -> FailureSummary {
         FailureSummary {

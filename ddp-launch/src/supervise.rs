@@ -18,7 +18,8 @@ use super::error::LaunchError;
 use super::live::Console;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
-use super::signals::{SignalGuard, signal_name};
+use super::signal_names::signal_name;
+use super::signals::SignalGuard;
 use super::spawn::{
     AttemptFiles, ExitEvent, Worker, become_subreaper, kill_orphans, own_children, spawn_worker,
 };
