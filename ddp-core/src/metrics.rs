@@ -4,7 +4,7 @@
 //! on every rank.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), ddp_core::CommError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use ddp_core::{EvalTotals, ExactShard, init_from_env};
 //! let pg = init_from_env()?;
 //! let test_len = 360;
