@@ -43,7 +43,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use clap::Parser;
 use ddp_benches::allocator::{SwitchAllocator, allocator_env, allocator_env_removed, minor_faults};
 use ddp_benches::{BATCH, BenchMlp, bench_batch, median, run_two_ranks, world_of_one};
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
+use ddp_core::{DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -392,7 +392,9 @@ mod overlap {
     use burn::optim::{Optimizer, SgdConfig};
     use burn::tensor::{Distribution, Int, Tensor, TensorData};
     use ddp_benches::{BenchMlp, bench_batch, median, world_of_one};
-    use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, SyncBatchNormGroup};
+    use ddp_core::{
+        DdpConfig, DistributedDataParallel, comm::ProcessGroup, nn::SyncBatchNormGroup,
+    };
     use ddp_examples::models::{DigitsCnn, GptShape, TinyGpt};
     use ddp_examples::reverse::{ReverseBatcher, VOCAB, scored_positions, sequence};
     use std::time::{Duration, Instant};

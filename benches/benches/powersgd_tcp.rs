@@ -18,7 +18,7 @@ use burn::optim::SgdConfig;
 use clap::Parser;
 use ddp_benches::{BATCH, BenchMlp, bench_batch, median, run_two_ranks};
 use ddp_core::hooks::PowerSgdConfig;
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
+use ddp_core::{DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env};
 use std::time::{Duration, Instant};
 
 type B = Autodiff<Flex>;

@@ -32,7 +32,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use clap::Parser;
 use ddp_benches::{BATCH, BenchMlp, median, world_of_one};
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, DistributedSamplerConfig, ProcessGroup, init_from_env,
+    DdpConfig, DistributedDataParallel, comm::ProcessGroup, data::DistributedSamplerConfig,
+    init_from_env,
 };
 use ddp_train::burn_train::metric::LossMetric;
 use ddp_train::burn_train::{

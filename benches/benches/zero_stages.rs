@@ -27,7 +27,8 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use clap::Parser;
 use ddp_benches::{BenchMlp, bench_batch, median, run_two_ranks};
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, ProcessGroup, ZeroRedundancyOptimizer, init_from_env,
+    DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
+    zero::ZeroRedundancyOptimizer,
 };
 use std::time::{Duration, Instant};
 

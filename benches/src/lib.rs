@@ -5,7 +5,10 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer, layer_boundary};
+use ddp_core::{
+    comm::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer},
+    layer_boundary,
+};
 use std::time::Duration;
 
 pub mod allocator;

@@ -52,7 +52,7 @@
 //! NCCL has no timeouts of its own; ddp-comm adds them. The communicator is created
 //! non-blocking (`ncclCommInitRankConfig`, polled), so a rank that never joins makes init fail
 //! after the group's timeout (`NcclError::InitTimeout`). Every collective gets a sequence number
-//! and a CUDA event recorded after it, and is supervised by a [`Watchdog`] ([`watchdog`]): a
+//! and a CUDA event recorded after it, and is supervised by a [`Watchdog`](watchdog::Watchdog): a
 //! thread polls the events and `ncclCommGetAsyncError` every 2 ms and publishes this rank's
 //! last issued and completed sequence numbers in the store (`watchdog/<group>/<rank>`). A
 //! collective not finished within `NcclBackendConfig::timeout` (default 10 minutes;
@@ -142,9 +142,8 @@ pub use group::{
 pub use half::{bf16, f16};
 pub use init::{InitMethod, init_process_group};
 pub use reduce_op::ReduceOp;
-pub use store::{Store, StoreConfig, StoreServer};
+pub use store::{client::Store, config::StoreConfig, server::StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};
-pub use watchdog::{CollectiveLabel, Watchdog, WatchdogConfig, WatchdogFailure};
 
 /// The cudarc version ddp-comm is built against, for naming device buffers (`CudaSlice`).
 #[cfg(feature = "cuda")]

@@ -7,10 +7,11 @@
 #![cfg(feature = "cuda")]
 
 use ddp_comm::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{
-    CollectiveLabel, CommError, NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclBackendConfig, NcclDtype,
-    NcclElement, NcclError, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
-    StoreServer, bf16, cuda_device_count, f16,
+    CommError, NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclBackendConfig, NcclDtype, NcclElement,
+    NcclError, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig, StoreServer, bf16,
+    cuda_device_count, f16,
 };
 use std::time::Duration;
 
@@ -369,5 +370,5 @@ fn nccl_work_and_the_group_can_move_between_threads() {
     movable::<ddp_comm::NcclWork>();
     shareable::<NcclBackend>();
     movable::<ddp_comm::watchdog::WatchedWork>();
-    shareable::<ddp_comm::Watchdog>();
+    shareable::<ddp_comm::watchdog::Watchdog>();
 }

@@ -1,17 +1,68 @@
 //! # ddp-core
 //!
-//! Distributed data-parallel training for burn: the crate users depend on. It re-exports the
-//! process group API of `ddp-comm` and the data pipeline of `ddp-data`.
+//! Distributed data-parallel training for burn: the crate users depend on.
 //!
 //! - [`DistributedDataParallel`] wraps any `AutodiffModule` on any `Autodiff<B>` backend:
 //!   rank-0 sync at construction, gradient taps, buckets all-reduced while backward runs,
-//!   `backward_no_sync` for accumulation, fp16/bf16 compression, a Chrome-trace timeline. Its
+//!   `backward_no_sync` for accumulation, communication hooks, a Chrome-trace timeline. Its
 //!   semantics are PyTorch's: buffers follow rank 0, parameters no rank used get no gradient,
 //!   errors abort the group so every rank fails fast (see its docs).
 //!
+//! ## Where things are
+//! The root holds DDP itself: [`DistributedDataParallel`], [`DdpConfig`] (with [`Collectives`]
+//! and [`HostStaging`]), [`DdpError`], [`StepStats`], [`TapBackend`], [`layer_boundary`], and
+//! the two ways into a job, [`init_from_env`] and [`launch()`]. Everything else has one path,
+//! in one module:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`hooks`] | how a bucket is averaged: fp16/bf16 compression, PowerSGD, your own [`hooks::CommHook`] |
+//! | [`comm`] | process groups and collectives (the `ddp-comm` crate): [`comm::ProcessGroup`], [`comm::init_process_group`], the store, NCCL |
+//! | [`data`] | the sampler and loader (the `ddp-data` crate): [`data::DistributedSamplerConfig`], [`data::DistributedDataLoaderBuilder`], [`data::ExactShard`] |
+//! | [`launch`](mod@launch) | the launcher (the `ddp-launch` crate): [`launch::LaunchArgs`], [`launch::WorkerEnv`], the `ddp-run` binary |
+//! | [`checkpoint`] | [`checkpoint::FullCheckpointer`] (rank 0 writes the whole model) and [`checkpoint::sharded::ShardedCheckpointer`] (every rank its shard) |
+//! | [`zero`] | [`zero::ZeroRedundancyOptimizer`]: ZeRO stages 1 and 2 |
+//! | [`amp`] | mixed precision: [`amp::GradScaler`], [`amp::autocast`] |
+//! | [`nn`] | layers that talk to the group: [`nn::SyncBatchNorm`] |
+//! | [`metrics`] | evaluation totals over all ranks: [`metrics::EvalTotals`] |
+//! | [`progress`] | a per-epoch progress bar on rank 0: [`progress::EpochProgress`] |
+//!
+//! In words:
+//! - [`hooks`]: [`DistributedDataParallel::register_comm_hook`] replaces the exact average with
+//!   fp16/bf16 compression, PowerSGD, or your own hook.
+//! - [`DdpConfig::uneven_inputs`] and [`DistributedDataParallel::join`]: ranks with different
+//!   numbers of batches (PyTorch's `Join`).
+//! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
+//!   as soon as that layer's backward is done.
+//! - [`checkpoint`]: [`checkpoint::FullCheckpointer`] writes model (safetensors), optimizer and
+//!   training state atomically on rank 0 after a barrier; every rank resumes from the latest
+//!   valid checkpoint, bitwise exactly on CPU.
+//! - [`launch`](mod@launch): [`launch()`] makes a training binary launch itself once per rank
+//!   (torchrun for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both
+//!   supervise the workers, stop them all on a failure and restart the group with
+//!   `--max-restarts`.
+//! - [`zero`]: [`zero::ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
+//!   (ZeRO stage 1, and stage 2 with reduce-scattered gradients), with checkpoints that resume
+//!   at another world size.
+//! - [`amp`]: [`amp::GradScaler`], dynamic loss scaling (PyTorch's `GradScaler`) whose found-inf
+//!   flag is all-reduced, so every rank skips the same steps and keeps the same scale.
+//! - [`metrics`]: evaluation without padding: [`data::ExactShard`] puts each test sample on
+//!   exactly one rank and [`metrics::EvalTotals`] all-reduces the counts, so accuracy covers the
+//!   test set once.
+//! - [`nn`]: [`nn::SyncBatchNorm`], batch norm over the global batch with gradients through the
+//!   statistics.
+//! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
+//! - [`TapBackend`]: the backends DDP can tap (every `Autodiff<B>`).
+//!
+//! ## Features
+//! - `cuda`: burn's CUDA backend and NCCL through cudarc; `comm::cuda_driver_present()` (with
+//!   the feature) checks for a driver before the first GPU tensor operation.
+//! - `test-hooks`: crash points and other test-only hooks, for this project's own tests; never
+//!   in a release.
+//!
 //! ## One step, as data flows
 //! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable
-//!    parameters pass through taps (`ddp/tap.rs`) runs your forward.
+//!    parameters pass through taps (`ddp/tap/mod.rs`) runs your forward.
 //! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
 //!    backward reaches each tap, which hands the gradient to the reducer (`ddp/reducer/mod.rs`, the
 //!    bucket bookkeeping); a full bucket is launched, in order, through the bucket reduction
@@ -19,38 +70,6 @@
 //! 3. After backward the reducer launches what is left, agrees on which parameters some rank
 //!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
 //! 4. `ddp.optimizer_step(..)` applies your optimizer.
-//! - [`hooks`]: how a bucket is averaged ([`DistributedDataParallel::register_comm_hook`]):
-//!   fp16/bf16 compression, PowerSGD, or your own [`hooks::CommHook`].
-//! - [`DdpConfig::uneven_inputs`] and [`DistributedDataParallel::join`]: ranks with different
-//!   numbers of batches (PyTorch's `Join`).
-//! - [`layer_boundary`]: opt-in marks in a model's forward so each layer's gradients leave
-//!   as soon as that layer's backward is done.
-//! - [`checkpoint`]: [`Checkpointer`] writes model (safetensors),
-//!   optimizer and training state atomically on rank 0 after a barrier; every rank resumes from
-//!   the latest valid checkpoint, bitwise exactly on CPU.
-//! - [`launch`](mod@launch): [`launch()`] makes a training binary launch itself once per rank (torchrun
-//!   for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both supervise the
-//!   workers, stop them all on a failure and restart the group with `--max-restarts`.
-//! - [`zero`]: [`ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
-//!   (ZeRO stage 1), with checkpoints that resume at another world size.
-//! - [`amp`]: [`GradScaler`], dynamic loss scaling (PyTorch's `GradScaler`) whose found-inf
-//!   flag is all-reduced, so every rank skips the same steps and keeps the same scale.
-//! - [`metrics`]: evaluation without padding: [`ExactShard`] puts each test sample on exactly
-//!   one rank and [`EvalTotals`] all-reduces the counts, so accuracy covers the test set once.
-//! - [`sync_batch_norm`]: [`SyncBatchNorm`], batch norm over the global batch with gradients
-//!   through the statistics.
-//! - [`progress`]: a per-epoch progress bar on rank 0 with the loss averaged across ranks.
-//! - [`bucket::assign_buckets`]: the bucketing rule; [`TapBackend`]: the backends DDP can tap
-//!   (every `Autodiff<B>`).
-//!
-//! Re-exported: [`ProcessGroup`], [`init_process_group`], [`ReduceOp`] and the rest of the
-//! process-group API from `ddp-comm`; [`DistributedSamplerConfig`],
-//! [`DistributedDataLoaderBuilder`] and the rest of the data pipeline from `ddp-data` (also as
-//! [`data`]).
-//!
-//! ## Features
-//! - `cuda`: burn's CUDA backend and NCCL through cudarc; `cuda_driver_present()` (with the
-//!   feature) checks for a driver before the first GPU tensor operation.
 //!
 //! ## GPUs
 //! On `Autodiff<Cuda>` with one GPU per rank, buckets are concatenated on the device and
@@ -124,7 +143,7 @@
 //!
 //! ## Memory traffic
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers
-//! ([`ProcessGroup::all_reduce_coalesced_async`]): on shared memory they are read into the
+//! ([`ProcessGroup::all_reduce_coalesced_async`](comm::ProcessGroup::all_reduce_coalesced_async)): on shared memory they are read into the
 //! transport's staging buffers and the result is written straight back, and those buffers
 //! become the returned gradient tensors, so no bucket buffer is packed or unpacked. On the CPU
 //! backend, launch workers with [`launch()`] (or set [`launch::ALLOCATOR_ENV`] yourself): glibc's
@@ -136,47 +155,25 @@
 
 mod ddp;
 mod error;
+
+pub mod amp;
+pub mod checkpoint;
 pub mod metrics;
+pub mod nn;
 pub mod progress;
-pub mod sync_batch_norm;
+pub mod zero;
 
 pub use ddp::boundary::layer_boundary;
+pub use ddp::hooks;
 pub use ddp::tap::TapBackend;
 pub use ddp::timeline::StepStats;
-pub use ddp::{Collectives, DdpConfig, DistributedDataParallel, GradientCompression, HostStaging};
-pub use ddp::{bucket, hooks};
+pub use ddp::{Collectives, DdpConfig, DistributedDataParallel, HostStaging};
 pub use error::DdpError;
-pub use metrics::EvalTotals;
-pub use progress::{EpochProgress, EpochSummary};
-pub use sync_batch_norm::{
-    SyncBatchNorm, SyncBatchNormBackend, SyncBatchNormError, SyncBatchNormGroup,
-};
 
-/// The data pipeline crate (sampler internals, loader).
+/// Process groups, collectives, the rendezvous store and NCCL: the `ddp-comm` crate.
+pub use ddp_comm as comm;
+/// The distributed sampler and data loader: the `ddp-data` crate.
 pub use ddp_data as data;
-pub use ddp_data::{
-    DataError, DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSampler,
-    DistributedSamplerConfig, ExactShard, SamplerState,
-};
-
-#[cfg(feature = "cuda")]
-pub use ddp_comm::cuda_driver_present;
-pub use ddp_comm::{
-    CommError, InitMethod, ProcessGroup, ProcessGroupConfig, ReduceOp, Store, StoreConfig,
-    StoreServer, Work, init_process_group,
-};
-/// The launcher crate (`ddp-run`, [`launch()`], the worker environment), re-exported.
+/// The launcher (`ddp-run`, [`launch()`], the worker environment): the `ddp-launch` crate.
 pub use ddp_launch as launch;
-pub use launch::{
-    LaunchArgs, LaunchError, LaunchPlan, NprocPerNode, WorkerContext, WorkerEnv, init_from_env,
-    launch,
-};
-pub mod checkpoint;
-pub use checkpoint::{
-    CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome, Resumed, TrainingState,
-};
-pub use checkpoint::{ShardedCheckpointError, ShardedCheckpointer};
-pub mod zero;
-pub use zero::{ZeroError, ZeroRedundancyOptimizer, ZeroStage};
-pub mod amp;
-pub use amp::{AmpError, GradScaler, GradScalerConfig, GradScalerState};
+pub use ddp_launch::{init_from_env, launch};

@@ -1,11 +1,11 @@
 //! Evaluation metrics summed over ranks: each rank scores its shard of the test set
-//! ([`ExactShard`](crate::ExactShard): every sample on exactly one rank), then one all-reduce
+//! ([`ExactShard`](crate::data::ExactShard): every sample on exactly one rank), then one all-reduce
 //! adds the per-rank sums, so the accuracy and mean loss are those of the whole set, the same
 //! on every rank.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use ddp_core::{EvalTotals, ExactShard, init_from_env};
+//! use ddp_core::{data::ExactShard, init_from_env, metrics::EvalTotals};
 //! let pg = init_from_env()?;
 //! let test_len = 360;
 //! let shard = ExactShard::new(test_len, pg.world_size(), pg.rank()).expect("valid rank");

@@ -5,11 +5,11 @@
 //! # Under the launcher
 //! A worker's stderr is a pipe to the launcher, so rank 0 cannot draw a bar on it. When the
 //! launcher's own stderr is a terminal, it hands rank 0 a pipe for progress reports
-//! ([`PROGRESS_FD_ENV`]) and draws the bar itself, printing the workers' lines above it; with
+//! ([`PROGRESS_FD_ENV`](ddp_launch::progress::PROGRESS_FD_ENV)) and draws the bar itself, printing the workers' lines above it; with
 //! the launcher's stderr in a file or pipe, rank 0 prints lines as usual. The pipe protocol and
 //! the bar drawing are ddp-launch's ([`ddp_launch::progress`]); this module is the rank-0 side.
 //!
-//! `DDP_PROGRESS` ([`PROGRESS_ENV`]) overrides the choice for the launcher and rank 0 alike:
+//! `DDP_PROGRESS` ([`PROGRESS_ENV`](ddp_launch::progress::PROGRESS_ENV)) overrides the choice for the launcher and rank 0 alike:
 //! `auto` (the default: a bar on a terminal), `bar` (draw even when stderr is not a terminal,
 //! e.g. for a console that renders ANSI sequences), `lines`.
 //!
@@ -18,15 +18,14 @@
 //! once per step.
 
 use ddp_comm::{CommError, ProcessGroup, ReduceOp};
-use ddp_launch::progress::report::{Report, report_channel, send};
-use ddp_launch::progress::terminal::{bar_style, stderr_draws_bar, stderr_target};
+use ddp_launch::progress::{
+    Report, bar_style, report_channel, send, stderr_draws_bar, stderr_target,
+};
 use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-pub use ddp_launch::progress::{PROGRESS_ENV, PROGRESS_FD_ENV, ProgressSetting, claim_report_pipe};
 
 /// How often the plain (non-terminal) output prints a line.
 const PLAIN_INTERVAL: Duration = Duration::from_secs(5);

@@ -8,7 +8,7 @@ use crate::{DataError, DistributedSampler, SamplerState};
 /// or `floor(samples / batch_size)` with `drop_last` (PyTorch's
 /// `BatchSampler.__len__`). A batch size of 0 (rejected by
 /// [`BatchSampler::new`]) gives 0.
-pub fn num_batches(samples: usize, batch_size: usize, drop_last: bool) -> usize {
+pub(crate) fn num_batches(samples: usize, batch_size: usize, drop_last: bool) -> usize {
     if batch_size == 0 {
         0
     } else if drop_last {
@@ -21,7 +21,7 @@ pub fn num_batches(samples: usize, batch_size: usize, drop_last: bool) -> usize 
 /// The position ranges of consecutive batches covering `start..end`, each
 /// `batch_size` long except a shorter last one, which `drop_last` omits.
 /// A batch size of 0 gives no batches.
-pub fn batch_ranges(
+pub(crate) fn batch_ranges(
     start: usize,
     end: usize,
     batch_size: usize,

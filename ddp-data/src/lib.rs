@@ -86,12 +86,15 @@
 //! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
-pub mod batch_sampler;
+mod batch_sampler;
 mod error;
-pub mod loader;
+mod loader;
 pub mod sampler;
 
 pub use batch_sampler::BatchSampler;
 pub use error::DataError;
 pub use loader::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedDataLoaderIter};
-pub use sampler::{DistributedSampler, DistributedSamplerConfig, ExactShard, SamplerState};
+pub use sampler::config::DistributedSamplerConfig;
+pub use sampler::distributed::DistributedSampler;
+pub use sampler::exact_shard::ExactShard;
+pub use sampler::state::SamplerState;

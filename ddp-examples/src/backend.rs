@@ -48,7 +48,7 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
             );
             #[cfg(feature = "cuda")]
             {
-                if !ddp_core::cuda_driver_present() {
+                if !ddp_core::comm::cuda_driver_present() {
                     bail!(
                         "--backend cuda: no CUDA driver found (libcuda could not be loaded); install the NVIDIA driver or use --backend flex"
                     );
@@ -64,7 +64,7 @@ pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
     fn train<B: ddp_core::TapBackend>(
         self,
-        ctx: ddp_core::WorkerContext,
+        ctx: ddp_core::launch::WorkerContext,
         device: B::Device,
     ) -> Result<()>;
 }
@@ -73,7 +73,7 @@ pub trait TrainOn {
 /// and turns the outcome into an exit code (the launcher's error printed with the program name).
 pub fn run(
     name: &str,
-    launch: &ddp_core::LaunchArgs,
+    launch: &ddp_core::launch::LaunchArgs,
     kind: BackendKind,
     job: impl TrainOn,
 ) -> std::process::ExitCode {

@@ -7,7 +7,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
-use ddp_core::{EvalTotals, ExactShard, ProcessGroup};
+use ddp_core::{comm::ProcessGroup, data::ExactShard, metrics::EvalTotals};
 
 use crate::digits::{DigitBatcher, DigitItem};
 

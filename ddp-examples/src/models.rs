@@ -151,26 +151,26 @@ mod tests {
 /// A small convolutional classifier for the 8x8 digits with synchronised batch norm:
 /// `[conv 3x3 -> SyncBatchNorm -> relu] x 2 -> 2x2 average pool -> linear`.
 ///
-/// With a [`ddp_core::SyncBatchNormGroup`] its batch norms normalise with the statistics of the
+/// With a [`ddp_core::nn::SyncBatchNormGroup`] its batch norms normalise with the statistics of the
 /// global batch (all ranks), so small per-rank batches train like one big batch; without one
 /// they use each rank's own batch, like burn's `BatchNorm`.
 #[derive(Module, Debug)]
 pub struct DigitsCnn<B: Backend> {
     conv1: burn::nn::conv::Conv2d<B>,
-    norm1: ddp_core::SyncBatchNorm<B>,
+    norm1: ddp_core::nn::SyncBatchNorm<B>,
     conv2: burn::nn::conv::Conv2d<B>,
-    norm2: ddp_core::SyncBatchNorm<B>,
+    norm2: ddp_core::nn::SyncBatchNorm<B>,
     pool: burn::nn::pool::AvgPool2d,
     out: Linear<B>,
     act: Relu,
 }
 
-impl<B: ddp_core::SyncBatchNormBackend> DigitsCnn<B> {
+impl<B: ddp_core::nn::SyncBatchNormBackend> DigitsCnn<B> {
     /// A new model with `channels` feature maps in its first convolution (twice that in the
     /// second), its batch norms synchronised over `group` (local statistics with `None`).
     pub fn new(
         channels: usize,
-        group: Option<ddp_core::SyncBatchNormGroup>,
+        group: Option<ddp_core::nn::SyncBatchNormGroup>,
         device: &B::Device,
     ) -> Self {
         use burn::nn::PaddingConfig2d;
@@ -182,7 +182,7 @@ impl<B: ddp_core::SyncBatchNormBackend> DigitsCnn<B> {
         };
         let norm = |features: usize| {
             let bn = burn::nn::BatchNormConfig::new(features).init(device);
-            ddp_core::SyncBatchNorm::from_batch_norm(bn, group.clone())
+            ddp_core::nn::SyncBatchNorm::from_batch_norm(bn, group.clone())
         };
         DigitsCnn {
             conv1: conv(1, channels),

@@ -10,9 +10,9 @@ use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
-use ddp_core::DistributedDataLoader;
-use ddp_core::WorkerContext;
-use ddp_core::checkpoint::{Checkpointer, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{FullCheckpointer, LoadOutcome, TrainingState};
+use ddp_core::data::DistributedDataLoader;
+use ddp_core::launch::WorkerContext;
 
 /// Where training continues: the first epoch to run and the global step count so far.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,7 +59,7 @@ impl StartFrom {
 #[allow(clippy::too_many_arguments)]
 pub fn resume_or_start<B, M, O, I, Out>(
     name: &str,
-    checkpoints: &Checkpointer,
+    checkpoints: &FullCheckpointer,
     start: StartFrom,
     device: &B::Device,
     model: &mut M,

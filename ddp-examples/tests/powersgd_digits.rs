@@ -12,8 +12,8 @@ use burn::optim::AdamConfig;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, ProcessGroup, ProcessGroupConfig, Store, StoreConfig,
-    StoreServer,
+    DdpConfig, DistributedDataParallel,
+    comm::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer},
 };
 use ddp_examples::digits::{DigitItem, load_digits, split};
 use ddp_examples::models::DigitsMlp;

@@ -7,8 +7,8 @@
 //! draws the bar from them, and prints every worker line above the bar. With stderr in a file or
 //! pipe, no pipe is given and rank 0 prints its usual lines.
 
-use crate::progress::report::{PROGRESS_FD_ENV, Report};
-use crate::progress::terminal::{ProgressSetting, bar_style, stderr_target};
+use crate::progress::{PROGRESS_FD_ENV, Report};
+use crate::progress::{ProgressSetting, bar_style, stderr_target};
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::sync::{Arc, Mutex, PoisonError};

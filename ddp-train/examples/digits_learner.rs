@@ -26,7 +26,7 @@ use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
 use clap::Parser;
-use ddp_core::{DistributedSamplerConfig, LaunchArgs, launch};
+use ddp_core::{data::DistributedSamplerConfig, launch, launch::LaunchArgs};
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::models::DigitsMlp;
 use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, resume_epoch};

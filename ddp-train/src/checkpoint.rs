@@ -16,7 +16,7 @@ use crate::error::{DdpTrainError, Result};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{Checkpointer, CheckpointerError};
-use ddp_core::ProcessGroup;
+use ddp_core::comm::ProcessGroup;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};

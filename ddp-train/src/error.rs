@@ -1,6 +1,6 @@
 //! Errors of the DDP training strategy.
 
-use ddp_core::{CommError, DataError, DdpError};
+use ddp_core::{DdpError, comm::CommError, data::DataError};
 
 /// What can go wrong while training with [`DdpStrategy`](crate::DdpStrategy) or loading with
 /// [`DistributedLoader`](crate::DistributedLoader).

@@ -13,7 +13,7 @@ use crate::error::{DdpTrainError, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_train::{ClassificationOutput, MultiLabelClassificationOutput, RegressionOutput};
-use ddp_core::{ProcessGroup, ReduceOp};
+use ddp_core::comm::{ProcessGroup, ReduceOp};
 
 /// A step output (burn-train's `TrainStep::Output` / `InferenceStep::Output`) that can be merged
 /// across ranks into the output of the global batch.

@@ -2,7 +2,7 @@
 //!
 //! burn-train's own training loop (`SupervisedTraining`, its metrics, renderer, checkpointer and
 //! early stopping) on several processes: a data-parallel training strategy over a ddp-burn
-//! [`ProcessGroup`](ddp_core::ProcessGroup), the equivalent of PyTorch DDP driven by a
+//! [`ProcessGroup`](ddp_core::comm::ProcessGroup), the equivalent of PyTorch DDP driven by a
 //! high-level trainer.
 //!
 //! ```text

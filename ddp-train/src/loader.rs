@@ -12,7 +12,10 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
-use ddp_core::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard, ProcessGroup};
+use ddp_core::{
+    comm::ProcessGroup,
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard},
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -82,7 +85,7 @@ where
     /// samples per rank and step.
     ///
     /// # Errors
-    /// Invalid sampler settings or an empty data set ([`DataError`](ddp_core::DataError)).
+    /// Invalid sampler settings or an empty data set ([`DataError`](ddp_core::data::DataError)).
     pub fn train(
         dataset: impl Dataset<I> + 'static,
         batcher: impl Batcher<B, I, O> + 'static,
@@ -106,7 +109,7 @@ where
     /// metrics gathered over the ranks count every sample exactly once.
     ///
     /// # Errors
-    /// `rank >= world` or an empty data set ([`DataError`](ddp_core::DataError)).
+    /// `rank >= world` or an empty data set ([`DataError`](ddp_core::data::DataError)).
     pub fn eval(
         dataset: impl Dataset<I> + 'static,
         batcher: impl Batcher<B, I, O> + 'static,

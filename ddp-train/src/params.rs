@@ -9,7 +9,7 @@ use crate::error::{DdpTrainError, Result};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use ddp_core::ProcessGroup;
+use ddp_core::comm::ProcessGroup;
 
 /// One line per float tensor: path-free signature (index, shape, dtype, trainable), hashed.
 ///

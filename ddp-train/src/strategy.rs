@@ -44,8 +44,11 @@ use burn_train::{
     SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
     TrainingModel, TrainingStrategy, ValidLoader,
 };
-use ddp_core::progress::ProgressSetting;
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, ReduceOp, TapBackend};
+use ddp_core::launch::progress::ProgressSetting;
+use ddp_core::{
+    DdpConfig, DistributedDataParallel, TapBackend,
+    comm::{ProcessGroup, ReduceOp},
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -676,7 +679,7 @@ impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<
             let dashboard = uses_dashboard(
                 cfg!(feature = "tui"),
                 std::io::stdout().is_terminal(),
-                ddp_core::progress::claim_report_pipe(),
+                ddp_core::launch::progress::claim_report_pipe(),
                 ProgressSetting::from_env(),
             );
             if dashboard {

@@ -60,22 +60,7 @@ fn example_path() -> PathBuf {
 fn digits_learner(dir: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(example_path());
     // The test runner's environment must not make it a worker of some other job.
-    for (k, _) in std::env::vars_os() {
-        let Some(k) = k.to_str().map(str::to_owned) else {
-            continue;
-        };
-        if k.starts_with("DDP_")
-            || k.starts_with("SLURM_")
-            || k.starts_with("OMPI_")
-            || k.starts_with("PMIX_")
-            || k.starts_with("TORCHELASTIC_")
-            || k.starts_with("MASTER_")
-            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"].contains(&k.as_str())
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "warn")
+    ddp_test_support::remove_job_env(&mut cmd)
         .args(["--nproc-per-node", "2", "--batch-size", "16", "--epochs"])
         .arg(EPOCHS.to_string())
         .arg("--dir")

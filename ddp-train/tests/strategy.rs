@@ -18,8 +18,9 @@ use burn_train::{
     MetricEarlyStoppingStrategy, StoppingCondition, SupervisedTraining, TrainOutput, TrainStep,
 };
 use ddp_core::{
-    DdpConfig, DistributedSamplerConfig, ProcessGroup, ProcessGroupConfig, Store, StoreConfig,
-    StoreServer,
+    DdpConfig,
+    comm::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer},
+    data::DistributedSamplerConfig,
 };
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, DigitItem, load_digits, split};
 use ddp_examples::models::DigitsMlp;

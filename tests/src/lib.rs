@@ -23,6 +23,16 @@ pub struct RankOutput {
     pub stderr: String,
 }
 
+/// A process group of one rank over a store of its own (the server is returned to keep it up).
+pub fn one_rank_group()
+-> Result<(ddp_comm::StoreServer, ddp_comm::ProcessGroup), ddp_comm::CommError> {
+    use ddp_comm::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
+    let store = Store::connect(&server.local_addr().to_string(), StoreConfig::new())?;
+    let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1))?;
+    Ok((server, pg))
+}
+
 /// A free TCP port on loopback (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

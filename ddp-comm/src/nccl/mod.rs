@@ -21,7 +21,7 @@
 //! thread; calls from any thread are queued there and run in issue order.
 //!
 //! # Timeouts
-//! A [`Watchdog`](crate::Watchdog) supervises every collective through a CUDA event recorded
+//! A [`Watchdog`](crate::watchdog::Watchdog) supervises every collective through a CUDA event recorded
 //! after it, and `ncclCommGetAsyncError`; see [`NcclBackend`]'s `# Failure`.
 //!
 //! # Rendezvous

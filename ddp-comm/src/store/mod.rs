@@ -1,5 +1,7 @@
 //! The rendezvous store: a small TCP key-value service that ranks use to find each other.
 //!
+//! This module keeps the store's defaults; its types are at the crate root.
+//!
 //! - [`StoreServer`]: hosted by rank 0 (or by a launcher); one event loop (a tokio runtime on
 //!   its own thread) serves every client.
 //! - [`Store`]: the client, with `set`, `get`, `add`, `wait`, `compare_set`, `delete`,
@@ -24,17 +26,17 @@
 //! # Timeouts
 //! Every blocking call has a deadline; `get` and `wait` report the keys still missing.
 
-mod client;
-mod config;
+pub(crate) mod client;
+pub(crate) mod config;
 mod multi_get;
 mod protocol;
-mod server;
+pub(crate) mod server;
 mod session;
 mod state;
 
-pub use client::Store;
+pub(crate) use client::Store;
+pub(crate) use config::StoreConfig;
 pub use config::{
     DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT,
-    StoreConfig,
 };
-pub use server::StoreServer;
+pub(crate) use server::StoreServer;

@@ -42,8 +42,8 @@
 //!
 //! # Example
 //! ```
-//! use ddp_comm::watchdog::CompletionProbe;
-//! use ddp_comm::{CollectiveLabel, Store, StoreConfig, StoreServer, Watchdog, WatchdogConfig};
+//! use ddp_comm::watchdog::{CollectiveLabel, CompletionProbe, Watchdog, WatchdogConfig};
+//! use ddp_comm::{Store, StoreConfig, StoreServer};
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;

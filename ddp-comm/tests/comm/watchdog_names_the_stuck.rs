@@ -3,10 +3,11 @@
 //! callback runs once, and the error names the stuck collective and the ranks behind it.
 //! Ranks are threads sharing one store; every wait is bounded by the harness, so a broken
 //! watchdog fails the test instead of hanging it.
-use ddp_comm::watchdog::{AbortFn, AsyncErrorProbe, CompletionProbe, FailureCause};
-use ddp_comm::{
-    CollectiveLabel, CommError, Store, StoreConfig, StoreServer, Watchdog, WatchdogConfig,
+use ddp_comm::watchdog::{
+    AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe, FailureCause, Watchdog,
+    WatchdogConfig,
 };
+use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -74,7 +75,7 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
         .unwrap_or_else(|_| panic!("{what} did not return within {HARNESS_LIMIT:?}"))
 }
 
-fn watchdog_failure(e: &CommError) -> &ddp_comm::WatchdogFailure {
+fn watchdog_failure(e: &CommError) -> &ddp_comm::watchdog::WatchdogFailure {
     match e {
         CommError::Watchdog(f) => f,
         other => panic!("expected a watchdog failure, got {other:?}"),

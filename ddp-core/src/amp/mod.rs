@@ -78,7 +78,9 @@
 //! - **Per module, not per operation.** PyTorch's autocast picks a dtype per operation
 //!   (softmax and losses in f32); here you choose which modules run in half precision.
 //! - **Gradients travel in f32.** DDP reduces the masters' f32 gradients; to halve the bytes
-//!   on the wire use [`GradientCompression`](crate::GradientCompression) as well.
+//!   on the wire register a compression hook as well
+//!   ([`Fp16CompressHook`](crate::hooks::Fp16CompressHook) or
+//!   [`Bf16CompressHook`](crate::hooks::Bf16CompressHook)).
 //! - The scaler needs f32 (or f64) gradients: keep the parameters in f32
 //!   ([`AmpError::HalfPrecisionGradient`] otherwise, as PyTorch refuses to unscale f16
 //!   gradients). bf16 has f32's exponent range, so its gradients rarely underflow; loss

@@ -205,7 +205,7 @@ impl GradScaler {
 
     /// Unscales `grads` (from `ddp.backward(scaler.scale(loss))`), steps `optimizer` through
     /// `ddp` unless some rank found an inf/NaN, and updates the scale. Works with any burn
-    /// optimizer and with [`ZeroRedundancyOptimizer`](crate::ZeroRedundancyOptimizer) (stage 1
+    /// optimizer and with [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer) (stage 1
     /// or 2: every rank skips alike, so its collectives stay matched).
     ///
     /// # Collective

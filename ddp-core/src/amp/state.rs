@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 /// the code that builds the scaler already has).
 ///
 /// It is the same on every rank (the found-inf flag is all-reduced), so rank 0's is the one to
-/// save. The natural place is [`TrainingState`](crate::TrainingState)'s user payload:
+/// save. The natural place is [`TrainingState`](crate::checkpoint::TrainingState)'s user payload:
 /// `TrainingState::new(epoch, step).with_user(&scaler.state())?` when saving, and
-/// `resumed.state.user::<GradScalerState>()?` ([`Resumed`](crate::Resumed)) handed to
+/// `resumed.state.user::<GradScalerState>()?` ([`Resumed`](crate::checkpoint::Resumed)) handed to
 /// `load_state` on every rank when resuming (wrap it in your own struct when the payload
 /// carries more). A run resumed without it restarts at `init_scale`, which costs a few skipped
 /// steps while the scale backs off again.

@@ -5,7 +5,7 @@ use super::manifest::sha256_hex;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// Settings of a [`Checkpointer`](super::Checkpointer).
+/// Settings of a [`FullCheckpointer`](crate::checkpoint::FullCheckpointer).
 ///
 /// ```
 /// # use ddp_core::checkpoint::CheckpointConfig;

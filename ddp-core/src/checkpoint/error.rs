@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// Why a checkpoint directory failed verification against its manifest. Such a checkpoint is
-/// skipped by [`Checkpointer::load_latest`](super::Checkpointer::load_latest) (with a warning
+/// skipped by [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) (with a warning
 /// naming it) in favour of the previous valid one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[non_exhaustive]
@@ -110,7 +110,7 @@ impl std::fmt::Display for InvalidCheckpoint {
     }
 }
 
-/// Failures of the [`Checkpointer`](super::Checkpointer). Collective operations fail on every
+/// Failures of the [`FullCheckpointer`](crate::checkpoint::FullCheckpointer). Collective operations fail on every
 /// rank: ranks other than 0 get [`Rank0Failed`](Self::Rank0Failed) or
 /// [`PeerFailed`](Self::PeerFailed) when another rank hit the actual error.
 #[derive(Debug, thiserror::Error)]
@@ -240,13 +240,13 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
     /// A save would move `latest` below a newer valid checkpoint already on disk (for example
-    /// after resuming from an older checkpoint with [`Checkpointer::load`](super::Checkpointer::load)).
+    /// after resuming from an older checkpoint with [`FullCheckpointer::load`](crate::checkpoint::FullCheckpointer::load)).
     /// Refused so that newer valid checkpoints are never hidden behind `latest` and never
-    /// left out of pruning; [`Checkpointer::rewind_to`](super::Checkpointer::rewind_to)
+    /// left out of pruning; [`FullCheckpointer::rewind_to`](crate::checkpoint::FullCheckpointer::rewind_to)
     /// rewinds a run deliberately.
     #[error(
         "refusing to save step {step} in {dir}: checkpoint {newer} is newer and valid, and `latest` never moves backwards; \
-         resume from it, or rewind deliberately with Checkpointer::rewind_to"
+         resume from it, or rewind deliberately with FullCheckpointer::rewind_to"
     )]
     NewerCheckpointExists {
         /// The step being saved.

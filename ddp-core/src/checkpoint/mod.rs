@@ -1,9 +1,9 @@
 //! Checkpoints with exact resume: model, optimizer, data-loader position, RNG state and a
 //! free-form payload, written atomically by rank 0 and restored on every rank.
 //!
-//! - [`Checkpointer::save`]: every rank calls it at the same step; the ranks meet, rank 0
+//! - [`FullCheckpointer::save`]: every rank calls it at the same step; the ranks meet, rank 0
 //!   writes, the ranks meet again. Only rank 0 serialises anything.
-//! - [`Checkpointer::load_latest`]: rank 0 finds the newest checkpoint that verifies, reads it
+//! - [`FullCheckpointer::load_latest`]: rank 0 finds the newest checkpoint that verifies, reads it
 //!   and broadcasts it (no shared filesystem needed; with
 //!   [`CheckpointConfig::with_shared_filesystem`] every rank reads it itself). Each rank loads
 //!   onto the device it passes (burn's `map_location`). Invalid checkpoints are skipped with a
@@ -29,7 +29,7 @@
 //! directory fsynced, then renamed into place; then `latest` is replaced (temporary file,
 //! fsync, rename, directory fsync); only then are checkpoints beyond keep-last-K deleted. A
 //! crash at any moment leaves the previous checkpoint intact; the leftovers are removed by
-//! [`Checkpointer::new`]. The rename commits the checkpoint: a complete directory newer than
+//! [`FullCheckpointer::new`]. The rename commits the checkpoint: a complete directory newer than
 //! `latest` (crash between rename and pointer update) is loaded, and the next save moves
 //! `latest` past it.
 //!
@@ -72,7 +72,7 @@
 //! use burn::nn::{Linear, LinearConfig, loss::MseLoss, loss::Reduction};
 //! use burn::optim::AdamConfig;
 //! use burn::tensor::{Device, Tensor, TensorData};
-//! use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+//! use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
 //! use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env};
 //! use ddp_data::{DistributedDataLoaderBuilder, DistributedSamplerConfig};
 //!
@@ -97,7 +97,7 @@
 //! let run = RunConfig { lr: 1e-3, batch_size: 16, epochs: 10 };
 //! let device = Default::default();
 //! let pg = init_from_env()?; // set by ddp-run
-//! let ckpt = Checkpointer::new(
+//! let ckpt = FullCheckpointer::new(
 //!     CheckpointConfig::new("runs/digits").with_keep_last(3).with_run_config(&run)?,
 //!     pg.clone(),
 //! )?;
@@ -145,13 +145,13 @@
 //! ```
 
 mod canonical;
-mod checkpointer;
 mod codec;
 mod config;
 mod crash_point;
 mod error;
-mod layout;
+mod full_checkpointer;
 mod manifest;
+mod naming;
 mod outcome;
 mod reader;
 mod restore;
@@ -160,16 +160,16 @@ mod state;
 mod sync;
 mod writer;
 
-pub use checkpointer::Checkpointer;
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
-pub use layout::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
+pub use full_checkpointer::FullCheckpointer;
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
+pub use naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
-pub use sharded::{ShardedCheckpointError, ShardedCheckpointer};
+
 pub use state::{FRAMEWORK_VERSION, TrainingState};

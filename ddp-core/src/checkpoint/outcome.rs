@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use ddp_data::DistributedDataLoader;
 use std::path::PathBuf;
 
-/// A checkpoint written by [`Checkpointer::save`](super::Checkpointer::save) (the same on
+/// A checkpoint written by [`FullCheckpointer::save`](crate::checkpoint::FullCheckpointer::save) (the same on
 /// every rank).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SavedCheckpoint {
@@ -54,7 +54,7 @@ impl CheckpointInfo {
 }
 
 /// A run restored from a checkpoint: the model and optimizer passed to
-/// [`load_latest`](super::Checkpointer::load_latest) now hold its values; the rest is here.
+/// [`load_latest`](crate::checkpoint::FullCheckpointer::load_latest) now hold its values; the rest is here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resumed {
     /// Which checkpoint.
@@ -131,7 +131,7 @@ impl Resumed {
     }
 }
 
-/// The result of [`Checkpointer::load_latest`](super::Checkpointer::load_latest), the same on
+/// The result of [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest), the same on
 /// every rank.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LoadOutcome {

@@ -8,8 +8,8 @@
 
 use super::error::CheckpointError;
 use super::error::{InvalidCheckpoint, InvalidReason};
-use super::layout::{LATEST_FILE, list_checkpoints, parse_checkpoint_name};
 use super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
+use super::naming::{LATEST_FILE, list_checkpoints, parse_checkpoint_name};
 use super::state::StateFile;
 use std::path::Path;
 

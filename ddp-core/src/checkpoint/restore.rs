@@ -2,9 +2,9 @@
 //! 0, or read from a shared filesystem), decoding them into copies of the model and optimizer,
 //! and committing only when every rank succeeded.
 
-use super::checkpointer::Checkpointer;
 use super::codec::{decode_model, decode_optimizer};
 use super::error::{CheckpointError, InvalidCheckpoint};
+use super::full_checkpointer::FullCheckpointer;
 use super::manifest::{
     CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
 };
@@ -17,7 +17,7 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use std::collections::BTreeMap;
 
-impl Checkpointer {
+impl FullCheckpointer {
     /// Brings checkpoint `name` (read by rank 0 as `found`) to every rank and loads it.
     pub(super) fn restore<B, M, O>(
         &self,

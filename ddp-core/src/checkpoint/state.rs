@@ -6,7 +6,7 @@ use ddp_data::SamplerState;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// Where training is: passed to [`Checkpointer::save`](super::Checkpointer::save) and
+/// Where training is: passed to [`FullCheckpointer::save`](crate::checkpoint::FullCheckpointer::save) and
 /// returned on resume.
 ///
 /// Every rank passes its own; rank 0's is written, except [`rank_rng`](Self::rank_rng), which

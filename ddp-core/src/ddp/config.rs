@@ -2,17 +2,6 @@
 
 use burn::config::Config;
 
-/// How gradients travel in the all-reduce.
-#[derive(Config, Debug, PartialEq, Eq, Copy)]
-pub enum GradientCompression {
-    /// Full f32.
-    None,
-    /// Cast to f16 before the all-reduce and back after (half the bytes, ~3 decimal digits).
-    Fp16,
-    /// Cast to bf16 before the all-reduce and back after (half the bytes, f32's range).
-    Bf16,
-}
-
 /// Which collectives reduce the gradient buckets.
 #[derive(Config, Debug, PartialEq, Eq, Copy)]
 pub enum Collectives {
@@ -76,16 +65,11 @@ pub struct DdpConfig {
     /// crate docs' Overlap section.
     #[config(default = true)]
     pub automatic_overlap: bool,
-    /// Gradient compression for the all-reduce: the [`Fp16CompressHook`](crate::hooks::Fp16CompressHook)
-    /// or [`Bf16CompressHook`](crate::hooks::Bf16CompressHook) communication hook. Like any
-    /// hook, not with [`Collectives::Nccl`] or [`HostStaging::PerBucket`] (it would ignore them).
-    #[config(default = "GradientCompression::None")]
-    pub compression: GradientCompression,
     /// Which collectives reduce the buckets: NCCL on the GPU or the CPU transports.
     #[config(default = "Collectives::Auto")]
     pub collectives: Collectives,
     /// How gradients are staged in host memory for the CPU transports (world size > 1).
-    /// [`HostStaging::PerBucket`] is refused with a communication hook (or compression), which
+    /// [`HostStaging::PerBucket`] is refused with a communication hook (compression, PowerSGD), which
     /// reads each gradient on its own.
     #[config(default = "HostStaging::Auto")]
     pub host_staging: HostStaging,

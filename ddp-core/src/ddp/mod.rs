@@ -1,7 +1,7 @@
 //! Everything about DDP: the wrapper and the machinery under it.
 //!
 //! - [`DistributedDataParallel`]: construction sync, taps, buckets, `backward`, `no_sync`.
-//! - [`DdpConfig`]: bucket caps, buffer broadcast, compression, timeline, collectives.
+//! - [`DdpConfig`]: bucket caps, buffer broadcast, timeline, collectives.
 //! - `join`: uneven inputs, the per-step round and [`join`](DistributedDataParallel::join).
 //! - `guard`: errors are final (abort the group, poison the wrapper).
 //! - `record`: writing the step timeline file.
@@ -13,11 +13,11 @@
 //! - `boundary`: [`layer_boundary`](crate::layer_boundary), opt-in marks in a model's forward.
 //! - `reducer`: the bucket bookkeeping and how a bucket is reduced; `reducible`: the dtypes it
 //!   reduces.
-//! - [`bucket`]: the bucketing rule; [`hooks`]: communication hooks.
+//! - `bucket`: the bucketing rule; [`hooks`]: communication hooks.
 //! - `timeline`: per-step statistics and the Chrome-trace timeline.
 
 pub(crate) mod boundary;
-pub mod bucket;
+pub(crate) mod bucket;
 mod buffers;
 mod config;
 mod guard;
@@ -33,5 +33,5 @@ pub(crate) mod tap;
 pub(crate) mod timeline;
 mod wrapper;
 
-pub use config::{Collectives, DdpConfig, GradientCompression, HostStaging};
+pub use config::{Collectives, DdpConfig, HostStaging};
 pub use wrapper::DistributedDataParallel;

@@ -1,5 +1,5 @@
 //! Which [`BucketReduction`] reduces the buckets ([`DdpConfig::collectives`],
-//! [`DdpConfig::host_staging`], [`DdpConfig::compression`]), and the [`Reducer`] that feeds it.
+//! [`DdpConfig::host_staging`], the registered communication hook), and the [`Reducer`] that feeds it.
 //!
 //! - NCCL on the GPU ([`NcclReduction`](crate::ddp::reducer::NcclReduction), feature `cuda`) when the
 //!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
@@ -7,8 +7,8 @@
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
 //!   the GPU.
 
-use super::config::{Collectives, DdpConfig, GradientCompression, HostStaging};
-use crate::ddp::hooks::{Bf16CompressHook, CommHook, Fp16CompressHook};
+use super::config::{Collectives, DdpConfig, HostStaging};
+use crate::ddp::hooks::CommHook;
 use crate::ddp::params::ParamTable;
 use crate::ddp::reducer::{
     BucketReduction, HookReduction, HostReduction, LocalReduction, Reducer, StagedReduction,
@@ -22,10 +22,10 @@ use std::sync::Arc;
 /// [`register_comm_hook`](crate::DistributedDataParallel::register_comm_hook), if any: the one
 /// place that decides how buckets are reduced, at construction and when a hook is registered.
 ///
-/// A hook (the registered one, or [`DdpConfig::compression`]'s) runs on the CPU transports and
-/// reads each gradient on its own, so a config asking for more than that would be ignored:
-/// [`Collectives::Nccl`], [`HostStaging::PerBucket`], or compression beside a registered hook
-/// are [`DdpError::InvalidConfig`], saying what to change.
+/// A hook (fp16/bf16 compression, PowerSGD, your own) runs on the CPU transports and reads each
+/// gradient on its own, so a config asking for more than that would be ignored:
+/// [`Collectives::Nccl`] and [`HostStaging::PerBucket`] beside a hook are
+/// [`DdpError::InvalidConfig`], saying what to change.
 ///
 /// # Collective
 /// Without a hook every rank calls it (the ranks agree on NCCL); with one it is local.
@@ -57,49 +57,27 @@ pub(super) fn choose_reduction<I: Backend>(
     })
 }
 
-/// The hook that reduces f32 buckets: the registered one or the compression's (`None`: the
-/// built-in exact average). Every setting the hook would make DDP ignore is an error.
+/// The registered hook, if any (`None`: the built-in exact average). Every setting the hook
+/// would make DDP ignore is an error.
 fn chosen_hook(
     config: &DdpConfig,
     registered: Option<Box<dyn CommHook>>,
 ) -> Result<Option<Box<dyn CommHook>>, DdpError> {
-    let compression = config.compression;
-    let (hook, what): (Box<dyn CommHook>, String) = match (registered, compression) {
-        (None, GradientCompression::None) => return Ok(None),
-        (Some(_), GradientCompression::Fp16 | GradientCompression::Bf16) => {
-            return Err(DdpError::InvalidConfig(format!(
-                "register_comm_hook: DdpConfig::compression is {compression:?}, which is itself \
-                 a hook; set it to None to register another one"
-            )));
-        }
-        (Some(hook), GradientCompression::None) => {
-            (hook, "register_comm_hook: a communication hook".to_string())
-        }
-        (None, GradientCompression::Fp16) => (
-            Box::new(Fp16CompressHook),
-            format!("compression {compression:?} is a communication hook, which"),
-        ),
-        (None, GradientCompression::Bf16) => (
-            Box::new(Bf16CompressHook),
-            format!("compression {compression:?} is a communication hook, which"),
-        ),
+    let Some(hook) = registered else {
+        return Ok(None);
     };
-    let instead = if compression == GradientCompression::None {
-        "register no hook"
-    } else {
-        "set compression to None"
-    };
+    let what = format!("register_comm_hook: the {} hook", hook.name());
     if config.collectives == Collectives::Nccl {
         return Err(DdpError::InvalidConfig(format!(
             "{what} runs on the CPU transports, which Collectives::Nccl would skip; use \
-             Collectives::Auto or Host, or {instead} to reduce with NCCL"
+             Collectives::Auto or Host, or register no hook to reduce with NCCL"
         )));
     }
     if config.host_staging == HostStaging::PerBucket {
         return Err(DdpError::InvalidConfig(format!(
             "{what} reads each gradient to the host on its own, so HostStaging::PerBucket \
-             would be ignored; use HostStaging::Auto or PerGradient, or {instead} to stage \
-             whole buckets"
+             would be ignored; use HostStaging::Auto or PerGradient, or register no hook to \
+             stage whole buckets"
         )));
     }
     Ok(Some(hook))

@@ -167,7 +167,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// keyed by its ids from now on, so load the optimizer state that belongs to it.
     ///
     /// The documented resume path is simpler: load the checkpoint into the model before
-    /// wrapping it (see [`Checkpointer::load_latest`](crate::Checkpointer::load_latest)).
+    /// wrapping it (see [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest)).
     ///
     /// # Collective
     /// Every rank calls it, between steps (outputs of earlier forwards can no longer be used).
@@ -215,8 +215,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// forward.
     ///
     /// # Errors
-    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, with
-    /// [`DdpConfig::compression`] set (compression is itself a hook), and with
+    /// [`DdpError::InvalidConfig`] after the first forward, for a second hook, and with
     /// [`Collectives::Nccl`] or [`HostStaging::PerBucket`], which a hook would make DDP ignore
     /// (it runs on the CPU transports and reads each gradient on its own).
     ///
@@ -640,7 +639,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.last_stats.as_ref()
     }
 
-    /// Global slot lists per bucket (for tests and diagnostics).
+    /// Global slot lists per bucket (a test hook: feature `test-hooks`).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn bucket_assignment(&self) -> Vec<Vec<usize>> {
         self.reducer.bucket_slots()
     }

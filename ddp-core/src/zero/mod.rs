@@ -16,7 +16,7 @@
 //! use burn::nn::{Linear, LinearConfig, loss::MseLoss, loss::Reduction};
 //! use burn::optim::AdamConfig;
 //! use burn::tensor::Tensor;
-//! use ddp_core::{DdpConfig, DistributedDataParallel, ZeroRedundancyOptimizer, init_from_env};
+//! use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env, zero::ZeroRedundancyOptimizer};
 //!
 //! type B = Autodiff<Flex>;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,7 +48,7 @@
 //! # use burn::backend::{Autodiff, Flex};
 //! # use burn::nn::{Linear, LinearConfig};
 //! # use burn::optim::AdamConfig;
-//! # use ddp_core::{DdpConfig, DistributedDataParallel, ZeroRedundancyOptimizer, init_from_env};
+//! # use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env, zero::ZeroRedundancyOptimizer};
 //! # type B = Autodiff<Flex>;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let model: Linear<B> = LinearConfig::new(4, 1).init(&Default::default());
@@ -79,7 +79,7 @@
 //!
 //! Checkpoints: save with [`ZeroRedundancyOptimizer::save_checkpoint`] (rank 0 gathers the
 //! shards into one record, the one plain Adam would have); resume with
-//! [`Checkpointer::load_latest`](crate::Checkpointer::load_latest) into the wrapper, at any
+//! [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) into the wrapper, at any
 //! world size.
 
 mod consolidate;

@@ -7,7 +7,7 @@ use super::partition::Partition;
 use super::stage2::{
     GradLayout, LocalGradientsHook, ZeroStage, all_gather_params, reduce_scatter_grads,
 };
-use crate::checkpoint::{Checkpointer, SavedCheckpoint, TrainingState};
+use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
 use crate::{DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
@@ -46,7 +46,7 @@ struct Plan {
 ///   SGD with momentum, per-tensor gradient clipping: every burn `OptimizerAdaptor`).
 /// - **Checkpoints.** [`save_checkpoint`](Self::save_checkpoint) gathers the shards on rank 0
 ///   into the record the unsharded optimizer would have (keyed by `ParamId`) and saves it with
-///   the [`Checkpointer`]. [`Checkpointer::load_latest`] loads it on every rank; each rank keeps
+///   the [`FullCheckpointer`]. [`FullCheckpointer::load_latest`] loads it on every rank; each rank keeps
 ///   the entries of its own shard at its next step, under the partition of the current world
 ///   size. So a run saved at one world size resumes at another, and a checkpoint of plain DDP
 ///   resumes with ZeRO and back.
@@ -202,17 +202,17 @@ where
     }
 
     /// Saves a checkpoint with the full optimizer state: gathers the shards on rank 0
-    /// ([`consolidate_state`](Self::consolidate_state)), calls [`Checkpointer::save`], then
+    /// ([`consolidate_state`](Self::consolidate_state)), calls [`FullCheckpointer::save`], then
     /// frees the gathered copy.
     ///
     /// # Collective
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// Those of [`consolidate_state`](Self::consolidate_state) and [`Checkpointer::save`].
+    /// Those of [`consolidate_state`](Self::consolidate_state) and [`FullCheckpointer::save`].
     pub fn save_checkpoint(
         &mut self,
-        checkpointer: &Checkpointer,
+        checkpointer: &FullCheckpointer,
         module: &M,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint, ZeroError> {
@@ -480,7 +480,7 @@ where
     }
 
     /// The full state on rank 0 after [`consolidate_state`](Self::consolidate_state) (what
-    /// [`Checkpointer::save`] writes); otherwise this rank's shard only (with a warning when
+    /// [`FullCheckpointer::save`] writes); otherwise this rank's shard only (with a warning when
     /// the state is sharded over several ranks).
     fn to_record(&self) -> Self::Record {
         if let Some(full) = &self.consolidated {

@@ -10,7 +10,7 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 use ddp_core::amp::{GradScalerConfig, GradScalerState, ScaledStep, autocast};
-use ddp_core::{AmpError, DdpConfig, DistributedDataParallel, ZeroRedundancyOptimizer};
+use ddp_core::{DdpConfig, DistributedDataParallel, amp::AmpError, zero::ZeroRedundancyOptimizer};
 
 const HIDDEN: usize = 16;
 /// Samples per global step, split evenly over 1, 2 or 3 ranks.

@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::Optimizer;
 use burn::tensor::Tensor;
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, Checkpointer, PARAM_IDS_FILE, Resumed, TrainingState,
+    CheckpointConfig, CheckpointError, FullCheckpointer, PARAM_IDS_FILE, Resumed, TrainingState,
     checkpoint_name,
 };
 use std::collections::BTreeMap;
@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 fn ranks_saving_different_steps_fail_together() {
     let dir = tempfile::tempdir().expect("tempdir");
     let errors = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
         let model = Mlp::<B>::new(&Default::default(), 4);
         ckpt.save(
             &model,
@@ -63,7 +64,7 @@ fn per_rank_round_trip(shared_filesystem: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = CheckpointConfig::new(dir.path()).with_shared_filesystem(shared_filesystem);
     let saved_ids = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(config.clone(), pg.clone()).expect("new");
+        let ckpt = FullCheckpointer::new(config.clone(), pg.clone()).expect("new");
         let model = Mlp::<B>::new(&Default::default(), 4);
         let state = TrainingState::new(3, 42)
             .with_rng(&(7u64, 1024u64))
@@ -79,7 +80,7 @@ fn per_rank_round_trip(shared_filesystem: bool) {
     .expect("param ids");
     assert_eq!(file, saved_ids[0], "param_ids.json holds rank 0's ids");
     let resumed: Vec<(Resumed, BTreeMap<String, u64>)> = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(config.clone(), pg.clone()).expect("new");
+        let ckpt = FullCheckpointer::new(config.clone(), pg.clone()).expect("new");
         let (outcome, model) = load_latest_fresh(&ckpt);
         (outcome.into_resumed().expect("resumed"), ids(&model))
     });
@@ -118,7 +119,7 @@ fn optimizer_state_is_restored_exactly() {
     let dir = tempfile::tempdir().expect("tempdir");
     run_ranks(1, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         let step = |model: Mlp<B>, optim: &mut Adam, idx: &[usize]| {
             let (x, y) = batch(idx, &device);
             let loss = burn::nn::loss::MseLoss::new().forward(
@@ -165,7 +166,7 @@ fn run_config_changes_warn_or_fail_when_strict() {
         let config = CheckpointConfig::new(dir.path())
             .with_run_config(&Run { lr: 0.1 })
             .expect("hash");
-        let ckpt = Checkpointer::new(config, pg.clone()).expect("new");
+        let ckpt = FullCheckpointer::new(config, pg.clone()).expect("new");
         save_random(&ckpt, TrainingState::new(0, 1));
     });
     let changed = || {
@@ -174,7 +175,7 @@ fn run_config_changes_warn_or_fail_when_strict() {
             .expect("hash")
     };
     let lenient = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(changed(), pg).expect("new");
+        let ckpt = FullCheckpointer::new(changed(), pg).expect("new");
         capture_logs(|| load_latest_fresh(&ckpt).0)
     });
     assert!(lenient[0].0.resumed().is_some());
@@ -184,7 +185,7 @@ fn run_config_changes_warn_or_fail_when_strict() {
         lenient[0].1
     );
     let strict = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(changed().with_strict_run_config(true), pg).expect("new");
+        let ckpt = FullCheckpointer::new(changed().with_strict_run_config(true), pg).expect("new");
         let device = Default::default();
         ckpt.load_latest(&device, &mut Mlp::<B>::new(&device, 4), &mut adam())
             .expect_err("strict mismatch")

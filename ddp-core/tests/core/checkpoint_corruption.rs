@@ -4,7 +4,7 @@ use crate::checkpoint_common::*;
 use crate::common::*;
 use burn::optim::AdamConfig;
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, Checkpointer, InvalidReason, LoadOutcome, MODEL_FILE,
+    CheckpointConfig, CheckpointError, FullCheckpointer, InvalidReason, LoadOutcome, MODEL_FILE,
     OPTIMIZER_FILE, TrainingState, checkpoint_name,
 };
 use std::path::Path;
@@ -14,7 +14,8 @@ use std::path::Path;
 fn save_two(dir: &Path) -> (Vec<f32>, Vec<f32>) {
     let mut out = run_ranks(1, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
         let mut ddp = ddp_core::DistributedDataParallel::new(
             Mlp::<B>::new(&device, HIDDEN),
             pg,
@@ -47,7 +48,7 @@ fn load(dir: &Path) -> (LoadOutcome, Vec<f32>, String) {
     let mut out = run_ranks(1, |pg| {
         capture_logs(|| {
             let device = Default::default();
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg).expect("checkpointer");
+            let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg).expect("checkpointer");
             let mut model = Mlp::<B>::new(&device, HIDDEN);
             let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
             let outcome = ckpt
@@ -175,7 +176,8 @@ fn loading_a_named_corrupt_checkpoint_is_an_error_naming_the_file() {
         .expect("truncate");
     let errors = run_ranks(2, |pg| {
         let device = burn::tensor::Device::<B>::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("checkpointer");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("checkpointer");
         let mut model = Mlp::<B>::new(&device, HIDDEN);
         let before = flat_params(&model);
         let mut optim = AdamConfig::new().init::<B, Mlp<B>>();

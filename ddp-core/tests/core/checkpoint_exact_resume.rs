@@ -192,7 +192,7 @@ fn resume_with_a_directory_per_rank_is_bitwise_exact_world_2() {
 /// whose order differs between maps: eight saves would almost surely show it).
 #[test]
 fn identical_runs_write_identical_model_bytes() {
-    use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, MODEL_FILE, TrainingState};
+    use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, MODEL_FILE, TrainingState};
     let init = init_bytes();
     let model_bytes = |dir: &std::path::Path| -> Vec<u8> {
         let ckpt =
@@ -218,7 +218,7 @@ fn identical_runs_write_identical_model_bytes() {
     run_ranks(1, |pg| {
         let model = load_init(&init);
         for dir in &dirs {
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone())
+            let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone())
                 .expect("checkpointer");
             ckpt.save(&model, &adam(), &TrainingState::new(0, 1))
                 .expect("save");

@@ -4,7 +4,7 @@ use crate::common::*;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::AdamConfig;
 use burn::tensor::Tensor;
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, MODEL_FILE, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, MODEL_FILE, TrainingState};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -74,7 +74,8 @@ fn python_safetensors_reads_names_shapes_and_values() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = run_ranks(1, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("checkpointer");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("checkpointer");
         let model = Mlp::<B>::new(&device, 5);
         let optim = AdamConfig::new().init::<B, Mlp<B>>();
         let saved = ckpt

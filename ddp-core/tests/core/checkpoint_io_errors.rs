@@ -5,7 +5,7 @@
 use crate::checkpoint_common::*;
 use crate::common::*;
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, Checkpointer, InvalidReason, LATEST_FILE, MODEL_FILE,
+    CheckpointConfig, CheckpointError, FullCheckpointer, InvalidReason, LATEST_FILE, MODEL_FILE,
     TrainingState, checkpoint_name, clear_read_error, inject_read_error,
 };
 use std::path::Path;
@@ -23,7 +23,7 @@ fn save_steps(dir: &Path, steps: &[u64], keep: Option<usize>) {
         if let Some(k) = keep {
             config = config.with_keep_last(k);
         }
-        let ckpt = Checkpointer::new(config, pg).expect("new");
+        let ckpt = FullCheckpointer::new(config, pg).expect("new");
         for &step in steps {
             save_random(&ckpt, TrainingState::new(0, step));
         }
@@ -37,7 +37,7 @@ fn an_eio_on_the_newest_checkpoint_fails_the_load_and_nothing_moves_backwards() 
     let model = dir.path().join(checkpoint_name(3)).join(MODEL_FILE);
     inject_read_error(&model, libc::EIO);
     let errors = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         let device = Default::default();
         let mut m = Mlp::<B>::new(&device, 4);
         let mut optim = adam();
@@ -66,7 +66,7 @@ fn an_eio_on_the_newest_checkpoint_fails_the_load_and_nothing_moves_backwards() 
     // Nothing was written or moved, and once the error is gone the run resumes from step 3.
     assert_eq!(latest(dir.path()), checkpoint_name(3));
     let name = run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         let (outcome, _) = load_latest_fresh(&ckpt);
         outcome.resumed().expect("resumed").info.name.clone()
     })
@@ -79,7 +79,7 @@ fn a_save_below_a_newer_valid_checkpoint_is_refused_and_latest_stays() {
     let dir = tempfile::tempdir().expect("tempdir");
     save_steps(dir.path(), &[10, 20, 30], None);
     let err = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         // Resume from an older one (as a fallback would), then save above it.
         let device = Default::default();
         let mut m = Mlp::<B>::new(&device, 4);
@@ -112,7 +112,7 @@ fn a_corrupt_newest_checkpoint_falls_back_and_is_pruned_by_the_next_save() {
     bytes[last] ^= 0xff;
     std::fs::write(&model, bytes).expect("corrupt");
     let (resumed, saved) = run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()).with_keep_last(2), pg)
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()).with_keep_last(2), pg)
             .expect("new");
         let (outcome, _) = load_latest_fresh(&ckpt);
         let resumed = outcome.into_resumed().expect("resumed");
@@ -146,7 +146,7 @@ fn a_complete_checkpoint_newer_than_latest_is_loaded() {
     .expect("write latest");
     let (name, log) = run_ranks(1, |pg| {
         capture_logs(|| {
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+            let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
             let (outcome, _) = load_latest_fresh(&ckpt);
             outcome.resumed().expect("resumed").info.name.clone()
         })
@@ -163,7 +163,7 @@ fn load_refuses_names_that_leave_the_checkpoint_directory() {
     let other = root.path().join("other");
     save_steps(&other, &[1], None);
     let errors = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(&run), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(&run), pg).expect("new");
         let device = Default::default();
         let mut m = Mlp::<B>::new(&device, 4);
         let mut optim = adam();

@@ -3,7 +3,7 @@
 use crate::checkpoint_common::*;
 use crate::common::*;
 use ddp_core::checkpoint::{
-    CheckpointConfig, Checkpointer, InvalidReason, LATEST_FILE, LoadOutcome, TrainingState,
+    CheckpointConfig, FullCheckpointer, InvalidReason, LATEST_FILE, LoadOutcome, TrainingState,
     checkpoint_name,
 };
 use std::path::Path;
@@ -19,7 +19,7 @@ fn latest(dir: &Path) -> String {
 fn keep_last_k_and_the_latest_pointer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let results = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(
+        let ckpt = FullCheckpointer::new(
             CheckpointConfig::new(dir.path()).with_keep_last(2),
             pg.clone(),
         )
@@ -76,7 +76,8 @@ fn keep_last_k_and_the_latest_pointer() {
 fn latest_naming_a_missing_checkpoint_falls_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
         for step in 1..=3 {
             save_random(&ckpt, TrainingState::new(0, step));
         }
@@ -84,7 +85,7 @@ fn latest_naming_a_missing_checkpoint_falls_back() {
     std::fs::remove_dir_all(dir.path().join(checkpoint_name(3))).expect("remove step 3");
 
     let outcome = run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         load_latest_fresh(&ckpt).0
     })
     .remove(0);
@@ -112,7 +113,7 @@ fn leftovers_of_an_interrupted_write_are_removed_at_start() {
     std::fs::create_dir(dir.path().join(".trash-step-0000000001-4242")).expect("mkdir");
     let (outcome, log) = run_ranks(1, |pg| {
         capture_logs(|| {
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+            let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
             load_latest_fresh(&ckpt).0
         })
     })
@@ -134,7 +135,7 @@ fn fresh_start_in_a_new_directory_is_reported() {
     let sub = dir.path().join("runs").join("digits");
     let (outcome, log) = run_ranks(2, |pg| {
         capture_logs(|| {
-            let ckpt = Checkpointer::new(CheckpointConfig::new(&sub), pg).expect("new");
+            let ckpt = FullCheckpointer::new(CheckpointConfig::new(&sub), pg).expect("new");
             let device = Default::default();
             let mut model = Mlp::<B>::new(&device, 4);
             let before = flat_params(&model);
@@ -166,7 +167,8 @@ fn fresh_start_in_a_new_directory_is_reported() {
 fn saving_the_same_step_twice_replaces_the_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (second, loaded) = run_ranks(1, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
         save_random(&ckpt, TrainingState::new(0, 1));
         let (_, second) = save_random(&ckpt, TrainingState::new(1, 1));
         let (outcome, model) = load_latest_fresh(&ckpt);

@@ -2,7 +2,7 @@
 //! and 4 with the exact saved state, and training goes on as an uninterrupted run; a missing
 //! or altered shard is skipped for the previous checkpoint; a SIGKILL before the commit keeps
 //! the previous checkpoint; a sharded checkpoint converts to a full one the rank-0
-//! `Checkpointer` loads.
+//! `FullCheckpointer` loads.
 use crate::common::*;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -12,12 +12,13 @@ use ddp_core::checkpoint::sharded::{
     model_shard_file, optimizer_shard_file,
 };
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, Checkpointer, InvalidReason, LATEST_FILE, LoadOutcome,
+    CheckpointConfig, CheckpointError, FullCheckpointer, InvalidReason, LATEST_FILE, LoadOutcome,
     TEST_CRASH_AT_ENV, TrainingState, checkpoint_name,
 };
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, ShardedCheckpointError, ShardedCheckpointer,
-    ZeroRedundancyOptimizer,
+    DdpConfig, DistributedDataParallel,
+    checkpoint::sharded::{ShardedCheckpointError, ShardedCheckpointer},
+    zero::ZeroRedundancyOptimizer,
 };
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -67,7 +68,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     }
 }
 
-fn ddp(model: Mlp<B>, pg: &ddp_core::ProcessGroup) -> DistributedDataParallel<B, Mlp<B>> {
+fn ddp(model: Mlp<B>, pg: &ddp_core::comm::ProcessGroup) -> DistributedDataParallel<B, Mlp<B>> {
     DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).expect("ddp")
 }
 
@@ -76,12 +77,12 @@ fn other_model() -> Mlp<B> {
     Mlp::seeded(&Default::default(), HIDDEN, SEED + 100)
 }
 
-fn sharded(dir: &Path, pg: &ddp_core::ProcessGroup) -> ShardedCheckpointer {
+fn sharded(dir: &Path, pg: &ddp_core::comm::ProcessGroup) -> ShardedCheckpointer {
     ShardedCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("sharded checkpointer")
 }
 
-fn full(dir: &Path, pg: &ddp_core::ProcessGroup) -> Checkpointer {
-    Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer")
+fn full(dir: &Path, pg: &ddp_core::comm::ProcessGroup) -> FullCheckpointer {
+    FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer")
 }
 
 fn bitwise(a: &[f32], b: &[f32]) -> bool {
@@ -563,7 +564,7 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
         (name.as_str(), SAVE_AT as u64)
     );
 
-    // The rank-0 Checkpointer resumes from it at world 1, and training goes on exactly as from
+    // The rank-0 FullCheckpointer resumes from it at world 1, and training goes on exactly as from
     // the shards and as from ZeRO's own consolidated checkpoint.
     let from_full = resume_plain(1, &Source::Full(full_dir.path())).remove(0);
     let from_shards = resume_plain(1, &Source::Sharded(dir.path())).remove(0);

@@ -2,8 +2,8 @@
 //! translated by global sample count when exact (ddp-data), and refused otherwise.
 use crate::checkpoint_common::*;
 use crate::common::*;
-use ddp_core::DataError;
-use ddp_core::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, LoadOutcome};
+use ddp_core::checkpoint::{CheckpointConfig, CheckpointError, FullCheckpointer, LoadOutcome};
+use ddp_core::data::DataError;
 
 fn epoch_order(world: usize, rank: usize, epoch: u64) -> Vec<usize> {
     let mut sampler = sampler_config(world, rank)
@@ -34,7 +34,7 @@ fn two_ranks_mid_epoch_resume_on_one_rank_at_the_right_global_sample() {
 
     let (resumed, remaining, params) = run_ranks(1, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
         let mut model = Mlp::<B>::new(&device, HIDDEN);
         let mut optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
         let LoadOutcome::Resumed(resumed) = ckpt
@@ -115,7 +115,8 @@ fn an_inexact_translation_is_refused_with_ddp_datas_error() {
     });
     let errors = run_ranks(2, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
         let mut model = Mlp::<B>::new(&device, HIDDEN);
         let mut optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
         let resumed = ckpt
@@ -166,7 +167,8 @@ fn resharded_restore_continues_an_inexact_move_with_every_sample_once() {
     let consumed = epoch_order(1, 0, 0)[..3].to_vec();
     let per_rank = run_ranks(2, |pg| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).expect("new");
         let mut model = Mlp::<B>::new(&device, HIDDEN);
         let mut optim = burn::optim::AdamConfig::new().init::<B, Mlp<B>>();
         let resumed = ckpt

@@ -6,7 +6,8 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
 use burn::optim::SgdConfig;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use ddp_core::{DdpConfig, DistributedDataParallel, GradientCompression, layer_boundary};
+use ddp_core::hooks::{Bf16CompressHook, Fp16CompressHook};
+use ddp_core::{DdpConfig, DistributedDataParallel, layer_boundary};
 
 /// Three layers with boundaries between them when `marked`.
 #[derive(Module, Debug)]
@@ -45,10 +46,35 @@ fn initial_deep() -> Deep<B> {
 /// Trains from one initial model: burn's RNG is global, so models created concurrently on rank
 /// threads would depend on the interleaving.
 fn train_deep_from(initial: &Deep<B>, marked: bool, config: DdpConfig) -> Vec<(Vec<f32>, usize)> {
+    train_deep(initial, marked, config, None)
+}
+
+/// The half-precision compression hooks.
+#[derive(Debug, Clone, Copy)]
+enum Compress {
+    Fp16,
+    Bf16,
+}
+
+fn register(ddp: &mut DistributedDataParallel<B, Deep<B>>, compress: Option<Compress>) {
+    match compress {
+        Some(Compress::Fp16) => ddp.register_comm_hook(Fp16CompressHook).unwrap(),
+        Some(Compress::Bf16) => ddp.register_comm_hook(Bf16CompressHook).unwrap(),
+        None => {}
+    }
+}
+
+fn train_deep(
+    initial: &Deep<B>,
+    marked: bool,
+    config: DdpConfig,
+    compress: Option<Compress>,
+) -> Vec<(Vec<f32>, usize)> {
     run_ranks(2, |pg| {
         let device = Default::default();
         let rank = pg.rank();
         let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config.clone()).unwrap();
+        register(&mut ddp, compress);
         let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
         let mut early = 0;
         for step in 0..4 {
@@ -106,8 +132,8 @@ fn layer_boundary_outside_ddp_is_the_identity() {
 fn fp16_and_bf16_compression_stay_close_and_identical_across_ranks() {
     let initial = initial_deep();
     let exact = train_deep_from(&initial, false, DdpConfig::new());
-    for c in [GradientCompression::Fp16, GradientCompression::Bf16] {
-        let got = train_deep_from(&initial, false, DdpConfig::new().with_compression(c));
+    for c in [Compress::Fp16, Compress::Bf16] {
+        let got = train_deep(&initial, false, DdpConfig::new(), Some(c));
         assert_eq!(got[0].0, got[1].0, "{c:?}: replicas identical");
         // Relative to the weights' scale: half precision keeps ~3 significant digits, so a
         // weight near zero can differ by more than itself.
@@ -674,8 +700,8 @@ fn hook_buckets_report_their_communication_time() {
     let initial = initial_deep();
     let comm = run_ranks(2, |pg| {
         let device = Default::default();
-        let config = small_buckets().with_compression(GradientCompression::Fp16);
-        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, small_buckets()).unwrap();
+        register(&mut ddp, Some(Compress::Fp16));
         let (x, y) = batch(&[0, 1, 2], &device);
         let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
         ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))

@@ -4,11 +4,14 @@ use crate::common::*;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome};
-use ddp_core::hooks::{CommHook, GradBucket, HookError, PowerSgdConfig};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome};
+use ddp_core::hooks::{
+    Bf16CompressHook, CommHook, Fp16CompressHook, GradBucket, HookError, PowerSgdConfig,
+};
 use ddp_core::{
-    DdpConfig, DdpError, DistributedDataParallel, GradientCompression, HostStaging, ProcessGroup,
-    ReduceOp, TrainingState,
+    DdpConfig, DdpError, DistributedDataParallel, HostStaging,
+    checkpoint::TrainingState,
+    comm::{ProcessGroup, ReduceOp},
 };
 
 /// A model whose weights are drawn now, from a seed (burn initialises lazily: clones of a fresh
@@ -65,7 +68,7 @@ fn train_uneven(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<(Vec<f
         // Rank 0's checkpoint (model and Adam state), written after join, is everyone's: every
         // rank resumes from it and trains on.
         let ckpt =
-            Checkpointer::new(CheckpointConfig::new(dir), ddp.process_group().clone()).unwrap();
+            FullCheckpointer::new(CheckpointConfig::new(dir), ddp.process_group().clone()).unwrap();
         ckpt.save(ddp.module(), &adam, &TrainingState::new(1, 0))
             .unwrap();
         let mut model = ddp.module().clone();
@@ -311,7 +314,7 @@ fn a_failing_hook_is_named_on_its_rank_and_its_peer_fails_at_once() {
 }
 
 #[test]
-fn hooks_are_registered_before_the_first_forward_and_not_with_compression() {
+fn hooks_are_registered_once_before_the_first_forward() {
     let initial = model(8);
     run_ranks(1, |pg| {
         let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
@@ -323,12 +326,12 @@ fn hooks_are_registered_before_the_first_forward_and_not_with_compression() {
         assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
     });
     run_ranks(1, |pg| {
-        let config = DdpConfig::new().with_compression(ddp_core::GradientCompression::Fp16);
-        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        ddp.register_comm_hook(Fp16CompressHook).unwrap();
         let err = ddp
             .register_comm_hook(PowerSgdConfig::new().init().unwrap())
             .unwrap_err();
-        assert!(err.to_string().contains("compression"), "{err}");
+        assert!(err.to_string().contains("register one hook"), "{err}");
     });
     assert!(PowerSgdConfig::new().with_start_iter(1).init().is_err());
     assert!(PowerSgdConfig::new().with_rank(0).init().is_err());
@@ -337,7 +340,7 @@ fn hooks_are_registered_before_the_first_forward_and_not_with_compression() {
 /// A hook reads each gradient to the host and runs on the CPU transports, so settings asking
 /// for more are refused, naming what to change, instead of being silently ignored.
 #[test]
-fn hooks_and_compression_refuse_settings_they_would_ignore() {
+fn hooks_refuse_settings_they_would_ignore() {
     let initial = model(8);
     let per_bucket = || DdpConfig::new().with_host_staging(HostStaging::PerBucket);
     // A registered hook with per-bucket staging.
@@ -350,14 +353,18 @@ fn hooks_and_compression_refuse_settings_they_would_ignore() {
         assert!(err.to_string().contains("HostStaging::PerBucket"), "{err}");
         assert!(err.to_string().contains("PerGradient"), "{err}");
     });
-    // Compression (itself a hook) with per-bucket staging: refused at construction.
-    for compression in [GradientCompression::Fp16, GradientCompression::Bf16] {
+    // The compression hooks with per-bucket staging.
+    for bf16 in [false, true] {
         run_ranks(2, |pg| {
-            let config = per_bucket().with_compression(compression);
-            let err = DistributedDataParallel::new(initial.clone(), pg, config).unwrap_err();
+            let mut ddp = DistributedDataParallel::new(initial.clone(), pg, per_bucket()).unwrap();
+            let err = if bf16 {
+                ddp.register_comm_hook(Bf16CompressHook).unwrap_err()
+            } else {
+                ddp.register_comm_hook(Fp16CompressHook).unwrap_err()
+            };
             assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
             assert!(err.to_string().contains("HostStaging::PerBucket"), "{err}");
-            assert!(err.to_string().contains("compression to None"), "{err}");
+            assert!(err.to_string().contains("register no hook"), "{err}");
         });
     }
     // Settings a hook honours are accepted.

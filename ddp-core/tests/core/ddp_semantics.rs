@@ -12,8 +12,8 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome};
-use ddp_core::{DdpConfig, DdpError, DistributedDataParallel, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome};
+use ddp_core::{DdpConfig, DdpError, DistributedDataParallel, checkpoint::TrainingState};
 use std::time::{Duration, Instant};
 
 /// Largest difference relative to the largest value: for comparisons with a reference whose
@@ -526,7 +526,8 @@ fn a_checkpoint_loaded_into_the_wrapped_model_is_what_trains() {
         // Save a checkpoint of `saved_init` (rank 0 writes it).
         run_ranks(world, |pg| {
             let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &saved_init);
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+            let ckpt =
+                FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
             let ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
             let optim = SgdConfig::new().init::<B, Mlp<B>>();
             ckpt.save(ddp.module(), &optim, &TrainingState::new(1, 0))
@@ -547,7 +548,8 @@ fn a_checkpoint_loaded_into_the_wrapped_model_is_what_trains() {
         let reference = flat_params(&model);
         let ranks = run_ranks(world, |pg| {
             let rank = pg.rank();
-            let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+            let ckpt =
+                FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
             // Wrap other weights (other ids), train a step, then load the checkpoint into it.
             let model = from_bytes(Mlp::<B>::new(&Default::default(), 16), &other_init);
             let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();

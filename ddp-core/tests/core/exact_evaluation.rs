@@ -3,7 +3,7 @@
 //! equal those of one process scoring the whole set.
 use crate::common::run_ranks;
 use ddp_core::metrics::all_reduce_weighted_mean;
-use ddp_core::{EvalTotals, ExactShard};
+use ddp_core::{data::ExactShard, metrics::EvalTotals};
 
 /// Whether the "model" gets sample `i` right, and its loss: fixed, uneven over the indices.
 fn score(i: usize) -> (bool, f64) {

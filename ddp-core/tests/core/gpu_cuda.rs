@@ -12,7 +12,7 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use ddp_core::{Collectives, DdpConfig, DistributedDataParallel, HostStaging, ProcessGroup};
+use ddp_core::{Collectives, DdpConfig, DistributedDataParallel, HostStaging, comm::ProcessGroup};
 use std::io::Write;
 
 type G = Autodiff<Cuda>;
@@ -23,7 +23,7 @@ const PER_RANK: usize = 4;
 /// Fails, saying what is missing, unless this machine has a CUDA driver and a GPU.
 fn require_gpu() {
     assert!(
-        ddp_core::cuda_driver_present(),
+        ddp_core::comm::cuda_driver_present(),
         "no CUDA driver found (libcuda could not be loaded): this test needs an NVIDIA GPU"
     );
     assert!(

@@ -8,7 +8,6 @@ mod common;
 mod amp;
 mod checkpoint_collective;
 mod checkpoint_corruption;
-mod checkpoint_crash;
 mod checkpoint_exact_resume;
 mod checkpoint_interop;
 mod checkpoint_io_errors;

@@ -11,7 +11,8 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, SyncBatchNorm, SyncBatchNormBackend, SyncBatchNormGroup,
+    DdpConfig, DistributedDataParallel,
+    nn::{SyncBatchNorm, SyncBatchNormBackend, SyncBatchNormGroup},
 };
 
 const C: usize = 3;

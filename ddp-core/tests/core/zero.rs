@@ -11,9 +11,11 @@ use burn::optim::{Adam, AdamConfig, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, ProcessGroup, ZeroError, ZeroRedundancyOptimizer,
+    DdpConfig, DistributedDataParallel,
+    comm::ProcessGroup,
+    zero::{ZeroError, ZeroRedundancyOptimizer},
 };
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -224,7 +226,7 @@ const SAVE_AT: usize = 3;
 
 /// Trains from `init` with ZeRO for `0..SAVE_AT` and saves; returns this rank's parameters.
 fn train_and_save(pg: ProcessGroup, init: &[u8], dir: &Path) -> Vec<f32> {
-    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
     let mut ddp = DistributedDataParallel::new(mlp_from(init), pg, DdpConfig::new()).unwrap();
     let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
     train(&mut ddp, &mut optim, 0..SAVE_AT);
@@ -250,7 +252,7 @@ enum Resume {
 /// the ids of the parameters whose state the ZeRO optimizer holds (empty for `Plain`).
 fn resume(pg: ProcessGroup, dir: &Path, how: Resume) -> (Vec<f32>, BTreeSet<u64>) {
     let device = Default::default();
-    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
     let mut model = Mlp::<B>::new(&device, HIDDEN);
     let mut zero = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
     let mut plain: MlpAdam = adam();
@@ -359,7 +361,7 @@ fn a_plain_checkpoint_save_of_a_sharded_state_warns_and_save_checkpoint_does_not
     let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
         train(&mut ddp, &mut optim, 0..1);

@@ -14,10 +14,12 @@ use burn::optim::{AdamConfig, Optimizer, SgdConfig, SimpleOptimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::zero::LocalGradientsHook;
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, ProcessGroup, ZeroError, ZeroRedundancyOptimizer, ZeroStage,
+    DdpConfig, DistributedDataParallel,
+    comm::ProcessGroup,
+    zero::{ZeroError, ZeroRedundancyOptimizer, ZeroStage},
 };
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -362,7 +364,7 @@ fn stage2_checkpoint_resumes_bitwise_at_world_2_and_within_1e6_at_world_3() {
         .expect("steps");
     let dir = tempfile::tempdir().expect("tempdir");
     run_ranks(2, |pg| {
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut zero = ZeroRedundancyOptimizer::stage2(adam::<Mlp<B>>(), &mut ddp).unwrap();
         train(&mut ddp, &mut zero, 0..SAVE_AT);
@@ -372,7 +374,7 @@ fn stage2_checkpoint_resumes_bitwise_at_world_2_and_within_1e6_at_world_3() {
     // Resumed by hand: the stage set on the optimizer, the hook registered on DDP.
     let resume = |pg: ProcessGroup, dir: &Path| {
         let device = Default::default();
-        let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).unwrap();
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).unwrap();
         let mut model = Mlp::<B>::seeded(&device, HIDDEN, 99);
         let mut zero =
             ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone()).with_stage(ZeroStage::Two);

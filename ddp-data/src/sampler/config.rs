@@ -1,4 +1,4 @@
-//! Configuration of a [`DistributedSampler`](super::DistributedSampler). Its constructor,
+//! Configuration of a [`DistributedSampler`](crate::DistributedSampler). Its constructor,
 //! [`DistributedSamplerConfig::init`], is in `distributed.rs`: plain settings do not depend on
 //! the sampler they configure.
 
@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::DataError;
 
-/// Settings of a [`DistributedSampler`](super::DistributedSampler), with PyTorch's defaults:
+/// Settings of a [`DistributedSampler`](crate::DistributedSampler), with PyTorch's defaults:
 /// `shuffle = true`, `seed = 0`, `drop_last = false`.
 ///
 /// ```

@@ -1,21 +1,20 @@
-//! [`DistributedSampler`]: PyTorch's `DistributedSampler` semantics with a
+//! [`DistributedSampler`](crate::DistributedSampler): PyTorch's `DistributedSampler` semantics with a
 //! portable shuffle and resumable state.
 //!
-//! * [`config`]: [`DistributedSamplerConfig`], the builder-style settings.
-//! * [`distributed`]: the sampler.
-//! * [`exact_shard`]: [`ExactShard`], every index on exactly one rank (evaluation).
+//! The types are at the crate root; this module keeps the arithmetic behind them, public so
+//! that other code can reproduce an order exactly:
 //! * [`indices`]: the pure padding / striding arithmetic.
 //! * [`permutation`]: the exact, platform-independent shuffle.
-//! * [`state`]: [`SamplerState`] and how it is restored (also across world sizes).
+//!
+//! Files: `config.rs` ([`DistributedSamplerConfig`]),
+//! `distributed.rs` (the sampler), `exact_shard.rs` ([`ExactShard`](crate::ExactShard), every index on exactly one rank, for evaluation),
+//! `state.rs` ([`SamplerState`](crate::SamplerState) and how it is restored, also across world sizes).
 
-pub mod config;
-pub mod distributed;
-pub mod exact_shard;
+pub(crate) mod config;
+pub(crate) mod distributed;
+pub(crate) mod exact_shard;
 pub mod indices;
 pub mod permutation;
-pub mod state;
+pub(crate) mod state;
 
-pub use config::DistributedSamplerConfig;
-pub use distributed::DistributedSampler;
-pub use exact_shard::ExactShard;
-pub use state::SamplerState;
+pub(crate) use config::DistributedSamplerConfig;

@@ -228,11 +228,15 @@ pub(crate) struct ResumePoint {
 ///   state is rejected with [`DataError::WorldSizeChange`] (use
 ///   [`SamplerState::resharded_for`] to continue anyway). A state at the
 ///   start or the end of an epoch always translates (to the start or end).
-pub fn resume_position(saved: &SamplerState, current: &SamplerState) -> Result<usize, DataError> {
+#[cfg(test)]
+pub(crate) fn resume_position(
+    saved: &SamplerState,
+    current: &SamplerState,
+) -> Result<usize, DataError> {
     resume_point(saved, current).map(|point| point.position)
 }
 
-/// [`resume_position`] with the offset of the layout to continue in (nonzero
+/// `resume_position` with the offset of the layout to continue in (nonzero
 /// only for a resharded state loaded on the world size it was resharded for).
 pub(crate) fn resume_point(
     saved: &SamplerState,

@@ -20,8 +20,11 @@ use burn::optim::AdamConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
-use ddp_core::{DdpConfig, DistributedDataParallel, LaunchArgs, LaunchError, WorkerContext};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
+use ddp_core::{
+    DdpConfig, DistributedDataParallel,
+    launch::{LaunchArgs, LaunchError, WorkerContext},
+};
 
 type B = Autodiff<Flex>;
 
@@ -109,7 +112,7 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
     // After join every rank holds the same model and optimizer state: rank 0's checkpoint is
     // everyone's, at the job's step count (the same on every rank).
     let steps = (batches + answered) as u64;
-    let checkpoints = Checkpointer::new(CheckpointConfig::new(&args.checkpoint_dir), pg)?;
+    let checkpoints = FullCheckpointer::new(CheckpointConfig::new(&args.checkpoint_dir), pg)?;
     let saved = checkpoints.save(ddp.module(), &adam, &TrainingState::new(1, steps))?;
     if rank == 0 {
         println!("rank 0: checkpoint {}", saved.path.display());

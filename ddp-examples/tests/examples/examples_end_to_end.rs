@@ -133,7 +133,7 @@ fn digits_with_backend_cuda_trains_on_the_gpu_or_says_why_not() {
         return;
     }
     #[cfg(feature = "cuda")]
-    if !ddp_core::cuda_driver_present() {
+    if !ddp_core::comm::cuda_driver_present() {
         assert!(!ok, "{out}");
         assert!(err.contains("no CUDA driver found"), "{err}");
         eprintln!("skipping GPU training: no CUDA driver found (the error path was checked)");

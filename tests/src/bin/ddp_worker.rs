@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, SgdConfig};
 use ddp_core::TapBackend;
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup, init_from_env};
+use ddp_core::{DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env};
 use ddp_tests::fixtures::{
     Opt, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,
 };
@@ -39,7 +39,7 @@ fn run() -> Result<()> {
         #[cfg(feature = "cuda")]
         "cuda" => {
             anyhow::ensure!(
-                ddp_core::cuda_driver_present(),
+                ddp_core::comm::cuda_driver_present(),
                 "no CUDA driver found (libcuda could not be loaded)"
             );
             let device = burn::backend::cuda::CudaDevice::new(0);

@@ -19,10 +19,12 @@ use burn::optim::AdamConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Device, Tensor, TensorData};
 use clap::Parser;
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::{
-    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    LaunchArgs, LaunchError, WorkerContext, launch,
+    DdpConfig, DistributedDataParallel,
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
+    launch,
+    launch::{LaunchArgs, LaunchError, WorkerContext},
 };
 
 type B = Autodiff<Flex>;
@@ -81,7 +83,7 @@ fn train(ctx: WorkerContext, args: &Args) -> Result<()> {
         .build(InMemDataset::new(rows), sampler)?;
     let mut model: Linear<B> = LinearConfig::new(4, 1).init(&device);
     let mut optim = AdamConfig::new().init::<B, Linear<B>>();
-    let ckpt = Checkpointer::new(CheckpointConfig::new(&args.checkpoint_dir), pg.clone())?;
+    let ckpt = FullCheckpointer::new(CheckpointConfig::new(&args.checkpoint_dir), pg.clone())?;
     let (mut epoch0, mut step) = (0, 0);
     if let LoadOutcome::Resumed(r) = ckpt.load_latest(&device, &mut model, &mut optim)? {
         r.restore_loader(&mut loader)?;

@@ -112,7 +112,7 @@ fn processes_over_tcp_train_like_one_process_with_the_union_batch() {
 #[ignore = "needs an NVIDIA GPU and its driver; run with --features cuda -- --ignored on a GPU machine"]
 fn processes_sharing_one_gpu_train_like_one_process_with_the_union_batch() {
     assert!(
-        ddp_core::cuda_driver_present(),
+        ddp_core::comm::cuda_driver_present(),
         "no CUDA driver found (libcuda could not be loaded): this test needs an NVIDIA GPU"
     );
     type Gpu = burn::backend::Autodiff<burn::backend::Cuda>;

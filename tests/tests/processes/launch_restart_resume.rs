@@ -7,7 +7,8 @@ use std::path::Path;
 fn run(dir: &Path, name: &str, extra: &[&str], tail: &[&str]) -> (bool, String, Vec<u8>) {
     let ckpt = dir.join(format!("{name}-ckpt"));
     let out = dir.join(format!("{name}.bin"));
-    let mut cmd = crate::clean_env::program(env!("CARGO_BIN_EXE_restart_resume"));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_restart_resume"));
+    ddp_test_support::remove_job_env(&mut cmd);
     if !extra.contains(&"--nproc-per-node") {
         cmd.args(["--nproc-per-node", "2"]);
     }

@@ -2,8 +2,7 @@
 //! once per file. Each module is one former test file; `cargo test --test processes NAME`
 //! filters as before.
 
-mod clean_env;
-
+mod checkpoint_crash;
 mod comm_processes;
 mod ddp_processes;
 mod launch_restart_resume;

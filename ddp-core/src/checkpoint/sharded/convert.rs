@@ -1,5 +1,5 @@
 //! Turning a sharded checkpoint into a rank-0 full checkpoint, readable by
-//! [`Checkpointer::load_latest`](super::super::Checkpointer::load_latest) and by tools that
+//! [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) and by tools that
 //! expect one `model.safetensors`.
 
 use super::super::error::CheckpointError;
@@ -19,7 +19,7 @@ use std::path::Path;
 
 /// Writes sharded checkpoint `name` of `sharded_dir` as a rank-0 full checkpoint of the same
 /// name in `full_dir` (atomically, moving `full_dir`'s `latest` to it), so that
-/// [`Checkpointer::load_latest`](super::super::Checkpointer::load_latest) on a
+/// [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) on a
 /// [`CheckpointConfig`](super::super::CheckpointConfig) of `full_dir` resumes from it at any
 /// world size. `O` is the optimizer type the run uses (for a `ZeroRedundancyOptimizer` run,
 /// the optimizer it wraps): its record type decodes the optimizer shards. Rank-local, no
@@ -41,7 +41,7 @@ where
     O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
     R: Record<B>,
 {
-    if super::super::layout::parse_checkpoint_name(name).is_none() {
+    if super::super::naming::parse_checkpoint_name(name).is_none() {
         return Err(CheckpointError::InvalidName {
             name: name.to_string(),
             reason: "a checkpoint name is step-<global step>",

@@ -16,7 +16,7 @@ pub enum ShardedCheckpointError {
     /// not share the checkpoint directory. Nothing was committed.
     #[error(
         "rank {rank} wrote its shard {path}, but rank 0 cannot see it ({found}): sharded checkpoints \
-         need a filesystem every rank shares (NFS, Lustre, one machine); use the rank-0 Checkpointer otherwise"
+         need a filesystem every rank shares (NFS, Lustre, one machine); use the rank-0 FullCheckpointer otherwise"
     )]
     MissingShard {
         /// The rank whose shard is missing.

@@ -3,14 +3,14 @@
 //! **any** world size reads what it needs from whichever shards hold it.
 //!
 //! - [`ShardedCheckpointer::save`] (plain DDP: replicas hold identical state) and
-//!   [`ShardedCheckpointer::save_zero`] (a [`ZeroRedundancyOptimizer`](crate::ZeroRedundancyOptimizer)):
+//!   [`ShardedCheckpointer::save_zero`] (a [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer)):
 //!   each rank writes about `1/world` of the bytes and nothing is gathered on rank 0.
 //! - [`ShardedCheckpointer::load_latest`] (a replicated optimizer gets every parameter's
 //!   state) and [`ShardedCheckpointer::load_latest_zero`] (each rank reads only the optimizer
 //!   shards holding the parameters it owns at the new world size). Saved at 4 ranks, a run
 //!   resumes at 1, 2, 3 or 8.
 //! - [`convert_to_full`]: a sharded checkpoint as a rank-0 full checkpoint, which
-//!   [`Checkpointer::load_latest`](super::Checkpointer::load_latest) reads (the rank-0
+//!   [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) reads (the rank-0
 //!   format is unchanged and keeps working; it does not read sharded checkpoints itself, so
 //!   a directory holds one kind: a full checkpointer never mistakes a shard for a model).
 //!
@@ -62,7 +62,7 @@
 //! save fails before committing with [`ShardedCheckpointError::MissingShard`] naming the rank
 //! whose shard rank 0 cannot see; a load on a rank that cannot read the shards fails with
 //! [`CheckpointError::Invalid`](super::CheckpointError::Invalid) on every rank. Use the rank-0
-//! [`Checkpointer`](super::Checkpointer) there (its load broadcasts from rank 0).
+//! [`FullCheckpointer`](crate::checkpoint::FullCheckpointer) there (its load broadcasts from rank 0).
 //!
 //! # Exactness across world sizes
 //!
@@ -81,7 +81,7 @@
 //! use burn::optim::{AdamConfig, adaptor::OptimizerAdaptor, Adam};
 //! use ddp_core::checkpoint::{CheckpointConfig, LoadOutcome, TrainingState};
 //! use ddp_core::checkpoint::sharded::{ShardedCheckpointer, convert_to_full};
-//! use ddp_core::{DdpConfig, DistributedDataParallel, ZeroRedundancyOptimizer, init_from_env};
+//! use ddp_core::{DdpConfig, DistributedDataParallel, init_from_env, zero::ZeroRedundancyOptimizer};
 //!
 //! type B = Autodiff<Flex>;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -98,7 +98,7 @@
 //! // ... train, then every rank:
 //! ckpt.save_zero(ddp.module(), &optim, &TrainingState::new(0, step))?;
 //!
-//! // Offline, for tools that want one model file (and for the rank-0 Checkpointer):
+//! // Offline, for tools that want one model file (and for the rank-0 FullCheckpointer):
 //! type Opt = OptimizerAdaptor<Adam, Linear<B>, B>;
 //! convert_to_full::<B, Linear<B>, Opt, _>("runs/big".as_ref(), "step-0000000120", "runs/full".as_ref(), &device)?;
 //! # Ok(()) }

@@ -5,8 +5,8 @@
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::CheckpointError;
-use super::super::layout::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
 use super::super::manifest::FileEntry;
+use super::super::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};

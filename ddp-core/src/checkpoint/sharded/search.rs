@@ -4,8 +4,8 @@
 //! corruption moves the search to an older checkpoint, an I/O error stops it.
 
 use super::super::error::{CheckpointError, InvalidCheckpoint};
-use super::super::layout::{list_checkpoints, parse_checkpoint_name};
 use super::super::manifest::ReadFailure;
+use super::super::naming::{list_checkpoints, parse_checkpoint_name};
 use super::super::reader::read_latest;
 use super::manifest::verify_all;
 use std::path::Path;

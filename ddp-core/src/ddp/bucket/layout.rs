@@ -1,6 +1,6 @@
 //! Which bucket each parameter's gradient belongs to, and each bucket's parameters in order.
 
-use super::plan::assign_buckets;
+use super::assign::assign_buckets;
 
 /// The bucket assignment for one ordering of the parameters.
 #[derive(Debug, Clone)]

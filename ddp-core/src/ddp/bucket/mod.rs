@@ -1,15 +1,14 @@
 //! Gradient buckets: parameters grouped so that one all-reduce moves many small gradients.
 //!
-//! - [`assign_buckets`]: the pure grouping rule (caps, small first bucket).
-//! - `layout`: which bucket each parameter's gradient belongs to.
+//! - `assign.rs`: `assign_buckets`, the pure grouping rule (caps, small first bucket).
+//! - `layout.rs`: which bucket each parameter's gradient belongs to.
 //!
 //! Parameters fill buckets in reverse registration order at first (the order backward usually
 //! produces them), then, after the first iteration, in the order their gradients actually
 //! arrived on rank 0, which every rank adopts so that all ranks launch the same all-reduces in
 //! the same order.
 
+mod assign;
 mod layout;
-mod plan;
 
 pub(crate) use layout::BucketLayout;
-pub use plan::assign_buckets;

@@ -178,6 +178,7 @@ impl<I: Backend> Reducer<I> {
     }
 
     /// Slot lists of each bucket, for tests and logs.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) fn bucket_slots(&self) -> Vec<Vec<usize>> {
         self.lock()
             .layout

@@ -189,10 +189,10 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
             });
         }
         Ok(match dtype {
-            DType::F32 => parts::<I, f32>(&self.pg, host)?,
-            DType::F64 => parts::<I, f64>(&self.pg, host)?,
-            DType::F16 => parts::<I, f16>(&self.pg, host)?,
-            DType::BF16 => parts::<I, bf16>(&self.pg, host)?,
+            DType::F32 => coalesced::<I, f32>(&self.pg, host)?,
+            DType::F64 => coalesced::<I, f64>(&self.pg, host)?,
+            DType::F16 => coalesced::<I, f16>(&self.pg, host)?,
+            DType::BF16 => coalesced::<I, bf16>(&self.pg, host)?,
             other => return Err(internal(&format!("no reduction for {other:?}"))),
         })
     }
@@ -200,7 +200,7 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
 
 /// A bucket reduced in its own dtype: one coalesced `Avg` all-reduce over the gradients' own
 /// buffers (shared memory reads and writes them in place; no bucket buffer to pack).
-fn parts<I: Backend, T: HostElement>(
+fn coalesced<I: Backend, T: HostElement>(
     pg: &ProcessGroup,
     host: Vec<HostGrad>,
 ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
@@ -209,14 +209,15 @@ fn parts<I: Backend, T: HostElement>(
         .map(T::unwrap)
         .collect::<Option<Vec<Vec<T>>>>()
         .ok_or_else(|| internal("a bucket mixes dtypes"))?;
-    Ok(Box::new(Parts(
+    Ok(Box::new(CoalescedAllReduce(
         pg.all_reduce_coalesced_async(bufs, ReduceOp::Avg),
     )))
 }
 
-struct Parts<T: HostElement>(Work<Vec<Vec<T>>>);
+/// The in-flight coalesced all-reduce of one bucket's gradients.
+struct CoalescedAllReduce<T: HostElement>(Work<Vec<Vec<T>>>);
 
-impl<I: Backend, T: HostElement> PendingBucket<I> for Parts<T> {
+impl<I: Backend, T: HostElement> PendingBucket<I> for CoalescedAllReduce<T> {
     fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         let (result, timing) = self.0.wait_timed();
         let bufs = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;

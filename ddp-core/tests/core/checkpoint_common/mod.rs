@@ -12,9 +12,9 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::AdamConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use ddp_core::checkpoint::{
-    CheckpointConfig, Checkpointer, LoadOutcome, Resumed, SavedCheckpoint, TrainingState,
+    CheckpointConfig, FullCheckpointer, LoadOutcome, Resumed, SavedCheckpoint, TrainingState,
 };
-use ddp_core::{DdpConfig, DistributedDataParallel, ProcessGroup};
+use ddp_core::{DdpConfig, DistributedDataParallel, comm::ProcessGroup};
 use ddp_data::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSamplerConfig};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -118,7 +118,7 @@ pub struct RunResult {
 pub fn run(pg: ProcessGroup, init: &[u8], dir: &Path, start: Start, stop: Stop) -> RunResult {
     let device: FlexDevice = Default::default();
     let (rank, world) = (pg.rank(), pg.world_size());
-    let ckpt = Checkpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
+    let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
     let mut model = match start {
         // Only rank 0 holds the reference weights; DDP copies them to the others.
         Start::Init if rank == 0 => load_init(init),
@@ -187,14 +187,14 @@ pub fn adam() -> Adam {
 
 /// Saves a fresh random model (hidden size 4) with `state` (each rank its own; rank 0's is
 /// written); returns the save and this rank's parameters.
-pub fn save_random(ckpt: &Checkpointer, state: TrainingState) -> (SavedCheckpoint, Vec<f32>) {
+pub fn save_random(ckpt: &FullCheckpointer, state: TrainingState) -> (SavedCheckpoint, Vec<f32>) {
     let model = Mlp::<B>::new(&Default::default(), 4);
     let saved = ckpt.save(&model, &adam(), &state).expect("save");
     (saved, flat_params(&model))
 }
 
 /// Loads the latest checkpoint into a fresh model (hidden size 4) and Adam.
-pub fn load_latest_fresh(ckpt: &Checkpointer) -> (LoadOutcome, Mlp<B>) {
+pub fn load_latest_fresh(ckpt: &FullCheckpointer) -> (LoadOutcome, Mlp<B>) {
     let device = Default::default();
     let mut model = Mlp::<B>::new(&device, 4);
     let mut optim = adam();

@@ -6,7 +6,9 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use ddp_core::{CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+use ddp_core::comm::{
+    CommError, ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;

@@ -12,10 +12,12 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use clap::Parser;
 use ddp_core::TapBackend;
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
 use ddp_core::{
-    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    EpochProgress, LaunchArgs, WorkerContext,
+    DdpConfig, DistributedDataParallel,
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
+    launch::{LaunchArgs, WorkerContext},
+    progress::EpochProgress,
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
@@ -117,7 +119,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         seed: args.seed,
         hidden: args.hidden,
     };
-    let checkpoints = Checkpointer::new(
+    let checkpoints = FullCheckpointer::new(
         CheckpointConfig::new(&args.checkpoint_dir)
             .with_keep_last(3)
             .with_run_config(&run_config)?,

@@ -16,8 +16,11 @@ use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use clap::Parser;
 use ddp_core::{
-    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    EpochProgress, LaunchArgs, SyncBatchNormBackend, SyncBatchNormGroup, TapBackend, WorkerContext,
+    DdpConfig, DistributedDataParallel, TapBackend,
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
+    launch::{LaunchArgs, WorkerContext},
+    nn::{SyncBatchNormBackend, SyncBatchNormGroup},
+    progress::EpochProgress,
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, check_available};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};

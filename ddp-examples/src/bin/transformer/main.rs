@@ -13,11 +13,15 @@ use burn::tensor::{ElementConversion, FloatDType};
 use clap::{Parser, ValueEnum};
 use ddp_core::TapBackend;
 use ddp_core::amp::{GradScalerConfig, autocast};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
-    DdpConfig, DistributedDataLoaderBuilder, DistributedDataParallel, DistributedSamplerConfig,
-    EpochProgress, LaunchArgs, ProcessGroup, WorkerContext, ZeroRedundancyOptimizer,
+    DdpConfig, DistributedDataParallel,
+    comm::ProcessGroup,
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
+    launch::{LaunchArgs, WorkerContext},
+    progress::EpochProgress,
+    zero::ZeroRedundancyOptimizer,
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
@@ -209,7 +213,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         layers: args.layers,
         heads: args.heads,
     };
-    let checkpoints = Checkpointer::new(
+    let checkpoints = FullCheckpointer::new(
         CheckpointConfig::new(&args.checkpoint_dir)
             .with_keep_last(3)
             .with_run_config(&run_config)?,

@@ -8,15 +8,15 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Optimizer, SimpleOptimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use ddp_core::ZeroRedundancyOptimizer;
-use ddp_core::checkpoint::{Checkpointer, SavedCheckpoint, TrainingState};
+use ddp_core::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
+use ddp_core::zero::ZeroRedundancyOptimizer;
 
 /// An optimizer the training loop can checkpoint and measure.
 pub trait TrainingOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<M, B> {
     /// Saves `module` and the whole optimizer state (collective).
     fn save(
         &mut self,
-        checkpoints: &Checkpointer,
+        checkpoints: &FullCheckpointer,
         module: &M,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint>;
@@ -33,7 +33,7 @@ where
 {
     fn save(
         &mut self,
-        checkpoints: &Checkpointer,
+        checkpoints: &FullCheckpointer,
         module: &M,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint> {
@@ -54,7 +54,7 @@ where
 {
     fn save(
         &mut self,
-        checkpoints: &Checkpointer,
+        checkpoints: &FullCheckpointer,
         module: &M,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint> {

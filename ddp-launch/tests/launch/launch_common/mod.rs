@@ -13,7 +13,7 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// The `ddp-run` binary built for these tests.
 pub fn ddp_run() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-run"));
-    clean_env(&mut cmd);
+    ddp_test_support::remove_job_env(&mut cmd);
     cmd
 }
 
@@ -51,44 +51,13 @@ pub fn example_path(name: &str) -> PathBuf {
 /// ddp-launch's example `name`, run directly (it launches itself) in a clean environment.
 pub fn example(name: &str) -> Command {
     let mut cmd = Command::new(example_path(name));
-    clean_env(&mut cmd);
+    ddp_test_support::remove_job_env(&mut cmd);
     cmd
 }
 
 /// The `launch_worker` example run directly (it launches itself).
 pub fn worker() -> Command {
     example("launch_worker")
-}
-
-/// Removes launcher variables the test runner might have, so each test starts from a plain
-/// environment, and keeps logs quiet.
-fn clean_env(cmd: &mut Command) {
-    // `vars_os`: `vars` panics on a variable that is not Unicode (and this runs in teardown).
-    for (k, _) in std::env::vars_os() {
-        let Some(k) = k.to_str().map(str::to_owned) else {
-            continue;
-        };
-        if k.starts_with("DDP_")
-            || k.starts_with("SLURM_")
-            || k.starts_with("OMPI_")
-            || k.starts_with("TORCHELASTIC_")
-            || [
-                "RANK",
-                "WORLD_SIZE",
-                "LOCAL_RANK",
-                "LOCAL_WORLD_SIZE",
-                "GROUP_RANK",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-                "OMP_NUM_THREADS",
-                "RAYON_NUM_THREADS",
-            ]
-            .contains(&k.as_str())
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "warn");
 }
 
 /// What a finished command printed.

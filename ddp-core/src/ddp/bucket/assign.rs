@@ -6,15 +6,8 @@ use std::ops::Range;
 ///
 /// A bucket is closed when the next parameter would take it over its cap; the first bucket has
 /// its own (small) cap so that the first all-reduce starts early, as in PyTorch. A parameter
-/// larger than the cap gets a bucket of its own.
-///
-/// ```
-/// use ddp_core::bucket::assign_buckets;
-/// // 4-byte parameters, first bucket capped at 8 bytes, the rest at 12.
-/// let buckets = assign_buckets(&[4, 4, 4, 4, 4, 20, 4], 8, 12);
-/// assert_eq!(buckets, vec![0..2, 2..5, 5..6, 6..7]);
-/// ```
-pub fn assign_buckets(
+/// larger than the cap gets a bucket of its own (see the first test below).
+pub(crate) fn assign_buckets(
     sizes_bytes: &[usize],
     first_cap_bytes: usize,
     cap_bytes: usize,
@@ -44,6 +37,13 @@ pub fn assign_buckets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn caps_close_buckets_and_a_large_parameter_stands_alone() {
+        // 4-byte parameters, first bucket capped at 8 bytes, the rest at 12.
+        let buckets = assign_buckets(&[4, 4, 4, 4, 4, 20, 4], 8, 12);
+        assert_eq!(buckets, vec![0..2, 2..5, 5..6, 6..7]);
+    }
 
     #[test]
     fn every_parameter_is_in_exactly_one_bucket_in_order() {

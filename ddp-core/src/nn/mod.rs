@@ -1,3 +1,5 @@
+//! Layers for data-parallel training, beside burn's `burn::nn`.
+//!
 //! Synchronised batch normalisation: [`SyncBatchNorm`] normalises with the mean and variance of
 //! the global batch (every rank's batch together), which small per-rank batches need.
 //!
@@ -11,7 +13,8 @@
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
 //! use burn::nn::BatchNormConfig;
-//! use ddp_core::{SyncBatchNorm, SyncBatchNormGroup, init_from_env};
+//! use ddp_core::init_from_env;
+//! use ddp_core::nn::{SyncBatchNorm, SyncBatchNormGroup};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let pg = init_from_env()?;
 //! let group = SyncBatchNormGroup::new(&pg)?; // once, shared by every layer
@@ -23,9 +26,9 @@
 mod all_reduce;
 mod error;
 mod group;
-mod module;
+mod sync_batch_norm;
 
 pub use all_reduce::SyncBatchNormBackend;
 pub use error::SyncBatchNormError;
 pub use group::SyncBatchNormGroup;
-pub use module::SyncBatchNorm;
+pub use sync_batch_norm::SyncBatchNorm;

@@ -1,4 +1,4 @@
-//! Helper program of `tests/core/checkpoint_crash.rs` (not a user example): a one-rank run that
+//! Helper program of `tests/processes/checkpoint_crash.rs` (not a user example): a one-rank run that
 //! saves checkpoint `step-<STEP>` of a model whose every parameter equals `STEP`, then exits.
 //!
 //! ```text
@@ -9,15 +9,11 @@
 //! `DDP_CHECKPOINT_TEST_CRASH_AT` set, which makes it SIGKILL itself at one phase of the
 //! write. It keeps the last checkpoint only, so a save also prunes.
 
-#[path = "../tests/core/common/mod.rs"]
-mod common;
-
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::AdamConfig;
 use burn::tensor::Tensor;
-use common::{B, Mlp};
-use ddp_core::checkpoint::{CheckpointConfig, Checkpointer, TrainingState};
-use ddp_core::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer};
+use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
+use ddp_tests::fixtures::{SmallMlp, TestBackend as B};
 
 /// Sets every float parameter to `value`.
 struct Fill(f32);
@@ -35,14 +31,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = args.next().ok_or(usage)?;
     let step: u64 = args.next().ok_or(usage)?.parse()?;
 
-    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new())?;
-    let store = Store::connect(&server.local_addr().to_string(), StoreConfig::new())?;
-    let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1))?;
-    let ckpt = Checkpointer::new(CheckpointConfig::new(dir).with_keep_last(1), pg)?;
+    let (_server, pg) = ddp_tests::one_rank_group()?;
+    let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir).with_keep_last(1), pg)?;
 
     let device = Default::default();
-    let model = Mlp::<B>::new(&device, 8).map(&mut Fill(step as f32));
-    let optim = AdamConfig::new().init::<B, Mlp<B>>();
+    let model = SmallMlp::<B>::new(&device).map(&mut Fill(step as f32));
+    let optim = AdamConfig::new().init::<B, SmallMlp<B>>();
     let state = TrainingState::new(0, step).with_user(&format!("written by step {step}"))?;
     println!("saving step {step}");
     let saved = ckpt.save(&model, &optim, &state)?;

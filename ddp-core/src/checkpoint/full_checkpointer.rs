@@ -1,10 +1,10 @@
-//! [`Checkpointer`]: collective save and resume.
+//! [`FullCheckpointer`]: collective save and resume.
 
 use super::codec::{encode_model, encode_optimizer};
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::layout::{checkpoint_name, list_checkpoints};
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::naming::{checkpoint_name, list_checkpoints};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::reader::{find_latest_valid, read_latest, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
@@ -25,7 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Every method except [`list`](Self::list) and [`latest`](Self::latest) is **collective**:
 /// all ranks call it at the same point, and an error on one rank is an error on all of them.
 #[derive(Debug)]
-pub struct Checkpointer {
+pub struct FullCheckpointer {
     pub(super) config: CheckpointConfig,
     pub(super) pg: ProcessGroup,
 }
@@ -44,7 +44,7 @@ struct SaveSummary {
     removed: Vec<String>,
 }
 
-impl Checkpointer {
+impl FullCheckpointer {
     /// Creates the checkpointer; rank 0 creates the directory and removes what an interrupted
     /// save left behind (temporary directories and files).
     ///
@@ -62,7 +62,7 @@ impl Checkpointer {
             }
             Ok(())
         })?;
-        Ok(Checkpointer { config, pg })
+        Ok(FullCheckpointer { config, pg })
     }
 
     /// The configuration.
