@@ -139,14 +139,18 @@
 mod args;
 mod blame;
 mod context;
+mod elastic;
 mod env;
 mod error;
 mod init;
 mod live;
+mod node_count;
+mod node_sync;
 mod output;
 mod plan;
 pub mod progress;
 mod rendezvous;
+mod round_summary;
 mod signal_names;
 mod signals;
 mod spawn;
@@ -159,7 +163,11 @@ pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
 pub use init::init_from_env;
-pub use plan::{ALLOCATOR_ENV, LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
+pub use node_count::{NodeCount, RdzvBackend};
+pub use plan::{
+    ALLOCATOR_ENV, LaunchPlan, MasterPort, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
+};
+pub use round_summary::ElasticRound;
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use summary::{RootCause, Victim};
 pub use worker::launch;

@@ -16,6 +16,7 @@
 use super::blame::{FailureDir, trace_root};
 use super::error::LaunchError;
 use super::live::Console;
+use super::node_sync::NodeSync;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signal_names::signal_name;
@@ -41,7 +42,7 @@ const REPORT_GRACE: Duration = Duration::from_secs(2);
 const DRAIN_WAIT: Duration = Duration::from_secs(5);
 
 /// How one attempt ended.
-enum Outcome {
+pub(crate) enum Outcome {
     Succeeded,
     Failed(FailureSummary),
     Interrupted(i32),
@@ -69,6 +70,9 @@ fn supervise(plan: &LaunchPlan) -> Result<(), LaunchError> {
     let signals = SignalGuard::install()?;
     // Orphans of workers reparent to the launcher, which kills them after each attempt.
     become_subreaper();
+    if let Some(settings) = &plan.elastic {
+        return super::elastic::run_elastic(plan, settings, &signals, &Console::from_env());
+    }
     let mut rdzv = if plan.is_multi_node() {
         Some(Rendezvous::connect(plan, &signals)?)
     } else {
@@ -112,7 +116,7 @@ fn run_attempts(
             log_dir,
             signals,
             console,
-            rdzv.as_deref_mut(),
+            rdzv.as_deref_mut().map(|r| r as &mut dyn NodeSync),
         )?;
         let summary = match outcome {
             Outcome::Interrupted(signal) => return Err(LaunchError::Interrupted { signal }),
@@ -126,6 +130,7 @@ fn run_attempts(
                         max_restarts: plan.max_restarts,
                         others: Vec::new(),
                         root_cause: None,
+                        rounds: Vec::new(),
                     },
                 },
             },
@@ -151,7 +156,10 @@ fn run_attempts(
 }
 
 /// `--log-dir/attempt_<n>`, created.
-fn attempt_log_dir(plan: &LaunchPlan, restart_count: u32) -> Result<Option<PathBuf>, LaunchError> {
+pub(crate) fn attempt_log_dir(
+    plan: &LaunchPlan,
+    restart_count: u32,
+) -> Result<Option<PathBuf>, LaunchError> {
     let Some(dir) = &plan.log_dir else {
         return Ok(None);
     };
@@ -274,14 +282,15 @@ impl Group {
     }
 }
 
-fn run_attempt(
+/// Runs one attempt of this node's workers, with `rdzv` linking it to the other nodes.
+pub(crate) fn run_attempt(
     plan: &LaunchPlan,
     restart_count: u32,
     port: u16,
     log_dir: Option<PathBuf>,
     signals: &SignalGuard,
     console: &Arc<Console>,
-    mut rdzv: Option<&mut Rendezvous>,
+    mut rdzv: Option<&mut dyn NodeSync>,
 ) -> Result<Outcome, LaunchError> {
     let failures = FailureDir::create(restart_count)?;
     let (tx, events) = channel();
@@ -316,7 +325,7 @@ fn run_attempt(
                     signals.received() + 1,
                 );
                 group.drain();
-                if let Some(r) = rdzv.as_deref() {
+                if let Some(r) = rdzv.as_deref_mut() {
                     r.report_failure(
                         restart_count,
                         &format!("node {}: {e}", plan.node_rank),
@@ -382,7 +391,7 @@ fn run_attempt(
     // too, once rank 0 is gone).
     console.clear();
     // Tell the other nodes first, so they stop while we do.
-    if let Some(r) = rdzv.as_deref() {
+    if let Some(r) = rdzv.as_deref_mut() {
         if let Some(sig) = interrupted {
             let what = format!(
                 "node {} was interrupted by {}",
@@ -468,5 +477,6 @@ fn run_attempt(
         max_restarts: plan.max_restarts,
         others: others(skip),
         root_cause,
+        rounds: Vec::new(),
     }))
 }
