@@ -33,7 +33,8 @@ enum Mode {
     Chatty,
     /// All-reduce in a loop forever, printing `step <n>` (the test stops a rank with SIGSTOP).
     Loop,
-    /// Elastic jobs: write `round<R>-rank<K>.world` (world size, node rank, pid) to --pid-dir,
+    /// Elastic jobs: write `round<R>-rank<K>.world` (world size, node rank, pid, launcher pid)
+    /// to --pid-dir,
     /// then all-reduce in a loop until the file `stop` appears there (rank 0 looks, every rank
     /// learns it from the all-reduce, so all stop at the same step), then succeed.
     Elastic,
@@ -201,8 +202,10 @@ fn loop_forever(ctx: &WorkerContext) -> anyhow::Result<()> {
 fn elastic(ctx: &WorkerContext, args: &Args) -> anyhow::Result<()> {
     let dir = args.pid_dir.as_deref().context("--pid-dir is required")?;
     let round = std::env::var("DDP_RDZV_ROUND").context("DDP_RDZV_ROUND is not set")?;
+    // SAFETY: getppid cannot fail.
+    let launcher = unsafe { libc::getppid() };
     let record = format!(
-        "{} {} {}",
+        "{} {} {} {launcher}",
         ctx.world_size(),
         std::env::var("GROUP_RANK").unwrap_or_default(),
         std::process::id()

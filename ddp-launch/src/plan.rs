@@ -762,4 +762,33 @@ mod tests {
             .to_string();
         assert!(e.contains("was not found"), "{e}");
     }
+
+    #[test]
+    fn elastic_plans_need_a_token_and_give_workers_their_round() {
+        let args = LaunchArgs::new()
+            .with_nproc_per_node(NprocPerNode::Count(2))
+            .with_elastic_nodes(2, 3, "127.0.0.1:29400");
+        assert!(matches!(
+            plan(&args).unwrap_err(),
+            LaunchError::MissingJobToken { nnodes: 3 }
+        ));
+        let p = LaunchPlan::with_host(&args, command(), &host(8, &[(TOKEN_ENV, "t")]))
+            .expect("valid elastic plan");
+        assert_eq!(p.elastic_nodes(), Some((2, 3)));
+        assert!(!p.is_multi_node(), "static rendezvous only");
+        let mut round = p.clone();
+        round.rdzv_round = Some(4);
+        assert_eq!(
+            env_of(&round, 0).get(RDZV_ROUND_ENV).map(String::as_str),
+            Some("4")
+        );
+        assert!(!env_of(&p, 0).contains_key(RDZV_ROUND_ENV));
+        // N:N with the c10d backend is elastic too (ranks by join order, re-forming on failure).
+        let fixed = LaunchArgs::new()
+            .with_elastic_nodes(2, 2, "h:1")
+            .with_rdzv_backend(RdzvBackend::C10d);
+        let p =
+            LaunchPlan::with_host(&fixed, command(), &host(8, &[(TOKEN_ENV, "t")])).expect("valid");
+        assert_eq!(p.elastic_nodes(), Some((2, 2)));
+    }
 }

@@ -16,6 +16,9 @@ pub struct ElasticRound {
     pub end: Option<String>,
     /// Whether it ended in a failure (which counts against `--max-restarts`).
     pub failure: bool,
+    /// Its nodes that are not in the next round (they died, hung or left): the failure's
+    /// likely origin, when the first failure reported was a worker that lost its peers there.
+    pub left: Vec<String>,
 }
 
 impl fmt::Display for ElasticRound {
@@ -29,7 +32,11 @@ impl fmt::Display for ElasticRound {
             self.end
                 .as_deref()
                 .unwrap_or("did not end (still running, or unknown)")
-        )
+        )?;
+        if !self.left.is_empty() {
+            write!(f, "; not in the next round: {}", self.left.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -49,10 +56,11 @@ mod tests {
             nodes: vec!["a:1".into(), "b:2".into()],
             end: Some("failure: node(s) b:2 sent no heartbeat for 3s".into()),
             failure: true,
+            left: vec!["b:2".into()],
         };
         assert_eq!(
             rounds_lines(&[r]),
-            "    round 1: 2 node(s) [a:1, b:2]: failure: node(s) b:2 sent no heartbeat for 3s\n"
+            "    round 1: 2 node(s) [a:1, b:2]: failure: node(s) b:2 sent no heartbeat for 3s; not in the next round: b:2\n"
         );
     }
 }

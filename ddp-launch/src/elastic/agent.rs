@@ -196,7 +196,10 @@ fn agent_loop(
                     plan,
                     round.restarts_before,
                     FailureCause::OtherNode {
-                        description: format!("round {} ended: {why}", round.number),
+                        description: format!(
+                            "round {} ended in a failure with no restarts left (--max-restarts {}): {why}",
+                            round.number, plan.max_restarts
+                        ),
                     },
                 ));
             }

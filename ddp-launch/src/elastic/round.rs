@@ -254,6 +254,7 @@ impl Rounds {
                     nodes: round.members.clone(),
                     end: None,
                     failure: false,
+                    left: Vec::new(),
                 });
                 return Ok(Joined::Round(round));
             }
@@ -621,7 +622,18 @@ impl Rounds {
                 nodes,
                 failure: matches!(end, Some(RoundEnd::Failure(_))),
                 end: end.map(|e| e.describe()),
+                left: Vec::new(),
             });
+        }
+        let next_members: Vec<Vec<String>> =
+            rounds.iter().skip(1).map(|r| r.nodes.clone()).collect();
+        for (round, next) in rounds.iter_mut().zip(next_members) {
+            round.left = round
+                .nodes
+                .iter()
+                .filter(|id| !next.contains(id))
+                .cloned()
+                .collect();
         }
         Ok(rounds)
     }
