@@ -344,6 +344,44 @@ fn a_frozen_node_is_dropped_when_its_heartbeats_stop() {
     assert_all_gone(&workers, Duration::from_secs(10));
 }
 
+/// Preemption: SIGTERM to a node's launcher stops its workers and takes the node out of the
+/// job; the others go on without it.
+#[test]
+fn an_interrupted_node_leaves_and_the_others_go_on() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&["--max-restarts", "1"]);
+    let second = job.start_agent(&["--max-restarts", "1"]);
+    let leaving = job.start_agent(&["--max-restarts", "1"]);
+    job.wait_round(0, 3 * NPROC);
+    let launcher = job.pid(leaving);
+    // SAFETY: a process this test started.
+    unsafe { libc::kill(launcher, libc::SIGTERM) };
+    let placeholder = start(Command::new("true"));
+    let left = std::mem::replace(&mut job.agents[leaving], placeholder).finish();
+    assert_eq!(
+        left.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        left.all()
+    );
+    job.wait_round(1, 2 * NPROC);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[host, second]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    assert!(
+        rounds[0].contains(&format!(":{launcher}: node "))
+            && rounds[0].contains("was interrupted by SIGTERM")
+            && rounds[0].contains("; not in the next round: ")
+            && rounds[0].ends_with(&format!(":{launcher}")),
+        "{rounds:?}"
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
 #[test]
 fn a_failure_with_no_restarts_left_stops_every_node_with_the_rounds() {
     let mut job = ElasticJob::new();
