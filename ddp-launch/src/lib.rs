@@ -166,6 +166,7 @@ mod plan;
 pub mod progress;
 mod rendezvous;
 mod round_summary;
+mod run;
 mod signal_names;
 mod signals;
 mod spawn;

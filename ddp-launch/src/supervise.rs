@@ -21,9 +21,7 @@ use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signal_names::signal_name;
 use super::signals::SignalGuard;
-use super::spawn::{
-    AttemptFiles, ExitEvent, Worker, become_subreaper, kill_orphans, own_children, spawn_worker,
-};
+use super::spawn::{AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, spawn_worker};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,38 +46,16 @@ pub(crate) enum Outcome {
     Interrupted(i32),
 }
 
-impl LaunchPlan {
-    /// Starts the workers of this node, supervises them (restarting the group up to
-    /// `max_restarts` times) and returns when they all succeeded, or with the failure.
-    ///
-    /// Call it from a thread that lives until it returns (normally `main`): workers get
-    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
-    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
-    ///
-    /// # Errors
-    /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),
-    /// [`LaunchError::Interrupted`], [`LaunchError::PortInUse`], [`LaunchError::Spawn`], ...
-    pub fn run(&self) -> Result<(), LaunchError> {
-        supervise(self)
-    }
-}
-
-/// [`LaunchPlan::run`], here with the supervision it is made of, so the plan does not depend
-/// on its supervisor.
-fn supervise(plan: &LaunchPlan) -> Result<(), LaunchError> {
-    let signals = SignalGuard::install()?;
-    // Orphans of workers reparent to the launcher, which kills them after each attempt.
-    become_subreaper();
-    if let Some(settings) = &plan.elastic {
-        return super::elastic::run_elastic(plan, settings, &signals, &Console::from_env());
-    }
+/// A job with fixed node ranks (one node, or `--rdzv-backend static`): runs attempts until one
+/// succeeds or no restarts are left. The caller installed the signal handlers.
+pub(crate) fn run_fixed(plan: &LaunchPlan, signals: &SignalGuard) -> Result<(), LaunchError> {
     let mut rdzv = if plan.is_multi_node() {
-        Some(Rendezvous::connect(plan, &signals)?)
+        Some(Rendezvous::connect(plan, signals)?)
     } else {
         None
     };
     let console = Console::from_env();
-    let result = run_attempts(plan, &signals, &console, rdzv.as_mut());
+    let result = run_attempts(plan, signals, &console, rdzv.as_mut());
     if let Some(rdzv) = rdzv {
         rdzv.close();
     }
@@ -391,7 +367,7 @@ pub(crate) fn run_attempt(
     // too, once rank 0 is gone).
     console.clear();
     // Tell the other nodes first, so they stop while we do.
-    if let Some(r) = rdzv.as_deref_mut() {
+    if let Some(r) = rdzv {
         if let Some(sig) = interrupted {
             let what = format!(
                 "node {} was interrupted by {}",
