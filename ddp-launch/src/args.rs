@@ -114,7 +114,8 @@ pub struct LaunchArgs {
     pub standalone: bool,
 
     /// Restart the whole group this many times after a failure (DDP_RESTART_COUNT tells the
-    /// workers which attempt they are)
+    /// workers which attempt they are; elastic: rounds that ended in a failure, a node joining
+    /// is free)
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0, env = "DDP_MAX_RESTARTS")]
     pub max_restarts: u32,
 

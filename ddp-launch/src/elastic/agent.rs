@@ -10,7 +10,7 @@ use crate::live::Console;
 use crate::node_count::RdzvBackend;
 use crate::node_sync::NodeSync;
 use crate::plan::{LaunchPlan, MasterPort};
-use crate::rendezvous::free_port;
+use crate::rendezvous::{bind_host, free_port};
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
 use crate::summary::{FailureCause, FailureSummary};
@@ -137,7 +137,9 @@ fn agent_loop(
                 ));
             }
         };
-        let pick_port = || free_port("0.0.0.0", previous_port);
+        // Bound on every interface of this host, IPv6 when this node is reached over IPv6.
+        let host = bind_host(&rounds.advertised_host());
+        let pick_port = || free_port(host, previous_port);
         let end = match rounds.master(&round, pick_port, signals)? {
             None => rounds.wait_end(&round, signals)?,
             Some(master) => {

@@ -15,6 +15,9 @@
 //! passed with no more. A launcher that finds the current round closed without it, waits: it
 //! asks to join when the round has room (the members then end it and re-form), and joins the
 //! next round when one opens.
+//!
+//! A launcher that dies or is interrupted after joining a round that has not closed yet stays
+//! counted in it; the others find it dead by its heartbeats once the round runs, and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
 use super::settings::ElasticSettings;
