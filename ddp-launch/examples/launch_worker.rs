@@ -33,6 +33,11 @@ enum Mode {
     Chatty,
     /// All-reduce in a loop forever, printing `step <n>` (the test stops a rank with SIGSTOP).
     Loop,
+    /// Elastic jobs: write `round<R>-rank<K>.world` (world size, node rank, pid, launcher pid)
+    /// to --pid-dir,
+    /// then all-reduce in a loop until the file `stop` appears there (rank 0 looks, every rank
+    /// learns it from the all-reduce, so all stop at the same step), then succeed.
+    Elastic,
 }
 
 #[derive(Debug, Parser)]
@@ -104,6 +109,7 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
         }
         Mode::Chatty => chatty(&ctx, args.lines),
         Mode::Loop => loop_forever(&ctx),
+        Mode::Elastic => elastic(&ctx, args),
     }
 }
 
@@ -189,6 +195,39 @@ fn loop_forever(ctx: &WorkerContext) -> anyhow::Result<()> {
             println!("step {step}");
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+fn elastic(ctx: &WorkerContext, args: &Args) -> anyhow::Result<()> {
+    let dir = args.pid_dir.as_deref().context("--pid-dir is required")?;
+    let round = std::env::var("DDP_RDZV_ROUND").context("DDP_RDZV_ROUND is not set")?;
+    // SAFETY: getppid cannot fail.
+    let launcher = unsafe { libc::getppid() };
+    let record = format!(
+        "{} {} {} {launcher}",
+        ctx.world_size(),
+        std::env::var("GROUP_RANK").unwrap_or_default(),
+        std::process::id()
+    );
+    let name = format!("round{round}-rank{}.world", ctx.rank());
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, record)?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    for step in 0u64.. {
+        let stop = ctx.rank() == 0 && dir.join("stop").exists();
+        let mut flag = [f32::from(u8::from(stop))];
+        ctx.process_group()
+            .all_reduce(&mut flag, ReduceOp::Max)
+            .with_context(|| format!("rank {} at step {step}", ctx.rank()))?;
+        if flag[0] > 0.0 {
+            println!(
+                "ELASTIC_DONE round={round} rank={} steps={step}",
+                ctx.rank()
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }

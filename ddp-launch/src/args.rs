@@ -1,6 +1,7 @@
 //! [`LaunchArgs`]: the launcher flags as the user typed them (or set through `DDP_*`
 //! environment variables). Nothing is validated here; [`LaunchPlan`](super::LaunchPlan) does that.
 
+use super::node_count::{NodeCount, RdzvBackend};
 use clap::Args;
 use std::fmt;
 use std::path::PathBuf;
@@ -71,9 +72,9 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 /// assert_eq!(args.launch.nproc_per_node, Some(ddp_launch::NprocPerNode::Count(2)));
 /// ```
 ///
-/// Every flag also reads a `DDP_*` environment variable when not given (`DDP_NPROC_PER_NODE`,
+/// Most flags also read a `DDP_*` environment variable when not given (`DDP_NPROC_PER_NODE`,
 /// `DDP_NNODES`, `DDP_NODE_RANK`, `DDP_MASTER_ADDR`, `DDP_MASTER_PORT`, `DDP_MAX_RESTARTS`,
-/// `DDP_LOG_DIR`). Workers ignore these flags: they get their place in the job from the
+/// `DDP_LOG_DIR`, `DDP_RDZV_BACKEND`, `DDP_RDZV_ENDPOINT`, `DDP_RDZV_ID`). Workers ignore these flags: they get their place in the job from the
 /// environment the launcher sets. Your program must not define flags with the same names.
 ///
 /// Build one in code with [`LaunchArgs::new`] and the `with_*` methods; the defaults equal
@@ -87,10 +88,11 @@ pub struct LaunchArgs {
     #[arg(long, help_heading = HEADING, value_name = "N|auto", env = "DDP_NPROC_PER_NODE")]
     pub nproc_per_node: Option<NprocPerNode>,
 
-    /// Number of nodes in the job; above 1, --master-addr and --master-port are required
+    /// Number of nodes: N (above 1, --master-addr and --master-port are required), or MIN:MAX
+    /// for an elastic job that re-forms when nodes fail or arrive (needs --rdzv-endpoint)
     /// [default: 1]
-    #[arg(long, help_heading = HEADING, value_name = "N", env = "DDP_NNODES")]
-    pub nnodes: Option<usize>,
+    #[arg(long, help_heading = HEADING, value_name = "N|MIN:MAX", env = "DDP_NNODES")]
+    pub nnodes: Option<NodeCount>,
 
     /// This node's rank, in 0..nnodes; node k's local rank j is global rank k*nproc_per_node+j
     /// [default: 0]
@@ -112,7 +114,8 @@ pub struct LaunchArgs {
     pub standalone: bool,
 
     /// Restart the whole group this many times after a failure (DDP_RESTART_COUNT tells the
-    /// workers which attempt they are)
+    /// workers which attempt they are; elastic: rounds that ended in a failure, a node joining
+    /// is free)
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0, env = "DDP_MAX_RESTARTS")]
     pub max_restarts: u32,
 
@@ -128,9 +131,34 @@ pub struct LaunchArgs {
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 20)]
     pub tail_lines: usize,
 
-    /// Seconds to wait for every node to join the rendezvous (multi-node only)
+    /// Seconds to wait for every node to join the rendezvous (multi-node only; elastic: for
+    /// MIN nodes to join a round)
     #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "600", value_parser = parse_secs)]
     pub join_timeout: Duration,
+
+    /// How the nodes' launchers meet: `static` (fixed --node-rank, node 0 hosts) or `c10d`
+    /// (rounds over a store hosted by the first launcher at --rdzv-endpoint) [default: static
+    /// for --nnodes N, c10d for MIN:MAX]
+    #[arg(long, help_heading = HEADING, value_name = "BACKEND", env = "DDP_RDZV_BACKEND")]
+    pub rdzv_backend: Option<RdzvBackend>,
+
+    /// HOST:PORT of the elastic rendezvous (c10d: the launcher on HOST hosts it there)
+    #[arg(long, help_heading = HEADING, value_name = "HOST:PORT", env = "DDP_RDZV_ENDPOINT")]
+    pub rdzv_endpoint: Option<String>,
+
+    /// Job id: launchers meet only those with the same id at the endpoint [default: none]
+    #[arg(long, help_heading = HEADING, value_name = "ID", env = "DDP_RDZV_ID")]
+    pub rdzv_id: Option<String>,
+
+    /// Elastic: once MIN nodes joined a round, seconds to wait for more (up to MAX) before
+    /// starting
+    #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    pub rdzv_last_call: Duration,
+
+    /// Elastic: a node whose launcher sent no heartbeat for this many seconds is dead, and the
+    /// others re-form the job without it
+    #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "15", value_parser = parse_secs)]
+    pub rdzv_heartbeat_timeout: Duration,
 }
 
 impl Default for LaunchArgs {
@@ -147,6 +175,11 @@ impl Default for LaunchArgs {
             grace_period: Duration::from_secs(5),
             tail_lines: 20,
             join_timeout: Duration::from_secs(600),
+            rdzv_backend: None,
+            rdzv_endpoint: None,
+            rdzv_id: None,
+            rdzv_last_call: Duration::from_secs(10),
+            rdzv_heartbeat_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -163,8 +196,39 @@ impl LaunchArgs {
     }
     /// Sets `--nnodes` and `--node-rank`.
     pub fn with_nodes(mut self, nnodes: usize, node_rank: usize) -> Self {
-        self.nnodes = Some(nnodes);
+        self.nnodes = Some(NodeCount::fixed(nnodes));
         self.node_rank = Some(node_rank);
+        self
+    }
+    /// Sets `--nnodes MIN:MAX` (an elastic job) and `--rdzv-endpoint`.
+    pub fn with_elastic_nodes(
+        mut self,
+        min: usize,
+        max: usize,
+        endpoint: impl Into<String>,
+    ) -> Self {
+        self.nnodes = Some(NodeCount::range(min, max));
+        self.rdzv_endpoint = Some(endpoint.into());
+        self
+    }
+    /// Sets `--rdzv-backend`.
+    pub fn with_rdzv_backend(mut self, backend: RdzvBackend) -> Self {
+        self.rdzv_backend = Some(backend);
+        self
+    }
+    /// Sets `--rdzv-id`.
+    pub fn with_rdzv_id(mut self, id: impl Into<String>) -> Self {
+        self.rdzv_id = Some(id.into());
+        self
+    }
+    /// Sets `--rdzv-last-call`.
+    pub fn with_rdzv_last_call(mut self, wait: Duration) -> Self {
+        self.rdzv_last_call = wait;
+        self
+    }
+    /// Sets `--rdzv-heartbeat-timeout`.
+    pub fn with_rdzv_heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.rdzv_heartbeat_timeout = timeout;
         self
     }
     /// Sets `--master-addr`.
@@ -268,7 +332,10 @@ mod tests {
         .expect("parses");
         let a = cli.launch;
         assert_eq!(a.nproc_per_node, Some(NprocPerNode::Auto));
-        assert_eq!((a.nnodes, a.node_rank), (Some(2), Some(1)));
+        assert_eq!(
+            (a.nnodes, a.node_rank),
+            (Some(NodeCount::fixed(2)), Some(1))
+        );
         assert_eq!(a.master_addr.as_deref(), Some("10.0.0.1"));
         assert_eq!(a.master_port, Some(29500));
         assert_eq!(a.max_restarts, 3);
@@ -341,7 +408,32 @@ mod tests {
             .with_master_port(1234)
             .with_max_restarts(2);
         assert_eq!(built.nproc_per_node, Some(NprocPerNode::Count(4)));
-        assert_eq!((built.nnodes, built.node_rank), (Some(2), Some(1)));
+        assert_eq!(
+            (built.nnodes, built.node_rank),
+            (Some(NodeCount::fixed(2)), Some(1))
+        );
+        let elastic = LaunchArgs::new()
+            .with_elastic_nodes(2, 3, "h:29400")
+            .with_rdzv_backend(RdzvBackend::C10d)
+            .with_rdzv_id("job7")
+            .with_rdzv_last_call(Duration::from_secs(1))
+            .with_rdzv_heartbeat_timeout(Duration::from_secs(3));
+        let parsed = parse(&[
+            "--nnodes",
+            "2:3",
+            "--rdzv-endpoint",
+            "h:29400",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "job7",
+            "--rdzv-last-call",
+            "1",
+            "--rdzv-heartbeat-timeout",
+            "3",
+        ])
+        .expect("parses");
+        assert_eq!(elastic, parsed);
         assert_eq!(built.master_port, Some(1234));
         assert_eq!(built.max_restarts, 2);
         assert!(!LaunchArgs::new().is_explicit());

@@ -74,6 +74,62 @@ pub enum LaunchError {
         /// The number of nodes given.
         nnodes: usize,
     },
+    /// `--nnodes MIN:MAX` with MIN above MAX.
+    #[error(
+        "--nnodes {min}:{max} is reversed: MIN must not exceed MAX (e.g. --nnodes {max}:{min})"
+    )]
+    NodeRangeReversed {
+        /// MIN as given.
+        min: usize,
+        /// MAX as given.
+        max: usize,
+    },
+    /// An elastic node range with the static rendezvous, which cannot change the job's size.
+    #[error(
+        "--nnodes {nnodes} lets the job change size, which --rdzv-backend static cannot: use --rdzv-backend c10d with --rdzv-endpoint HOST:PORT"
+    )]
+    ElasticNeedsRounds {
+        /// The range given.
+        nnodes: String,
+    },
+    /// A flag that the elastic rendezvous decides itself, or that only another backend uses.
+    #[error("{flag} cannot be used with --rdzv-backend {backend}: {why}")]
+    RdzvConflict {
+        /// The flag and its value.
+        flag: String,
+        /// The backend in use.
+        backend: String,
+        /// Why, and what to do instead.
+        why: String,
+    },
+    /// An elastic job without `--rdzv-endpoint`.
+    #[error(
+        "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT, the same on every node (c10d: the launcher on HOST hosts the rendezvous on PORT)"
+    )]
+    MissingRdzvEndpoint {
+        /// The backend in use.
+        backend: String,
+    },
+    /// An invalid elastic rendezvous setting.
+    #[error("{flag} {value}: {reason}")]
+    InvalidRdzvSetting {
+        /// The flag.
+        flag: &'static str,
+        /// Its value as given.
+        value: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+    /// The elastic rendezvous failed (could not be reached, or the nodes disagree).
+    #[error("elastic rendezvous of node {node_id} at {endpoint} failed: {reason}")]
+    ElasticRendezvous {
+        /// This launcher's node id (`host:pid`).
+        node_id: String,
+        /// `--rdzv-endpoint`.
+        endpoint: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The master port is taken on this host.
     #[error(
         "port {port} on {host} is already in use: pick another --master-port, or leave it out on a single node to get a free one"
@@ -222,6 +278,11 @@ impl LaunchError {
             | LaunchError::ZeroMasterPort
             | LaunchError::StandaloneConflict { .. }
             | LaunchError::MissingJobToken { .. }
+            | LaunchError::NodeRangeReversed { .. }
+            | LaunchError::ElasticNeedsRounds { .. }
+            | LaunchError::RdzvConflict { .. }
+            | LaunchError::MissingRdzvEndpoint { .. }
+            | LaunchError::InvalidRdzvSetting { .. }
             | LaunchError::ProgramNotFound { .. }
             | LaunchError::ProgramNotExecutable { .. }
             | LaunchError::WorkerEnv { .. }

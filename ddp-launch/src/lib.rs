@@ -67,7 +67,8 @@
 //!
 //! # Worker environment
 //! Every worker gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (node
-//! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (and torchrun's
+//! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (elastic jobs
+//! also `DDP_RDZV_ROUND`; and torchrun's
 //! `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS`), `DDP_JOB_TOKEN`,
 //! `DDP_LAUNCH_WORKER=1`, and `OMP_NUM_THREADS`/`RAYON_NUM_THREADS` = cores / local ranks unless
 //! already set. On glibc Linux they also get [`ALLOCATOR_ENV`] (keep freed buffers of up to
@@ -131,22 +132,41 @@
 //! `--nproc-per-node` and `--max-restarts` (checked); a failure on one node stops and restarts
 //! (or stops for good) every node.
 //!
+//! # Elastic jobs
+//! `--nnodes MIN:MAX --rdzv-endpoint HOST:PORT` (the same command on every node, no
+//! `--node-rank`): each node's launcher joins numbered rendezvous rounds (`--rdzv-backend
+//! c10d`: a store hosted by the launcher on HOST, the first to bind the endpoint). A round
+//! starts with MIN to MAX nodes (after `--rdzv-last-call` for more), ranks nodes by join order,
+//! and ends when a worker fails, a node's heartbeats stop for `--rdzv-heartbeat-timeout`, a
+//! node's launcher is interrupted, or a new node asks to join; the others then stop their
+//! workers and form the next round, whose workers get the new `WORLD_SIZE`, their ranks, a
+//! fresh `MASTER_ADDR`/`MASTER_PORT` and [`RDZV_ROUND_ENV`] = `DDP_RESTART_COUNT` = the round,
+//! and resume from their latest checkpoint. `--max-restarts` counts rounds that ended in a
+//! failure; the summary lists every round ([`ElasticRound`]). The hosting launcher is a single
+//! point of failure.
+//!
 //! # Not yet
 //! - `--nproc-per-node auto` counts CPU cores, not GPUs: pass the GPU count explicitly.
-//! - No elastic membership (`--nnodes MIN:MAX`): the node count is fixed.
+//! - No rendezvous backend without a single point of failure (torchrun's etcd): the maintained
+//!   Rust etcd client needs `protoc` to build.
 #![warn(missing_docs)]
 
 mod args;
 mod blame;
 mod context;
+mod elastic;
 mod env;
 mod error;
 mod init;
 mod live;
+mod node_count;
+mod node_sync;
 mod output;
 mod plan;
 pub mod progress;
 mod rendezvous;
+mod round_summary;
+mod run;
 mod signal_names;
 mod signals;
 mod spawn;
@@ -159,7 +179,11 @@ pub use context::WorkerContext;
 pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
 pub use init::init_from_env;
-pub use plan::{ALLOCATOR_ENV, LaunchPlan, MasterPort, RESTART_COUNT_ENV, WORKER_ENV};
+pub use node_count::{NodeCount, RdzvBackend};
+pub use plan::{
+    ALLOCATOR_ENV, LaunchPlan, MasterPort, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
+};
+pub use round_summary::ElasticRound;
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use summary::{RootCause, Victim};
 pub use worker::launch;

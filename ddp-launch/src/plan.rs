@@ -3,7 +3,9 @@
 //! [`LaunchPlan::run`].
 
 use super::args::{LaunchArgs, NprocPerNode};
+use super::elastic::ElasticSettings;
 use super::error::LaunchError;
+use super::node_count::{NodeCount, RdzvBackend};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -16,6 +18,9 @@ use std::time::Duration;
 pub const WORKER_ENV: &str = "DDP_LAUNCH_WORKER";
 /// Environment variable holding the restart count (0 on the first attempt).
 pub const RESTART_COUNT_ENV: &str = "DDP_RESTART_COUNT";
+/// Environment variable holding the elastic rendezvous round the workers belong to (elastic
+/// jobs only; equal to [`RESTART_COUNT_ENV`] there, since every new round restarts them).
+pub const RDZV_ROUND_ENV: &str = "DDP_RDZV_ROUND";
 
 /// Thread-pool variables set per worker (to cores / local ranks) unless already set.
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
@@ -129,6 +134,11 @@ pub struct LaunchPlan {
     pub(crate) job_token: String,
     /// Thread-pool and allocator variables to set for every worker.
     pub(crate) thread_env: Vec<(String, String)>,
+    /// Round-based rendezvous (`--rdzv-backend c10d`); `nnodes` is then MAX, and each round
+    /// runs a copy of the plan with the round's node count, node rank and master.
+    pub(crate) elastic: Option<ElasticSettings>,
+    /// The round a per-round copy of an elastic plan runs (set in the workers' environment).
+    pub(crate) rdzv_round: Option<u32>,
 }
 
 impl std::fmt::Debug for LaunchPlan {
@@ -207,12 +217,42 @@ impl LaunchPlan {
             NprocPerNode::Count(n) => n,
             NprocPerNode::Auto => host.cores.max(1),
         };
-        let nnodes = args.nnodes.unwrap_or(1);
-        if nnodes == 0 {
+        let nodes = args.nnodes.unwrap_or(NodeCount::fixed(1));
+        if nodes.min == 0 || nodes.max == 0 {
             return Err(LaunchError::ZeroNodes);
         }
+        if nodes.min > nodes.max {
+            return Err(LaunchError::NodeRangeReversed {
+                min: nodes.min,
+                max: nodes.max,
+            });
+        }
+        let default_backend = if nodes.is_elastic() {
+            RdzvBackend::C10d
+        } else {
+            RdzvBackend::Static
+        };
+        let elastic = match args.rdzv_backend.unwrap_or(default_backend) {
+            RdzvBackend::Static if nodes.is_elastic() => {
+                return Err(LaunchError::ElasticNeedsRounds {
+                    nnodes: nodes.to_string(),
+                });
+            }
+            RdzvBackend::Static => {
+                if let Some(endpoint) = &args.rdzv_endpoint {
+                    return Err(LaunchError::RdzvConflict {
+                        flag: format!("--rdzv-endpoint {endpoint}"),
+                        backend: "static".into(),
+                        why: "the static rendezvous is on --master-addr:--master-port; --rdzv-endpoint is for --rdzv-backend c10d".into(),
+                    });
+                }
+                None
+            }
+            backend => Some(ElasticSettings::validate(args, nodes, backend)?),
+        };
+        let nnodes = nodes.max;
         let node_rank = args.node_rank.unwrap_or(0);
-        if args.standalone {
+        if args.standalone && elastic.is_none() {
             let conflict = |flag: String| Err(LaunchError::StandaloneConflict { flag });
             if nnodes > 1 {
                 return conflict(format!("--nnodes {nnodes}"));
@@ -242,7 +282,10 @@ impl LaunchPlan {
             .map(str::trim)
             .filter(|a| !a.is_empty());
         let token = host.var(TOKEN_ENV);
-        if nnodes > 1 {
+        if elastic.is_some() && token.is_none() {
+            return Err(LaunchError::MissingJobToken { nnodes });
+        }
+        if nnodes > 1 && elastic.is_none() {
             if master_addr.is_none() {
                 return Err(LaunchError::MissingMasterAddr { nnodes });
             }
@@ -286,6 +329,8 @@ impl LaunchPlan {
             join_timeout: args.join_timeout,
             job_token,
             thread_env,
+            elastic,
+            rdzv_round: None,
         })
     }
 
@@ -333,9 +378,14 @@ impl LaunchPlan {
     pub fn program(&self) -> &Path {
         &self.command.program
     }
-    /// Whether the job spans several nodes.
+    /// Whether the job spans several nodes (with fixed node ranks: `--rdzv-backend static`).
     pub fn is_multi_node(&self) -> bool {
-        self.nnodes > 1
+        self.nnodes > 1 && self.elastic.is_none()
+    }
+    /// `(MIN, MAX)` nodes of a job that forms in rendezvous rounds (`--rdzv-backend c10d`),
+    /// `None` for a static one.
+    pub fn elastic_nodes(&self) -> Option<(usize, usize)> {
+        self.elastic.as_ref().map(|e| (e.nodes.min, e.nodes.max))
     }
 
     /// The variables set for `local_rank` on attempt `restart_count`, when the workers' store
@@ -364,6 +414,9 @@ impl LaunchPlan {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
+        if let Some(round) = self.rdzv_round {
+            env.push((RDZV_ROUND_ENV.to_string(), round.to_string()));
+        }
         env.extend(self.thread_env.iter().cloned());
         env
     }
@@ -708,5 +761,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("was not found"), "{e}");
+    }
+
+    #[test]
+    fn elastic_plans_need_a_token_and_give_workers_their_round() {
+        let args = LaunchArgs::new()
+            .with_nproc_per_node(NprocPerNode::Count(2))
+            .with_elastic_nodes(2, 3, "127.0.0.1:29400");
+        assert!(matches!(
+            plan(&args).unwrap_err(),
+            LaunchError::MissingJobToken { nnodes: 3 }
+        ));
+        let p = LaunchPlan::with_host(&args, command(), &host(8, &[(TOKEN_ENV, "t")]))
+            .expect("valid elastic plan");
+        assert_eq!(p.elastic_nodes(), Some((2, 3)));
+        assert!(!p.is_multi_node(), "static rendezvous only");
+        let mut round = p.clone();
+        round.rdzv_round = Some(4);
+        assert_eq!(
+            env_of(&round, 0).get(RDZV_ROUND_ENV).map(String::as_str),
+            Some("4")
+        );
+        assert!(!env_of(&p, 0).contains_key(RDZV_ROUND_ENV));
+        // N:N with the c10d backend is elastic too (ranks by join order, re-forming on failure).
+        let fixed = LaunchArgs::new()
+            .with_elastic_nodes(2, 2, "h:1")
+            .with_rdzv_backend(RdzvBackend::C10d);
+        let p =
+            LaunchPlan::with_host(&fixed, command(), &host(8, &[(TOKEN_ENV, "t")])).expect("valid");
+        assert_eq!(p.elastic_nodes(), Some((2, 2)));
     }
 }

@@ -15,6 +15,7 @@
 //! abort key so the others do not restart.
 
 use super::error::LaunchError;
+use super::node_sync::NodeSync;
 use super::plan::{LaunchPlan, MasterPort};
 use super::signal_names::signal_name;
 use super::signals::SignalGuard;
@@ -407,6 +408,16 @@ impl Rendezvous {
             }
             drop(server);
         }
+    }
+}
+
+impl NodeSync for Rendezvous {
+    fn poll_failure(&mut self, attempt: u32) -> Option<FailureCause> {
+        Rendezvous::poll_failure(self, attempt)
+    }
+
+    fn report_failure(&mut self, attempt: u32, description: &str, abort: bool) {
+        Rendezvous::report_failure(self, attempt, description, abort);
     }
 }
 

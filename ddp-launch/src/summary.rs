@@ -1,5 +1,6 @@
 //! [`FailureSummary`]: which rank failed first, how, and its last lines of output.
 
+use super::round_summary::{ElasticRound, rounds_lines};
 use super::signal_names::signal_name;
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
@@ -120,6 +121,8 @@ pub struct FailureSummary {
     /// Where the chain of blame from the first failure ends, when that rank failed because of
     /// another (it timed out waiting for it, or lost its connection).
     pub root_cause: Option<RootCause>,
+    /// An elastic job's rounds, from the first (empty for a static job).
+    pub rounds: Vec<ElasticRound>,
 }
 
 impl FailureSummary {
@@ -143,6 +146,10 @@ impl FailureSummary {
             self.max_restarts + 1,
             self.max_restarts
         ));
+        if !self.rounds.is_empty() {
+            out.push_str("  rounds:\n");
+            out.push_str(&rounds_lines(&self.rounds));
+        }
         if !self.others.is_empty() {
             let others: Vec<String> = self
                 .others
@@ -257,6 +264,7 @@ mod tests {
                 (2, WorkerExit::Code(1)),
             ],
             root_cause: None,
+            rounds: Vec::new(),
         }
     }
 

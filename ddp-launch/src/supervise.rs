@@ -16,13 +16,12 @@
 use super::blame::{FailureDir, trace_root};
 use super::error::LaunchError;
 use super::live::Console;
+use super::node_sync::NodeSync;
 use super::plan::LaunchPlan;
 use super::rendezvous::{Rendezvous, single_node_port};
 use super::signal_names::signal_name;
 use super::signals::SignalGuard;
-use super::spawn::{
-    AttemptFiles, ExitEvent, Worker, become_subreaper, kill_orphans, own_children, spawn_worker,
-};
+use super::spawn::{AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, spawn_worker};
 use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,41 +40,22 @@ const REPORT_GRACE: Duration = Duration::from_secs(2);
 const DRAIN_WAIT: Duration = Duration::from_secs(5);
 
 /// How one attempt ended.
-enum Outcome {
+pub(crate) enum Outcome {
     Succeeded,
     Failed(FailureSummary),
     Interrupted(i32),
 }
 
-impl LaunchPlan {
-    /// Starts the workers of this node, supervises them (restarting the group up to
-    /// `max_restarts` times) and returns when they all succeeded, or with the failure.
-    ///
-    /// Call it from a thread that lives until it returns (normally `main`): workers get
-    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
-    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
-    ///
-    /// # Errors
-    /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),
-    /// [`LaunchError::Interrupted`], [`LaunchError::PortInUse`], [`LaunchError::Spawn`], ...
-    pub fn run(&self) -> Result<(), LaunchError> {
-        supervise(self)
-    }
-}
-
-/// [`LaunchPlan::run`], here with the supervision it is made of, so the plan does not depend
-/// on its supervisor.
-fn supervise(plan: &LaunchPlan) -> Result<(), LaunchError> {
-    let signals = SignalGuard::install()?;
-    // Orphans of workers reparent to the launcher, which kills them after each attempt.
-    become_subreaper();
+/// A job with fixed node ranks (one node, or `--rdzv-backend static`): runs attempts until one
+/// succeeds or no restarts are left. The caller installed the signal handlers.
+pub(crate) fn run_fixed(plan: &LaunchPlan, signals: &SignalGuard) -> Result<(), LaunchError> {
     let mut rdzv = if plan.is_multi_node() {
-        Some(Rendezvous::connect(plan, &signals)?)
+        Some(Rendezvous::connect(plan, signals)?)
     } else {
         None
     };
     let console = Console::from_env();
-    let result = run_attempts(plan, &signals, &console, rdzv.as_mut());
+    let result = run_attempts(plan, signals, &console, rdzv.as_mut());
     if let Some(rdzv) = rdzv {
         rdzv.close();
     }
@@ -112,7 +92,7 @@ fn run_attempts(
             log_dir,
             signals,
             console,
-            rdzv.as_deref_mut(),
+            rdzv.as_deref_mut().map(|r| r as &mut dyn NodeSync),
         )?;
         let summary = match outcome {
             Outcome::Interrupted(signal) => return Err(LaunchError::Interrupted { signal }),
@@ -126,6 +106,7 @@ fn run_attempts(
                         max_restarts: plan.max_restarts,
                         others: Vec::new(),
                         root_cause: None,
+                        rounds: Vec::new(),
                     },
                 },
             },
@@ -151,7 +132,10 @@ fn run_attempts(
 }
 
 /// `--log-dir/attempt_<n>`, created.
-fn attempt_log_dir(plan: &LaunchPlan, restart_count: u32) -> Result<Option<PathBuf>, LaunchError> {
+pub(crate) fn attempt_log_dir(
+    plan: &LaunchPlan,
+    restart_count: u32,
+) -> Result<Option<PathBuf>, LaunchError> {
     let Some(dir) = &plan.log_dir else {
         return Ok(None);
     };
@@ -274,14 +258,15 @@ impl Group {
     }
 }
 
-fn run_attempt(
+/// Runs one attempt of this node's workers, with `rdzv` linking it to the other nodes.
+pub(crate) fn run_attempt(
     plan: &LaunchPlan,
     restart_count: u32,
     port: u16,
     log_dir: Option<PathBuf>,
     signals: &SignalGuard,
     console: &Arc<Console>,
-    mut rdzv: Option<&mut Rendezvous>,
+    mut rdzv: Option<&mut dyn NodeSync>,
 ) -> Result<Outcome, LaunchError> {
     let failures = FailureDir::create(restart_count)?;
     let (tx, events) = channel();
@@ -316,7 +301,7 @@ fn run_attempt(
                     signals.received() + 1,
                 );
                 group.drain();
-                if let Some(r) = rdzv.as_deref() {
+                if let Some(r) = rdzv.as_deref_mut() {
                     r.report_failure(
                         restart_count,
                         &format!("node {}: {e}", plan.node_rank),
@@ -382,7 +367,7 @@ fn run_attempt(
     // too, once rank 0 is gone).
     console.clear();
     // Tell the other nodes first, so they stop while we do.
-    if let Some(r) = rdzv.as_deref() {
+    if let Some(r) = rdzv {
         if let Some(sig) = interrupted {
             let what = format!(
                 "node {} was interrupted by {}",
@@ -468,5 +453,6 @@ fn run_attempt(
         max_restarts: plan.max_restarts,
         others: others(skip),
         root_cause,
+        rounds: Vec::new(),
     }))
 }

@@ -4,6 +4,7 @@
 
 mod launch_common;
 
+mod launch_elastic;
 mod launch_env;
 mod launch_errors;
 mod launch_failures;

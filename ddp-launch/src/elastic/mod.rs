@@ -1,0 +1,14 @@
+//! Elastic jobs (`--nnodes MIN:MAX`, `--rdzv-backend c10d`): this node's launcher joins
+//! rendezvous rounds ([`round`]) over a [`backend::RendezvousBackend`], runs its workers with
+//! the round's world size and ranks, and when the round ends (a node failed, died, left, or a
+//! new one asked in) stops them and joins the next round. The workers resume from their
+//! latest checkpoint; the launcher only restarts them.
+
+mod agent;
+mod backend;
+mod round;
+mod settings;
+mod store_backend;
+
+pub(crate) use agent::run_elastic;
+pub(crate) use settings::ElasticSettings;

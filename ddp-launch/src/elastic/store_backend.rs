@@ -1,0 +1,227 @@
+//! The `c10d` backend: the elastic rendezvous over ddp-comm's [`Store`], hosted by the first
+//! launcher that can bind `--rdzv-endpoint` (an address of its own host); the others connect.
+//!
+//! Heartbeats are counters: each launcher bumps `hb/<node id>` from a thread of its own, and a
+//! node whose counter this launcher has not seen change for the heartbeat timeout is dead.
+//! The host is a single point of failure: when its node dies, the store goes with it and the
+//! other launchers stop with the error (they cannot re-form the job).
+
+use super::backend::{BackendError, RendezvousBackend};
+use super::settings::ElasticSettings;
+use crate::error::LaunchError;
+use crate::signals::SignalGuard;
+use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long the hosting launcher keeps the store up for the others to read the outcome.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+/// Each store request's own time limit: a store that does not answer in this time is lost.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The heartbeat thread and how to stop it.
+struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// The c10d store backend of one launcher.
+pub(crate) struct StoreBackend {
+    store: Store,
+    server: Option<StoreServer>,
+    heartbeat: Option<Heartbeat>,
+    /// Per node: the last heartbeat value seen and when it changed (or was first seen).
+    seen: HashMap<String, (Option<Vec<u8>>, Instant)>,
+    heartbeat_timeout: Duration,
+    heartbeat_interval: Duration,
+    advertised_host: String,
+}
+
+fn store_err(e: CommError) -> BackendError {
+    BackendError(e.to_string())
+}
+
+impl StoreBackend {
+    /// Hosts the store if `--rdzv-endpoint` is an address of this host that nobody serves yet,
+    /// then connects to it (retrying until `join_timeout`, stopping on a signal).
+    pub(crate) fn connect(
+        settings: &ElasticSettings,
+        token: &str,
+        join_timeout: Duration,
+        node_id: &str,
+        signals: &SignalGuard,
+    ) -> Result<StoreBackend, LaunchError> {
+        let endpoint = settings.endpoint.to_string();
+        let err = |reason: String| LaunchError::ElasticRendezvous {
+            node_id: node_id.to_string(),
+            endpoint: endpoint.clone(),
+            reason,
+        };
+        // One address for everyone: hosting on one of several resolved addresses and connecting
+        // to another would split the job.
+        let addr: SocketAddr = (settings.endpoint.host.as_str(), settings.endpoint.port)
+            .to_socket_addrs()
+            .map_err(|e| err(format!("cannot resolve the host: {e}")))?
+            .next()
+            .ok_or_else(|| err("the host resolves to no address".into()))?;
+        let config = StoreConfig::new()
+            .with_token(token.as_bytes())
+            .with_timeout(REQUEST_TIMEOUT);
+        let server = match TcpListener::bind(addr) {
+            Ok(listener) => {
+                tracing::info!(%addr, "hosting the c10d rendezvous store");
+                Some(
+                    StoreServer::from_listener(listener, config.clone())
+                        .map_err(|e| err(format!("cannot host the store: {e}")))?,
+                )
+            }
+            // In use: another launcher on this host serves it. Not available: another host's.
+            Err(e) => {
+                tracing::debug!(%addr, %e, "not hosting the rendezvous store");
+                None
+            }
+        };
+        let deadline = Instant::now() + join_timeout;
+        let store = loop {
+            if let Some(signal) = signals.take() {
+                return Err(LaunchError::Interrupted { signal });
+            }
+            match Store::connect(&addr.to_string(), config.clone()) {
+                Ok(store) => break store,
+                Err(e @ CommError::Unauthorized { .. }) => {
+                    return Err(err(format!(
+                        "{e}: set the same {} on every node",
+                        ddp_comm::TOKEN_ENV
+                    )));
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(err(format!(
+                        "no launcher hosts the store there after {join_timeout:?} (the launcher on that host hosts it; is one running?): {e}"
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        let advertised_host = store
+            .local_addr()
+            .map(|a| a.ip().to_string())
+            .map_err(|e| err(format!("cannot tell this node's own address: {e}")))?;
+        Ok(StoreBackend {
+            store: store.with_prefix(&format!("elastic/{}/", settings.job_id)),
+            server,
+            heartbeat: None,
+            seen: HashMap::new(),
+            heartbeat_timeout: settings.heartbeat_timeout,
+            heartbeat_interval: settings.heartbeat_interval(),
+            advertised_host,
+        })
+    }
+}
+
+impl RendezvousBackend for StoreBackend {
+    fn add(&mut self, key: &str, delta: i64) -> Result<i64, BackendError> {
+        self.store.add(key, delta).map_err(store_err)
+    }
+
+    fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
+        // An empty `expected` matches a missing key only; the values we write are never empty.
+        self.store.compare_set(key, b"", value).map_err(store_err)
+    }
+
+    fn compare_set(
+        &mut self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, BackendError> {
+        self.store
+            .compare_set(key, expected, desired)
+            .map_err(store_err)
+    }
+
+    fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, BackendError> {
+        let mut values = self.store.multi_get(&[key]).map_err(store_err)?;
+        Ok(values.pop().flatten())
+    }
+
+    fn start_heartbeat(&mut self, node_id: &str) -> Result<(), BackendError> {
+        let store = self.store.duplicate().map_err(store_err)?;
+        let key = format!("hb/{node_id}");
+        // The first beat before returning: others may look for it as soon as we join a round.
+        store.add(&key, 1).map_err(store_err)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let interval = self.heartbeat_interval;
+        let thread = std::thread::Builder::new()
+            .name("ddp-heartbeat".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    let next = Instant::now() + interval;
+                    while Instant::now() < next && !stopped.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20).min(interval));
+                    }
+                    if let Err(e) = store.add(&key, 1) {
+                        tracing::warn!(%e, "cannot send a heartbeat to the rendezvous store");
+                    }
+                }
+            })
+            .map_err(|e| BackendError(format!("cannot start the heartbeat thread: {e}")))?;
+        self.heartbeat = Some(Heartbeat { stop, thread });
+        Ok(())
+    }
+
+    fn dead_nodes(&mut self, node_ids: &[String]) -> Result<Vec<String>, BackendError> {
+        let keys: Vec<String> = node_ids.iter().map(|id| format!("hb/{id}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = self.store.multi_get(&refs).map_err(store_err)?;
+        let now = Instant::now();
+        let mut dead = Vec::new();
+        for (id, value) in node_ids.iter().zip(values) {
+            let (last, since) = self
+                .seen
+                .entry(id.clone())
+                .or_insert_with(|| (value.clone(), now));
+            if *last != value {
+                *last = value;
+                *since = now;
+            } else if now.duration_since(*since) > self.heartbeat_timeout {
+                dead.push(id.clone());
+            }
+        }
+        Ok(dead)
+    }
+
+    fn advertised_host(&self) -> String {
+        self.advertised_host.clone()
+    }
+
+    fn close(self: Box<Self>) {
+        let StoreBackend {
+            store,
+            server,
+            heartbeat,
+            ..
+        } = *self;
+        if let Some(hb) = heartbeat {
+            hb.stop.store(true, Ordering::Relaxed);
+            let _ = hb.thread.join();
+        }
+        drop(store);
+        if let Some(server) = server {
+            if server.num_clients() > 0 {
+                eprintln!(
+                    "ddp launcher: this node hosts the rendezvous; waiting (at most {CLOSE_WAIT:?}) for the other nodes' launchers to leave"
+                );
+            }
+            if !server.wait_for_clients(0, CLOSE_WAIT) {
+                tracing::warn!(
+                    "other launchers still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! [`LaunchPlan::run`]: the launcher's entry point, choosing the supervision the plan needs
+//! (fixed node ranks, or elastic rounds), so neither depends on the other.
+
+use super::elastic::run_elastic;
+use super::error::LaunchError;
+use super::live::Console;
+use super::plan::LaunchPlan;
+use super::signals::SignalGuard;
+use super::spawn::become_subreaper;
+use super::supervise::run_fixed;
+
+impl LaunchPlan {
+    /// Starts the workers of this node, supervises them (restarting the group up to
+    /// `max_restarts` times; an elastic job re-forms in rendezvous rounds) and returns when
+    /// they all succeeded, or with the failure.
+    ///
+    /// Call it from a thread that lives until it returns (normally `main`): workers get
+    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
+    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
+    ///
+    /// # Errors
+    /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),
+    /// [`LaunchError::Interrupted`], [`LaunchError::PortInUse`], [`LaunchError::Spawn`], ...
+    pub fn run(&self) -> Result<(), LaunchError> {
+        let signals = SignalGuard::install()?;
+        // Orphans of workers reparent to the launcher, which kills them after each attempt.
+        become_subreaper();
+        match &self.elastic {
+            Some(settings) => run_elastic(self, settings, &signals, &Console::from_env()),
+            None => run_fixed(self, &signals),
+        }
+    }
+}

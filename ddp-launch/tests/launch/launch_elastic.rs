@@ -1,0 +1,521 @@
+//! Elastic jobs: several `ddp-run --nnodes 2:3 --rdzv-backend c10d` launchers on this host,
+//! each a "node" with two workers of `launch_worker --mode elastic` (they record the world size
+//! of every round, and stop together once the test creates the file `stop`). Nodes are killed,
+//! frozen and added while the job runs; the job must re-form at the new size each time.
+use crate::launch_common::*;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Generous: rounds wait for last calls, heartbeats and grace periods on a loaded machine.
+const ROUND_DEADLINE: Duration = Duration::from_secs(90);
+const NPROC: usize = 2;
+
+/// What one worker wrote when its round started.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    world: usize,
+    node_rank: usize,
+    pid: i32,
+    launcher: i32,
+}
+
+/// A job of launchers on this host sharing one rendezvous endpoint and one record directory.
+struct ElasticJob {
+    dir: tempfile::TempDir,
+    port: u16,
+    agents: Vec<Running>,
+}
+
+impl ElasticJob {
+    fn new() -> ElasticJob {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        ElasticJob {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port,
+            agents: Vec::new(),
+        }
+    }
+
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut cmd = ddp_run();
+        cmd.args([
+            "--nnodes",
+            "2:3",
+            "--nproc-per-node",
+            &NPROC.to_string(),
+            "--rdzv-endpoint",
+            &format!("127.0.0.1:{}", self.port),
+            "--rdzv-id",
+            "elastic-test",
+            "--rdzv-last-call",
+            "1",
+            "--rdzv-heartbeat-timeout",
+            "3",
+            "--grace-period",
+            "1",
+            "--join-timeout",
+            "80",
+        ])
+        .args(extra)
+        .arg("--")
+        .arg(worker_path())
+        .args(["--mode", "elastic", "--pid-dir"])
+        .arg(self.dir.path())
+        .env("DDP_JOB_TOKEN", "elastic-test-token");
+        cmd
+    }
+
+    /// Starts a node's launcher; returns its index in `agents`.
+    fn start_agent(&mut self, extra: &[&str]) -> usize {
+        self.agents.push(start(self.command(extra)));
+        self.agents.len() - 1
+    }
+
+    /// Starts the launcher that hosts the store (the first to bind the endpoint) and waits
+    /// until it listens, so the test knows which node hosts it.
+    fn start_host(&mut self, extra: &[&str]) -> usize {
+        let i = self.start_agent(extra);
+        let deadline = Instant::now() + ROUND_DEADLINE;
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                self.agents[i].child.try_wait().expect("try_wait").is_none(),
+                "the first launcher exited before listening"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the first launcher never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        i
+    }
+
+    fn pid(&self, agent: usize) -> i32 {
+        self.agents[agent].child.id() as i32
+    }
+
+    /// Every worker record written so far, by file name.
+    fn records(&self) -> Vec<(String, Record)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.dir.path()).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "world") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read record");
+            let f: Vec<i64> = text
+                .split_whitespace()
+                .map(|x| x.parse().expect("number"))
+                .collect();
+            let name = path
+                .file_stem()
+                .expect("stem")
+                .to_string_lossy()
+                .into_owned();
+            out.push((
+                name,
+                Record {
+                    world: f[0] as usize,
+                    node_rank: f[1] as usize,
+                    pid: f[2] as i32,
+                    launcher: f[3] as i32,
+                },
+            ));
+        }
+        out
+    }
+
+    /// Waits until every rank of `round` started with world size `world`; returns their
+    /// records by rank. A round of another size fails the test.
+    fn wait_round(&mut self, round: u32, world: usize) -> Vec<Record> {
+        let deadline = Instant::now() + ROUND_DEADLINE;
+        loop {
+            let records = self.records();
+            let mine: Vec<Record> = (0..world)
+                .filter_map(|rank| {
+                    let name = format!("round{round}-rank{rank}");
+                    records.iter().find(|(n, _)| *n == name).map(|(_, r)| *r)
+                })
+                .collect();
+            for (name, r) in &records {
+                if name.starts_with(&format!("round{round}-")) {
+                    assert_eq!(r.world, world, "{name}: {r:?}\n{}", self.describe());
+                }
+            }
+            if mine.len() == world {
+                return mine;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round} with world {world} did not start within {ROUND_DEADLINE:?}\n{}",
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut names: Vec<String> = self
+            .records()
+            .into_iter()
+            .map(|(n, r)| format!("{n}: {r:?}"))
+            .collect();
+        names.sort();
+        names.join("\n")
+    }
+
+    /// SIGKILLs launcher `agent` and its workers of `records` (a dead machine).
+    fn kill_node(&self, agent: usize, records: &[Record]) {
+        let launcher = self.pid(agent);
+        // SAFETY: signals to processes this test started (the launcher and its workers).
+        unsafe { libc::kill(launcher, libc::SIGKILL) };
+        for r in records.iter().filter(|r| r.launcher == launcher) {
+            // SAFETY: as above.
+            unsafe { libc::kill(r.pid, libc::SIGKILL) };
+        }
+    }
+
+    /// Lets the workers finish, and waits for launchers `agents` to exit; returns their output.
+    fn finish(&mut self, agents: &[usize]) -> Vec<Finished> {
+        std::fs::write(self.dir.path().join("stop"), b"").expect("write stop file");
+        let mut done = Vec::new();
+        for &i in agents {
+            let placeholder = start(Command::new("true"));
+            let running = std::mem::replace(&mut self.agents[i], placeholder);
+            done.push(running.finish());
+        }
+        done
+    }
+
+    /// Every worker that ever ran, for the orphan check.
+    fn all_workers(&self) -> Vec<(String, i32)> {
+        self.records()
+            .into_iter()
+            .map(|(n, r)| (n, r.pid))
+            .collect()
+    }
+}
+
+impl Drop for ElasticJob {
+    fn drop(&mut self) {
+        // After a failed assertion: nothing this test started may survive it.
+        for a in &mut self.agents {
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+        kill_all(&self.all_workers());
+    }
+}
+
+fn node_of(records: &[Record], launcher: i32) -> Vec<Record> {
+    records
+        .iter()
+        .copied()
+        .filter(|r| r.launcher == launcher)
+        .collect()
+}
+
+fn assert_succeeded(out: &Finished) {
+    assert_eq!(out.status.code(), Some(0), "{}", out.all());
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}
+
+/// The rounds block a launcher printed at exit: its lines, trimmed.
+fn rounds_printed(out: &Finished) -> Vec<String> {
+    out.stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("ddp launcher: elastic job rounds"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    round "))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn a_killed_node_shrinks_the_job_and_a_new_node_grows_it_back() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&["--max-restarts", "3"]);
+    let second = job.start_agent(&["--max-restarts", "3"]);
+    let third = job.start_agent(&["--max-restarts", "3"]);
+
+    let round0 = job.wait_round(0, 3 * NPROC);
+    for agent in [host, second, third] {
+        assert_eq!(node_of(&round0, job.pid(agent)).len(), NPROC);
+    }
+
+    // A node dies: its launcher and workers at once, as with a lost machine.
+    let killed_pid = job.pid(third);
+    let killed_at = Instant::now();
+    job.kill_node(third, &round0);
+    let round1 = job.wait_round(1, 2 * NPROC);
+    let recovery = killed_at.elapsed();
+    println!(
+        "elastic (c10d): from the node's death to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
+        recovery.as_secs_f64()
+    );
+    assert!(node_of(&round1, job.pid(third)).is_empty());
+    let mut node_ranks: Vec<usize> = round1.iter().map(|r| r.node_rank).collect();
+    node_ranks.sort();
+    assert_eq!(node_ranks, [0, 0, 1, 1]);
+
+    // A new node arrives: the job grows back to three nodes.
+    let arrived_at = Instant::now();
+    let fourth = job.start_agent(&["--max-restarts", "3"]);
+    let round2 = job.wait_round(2, 3 * NPROC);
+    println!(
+        "elastic (c10d): from a new node's start to 3-node training: {:.2} s",
+        arrived_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(node_of(&round2, job.pid(fourth)).len(), NPROC);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[host, second, fourth]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    println!("rounds from the summary:\n{}", rounds.join("\n"));
+    assert_eq!(rounds.len(), 3, "{}", outs[0].all());
+    // Whichever rank noticed first, the summary names the node that is gone.
+    assert!(
+        rounds[0].starts_with("round 0: 3 node(s)")
+            && rounds[0].contains("failure: ")
+            && rounds[0].contains("; not in the next round: ")
+            && rounds[0].ends_with(&format!(":{killed_pid}")),
+        "{rounds:?}"
+    );
+    assert!(
+        rounds[1].starts_with("round 1: 2 node(s)") && rounds[1].contains("node joined: "),
+        "{rounds:?}"
+    );
+    assert!(
+        rounds[2].starts_with("round 2: 3 node(s)") && rounds[2].contains("completed"),
+        "{rounds:?}"
+    );
+    // Every node printed the same history.
+    for out in &outs[1..] {
+        assert_eq!(rounds_printed(out), rounds, "{}", out.all());
+    }
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+#[test]
+fn a_frozen_node_is_dropped_when_its_heartbeats_stop() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&["--max-restarts", "1"]);
+    let second = job.start_agent(&["--max-restarts", "1"]);
+    let frozen = job.start_agent(&["--max-restarts", "1"]);
+    let round0 = job.wait_round(0, 3 * NPROC);
+
+    // A hung machine: its launcher and workers stop, their connections stay open, so only the
+    // missing heartbeats tell the other nodes.
+    let launcher = job.pid(frozen);
+    let stopped: Vec<i32> = std::iter::once(launcher)
+        .chain(node_of(&round0, launcher).iter().map(|r| r.pid))
+        .collect();
+    for pid in &stopped {
+        // SAFETY: processes this test started.
+        unsafe { libc::kill(*pid, libc::SIGSTOP) };
+    }
+    let frozen_at = Instant::now();
+    job.wait_round(1, 2 * NPROC);
+    println!(
+        "elastic (c10d): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout 3 s)",
+        frozen_at.elapsed().as_secs_f64()
+    );
+    job.kill_node(frozen, &round0);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[host, second]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    assert!(
+        rounds[0].contains(&format!(":{launcher} sent no heartbeat for 3s")),
+        "{rounds:?}\n{}",
+        outs[0].all()
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+/// Preemption: SIGTERM to a node's launcher stops its workers and takes the node out of the
+/// job; the others go on without it.
+#[test]
+fn an_interrupted_node_leaves_and_the_others_go_on() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&["--max-restarts", "1"]);
+    let second = job.start_agent(&["--max-restarts", "1"]);
+    let leaving = job.start_agent(&["--max-restarts", "1"]);
+    job.wait_round(0, 3 * NPROC);
+    let launcher = job.pid(leaving);
+    // SAFETY: a process this test started.
+    unsafe { libc::kill(launcher, libc::SIGTERM) };
+    let placeholder = start(Command::new("true"));
+    let left = std::mem::replace(&mut job.agents[leaving], placeholder).finish();
+    assert_eq!(
+        left.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        left.all()
+    );
+    job.wait_round(1, 2 * NPROC);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[host, second]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    assert!(
+        rounds[0].contains(&format!(":{launcher}: node "))
+            && rounds[0].contains("was interrupted by SIGTERM")
+            && rounds[0].contains("; not in the next round: ")
+            && rounds[0].ends_with(&format!(":{launcher}")),
+        "{rounds:?}"
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+#[test]
+fn a_failure_with_no_restarts_left_stops_every_node_with_the_rounds() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&[]);
+    let second = job.start_agent(&[]);
+    let third = job.start_agent(&[]);
+    let round0 = job.wait_round(0, 3 * NPROC);
+    job.kill_node(third, &round0);
+    let workers = job.all_workers();
+    for i in [host, second] {
+        let placeholder = start(Command::new("true"));
+        let out = std::mem::replace(&mut job.agents[i], placeholder).finish();
+        assert_eq!(out.status.code(), Some(1), "{}", out.all());
+        assert!(
+            out.stderr
+                .contains("ended in a failure with no restarts left (--max-restarts 0)"),
+            "{}",
+            out.all()
+        );
+        let summary_rounds = out
+            .stderr
+            .lines()
+            .skip_while(|l| !l.starts_with("  rounds:"))
+            .nth(1)
+            .unwrap_or_default();
+        assert!(
+            summary_rounds.starts_with("    round 0: 3 node(s)")
+                && summary_rounds.contains("failure: "),
+            "{}",
+            out.all()
+        );
+    }
+    assert!(
+        !job.dir.path().join("round1-rank0.world").exists(),
+        "no second round may start"
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+fn assert_usage_error(args: &[&str], expected: &str) {
+    let mut cmd = ddp_run();
+    cmd.args(args)
+        .args(["--", "true"])
+        .env("DDP_JOB_TOKEN", "t");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", out.all());
+    assert!(
+        out.stderr.contains(expected),
+        "expected {expected:?} in\n{}",
+        out.all()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}
+
+#[test]
+fn bad_elastic_flags_are_rejected_with_what_to_do() {
+    let ep = ["--rdzv-endpoint", "127.0.0.1:29400"];
+    let with_ep =
+        |args: &[&'static str]| -> Vec<&'static str> { args.iter().copied().chain(ep).collect() };
+    assert_usage_error(
+        &with_ep(&["--nnodes", "3:2"]),
+        "--nnodes 3:2 is reversed: MIN must not exceed MAX",
+    );
+    assert_usage_error(
+        &with_ep(&["--nnodes", "0:2"]),
+        "--nnodes must be at least 1, got 0",
+    );
+    assert_usage_error(
+        &["--nnodes", "2:x"],
+        "expected a number of nodes N or a range MIN:MAX (e.g. 2:4), got '2:x'",
+    );
+    assert_usage_error(
+        &["--nnodes", "2:3"],
+        "--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT",
+    );
+    assert_usage_error(
+        &with_ep(&["--nnodes", "2:3", "--node-rank", "1"]),
+        "--node-rank 1 cannot be used with --rdzv-backend c10d: the rendezvous assigns node ranks",
+    );
+    assert_usage_error(
+        &with_ep(&["--nnodes", "2:3", "--master-port", "29500"]),
+        "--master-port 29500 cannot be used with --rdzv-backend c10d",
+    );
+    assert_usage_error(
+        &with_ep(&["--nnodes", "2:3", "--rdzv-backend", "static"]),
+        "--nnodes 2:3 lets the job change size, which --rdzv-backend static cannot",
+    );
+    assert_usage_error(
+        &["--nnodes", "2:3", "--rdzv-endpoint", "node0"],
+        "--rdzv-endpoint node0: expected HOST:PORT",
+    );
+    assert_usage_error(
+        &with_ep(&["--nnodes", "2:3", "--rdzv-heartbeat-timeout", "0.1"]),
+        "--rdzv-heartbeat-timeout 100ms: must be at least 500ms",
+    );
+    assert_usage_error(
+        &["--nnodes", "2", "--rdzv-endpoint", "h:1"],
+        "--rdzv-endpoint h:1 cannot be used with --rdzv-backend static",
+    );
+    // Without the shared secret.
+    let mut cmd = ddp_run();
+    cmd.args(["--nnodes", "2:3"]).args(ep).args(["--", "true"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", out.all());
+    assert!(
+        out.stderr.contains("needs a shared job token"),
+        "{}",
+        out.all()
+    );
+}
+
+/// Nodes must agree on the settings that shape the job.
+#[test]
+fn a_node_with_other_settings_is_refused() {
+    let mut job = ElasticJob::new();
+    let host = job.start_host(&[]);
+    let mut cmd = job.command(&["--max-restarts", "2"]);
+    cmd.env("RUST_LOG", "warn");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains(
+            "the first node runs with --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 but this node with --nnodes 2:3 --nproc-per-node 2 --max-restarts 2"
+        ),
+        "{}",
+        out.all()
+    );
+    // The first node still waits for a second one; the test's drop stops it.
+    assert!(
+        job.agents[host]
+            .child
+            .try_wait()
+            .expect("try_wait")
+            .is_none()
+    );
+    assert!(!Path::new(&job.dir.path().join("round0-rank0.world")).exists());
+}
