@@ -170,6 +170,7 @@ mod run;
 mod signal_names;
 mod signals;
 mod spawn;
+mod store_connect;
 mod summary;
 mod supervise;
 mod worker;

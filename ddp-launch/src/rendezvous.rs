@@ -19,6 +19,7 @@ use super::node_sync::NodeSync;
 use super::plan::{LaunchPlan, MasterPort};
 use super::signal_names::signal_name;
 use super::signals::SignalGuard;
+use super::store_connect::connect_with_retry;
 use super::summary::FailureCause;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::net::TcpListener;
@@ -153,27 +154,12 @@ impl Rendezvous {
             None
         };
         let deadline = Instant::now() + plan.join_timeout;
-        let store = loop {
-            if let Some(sig) = signals.take() {
-                return Err(LaunchError::Interrupted { signal: sig });
-            }
-            match Store::connect(&addr, config.clone()) {
-                Ok(store) => break store,
-                Err(e @ CommError::Unauthorized { .. }) => {
-                    return Err(err(format!(
-                        "{e}: set the same {} on every node",
-                        ddp_comm::TOKEN_ENV
-                    )));
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(err(format!(
-                        "node 0's launcher did not answer within {:?} (is it running with --node-rank 0 and the same --master-port?): {e}",
-                        plan.join_timeout
-                    )));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            }
-        };
+        let store = connect_with_retry(&addr, &config, deadline, signals, err, |e| {
+            format!(
+                "node 0's launcher did not answer within {:?} (is it running with --node-rank 0 and the same --master-port?): {e}",
+                plan.join_timeout
+            )
+        })?;
         let mut rdzv = Rendezvous {
             store,
             server,

@@ -10,6 +10,7 @@ use super::backend::{BackendError, RendezvousBackend};
 use super::settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::signals::SignalGuard;
+use crate::store_connect::connect_with_retry;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -85,27 +86,18 @@ impl StoreBackend {
                 None
             }
         };
-        let deadline = Instant::now() + join_timeout;
-        let store = loop {
-            if let Some(signal) = signals.take() {
-                return Err(LaunchError::Interrupted { signal });
-            }
-            match Store::connect(&addr.to_string(), config.clone()) {
-                Ok(store) => break store,
-                Err(e @ CommError::Unauthorized { .. }) => {
-                    return Err(err(format!(
-                        "{e}: set the same {} on every node",
-                        ddp_comm::TOKEN_ENV
-                    )));
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(err(format!(
-                        "no launcher hosts the store there after {join_timeout:?} (the launcher on that host hosts it; is one running?): {e}"
-                    )));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            }
-        };
+        let store = connect_with_retry(
+            &addr.to_string(),
+            &config,
+            Instant::now() + join_timeout,
+            signals,
+            err,
+            |e| {
+                format!(
+                    "no launcher hosts the store there after {join_timeout:?} (the launcher on that host hosts it; is one running?): {e}"
+                )
+            },
+        )?;
         let advertised_host = store
             .local_addr()
             .map(|a| a.ip().to_string())

@@ -421,19 +421,12 @@ fn a_failure_with_no_restarts_left_stops_every_node_with_the_rounds() {
     assert_all_gone(&workers, Duration::from_secs(10));
 }
 
-fn assert_usage_error(args: &[&str], expected: &str) {
+fn assert_flags_refused(args: &[&str], expected: &str) {
     let mut cmd = ddp_run();
     cmd.args(args)
         .args(["--", "true"])
         .env("DDP_JOB_TOKEN", "t");
-    let out = run(cmd);
-    assert_eq!(out.status.code(), Some(2), "{}", out.all());
-    assert!(
-        out.stderr.contains(expected),
-        "expected {expected:?} in\n{}",
-        out.all()
-    );
-    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+    crate::launch_common::assert_usage_error(&run(cmd), expected);
 }
 
 #[test]
@@ -441,43 +434,43 @@ fn bad_elastic_flags_are_rejected_with_what_to_do() {
     let ep = ["--rdzv-endpoint", "127.0.0.1:29400"];
     let with_ep =
         |args: &[&'static str]| -> Vec<&'static str> { args.iter().copied().chain(ep).collect() };
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "3:2"]),
         "--nnodes 3:2 is reversed: MIN must not exceed MAX",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "0:2"]),
         "--nnodes must be at least 1, got 0",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &["--nnodes", "2:x"],
         "expected a number of nodes N or a range MIN:MAX (e.g. 2:4), got '2:x'",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &["--nnodes", "2:3"],
         "--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "2:3", "--node-rank", "1"]),
         "--node-rank 1 cannot be used with --rdzv-backend c10d: the rendezvous assigns node ranks",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "2:3", "--master-port", "29500"]),
         "--master-port 29500 cannot be used with --rdzv-backend c10d",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "2:3", "--rdzv-backend", "static"]),
         "--nnodes 2:3 lets the job change size, which --rdzv-backend static cannot",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &["--nnodes", "2:3", "--rdzv-endpoint", "node0"],
         "--rdzv-endpoint node0: expected HOST:PORT",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &with_ep(&["--nnodes", "2:3", "--rdzv-heartbeat-timeout", "0.1"]),
         "--rdzv-heartbeat-timeout 100ms: must be at least 500ms",
     );
-    assert_usage_error(
+    assert_flags_refused(
         &["--nnodes", "2", "--rdzv-endpoint", "h:1"],
         "--rdzv-endpoint h:1 cannot be used with --rdzv-backend static",
     );

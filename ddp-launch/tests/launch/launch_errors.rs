@@ -4,16 +4,6 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
-fn assert_usage_error(out: &Finished, expected: &str) {
-    assert_eq!(out.status.code(), Some(2), "{}", out.all());
-    assert!(
-        out.stderr.contains(expected),
-        "expected {expected:?} in\n{}",
-        out.all()
-    );
-    assert!(!out.stderr.contains("panicked"), "{}", out.all());
-}
-
 #[test]
 fn taken_master_port_is_reported_before_any_worker_starts() {
     let taken = TcpListener::bind("0.0.0.0:0").expect("bind");

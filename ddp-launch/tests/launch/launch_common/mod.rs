@@ -234,3 +234,14 @@ pub fn kill_all(pids: &[(String, i32)]) {
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
 }
+
+/// A usage error: exit code 2, `expected` on stderr, and no panic.
+pub fn assert_usage_error(out: &Finished, expected: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", out.all());
+    assert!(
+        out.stderr.contains(expected),
+        "expected {expected:?} in\n{}",
+        out.all()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}
