@@ -63,7 +63,12 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     worlds: Vec<usize>,
     /// What each rank holds.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "ddp,zero1,zero2")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ddp,zero1,zero2"
+    )]
     modes: Vec<Mode>,
     /// Training steps per rank (Adam's state exists after the first).
     #[arg(long, default_value_t = 3)]
@@ -333,12 +338,12 @@ fn worker(args: &Args, mode: Mode) -> Result<Row> {
         Mode::Zero1 => train(
             args,
             &mut ddp,
-            &mut Held::Zero(ZeroRedundancyOptimizer::new(adam, pg.clone())),
+            &mut Held::Zero(Box::new(ZeroRedundancyOptimizer::new(adam, pg.clone()))),
         )?,
         Mode::Zero2 => {
             let zero = ZeroRedundancyOptimizer::stage2(adam, &mut ddp)?;
             debug_assert_eq!(zero.stage(), ZeroStage::Two);
-            train(args, &mut ddp, &mut Held::Zero(zero))?
+            train(args, &mut ddp, &mut Held::Zero(Box::new(zero)))?
         }
     };
     row.start_rss = start_rss;
@@ -352,14 +357,14 @@ type AdamRecord = <Plain as Optimizer<Model, B>>::Record;
 /// The optimizer a rank trains with, as far as measuring it goes.
 enum Held {
     Plain(Plain),
-    Zero(ZeroRedundancyOptimizer<Plain, Model, B>),
+    Zero(Box<ZeroRedundancyOptimizer<Plain, Model, B>>),
 }
 
 impl Held {
     fn step(&mut self, ddp: &mut DistributedDataParallel<B, Model>, grads: GradientsParams) {
         match self {
             Held::Plain(o) => ddp.optimizer_step(o, 1e-3, grads),
-            Held::Zero(o) => ddp.optimizer_step(o, 1e-3, grads),
+            Held::Zero(o) => ddp.optimizer_step(o.as_mut(), 1e-3, grads),
         }
     }
 
@@ -450,7 +455,10 @@ fn gradient_bytes<M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> 
     struct Sum<'a>(&'a GradientsParams, u64);
     impl ModuleVisitor<B> for Sum<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(g) = self.0.get::<<B as AutodiffBackend>::InnerBackend, D>(param.id) {
+            if let Some(g) = self
+                .0
+                .get::<<B as AutodiffBackend>::InnerBackend, D>(param.id)
+            {
                 self.1 += (g.shape().num_elements() * g.dtype().size()) as u64;
             }
         }
