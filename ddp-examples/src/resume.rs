@@ -14,13 +14,18 @@ use ddp_core::checkpoint::{FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::data::DistributedDataLoader;
 use ddp_core::launch::WorkerContext;
 
-/// Where training continues: the first epoch to run and the global step count so far.
-#[derive(Debug, Clone, Copy, Default)]
+/// Where training continues: the first epoch to run, the global step count so far, and the
+/// checkpoint's training state when resuming.
+#[derive(Debug, Clone, Default)]
 pub struct StartPoint {
     /// Epochs already finished.
     pub epoch: usize,
     /// Optimizer steps already taken.
     pub step: u64,
+    /// The resumed checkpoint's [`TrainingState`], for what the program saved besides the
+    /// model and the optimizer (its user payload: `state.user::<T>()`, e.g. a loss scaler's
+    /// state); `None` when training starts fresh.
+    pub state: Option<TrainingState>,
 }
 
 /// What to do with the checkpoints already in the directory.
@@ -115,6 +120,7 @@ where
             let start = StartPoint {
                 epoch: resumed.state.epoch as usize,
                 step: resumed.state.global_step,
+                state: Some(resumed.state),
             };
             if main {
                 eprintln!(

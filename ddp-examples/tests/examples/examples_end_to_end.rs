@@ -189,7 +189,7 @@ fn number_after(text: &str, label: &str) -> u64 {
 }
 
 #[test]
-fn transformer_with_zero_learns_halves_adams_state_and_resumes_without_it() {
+fn transformer_with_zero2_learns_halves_adams_state_and_resumes_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let args = |nproc: &'static str, epochs: &'static str| {
@@ -208,24 +208,24 @@ fn transformer_with_zero_learns_halves_adams_state_and_resumes_without_it() {
             ckpt.to_str().unwrap(),
         ];
         if nproc == "2" {
-            a.push("--zero");
+            a.extend(["--shard", "zero2"]);
         }
         a
     };
     let bin = env!("CARGO_BIN_EXE_transformer");
     let (ok, out, err) = run(bin, &args("2", "2"));
-    assert!(ok, "transformer --zero failed:\n{out}\n{err}");
-    assert!(err.contains("zero on"), "{err}");
+    assert!(ok, "transformer --shard zero2 failed:\n{out}\n{err}");
+    assert!(err.contains("shard zero2"), "{err}");
     let accuracy = percent_after(&out, "token accuracy");
     assert!(
         accuracy >= 90.0,
-        "token accuracy {accuracy}% with --zero:\n{out}"
+        "token accuracy {accuracy}% with --shard zero2:\n{out}"
     );
     let sharded = number_after(&out, "optimizer state on rank 0:");
 
-    // One process, plain Adam, from the checkpoint ZeRO wrote: the whole state.
+    // One process, plain Adam, from the checkpoint ZeRO-2 wrote: the whole state.
     let (ok, out, err) = run(bin, &args("1", "3"));
-    assert!(ok, "resuming without --zero failed:\n{out}\n{err}");
+    assert!(ok, "resuming without --shard failed:\n{out}\n{err}");
     assert!(err.contains("resuming from"), "{err}");
     let accuracy = percent_after(&out, "token accuracy");
     assert!(

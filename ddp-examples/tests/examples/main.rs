@@ -9,4 +9,5 @@ mod examples_end_to_end;
 mod open_mpi;
 mod restart_fresh;
 mod slurm;
+mod transformer_shard;
 mod uneven_inputs;

@@ -130,6 +130,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     let StartPoint {
         epoch: start_epoch,
         mut step,
+        ..
     } = resume_or_start(
         "digits",
         &checkpoints,

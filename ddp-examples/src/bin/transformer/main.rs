@@ -5,14 +5,14 @@
 //! cargo run --release -p ddp-examples --bin transformer -- --nproc-per-node 2
 //! ```
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::{ElementConversion, FloatDType};
 use clap::{Parser, ValueEnum};
 use ddp_core::TapBackend;
-use ddp_core::amp::{GradScalerConfig, autocast};
+use ddp_core::amp::{GradScaler, GradScalerConfig, GradScalerState, autocast};
 use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
@@ -21,7 +21,7 @@ use ddp_core::{
     data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
     launch::{LaunchArgs, WorkerContext},
     progress::EpochProgress,
-    zero::ZeroRedundancyOptimizer,
+    zero::{ZeroRedundancyOptimizer, ZeroStage},
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
@@ -84,8 +84,14 @@ struct Args {
     /// no marks in the model); taps then fire at the end of backward unless `--boundaries`.
     #[arg(long)]
     no_automatic_overlap: bool,
-    /// Shard Adam's state across the ranks (`ZeroRedundancyOptimizer`, ZeRO stage 1).
-    #[arg(long)]
+    /// Shard the training state across the ranks with `ZeroRedundancyOptimizer`: `zero1`
+    /// Adam's state (ZeRO stage 1), `zero2` Adam's state and the averaged gradients (stage 2).
+    /// Every rank keeps a whole replica of the parameters (fully sharded parameters, FSDP, are
+    /// not implemented).
+    #[arg(long, value_enum, value_name = "WHAT")]
+    shard: Option<Shard>,
+    /// Same as `--shard zero1` (the older spelling).
+    #[arg(long, conflicts_with = "shard")]
     zero: bool,
     /// Write a Chrome trace of the first steps here (rank 0).
     #[arg(long)]
@@ -111,6 +117,70 @@ struct Args {
     /// master weights, with dynamic loss scaling (`ddp_core::amp`).
     #[arg(long, value_enum, value_name = "DTYPE")]
     mixed_precision: Option<MixedPrecision>,
+    /// The loss scale of a fresh `--mixed-precision` run (a resumed run continues with the
+    /// checkpoint's).
+    #[arg(long, default_value_t = 65536.0)]
+    loss_scale: f32,
+    /// Finite steps in a row after which the loss scale doubles.
+    #[arg(long, default_value_t = 2000)]
+    loss_scale_growth_interval: u64,
+}
+
+impl Args {
+    /// `--shard`, or `zero1` for `--zero`.
+    fn shard(&self) -> Option<Shard> {
+        self.shard.or(self.zero.then_some(Shard::Zero1))
+    }
+
+    /// Refuses combinations that cannot run, before any worker starts.
+    fn check(&self) -> Result<()> {
+        match self.shard() {
+            Some(Shard::Full) => bail!(
+                "--shard full (fully sharded parameters, FSDP) is not implemented: use --shard \
+                 zero1 (Adam's state sharded) or --shard zero2 (Adam's state and gradients)"
+            ),
+            Some(Shard::Zero2) if self.powersgd.is_some() => bail!(
+                "--shard zero2 averages the gradients itself (a reduce-scatter in the optimizer \
+                 step), so it cannot be combined with --powersgd, which replaces DDP's \
+                 averaging: use --shard zero1 with --powersgd"
+            ),
+            Some(Shard::Zero2) if self.collectives == CollectivesArg::Nccl => bail!(
+                "--shard zero2 needs DDP's communication hooks, which --collectives nccl does \
+                 not run: use --collectives host, or --shard zero1"
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `--shard zero1|zero2`: how much of the training state ZeRO shards across the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Shard {
+    /// Adam's state (ZeRO stage 1).
+    Zero1,
+    /// Adam's state and the averaged gradients (ZeRO stage 2).
+    Zero2,
+    /// Parameters too (FSDP): not implemented, refused with a message saying so.
+    #[value(hide = true)]
+    Full,
+}
+
+impl Shard {
+    fn name(shard: Option<Self>) -> &'static str {
+        match shard {
+            None => "off",
+            Some(Shard::Zero1) => "zero1",
+            Some(Shard::Zero2) => "zero2",
+            Some(Shard::Full) => "full",
+        }
+    }
+}
+
+/// What the transformer keeps in a checkpoint's user payload (`TrainingState::user`).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Extra {
+    /// The loss scaler's state under `--mixed-precision`, so a resumed run keeps its scale.
+    scaler: Option<GradScalerState>,
 }
 
 /// `--mixed-precision bf16|f16`: the dtype of the autocast forward.
@@ -146,6 +216,10 @@ struct RunConfig {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Err(e) = args.check() {
+        eprintln!("transformer: {e}");
+        return ExitCode::from(2);
+    }
     run(
         "transformer",
         &args.launch,
@@ -160,11 +234,14 @@ struct Transformer<'a>(&'a Args);
 impl TrainOn for Transformer<'_> {
     fn train<B: TapBackend>(self, ctx: WorkerContext, device: B::Device) -> Result<()> {
         let adam = || AdamConfig::new().init::<B, TinyGpt<B>>();
-        match self.0.zero {
-            true => train::<B, _>(ctx, self.0, device, |pg| {
-                ZeroRedundancyOptimizer::new(adam(), pg.clone())
-            }),
-            false => train::<B, _>(ctx, self.0, device, |_| adam()),
+        let zero = |stage, pg: &ProcessGroup| {
+            ZeroRedundancyOptimizer::new(adam(), pg.clone()).with_stage(stage)
+        };
+        match self.0.shard() {
+            None => train::<B, _>(ctx, self.0, device, |_| adam()),
+            Some(Shard::Zero1) => train::<B, _>(ctx, self.0, device, |pg| zero(ZeroStage::One, pg)),
+            Some(Shard::Zero2) => train::<B, _>(ctx, self.0, device, |pg| zero(ZeroStage::Two, pg)),
+            Some(Shard::Full) => self.0.check(),
         }
     }
 }
@@ -222,6 +299,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let StartPoint {
         epoch: start_epoch,
         mut step,
+        state: resumed,
     } = resume_or_start(
         "transformer",
         &checkpoints,
@@ -240,10 +318,11 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     if let Some(r) = args.powersgd {
         ddp.register_comm_hook(PowerSgdConfig::new().with_rank(r).init()?)?;
     }
+    optim.attach(&mut ddp)?;
     if rank == 0 {
         let params: usize = ddp.module().num_params();
         eprintln!(
-            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}, automatic overlap {}, zero {}",
+            "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, boundaries {}, automatic overlap {}, shard {}",
             args.layers,
             args.batch_size,
             if args.boundaries { "on" } else { "off" },
@@ -252,14 +331,17 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
             } else {
                 "on"
             },
-            if args.zero { "on" } else { "off" }
+            Shard::name(args.shard())
         );
     }
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     // Disabled without --mixed-precision: scale() and step() are then the plain loss and step.
     let mut scaler = GradScalerConfig::new()
         .with_enabled(args.mixed_precision.is_some())
+        .with_init_scale(args.loss_scale)
+        .with_growth_interval(args.loss_scale_growth_interval)
         .init(pg.clone())?;
+    restore_scaler(&mut scaler, resumed.as_ref(), rank)?;
     let half = args.mixed_precision.map(MixedPrecision::dtype);
     let mut skipped = 0usize;
     let scored = scored_positions(args.seq_len);
@@ -299,7 +381,12 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
             progress.step(loss_value, n)?;
         }
         progress.finish();
-        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+        let extra = Extra {
+            scaler: scaler.is_enabled().then(|| scaler.state()),
+        };
+        let state = TrainingState::new(epoch as u64 + 1, step)
+            .with_sampler(loader.state())
+            .with_user(&extra)?;
         last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
     }
 
@@ -347,6 +434,35 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Continues with the loss scale of the resumed checkpoint (same on every rank: the scale is
+/// agreed on), so a resumed mixed-precision run does not back off from the initial scale again.
+/// A checkpoint without one (trained in f32, or older) leaves the scaler as configured.
+fn restore_scaler(
+    scaler: &mut GradScaler,
+    resumed: Option<&TrainingState>,
+    rank: usize,
+) -> Result<()> {
+    let Some(state) = resumed else {
+        return Ok(());
+    };
+    let extra: Extra = state
+        .user()
+        .context("reading the checkpoint's user payload")?
+        .unwrap_or_default();
+    if let (true, Some(saved)) = (scaler.is_enabled(), extra.scaler) {
+        scaler
+            .load_state(saved)
+            .context("restoring the loss scaler's state from the checkpoint")?;
+        if rank == 0 {
+            eprintln!(
+                "transformer: loss scale {} restored from the checkpoint ({} finite steps toward the next growth)",
+                saved.scale, saved.growth_tracker
+            );
+        }
     }
     Ok(())
 }
