@@ -98,12 +98,42 @@ pub(crate) type FailureSlot = Arc<Mutex<Option<DdpTrainError>>>;
 pub(crate) struct AtomicFileCheckpointer {
     dir: PathBuf,
     kind: &'static str,
+    /// For a mid-epoch checkpoint, the step it is taken after (the file names carry it).
+    step: Option<usize>,
     failure: FailureSlot,
 }
 
 impl AtomicFileCheckpointer {
+    /// Epoch-end files, `dir/<kind>-<epoch>.mpk`.
     pub(crate) fn new(dir: PathBuf, kind: &'static str, failure: FailureSlot) -> Self {
-        AtomicFileCheckpointer { dir, kind, failure }
+        AtomicFileCheckpointer {
+            dir,
+            kind,
+            step: None,
+            failure,
+        }
+    }
+
+    /// Mid-epoch files, `dir/<kind>-<epoch>-<step>.mpk`.
+    pub(crate) fn for_step(
+        dir: PathBuf,
+        kind: &'static str,
+        step: usize,
+        failure: FailureSlot,
+    ) -> Self {
+        AtomicFileCheckpointer {
+            dir,
+            kind,
+            step: Some(step),
+            failure,
+        }
+    }
+
+    fn path(&self, epoch: usize) -> PathBuf {
+        match self.step {
+            Some(step) => crate::mid_epoch::step_file_path(&self.dir, self.kind, epoch, step),
+            None => file_path(&self.dir, self.kind, epoch),
+        }
     }
 
     fn record_failure(&self, error: DdpTrainError) {
@@ -118,7 +148,7 @@ impl AtomicFileCheckpointer {
 
 impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     fn save(&self, epoch: usize, record: R) -> Result<(), CheckpointerError> {
-        let path = file_path(&self.dir, self.kind, epoch);
+        let path = self.path(epoch);
         let bytes =
             Recorder::<B>::record(&CheckpointRecorder::default(), record, ()).map_err(|e| {
                 self.record_failure(DdpTrainError::Checkpoint {
@@ -141,7 +171,7 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     }
 
     fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
-        let path = file_path(&self.dir, self.kind, epoch);
+        let path = self.path(epoch);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 // An old checkpoint left behind costs disk space, not correctness.
@@ -162,31 +192,30 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     }
 }
 
-/// The bytes of checkpoint `epoch`'s three files ([`KINDS`] order), read by rank 0 and
-/// broadcast, so the other ranks need not see `checkpoint_dir`.
+/// The bytes of the files `paths` (a checkpoint's), read by rank 0 and broadcast, so the
+/// other ranks need not see its directory. `what` names the checkpoint in errors.
 ///
 /// # Collective
-/// Every rank calls it with the same `epoch`.
+/// Every rank calls it with the same number of paths.
 ///
 /// # Errors
 /// On rank 0, a file it cannot read; on the others, that rank 0 could not (with its reason
 /// in rank 0's log); a failed broadcast.
 pub(crate) fn fetch_from_rank0(
     pg: &ProcessGroup,
-    checkpoint_dir: &Path,
-    epoch: usize,
+    paths: &[PathBuf],
+    what: &str,
 ) -> Result<Vec<Vec<u8>>> {
     let rank0 = pg.rank() == 0;
     let mut files: Vec<Vec<u8>> = Vec::new();
     let mut failure = None;
     if rank0 {
-        for kind in KINDS {
-            let path = file_path(checkpoint_dir, kind, epoch);
-            match std::fs::read(&path) {
+        for path in paths {
+            match std::fs::read(path) {
                 Ok(bytes) => files.push(bytes),
                 Err(e) => {
                     failure = Some(DdpTrainError::Checkpoint {
-                        path,
+                        path: path.clone(),
                         reason: format!("reading: {e}"),
                     });
                     break;
@@ -195,13 +224,13 @@ pub(crate) fn fetch_from_rank0(
         }
     }
     // Lengths first (-1: rank 0 failed), then the bytes in one broadcast.
-    let mut lengths = [-1i64; KINDS.len()];
+    let mut lengths = vec![-1i64; paths.len()];
     if rank0 && failure.is_none() {
         for (length, bytes) in lengths.iter_mut().zip(&files) {
             *length = bytes.len() as i64;
         }
     }
-    let context = format!("receiving checkpoint {epoch} from rank 0");
+    let context = format!("receiving {what} from rank 0");
     if pg.world_size() > 1 {
         pg.broadcast(&mut lengths, 0)
             .map_err(DdpTrainError::comm(context.clone()))?;
@@ -211,7 +240,7 @@ pub(crate) fn fetch_from_rank0(
     }
     if lengths.iter().any(|&l| l < 0) {
         return Err(DdpTrainError::Resume(format!(
-            "rank 0 could not read checkpoint {epoch} (its log says why)"
+            "rank 0 could not read {what} (its log says why)"
         )));
     }
     if pg.world_size() > 1 {
