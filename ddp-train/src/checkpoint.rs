@@ -280,8 +280,9 @@ pub(crate) fn decode<B: Backend, R: Record<B>>(
     })
 }
 
-/// The epoch to resume from, the same on every rank: the latest complete checkpoint in rank
-/// 0's `dir` (see [`latest_checkpoint`](crate::latest_checkpoint)), broadcast. Only rank 0
+/// The epoch to resume from, the same on every rank: the latest complete epoch-end checkpoint
+/// in rank 0's `dir` (see [`latest_checkpoint`](crate::latest_checkpoint)), broadcast. It
+/// ignores mid-epoch checkpoints: [`resume_point`](crate::resume_point) includes them. Only rank 0
 /// reads `dir`, so the ranks need no shared filesystem; pass the result to
 /// `SupervisedTraining::checkpoint` and
 /// [`DistributedLoader::with_start_epoch`](crate::DistributedLoader::with_start_epoch).

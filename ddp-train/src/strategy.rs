@@ -17,7 +17,9 @@
 //!    feeds burn-train's metrics, renderer and loggers.
 //!
 //! After each epoch's validation, rank 0 alone runs the checkpointer and the early-stopping
-//! strategy (only it has the metrics they read) and broadcasts the stop decision.
+//! strategy (only it has the metrics they read) and broadcasts the stop decision. With
+//! mid-epoch checkpoints, rank 0 also writes one after every `n`-th optimizer step (see
+//! `mid_epoch.rs`); a resumed epoch starts at the checkpoint's step.
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, KINDS, decode, fetch_from_rank0, file_path,
@@ -161,7 +163,8 @@ impl DdpStrategy {
     /// (the training directory); only rank 0's is used. Takes the place of burn-train's
     /// `with_file_checkpointer` (if both are set, burn's is not used). Which epochs are kept:
     /// burn-train's default (the last two and the one with the lowest validation loss). Files
-    /// are full precision, so a resumed run is bitwise the uninterrupted one.
+    /// are full precision, so a resumed run is bitwise the uninterrupted one. For checkpoints
+    /// inside epochs too, add [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
     pub fn with_checkpoints(mut self, dir: impl AsRef<Path>) -> Self {
         self.checkpoints = Some(dir.as_ref().to_path_buf());
         self
@@ -448,10 +451,20 @@ impl DdpStrategy {
                 "comparing the points the ranks resume from",
             ))?;
             if all.chunks(2).any(|p| p != &all[..2]) {
+                let by_rank: Vec<String> = all
+                    .chunks(2)
+                    .map(|p| match p {
+                        [-1, _] => "none".to_string(),
+                        [epochs, 0] => format!("after epoch {epochs}"),
+                        [epochs, steps] => format!("epoch {} after step {steps}", epochs + 1),
+                        _ => "?".to_string(),
+                    })
+                    .collect();
                 return Err(DdpTrainError::Resume(format!(
-                    "the ranks were given different points to resume from ([epochs, steps] by \
-                     rank, -1: none: {all:?}); take them from ddp_train::resume_point (or \
-                     resume_epoch), which gives every rank rank 0's"
+                    "the ranks were given different points to resume from (by rank: [{}]); take \
+                     them from ddp_train::resume_point (or resume_epoch), which gives every \
+                     rank rank 0's",
+                    by_rank.join(", ")
                 )));
             }
         }
@@ -549,6 +562,9 @@ impl DdpStrategy {
         Ok(())
     }
 
+    /// One epoch's training steps on every rank, from `resume_at`'s step when the epoch
+    /// resumes a mid-epoch checkpoint; rank 0 passes its `step_checkpointer`.
+    #[allow(clippy::too_many_arguments)]
     fn train_epoch<LC: DdpComponents>(
         &self,
         components: &mut TrainingComponents<LC>,
@@ -655,7 +671,7 @@ impl DdpStrategy {
             let due = accumulated == 0
                 && self
                     .every_n_steps
-                    .is_some_and(|n| (step / accumulation) % n == 0);
+                    .is_some_and(|n| (step / accumulation).is_multiple_of(n));
             if due && let Some(checkpointer) = step_checkpointer.as_deref_mut() {
                 let position = LoaderPosition {
                     epoch,
