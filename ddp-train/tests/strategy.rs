@@ -1017,3 +1017,44 @@ fn a_loader_resuming_inside_an_epoch_without_the_strategy_fails_on_every_rank() 
     // Rank 1 fails too (the same check, or rank 0's abort), never hangs.
     assert!(!errors[1].is_empty());
 }
+
+#[test]
+fn a_run_with_gradient_accumulation_resumed_inside_an_epoch_ends_with_the_uninterrupted_weights() {
+    // 8 micro-batches per epoch, 2 per optimizer step: checkpoints after optimizer step 3
+    // (micro-batch 6) of each epoch, never between the micro-batches of one optimizer step.
+    let straight = tempfile::tempdir().expect("tempdir");
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let setup = |resume| Setup {
+        resume,
+        loader_resumes: true,
+        rank0_checkpoints: true,
+        every_n_steps: 3,
+        accumulation: Some(2),
+        momentum: Some(0.9),
+        batch_per_rank: 16,
+        ..base()
+    };
+    let full = run_ranks(2, |pg| train(pg, straight.path(), &setup(false)));
+    assert_eq!(full[0].report.step_checkpoints, 3, "one per epoch");
+    run_cut_inside_epoch_3(&dirs, &setup(false));
+    let resumed = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, &setup(true))
+    });
+    for rank in 0..2 {
+        let report = &resumed[rank].report;
+        let point = report.resumed_from.expect("resumed");
+        assert_eq!((point.epochs_done, point.steps_done), (2, 6), "rank {rank}");
+        assert_eq!(
+            report.optimizer_steps, 1,
+            "rank {rank}: micro-batches 7 and 8"
+        );
+        assert_eq!(
+            resumed[rank].params, full[rank].params,
+            "rank {rank}: resumed != straight"
+        );
+    }
+}
