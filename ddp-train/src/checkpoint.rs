@@ -39,6 +39,25 @@ pub(crate) fn file_path(checkpoint_dir: &Path, kind: &str, epoch: usize) -> Path
     checkpoint_dir.join(format!("{kind}-{epoch}.{EXTENSION}"))
 }
 
+/// The subdirectory of `dir/checkpoint` holding mid-epoch checkpoints.
+pub(crate) const STEPS_DIR: &str = "steps";
+pub(crate) const POSITION: &str = "position";
+
+/// `steps/<kind>-<epoch>-<step>.mpk`, or `.txt` for the position.
+pub(crate) fn step_file_path(steps_dir: &Path, kind: &str, epoch: usize, step: usize) -> PathBuf {
+    let extension = if kind == POSITION { "txt" } else { "mpk" };
+    steps_dir.join(format!("{kind}-{epoch}-{step}.{extension}"))
+}
+
+/// The four files of step checkpoint `(epoch, step)`: [`KINDS`], then the position.
+pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<PathBuf> {
+    KINDS
+        .iter()
+        .chain(&[POSITION])
+        .map(|kind| step_file_path(steps_dir, kind, epoch, step))
+        .collect()
+}
+
 /// Writes a file atomically: `fill` writes a temporary file next to `path`, which is fsynced
 /// and renamed over `path`, then the directory is fsynced. A crash (or a failing `fill`) at any
 /// point leaves `path` as it was, never cut short; the temporary file is removed on failure
@@ -131,7 +150,7 @@ impl AtomicFileCheckpointer {
 
     fn path(&self, epoch: usize) -> PathBuf {
         match self.step {
-            Some(step) => crate::mid_epoch::step_file_path(&self.dir, self.kind, epoch, step),
+            Some(step) => step_file_path(&self.dir, self.kind, epoch, step),
             None => file_path(&self.dir, self.kind, epoch),
         }
     }

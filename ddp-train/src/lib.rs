@@ -103,6 +103,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod checkpoint;
+mod components;
 mod error;
 mod item;
 mod loader;
@@ -117,6 +118,7 @@ mod strategy;
 /// programs that need its exact version without naming it themselves.
 pub use burn_train;
 pub use checkpoint::resume_epoch;
+pub use components::DdpComponents;
 pub use error::{DdpTrainError, Result};
 pub use item::DistributedItem;
 pub use loader::DistributedLoader;
@@ -124,4 +126,4 @@ pub use mid_epoch::{ResumePoint, resume_point};
 pub use renderer::ProgressRenderer;
 pub use resume::latest_checkpoint;
 pub use silent::SilentRenderer;
-pub use strategy::{DdpComponents, DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};
+pub use strategy::{DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};

@@ -9,9 +9,12 @@
 //! position last: a checkpoint counts once all four exist. Rank 0 alone writes them, and
 //! removes the previous one's files once the new one is complete.
 
-use crate::checkpoint::{AtomicFileCheckpointer, FailureSlot, KINDS, write_atomically};
+use crate::checkpoint::{
+    AtomicFileCheckpointer, FailureSlot, POSITION, STEPS_DIR, step_file_path, step_files,
+    write_atomically,
+};
+use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
-use crate::strategy::DdpComponents;
 use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{AsyncCheckpointer, CheckpointingAction, CheckpointingStrategy};
@@ -42,25 +45,6 @@ impl ResumePoint {
     pub fn is_mid_epoch(&self) -> bool {
         self.steps_done > 0
     }
-}
-
-/// The subdirectory of `dir/checkpoint` holding mid-epoch checkpoints.
-pub(crate) const STEPS_DIR: &str = "steps";
-const POSITION: &str = "position";
-
-/// `steps/<kind>-<epoch>-<step>.mpk`, or `.txt` for the position.
-pub(crate) fn step_file_path(steps_dir: &Path, kind: &str, epoch: usize, step: usize) -> PathBuf {
-    let extension = if kind == POSITION { "txt" } else { "mpk" };
-    steps_dir.join(format!("{kind}-{epoch}-{step}.{extension}"))
-}
-
-/// The four files of step checkpoint `(epoch, step)`: [`KINDS`], then the position.
-pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<PathBuf> {
-    KINDS
-        .iter()
-        .chain(&[POSITION])
-        .map(|kind| step_file_path(steps_dir, kind, epoch, step))
-        .collect()
 }
 
 /// Where the loader was when a step checkpoint was taken, checked on resume.

@@ -22,18 +22,19 @@
 //! `mid_epoch.rs`); a resumed epoch starts at the checkpoint's step.
 
 use crate::checkpoint::{
-    AtomicFileCheckpointer, FailureSlot, KINDS, decode, fetch_from_rank0, file_path,
-    remove_temporaries,
+    AtomicFileCheckpointer, FailureSlot, KINDS, STEPS_DIR, decode, fetch_from_rank0, file_path,
+    remove_temporaries, step_files,
 };
+use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
-use crate::item::{DistributedItem, Exchange, exchange};
-use crate::mid_epoch::{LoaderPosition, ResumePoint, STEPS_DIR, StepCheckpointer, step_files};
+use crate::item::{Exchange, exchange};
+use crate::mid_epoch::{LoaderPosition, ResumePoint, StepCheckpointer};
 use crate::params::verify_same_model;
 use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{
     AsyncCheckpointer, ComposedCheckpointingStrategy, KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
@@ -42,14 +43,13 @@ use burn_train::metric::LossMetric;
 use burn_train::metric::store::{Aggregate, Direction, Split};
 use burn_train::{
     EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearnerModelRecord,
-    LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer, LearningComponentsTypes,
-    LearningResult, SupervisedLearningStrategy, SupervisedTraining,
-    SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
-    TrainingModel, TrainingStrategy, ValidLoader,
+    LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer, LearningResult,
+    SupervisedLearningStrategy, SupervisedTraining, SupervisedTrainingEventProcessor, TrainLoader,
+    TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::launch::progress::ProgressSetting;
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, TapBackend,
+    DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
 };
 use std::io::IsTerminal;
@@ -246,30 +246,6 @@ impl DdpStrategy {
             state.failure = Some(error);
         }
     }
-}
-
-/// The bounds under which [`DdpStrategy`] drives a burn-train learner: the step outputs can be
-/// merged across ranks.
-pub trait DdpComponents:
-    LearningComponentsTypes<
-        Backend: TapBackend,
-        TrainingModel: TrainStep<Output: DistributedItem<Backend = Self::Backend>>,
-        InferenceModel: InferenceStep<
-            Output: DistributedItem<Backend = <Self::Backend as AutodiffBackend>::InnerBackend>,
-        >,
-    >
-{
-}
-
-impl<LC> DdpComponents for LC where
-    LC: LearningComponentsTypes<
-            Backend: TapBackend,
-            TrainingModel: TrainStep<Output: DistributedItem<Backend = LC::Backend>>,
-            InferenceModel: InferenceStep<
-                Output: DistributedItem<Backend = <LC::Backend as AutodiffBackend>::InnerBackend>,
-            >,
-        >
-{
 }
 
 /// What one epoch's training loop ended with.
