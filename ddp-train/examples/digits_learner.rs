@@ -7,11 +7,13 @@
 //!
 //! `launch()` makes the binary its own launcher: run plainly, it starts one copy per rank and
 //! supervises them; each copy joins the process group and trains its shard. Rank 0 renders,
-//! writes burn-train's logs and checkpoints under `--dir` (each epoch), and prints the test
-//! accuracy of the trained model. Run it again and it resumes after the latest checkpoint
-//! (`--fresh` starts over); with `--max-restarts N`, a group restarted after a failure resumes
-//! the same way. Checkpoints are rank 0's alone (`DdpStrategy::with_checkpoints`: written
-//! atomically, sent to the other ranks on resume), so the ranks need no shared filesystem.
+//! writes burn-train's logs and checkpoints under `--dir` (each epoch, and every
+//! `--checkpoint-every-n-steps` optimizer steps inside epochs), and prints the test accuracy
+//! of the trained model. Run it again and it resumes at the latest checkpoint, inside an epoch
+//! if that is a step checkpoint (`--fresh` starts over); with `--max-restarts N`, a group
+//! restarted after a failure resumes the same way. Checkpoints are rank 0's alone
+//! (`DdpStrategy::with_checkpoints`: written atomically, sent to the other ranks on resume),
+//! so the ranks need no shared filesystem.
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
@@ -29,9 +31,10 @@ use clap::Parser;
 use ddp_core::{data::DistributedSamplerConfig, launch, launch::LaunchArgs};
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::models::DigitsMlp;
-use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, resume_epoch};
+use ddp_train::{DdpStrategy, DistributedLoader, DistributedTrainingExt, resume_point};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 type B = Autodiff<Flex>;
 
@@ -56,6 +59,14 @@ struct Args {
     /// only: a restart after a failure always resumes).
     #[arg(long)]
     fresh: bool,
+    /// Also checkpoint inside epochs, every N optimizer steps (0: at epoch ends only), so a
+    /// restart loses at most N steps.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every_n_steps: usize,
+    /// Fault injection for the restart test: in the first attempt, rank 1 SIGKILLs itself as
+    /// it starts its N-th training step (counted over the whole run, from 1).
+    #[arg(long)]
+    kill_rank1_at_step: Option<usize>,
     /// Seed of the initial weights (every rank gets rank 0's anyway).
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -85,6 +96,11 @@ struct Classifier<B: Backend> {
     mlp: DigitsMlp<B>,
 }
 
+/// `--kill-rank1-at-step`: the training step at which this process kills itself (0: never).
+static KILL_AT_STEP: AtomicUsize = AtomicUsize::new(0);
+/// Training steps this process has started.
+static STEPS_STARTED: AtomicUsize = AtomicUsize::new(0);
+
 impl<B: Backend> Classifier<B> {
     fn forward_classification(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
         let output = self.mlp.forward(batch.images);
@@ -100,6 +116,12 @@ impl<B: AutodiffBackend> TrainStep for Classifier<B> {
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let started = STEPS_STARTED.fetch_add(1, Ordering::Relaxed) + 1;
+        if started == KILL_AT_STEP.load(Ordering::Relaxed) {
+            eprintln!("rank 1: killing itself at training step {started} (--kill-rank1-at-step)");
+            // SAFETY: a signal to this process itself.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
         let item = self.forward_classification(batch);
         TrainOutput::new(self, item.loss.backward(), item) // a plain backward, unchanged
     }
@@ -117,7 +139,8 @@ impl<B: Backend> InferenceStep for Classifier<B> {
 fn main() -> Result<()> {
     let args = Args::parse();
     launch(&args.launch, |ctx| -> Result<()> {
-        let fresh = args.fresh && !ctx.is_restart();
+        let ctx_restart = ctx.is_restart();
+        let fresh = args.fresh && !ctx_restart;
         let pg = ctx.into_process_group();
         let (world, rank) = (pg.world_size(), pg.rank());
         if fresh && rank == 0 {
@@ -128,20 +151,35 @@ fn main() -> Result<()> {
                 _ => {}
             }
         }
-        // Rank 0's latest complete checkpoint, on every rank (only rank 0 reads the directory).
-        let resume_at = resume_epoch(&pg, &args.dir)?;
-        if let Some(epoch) = resume_at {
-            println!(
-                "rank {rank}: resuming after epoch {epoch} from {}",
+        if rank == 1 && !ctx_restart {
+            KILL_AT_STEP.store(args.kill_rank1_at_step.unwrap_or(0), Ordering::Relaxed);
+        }
+        // Rank 0's latest complete checkpoint (an epoch end, or a step inside a later epoch),
+        // on every rank (only rank 0 reads the directory).
+        let resume = resume_point(&pg, &args.dir)?;
+        match resume {
+            Some(point) if point.is_mid_epoch() => println!(
+                "rank {rank}: resuming inside epoch {}, after step {} from {}",
+                point.epochs_done + 1,
+                point.steps_done,
                 args.dir.display()
-            );
+            ),
+            Some(point) => println!(
+                "rank {rank}: resuming after epoch {} from {}",
+                point.epochs_done,
+                args.dir.display()
+            ),
+            None => {}
         }
         let device = Default::default();
         B::seed(&device, args.seed);
         let (train_items, test_items) = split(load_digits()?, 7, 0.8);
         let test_copy = test_items.clone();
 
-        let strategy = DdpStrategy::new(pg.clone()).with_checkpoints(&args.dir);
+        let strategy = DdpStrategy::new(pg.clone())
+            .with_checkpoints(&args.dir)
+            .with_checkpoint_every_n_steps(args.checkpoint_every_n_steps)
+            .with_resume(resume); // loads it; `distributed` tells burn-train the epoch
         let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
         let train = DistributedLoader::<B, _, _>::train(
             DigitDataset(train_items),
@@ -149,7 +187,7 @@ fn main() -> Result<()> {
             args.batch_size,
             sampler,
         )?
-        .with_start_epoch(resume_at.unwrap_or(0) as u64)
+        .with_resume(resume) // starts the sampler there (epoch and position)
         .with_abort_group(pg.clone());
         let valid = DistributedLoader::<Flex, _, _>::eval(
             DigitDataset(test_items),
@@ -163,13 +201,10 @@ fn main() -> Result<()> {
         let model = Classifier::<B> {
             mlp: DigitsMlp::new(128, &device),
         };
-        let mut training = SupervisedTraining::new(&args.dir, Arc::new(train), Arc::new(valid))
+        let training = SupervisedTraining::new(&args.dir, Arc::new(train), Arc::new(valid))
             .metrics((AccuracyMetric::new(), LossMetric::new()))
             .num_epochs(args.epochs)
             .summary();
-        if let Some(epoch) = resume_at {
-            training = training.checkpoint(epoch);
-        }
         let training = training.distributed(&strategy); // the one call that makes it distributed
         let learner = Learner::new(model, AdamConfig::new().init(), args.lr);
         let result = training.launch(learner);

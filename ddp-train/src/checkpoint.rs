@@ -39,6 +39,25 @@ pub(crate) fn file_path(checkpoint_dir: &Path, kind: &str, epoch: usize) -> Path
     checkpoint_dir.join(format!("{kind}-{epoch}.{EXTENSION}"))
 }
 
+/// The subdirectory of `dir/checkpoint` holding mid-epoch checkpoints.
+pub(crate) const STEPS_DIR: &str = "steps";
+pub(crate) const POSITION: &str = "position";
+
+/// `steps/<kind>-<epoch>-<step>.mpk`, or `.txt` for the position.
+pub(crate) fn step_file_path(steps_dir: &Path, kind: &str, epoch: usize, step: usize) -> PathBuf {
+    let extension = if kind == POSITION { "txt" } else { "mpk" };
+    steps_dir.join(format!("{kind}-{epoch}-{step}.{extension}"))
+}
+
+/// The four files of step checkpoint `(epoch, step)`: [`KINDS`], then the position.
+pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<PathBuf> {
+    KINDS
+        .iter()
+        .chain(&[POSITION])
+        .map(|kind| step_file_path(steps_dir, kind, epoch, step))
+        .collect()
+}
+
 /// Writes a file atomically: `fill` writes a temporary file next to `path`, which is fsynced
 /// and renamed over `path`, then the directory is fsynced. A crash (or a failing `fill`) at any
 /// point leaves `path` as it was, never cut short; the temporary file is removed on failure
@@ -98,12 +117,42 @@ pub(crate) type FailureSlot = Arc<Mutex<Option<DdpTrainError>>>;
 pub(crate) struct AtomicFileCheckpointer {
     dir: PathBuf,
     kind: &'static str,
+    /// For a mid-epoch checkpoint, the step it is taken after (the file names carry it).
+    step: Option<usize>,
     failure: FailureSlot,
 }
 
 impl AtomicFileCheckpointer {
+    /// Epoch-end files, `dir/<kind>-<epoch>.mpk`.
     pub(crate) fn new(dir: PathBuf, kind: &'static str, failure: FailureSlot) -> Self {
-        AtomicFileCheckpointer { dir, kind, failure }
+        AtomicFileCheckpointer {
+            dir,
+            kind,
+            step: None,
+            failure,
+        }
+    }
+
+    /// Mid-epoch files, `dir/<kind>-<epoch>-<step>.mpk`.
+    pub(crate) fn for_step(
+        dir: PathBuf,
+        kind: &'static str,
+        step: usize,
+        failure: FailureSlot,
+    ) -> Self {
+        AtomicFileCheckpointer {
+            dir,
+            kind,
+            step: Some(step),
+            failure,
+        }
+    }
+
+    fn path(&self, epoch: usize) -> PathBuf {
+        match self.step {
+            Some(step) => step_file_path(&self.dir, self.kind, epoch, step),
+            None => file_path(&self.dir, self.kind, epoch),
+        }
     }
 
     fn record_failure(&self, error: DdpTrainError) {
@@ -118,7 +167,7 @@ impl AtomicFileCheckpointer {
 
 impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     fn save(&self, epoch: usize, record: R) -> Result<(), CheckpointerError> {
-        let path = file_path(&self.dir, self.kind, epoch);
+        let path = self.path(epoch);
         let bytes =
             Recorder::<B>::record(&CheckpointRecorder::default(), record, ()).map_err(|e| {
                 self.record_failure(DdpTrainError::Checkpoint {
@@ -141,7 +190,7 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     }
 
     fn delete(&self, epoch: usize) -> Result<(), CheckpointerError> {
-        let path = file_path(&self.dir, self.kind, epoch);
+        let path = self.path(epoch);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 // An old checkpoint left behind costs disk space, not correctness.
@@ -162,31 +211,30 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     }
 }
 
-/// The bytes of checkpoint `epoch`'s three files ([`KINDS`] order), read by rank 0 and
-/// broadcast, so the other ranks need not see `checkpoint_dir`.
+/// The bytes of the files `paths` (a checkpoint's), read by rank 0 and broadcast, so the
+/// other ranks need not see its directory. `what` names the checkpoint in errors.
 ///
 /// # Collective
-/// Every rank calls it with the same `epoch`.
+/// Every rank calls it with the same number of paths.
 ///
 /// # Errors
 /// On rank 0, a file it cannot read; on the others, that rank 0 could not (with its reason
 /// in rank 0's log); a failed broadcast.
 pub(crate) fn fetch_from_rank0(
     pg: &ProcessGroup,
-    checkpoint_dir: &Path,
-    epoch: usize,
+    paths: &[PathBuf],
+    what: &str,
 ) -> Result<Vec<Vec<u8>>> {
     let rank0 = pg.rank() == 0;
     let mut files: Vec<Vec<u8>> = Vec::new();
     let mut failure = None;
     if rank0 {
-        for kind in KINDS {
-            let path = file_path(checkpoint_dir, kind, epoch);
-            match std::fs::read(&path) {
+        for path in paths {
+            match std::fs::read(path) {
                 Ok(bytes) => files.push(bytes),
                 Err(e) => {
                     failure = Some(DdpTrainError::Checkpoint {
-                        path,
+                        path: path.clone(),
                         reason: format!("reading: {e}"),
                     });
                     break;
@@ -195,13 +243,13 @@ pub(crate) fn fetch_from_rank0(
         }
     }
     // Lengths first (-1: rank 0 failed), then the bytes in one broadcast.
-    let mut lengths = [-1i64; KINDS.len()];
+    let mut lengths = vec![-1i64; paths.len()];
     if rank0 && failure.is_none() {
         for (length, bytes) in lengths.iter_mut().zip(&files) {
             *length = bytes.len() as i64;
         }
     }
-    let context = format!("receiving checkpoint {epoch} from rank 0");
+    let context = format!("receiving {what} from rank 0");
     if pg.world_size() > 1 {
         pg.broadcast(&mut lengths, 0)
             .map_err(DdpTrainError::comm(context.clone()))?;
@@ -211,7 +259,7 @@ pub(crate) fn fetch_from_rank0(
     }
     if lengths.iter().any(|&l| l < 0) {
         return Err(DdpTrainError::Resume(format!(
-            "rank 0 could not read checkpoint {epoch} (its log says why)"
+            "rank 0 could not read {what} (its log says why)"
         )));
     }
     if pg.world_size() > 1 {
@@ -251,8 +299,9 @@ pub(crate) fn decode<B: Backend, R: Record<B>>(
     })
 }
 
-/// The epoch to resume from, the same on every rank: the latest complete checkpoint in rank
-/// 0's `dir` (see [`latest_checkpoint`](crate::latest_checkpoint)), broadcast. Only rank 0
+/// The epoch to resume from, the same on every rank: the latest complete epoch-end checkpoint
+/// in rank 0's `dir` (see [`latest_checkpoint`](crate::latest_checkpoint)), broadcast. It
+/// ignores mid-epoch checkpoints: [`resume_point`](crate::resume_point) includes them. Only rank 0
 /// reads `dir`, so the ranks need no shared filesystem; pass the result to
 /// `SupervisedTraining::checkpoint` and
 /// [`DistributedLoader::with_start_epoch`](crate::DistributedLoader::with_start_epoch).

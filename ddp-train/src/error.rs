@@ -78,6 +78,10 @@ pub enum DdpTrainError {
     /// rank 0 could not provide the checkpoint.
     #[error("resuming: {0}")]
     Resume(String),
+    /// The strategy's settings contradict each other (for example mid-epoch checkpoints
+    /// without a checkpoint directory).
+    #[error("DdpStrategy settings: {0}")]
+    Settings(String),
     /// An earlier failure already ended this training run.
     #[error("the training run already failed: {0}")]
     Failed(String),

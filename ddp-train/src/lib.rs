@@ -29,13 +29,14 @@
 //!   (each rank its shard, reshuffled every epoch) and exact evaluation shards.
 //! - Checkpoints without a shared filesystem ([`DdpStrategy::with_checkpoints`]): rank 0
 //!   alone writes burn-train's model, optimizer and scheduler files, each atomically (temporary
-//!   file, fsync, rename, directory fsync: a crash mid-write leaves the previous epoch whole),
-//!   at full precision; on resume rank 0 reads them and broadcasts the bytes, so the other
-//!   ranks never read the directory. [`resume_epoch`] gives every rank rank 0's latest
-//!   complete epoch (pass it to `SupervisedTraining::checkpoint` and
-//!   [`DistributedLoader::with_start_epoch`]); ranks given different epochs fail together.
-//!   Resume is per epoch: burn-train checkpoints at epoch ends only, so a run killed mid-epoch
-//!   repeats that epoch from its start, with the same shuffle (the sampler's seed + epoch).
+//!   file, fsync, rename, directory fsync: a crash mid-write leaves the previous checkpoint
+//!   whole), at full precision, at epoch ends and, with
+//!   [`DdpStrategy::with_checkpoint_every_n_steps`], inside epochs too (then with the loader's
+//!   position); on resume rank 0 reads them and broadcasts the bytes, so the other ranks never
+//!   read the directory. See [Resuming](#resuming).
+//! - [`resume_point`]: rank 0's latest checkpoint (an epoch end or a step inside a later
+//!   epoch) on every rank, a [`ResumePoint`] for [`DdpStrategy::with_resume`] and
+//!   [`DistributedLoader::with_resume`]. [`resume_epoch`]: the latest epoch end only.
 //! - [`ProgressRenderer`]: rank 0's renderer, installed by `distributed`: a bar per epoch and
 //!   phase with the latest metrics, drawn by the launcher when the job runs under it (as the
 //!   hand-written examples' bars are), else on rank 0's terminal, else a line every few
@@ -46,6 +47,36 @@
 //! - [`latest_checkpoint`]: the latest complete epoch in this process's directory.
 //! - [`DistributedItem`]: how a step output is merged across ranks, so metrics cover the
 //!   global batch (implemented for burn-train's classification and regression outputs).
+//!
+//! ## Resuming
+//! ```text
+//! let resume = resume_point(&pg, &dir)?;               // the same on every rank
+//! let strategy = DdpStrategy::new(pg.clone())
+//!     .with_checkpoints(&dir)                          // rank 0 writes, atomically
+//!     .with_checkpoint_every_n_steps(100)              // also inside epochs
+//!     .with_resume(resume);                            // loads rank 0's checkpoint
+//! let train = DistributedLoader::train(train_set, batcher, 32, sampler_config)?
+//!     .with_resume(resume);                            // the sampler's epoch and position
+//! ```
+//! Every rank continues at the checkpoint's step of its epoch (an epoch end without step
+//! checkpoints, the default: a run killed mid-epoch then repeats that epoch from its start):
+//! model, optimizer and LR scheduler from rank 0's files, the data order continued by
+//! ddp-data's [`SamplerState`](ddp_core::data::SamplerState) (the seeded shuffle of that
+//! epoch, skipping no sample and repeating none), so a resumed run ends with the weights of
+//! an uninterrupted one, bitwise on CPU. A mid-epoch checkpoint is taken after every `n`-th
+//! optimizer step of an epoch; every rank counts the same steps, so all know when, and rank 0
+//! alone writes, before the next step (the others wait for it at that step's all-reduce). A
+//! failed write, ranks given different points, a loader and a strategy at different
+//! positions, or a world size other than the checkpoint's end the run on every rank with an
+//! error saying which.
+//!
+//! Not saved: the backend's random state (a model with dropout continues with another random
+//! stream, so its weights are not bitwise) and burn-train's metric state inside the epoch:
+//! the resumed epoch's *training* metrics (shown, logged, and read by early stopping or the
+//! checkpoint choice if they use training metrics) cover only the steps after the checkpoint;
+//! its validation metrics and every later epoch's are exact. burn-train 0.21 files the first
+//! resumed epoch's per-step log lines under `epoch-1` (its metric store counts from 1 until an
+//! epoch ends; the same with its own resume); the epoch summaries carry the right numbers.
 //!
 //! ## What is exact and what is not
 //! Metrics computed from the merged output (loss, accuracy, top-k, AUROC, precision/recall,
@@ -72,9 +103,11 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod checkpoint;
+mod components;
 mod error;
 mod item;
 mod loader;
+mod mid_epoch;
 mod params;
 mod renderer;
 mod resume;
@@ -85,10 +118,12 @@ mod strategy;
 /// programs that need its exact version without naming it themselves.
 pub use burn_train;
 pub use checkpoint::resume_epoch;
+pub use components::DdpComponents;
 pub use error::{DdpTrainError, Result};
 pub use item::DistributedItem;
 pub use loader::DistributedLoader;
+pub use mid_epoch::{ResumePoint, resume_point};
 pub use renderer::ProgressRenderer;
 pub use resume::latest_checkpoint;
 pub use silent::SilentRenderer;
-pub use strategy::{DdpComponents, DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};
+pub use strategy::{DdpReport, DdpStrategy, DistributedTrainingExt, MetricsSync};

@@ -8,17 +8,18 @@
 //! overlaps loading with the training step).
 
 use crate::error::Result;
+use crate::mid_epoch::ResumePoint;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use ddp_core::{
     comm::ProcessGroup,
-    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard},
+    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard, SamplerState},
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 /// How a [`DistributedLoader`] splits the data set between ranks.
@@ -54,6 +55,9 @@ pub struct DistributedLoader<B: Backend, I, O> {
     num_workers: usize,
     device: B::Device,
     next_epoch: Arc<AtomicU64>,
+    /// A mid-epoch resume: the sampler epoch whose first `iter()` starts after this many
+    /// batches (taken by that `iter()`).
+    resume_steps: Arc<Mutex<Option<(u64, usize)>>>,
     /// Samples this rank sees per epoch, how many ranks there are, and the samples of an epoch
     /// over all ranks (padding included for training; exactly the data set for evaluation).
     per_rank: usize,
@@ -147,6 +151,7 @@ where
             num_workers: 0,
             device: Default::default(),
             next_epoch: Arc::new(AtomicU64::new(0)),
+            resume_steps: Arc::default(),
             per_rank,
             world,
             total,
@@ -171,6 +176,21 @@ where
     pub fn with_start_epoch(self, epoch: u64) -> Self {
         self.next_epoch.store(epoch, Ordering::Relaxed);
         self
+    }
+
+    /// Resume at `point` (from [`resume_point`](crate::resume_point); `None`: from the
+    /// start): the first `iter()` is epoch `epochs_done + 1`'s and, inside an epoch, starts
+    /// after its first `steps_done` batches (ddp-data's sampler state, so the skipped samples
+    /// are never loaded), exactly where the checkpointed run was. Give
+    /// [`DdpStrategy::with_resume`](crate::DdpStrategy::with_resume) the same point. Only
+    /// for training loaders (an evaluation loader always starts at the epoch's start).
+    pub fn with_resume(self, point: Option<ResumePoint>) -> Self {
+        let point = point.unwrap_or_default();
+        let epoch = point.epochs_done as u64;
+        if point.steps_done > 0 && matches!(self.split, Split::Train(_)) {
+            *lock(&self.resume_steps) = Some((epoch, point.steps_done));
+        }
+        self.with_start_epoch(epoch)
     }
 
     /// On a data error, abort this group (every rank then fails at once with the reason).
@@ -199,6 +219,7 @@ where
             num_workers: self.num_workers,
             device,
             next_epoch: Arc::new(AtomicU64::new(self.next_epoch())),
+            resume_steps: Arc::new(Mutex::new(*lock(&self.resume_steps))),
             per_rank,
             world: self.world,
             total,
@@ -206,8 +227,9 @@ where
         }
     }
 
-    /// Loads one epoch on the calling (loader) thread, sending each batch to `tx`.
-    fn load_epoch(&self, epoch: u64, tx: &mpsc::SyncSender<O>) -> Result<()> {
+    /// Loads one epoch on the calling (loader) thread, after its first `skip` batches,
+    /// sending each batch to `tx`.
+    fn load_epoch(&self, epoch: u64, skip: usize, tx: &mpsc::SyncSender<O>) -> Result<()> {
         let (dataset, sampler): (Arc<dyn Dataset<I>>, _) = match &self.split {
             Split::Train(sampler) => (self.dataset.clone(), sampler.clone()),
             Split::Eval { world, rank } => {
@@ -220,12 +242,21 @@ where
                 (Arc::new(view), single)
             }
         };
-        let mut loader = DistributedDataLoaderBuilder::new(SharedBatcher(self.batcher.clone()))
+        let mut builder = DistributedDataLoaderBuilder::new(SharedBatcher(self.batcher.clone()))
             .batch_size(self.batch_size)
             .num_workers(self.num_workers)
-            .set_device(self.device.clone())
-            .build(SharedDataset(dataset), sampler)?;
-        loader.set_epoch(epoch);
+            .set_device(self.device.clone());
+        if skip > 0 {
+            // ddp-data's resumable state: the sampler continues at this rank's position.
+            let state = SamplerState {
+                epoch,
+                position: skip.saturating_mul(self.batch_size).min(self.per_rank),
+                ..sampler.init(dataset.len())?.state()
+            };
+            builder = builder.resume_from(state);
+        }
+        let mut loader = builder.build(SharedDataset(dataset), sampler)?;
+        loader.set_epoch(epoch); // the same epoch keeps a restored position
         for batch in loader.iter() {
             if tx.send(batch?).is_err() {
                 break; // the consumer stopped early (interrupted or dropped)
@@ -243,6 +274,16 @@ where
 {
     fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<O> + 'a> {
         let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        let skip = {
+            let mut resume = lock(&self.resume_steps);
+            match *resume {
+                Some((at, steps)) if at == epoch => {
+                    *resume = None;
+                    steps
+                }
+                _ => 0,
+            }
+        };
         let (tx, rx) = mpsc::sync_channel(2);
         let this = self.clone_with(
             self.dataset.clone(),
@@ -253,7 +294,7 @@ where
         let handle = std::thread::Builder::new()
             .name(format!("ddp-train-loader-e{epoch}"))
             .spawn(move || {
-                if let Err(e) = this.load_epoch(epoch, &tx) {
+                if let Err(e) = this.load_epoch(epoch, skip, &tx) {
                     let reason = format!("data loader, epoch {epoch}: {e}");
                     tracing::error!(error = %reason, "loading failed; aborting the process group");
                     if let Some(pg) = &this.abort {
@@ -271,7 +312,8 @@ where
         Box::new(ThreadIter {
             rx,
             handle,
-            batches: 0,
+            // Progress counts the skipped batches, as if they had been taken.
+            batches: skip,
             batch_size: self.batch_size,
             per_rank: self.per_rank,
             world: self.world,
@@ -306,6 +348,10 @@ where
         };
         Arc::new(self.clone_with(Arc::new(view), self.device.clone(), per_rank, total))
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Receives one epoch's batches from the loader thread.

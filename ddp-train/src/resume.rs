@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The last epoch for which `dir/checkpoint` holds all three of burn-train's files (model,
-/// optimizer, scheduler), or `None` when there is none (a fresh start).
+/// optimizer, scheduler), or `None` when there is none (a fresh start). Epoch ends only:
+/// [`resume_point`](crate::resume_point) also finds the mid-epoch checkpoints of
+/// [`DdpStrategy::with_checkpoint_every_n_steps`](crate::DdpStrategy::with_checkpoint_every_n_steps).
 ///
 /// After a restart (for example the launcher's `--max-restarts` after a rank was killed), pass
 /// it to `SupervisedTraining::checkpoint(epoch)` and to

@@ -17,20 +17,24 @@
 //!    feeds burn-train's metrics, renderer and loggers.
 //!
 //! After each epoch's validation, rank 0 alone runs the checkpointer and the early-stopping
-//! strategy (only it has the metrics they read) and broadcasts the stop decision.
+//! strategy (only it has the metrics they read) and broadcasts the stop decision. With
+//! mid-epoch checkpoints, rank 0 also writes one after every `n`-th optimizer step (see
+//! `mid_epoch.rs`); a resumed epoch starts at the checkpoint's step.
 
 use crate::checkpoint::{
-    AtomicFileCheckpointer, FailureSlot, KINDS, decode, fetch_from_rank0, file_path,
-    remove_temporaries,
+    AtomicFileCheckpointer, FailureSlot, KINDS, STEPS_DIR, decode, fetch_from_rank0, file_path,
+    remove_temporaries, step_files,
 };
+use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
-use crate::item::{DistributedItem, Exchange, exchange};
+use crate::item::{Exchange, exchange};
+use crate::mid_epoch::{LoaderPosition, ResumePoint, StepCheckpointer};
 use crate::params::verify_same_model;
 use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
 use burn::data::dataloader::Progress;
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{
     AsyncCheckpointer, ComposedCheckpointingStrategy, KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
@@ -39,14 +43,13 @@ use burn_train::metric::LossMetric;
 use burn_train::metric::store::{Aggregate, Direction, Split};
 use burn_train::{
     EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearnerModelRecord,
-    LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer, LearningComponentsTypes,
-    LearningResult, SupervisedLearningStrategy, SupervisedTraining,
-    SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
-    TrainingModel, TrainingStrategy, ValidLoader,
+    LearnerOptimizerRecord, LearnerSchedulerRecord, LearningCheckpointer, LearningResult,
+    SupervisedLearningStrategy, SupervisedTraining, SupervisedTrainingEventProcessor, TrainLoader,
+    TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::launch::progress::ProgressSetting;
 use ddp_core::{
-    DdpConfig, DistributedDataParallel, TapBackend,
+    DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
 };
 use std::io::IsTerminal;
@@ -86,6 +89,12 @@ pub struct DdpReport {
     /// Gradients handed to their bucket at a [`layer_boundary`](ddp_core::layer_boundary)
     /// before the end of backward, summed over the optimizer steps (0 without boundaries).
     pub early_gradients: u64,
+    /// Where this run resumed (an epoch end, or a step inside an epoch); `None` for a fresh
+    /// start.
+    pub resumed_from: Option<ResumePoint>,
+    /// Mid-epoch checkpoints rank 0 wrote in this run
+    /// ([`DdpStrategy::with_checkpoint_every_n_steps`]; 0 on the other ranks).
+    pub step_checkpoints: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +121,10 @@ pub struct DdpStrategy {
     metrics: MetricsSync,
     /// The training directory whose `checkpoint/` rank 0 writes atomically and resumes from.
     checkpoints: Option<PathBuf>,
+    /// Optimizer steps between mid-epoch checkpoints (`None`: at epoch ends only).
+    every_n_steps: Option<usize>,
+    /// Where to resume (set by [`with_resume`](Self::with_resume)).
+    resume: Option<ResumePoint>,
     state: Arc<Mutex<RunState>>,
 }
 
@@ -123,6 +136,8 @@ impl DdpStrategy {
             config: DdpConfig::new(),
             metrics: MetricsSync::default(),
             checkpoints: None,
+            every_n_steps: None,
+            resume: None,
             state: Arc::default(),
         }
     }
@@ -148,9 +163,38 @@ impl DdpStrategy {
     /// (the training directory); only rank 0's is used. Takes the place of burn-train's
     /// `with_file_checkpointer` (if both are set, burn's is not used). Which epochs are kept:
     /// burn-train's default (the last two and the one with the lowest validation loss). Files
-    /// are full precision, so a resumed run is bitwise the uninterrupted one.
+    /// are full precision, so a resumed run is bitwise the uninterrupted one. For checkpoints
+    /// inside epochs too, add [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
     pub fn with_checkpoints(mut self, dir: impl AsRef<Path>) -> Self {
         self.checkpoints = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Also checkpoint inside epochs, after every `n`-th optimizer step of an epoch (PyTorch
+    /// Lightning's `every_n_train_steps`), so a run killed mid-epoch loses at most `n` steps
+    /// instead of the whole epoch. Needs [`with_checkpoints`](Self::with_checkpoints): rank 0
+    /// writes the model, optimizer, scheduler and the data loader's position (epoch, step,
+    /// items) atomically to `dir/checkpoint/steps` and keeps only the latest such checkpoint;
+    /// [`resume_point`](crate::resume_point) finds it. The step count is the same on every
+    /// rank (they step together), so every rank knows when one is taken without a message;
+    /// the others go on while rank 0 writes (they wait at the next step's all-reduce), and a
+    /// failed write ends the run on every rank. `0` turns them off (the default: epoch ends
+    /// only).
+    pub fn with_checkpoint_every_n_steps(mut self, n: usize) -> Self {
+        self.every_n_steps = (n > 0).then_some(n);
+        self
+    }
+
+    /// Resume at `point` (from [`resume_point`](crate::resume_point), the same on every rank;
+    /// `None`: a fresh start): the run loads that checkpoint from rank 0 and continues with
+    /// epoch `epochs_done + 1`, after its first `steps_done` steps. Give the training
+    /// [`DistributedLoader`](crate::DistributedLoader) the same point
+    /// ([`with_resume`](crate::DistributedLoader::with_resume)): it then starts at that
+    /// position without loading the skipped batches (any other loader has them pulled and
+    /// dropped). [`distributed`](DistributedTrainingExt::distributed) passes the epoch on
+    /// to burn-train's `checkpoint(epoch)`.
+    pub fn with_resume(mut self, point: Option<ResumePoint>) -> Self {
+        self.resume = point;
         self
     }
 
@@ -204,30 +248,6 @@ impl DdpStrategy {
     }
 }
 
-/// The bounds under which [`DdpStrategy`] drives a burn-train learner: the step outputs can be
-/// merged across ranks.
-pub trait DdpComponents:
-    LearningComponentsTypes<
-        Backend: TapBackend,
-        TrainingModel: TrainStep<Output: DistributedItem<Backend = Self::Backend>>,
-        InferenceModel: InferenceStep<
-            Output: DistributedItem<Backend = <Self::Backend as AutodiffBackend>::InnerBackend>,
-        >,
-    >
-{
-}
-
-impl<LC> DdpComponents for LC where
-    LC: LearningComponentsTypes<
-            Backend: TapBackend,
-            TrainingModel: TrainStep<Output: DistributedItem<Backend = LC::Backend>>,
-            InferenceModel: InferenceStep<
-                Output: DistributedItem<Backend = <LC::Backend as AutodiffBackend>::InnerBackend>,
-            >,
-        >
-{
-}
-
 /// What one epoch's training loop ended with.
 enum EpochEnd {
     Completed,
@@ -248,7 +268,19 @@ impl DdpStrategy {
     ) -> Result<()> {
         let pg = &self.pg;
         let rank0 = pg.rank() == 0;
-        self.resume(components, learner)?;
+        if self.every_n_steps.is_some() && self.checkpoints.is_none() {
+            return Err(DdpTrainError::Settings(
+                "with_checkpoint_every_n_steps needs with_checkpoints(dir): mid-epoch \
+                 checkpoints are rank 0's atomic files"
+                    .into(),
+            ));
+        }
+        let resumed = self.resume(components, learner)?;
+        self.lock().report.resumed_from = resumed.map(|(point, _)| point);
+        let mut step_checkpointer = match (&self.checkpoints, self.every_n_steps) {
+            (Some(dir), Some(_)) if rank0 => Some(StepCheckpointer::new(&dir.join("checkpoint"))),
+            _ => None,
+        };
         let failure: FailureSlot = Arc::default();
         let mut own_checkpointer = match &self.checkpoints {
             Some(dir) if rank0 => {
@@ -284,7 +316,18 @@ impl DdpStrategy {
 
         for epoch in starting_epoch..=components.num_epochs {
             let global = Progress::new(epoch, components.num_epochs);
-            let end = self.train_epoch(components, learner, &mut ddp, train, &global)?;
+            let resume_at = resumed
+                .and_then(|(_, position)| position)
+                .filter(|_| epoch == starting_epoch);
+            let end = self.train_epoch(
+                components,
+                learner,
+                &mut ddp,
+                train,
+                &global,
+                resume_at,
+                step_checkpointer.as_mut(),
+            )?;
             if matches!(end, EpochEnd::Interrupted) {
                 self.lock().report.interrupted = true;
                 tracing::info!(epoch, "training interrupted");
@@ -341,61 +384,127 @@ impl DdpStrategy {
         }
     }
 
-    /// Loads the checkpoint `components.checkpoint` names, the same on every rank.
+    /// Where the run resumes: the strategy's [`ResumePoint`] (see
+    /// [`with_resume`](Self::with_resume)), else burn-train's `checkpoint(epoch)` (an epoch
+    /// end); `None` for a fresh start.
+    fn resume_point(&self, burn_checkpoint: Option<usize>) -> Result<Option<ResumePoint>> {
+        let Some(point) = self.resume else {
+            return Ok(burn_checkpoint.map(|epochs_done| ResumePoint {
+                epochs_done,
+                steps_done: 0,
+            }));
+        };
+        let expected = (point.epochs_done > 0).then_some(point.epochs_done);
+        if burn_checkpoint.is_some() && burn_checkpoint != expected {
+            return Err(DdpTrainError::Resume(format!(
+                "DdpStrategy::with_resume says after {} epochs and {} steps, burn-train's \
+                 checkpoint({}) says after epoch {}; give the same point to both (distributed() \
+                 passes the strategy's to burn-train)",
+                point.epochs_done,
+                point.steps_done,
+                burn_checkpoint.unwrap_or_default(),
+                burn_checkpoint.unwrap_or_default()
+            )));
+        }
+        Ok(Some(point).filter(|p| p.epochs_done > 0 || p.steps_done > 0))
+    }
+
+    /// Loads the checkpoint the run resumes from ([`resume_point`](Self::resume_point)), the
+    /// same on every rank; inside an epoch, also returns where the loader was.
     fn resume<LC: DdpComponents>(
         &self,
         components: &TrainingComponents<LC>,
         learner: &mut Learner<LC>,
-    ) -> Result<()> {
+    ) -> Result<Option<(ResumePoint, Option<LoaderPosition>)>> {
         let pg = &self.pg;
-        let resume = components.checkpoint;
+        let resume = self.resume_point(components.checkpoint)?;
         if pg.world_size() > 1 {
-            // A rank resuming another epoch (or none) would train other weights, then hang or
+            // A rank resuming elsewhere (or not at all) would train other weights, then hang or
             // fail at the first all-reduce; refuse it up front.
-            let mine = [resume.map_or(-1, |e| e as i64)];
-            let mut all = vec![0i64; pg.world_size()];
+            let mine = resume.map_or([-1, 0], |p| [p.epochs_done as i64, p.steps_done as i64]);
+            let mut all = vec![0i64; 2 * pg.world_size()];
             pg.all_gather(&mine, &mut all).map_err(DdpTrainError::comm(
-                "comparing the epochs the ranks resume from",
+                "comparing the points the ranks resume from",
             ))?;
-            if all.iter().any(|&e| e != all[0]) {
+            if all.chunks(2).any(|p| p != &all[..2]) {
+                let by_rank: Vec<String> = all
+                    .chunks(2)
+                    .map(|p| match p {
+                        [-1, _] => "none".to_string(),
+                        [epochs, 0] => format!("after epoch {epochs}"),
+                        [epochs, steps] => format!("epoch {} after step {steps}", epochs + 1),
+                        _ => "?".to_string(),
+                    })
+                    .collect();
                 return Err(DdpTrainError::Resume(format!(
-                    "the ranks were given different epochs to resume from ({all:?} by rank, -1: none); \
-                     take them from ddp_train::resume_epoch, which gives every rank rank 0's"
+                    "the ranks were given different points to resume from (by rank: [{}]); take \
+                     them from ddp_train::resume_point (or resume_epoch), which gives every \
+                     rank rank 0's",
+                    by_rank.join(", ")
                 )));
             }
         }
-        let Some(epoch) = resume else {
-            return Ok(());
+        let Some(point) = resume else {
+            return Ok(None);
         };
         let device = model_device(&learner.model());
+        if point.is_mid_epoch() {
+            let Some(dir) = &self.checkpoints else {
+                return Err(DdpTrainError::Settings(
+                    "resuming inside an epoch needs with_checkpoints(dir), where rank 0's \
+                     mid-epoch checkpoints are"
+                        .into(),
+                ));
+            };
+            let (epoch, step) = (point.epochs_done + 1, point.steps_done);
+            let paths = step_files(&dir.join("checkpoint").join(STEPS_DIR), epoch, step);
+            let what = format!("the checkpoint of epoch {epoch}, step {step}");
+            let files = fetch_from_rank0(pg, &paths, &what)?;
+            let [model, optim, scheduler, position]: [Vec<u8>; 4] =
+                files.try_into().map_err(|files: Vec<Vec<u8>>| {
+                    DdpTrainError::Resume(format!("{what}: {} files instead of 4", files.len()))
+                })?;
+            let position = LoaderPosition::decode(&position, &paths[3])?;
+            if (position.epoch, position.step) != (epoch, step) {
+                return Err(DdpTrainError::Resume(format!(
+                    "{}: says epoch {}, step {}",
+                    paths[3].display(),
+                    position.epoch,
+                    position.step
+                )));
+            }
+            if position.world != pg.world_size() {
+                return Err(DdpTrainError::Resume(format!(
+                    "{what} was taken with {} ranks, this run has {}: resume a mid-epoch \
+                     checkpoint with the same world size, or from the last epoch end \
+                     (ddp_train::resume_epoch)",
+                    position.world,
+                    pg.world_size()
+                )));
+            }
+            self.load_records(learner, [model, optim, scheduler], &paths)?;
+            tracing::info!(
+                rank = pg.rank(),
+                epoch,
+                step,
+                "resumed inside epoch {epoch}, after step {step}, from rank 0's checkpoint"
+            );
+            return Ok(Some((point, Some(position))));
+        }
+        let epoch = point.epochs_done;
         match &self.checkpoints {
             Some(dir) => {
                 let dir = dir.join("checkpoint");
-                let files = fetch_from_rank0(pg, &dir, epoch)?;
-                let [model, optim, scheduler]: [Vec<u8>; 3] =
-                    files.try_into().map_err(|files: Vec<Vec<u8>>| {
-                        DdpTrainError::Resume(format!(
-                            "checkpoint {epoch}: {} files instead of {}",
-                            files.len(),
-                            KINDS.len()
-                        ))
-                    })?;
-                let path = |kind| file_path(&dir, kind, epoch);
-                learner.load_model(decode::<LC::Backend, LearnerModelRecord<LC>>(
-                    model,
-                    &device,
-                    &path("model"),
-                )?);
-                learner.load_optim(decode::<LC::Backend, LearnerOptimizerRecord<LC>>(
-                    optim,
-                    &device,
-                    &path("optim"),
-                )?);
-                learner.load_scheduler(decode::<LC::Backend, LearnerSchedulerRecord<LC>>(
-                    scheduler,
-                    &device,
-                    &path("scheduler"),
-                )?);
+                let paths: Vec<PathBuf> = KINDS.iter().map(|k| file_path(&dir, k, epoch)).collect();
+                let files = fetch_from_rank0(pg, &paths, &format!("checkpoint {epoch}"))?;
+                let files: [Vec<u8>; 3] = files.try_into().map_err(|files: Vec<Vec<u8>>| {
+                    DdpTrainError::Resume(format!(
+                        "checkpoint {epoch}: {} files instead of {}",
+                        files.len(),
+                        KINDS.len()
+                    ))
+                })?;
+                self.load_records(learner, files, &paths)?;
                 tracing::info!(rank = pg.rank(), epoch, "resumed from rank 0's checkpoint");
             }
             None => {
@@ -405,9 +514,33 @@ impl DdpStrategy {
                 }
             }
         }
+        Ok(Some((point, None)))
+    }
+
+    /// Decodes a checkpoint's model, optimizer and scheduler records (`paths` in that order,
+    /// for errors) into `learner`.
+    fn load_records<LC: DdpComponents>(
+        &self,
+        learner: &mut Learner<LC>,
+        [model, optim, scheduler]: [Vec<u8>; 3],
+        paths: &[PathBuf],
+    ) -> Result<()> {
+        let device = &model_device(&learner.model());
+        learner.load_model(decode::<LC::Backend, LearnerModelRecord<LC>>(
+            model, device, &paths[0],
+        )?);
+        learner.load_optim(decode::<LC::Backend, LearnerOptimizerRecord<LC>>(
+            optim, device, &paths[1],
+        )?);
+        learner.load_scheduler(decode::<LC::Backend, LearnerSchedulerRecord<LC>>(
+            scheduler, device, &paths[2],
+        )?);
         Ok(())
     }
 
+    /// One epoch's training steps on every rank, from `resume_at`'s step when the epoch
+    /// resumes a mid-epoch checkpoint; rank 0 passes its `step_checkpointer`.
+    #[allow(clippy::too_many_arguments)]
     fn train_epoch<LC: DdpComponents>(
         &self,
         components: &mut TrainingComponents<LC>,
@@ -415,6 +548,8 @@ impl DdpStrategy {
         ddp: &mut DistributedDataParallel<LC::Backend, TrainingModel<LC>>,
         train: &TrainLoader<LC>,
         global: &Progress,
+        resume_at: Option<LoaderPosition>,
+        mut step_checkpointer: Option<&mut StepCheckpointer>,
     ) -> Result<EpochEnd> {
         let pg = &self.pg;
         let (world, rank) = (pg.world_size(), pg.rank());
@@ -423,7 +558,7 @@ impl DdpStrategy {
         let device = model_device(&learner.model());
         let mut iter = train.iter();
         let mut accumulated = 0;
-        let mut step = 0;
+        let mut step = skip_to(&mut *iter, epoch, resume_at)?;
         let mut end = EpochEnd::Completed;
         loop {
             let batch = iter.next();
@@ -459,6 +594,7 @@ impl DdpStrategy {
                 learner.lr_step();
             }
             let progress = iter.progress();
+            let items_done = progress.items_processed;
             accumulated += 1;
             // The user's step on a tapped copy of the learner's model: its backward feeds the
             // buckets. The gradients it returns are empty (the taps keep them): use DDP's.
@@ -505,6 +641,22 @@ impl DdpStrategy {
                         reason: "no rank reported an output for a step every rank ran".into(),
                     });
                 }
+            }
+            // Every rank counts the same steps, so all know a checkpoint is due; rank 0 alone
+            // holds a checkpointer and writes (a failure ends the run on every rank).
+            let due = accumulated == 0
+                && self
+                    .every_n_steps
+                    .is_some_and(|n| (step / accumulation).is_multiple_of(n));
+            if due && let Some(checkpointer) = step_checkpointer.as_deref_mut() {
+                let position = LoaderPosition {
+                    epoch,
+                    step,
+                    world,
+                    items: items_done,
+                };
+                checkpointer.save(learner, &components.event_store, position)?;
+                self.lock().report.step_checkpoints += 1;
             }
         }
         if accumulated > 0 {
@@ -564,6 +716,49 @@ impl DdpStrategy {
     }
 }
 
+/// Moves a fresh epoch's iterator to where a mid-epoch checkpoint left it and returns the
+/// steps already taken (0 without one). A loader that starts there itself (a
+/// [`DistributedLoader`](crate::DistributedLoader) given the same
+/// [`ResumePoint`]) is checked; any other has the taken batches pulled and dropped.
+fn skip_to<O>(
+    iter: &mut dyn burn::data::dataloader::DataLoaderIterator<O>,
+    epoch: usize,
+    resume_at: Option<LoaderPosition>,
+) -> Result<usize> {
+    let start = iter.progress().items_processed;
+    let Some(position) = resume_at else {
+        if start != 0 {
+            return Err(DdpTrainError::Resume(format!(
+                "epoch {epoch}: the training loader starts at item {start}, inside the epoch, \
+                 but the strategy resumes at its start: give DdpStrategy::with_resume the \
+                 ResumePoint the loader got"
+            )));
+        }
+        return Ok(0);
+    };
+    if start == 0 {
+        for pulled in 0..position.step {
+            if iter.next().is_none() {
+                return Err(DdpTrainError::Resume(format!(
+                    "epoch {epoch}: the training loader ended after {pulled} batches, but the \
+                     checkpoint was taken after step {}",
+                    position.step
+                )));
+            }
+        }
+    }
+    let at = iter.progress().items_processed;
+    if at != position.items {
+        return Err(DdpTrainError::Resume(format!(
+            "epoch {epoch}: after step {} the training loader is at item {at}, but it was at \
+             item {} when the checkpoint was taken: resume with the same data set, batch size \
+             and world size",
+            position.step, position.items
+        )));
+    }
+    Ok(position.step)
+}
+
 fn lock_failure(slot: &FailureSlot) -> std::sync::MutexGuard<'_, Option<DdpTrainError>> {
     slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -615,7 +810,12 @@ impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
         let rank0 = self.pg.rank() == 0;
         // The checkpoint itself is loaded inside `fit` (collectively, see `resume`), where a
         // failure ends the run on every rank instead of panicking.
-        let starting_epoch = components.checkpoint.map_or(1, |epoch| epoch + 1);
+        // (A contradictory resume point fails in `fit`, on every rank.)
+        let starting_epoch = self
+            .resume_point(components.checkpoint)
+            .ok()
+            .flatten()
+            .map_or(1, |point| point.epochs_done + 1);
         let summary = components.summary.clone();
         if rank0 {
             components
@@ -673,8 +873,12 @@ pub trait DistributedTrainingExt {
 
 impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<LC> {
     fn distributed(self, strategy: &DdpStrategy) -> Self {
-        let training =
+        let mut training =
             self.with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy.clone())));
+        if let Some(point) = strategy.resume.filter(|p| p.epochs_done > 0) {
+            // burn-train's view of the resumed epoch (its dashboard shows it).
+            training = training.checkpoint(point.epochs_done);
+        }
         if strategy.rank() == 0 {
             let dashboard = uses_dashboard(
                 cfg!(feature = "tui"),

@@ -1,11 +1,13 @@
 //! The `digits_learner` example under its own launcher: a worker SIGKILLed mid-epoch with
 //! `--max-restarts 1` is restarted with the group, which resumes from rank 0's latest
-//! checkpoint and ends with the weights of an uninterrupted run, bit for bit. Processes, not
-//! threads: the launcher, its restart and a real kill are what is tested.
+//! checkpoint (an epoch end, or with `--checkpoint-every-n-steps` a step inside the epoch) and
+//! ends with the weights of an uninterrupted run, bit for bit. Processes, not threads: the
+//! launcher, its restart and a real kill are what is tested.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Generous: a busy 2-core machine runs this next to other builds.
@@ -185,16 +187,40 @@ fn worker_pids(parent: u32, rank: usize) -> Vec<i32> {
         .collect()
 }
 
+/// The final weights of an uninterrupted run (without mid-epoch checkpoints), run once for
+/// all tests of this file.
+fn reference_weights() -> &'static [u8] {
+    static REFERENCE: OnceLock<Vec<u8>> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let start = Instant::now();
+        let (ok, out, err) = Launcher::start(digits_learner(tmp.path(), &[])).finish(start);
+        assert!(ok, "the uninterrupted run failed:\n{out}\n{err}");
+        let reference = std::fs::read(tmp.path().join("weights.bin")).expect("reference weights");
+        assert!(!reference.is_empty());
+        reference
+    })
+}
+
+/// The numbers following `marker` in `text`'s lines (`marker` then whitespace-separated
+/// words, the first `count` parsed, trailing commas dropped).
+fn numbers_after(text: &str, marker: &str, count: usize) -> Vec<Vec<usize>> {
+    text.lines()
+        .filter_map(|l| l.split(marker).nth(1))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.trim_end_matches(',').parse().ok())
+                .take(count)
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn a_rank_killed_mid_epoch_is_restarted_and_ends_with_the_uninterrupted_weights() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (straight, killed) = (tmp.path().join("straight"), tmp.path().join("killed"));
-
-    let start = Instant::now();
-    let (ok, out, err) = Launcher::start(digits_learner(&straight, &[])).finish(start);
-    assert!(ok, "the uninterrupted run failed:\n{out}\n{err}");
-    let reference = std::fs::read(straight.join("weights.bin")).expect("reference weights");
-    assert!(!reference.is_empty());
+    let killed = tmp.path().join("killed");
+    let reference = reference_weights();
 
     let start = Instant::now();
     let mut launcher = Launcher::start(digits_learner(&killed, &["--max-restarts", "1"]));
@@ -245,5 +271,72 @@ fn a_rank_killed_mid_epoch_is_restarted_and_ends_with_the_uninterrupted_weights(
     assert!(
         weights == reference,
         "final weights differ from the uninterrupted run's:\n{all}"
+    );
+}
+
+/// 45 steps per epoch and rank; checkpoints every 10 steps; rank 1 dies as it starts its 70th
+/// step, step 25 of epoch 2, so the latest checkpoint is epoch 2's step 20 (rank 0 wrote it
+/// before step 21, which rank 1 cannot have finished without it): deterministic, no race.
+const EVERY_N_STEPS: &str = "10";
+const KILL_AT_STEP: &str = "70";
+
+#[test]
+fn a_rank_killed_mid_epoch_resumes_at_the_last_step_checkpoint_and_ends_with_the_uninterrupted_weights()
+ {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let reference = reference_weights();
+    let start = Instant::now();
+    let launcher = Launcher::start(digits_learner(
+        tmp.path(),
+        &[
+            "--max-restarts",
+            "1",
+            "--checkpoint-every-n-steps",
+            EVERY_N_STEPS,
+            "--kill-rank1-at-step",
+            KILL_AT_STEP,
+        ],
+    ));
+    let (ok, out, err) = launcher.finish(start);
+    let all = format!("--- stdout ---\n{out}\n--- stderr ---\n{err}");
+    assert!(ok, "the restarted job must finish:\n{all}");
+    assert!(
+        err.contains("killing itself at training step 70")
+            && err.contains("SIGKILL")
+            && err.contains("restarting every worker (restart 1 of 1)"),
+        "rank 1 was killed and the group restarted:\n{all}"
+    );
+    // Both ranks of the restart resume inside epoch 2, after its step 20: mid-epoch, from the
+    // step checkpoint, not from epoch 1's end.
+    let resumed = numbers_after(&all, "resuming inside epoch ", 2);
+    assert_eq!(
+        resumed,
+        [[2, 20], [2, 20]],
+        "both ranks resume inside epoch 2 after step 20:\n{all}"
+    );
+    assert!(
+        !all.contains("resuming after epoch"),
+        "no epoch-end resume:\n{all}"
+    );
+    let weights = std::fs::read(tmp.path().join("weights.bin")).expect("weights");
+    assert!(
+        weights == reference,
+        "final weights differ from the uninterrupted run's:\n{all}"
+    );
+    // Only the latest step checkpoint is kept: epoch 3's step 40.
+    let mut kept: Vec<String> = std::fs::read_dir(tmp.path().join("train/checkpoint/steps"))
+        .expect("step checkpoints")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            "model-3-40.mpk",
+            "optim-3-40.mpk",
+            "position-3-40.txt",
+            "scheduler-3-40.mpk"
+        ],
+        "{all}"
     );
 }

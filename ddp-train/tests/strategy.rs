@@ -231,13 +231,23 @@ struct Setup {
     gamma: f64,
     /// ddp-core's settings (default when `None`).
     ddp: Option<DdpConfig>,
+    /// Mid-epoch checkpoints every this many optimizer steps (0: epoch ends only); with
+    /// `resume`, the run resumes at `resume_point` (possibly inside an epoch).
+    every_n_steps: usize,
+    /// On a mid-epoch resume, the loader starts at the position itself (`with_resume`);
+    /// otherwise the strategy pulls and drops the batches already taken.
+    loader_resumes: bool,
 }
 
 fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
     let (world, rank) = (pg.world_size(), pg.rank());
     let (train_items, test_items) = data();
     let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let point = (setup.resume && setup.every_n_steps > 0)
+        .then(|| ddp_train::resume_point(&pg, dir).expect("rank 0's resume point"))
+        .flatten();
     let resume_at = match (setup.resume, setup.rank0_checkpoints) {
+        _ if setup.every_n_steps > 0 => None, // the strategy takes `point`
         (false, _) => None,
         (true, false) => ddp_train::latest_checkpoint(dir).expect("checkpoint directory"),
         (true, true) => ddp_train::resume_epoch(&pg, dir).expect("rank 0's checkpoint"),
@@ -249,8 +259,13 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
         sampler,
     )
     .expect("train loader")
-    .with_start_epoch(resume_at.unwrap_or(0) as u64)
     .with_abort_group(pg.clone());
+    let train = if setup.loader_resumes {
+        train.with_resume(point)
+    } else {
+        let epochs_done = point.map_or(0, |p| p.epochs_done);
+        train.with_start_epoch(resume_at.unwrap_or(epochs_done) as u64)
+    };
     let valid = DistributedLoader::<Flex, _, _>::eval(
         DigitDataset(test_items),
         DigitBatcher,
@@ -276,6 +291,9 @@ fn train(pg: ProcessGroup, dir: &Path, setup: &Setup) -> Run {
     if setup.rank0_checkpoints {
         strategy = strategy.with_checkpoints(dir);
     }
+    strategy = strategy
+        .with_checkpoint_every_n_steps(setup.every_n_steps)
+        .with_resume(point);
     let mut training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(setup.epochs)
@@ -330,6 +348,8 @@ fn base() -> Setup {
         momentum: None,
         gamma: 1.0,
         ddp: None,
+        every_n_steps: 0,
+        loader_resumes: false,
     }
 }
 
@@ -822,7 +842,10 @@ fn ranks_told_to_resume_different_epochs_fail_together() {
     for (rank, r) in results.iter().enumerate() {
         match r {
             Err(ddp_train::DdpTrainError::Resume(why)) => {
-                assert!(why.contains("[1, -1]"), "rank {rank}: {why}")
+                assert!(
+                    why.contains("by rank: [after epoch 1, none]"),
+                    "rank {rank}: {why}"
+                )
             }
             other => panic!("rank {rank}: expected a resume error, got {other:?}"),
         }
@@ -862,4 +885,176 @@ fn resume_outcome(
         0.1,
     ));
     strategy.finish()
+}
+
+/// Epoch 3 of a run with mid-epoch checkpoints (every 3 of its 8 steps) was cut after step 6:
+/// its epoch-end files are removed, so rank 0's latest checkpoint is epoch 3's step 6.
+fn run_cut_inside_epoch_3(dirs: &[tempfile::TempDir; 2], setup: &Setup) -> Vec<Run> {
+    let first = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, setup)
+    });
+    for kind in ["model", "optim", "scheduler"] {
+        std::fs::remove_file(dirs[0].path().join(format!("checkpoint/{kind}-3.mpk")))
+            .expect("epoch 3's checkpoint");
+    }
+    first
+}
+
+#[test]
+fn a_run_resumed_inside_an_epoch_ends_with_the_uninterrupted_weights() {
+    // Each rank has its own directory (only rank 0 writes), SGD momentum and a decaying
+    // learning rate: model, optimizer, scheduler and the loader's position must all come back
+    // from rank 0's mid-epoch checkpoint, for both ways of skipping the steps already taken.
+    let straight = tempfile::tempdir().expect("tempdir");
+    let setup = |resume, loader_resumes| Setup {
+        resume,
+        loader_resumes,
+        rank0_checkpoints: true,
+        every_n_steps: 3,
+        momentum: Some(0.9),
+        gamma: 0.97,
+        lr: 0.2,
+        batch_per_rank: 16,
+        ..base()
+    };
+    let full = run_ranks(2, |pg| train(pg, straight.path(), &setup(false, false)));
+    assert_eq!(
+        full[0].report.step_checkpoints, 6,
+        "steps 3 and 6 of 3 epochs"
+    );
+    assert_eq!(full[1].report.step_checkpoints, 0, "rank 0 alone writes");
+    for loader_resumes in [true, false] {
+        let dirs = [
+            tempfile::tempdir().expect("tempdir"),
+            tempfile::tempdir().expect("tempdir"),
+        ];
+        run_cut_inside_epoch_3(&dirs, &setup(false, false));
+        let resumed = run_ranks(2, |pg| {
+            let dir = dirs[pg.rank()].path().to_path_buf();
+            train(pg, &dir, &setup(true, loader_resumes))
+        });
+        for rank in 0..2 {
+            let report = &resumed[rank].report;
+            assert_eq!(
+                report.resumed_from,
+                Some(ddp_train::ResumePoint {
+                    epochs_done: 2,
+                    steps_done: 6
+                }),
+                "rank {rank}"
+            );
+            assert_eq!(report.last_epoch, 3);
+            assert_eq!(
+                report.optimizer_steps, 2,
+                "rank {rank} (loader resumes: {loader_resumes}): steps 7 and 8 of epoch 3"
+            );
+            assert_eq!(
+                resumed[rank].params, full[rank].params,
+                "rank {rank} (loader resumes: {loader_resumes}): resumed != straight"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_loader_resuming_inside_an_epoch_without_the_strategy_fails_on_every_rank() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let setup = Setup {
+        rank0_checkpoints: true,
+        every_n_steps: 3,
+        batch_per_rank: 16,
+        ..base()
+    };
+    run_cut_inside_epoch_3(&dirs, &setup);
+    let errors = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        let point = ddp_train::resume_point(&pg, &dir).expect("resume point");
+        let (world, rank) = (pg.world_size(), pg.rank());
+        let (train_items, test_items) = data();
+        let train = DistributedLoader::<B, _, _>::train(
+            DigitDataset(train_items),
+            DigitBatcher,
+            16,
+            DistributedSamplerConfig::new(world, rank).with_seed(42),
+        )
+        .expect("train loader")
+        .with_resume(point);
+        let valid = DistributedLoader::<Flex, _, _>::eval(
+            DigitDataset(test_items),
+            DigitBatcher,
+            16,
+            world,
+            rank,
+        )
+        .expect("valid loader");
+        // The strategy is told epoch 2's end only: the loader is 6 steps further.
+        let strategy = DdpStrategy::new(pg).with_checkpoints(&dir);
+        let scheduler = Decay {
+            lr: 0.5,
+            gamma: 1.0,
+        }; // as the run that wrote the files
+        let learner = Learner::new(model(3), SgdConfig::new().init(), scheduler);
+        SupervisedTraining::new(&dir, Arc::new(train), Arc::new(valid))
+            .num_epochs(3)
+            .with_application_logger(None)
+            .checkpoint(2)
+            .distributed(&strategy)
+            .launch(learner);
+        strategy
+            .finish()
+            .expect_err("a mismatched resume")
+            .to_string()
+    });
+    assert!(
+        errors[0].contains("starts at item") && errors[0].contains("with_resume"),
+        "rank 0: {}",
+        errors[0]
+    );
+    // Rank 1 fails too (the same check, or rank 0's abort), never hangs.
+    assert!(!errors[1].is_empty());
+}
+
+#[test]
+fn a_run_with_gradient_accumulation_resumed_inside_an_epoch_ends_with_the_uninterrupted_weights() {
+    // 8 micro-batches per epoch, 2 per optimizer step: checkpoints after optimizer step 3
+    // (micro-batch 6) of each epoch, never between the micro-batches of one optimizer step.
+    let straight = tempfile::tempdir().expect("tempdir");
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let setup = |resume| Setup {
+        resume,
+        loader_resumes: true,
+        rank0_checkpoints: true,
+        every_n_steps: 3,
+        accumulation: Some(2),
+        momentum: Some(0.9),
+        batch_per_rank: 16,
+        ..base()
+    };
+    let full = run_ranks(2, |pg| train(pg, straight.path(), &setup(false)));
+    assert_eq!(full[0].report.step_checkpoints, 3, "one per epoch");
+    run_cut_inside_epoch_3(&dirs, &setup(false));
+    let resumed = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        train(pg, &dir, &setup(true))
+    });
+    for rank in 0..2 {
+        let report = &resumed[rank].report;
+        let point = report.resumed_from.expect("resumed");
+        assert_eq!((point.epochs_done, point.steps_done), (2, 6), "rank {rank}");
+        assert_eq!(
+            report.optimizer_steps, 1,
+            "rank {rank}: micro-batches 7 and 8"
+        );
+        assert_eq!(
+            resumed[rank].params, full[rank].params,
+            "rank {rank}: resumed != straight"
+        );
+    }
 }
