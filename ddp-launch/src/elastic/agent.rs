@@ -65,6 +65,20 @@ pub(crate) fn run_elastic(
             &node_id,
             signals,
         )?),
+        #[cfg(feature = "etcd")]
+        RdzvBackend::Etcd => Box::new(super::etcd_backend::EtcdBackend::connect(
+            &settings,
+            plan.join_timeout,
+            &node_id,
+            signals,
+        )?),
+        // Validation refuses it without the feature.
+        #[cfg(not(feature = "etcd"))]
+        RdzvBackend::Etcd => {
+            return Err(LaunchError::RdzvBackendNotBuilt {
+                backend: settings.backend.to_string(),
+            });
+        }
         // Validation gives static jobs no elastic settings.
         RdzvBackend::Static => {
             return Err(LaunchError::ElasticNeedsRounds {

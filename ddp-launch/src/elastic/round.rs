@@ -22,6 +22,7 @@
 use super::backend::{BackendError, RendezvousBackend};
 use super::settings::ElasticSettings;
 use crate::error::LaunchError;
+use crate::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
@@ -172,9 +173,14 @@ impl Rounds {
     }
 
     fn lost(&self, e: BackendError) -> LaunchError {
-        self.error(format!(
-            "lost the rendezvous ({e}); with --rdzv-backend c10d it lives in the launcher that hosts --rdzv-endpoint, so when that node is gone the job cannot re-form"
-        ))
+        self.error(match self.settings.backend {
+            RdzvBackend::Etcd => format!(
+                "lost the rendezvous ({e}); with --rdzv-backend etcd every node must reach the etcd server at --rdzv-endpoint"
+            ),
+            _ => format!(
+                "lost the rendezvous ({e}); with --rdzv-backend c10d it lives in the launcher that hosts --rdzv-endpoint, so when that node is gone the job cannot re-form"
+            ),
+        })
     }
 
     fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, LaunchError> {
