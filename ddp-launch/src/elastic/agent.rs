@@ -138,7 +138,10 @@ fn agent_loop(
         let round = match rounds.join(signals)? {
             Joined::Round(round) => round,
             Joined::JobOver(Ok(())) => {
-                eprintln!("ddp launcher: the job completed while this node waited for a place");
+                eprintln!(
+                    "ddp launcher: the job completed while this node waited for a place{}",
+                    rounds.stale_job_hint()
+                );
                 return Ok(());
             }
             Joined::JobOver(Err(reason)) => {
@@ -146,7 +149,7 @@ fn agent_loop(
                     plan,
                     plan.max_restarts,
                     FailureCause::OtherNode {
-                        description: reason,
+                        description: format!("{reason}{}", rounds.stale_job_hint()),
                     },
                 ));
             }

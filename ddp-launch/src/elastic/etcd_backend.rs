@@ -339,7 +339,7 @@ impl RendezvousBackend for EtcdBackend {
         let alive: HashSet<&[u8]> = response
             .kvs()
             .iter()
-            .map(|kv| &kv.key()[prefix.len()..])
+            .filter_map(|kv| kv.key().strip_prefix(prefix.as_bytes()))
             .collect();
         Ok(node_ids
             .iter()

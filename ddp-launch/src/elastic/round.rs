@@ -136,8 +136,9 @@ impl Rounds {
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
             return Err(rounds.error(format!(
-                "the first node runs with {} but this node with {config}: every node must use the same settings",
-                String::from_utf8_lossy(&theirs)
+                "the first node runs with {} but this node with {config}: every node must use the same settings{}",
+                String::from_utf8_lossy(&theirs),
+                rounds.stale_job_hint()
             )));
         }
         rounds
@@ -158,6 +159,18 @@ impl Rounds {
 
     pub(crate) fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// For a node that finds the job over or set up otherwise: with etcd, the state of a
+    /// finished job stays, so a new job that reuses its `--rdzv-id` finds the old one.
+    pub(crate) fn stale_job_hint(&self) -> String {
+        match self.settings.backend {
+            RdzvBackend::Etcd => format!(
+                " (--rdzv-id {} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)",
+                self.settings.job_id
+            ),
+            _ => String::new(),
+        }
     }
 
     pub(crate) fn advertised_host(&self) -> String {

@@ -144,6 +144,31 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
     assert_all_gone(&workers, Duration::from_secs(10));
 }
 
+/// A finished job's state stays in etcd: a launcher that comes later with the same job id
+/// says the job is over and how to start a new one.
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
+    let etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 2);
+    job.wait_round(0, 2 * NPROC);
+    let workers = job.all_workers();
+    for out in job.finish(&agents) {
+        assert_succeeded(&out);
+    }
+    let out = run(job.command(&["--max-restarts", "3"]));
+    assert_eq!(out.status.code(), Some(0), "{}", out.all());
+    assert!(
+        out.stderr.contains(&format!(
+            "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
+        )),
+        "{}",
+        out.all()
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
 #[test]
 #[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
 fn etcd_unreachable_is_an_error_naming_the_endpoint() {
