@@ -8,95 +8,28 @@
 //! per timeout): when a node dies or freezes, etcd drops its key and the others see it gone.
 //!
 //! The client is async: it runs on a current-thread tokio runtime driven by a thread of the
-//! backend's own, which also keeps the lease alive; the synchronous round protocol waits on it
-//! request by request, each with a time limit.
+//! backend's own (`etcd_runtime`), which also keeps the lease alive (`etcd_heartbeat`); the
+//! synchronous round protocol waits on it request by request, each with a time limit.
 
 use super::backend::{BackendError, RendezvousBackend};
+use super::etcd_heartbeat::{Heartbeat, grant_and_put, keep_alive, ttl_secs};
+use super::etcd_runtime::{REQUEST_TIMEOUT, RuntimeThread, call};
 use super::settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::signals::SignalGuard;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Each request's own time limit: an etcd that does not answer in this time is lost.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a launcher keeps trying to reach etcd at start (at most `--join-timeout`).
 const CONNECT_WAIT: Duration = Duration::from_secs(30);
-
-/// The tokio runtime of the client, driven by its own thread until dropped.
-struct RuntimeThread {
-    handle: tokio::runtime::Handle,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl RuntimeThread {
-    fn start() -> std::io::Result<RuntimeThread> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let handle = runtime.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("ddp-etcd".into())
-            .spawn(move || {
-                // Drives I/O, timers and the lease keep-alive task for `Handle::block_on`.
-                runtime.block_on(async {
-                    let _ = stopped.await;
-                });
-            })?;
-        Ok(RuntimeThread {
-            handle,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for RuntimeThread {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Runs `request` on `runtime`, within [`REQUEST_TIMEOUT`].
-fn call<T>(
-    runtime: &RuntimeThread,
-    endpoint: &str,
-    what: &str,
-    request: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, BackendError> {
-    // The timer is made inside the runtime: `timeout` needs its context.
-    let limited = async { tokio::time::timeout(REQUEST_TIMEOUT, request).await };
-    match runtime.handle.block_on(limited) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(BackendError(format!("etcd at {endpoint}: {what}: {e}"))),
-        Err(_) => Err(BackendError(format!(
-            "etcd at {endpoint} did not answer ({what}) within {REQUEST_TIMEOUT:?}"
-        ))),
-    }
-}
-
-/// The heartbeat lease and the task that keeps it alive.
-struct Heartbeat {
-    /// The lease now holding the heartbeat key (a new one if the old one expired).
-    lease: Arc<AtomicI64>,
-    task: tokio::task::JoinHandle<()>,
-}
 
 /// The etcd backend of one launcher.
 pub(crate) struct EtcdBackend {
@@ -362,111 +295,6 @@ impl RendezvousBackend for EtcdBackend {
                 client.lease_revoke(lease).await
             }) {
                 tracing::debug!(%e, "cannot revoke the heartbeat lease; it expires by itself");
-            }
-        }
-    }
-}
-
-/// A lease's TTL in whole seconds (etcd's unit), at least 1.
-fn ttl_secs(timeout: Duration) -> i64 {
-    i64::try_from(timeout.as_secs_f64().ceil() as u64)
-        .unwrap_or(i64::MAX)
-        .max(1)
-}
-
-/// Grants a lease of `ttl` seconds and puts `key` with it; returns the lease id.
-fn grant_and_put(
-    runtime: &RuntimeThread,
-    endpoint: &str,
-    client: Client,
-    key: String,
-    ttl: i64,
-) -> Result<i64, BackendError> {
-    let mut lease_client = client.clone();
-    let granted = call(runtime, endpoint, "grant a heartbeat lease", async move {
-        lease_client.lease_grant(ttl, None).await
-    })?;
-    if granted.ttl() != ttl {
-        tracing::info!(
-            requested = ttl,
-            granted = granted.ttl(),
-            "etcd changed the heartbeat lease's TTL"
-        );
-    }
-    let id = granted.id();
-    let mut put_client = client;
-    call(runtime, endpoint, "put the heartbeat key", async move {
-        put_client
-            .put(key, "1", Some(PutOptions::new().with_lease(id)))
-            .await
-    })?;
-    Ok(id)
-}
-
-/// Keeps the heartbeat lease alive every `interval`, until aborted. When the lease expired
-/// anyway (this node was frozen or cut off for longer than its TTL, so the others dropped it),
-/// a new lease brings the heartbeat key back: the node is alive again and may join.
-async fn keep_alive(
-    client: Client,
-    key: String,
-    ttl: i64,
-    interval: Duration,
-    lease: Arc<AtomicI64>,
-) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut stream = None;
-    loop {
-        ticker.tick().await;
-        let id = lease.load(Ordering::Relaxed);
-        if stream.is_none() {
-            let mut c = client.clone();
-            match tokio::time::timeout(REQUEST_TIMEOUT, c.lease_keep_alive(id)).await {
-                Ok(Ok(pair)) => stream = Some(pair),
-                Ok(Err(e)) => {
-                    tracing::warn!(%e, "cannot keep the heartbeat lease alive in etcd");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!("etcd did not answer the heartbeat lease keep-alive");
-                    continue;
-                }
-            }
-        }
-        let Some((keeper, responses)) = stream.as_mut() else {
-            continue;
-        };
-        let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            keeper.keep_alive().await?;
-            responses.message().await
-        })
-        .await;
-        match answer {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => {}
-            Ok(Ok(Some(_))) => {
-                tracing::warn!("the heartbeat lease expired in etcd; taking a new one");
-                stream = None;
-                let mut c = client.clone();
-                let renewed = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                    let granted = c.lease_grant(ttl, None).await?;
-                    c.put(
-                        key.as_str(),
-                        "1",
-                        Some(PutOptions::new().with_lease(granted.id())),
-                    )
-                    .await?;
-                    Ok::<i64, etcd_client::Error>(granted.id())
-                })
-                .await;
-                match renewed {
-                    Ok(Ok(id)) => lease.store(id, Ordering::Relaxed),
-                    Ok(Err(e)) => tracing::warn!(%e, "cannot renew the heartbeat lease"),
-                    Err(_) => tracing::warn!("etcd did not answer the heartbeat lease renewal"),
-                }
-            }
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
-                tracing::warn!("the heartbeat lease keep-alive stream broke; reopening it");
-                stream = None;
             }
         }
     }

@@ -8,6 +8,10 @@ mod agent;
 mod backend;
 #[cfg(feature = "etcd")]
 mod etcd_backend;
+#[cfg(feature = "etcd")]
+mod etcd_heartbeat;
+#[cfg(feature = "etcd")]
+mod etcd_runtime;
 mod round;
 mod settings;
 mod store_backend;
