@@ -169,6 +169,35 @@ fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
     assert_all_gone(&workers, Duration::from_secs(10));
 }
 
+/// etcd is the job's one shared service: when it is lost, every launcher stops its workers and
+/// exits with an error naming it (no launcher keeps training blind).
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_lost_while_the_job_runs_stops_every_node_with_the_endpoint() {
+    let mut etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 2);
+    job.wait_round(0, 2 * NPROC);
+    let workers = job.all_workers();
+    etcd.kill();
+    for i in agents {
+        let placeholder = start(std::process::Command::new("true"));
+        let out = std::mem::replace(&mut job.agents[i], placeholder).finish();
+        assert_eq!(out.status.code(), Some(1), "{}", out.all());
+        assert!(
+            out.stderr.contains(&format!(
+                "at 127.0.0.1:{} failed: lost the rendezvous (etcd at 127.0.0.1:{}",
+                etcd.port, etcd.port
+            )) && out.stderr.contains(
+                "with --rdzv-backend etcd every node must reach the etcd server at --rdzv-endpoint"
+            ),
+            "{}",
+            out.all()
+        );
+    }
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
 #[test]
 #[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
 fn etcd_unreachable_is_an_error_naming_the_endpoint() {

@@ -96,6 +96,12 @@ impl EtcdServer {
         }
     }
 
+    /// Kills etcd now (a lost etcd), keeping its log.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// etcd's output so far.
     pub fn log(&self) -> String {
         let path: PathBuf = self.dir.path().join("etcd.log");
