@@ -136,13 +136,15 @@ pub struct LaunchArgs {
     #[arg(long, help_heading = HEADING, value_name = "SECS", default_value = "600", value_parser = parse_secs)]
     pub join_timeout: Duration,
 
-    /// How the nodes' launchers meet: `static` (fixed --node-rank, node 0 hosts) or `c10d`
-    /// (rounds over a store hosted by the first launcher at --rdzv-endpoint) [default: static
-    /// for --nnodes N, c10d for MIN:MAX]
+    /// How the nodes' launchers meet: `static` (fixed --node-rank, node 0 hosts), `c10d`
+    /// (rounds over a store hosted by the first launcher at --rdzv-endpoint) or `etcd` (rounds
+    /// in the etcd server at --rdzv-endpoint; needs the `etcd` feature) [default: static for
+    /// --nnodes N, c10d for MIN:MAX]
     #[arg(long, help_heading = HEADING, value_name = "BACKEND", env = "DDP_RDZV_BACKEND")]
     pub rdzv_backend: Option<RdzvBackend>,
 
-    /// HOST:PORT of the elastic rendezvous (c10d: the launcher on HOST hosts it there)
+    /// HOST:PORT of the elastic rendezvous (c10d: the launcher on HOST hosts it there; etcd: the
+    /// etcd server's client address, e.g. node0:2379)
     #[arg(long, help_heading = HEADING, value_name = "HOST:PORT", env = "DDP_RDZV_ENDPOINT")]
     pub rdzv_endpoint: Option<String>,
 

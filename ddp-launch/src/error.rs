@@ -102,9 +102,17 @@ pub enum LaunchError {
         /// Why, and what to do instead.
         why: String,
     },
+    /// `--rdzv-backend etcd` in a launcher built without the `etcd` feature.
+    #[error(
+        "--rdzv-backend {backend} is not built into this launcher: build ddp-launch with `--features {backend}` (or ddp-core with `--features {backend}`; the build needs protoc, e.g. apt-get install protobuf-compiler)"
+    )]
+    RdzvBackendNotBuilt {
+        /// The backend asked for (also the feature's name).
+        backend: String,
+    },
     /// An elastic job without `--rdzv-endpoint`.
     #[error(
-        "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT, the same on every node (c10d: the launcher on HOST hosts the rendezvous on PORT)"
+        "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT, the same on every node (c10d: the launcher on HOST hosts the rendezvous on PORT; etcd: an etcd server's client address)"
     )]
     MissingRdzvEndpoint {
         /// The backend in use.
@@ -282,6 +290,7 @@ impl LaunchError {
             | LaunchError::ElasticNeedsRounds { .. }
             | LaunchError::RdzvConflict { .. }
             | LaunchError::MissingRdzvEndpoint { .. }
+            | LaunchError::RdzvBackendNotBuilt { .. }
             | LaunchError::InvalidRdzvSetting { .. }
             | LaunchError::ProgramNotFound { .. }
             | LaunchError::ProgramNotExecutable { .. }

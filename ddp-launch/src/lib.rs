@@ -142,13 +142,16 @@
 //! workers and form the next round, whose workers get the new `WORLD_SIZE`, their ranks, a
 //! fresh `MASTER_ADDR`/`MASTER_PORT` and [`RDZV_ROUND_ENV`] = `DDP_RESTART_COUNT` = the round,
 //! and resume from their latest checkpoint. `--max-restarts` counts rounds that ended in a
-//! failure; the summary lists every round ([`ElasticRound`]). The hosting launcher is a single
-//! point of failure.
+//! failure; the summary lists every round ([`ElasticRound`]). With `c10d` the hosting
+//! launcher is a single point of failure; `--rdzv-backend etcd` (feature `etcd`) keeps the
+//! rounds in an etcd v3 cluster at `--rdzv-endpoint` instead, so any node may die.
+//!
+//! # Features
+//! - `etcd`: the `etcd` rendezvous backend (the `etcd-client` crate, whose build needs
+//!   `protoc`). Without it, `--rdzv-backend etcd` is an error saying to build with it.
 //!
 //! # Not yet
 //! - `--nproc-per-node auto` counts CPU cores, not GPUs: pass the GPU count explicitly.
-//! - No rendezvous backend without a single point of failure (torchrun's etcd): the maintained
-//!   Rust etcd client needs `protoc` to build.
 #![warn(missing_docs)]
 
 mod args;

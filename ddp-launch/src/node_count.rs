@@ -68,6 +68,10 @@ pub enum RdzvBackend {
     /// fails or arrives makes the others re-form the job. The hosting launcher is a single
     /// point of failure: if its node dies the job cannot re-form.
     C10d,
+    /// Rounds as with `c10d`, in an etcd v3 cluster at `--rdzv-endpoint` (etcd's client
+    /// address): no node of the job is a single point of failure, any may die and the others
+    /// re-form. Needs ddp-launch built with its `etcd` feature.
+    Etcd,
 }
 
 impl fmt::Display for RdzvBackend {
@@ -75,6 +79,7 @@ impl fmt::Display for RdzvBackend {
         f.write_str(match self {
             RdzvBackend::Static => "static",
             RdzvBackend::C10d => "c10d",
+            RdzvBackend::Etcd => "etcd",
         })
     }
 }

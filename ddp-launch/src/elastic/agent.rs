@@ -65,6 +65,20 @@ pub(crate) fn run_elastic(
             &node_id,
             signals,
         )?),
+        #[cfg(feature = "etcd")]
+        RdzvBackend::Etcd => Box::new(super::etcd_backend::EtcdBackend::connect(
+            &settings,
+            plan.join_timeout,
+            &node_id,
+            signals,
+        )?),
+        // Validation refuses it without the feature.
+        #[cfg(not(feature = "etcd"))]
+        RdzvBackend::Etcd => {
+            return Err(LaunchError::RdzvBackendNotBuilt {
+                backend: settings.backend.to_string(),
+            });
+        }
         // Validation gives static jobs no elastic settings.
         RdzvBackend::Static => {
             return Err(LaunchError::ElasticNeedsRounds {
@@ -124,7 +138,10 @@ fn agent_loop(
         let round = match rounds.join(signals)? {
             Joined::Round(round) => round,
             Joined::JobOver(Ok(())) => {
-                eprintln!("ddp launcher: the job completed while this node waited for a place");
+                eprintln!(
+                    "ddp launcher: the job completed while this node waited for a place{}",
+                    rounds.stale_job_hint()
+                );
                 return Ok(());
             }
             Joined::JobOver(Err(reason)) => {
@@ -132,7 +149,7 @@ fn agent_loop(
                     plan,
                     plan.max_restarts,
                     FailureCause::OtherNode {
-                        description: reason,
+                        description: format!("{reason}{}", rounds.stale_job_hint()),
                     },
                 ));
             }

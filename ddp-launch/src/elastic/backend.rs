@@ -2,8 +2,8 @@
 //!
 //! The round protocol ([`super::round`]) is written once over these few operations, so a
 //! backend only maps them onto its service: the c10d store hosted by the first launcher
-//! ([`super::store_backend`]) today; a backend with no single point of failure (etcd, where
-//! heartbeats are keys with a lease) needs nothing more than this.
+//! (`store_backend`), or an etcd cluster, with no single point of failure in the job
+//! (`etcd_backend`, feature `etcd`: heartbeats are keys with a lease).
 
 use std::fmt;
 

@@ -22,6 +22,7 @@
 use super::backend::{BackendError, RendezvousBackend};
 use super::settings::ElasticSettings;
 use crate::error::LaunchError;
+use crate::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
@@ -135,8 +136,9 @@ impl Rounds {
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
             return Err(rounds.error(format!(
-                "the first node runs with {} but this node with {config}: every node must use the same settings",
-                String::from_utf8_lossy(&theirs)
+                "the first node runs with {} but this node with {config}: every node must use the same settings{}",
+                String::from_utf8_lossy(&theirs),
+                rounds.stale_job_hint()
             )));
         }
         rounds
@@ -159,6 +161,18 @@ impl Rounds {
         &self.node_id
     }
 
+    /// For a node that finds the job over or set up otherwise: with etcd, the state of a
+    /// finished job stays, so a new job that reuses its `--rdzv-id` finds the old one.
+    pub(crate) fn stale_job_hint(&self) -> String {
+        match self.settings.backend {
+            RdzvBackend::Etcd => format!(
+                " (--rdzv-id {} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)",
+                self.settings.job_id
+            ),
+            _ => String::new(),
+        }
+    }
+
     pub(crate) fn advertised_host(&self) -> String {
         self.backend.advertised_host()
     }
@@ -172,9 +186,14 @@ impl Rounds {
     }
 
     fn lost(&self, e: BackendError) -> LaunchError {
-        self.error(format!(
-            "lost the rendezvous ({e}); with --rdzv-backend c10d it lives in the launcher that hosts --rdzv-endpoint, so when that node is gone the job cannot re-form"
-        ))
+        self.error(match self.settings.backend {
+            RdzvBackend::Etcd => format!(
+                "lost the rendezvous ({e}); with --rdzv-backend etcd every node must reach the etcd server at --rdzv-endpoint"
+            ),
+            _ => format!(
+                "lost the rendezvous ({e}); with --rdzv-backend c10d it lives in the launcher that hosts --rdzv-endpoint, so when that node is gone the job cannot re-form"
+            ),
+        })
     }
 
     fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, LaunchError> {

@@ -93,6 +93,11 @@ impl ElasticSettings {
                 "--standalone is one node with no rendezvous; leave out --rdzv-backend and use --nnodes 1",
             );
         }
+        if backend == RdzvBackend::Etcd && !cfg!(feature = "etcd") {
+            return Err(LaunchError::RdzvBackendNotBuilt {
+                backend: backend.to_string(),
+            });
+        }
         let Some(raw) = args.rdzv_endpoint.as_deref() else {
             return Err(LaunchError::MissingRdzvEndpoint {
                 backend: backend.to_string(),

@@ -9,49 +9,65 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Generous: rounds wait for last calls, heartbeats and grace periods on a loaded machine.
-const ROUND_DEADLINE: Duration = Duration::from_secs(90);
-const NPROC: usize = 2;
+pub(crate) const ROUND_DEADLINE: Duration = Duration::from_secs(90);
+pub(crate) const NPROC: usize = 2;
+/// The job's `--rdzv-id`.
+pub(crate) const JOB_ID: &str = "elastic-test";
 
 /// What one worker wrote when its round started.
 #[derive(Debug, Clone, Copy)]
-struct Record {
-    world: usize,
-    node_rank: usize,
-    pid: i32,
-    launcher: i32,
+pub(crate) struct Record {
+    pub(crate) world: usize,
+    pub(crate) node_rank: usize,
+    pub(crate) pid: i32,
+    pub(crate) launcher: i32,
 }
 
 /// A job of launchers on this host sharing one rendezvous endpoint and one record directory.
-struct ElasticJob {
+pub(crate) struct ElasticJob {
     dir: tempfile::TempDir,
+    backend: &'static str,
     port: u16,
-    agents: Vec<Running>,
+    pub(crate) agents: Vec<Running>,
+}
+
+/// A port nobody listens on now.
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
 }
 
 impl ElasticJob {
+    /// A `c10d` job: the first launcher hosts the rendezvous on a free port.
     fn new() -> ElasticJob {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        ElasticJob::with_backend("c10d", free_port())
+    }
+
+    /// A job with `--rdzv-backend backend` at `127.0.0.1:port`.
+    pub(crate) fn with_backend(backend: &'static str, port: u16) -> ElasticJob {
         ElasticJob {
             dir: tempfile::tempdir().expect("tempdir"),
+            backend,
             port,
             agents: Vec::new(),
         }
     }
 
-    fn command(&self, extra: &[&str]) -> Command {
+    pub(crate) fn command(&self, extra: &[&str]) -> Command {
         let mut cmd = ddp_run();
         cmd.args([
             "--nnodes",
             "2:3",
             "--nproc-per-node",
             &NPROC.to_string(),
+            "--rdzv-backend",
+            self.backend,
             "--rdzv-endpoint",
             &format!("127.0.0.1:{}", self.port),
             "--rdzv-id",
-            "elastic-test",
+            JOB_ID,
             "--rdzv-last-call",
             "1",
             "--rdzv-heartbeat-timeout",
@@ -71,7 +87,7 @@ impl ElasticJob {
     }
 
     /// Starts a node's launcher; returns its index in `agents`.
-    fn start_agent(&mut self, extra: &[&str]) -> usize {
+    pub(crate) fn start_agent(&mut self, extra: &[&str]) -> usize {
         self.agents.push(start(self.command(extra)));
         self.agents.len() - 1
     }
@@ -95,12 +111,12 @@ impl ElasticJob {
         i
     }
 
-    fn pid(&self, agent: usize) -> i32 {
+    pub(crate) fn pid(&self, agent: usize) -> i32 {
         self.agents[agent].child.id() as i32
     }
 
     /// Every worker record written so far, by file name.
-    fn records(&self) -> Vec<(String, Record)> {
+    pub(crate) fn records(&self) -> Vec<(String, Record)> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(self.dir.path()).expect("read dir") {
             let path = entry.expect("entry").path();
@@ -132,7 +148,7 @@ impl ElasticJob {
 
     /// Waits until every rank of `round` started with world size `world`; returns their
     /// records by rank. A round of another size fails the test.
-    fn wait_round(&mut self, round: u32, world: usize) -> Vec<Record> {
+    pub(crate) fn wait_round(&mut self, round: u32, world: usize) -> Vec<Record> {
         let deadline = Instant::now() + ROUND_DEADLINE;
         loop {
             let records = self.records();
@@ -159,7 +175,7 @@ impl ElasticJob {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut names: Vec<String> = self
             .records()
             .into_iter()
@@ -170,7 +186,7 @@ impl ElasticJob {
     }
 
     /// SIGKILLs launcher `agent` and its workers of `records` (a dead machine).
-    fn kill_node(&self, agent: usize, records: &[Record]) {
+    pub(crate) fn kill_node(&self, agent: usize, records: &[Record]) {
         let launcher = self.pid(agent);
         // SAFETY: signals to processes this test started (the launcher and its workers).
         unsafe { libc::kill(launcher, libc::SIGKILL) };
@@ -181,7 +197,7 @@ impl ElasticJob {
     }
 
     /// Lets the workers finish, and waits for launchers `agents` to exit; returns their output.
-    fn finish(&mut self, agents: &[usize]) -> Vec<Finished> {
+    pub(crate) fn finish(&mut self, agents: &[usize]) -> Vec<Finished> {
         std::fs::write(self.dir.path().join("stop"), b"").expect("write stop file");
         let mut done = Vec::new();
         for &i in agents {
@@ -193,7 +209,7 @@ impl ElasticJob {
     }
 
     /// Every worker that ever ran, for the orphan check.
-    fn all_workers(&self) -> Vec<(String, i32)> {
+    pub(crate) fn all_workers(&self) -> Vec<(String, i32)> {
         self.records()
             .into_iter()
             .map(|(n, r)| (n, r.pid))
@@ -212,7 +228,7 @@ impl Drop for ElasticJob {
     }
 }
 
-fn node_of(records: &[Record], launcher: i32) -> Vec<Record> {
+pub(crate) fn node_of(records: &[Record], launcher: i32) -> Vec<Record> {
     records
         .iter()
         .copied()
@@ -220,13 +236,13 @@ fn node_of(records: &[Record], launcher: i32) -> Vec<Record> {
         .collect()
 }
 
-fn assert_succeeded(out: &Finished) {
+pub(crate) fn assert_succeeded(out: &Finished) {
     assert_eq!(out.status.code(), Some(0), "{}", out.all());
     assert!(!out.stderr.contains("panicked"), "{}", out.all());
 }
 
 /// The rounds block a launcher printed at exit: its lines, trimmed.
-fn rounds_printed(out: &Finished) -> Vec<String> {
+pub(crate) fn rounds_printed(out: &Finished) -> Vec<String> {
     out.stderr
         .lines()
         .skip_while(|l| !l.starts_with("ddp launcher: elastic job rounds"))
@@ -511,4 +527,20 @@ fn a_node_with_other_settings_is_refused() {
             .is_none()
     );
     assert!(!Path::new(&job.dir.path().join("round0-rank0.world")).exists());
+}
+
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_without_its_feature_says_how_to_build_it() {
+    assert_usage_error(
+        &[
+            "--nnodes",
+            "2:3",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "127.0.0.1:2379",
+        ],
+        "--rdzv-backend etcd is not built into this launcher: build ddp-launch with `--features etcd`",
+    );
 }

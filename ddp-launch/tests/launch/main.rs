@@ -5,6 +5,8 @@
 mod launch_common;
 
 mod launch_elastic;
+#[cfg(feature = "etcd")]
+mod launch_elastic_etcd;
 mod launch_env;
 mod launch_errors;
 mod launch_failures;

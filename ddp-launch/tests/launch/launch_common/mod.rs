@@ -2,6 +2,9 @@
 //! `launch_worker` example, running a command with a deadline, and checking pids.
 #![allow(dead_code)] // each test file uses a different subset
 
+#[cfg(feature = "etcd")]
+pub mod etcd_server;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -1,0 +1,227 @@
+//! Elastic jobs with `--rdzv-backend etcd`: the c10d scenario of `launch_elastic` against a
+//! real etcd, where the node that started the job may die too (the job's state is in etcd, not
+//! in a launcher). Ignored by `cargo test --workspace`: they need the `etcd` feature (protoc)
+//! and Debian's etcd-server; `.ci/run` installs both and runs them by name.
+use crate::launch_common::etcd_server::EtcdServer;
+use crate::launch_common::*;
+use crate::launch_elastic::*;
+use std::time::{Duration, Instant};
+
+/// Starts launchers in the order given, each once the one before joined round 0, so node ranks
+/// follow it; returns their indices.
+fn start_in_order(job: &mut ElasticJob, etcd: &EtcdServer, n: usize) -> Vec<usize> {
+    (1..=n)
+        .map(|i| {
+            let agent = job.start_agent(&["--max-restarts", "3"]);
+            let key = format!("/ddp/{JOB_ID}/r/0/node/{i}");
+            let deadline = Instant::now() + ROUND_DEADLINE;
+            while !etcd.has_key(&key) {
+                if job.agents[agent]
+                    .child
+                    .try_wait()
+                    .expect("try_wait")
+                    .is_some()
+                {
+                    let placeholder = start(std::process::Command::new("true"));
+                    let out = std::mem::replace(&mut job.agents[agent], placeholder).finish();
+                    panic!("launcher {i} exited before joining round 0\n{}", out.all());
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "launcher {i} did not join round 0 (no {key} in etcd)"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            agent
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_the_job_outlives_the_node_that_started_it_and_grows_back() {
+    let etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 3);
+    let (first, second, third) = (agents[0], agents[1], agents[2]);
+
+    let round0 = job.wait_round(0, 3 * NPROC);
+    // The first launcher is node 0: its host holds the workers' store of round 0 too.
+    let first_pid = job.pid(first);
+    let firsts = node_of(&round0, first_pid);
+    assert_eq!(firsts.len(), NPROC);
+    assert!(firsts.iter().all(|r| r.node_rank == 0), "{round0:?}");
+
+    // The node that started the job dies with its workers, as with a lost machine.
+    let killed_at = Instant::now();
+    job.kill_node(first, &round0);
+    let round1 = job.wait_round(1, 2 * NPROC);
+    println!(
+        "elastic (etcd): from the death of the node that started the job to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert!(node_of(&round1, first_pid).is_empty());
+    let mut node_ranks: Vec<usize> = round1.iter().map(|r| r.node_rank).collect();
+    node_ranks.sort();
+    assert_eq!(node_ranks, [0, 0, 1, 1]);
+
+    // A new node arrives: the job grows back to three nodes.
+    let arrived_at = Instant::now();
+    let fourth = job.start_agent(&["--max-restarts", "3"]);
+    let round2 = job.wait_round(2, 3 * NPROC);
+    println!(
+        "elastic (etcd): from a new node's start to 3-node training: {:.2} s",
+        arrived_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(node_of(&round2, job.pid(fourth)).len(), NPROC);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[second, third, fourth]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    println!("rounds from the summary:\n{}", rounds.join("\n"));
+    assert_eq!(rounds.len(), 3, "{}", outs[0].all());
+    assert!(
+        rounds[0].starts_with("round 0: 3 node(s)")
+            && rounds[0].contains("failure: ")
+            && rounds[0].contains("; not in the next round: ")
+            && rounds[0].ends_with(&format!(":{first_pid}")),
+        "{rounds:?}"
+    );
+    assert!(
+        rounds[1].starts_with("round 1: 2 node(s)") && rounds[1].contains("node joined: "),
+        "{rounds:?}"
+    );
+    assert!(
+        rounds[2].starts_with("round 2: 3 node(s)") && rounds[2].contains("completed"),
+        "{rounds:?}"
+    );
+    for out in &outs[1..] {
+        assert_eq!(rounds_printed(out), rounds, "{}", out.all());
+    }
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+/// A frozen node's lease expires in etcd: the others drop it by its missing heartbeat key.
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
+    let etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 3);
+    let round0 = job.wait_round(0, 3 * NPROC);
+
+    let frozen = agents[2];
+    let launcher = job.pid(frozen);
+    let stopped: Vec<i32> = std::iter::once(launcher)
+        .chain(node_of(&round0, launcher).iter().map(|r| r.pid))
+        .collect();
+    for pid in &stopped {
+        // SAFETY: processes this test started.
+        unsafe { libc::kill(*pid, libc::SIGSTOP) };
+    }
+    let frozen_at = Instant::now();
+    job.wait_round(1, 2 * NPROC);
+    println!(
+        "elastic (etcd): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout 3 s)",
+        frozen_at.elapsed().as_secs_f64()
+    );
+    job.kill_node(frozen, &round0);
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[agents[0], agents[1]]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    assert!(
+        rounds[0].contains(&format!(":{launcher} sent no heartbeat for 3s")),
+        "{rounds:?}\n{}",
+        outs[0].all()
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+/// A finished job's state stays in etcd: a launcher that comes later with the same job id
+/// says the job is over and how to start a new one.
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
+    let etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 2);
+    job.wait_round(0, 2 * NPROC);
+    let workers = job.all_workers();
+    for out in job.finish(&agents) {
+        assert_succeeded(&out);
+    }
+    let out = run(job.command(&["--max-restarts", "3"]));
+    assert_eq!(out.status.code(), Some(0), "{}", out.all());
+    assert!(
+        out.stderr.contains(&format!(
+            "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
+        )),
+        "{}",
+        out.all()
+    );
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+/// etcd is the job's one shared service: when it is lost, every launcher stops its workers and
+/// exits with an error naming it (no launcher keeps training blind).
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_lost_while_the_job_runs_stops_every_node_with_the_endpoint() {
+    let mut etcd = EtcdServer::start();
+    let mut job = ElasticJob::with_backend("etcd", etcd.port);
+    let agents = start_in_order(&mut job, &etcd, 2);
+    job.wait_round(0, 2 * NPROC);
+    let workers = job.all_workers();
+    etcd.kill();
+    for i in agents {
+        let placeholder = start(std::process::Command::new("true"));
+        let out = std::mem::replace(&mut job.agents[i], placeholder).finish();
+        assert_eq!(out.status.code(), Some(1), "{}", out.all());
+        assert!(
+            out.stderr.contains(&format!(
+                "at 127.0.0.1:{} failed: lost the rendezvous (etcd at 127.0.0.1:{}",
+                etcd.port, etcd.port
+            )) && out.stderr.contains(
+                "with --rdzv-backend etcd every node must reach the etcd server at --rdzv-endpoint"
+            ),
+            "{}",
+            out.all()
+        );
+    }
+    assert_all_gone(&workers, Duration::from_secs(10));
+}
+
+#[test]
+#[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
+fn etcd_unreachable_is_an_error_naming_the_endpoint() {
+    let port = free_port();
+    let mut cmd = ddp_run();
+    cmd.args([
+        "--nnodes",
+        "2:3",
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+    ])
+    .arg(format!("127.0.0.1:{port}"))
+    .args(["--join-timeout", "2", "--", "true"])
+    .env("DDP_JOB_TOKEN", "t");
+    cmd.env("RUST_LOG", "warn");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains(&format!(
+            "at 127.0.0.1:{port} failed: cannot reach the etcd server within 2s"
+        )),
+        "{}",
+        out.all()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}
