@@ -532,7 +532,7 @@ fn a_node_with_other_settings_is_refused() {
 #[cfg(not(feature = "etcd"))]
 #[test]
 fn etcd_without_its_feature_says_how_to_build_it() {
-    assert_usage_error(
+    assert_flags_refused(
         &[
             "--nnodes",
             "2:3",
