@@ -23,7 +23,7 @@ use etcd_client::{
 };
 use std::collections::HashSet;
 use std::future::Future;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -55,16 +55,8 @@ impl EtcdBackend {
         signals: &SignalGuard,
     ) -> Result<EtcdBackend, LaunchError> {
         let endpoint = settings.endpoint.to_string();
-        let err = |reason: String| LaunchError::ElasticRendezvous {
-            node_id: node_id.to_string(),
-            endpoint: endpoint.clone(),
-            reason,
-        };
-        let addr: SocketAddr = (settings.endpoint.host.as_str(), settings.endpoint.port)
-            .to_socket_addrs()
-            .map_err(|e| err(format!("cannot resolve the etcd host: {e}")))?
-            .next()
-            .ok_or_else(|| err("the etcd host resolves to no address".into()))?;
+        let err = |reason: String| settings.rendezvous_error(node_id, reason);
+        let addr = settings.endpoint.resolve().map_err(err)?;
         let wait = CONNECT_WAIT.min(join_timeout);
         let deadline = Instant::now() + wait;
         // A plain connection first: it tells whether anything listens there, and which of this

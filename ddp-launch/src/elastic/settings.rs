@@ -3,6 +3,7 @@
 use crate::args::LaunchArgs;
 use crate::error::LaunchError;
 use crate::node_count::{NodeCount, RdzvBackend};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 /// Job id used when `--rdzv-id` is not given (torchrun's default too).
@@ -29,6 +30,16 @@ impl std::fmt::Display for Endpoint {
 }
 
 impl Endpoint {
+    /// The first address the host resolves to. Every node takes the first: hosting on one of
+    /// several addresses and connecting to another would split the job. `Err`: why not.
+    pub(crate) fn resolve(&self) -> Result<SocketAddr, String> {
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve the host: {e}"))?
+            .next()
+            .ok_or_else(|| "the host resolves to no address".to_string())
+    }
+
     /// `host:port`, `[v6]:port`.
     fn parse(s: &str) -> Result<Endpoint, String> {
         let s = s.trim();
@@ -64,6 +75,15 @@ pub(crate) struct ElasticSettings {
 }
 
 impl ElasticSettings {
+    /// The error of `node_id` at this job's rendezvous endpoint, for `reason`.
+    pub(crate) fn rendezvous_error(&self, node_id: &str, reason: String) -> LaunchError {
+        LaunchError::ElasticRendezvous {
+            node_id: node_id.to_string(),
+            endpoint: self.endpoint.to_string(),
+            reason,
+        }
+    }
+
     /// Validates the flags of a job with round-based rendezvous (`backend` is not static).
     pub(crate) fn validate(
         args: &LaunchArgs,

@@ -13,7 +13,7 @@ use crate::signals::SignalGuard;
 use crate::store_connect::connect_with_retry;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -56,19 +56,8 @@ impl StoreBackend {
         node_id: &str,
         signals: &SignalGuard,
     ) -> Result<StoreBackend, LaunchError> {
-        let endpoint = settings.endpoint.to_string();
-        let err = |reason: String| LaunchError::ElasticRendezvous {
-            node_id: node_id.to_string(),
-            endpoint: endpoint.clone(),
-            reason,
-        };
-        // One address for everyone: hosting on one of several resolved addresses and connecting
-        // to another would split the job.
-        let addr: SocketAddr = (settings.endpoint.host.as_str(), settings.endpoint.port)
-            .to_socket_addrs()
-            .map_err(|e| err(format!("cannot resolve the host: {e}")))?
-            .next()
-            .ok_or_else(|| err("the host resolves to no address".into()))?;
+        let err = |reason: String| settings.rendezvous_error(node_id, reason);
+        let addr = settings.endpoint.resolve().map_err(err)?;
         let config = StoreConfig::new()
             .with_token(token.as_bytes())
             .with_timeout(REQUEST_TIMEOUT);

@@ -264,17 +264,30 @@ fn a_killed_node_shrinks_the_job_and_a_new_node_grows_it_back() {
         assert_eq!(node_of(&round0, job.pid(agent)).len(), NPROC);
     }
 
+    kill_a_node_then_grow_back(&mut job, [host, second, third], third, &round0, "c10d");
+}
+
+/// The shared scenario of both backends: `victim` (one of the three `agents` of round 0) dies
+/// with its workers; the other two re-form a 2-node round; a fourth node grows the job back to
+/// three; every launcher ends successfully and prints the same three rounds, naming the dead
+/// node. `backend` only labels the printed timings.
+pub(crate) fn kill_a_node_then_grow_back(
+    job: &mut ElasticJob,
+    agents: [usize; 3],
+    victim: usize,
+    round0: &[Record],
+    backend: &str,
+) {
     // A node dies: its launcher and workers at once, as with a lost machine.
-    let killed_pid = job.pid(third);
+    let killed_pid = job.pid(victim);
     let killed_at = Instant::now();
-    job.kill_node(third, &round0);
+    job.kill_node(victim, round0);
     let round1 = job.wait_round(1, 2 * NPROC);
-    let recovery = killed_at.elapsed();
     println!(
-        "elastic (c10d): from the node's death to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
-        recovery.as_secs_f64()
+        "elastic ({backend}): from a node's death to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
+        killed_at.elapsed().as_secs_f64()
     );
-    assert!(node_of(&round1, job.pid(third)).is_empty());
+    assert!(node_of(&round1, killed_pid).is_empty());
     let mut node_ranks: Vec<usize> = round1.iter().map(|r| r.node_rank).collect();
     node_ranks.sort();
     assert_eq!(node_ranks, [0, 0, 1, 1]);
@@ -284,13 +297,14 @@ fn a_killed_node_shrinks_the_job_and_a_new_node_grows_it_back() {
     let fourth = job.start_agent(&["--max-restarts", "3"]);
     let round2 = job.wait_round(2, 3 * NPROC);
     println!(
-        "elastic (c10d): from a new node's start to 3-node training: {:.2} s",
+        "elastic ({backend}): from a new node's start to 3-node training: {:.2} s",
         arrived_at.elapsed().as_secs_f64()
     );
     assert_eq!(node_of(&round2, job.pid(fourth)).len(), NPROC);
 
     let workers = job.all_workers();
-    let outs = job.finish(&[host, second, fourth]);
+    let survivors: Vec<usize> = agents.into_iter().filter(|&a| a != victim).collect();
+    let outs = job.finish(&[survivors[0], survivors[1], fourth]);
     for out in &outs {
         assert_succeeded(out);
     }

@@ -53,55 +53,7 @@ fn etcd_the_job_outlives_the_node_that_started_it_and_grows_back() {
     assert!(firsts.iter().all(|r| r.node_rank == 0), "{round0:?}");
 
     // The node that started the job dies with its workers, as with a lost machine.
-    let killed_at = Instant::now();
-    job.kill_node(first, &round0);
-    let round1 = job.wait_round(1, 2 * NPROC);
-    println!(
-        "elastic (etcd): from the death of the node that started the job to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
-        killed_at.elapsed().as_secs_f64()
-    );
-    assert!(node_of(&round1, first_pid).is_empty());
-    let mut node_ranks: Vec<usize> = round1.iter().map(|r| r.node_rank).collect();
-    node_ranks.sort();
-    assert_eq!(node_ranks, [0, 0, 1, 1]);
-
-    // A new node arrives: the job grows back to three nodes.
-    let arrived_at = Instant::now();
-    let fourth = job.start_agent(&["--max-restarts", "3"]);
-    let round2 = job.wait_round(2, 3 * NPROC);
-    println!(
-        "elastic (etcd): from a new node's start to 3-node training: {:.2} s",
-        arrived_at.elapsed().as_secs_f64()
-    );
-    assert_eq!(node_of(&round2, job.pid(fourth)).len(), NPROC);
-
-    let workers = job.all_workers();
-    let outs = job.finish(&[second, third, fourth]);
-    for out in &outs {
-        assert_succeeded(out);
-    }
-    let rounds = rounds_printed(&outs[0]);
-    println!("rounds from the summary:\n{}", rounds.join("\n"));
-    assert_eq!(rounds.len(), 3, "{}", outs[0].all());
-    assert!(
-        rounds[0].starts_with("round 0: 3 node(s)")
-            && rounds[0].contains("failure: ")
-            && rounds[0].contains("; not in the next round: ")
-            && rounds[0].ends_with(&format!(":{first_pid}")),
-        "{rounds:?}"
-    );
-    assert!(
-        rounds[1].starts_with("round 1: 2 node(s)") && rounds[1].contains("node joined: "),
-        "{rounds:?}"
-    );
-    assert!(
-        rounds[2].starts_with("round 2: 3 node(s)") && rounds[2].contains("completed"),
-        "{rounds:?}"
-    );
-    for out in &outs[1..] {
-        assert_eq!(rounds_printed(out), rounds, "{}", out.all());
-    }
-    assert_all_gone(&workers, Duration::from_secs(10));
+    kill_a_node_then_grow_back(&mut job, [first, second, third], first, &round0, "etcd");
 }
 
 /// A frozen node's lease expires in etcd: the others drop it by its missing heartbeat key.
