@@ -31,7 +31,7 @@
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::nccl_issuer::{GpuWait, Issue, Issued, Issuer};
-use super::reduction::{BucketReduction, Held, LocalReduction, PendingBucket, Reduced, Slot};
+use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -114,14 +114,6 @@ fn nccl_dtype(dtype: DType) -> Option<NcclDtype> {
 }
 
 impl<I: Backend> BucketReduction<I> for NcclReduction {
-    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        LocalReduction.hold(slot, grad)
-    }
-
-    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        LocalReduction.add(slot, acc, more)
-    }
-
     fn launch(
         &self,
         bucket: (usize, usize),

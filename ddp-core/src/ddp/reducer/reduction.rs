@@ -59,10 +59,20 @@ pub(crate) trait PendingBucket<I: Backend>: Send {
 
 /// How gradients are kept and how a full bucket is reduced.
 pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
-    /// Takes a gradient as backward produced it.
-    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError>;
-    /// Adds a further gradient of the same slot.
-    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError>;
+    /// Takes a gradient as backward produced it. By default it stays a tensor where backward
+    /// made it (on the device); reductions that stage in host memory read it here.
+    fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
+        Ok(Held::Tensor(grad))
+    }
+    /// Adds a further gradient of the same slot (by default, on the device).
+    fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
+        match (acc, more) {
+            (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
+            _ => Err(internal(
+                "the gradients of this reduction are held as tensors",
+            )),
+        }
+    }
     /// Starts reducing a bucket; `bucket` is its (index, number of buckets), `grads` has one
     /// entry per slot, `None` where this rank has no gradient for it (it counts as zeros).
     fn launch(
@@ -93,17 +103,6 @@ impl<I: Backend> PendingBucket<I> for Ready<I> {
 }
 
 impl<I: Backend> BucketReduction<I> for LocalReduction {
-    fn hold(&self, _slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        Ok(Held::Tensor(grad))
-    }
-
-    fn add(&self, _slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        match (acc, more) {
-            (Held::Tensor(a), Held::Tensor(b)) => Ok(Held::Tensor(I::float_add(a, b))),
-            _ => Err(internal("the local reduction holds tensors only")),
-        }
-    }
-
     fn launch(
         &self,
         _bucket: (usize, usize),

@@ -8,11 +8,10 @@
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad};
-use super::reduction::{BucketReduction, Held, LocalReduction, PendingBucket, Reduced, Slot};
+use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, Work, bf16, f16};
 
 /// Gradients kept on the device; one read and one write per bucket.
@@ -28,14 +27,6 @@ fn fail<I: Backend>(slot: &Slot<I>, reason: String) -> DdpError {
 }
 
 impl<I: Backend> BucketReduction<I> for StagedReduction {
-    fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        LocalReduction.hold(slot, grad)
-    }
-
-    fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
-        LocalReduction.add(slot, acc, more)
-    }
-
     fn launch(
         &self,
         _bucket: (usize, usize),
