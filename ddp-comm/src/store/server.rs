@@ -68,6 +68,20 @@ impl StoreServer {
     /// A token longer than [`MAX_TOKEN_BYTES`](crate::MAX_TOKEN_BYTES); I/O errors configuring
     /// the listener or starting the event loop's thread.
     pub fn from_listener(listener: TcpListener, config: StoreConfig) -> Result<StoreServer> {
+        Self::from_listener_seeded(listener, config, [])
+    }
+
+    /// Serves on an already bound listener a map that holds `entries` before the first client
+    /// is served, so no client can write those keys first: the host of an elastic rendezvous
+    /// seeds its own settings this way and every other node is checked against them.
+    ///
+    /// # Errors
+    /// As [`StoreServer::from_listener`].
+    pub fn from_listener_seeded(
+        listener: TcpListener,
+        config: StoreConfig,
+        entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    ) -> Result<StoreServer> {
         crate::auth::check_token("store token", &config.token)?;
         let local = listener
             .local_addr()
@@ -87,7 +101,7 @@ impl StoreServer {
                 .map_err(|e| CommError::io("store: registering the listener", e))?
         };
         let served = Arc::new(Served {
-            state: State::new(),
+            state: State::with_entries(entries.into_iter().collect()),
             config,
             clients: AtomicUsize::new(0),
         });

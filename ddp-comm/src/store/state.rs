@@ -23,9 +23,10 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new() -> State {
+    /// A map holding `entries` from the start.
+    pub(super) fn with_entries(entries: Map) -> State {
         State {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(entries),
             changed: watch::Sender::new(0),
         }
     }

@@ -58,6 +58,21 @@ fn prefixes_are_separate_namespaces() {
 }
 
 #[test]
+fn a_seeded_server_holds_its_entries_before_any_client_writes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let seed = (b"job/config".to_vec(), b"host settings".to_vec());
+    let s = StoreServer::from_listener_seeded(listener, StoreConfig::new().with_token("t"), [seed])
+        .unwrap();
+    let st = client(&s.local_addr().to_string(), "t").with_prefix("job/");
+    // A client racing to claim the key finds the host's value already there.
+    assert_eq!(
+        st.compare_set("config", b"", b"other settings").unwrap(),
+        b"host settings"
+    );
+    assert_eq!(st.num_keys().unwrap(), 1);
+}
+
+#[test]
 fn get_waits_for_a_key_set_later() {
     let (_s, addr) = server("");
     let st = client(&addr, "");

@@ -57,9 +57,15 @@ pub(crate) fn run_elastic(
 ) -> Result<(), LaunchError> {
     let settings = settings.clone();
     let node_id = node_id();
+    // What every node must agree on (the node count range, the workers per node, restarts).
+    let config = format!(
+        "--nnodes {} --nproc-per-node {} --max-restarts {}",
+        settings.nodes, plan.nproc_per_node, plan.max_restarts
+    );
     let backend: Box<dyn RendezvousBackend> = match settings.backend {
         RdzvBackend::C10d => Box::new(StoreBackend::connect(
             &settings,
+            &config,
             &plan.job_token,
             plan.join_timeout,
             &node_id,
@@ -86,11 +92,6 @@ pub(crate) fn run_elastic(
             });
         }
     };
-    // What every node must agree on (the node count range, the workers per node, restarts).
-    let config = format!(
-        "--nnodes {} --nproc-per-node {} --max-restarts {}",
-        settings.nodes, plan.nproc_per_node, plan.max_restarts
-    );
     tracing::info!(%node_id, endpoint = %settings.endpoint, "joining the elastic rendezvous");
     let mut rounds = Rounds::new(
         backend,

@@ -49,8 +49,13 @@ fn store_err(e: CommError) -> BackendError {
 impl StoreBackend {
     /// Hosts the store if `--rdzv-endpoint` is an address of this host that nobody serves yet,
     /// then connects to it (retrying until `join_timeout`, stopping on a signal).
+    ///
+    /// The host's store holds its `config` (the settings every node must share) before it
+    /// serves anyone: the host's settings are the job's, and a node with others is refused,
+    /// never the host (whose refusal would take the store, and the job, with it).
     pub(crate) fn connect(
         settings: &ElasticSettings,
+        config: &str,
         token: &str,
         join_timeout: Duration,
         node_id: &str,
@@ -58,14 +63,19 @@ impl StoreBackend {
     ) -> Result<StoreBackend, LaunchError> {
         let err = |reason: String| settings.rendezvous_error(node_id, reason);
         let addr = settings.endpoint.resolve().map_err(err)?;
-        let config = StoreConfig::new()
+        let store_config = StoreConfig::new()
             .with_token(token.as_bytes())
             .with_timeout(REQUEST_TIMEOUT);
+        let prefix = format!("elastic/{}/", settings.job_id);
         let server = match TcpListener::bind(addr) {
             Ok(listener) => {
                 tracing::info!(%addr, "hosting the c10d rendezvous store");
+                let seed = (
+                    format!("{prefix}config").into_bytes(),
+                    config.as_bytes().to_vec(),
+                );
                 Some(
-                    StoreServer::from_listener(listener, config.clone())
+                    StoreServer::from_listener_seeded(listener, store_config.clone(), [seed])
                         .map_err(|e| err(format!("cannot host the store: {e}")))?,
                 )
             }
@@ -77,7 +87,7 @@ impl StoreBackend {
         };
         let store = connect_with_retry(
             &addr.to_string(),
-            &config,
+            &store_config,
             Instant::now() + join_timeout,
             signals,
             err,
@@ -92,7 +102,7 @@ impl StoreBackend {
             .map(|a| a.ip().to_string())
             .map_err(|e| err(format!("cannot tell this node's own address: {e}")))?;
         Ok(StoreBackend {
-            store: store.with_prefix(&format!("elastic/{}/", settings.job_id)),
+            store: store.with_prefix(&prefix),
             server,
             heartbeat: None,
             seen: HashMap::new(),

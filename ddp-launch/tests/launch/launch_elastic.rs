@@ -516,21 +516,22 @@ fn bad_elastic_flags_are_rejected_with_what_to_do() {
     );
 }
 
-/// Nodes must agree on the settings that shape the job.
+/// Nodes must agree on the settings that shape the job: the host's are the job's (its store
+/// holds them before it serves anyone, so a node with others never races it for them).
 #[test]
 fn a_node_with_other_settings_is_refused() {
     let mut job = ElasticJob::new();
     let host = job.start_host(&[]);
     let mut cmd = job.command(&["--max-restarts", "2"]);
     cmd.env("RUST_LOG", "warn");
-    let out = run(cmd);
-    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    let refused = run(cmd);
+    assert_eq!(refused.status.code(), Some(1), "{}", refused.all());
     assert!(
-        out.stderr.contains(
+        refused.stderr.contains(
             "the first node runs with --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 but this node with --nnodes 2:3 --nproc-per-node 2 --max-restarts 2"
         ),
         "{}",
-        out.all()
+        refused.all()
     );
     // The first node still waits for a second one; the test's drop stops it.
     assert!(
@@ -538,7 +539,8 @@ fn a_node_with_other_settings_is_refused() {
             .child
             .try_wait()
             .expect("try_wait")
-            .is_none()
+            .is_none(),
+        "the host stopped: a node with other settings must not stop it"
     );
     assert!(!Path::new(&job.dir.path().join("round0-rank0.world")).exists());
 }
