@@ -95,7 +95,8 @@ fn timeouts_name_the_missing_keys() {
     let e = st
         .get_timeout("missing", Duration::from_millis(300))
         .unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(3));
+    // The store's default timeout is far longer; the margin is for a busy machine.
+    assert!(start.elapsed() < Duration::from_secs(10));
     assert!(e.to_string().contains("p/missing"), "{e}");
     let e = st
         .wait(&["here", "gone"], Duration::from_millis(300))
@@ -196,7 +197,7 @@ fn unreachable_store_fails_within_the_timeout() {
         StoreConfig::new().with_timeout(Duration::from_millis(500)),
     )
     .unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(start.elapsed() < Duration::from_secs(15));
     assert!(matches!(e, CommError::StoreUnreachable { .. }), "{e}");
     assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
 }
