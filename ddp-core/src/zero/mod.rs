@@ -37,12 +37,17 @@
 //!
 //! [`ZeroRedundancyOptimizer::stage2`] shards the gradients too (DeepSpeed's stage 2). DDP,
 //! given [`LocalGradientsHook`], returns each rank's own gradients; the optimizer's step then
-//! 1. reduce-scatters them (`Avg`, one collective over one flat buffer of `world` equal
-//!    blocks, block `r` holding rank `r`'s shard), so each rank keeps the averaged gradients of
-//!    the parameters it owns only ([`ZeroRedundancyOptimizer::gradient_bytes`]);
+//! 1. reduce-scatters them (`Avg`, over flat buffers of `world` equal blocks, block `r`
+//!    holding rank `r`'s tensors), so each rank keeps the averaged gradients of the parameters
+//!    it owns only ([`ZeroRedundancyOptimizer::gradient_bytes`]);
 //! 2. steps its shard with the wrapped optimizer;
-//! 3. all-gathers the updated parameters (one collective, instead of stage 1's broadcast per
-//!    rank), byte for byte, so replicas stay bitwise identical.
+//! 3. all-gathers the updated parameters (instead of stage 1's broadcast per rank), byte for
+//!    byte, so replicas stay bitwise identical.
+//!
+//! Both go in groups of consecutive tensors of at most
+//! [`ZeroRedundancyOptimizer::with_bucket_bytes`] per rank (32 MiB by default), one collective
+//! per group, so no buffer holds the whole model: each gradient leaves burn's map as its
+//! group is packed, and each group's parameters are written as they arrive.
 //!
 //! ```no_run
 //! # use burn::backend::{Autodiff, Flex};
@@ -91,4 +96,4 @@ mod stage2;
 
 pub use error::ZeroError;
 pub use optimizer::ZeroRedundancyOptimizer;
-pub use stage2::{LocalGradientsHook, ZeroStage};
+pub use stage2::{DEFAULT_ZERO_BUCKET_BYTES, LocalGradientsHook, ZeroStage};

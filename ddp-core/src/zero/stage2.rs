@@ -58,51 +58,151 @@ impl CommHook for LocalGradientsHook {
     }
 }
 
-/// Where each rank's gradients go in the flat reduce-scatter buffer.
+/// Bytes each rank contributes to one of stage 2's collectives at most, by default (DeepSpeed's
+/// `reduce_bucket_size` and `allgather_bucket_size` play this part): each collective's buffer is
+/// `world` times this, so the whole model is never staged in host memory at once.
+pub const DEFAULT_ZERO_BUCKET_BYTES: usize = 32 << 20;
+
+/// Where one owned tensor sits in its owner's block of its group.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    group: usize,
+    owner: usize,
+    /// f32 offset of its values in the owner's block.
+    data_at: usize,
+    /// f32 offset of its presence flag in the owner's block.
+    flag_at: usize,
+}
+
+/// The tensors one reduce-scatter and one all-gather carry: a run of consecutive tensors in
+/// module order.
+#[derive(Debug, Clone)]
+struct Group {
+    tensors: std::ops::Range<usize>,
+    /// f32 elements of each rank's block (the largest rank's gradients and flags).
+    block: usize,
+}
+
+/// How stage 2's collectives lay the gradients out: the tensors, in module order, cut into
+/// groups of at most a bucket's bytes per rank; in each group, block `r` holds rank `r`'s
+/// tensors, then one presence flag per tensor, then zero padding up to the largest rank's.
 #[derive(Debug, Clone)]
 pub(crate) struct GradLayout {
     /// f32 elements of every tensor, in module order (0 for untrained ones).
     numels: Vec<usize>,
-    /// Owner of every tensor (`None`: not trained).
-    owners: Vec<Option<usize>>,
-    /// f32 elements of each rank's gradients (without flags).
-    data: Vec<usize>,
-    /// Elements per block: the largest shard's gradients plus its flags.
-    block: usize,
+    /// Every tensor's place (`None`: not trained).
+    slots: Vec<Option<Slot>>,
+    groups: Vec<Group>,
 }
 
 impl GradLayout {
-    pub(crate) fn new(layout: &[TensorInfo], partition: &Partition, world: usize) -> Self {
+    /// Cuts a group where adding the next tensor would take some rank's block past
+    /// `bucket_bytes` (a tensor larger than that gets a group of its own).
+    pub(crate) fn new(
+        layout: &[TensorInfo],
+        partition: &Partition,
+        world: usize,
+        bucket_bytes: usize,
+    ) -> Self {
         let numels: Vec<usize> = layout
             .iter()
             .map(|t| if t.trainable { t.bytes / 4 } else { 0 })
             .collect();
-        let owners = partition.owners().to_vec();
-        let mut data = vec![0usize; world];
-        let mut count = vec![0usize; world];
-        for (n, owner) in numels.iter().zip(&owners) {
-            if let Some(r) = owner {
-                data[*r] += n;
-                count[*r] += 1;
-            }
-        }
-        let block = (0..world).map(|r| data[r] + count[r]).max().unwrap_or(0);
-        GradLayout {
+        let bucket = (bucket_bytes / 4).max(1);
+        let mut plan = GradLayout {
+            slots: vec![None; layout.len()],
+            groups: Vec::new(),
             numels,
-            owners,
-            data,
-            block,
+        };
+        let mut open = OpenGroup::new(world);
+        for (i, owner) in partition.owners().iter().enumerate() {
+            let Some(r) = *owner else {
+                continue;
+            };
+            if !open.members.is_empty() && open.block_with(r, plan.numels[i]) > bucket {
+                open.close(&mut plan, i);
+            }
+            open.add(i, r, plan.numels[i]);
         }
+        if !open.members.is_empty() {
+            open.close(&mut plan, layout.len());
+        }
+        plan
     }
 
-    /// Elements of the block each rank receives (its gradients, flags and padding).
-    pub(crate) fn block(&self) -> usize {
-        self.block
+    /// f32 elements this rank receives over a step's reduce-scatters (its shard's gradients,
+    /// one flag per tensor, padding up to the largest rank's in each group).
+    pub(crate) fn received(&self) -> usize {
+        self.groups.iter().map(|g| g.block).sum()
     }
 }
 
-/// Reduce-scatters this rank's local `grads` (`Avg`): returns the averaged gradients of the
-/// tensors `rank` owns (those some rank had a gradient for) and drops the rest.
+/// The group being filled while [`GradLayout::new`] walks the tensors.
+struct OpenGroup {
+    first: usize,
+    /// The group's trained tensors: index and owner.
+    members: Vec<(usize, usize)>,
+    /// Per rank: its tensors' elements and their count (one flag each).
+    data: Vec<usize>,
+    count: Vec<usize>,
+}
+
+impl OpenGroup {
+    fn new(world: usize) -> Self {
+        OpenGroup {
+            first: 0,
+            members: Vec::new(),
+            data: vec![0; world],
+            count: vec![0; world],
+        }
+    }
+
+    /// Rank `r`'s block if it also took a tensor of `numel` elements.
+    fn block_with(&self, r: usize, numel: usize) -> usize {
+        self.data[r] + self.count[r] + numel + 1
+    }
+
+    fn add(&mut self, index: usize, owner: usize, numel: usize) {
+        self.data[owner] += numel;
+        self.count[owner] += 1;
+        self.members.push((index, owner));
+    }
+
+    /// Places the members in their owners' blocks and starts the next group at `end`.
+    fn close(&mut self, plan: &mut GradLayout, end: usize) {
+        let group = plan.groups.len();
+        let world = self.data.len();
+        let block = (0..world)
+            .map(|r| self.data[r] + self.count[r])
+            .max()
+            .unwrap_or(0);
+        let mut data_at = vec![0usize; world];
+        // Each block: its owner's values, then their flags.
+        let mut flag_at = self.data.clone();
+        for &(i, owner) in &self.members {
+            plan.slots[i] = Some(Slot {
+                group,
+                owner,
+                data_at: data_at[owner],
+                flag_at: flag_at[owner],
+            });
+            data_at[owner] += plan.numels[i];
+            flag_at[owner] += 1;
+        }
+        plan.groups.push(Group {
+            tensors: self.first..end,
+            block,
+        });
+        *self = OpenGroup {
+            first: end,
+            ..OpenGroup::new(world)
+        };
+    }
+}
+
+/// Reduce-scatters this rank's local `grads` (`Avg`), one group of tensors at a time: returns
+/// the averaged gradients of the tensors `rank` owns (those some rank had a gradient for) and
+/// drops the rest as each group is sent.
 ///
 /// # Collective
 /// Every rank calls it at the same point with the same module layout.
@@ -112,50 +212,51 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
     mut grads: GradientsParams,
     plan: &GradLayout,
 ) -> Result<GradientsParams, ZeroError> {
-    let world = pg.world_size();
-    let mut flat = vec![0f32; plan.block * world];
-    let mut pack = Pack::<B> {
-        next: 0,
-        plan,
-        grads: &mut grads,
-        flat: &mut flat,
-        data_at: (0..world).map(|r| r * plan.block).collect(),
-        flag_at: (0..world).map(|r| r * plan.block + plan.data[r]).collect(),
-        error: None,
-        _backend: std::marker::PhantomData,
-    };
-    module.visit(&mut pack);
-    if let Some(e) = pack.error {
-        return Err(e);
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let mut into = GradientsParams::new();
+    for (g, group) in plan.groups.iter().enumerate() {
+        let mut flat = vec![0f32; group.block * world];
+        let mut pack = Pack::<B> {
+            next: 0,
+            group: g,
+            plan,
+            grads: &mut grads,
+            flat: &mut flat,
+            block: group.block,
+            error: None,
+            _backend: std::marker::PhantomData,
+        };
+        module.visit(&mut pack);
+        if let Some(e) = pack.error {
+            return Err(e);
+        }
+        let mut mine = vec![0f32; group.block];
+        pg.reduce_scatter(&flat, &mut mine, ReduceOp::Avg)
+            .map_err(|source| ZeroError::ReduceGradients { source })?;
+        drop(flat);
+        let mut unpack = Unpack::<B> {
+            next: 0,
+            group: g,
+            rank,
+            plan,
+            mine: &mine,
+            into: &mut into,
+            _backend: std::marker::PhantomData,
+        };
+        module.visit(&mut unpack);
     }
-    drop(grads);
-    let mut mine = vec![0f32; plan.block];
-    pg.reduce_scatter(&flat, &mut mine, ReduceOp::Avg)
-        .map_err(|source| ZeroError::ReduceGradients { source })?;
-    drop(flat);
-    let rank = pg.rank();
-    let mut unpack = Unpack::<B> {
-        next: 0,
-        rank,
-        plan,
-        mine: &mine,
-        data_at: 0,
-        flag_at: plan.data[rank],
-        into: GradientsParams::new(),
-        _backend: std::marker::PhantomData,
-    };
-    module.visit(&mut unpack);
-    Ok(unpack.into)
+    Ok(into)
 }
 
-/// Copies each trained tensor's local gradient (zeros if it has none) into its owner's block.
+/// Copies each trained tensor's local gradient in one group (zeros if it has none) into its
+/// owner's block, taking it out of burn's gradients.
 struct Pack<'a, B> {
     next: usize,
+    group: usize,
     plan: &'a GradLayout,
     grads: &'a mut GradientsParams,
     flat: &'a mut [f32],
-    data_at: Vec<usize>,
-    flag_at: Vec<usize>,
+    block: usize,
     error: Option<ZeroError>,
     _backend: std::marker::PhantomData<B>,
 }
@@ -164,17 +265,13 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        let Some(owner) = self.plan.owners.get(index).copied().flatten() else {
+        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
             return;
         };
-        if self.error.is_some() {
+        if slot.group != self.group || self.error.is_some() {
             return;
         }
         let n = self.plan.numels[index];
-        let at = self.data_at[owner];
-        self.data_at[owner] += n;
-        let flag = self.flag_at[owner];
-        self.flag_at[owner] += 1;
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return;
         };
@@ -193,20 +290,20 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
                 return;
             }
         };
-        self.flat[at..at + n].copy_from_slice(values);
-        self.flat[flag] = 1.0;
+        let base = slot.owner * self.block;
+        self.flat[base + slot.data_at..base + slot.data_at + n].copy_from_slice(values);
+        self.flat[base + slot.flag_at] = 1.0;
     }
 }
 
-/// Turns this rank's reduced block back into gradients keyed by `ParamId`.
+/// Turns this rank's reduced block of one group back into gradients keyed by `ParamId`.
 struct Unpack<'a, B> {
     next: usize,
+    group: usize,
     rank: usize,
     plan: &'a GradLayout,
     mine: &'a [f32],
-    data_at: usize,
-    flag_at: usize,
-    into: GradientsParams,
+    into: &'a mut GradientsParams,
     _backend: std::marker::PhantomData<B>,
 }
 
@@ -214,19 +311,19 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unpack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        if self.plan.owners.get(index).copied().flatten() != Some(self.rank) {
+        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
+            return;
+        };
+        if slot.group != self.group || slot.owner != self.rank {
             return;
         }
         let n = self.plan.numels[index];
-        let values = &self.mine[self.data_at..self.data_at + n];
-        self.data_at += n;
         // The average of the flags is positive iff some rank had a gradient: only then does
         // the optimizer see one (as with DDP's averaged gradients).
-        let present = self.mine[self.flag_at] > 0.0;
-        self.flag_at += 1;
-        if !present {
+        if self.mine[slot.flag_at] <= 0.0 {
             return;
         }
+        let values = &self.mine[slot.data_at..slot.data_at + n];
         let value = param.val();
         let data = TensorData::new(values.to_vec(), value.shape());
         let grad = Tensor::<B::InnerBackend, D>::from_data(data, &value.device());
@@ -234,8 +331,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unpack<'_, B> {
     }
 }
 
-/// Every owner's updated parameters to every rank in one `all_gather`, byte for byte. On
-/// error the module is returned as it was.
+/// Every owner's updated parameters to every rank, one `all_gather` per group of tensors (the
+/// reduce-scatter's groups), byte for byte. On error the module is returned as it was.
 ///
 /// # Collective
 /// Every rank calls it at the same point with the same module layout.
@@ -244,47 +341,58 @@ pub(crate) fn all_gather_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: M,
     layout: &[TensorInfo],
     partition: &Partition,
+    plan: &GradLayout,
 ) -> (M, Result<(), ZeroError>) {
     if pg.world_size() == 1 {
         return (module, Ok(()));
     }
-    match gathered_others::<B, M>(pg, &module, layout, partition) {
-        Ok((select, others)) => {
-            let before = module.clone();
-            match write_values::<B, M>(module, &select, false, &others) {
-                Ok(module) => (module, Ok(())),
-                Err(e) => (
-                    before,
-                    Err(ZeroError::GatherParameters {
-                        reason: e.to_string(),
-                    }),
-                ),
-            }
+    let before = module.clone();
+    let mut module = module;
+    for group in &plan.groups {
+        let gathered =
+            gathered_others::<B, M>(pg, &module, layout, partition, group.tensors.clone());
+        let written = gathered.and_then(|(select, others)| {
+            write_values::<B, M>(module.clone(), &select, false, &others).map_err(|e| {
+                ZeroError::GatherParameters {
+                    reason: e.to_string(),
+                }
+            })
+        });
+        match written {
+            Ok(m) => module = m,
+            Err(e) => return (before, Err(e)),
         }
-        Err(e) => (module, Err(e)),
     }
+    (module, Ok(()))
 }
 
-/// The all-gather itself: which tensors other ranks own, and their bytes in module order (as
-/// `write_values` reads them).
+/// One all-gather: which tensors of `tensors` other ranks own, and their bytes in module order
+/// (as `write_values` reads them).
 fn gathered_others<B: AutodiffBackend, M: AutodiffModule<B>>(
     pg: &ProcessGroup,
     module: &M,
     layout: &[TensorInfo],
     partition: &Partition,
+    tensors: std::ops::Range<usize>,
 ) -> Result<(Vec<bool>, Vec<u8>), ZeroError> {
     let (world, rank) = (pg.world_size(), pg.rank());
     // `read_values` writes each tensor as an 8-byte length and its bytes.
     let entry = |t: &TensorInfo| 8 + t.bytes;
     let owners = partition.owners();
+    let in_group = |i: usize| tensors.contains(&i);
     let mut sizes = vec![0usize; world];
-    for (t, owner) in layout.iter().zip(owners) {
-        if let Some(r) = owner {
+    for (i, (t, owner)) in layout.iter().zip(owners).enumerate() {
+        if let (true, Some(r)) = (in_group(i), owner) {
             sizes[*r] += entry(t);
         }
     }
     let block = sizes.iter().copied().max().unwrap_or(0);
-    let mut mine = read_values::<B, M>(module, &partition.mask(rank), false);
+    let select_mine: Vec<bool> = owners
+        .iter()
+        .enumerate()
+        .map(|(i, o)| in_group(i) && *o == Some(rank))
+        .collect();
+    let mut mine = read_values::<B, M>(module, &select_mine, false);
     if mine.len() != sizes[rank] {
         return Err(ZeroError::GatherParameters {
             reason: format!(
@@ -308,7 +416,7 @@ fn gathered_others<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut select = vec![false; layout.len()];
     for (i, (t, owner)) in layout.iter().zip(owners).enumerate() {
         match owner {
-            Some(r) if *r != rank => {
+            Some(r) if in_group(i) && *r != rank => {
                 let n = entry(t);
                 others.extend_from_slice(&all[at[*r]..at[*r] + n]);
                 at[*r] += n;
@@ -349,11 +457,56 @@ mod tests {
             .map(|t| t.trainable.then_some(t.bytes))
             .collect();
         let partition = Partition::balanced(&sizes, 2);
-        let plan = GradLayout::new(&layout, &partition, 2);
-        assert_eq!(plan.data, vec![130, 120]);
-        assert_eq!(plan.block(), 132, "rank 0: 130 gradients + 2 flags");
+        let plan = GradLayout::new(&layout, &partition, 2, DEFAULT_ZERO_BUCKET_BYTES);
+        assert_eq!(plan.groups.len(), 1);
+        assert_eq!(plan.received(), 132, "rank 0: 130 gradients + 2 flags");
         assert_eq!(plan.numels[3], 0, "buffers are not reduced");
-        let single = GradLayout::new(&layout, &Partition::balanced(&sizes, 1), 1);
-        assert_eq!(single.block(), 250 + 5);
+        assert!(plan.slots[3].is_none());
+        let single = GradLayout::new(&layout, &Partition::balanced(&sizes, 1), 1, 1 << 20);
+        assert_eq!(single.received(), 250 + 5);
+    }
+
+    #[test]
+    fn a_small_bucket_cuts_groups_and_every_tensor_keeps_its_owner_and_place() {
+        let layout = [
+            tensor(10, true),
+            tensor(50, true),
+            tensor(100, true),
+            tensor(7, false),
+            tensor(30, true),
+            tensor(60, true),
+        ];
+        let sizes: Vec<Option<usize>> = layout
+            .iter()
+            .map(|t| t.trainable.then_some(t.bytes))
+            .collect();
+        let partition = Partition::balanced(&sizes, 2);
+        // Module order: 10 (r1), 50 (r1), 100 (r0), a buffer, 30 (r0), 60 (r1); at most 62
+        // elements (gradients and flags) per block: 10 and 50 share a group, 100 is alone (over
+        // the cap by itself), 30 and 60 go to different ranks and share one.
+        let plan = GradLayout::new(&layout, &partition, 2, 62 * 4);
+        let ranges: Vec<_> = plan.groups.iter().map(|g| g.tensors.clone()).collect();
+        assert_eq!(ranges, vec![0..2, 2..4, 4..6]);
+        let blocks: Vec<_> = plan.groups.iter().map(|g| g.block).collect();
+        assert_eq!(blocks, vec![62, 101, 61]);
+        assert_eq!(plan.received(), 62 + 101 + 61);
+        // Groups are consecutive and cover every tensor.
+        assert_eq!(plan.groups[0].tensors.start, 0);
+        for w in plan.groups.windows(2) {
+            assert_eq!(w[0].tensors.end, w[1].tensors.start);
+        }
+        assert_eq!(
+            plan.groups.last().map(|g| g.tensors.end),
+            Some(layout.len())
+        );
+        for (i, slot) in plan.slots.iter().enumerate() {
+            match slot {
+                Some(s) => {
+                    assert_eq!(Some(s.owner), partition.owners()[i]);
+                    assert!(plan.groups[s.group].tensors.contains(&i));
+                }
+                None => assert!(!layout[i].trainable),
+            }
+        }
     }
 }

@@ -42,6 +42,9 @@ enum Mode {
     Stage1,
     /// ZeRO stage 2.
     Stage2,
+    /// ZeRO stage 2 with collectives of at most this many bytes per rank (tiny: one tensor
+    /// per reduce-scatter and all-gather).
+    Stage2Buckets(usize),
 }
 
 fn adam<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<burn::optim::Adam, M, B> {
@@ -122,6 +125,12 @@ where
                 assert_eq!(zero.stage(), ZeroStage::Two);
                 train(&mut ddp, &mut zero, 0..STEPS)
             }
+            Mode::Stage2Buckets(bytes) => {
+                let mut zero = ZeroRedundancyOptimizer::stage2(make(), &mut ddp)
+                    .unwrap()
+                    .with_bucket_bytes(bytes);
+                train(&mut ddp, &mut zero, 0..STEPS)
+            }
         }
     })
 }
@@ -151,8 +160,24 @@ fn check_against_plain<Opt>(
     let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
     for world in 1..=4 {
         let plain = trajectory(world, &init, Mode::Plain, make);
+        // One collective of each kind per step, then one per tensor.
+        let buckets = trajectory(world, &init, Mode::Stage2Buckets(64), make);
         let zero = trajectory(world, &init, Mode::Stage2, make);
         for step in 0..STEPS {
+            for ranks in &buckets[1..] {
+                assert!(bitwise_equal(&ranks[step], &buckets[0][step]));
+            }
+            let (b, z) = (&buckets[0][step], &zero[0][step]);
+            if world <= 2 {
+                assert!(
+                    bitwise_equal(b, z),
+                    "{name}, world {world}, step {step}: stage 2 in per-tensor collectives \
+                     differs from one collective by {:e}",
+                    max_abs_diff(b, z)
+                );
+            } else {
+                assert!(max_abs_diff(b, z) <= TOLERANCE);
+            }
             for (r, ranks) in zero.iter().enumerate() {
                 assert!(
                     bitwise_equal(&ranks[step], &zero[0][step]),
