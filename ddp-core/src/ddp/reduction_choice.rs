@@ -37,6 +37,10 @@ pub(super) fn choose_reduction<I: Backend>(
 ) -> Result<Arc<dyn BucketReduction<I>>, DdpError> {
     let host = || HostReduction { pg: pg.clone() };
     if let Some(hook) = chosen_hook(config, registered)? {
+        if hook.leaves_gradients_local() {
+            // Nothing to send: the gradients stay tensors where backward left them.
+            return Ok(Arc::new(LocalReduction));
+        }
         return Ok(Arc::new(HookReduction::new(host(), hook)?));
     }
     if let Some(reduction) = nccl::reduction(pg, config.collectives, table)? {

@@ -43,8 +43,10 @@ pub enum ZeroStage {
 /// [`DistributedDataParallel::register_comm_hook`](crate::DistributedDataParallel::register_comm_hook).
 ///
 /// DDP still does everything else (replica sync at construction, buffers from rank 0, the
-/// agreement on which parameters got a gradient); only f32 buckets go through hooks, so
-/// stage 2 refuses parameters of other dtypes.
+/// agreement on which parameters got a gradient), but copies no gradient into a bucket: they
+/// stay tensors where backward left them ([`CommHook::leaves_gradients_local`]), and a
+/// parameter this rank gave no gradient is absent, not zeros. Stage 2's flat buffers are f32,
+/// so it refuses parameters of other dtypes at its step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LocalGradientsHook;
 
@@ -55,6 +57,10 @@ impl CommHook for LocalGradientsHook {
 
     fn name(&self) -> &str {
         "zero-stage-2 local gradients"
+    }
+
+    fn leaves_gradients_local(&self) -> bool {
+        true
     }
 }
 

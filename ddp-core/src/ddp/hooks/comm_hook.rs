@@ -24,6 +24,15 @@ pub trait CommHook: Send + 'static {
     fn name(&self) -> &str {
         std::any::type_name::<Self>()
     }
+
+    /// Whether `reduce` leaves every bucket as it is, so each rank keeps its own gradients
+    /// (ZeRO stage 2's [`LocalGradientsHook`](crate::zero::LocalGradientsHook)). DDP then
+    /// never copies the gradients into host buckets: they stay where backward left them, and
+    /// `reduce` is not called. A gradient this rank did not produce is then absent rather than
+    /// zeros.
+    fn leaves_gradients_local(&self) -> bool {
+        false
+    }
 }
 
 /// One parameter's place in a [`GradBucket`].

@@ -7,7 +7,8 @@
 //! decides *when*: which bucket is full, in which order buckets launch, and which parameters no
 //! rank used.
 //!
-//! - [`LocalReduction`] (world size 1): gradients stay tensors on their device; nothing moves.
+//! - [`LocalReduction`] (world size 1, or a hook that leaves gradients local): gradients stay
+//!   tensors on their device; nothing moves.
 //! - [`HostReduction`]: gradients are read into host memory in their own dtype, and a bucket is one
 //!   coalesced all-reduce over ddp-comm (shared memory or TCP).
 //! - [`HookReduction`](super::hook_reduction::HookReduction): f32 buckets go through a user's
@@ -91,7 +92,8 @@ fn internal(what: &str) -> DdpError {
     DdpError::Internal(format!("bucket reduction: {what}"))
 }
 
-/// World size 1: nothing to reduce; a parameter's gradients are summed on the device.
+/// World size 1, or each rank keeping its own gradients (ZeRO stage 2): nothing to reduce; a
+/// parameter's gradients are summed on the device.
 pub(crate) struct LocalReduction;
 
 struct Ready<I: Backend>(Vec<Option<FloatTensor<I>>>);
