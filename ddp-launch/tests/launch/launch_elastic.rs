@@ -13,6 +13,14 @@ pub(crate) const ROUND_DEADLINE: Duration = Duration::from_secs(90);
 pub(crate) const NPROC: usize = 2;
 /// The job's `--rdzv-id`.
 pub(crate) const JOB_ID: &str = "elastic-test";
+/// `--rdzv-last-call`: once MIN nodes joined, a round waits this long for the others. The
+/// launchers of a 3-node round start one after another, and on a busy machine the last may
+/// join a few seconds after the second; a round closed without it would add a round the tests
+/// do not expect.
+pub(crate) const LAST_CALL_SECS: u64 = 5;
+/// `--rdzv-heartbeat-timeout`: long enough that a live launcher starved of the CPU on a busy
+/// machine is never taken for dead.
+pub(crate) const HEARTBEAT_TIMEOUT_SECS: u64 = 6;
 
 /// What one worker wrote when its round started.
 #[derive(Debug, Clone, Copy)]
@@ -69,9 +77,9 @@ impl ElasticJob {
             "--rdzv-id",
             JOB_ID,
             "--rdzv-last-call",
-            "1",
+            &LAST_CALL_SECS.to_string(),
             "--rdzv-heartbeat-timeout",
-            "3",
+            &HEARTBEAT_TIMEOUT_SECS.to_string(),
             "--grace-period",
             "1",
             "--join-timeout",
@@ -284,7 +292,7 @@ pub(crate) fn kill_a_node_then_grow_back(
     job.kill_node(victim, round0);
     let round1 = job.wait_round(1, 2 * NPROC);
     println!(
-        "elastic ({backend}): from a node's death to 2-node training again: {:.2} s (grace period 1 s, last call 1 s)",
+        "elastic ({backend}): from a node's death to 2-node training again: {:.2} s (grace period 1 s, last call {LAST_CALL_SECS} s)",
         killed_at.elapsed().as_secs_f64()
     );
     assert!(node_of(&round1, killed_pid).is_empty());
@@ -355,7 +363,7 @@ fn a_frozen_node_is_dropped_when_its_heartbeats_stop() {
     let frozen_at = Instant::now();
     job.wait_round(1, 2 * NPROC);
     println!(
-        "elastic (c10d): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout 3 s)",
+        "elastic (c10d): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout {HEARTBEAT_TIMEOUT_SECS} s)",
         frozen_at.elapsed().as_secs_f64()
     );
     job.kill_node(frozen, &round0);
@@ -367,7 +375,9 @@ fn a_frozen_node_is_dropped_when_its_heartbeats_stop() {
     }
     let rounds = rounds_printed(&outs[0]);
     assert!(
-        rounds[0].contains(&format!(":{launcher} sent no heartbeat for 3s")),
+        rounds[0].contains(&format!(
+            ":{launcher} sent no heartbeat for {HEARTBEAT_TIMEOUT_SECS}s"
+        )),
         "{rounds:?}\n{}",
         outs[0].all()
     );

@@ -7,34 +7,46 @@ use crate::launch_common::*;
 use crate::launch_elastic::*;
 use std::time::{Duration, Instant};
 
-/// Starts launchers in the order given, each once the one before joined round 0, so node ranks
-/// follow it; returns their indices.
-fn start_in_order(job: &mut ElasticJob, etcd: &EtcdServer, n: usize) -> Vec<usize> {
-    (1..=n)
-        .map(|i| {
-            let agent = job.start_agent(&["--max-restarts", "3"]);
-            let key = format!("/ddp/{JOB_ID}/r/0/node/{i}");
-            let deadline = Instant::now() + ROUND_DEADLINE;
-            while !etcd.has_key(&key) {
-                if job.agents[agent]
-                    .child
-                    .try_wait()
-                    .expect("try_wait")
-                    .is_some()
-                {
-                    let placeholder = start(std::process::Command::new("true"));
-                    let out = std::mem::replace(&mut job.agents[agent], placeholder).finish();
-                    panic!("launcher {i} exited before joining round 0\n{}", out.all());
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "launcher {i} did not join round 0 (no {key} in etcd)"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            agent
-        })
-        .collect()
+/// Starts `n` launchers: the first alone, until it joined round 0 (so it is node 0), then the
+/// others at once, so they all join within the round's last call however busy the machine is;
+/// returns their indices, the first one first.
+fn start_first_then_rest(job: &mut ElasticJob, etcd: &EtcdServer, n: usize) -> Vec<usize> {
+    let first = job.start_agent(&["--max-restarts", "3"]);
+    wait_joined(job, etcd, first, 1);
+    let rest: Vec<usize> = (1..n)
+        .map(|_| job.start_agent(&["--max-restarts", "3"]))
+        .collect();
+    for &agent in &rest {
+        wait_joined(job, etcd, agent, n);
+    }
+    std::iter::once(first).chain(rest).collect()
+}
+
+/// Waits until `joins` launchers joined round 0 in etcd, failing with `agent`'s output if it
+/// exits first.
+fn wait_joined(job: &mut ElasticJob, etcd: &EtcdServer, agent: usize, joins: usize) {
+    let key = format!("/ddp/{JOB_ID}/r/0/node/{joins}");
+    let deadline = Instant::now() + ROUND_DEADLINE;
+    while !etcd.has_key(&key) {
+        if job.agents[agent]
+            .child
+            .try_wait()
+            .expect("try_wait")
+            .is_some()
+        {
+            let placeholder = start(std::process::Command::new("true"));
+            let out = std::mem::replace(&mut job.agents[agent], placeholder).finish();
+            panic!(
+                "launcher {agent} exited before round 0 had {joins} node(s)\n{}",
+                out.all()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "round 0 never had {joins} node(s) (no {key} in etcd)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -42,7 +54,7 @@ fn start_in_order(job: &mut ElasticJob, etcd: &EtcdServer, n: usize) -> Vec<usiz
 fn etcd_the_job_outlives_the_node_that_started_it_and_grows_back() {
     let etcd = EtcdServer::start();
     let mut job = ElasticJob::with_backend("etcd", etcd.port);
-    let agents = start_in_order(&mut job, &etcd, 3);
+    let agents = start_first_then_rest(&mut job, &etcd, 3);
     let (first, second, third) = (agents[0], agents[1], agents[2]);
 
     let round0 = job.wait_round(0, 3 * NPROC);
@@ -62,7 +74,7 @@ fn etcd_the_job_outlives_the_node_that_started_it_and_grows_back() {
 fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
     let etcd = EtcdServer::start();
     let mut job = ElasticJob::with_backend("etcd", etcd.port);
-    let agents = start_in_order(&mut job, &etcd, 3);
+    let agents = start_first_then_rest(&mut job, &etcd, 3);
     let round0 = job.wait_round(0, 3 * NPROC);
 
     let frozen = agents[2];
@@ -77,7 +89,7 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
     let frozen_at = Instant::now();
     job.wait_round(1, 2 * NPROC);
     println!(
-        "elastic (etcd): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout 3 s)",
+        "elastic (etcd): from a node freezing to 2-node training again: {:.2} s (heartbeat timeout {HEARTBEAT_TIMEOUT_SECS} s)",
         frozen_at.elapsed().as_secs_f64()
     );
     job.kill_node(frozen, &round0);
@@ -89,7 +101,9 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
     }
     let rounds = rounds_printed(&outs[0]);
     assert!(
-        rounds[0].contains(&format!(":{launcher} sent no heartbeat for 3s")),
+        rounds[0].contains(&format!(
+            ":{launcher} sent no heartbeat for {HEARTBEAT_TIMEOUT_SECS}s"
+        )),
         "{rounds:?}\n{}",
         outs[0].all()
     );
@@ -103,7 +117,7 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
 fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
     let etcd = EtcdServer::start();
     let mut job = ElasticJob::with_backend("etcd", etcd.port);
-    let agents = start_in_order(&mut job, &etcd, 2);
+    let agents = start_first_then_rest(&mut job, &etcd, 2);
     job.wait_round(0, 2 * NPROC);
     let workers = job.all_workers();
     for out in job.finish(&agents) {
@@ -128,7 +142,7 @@ fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
 fn etcd_lost_while_the_job_runs_stops_every_node_with_the_endpoint() {
     let mut etcd = EtcdServer::start();
     let mut job = ElasticJob::with_backend("etcd", etcd.port);
-    let agents = start_in_order(&mut job, &etcd, 2);
+    let agents = start_first_then_rest(&mut job, &etcd, 2);
     job.wait_round(0, 2 * NPROC);
     let workers = job.all_workers();
     etcd.kill();
