@@ -313,6 +313,69 @@ fn a_failing_hook_is_named_on_its_rank_and_its_peer_fails_at_once() {
     );
 }
 
+/// A hook that says it leaves the gradients local (ZeRO stage 2's kind), counting the calls
+/// DDP should never make.
+struct KeepsLocal {
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CommHook for KeepsLocal {
+    fn reduce(&mut self, _bucket: &mut GradBucket, _pg: &ProcessGroup) -> Result<(), HookError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn leaves_gradients_local(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_hook_that_leaves_gradients_local_is_never_called_and_each_rank_keeps_its_own() {
+    let initial = model(16);
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let steps = 2;
+    let trained = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let config = DdpConfig::new()
+            .with_bucket_cap_mb(0.0002)
+            .with_first_bucket_cap_mb(0.0002);
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
+        ddp.register_comm_hook(KeepsLocal {
+            calls: calls.clone(),
+        })
+        .unwrap();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        for step in 0..steps {
+            let idx = samples(rank, step, 0);
+            let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+            let grads = ddp.backward(loss).unwrap();
+            ddp.optimizer_step(&mut adam, LR, grads);
+        }
+        flat_params(ddp.module())
+    });
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "DDP called reduce on a hook that leaves gradients local"
+    );
+    // Each rank stepped with its own gradients, as one process training on its samples alone.
+    for (rank, params) in trained.iter().enumerate() {
+        let mut alone = initial.clone();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        for step in 0..steps {
+            let grads = loss_of(&alone, &samples(rank, step, 0)).backward();
+            let grads = burn::optim::GradientsParams::from_grads(grads, &alone);
+            alone = adam.step(LR, alone, grads);
+        }
+        assert_eq!(
+            bits(params),
+            bits(&flat_params(&alone)),
+            "rank {rank} did not keep its own gradients"
+        );
+    }
+}
+
 #[test]
 fn hooks_are_registered_once_before_the_first_forward() {
     let initial = model(8);
