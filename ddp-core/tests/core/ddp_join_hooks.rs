@@ -2,7 +2,7 @@
 //! same averaged updates.
 use crate::common::*;
 use burn::nn::loss::{MseLoss, Reduction};
-use burn::optim::{AdamConfig, Optimizer};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome};
 use ddp_core::hooks::{
@@ -13,6 +13,8 @@ use ddp_core::{
     checkpoint::TrainingState,
     comm::{ProcessGroup, ReduceOp},
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A model whose weights are drawn now, from a seed (burn initialises lazily: clones of a fresh
 /// model would each draw their own), so the comparisons below see the same numbers every run.
@@ -107,7 +109,7 @@ fn reference(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<f32> {
                 });
             }
         }
-        let grads = burn::optim::GradientsParams::from_grads(total.unwrap().backward(), &model);
+        let grads = GradientsParams::from_grads(total.unwrap().backward(), &model);
         Optimizer::step(adam, LR, model, grads)
     };
     for step in 0..steps {
@@ -203,6 +205,13 @@ impl CommHook for CheckedAverage {
     }
 }
 
+/// Buckets of a few parameters each: several per step, so hooks see more than one.
+fn small_buckets() -> DdpConfig {
+    DdpConfig::new()
+        .with_bucket_cap_mb(0.0002)
+        .with_first_bucket_cap_mb(0.0002)
+}
+
 fn train_with(
     initial: &Mlp<B>,
     world: usize,
@@ -233,9 +242,7 @@ fn train_with(
 fn a_users_hook_sees_whole_buckets_in_order_and_its_average_is_ddps() {
     let initial = model(16);
     // Small buckets: several per step.
-    let config = DdpConfig::new()
-        .with_bucket_cap_mb(0.0002)
-        .with_first_bucket_cap_mb(0.0002);
+    let config = small_buckets();
     let plain = train_with(&initial, 2, 3, config.clone(), || None);
     let hooked = train_with(&initial, 2, 3, config, || {
         Some(Box::new(|ddp: &mut DistributedDataParallel<B, Mlp<B>>| {
@@ -279,9 +286,7 @@ fn a_failing_hook_is_named_on_its_rank_and_its_peer_fails_at_once() {
     let initial = model(16);
     let errors = run_ranks(2, |pg| {
         let rank = pg.rank();
-        let config = DdpConfig::new()
-            .with_bucket_cap_mb(0.0002)
-            .with_first_bucket_cap_mb(0.0002);
+        let config = small_buckets();
         let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
         ddp.register_comm_hook(FailingHook { calls: 0 }).unwrap();
         let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
@@ -316,12 +321,12 @@ fn a_failing_hook_is_named_on_its_rank_and_its_peer_fails_at_once() {
 /// A hook that says it leaves the gradients local (ZeRO stage 2's kind), counting the calls
 /// DDP should never make.
 struct KeepsLocal {
-    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    calls: Arc<AtomicUsize>,
 }
 
 impl CommHook for KeepsLocal {
     fn reduce(&mut self, _bucket: &mut GradBucket, _pg: &ProcessGroup) -> Result<(), HookError> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -333,13 +338,11 @@ impl CommHook for KeepsLocal {
 #[test]
 fn a_hook_that_leaves_gradients_local_is_never_called_and_each_rank_keeps_its_own() {
     let initial = model(16);
-    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
     let steps = 2;
     let trained = run_ranks(2, |pg| {
         let rank = pg.rank();
-        let config = DdpConfig::new()
-            .with_bucket_cap_mb(0.0002)
-            .with_first_bucket_cap_mb(0.0002);
+        let config = small_buckets();
         let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
         ddp.register_comm_hook(KeepsLocal {
             calls: calls.clone(),
@@ -355,7 +358,7 @@ fn a_hook_that_leaves_gradients_local_is_never_called_and_each_rank_keeps_its_ow
         flat_params(ddp.module())
     });
     assert_eq!(
-        calls.load(std::sync::atomic::Ordering::SeqCst),
+        calls.load(Ordering::SeqCst),
         0,
         "DDP called reduce on a hook that leaves gradients local"
     );
@@ -365,7 +368,7 @@ fn a_hook_that_leaves_gradients_local_is_never_called_and_each_rank_keeps_its_ow
         let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
         for step in 0..steps {
             let grads = loss_of(&alone, &samples(rank, step, 0)).backward();
-            let grads = burn::optim::GradientsParams::from_grads(grads, &alone);
+            let grads = GradientsParams::from_grads(grads, &alone);
             alone = adam.step(LR, alone, grads);
         }
         assert_eq!(

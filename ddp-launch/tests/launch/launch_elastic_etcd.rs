@@ -12,34 +12,34 @@ use std::time::{Duration, Instant};
 /// returns their indices, the first one first.
 fn start_first_then_rest(job: &mut ElasticJob, etcd: &EtcdServer, n: usize) -> Vec<usize> {
     let first = job.start_agent(&["--max-restarts", "3"]);
-    wait_joined(job, etcd, first, 1);
+    wait_joined(job, etcd, &[first], 1);
     let rest: Vec<usize> = (1..n)
         .map(|_| job.start_agent(&["--max-restarts", "3"]))
         .collect();
-    for &agent in &rest {
-        wait_joined(job, etcd, agent, n);
-    }
+    wait_joined(job, etcd, &rest, n);
     std::iter::once(first).chain(rest).collect()
 }
 
-/// Waits until `joins` launchers joined round 0 in etcd, failing with `agent`'s output if it
-/// exits first.
-fn wait_joined(job: &mut ElasticJob, etcd: &EtcdServer, agent: usize, joins: usize) {
+/// Waits until `joins` launchers joined round 0 in etcd, failing with the output of any of
+/// `agents` that exits first.
+fn wait_joined(job: &mut ElasticJob, etcd: &EtcdServer, agents: &[usize], joins: usize) {
     let key = format!("/ddp/{JOB_ID}/r/0/node/{joins}");
     let deadline = Instant::now() + ROUND_DEADLINE;
     while !etcd.has_key(&key) {
-        if job.agents[agent]
-            .child
-            .try_wait()
-            .expect("try_wait")
-            .is_some()
-        {
-            let placeholder = start(std::process::Command::new("true"));
-            let out = std::mem::replace(&mut job.agents[agent], placeholder).finish();
-            panic!(
-                "launcher {agent} exited before round 0 had {joins} node(s)\n{}",
-                out.all()
-            );
+        for &agent in agents {
+            if job.agents[agent]
+                .child
+                .try_wait()
+                .expect("try_wait")
+                .is_some()
+            {
+                let placeholder = start(std::process::Command::new("true"));
+                let out = std::mem::replace(&mut job.agents[agent], placeholder).finish();
+                panic!(
+                    "launcher {agent} exited before round 0 had {joins} node(s)\n{}",
+                    out.all()
+                );
+            }
         }
         assert!(
             Instant::now() < deadline,
