@@ -2,13 +2,15 @@
 //! it against single-process training.
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// The backend of the tests (CPU). The fixtures are generic so that the same runs can be made
 /// on burn's CUDA backend (feature `cuda`).
@@ -36,10 +38,57 @@ impl<B: Backend> SmallMlp<B> {
             act: Relu::new(),
         }
     }
+    /// Weights drawn from a seeded ChaCha stream, uniform in `±1/sqrt(fan_in)` as burn's default
+    /// init is: a comparison with a reference sees the same numbers on every machine and run
+    /// (`new` draws from burn's global RNG, unseeded).
+    pub fn seeded(device: &B::Device, seed: u64) -> Self {
+        Self::new(device).map(&mut SeededInit(ChaCha8Rng::seed_from_u64(seed)))
+    }
     /// Outputs `[n, 3]` for inputs `[n, 6]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.fc2.forward(self.act.forward(self.fc1.forward(x)))
     }
+}
+
+/// Overwrites every float parameter with seeded uniform values (see [`SmallMlp::seeded`]).
+struct SeededInit(ChaCha8Rng);
+
+impl<B: Backend> ModuleMapper<B> for SeededInit {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, t, mapper) = param.consume();
+        let trainable = t.is_require_grad();
+        let (device, shape) = (t.device(), t.shape());
+        let fan_in = if D >= 2 {
+            shape.dims::<D>()[0]
+        } else {
+            shape.num_elements()
+        };
+        let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+        let values: Vec<f32> = (0..shape.num_elements())
+            .map(|_| self.0.random_range(-bound..bound))
+            .collect();
+        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), &device)
+            .set_require_grad(trainable);
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// Largest difference relative to the largest magnitude in `reference`:
+/// `max|a - reference| / max|reference|`.
+///
+/// Scaled by the whole vector rather than per element: Adam's update ignores the gradient's
+/// size, so a weight that ends near zero can differ relatively by far more than the model does
+/// when the reference sums its batch in another order (CI saw 1.8e-5 per element at world 3).
+pub fn max_scaled_diff(a: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(a.len(), reference.len(), "parameter counts differ");
+    let scale = reference
+        .iter()
+        .fold(f32::MIN_POSITIVE, |m, y| m.max(y.abs()));
+    let diff = a
+        .iter()
+        .zip(reference)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale
 }
 
 /// The optimizers the equivalence runs use.
