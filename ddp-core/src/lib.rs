@@ -22,6 +22,7 @@
 //! | [`launch`](mod@launch) | the launcher (the `ddp-launch` crate): [`launch::LaunchArgs`], [`launch::WorkerEnv`], the `ddp-run` binary |
 //! | [`checkpoint`] | [`checkpoint::FullCheckpointer`] (rank 0 writes the whole model) and [`checkpoint::sharded::ShardedCheckpointer`] (every rank its shard) |
 //! | [`zero`] | [`zero::ZeroRedundancyOptimizer`]: ZeRO stages 1 and 2 |
+//! | [`fsdp`] | [`fsdp::FullyShardedDataParallel`]: fully sharded parameters (ZeRO stage 3, FSDP2's idea) |
 //! | [`amp`] | mixed precision: [`amp::GradScaler`], [`amp::autocast`] |
 //! | [`nn`] | layers that talk to the group: [`nn::SyncBatchNorm`] |
 //! | [`metrics`] | evaluation totals over all ranks: [`metrics::EvalTotals`] |
@@ -44,6 +45,8 @@
 //! - [`zero`]: [`zero::ZeroRedundancyOptimizer`] shards any optimizer's state across the ranks
 //!   (ZeRO stage 1, and stage 2 with reduce-scattered gradients), with checkpoints that resume
 //!   at another world size.
+//! - [`fsdp`]: [`fsdp::FullyShardedDataParallel`] shards the parameters too: between steps each
+//!   rank holds `1/world` of every unit's parameters, gradients and optimizer state.
 //! - [`amp`]: [`amp::GradScaler`], dynamic loss scaling (PyTorch's `GradScaler`) whose found-inf
 //!   flag is all-reduced, so every rank skips the same steps and keeps the same scale.
 //! - [`metrics`]: evaluation without padding: [`data::ExactShard`] puts each test sample on
@@ -158,6 +161,7 @@ mod error;
 
 pub mod amp;
 pub mod checkpoint;
+pub mod fsdp;
 pub mod metrics;
 pub mod nn;
 pub mod progress;

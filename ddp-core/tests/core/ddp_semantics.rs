@@ -247,7 +247,8 @@ fn adam_wd() -> impl Optimizer<Branches<B>, B> {
 fn parameters_no_rank_used_never_move_and_partly_used_ones_average_with_zeros() {
     const STEPS: usize = 4;
     const PER_RANK: usize = 3;
-    let init = to_bytes(&Branches::<B>::new(&Default::default()));
+    // Seeded: with Adam a gradient near zero amplifies the last bit of a different sum order.
+    let init = to_bytes(&seed_weights(Branches::<B>::new(&Default::default()), 21));
     let initial = flat_params(&from_bytes(Branches::<B>::new(&Default::default()), &init));
     let never = |m: &Branches<B>| flat_params(&m.never);
     let initial_never = never(&from_bytes(Branches::<B>::new(&Default::default()), &init));

@@ -20,6 +20,7 @@ mod ddp_join_hooks;
 mod ddp_semantics;
 mod ddp_step_on;
 mod exact_evaluation;
+mod fsdp;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
 mod sync_batch_norm;

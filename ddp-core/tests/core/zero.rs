@@ -306,7 +306,7 @@ fn params_only(ranks: Vec<(Vec<f32>, BTreeSet<u64>)>) -> Vec<Vec<f32>> {
 
 #[test]
 fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
-    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, 31));
     let uninterrupted = run_ranks(2, |pg| {
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());

@@ -1,0 +1,67 @@
+//! The errors of [`FullyShardedDataParallel`](super::FullyShardedDataParallel).
+
+use crate::DdpError;
+
+/// Failures of fully sharded training. A failed collective aborts the process group (the peers
+/// fail at once with this rank's reason) and makes the wrapper refuse later calls
+/// ([`FsdpError::Poisoned`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FsdpError {
+    /// A unit given to [`FsdpConfig::with_unit`](super::FsdpConfig::with_unit) names no
+    /// trainable parameter of the model.
+    #[error(
+        "FSDP unit '{prefix}' matches no trainable parameter; the model's parameter paths \
+         start with: {known}"
+    )]
+    UnitMatchesNothing {
+        /// The unit's path prefix as given.
+        prefix: String,
+        /// The first segments of the model's parameter paths.
+        known: String,
+    },
+    /// A parameter that cannot be sharded.
+    #[error("FSDP cannot shard parameter '{path}': {reason}")]
+    Unsupported {
+        /// The parameter's path in the module.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Setting up (checking that every rank holds the same model, taking rank 0's weights).
+    #[error("FSDP setup: {0}")]
+    Setup(#[source] DdpError),
+    /// All-gathering a unit's parameters failed (a peer died, or called another collective).
+    #[error("FSDP: all-gathering the parameters of unit '{unit}': {source}")]
+    Gather {
+        /// The unit's name.
+        unit: String,
+        /// What failed.
+        #[source]
+        source: ddp_comm::CommError,
+    },
+    /// Reduce-scattering a unit's gradients failed.
+    #[error("FSDP: reduce-scattering the gradients of unit '{unit}': {source}")]
+    ReduceScatter {
+        /// The unit's name.
+        unit: String,
+        /// What failed.
+        #[source]
+        source: ddp_comm::CommError,
+    },
+    /// `backward` was called with no forward since the last one.
+    #[error(
+        "FSDP: backward without a forward: call `forward` (which gathers the parameters) \
+         before each `backward`"
+    )]
+    NoForward,
+    /// An earlier call failed; the process group was aborted.
+    #[error(
+        "FSDP is unusable after an earlier error (the process group was aborted): {first}; \
+         restart the job"
+    )]
+    Poisoned {
+        /// The first error.
+        first: String,
+    },
+}

@@ -1,0 +1,72 @@
+//! Fully sharded parameters: [`FullyShardedDataParallel`], the idea of PyTorch FSDP2's
+//! `fully_shard` (ZeRO stage 3) for burn modules.
+//!
+//! Between steps each rank holds `1/world` of every unit's trainable parameters (a flat f32
+//! chunk), the gradient of that chunk after `backward`, and the optimizer state of that chunk:
+//! model state per rank is about `1/world` of DDP's. Frozen parameters stay whole on every rank.
+//!
+//! - `config.rs`: [`FsdpConfig`], the units (module path prefixes).
+//! - `layout.rs`: which unit each parameter belongs to and where it sits in the unit's buffer.
+//! - `wrapper.rs`: the wrapper (gather, reduce-scatter, step, the whole model on demand).
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::nn::{Linear, LinearConfig, loss::MseLoss, loss::Reduction};
+//! use burn::optim::AdamConfig;
+//! use burn::tensor::Tensor;
+//! use ddp_core::init_from_env;
+//! use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
+//!
+//! type B = Autodiff<Flex>;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let device = Default::default();
+//! let model: Linear<B> = LinearConfig::new(4, 1).init(&device);
+//! // One unit per marked prefix; here the whole (tiny) model is the root unit.
+//! let mut fsdp = FullyShardedDataParallel::new(model, init_from_env()?, FsdpConfig::new())?;
+//! let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+//! let x = Tensor::<B, 2>::ones([8, 4], &device);
+//! let pred = fsdp.forward(|m| m.forward(x))?; // all-gathers the units
+//! let loss = MseLoss::new().forward(pred, Tensor::zeros([8, 1], &device), Reduction::Mean);
+//! let grads = fsdp.backward(loss)?; // releases them, reduce-scatters the gradients
+//! fsdp.optimizer_step(&mut adam, 1e-3, grads)?; // steps this rank's chunks
+//! let whole = fsdp.full_module()?; // for evaluation or a checkpoint (collective)
+//! # Ok(()) }
+//! ```
+//!
+//! # Equivalence
+//! The result equals DDP with the same element-wise optimizer: each chunk's gradient is the
+//! average of the ranks' gradients, as DDP's all-reduce computes it (bitwise at world 1 and 2,
+//! where an average of two numbers rounds the same in either order; from world 3 the order of
+//! the sums may differ in the last bit, as with ZeRO-2). Units a rank did not use give zeros,
+//! which leave SGD's and Adam's parameters where they are.
+//!
+//! # What burn 0.21 allows, and the limits
+//! FSDP2 frees a unit's gathered parameters after the unit's forward and gathers them again
+//! for its backward. burn 0.21 cannot: its autodiff graph keeps every tensor a backward step
+//! needs until that step runs. Matmul is registered `compute_bound().stateful()` and saves both
+//! operands (`prep.checkpoint(&rhs)` in burn-autodiff's `float_matmul`), so a linear layer's
+//! weight lives until its backward whatever the module does with it; and gradient
+//! checkpointing (`BalancedCheckpointing`) only re-runs operations marked memory-bound from
+//! their saved inputs, never a compute-bound matmul, and has no hook to re-gather a leaf. So:
+//! - from `forward` to `backward` every rank holds the whole gathered model (as burn keeps it
+//!   anyway), plus activations;
+//! - `backward` drops the module's references before the reduce-scatters, so the gathered
+//!   parameters go as soon as the graph is gone;
+//! - the reduce-scatters run after backward, all units at once (the transport overlaps them
+//!   with each other, not with backward): burn's gradients are complete only when `backward`
+//!   returns, and this wrapper does not use DDP's gradient taps;
+//! - between steps a rank holds its chunks only: that is where the memory goes down (bench
+//!   `zero_memory`).
+//!
+//! Not supported with FSDP: DDP's communication hooks, `no_sync` accumulation, Join, parameter
+//! dtypes other than f32 (frozen ones are fine), and gradient clipping by norm inside the
+//! optimizer (it would clip each chunk, not each tensor).
+
+mod config;
+mod error;
+mod layout;
+mod wrapper;
+
+pub use config::FsdpConfig;
+pub use error::FsdpError;
+pub use wrapper::{FullyShardedDataParallel, ShardedGradients, ShardedParams};

@@ -1,0 +1,399 @@
+//! [`FullyShardedDataParallel`]: each rank keeps a `1/world` chunk of every unit's parameters;
+//! `forward` all-gathers them, `backward` reduce-scatters the gradients and releases them.
+
+use super::config::FsdpConfig;
+use super::error::FsdpError;
+use super::layout::{Layout, Slot};
+use crate::ddp::model_sync::{broadcast_module, verify_same_model};
+use crate::ddp::params::ParamTable;
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use ddp_comm::{ProcessGroup, ReduceOp};
+use std::collections::HashMap;
+
+/// This rank's chunk of every unit, one flat tensor per unit: the module the optimizer steps.
+///
+/// Optimizers that work element by element (SGD with momentum, Adam, AdamW, RMSprop, AdaGrad,
+/// weight decay) step a chunk exactly as they would step the parameters it holds. Gradient
+/// clipping by norm inside burn's optimizer works per tensor, so here per chunk: clip before
+/// the step instead, over the whole gradient, if you need it.
+#[derive(Module, Debug)]
+pub struct ShardedParams<B: Backend> {
+    chunks: Vec<Param<Tensor<B, 1>>>,
+}
+
+/// This rank's averaged gradient chunks, from [`FullyShardedDataParallel::backward`], for
+/// [`FullyShardedDataParallel::optimizer_step`].
+#[derive(Debug)]
+pub struct ShardedGradients {
+    grads: GradientsParams,
+    elements: usize,
+}
+
+impl ShardedGradients {
+    /// Bytes of the gradient chunks this rank holds (its `1/world` of every unit, padding
+    /// included).
+    pub fn bytes(&self) -> u64 {
+        self.elements as u64 * 4
+    }
+}
+
+/// Fully sharded data parallelism (the idea of PyTorch FSDP2's `fully_shard`, ZeRO stage 3):
+/// between steps each rank holds `1/world` of the trainable parameters, of their gradients and
+/// of the optimizer state.
+///
+/// A step is `forward`, `backward`, `optimizer_step`, on every rank:
+/// - [`forward`](Self::forward) all-gathers every unit's parameters (the units' all-gathers run
+///   together) and runs your closure on the whole model;
+/// - [`backward`](Self::backward) computes the local gradients, releases the gathered
+///   parameters, and reduce-scatters each unit's gradient (`Avg`), so each rank keeps the
+///   averaged gradient of its chunk only;
+/// - [`optimizer_step`](Self::optimizer_step) steps the chunks with any burn optimizer built
+///   for [`ShardedParams`].
+///
+/// See the [module docs](super) for what burn 0.21 allows (and does not) between forward and
+/// backward.
+pub struct FullyShardedDataParallel<B: AutodiffBackend, M: AutodiffModule<B>> {
+    /// The model; its trainable parameters are empty placeholders except between `forward`
+    /// and `backward`.
+    module: M,
+    layout: Layout,
+    shards: Option<ShardedParams<B>>,
+    gathered: bool,
+    pg: ProcessGroup,
+    device: B::Device,
+    poisoned: Option<String>,
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> std::fmt::Debug for FullyShardedDataParallel<B, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FullyShardedDataParallel")
+            .field("rank", &self.pg.rank())
+            .field("world", &self.pg.world_size())
+            .field("units", &self.units())
+            .field("gathered", &self.gathered)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
+    /// Shards `module` across the group: checks that every rank built the same model, takes
+    /// rank 0's weights (as DDP does), keeps this rank's chunk of every unit and releases the
+    /// rest. Collective: every rank calls it.
+    pub fn new(module: M, pg: ProcessGroup, config: FsdpConfig) -> Result<Self, FsdpError> {
+        let table = ParamTable::describe::<B, M>(&module);
+        verify_same_model(&pg, &table).map_err(FsdpError::Setup)?;
+        let module = broadcast_module::<B, M>(&pg, module, &table).map_err(FsdpError::Setup)?;
+        let (world, rank) = (pg.world_size(), pg.rank());
+        let layout = Layout::plan(&module, config.units(), world)?;
+        let device = module.devices().into_iter().next().unwrap_or_default();
+        let flats = read_units(&module, &layout);
+        let chunks = layout
+            .units
+            .iter()
+            .zip(flats)
+            .map(|(unit, mut flat)| {
+                flat.resize(unit.padded, 0.0);
+                let c = unit.chunk(world);
+                let mine = flat[rank * c..(rank + 1) * c].to_vec();
+                Param::from_tensor(Tensor::from_data(TensorData::new(mine, [c]), &device))
+            })
+            .collect();
+        let module = module.map(&mut Release {
+            slots: &layout.slots,
+        });
+        tracing::debug!(
+            units = layout.units.len(),
+            chunk_elements = layout.chunk_elements(world),
+            "FSDP: model sharded"
+        );
+        Ok(FullyShardedDataParallel {
+            module,
+            layout,
+            shards: Some(ShardedParams { chunks }),
+            gathered: false,
+            pg,
+            device,
+            poisoned: None,
+        })
+    }
+
+    /// Gathers every unit's parameters (if this step has not yet) and runs `f` on the whole
+    /// model. Several forwards before one backward gather once.
+    pub fn forward<T>(&mut self, f: impl FnOnce(&M) -> T) -> Result<T, FsdpError> {
+        self.check()?;
+        if !self.gathered {
+            let flats = self.gather_units()?;
+            self.module = self.module.clone().map(&mut Install {
+                slots: &self.layout.slots,
+                flats: &flats,
+                device: &self.device,
+                trainable: true,
+            });
+            self.gathered = true;
+        }
+        Ok(f(&self.module))
+    }
+
+    /// Back-propagates `loss`, releases the gathered parameters and reduce-scatters every
+    /// unit's gradient: the result holds this rank's chunk of the gradients, averaged over the
+    /// ranks. A unit this rank did not use contributes zeros.
+    pub fn backward(&mut self, loss: Tensor<B, 1>) -> Result<ShardedGradients, FsdpError> {
+        self.check()?;
+        if !self.gathered {
+            return Err(FsdpError::NoForward);
+        }
+        let grads = loss.backward();
+        let mut flats: Vec<Vec<f32>> = self
+            .layout
+            .units
+            .iter()
+            .map(|u| vec![0.0; u.padded])
+            .collect();
+        self.module.visit(&mut ReadGrads {
+            slots: &self.layout.slots,
+            grads: &grads,
+            flats: &mut flats,
+        });
+        drop(grads);
+        self.release();
+        let world = self.pg.world_size();
+        let works: Vec<_> = flats
+            .into_iter()
+            .map(|flat| self.pg.reduce_scatter_async(flat, ReduceOp::Avg))
+            .collect();
+        let mut out = GradientsParams::new();
+        let mut elements = 0;
+        let shards = self.shards.as_ref().ok_or_else(poisoned_shards)?;
+        for ((work, unit), chunk) in works
+            .into_iter()
+            .zip(&self.layout.units)
+            .zip(&shards.chunks)
+        {
+            let mine = match work.wait() {
+                Ok(v) => v,
+                Err(source) => {
+                    return Err(self.poison(FsdpError::ReduceScatter {
+                        unit: unit.name.clone(),
+                        source,
+                    }));
+                }
+            };
+            debug_assert_eq!(mine.len(), unit.chunk(world));
+            elements += mine.len();
+            let len = mine.len();
+            let g =
+                Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(mine, [len]), &self.device);
+            out.register(chunk.id, g);
+        }
+        Ok(ShardedGradients {
+            grads: out,
+            elements,
+        })
+    }
+
+    /// Steps this rank's chunks with `optim` (built for [`ShardedParams`]) at learning rate
+    /// `lr`. The next `forward` gathers the updated parameters.
+    pub fn optimizer_step<O: Optimizer<ShardedParams<B>, B>>(
+        &mut self,
+        optim: &mut O,
+        lr: f64,
+        grads: ShardedGradients,
+    ) -> Result<(), FsdpError> {
+        self.check()?;
+        let shards = self.shards.take().ok_or_else(poisoned_shards)?;
+        self.shards = Some(optim.step(lr, shards, grads.grads));
+        Ok(())
+    }
+
+    /// The whole model with its current parameters, on every rank (for evaluation and
+    /// checkpoints). Collective: every rank calls it. The returned module is yours: training
+    /// goes on with the shards.
+    pub fn full_module(&mut self) -> Result<M, FsdpError> {
+        self.check()?;
+        let flats = self.gather_units()?;
+        Ok(self.module.clone().map(&mut Install {
+            slots: &self.layout.slots,
+            flats: &flats,
+            device: &self.device,
+            trainable: true,
+        }))
+    }
+
+    /// The module as it is now: outside a step its trainable parameters are empty
+    /// placeholders (frozen parameters are whole).
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// The process group.
+    pub fn process_group(&self) -> &ProcessGroup {
+        &self.pg
+    }
+
+    /// The units' names, in the order their chunks appear in [`ShardedParams`] (the marked
+    /// prefixes that matched, then `(root)` for the parameters none matched).
+    pub fn units(&self) -> Vec<&str> {
+        self.layout.units.iter().map(|u| u.name.as_str()).collect()
+    }
+
+    /// Bytes of trainable parameters this rank holds between steps: its chunk of every unit.
+    pub fn parameter_bytes(&self) -> u64 {
+        self.layout.chunk_elements(self.pg.world_size()) as u64 * 4
+    }
+
+    /// Trainable parameter elements of the whole model (without padding).
+    pub fn total_elements(&self) -> usize {
+        self.layout.units.iter().map(|u| u.numel).sum()
+    }
+
+    fn gather_units(&mut self) -> Result<Vec<Vec<f32>>, FsdpError> {
+        let shards = self.shards.as_ref().ok_or_else(poisoned_shards)?;
+        let works: Vec<_> = shards
+            .chunks
+            .iter()
+            .map(|c| {
+                let values = c.val().into_data().into_vec::<f32>().unwrap_or_default();
+                self.pg.all_gather_async(values)
+            })
+            .collect();
+        let mut flats = Vec::with_capacity(works.len());
+        for (work, unit) in works.into_iter().zip(&self.layout.units) {
+            match work.wait() {
+                Ok(mut all) => {
+                    // `padded` elements (every rank's chunk), then the padding goes.
+                    all.truncate(unit.numel);
+                    flats.push(all);
+                }
+                Err(source) => {
+                    return Err(self.poison(FsdpError::Gather {
+                        unit: unit.name.clone(),
+                        source,
+                    }));
+                }
+            }
+        }
+        Ok(flats)
+    }
+
+    fn release(&mut self) {
+        self.module = self.module.clone().map(&mut Release {
+            slots: &self.layout.slots,
+        });
+        self.gathered = false;
+    }
+
+    fn check(&self) -> Result<(), FsdpError> {
+        match &self.poisoned {
+            Some(first) => Err(FsdpError::Poisoned {
+                first: first.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, e: FsdpError) -> FsdpError {
+        let reason = e.to_string();
+        tracing::error!(%reason, "FSDP failed; aborting the process group");
+        self.pg.abort(&reason);
+        self.poisoned = Some(reason);
+        self.release();
+        e
+    }
+}
+
+fn poisoned_shards() -> FsdpError {
+    FsdpError::Poisoned {
+        first: "an optimizer step did not finish".into(),
+    }
+}
+
+/// Every unit's flat values (unpadded), read from a whole module.
+fn read_units<B: Backend, M: Module<B>>(module: &M, layout: &Layout) -> Vec<Vec<f32>> {
+    struct Read<'a> {
+        slots: &'a HashMap<ParamId, Slot>,
+        flats: Vec<Vec<f32>>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Read<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(slot) = self.slots.get(&param.id) {
+                let values = param
+                    .val()
+                    .into_data()
+                    .into_vec::<f32>()
+                    .unwrap_or_default();
+                self.flats[slot.unit][slot.offset..slot.offset + slot.numel()]
+                    .copy_from_slice(&values);
+            }
+        }
+    }
+    let mut read = Read {
+        slots: &layout.slots,
+        flats: layout.units.iter().map(|u| vec![0.0; u.numel]).collect(),
+    };
+    module.visit(&mut read);
+    read.flats
+}
+
+/// Replaces every sharded parameter with an empty tensor of its rank (no elements).
+struct Release<'a> {
+    slots: &'a HashMap<ParamId, Slot>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Release<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        if !self.slots.contains_key(&id) {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let empty = Tensor::<B, D>::zeros([0; D], &tensor.device());
+        Param::from_mapped_value(id, empty, mapper)
+    }
+}
+
+/// Puts each sharded parameter's gathered values back, as a leaf that records its gradient.
+struct Install<'a, Dev> {
+    slots: &'a HashMap<ParamId, Slot>,
+    flats: &'a [Vec<f32>],
+    device: &'a Dev,
+    trainable: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for Install<'_, B::Device> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(slot) = self.slots.get(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let values = self.flats[slot.unit][slot.offset..slot.offset + slot.numel()].to_vec();
+        let shape: [usize; D] = std::array::from_fn(|i| slot.shape[i]);
+        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device)
+            .set_require_grad(self.trainable);
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// Copies each gathered parameter's local gradient into its unit's flat buffer.
+struct ReadGrads<'a, G> {
+    slots: &'a HashMap<ParamId, Slot>,
+    grads: &'a G,
+    flats: &'a mut [Vec<f32>],
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for ReadGrads<'_, B::Gradients> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(slot) = self.slots.get(&param.id) else {
+            return;
+        };
+        if let Some(g) = param.val().grad(self.grads) {
+            let values = g.into_data().into_vec::<f32>().unwrap_or_default();
+            if values.len() == slot.numel() {
+                self.flats[slot.unit][slot.offset..slot.offset + slot.numel()]
+                    .copy_from_slice(&values);
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Fully sharded parameters (`fsdp::FullyShardedDataParallel`): the same parameters as plain
+//! DDP with the same optimizer (bitwise at world 1 and 2), every rank's whole model bitwise
+//! equal, each rank holding only its chunk between steps, frozen parameters whole, and clear
+//! errors for units that match nothing and for a backward without a forward.
+use crate::common::*;
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, Optimizer, SgdConfig};
+use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
+use ddp_core::{DdpConfig, DistributedDataParallel};
+
+const HIDDEN: usize = 16;
+/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
+const GLOBAL_BATCH: usize = 12;
+const STEPS: usize = 4;
+const SEED: u64 = 0xf5d9;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opt {
+    /// SGD with momentum, learning rate 0.1.
+    Sgd,
+    /// Adam, learning rate 0.01.
+    Adam,
+}
+
+/// Rank `rank`'s samples of global step `step` (DistributedSampler's interleaving).
+fn indices(step: usize, world: usize, rank: usize) -> Vec<usize> {
+    let base = step * GLOBAL_BATCH;
+    (0..GLOBAL_BATCH / world)
+        .map(|i| base + i * world + rank)
+        .collect()
+}
+
+fn lr(opt: Opt) -> f64 {
+    match opt {
+        Opt::Sgd => 0.1,
+        Opt::Adam => 0.01,
+    }
+}
+
+fn model(rank: usize) -> Mlp<B> {
+    // Only rank 0 starts from the seeded weights: the others must be overwritten.
+    let device = Default::default();
+    if rank == 0 {
+        Mlp::seeded(&device, HIDDEN, SEED)
+    } else {
+        Mlp::seeded(&device, HIDDEN, SEED + rank as u64)
+    }
+}
+
+/// Plain DDP: rank 0's parameters after every step.
+fn train_ddp(world: usize, opt: Opt) -> Vec<Vec<f32>> {
+    let mut ranks = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut ddp = DistributedDataParallel::new(model(rank), pg, DdpConfig::new()).unwrap();
+        let mut sgd = SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new()))
+            .init::<B, Mlp<B>>();
+        let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
+        let mut history = Vec::new();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            match opt {
+                Opt::Sgd => ddp.optimizer_step(&mut sgd, lr(opt), grads),
+                Opt::Adam => ddp.optimizer_step(&mut adam, lr(opt), grads),
+            }
+            history.push(flat_params(ddp.module()));
+        }
+        history
+    });
+    ranks.swap_remove(0)
+}
+
+fn units() -> FsdpConfig {
+    FsdpConfig::new().with_units(["fc1", "fc2"])
+}
+
+/// Fully sharded: every rank's whole model after every step.
+fn train_fsdp(world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
+    run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut sgd = SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new()))
+            .init::<B, ShardedParams<B>>();
+        let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+        let mut history = Vec::new();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = fsdp.forward(|m| m.forward(x, false)).unwrap();
+            let grads = fsdp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            let result = match opt {
+                Opt::Sgd => fsdp.optimizer_step(&mut sgd, lr(opt), grads),
+                Opt::Adam => fsdp.optimizer_step(&mut adam, lr(opt), grads),
+            };
+            result.unwrap();
+            history.push(flat_params(&fsdp.full_module().unwrap()));
+        }
+        history
+    })
+}
+
+#[test]
+fn fully_sharded_training_equals_ddp_with_the_same_optimizer() {
+    for opt in [Opt::Sgd, Opt::Adam] {
+        for world in 1..=4 {
+            let reference = train_ddp(world, opt);
+            let ranks = train_fsdp(world, opt);
+            for (r, history) in ranks.iter().enumerate() {
+                for (step, params) in history.iter().enumerate() {
+                    assert_eq!(
+                        bits(params),
+                        bits(&ranks[0][step]),
+                        "{opt:?} world {world}: rank {r}'s whole model differs from rank 0's \
+                         after step {step}"
+                    );
+                    if world <= 2 {
+                        assert_eq!(
+                            bits(params),
+                            bits(&reference[step]),
+                            "{opt:?} world {world}: FSDP differs from DDP after step {step}"
+                        );
+                    } else {
+                        // From world 3 the reduce-scatter and DDP's all-reduce may add in
+                        // another order (last bit), which Adam carries through the steps.
+                        let diff = max_scaled_diff(params, &reference[step]);
+                        assert!(
+                            diff < 1e-6,
+                            "{opt:?} world {world}: FSDP differs from DDP by {diff} after step \
+                             {step}"
+                        );
+                    }
+                }
+            }
+            assert_ne!(
+                bits(&ranks[0][STEPS - 1]),
+                bits(&flat_params(&model(0))),
+                "{opt:?} world {world}: training moved nothing"
+            );
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn between_steps_each_rank_holds_only_its_chunk_of_every_unit() {
+    let world = 3;
+    let whole = flat_params(&model(0)).len();
+    let held = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        assert_eq!(fsdp.units(), ["fc1", "fc2", "(root)"]);
+        assert_eq!(fsdp.total_elements(), whole);
+        let before = flat_params(fsdp.module()).len();
+        let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+        let (x, y) = batch(&indices(0, world, rank), &device);
+        let pred = fsdp.forward(|m| m.forward(x, false)).unwrap();
+        let during = flat_params(fsdp.module()).len();
+        let grads = fsdp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        let after_backward = flat_params(fsdp.module()).len();
+        let grad_bytes = grads.bytes();
+        fsdp.optimizer_step(&mut adam, 0.01, grads).unwrap();
+        let after_step = flat_params(fsdp.module()).len();
+        let moments = adam.to_record().len();
+        (
+            before,
+            during,
+            after_backward,
+            after_step,
+            fsdp.parameter_bytes(),
+            grad_bytes,
+            moments,
+        )
+    });
+    // fc1 6x16 + 16, fc2 16x3 + 3, extra 6x3 + 3: each unit's chunk is ceil(numel / 3).
+    let chunk = |n: usize| n.div_ceil(world);
+    let expected = (chunk(6 * 16 + 16) + chunk(16 * 3 + 3) + chunk(6 * 3 + 3)) as u64 * 4;
+    for (r, (before, during, after_backward, after_step, params, grads, moments)) in
+        held.into_iter().enumerate()
+    {
+        assert_eq!(before, 0, "rank {r}: the module holds values after setup");
+        assert_eq!(during, whole, "rank {r}: forward must see the whole model");
+        assert_eq!(
+            after_backward, 0,
+            "rank {r}: backward must release the gathered values"
+        );
+        assert_eq!(after_step, 0, "rank {r}: the step must not gather");
+        assert_eq!(params, expected, "rank {r}: parameter bytes held");
+        assert_eq!(grads, expected, "rank {r}: gradient bytes held");
+        assert_eq!(moments, 3, "rank {r}: Adam holds one state per unit chunk");
+    }
+}
+
+#[test]
+fn frozen_parameters_stay_whole_on_every_rank_and_do_not_move() {
+    let world = 2;
+    let ranks = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut m = model(rank);
+        m.fc1 = m.fc1.no_grad();
+        let frozen_at_start = flat_params(&model(0).fc1);
+        let mut fsdp =
+            FullyShardedDataParallel::new(m, pg, FsdpConfig::new().with_unit("fc2")).unwrap();
+        assert_eq!(fsdp.units(), ["fc2", "(root)"]);
+        assert_eq!(flat_params(&fsdp.module().fc1), frozen_at_start);
+        let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+        for step in 0..2 {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = fsdp.forward(|m| m.forward(x, false)).unwrap();
+            let grads = fsdp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+        }
+        let whole = fsdp.full_module().unwrap();
+        (
+            flat_params(&fsdp.module().fc1) == frozen_at_start,
+            flat_params(&whole.fc1) == frozen_at_start,
+            flat_params(&whole.fc2) != flat_params(&model(0).fc2),
+        )
+    });
+    for (r, (kept, whole_kept, trained)) in ranks.into_iter().enumerate() {
+        assert!(kept, "rank {r}: the frozen layer moved or was released");
+        assert!(
+            whole_kept,
+            "rank {r}: the whole model's frozen layer differs"
+        );
+        assert!(trained, "rank {r}: the sharded layer did not train");
+    }
+}
+
+#[test]
+fn a_unit_that_matches_nothing_is_refused_with_the_models_paths() {
+    let errors = run_ranks(2, |pg| {
+        let config = units().with_unit("decoder");
+        FullyShardedDataParallel::new(model(pg.rank()), pg, config)
+            .err()
+            .map(|e| e.to_string())
+    });
+    for (r, e) in errors.into_iter().enumerate() {
+        let e = e.unwrap_or_else(|| panic!("rank {r}: an unknown unit must be refused"));
+        assert!(
+            e.contains("'decoder'") && e.contains("fc1") && e.contains("extra"),
+            "rank {r}: the error must name the unit and the model's paths: {e}"
+        );
+    }
+}
+
+#[test]
+fn backward_without_a_forward_is_an_error_not_a_panic() {
+    run_ranks(1, |pg| {
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(model(0), pg, units()).unwrap();
+        let (x, y) = batch(&[0, 1], &device);
+        // A loss that never went through `fsdp.forward`.
+        let loss = MseLoss::new().forward(model(0).forward(x, false), y, Reduction::Mean);
+        let err = fsdp.backward(loss).unwrap_err();
+        assert!(matches!(err, FsdpError::NoForward), "{err}");
+        assert!(err.to_string().contains("call `forward`"), "{err}");
+    });
+}
