@@ -1,8 +1,8 @@
-//! Memory per rank of the transformer example's model under DDP, ZeRO-1 and ZeRO-2 at world
-//! 1, 2 and 4: the model state each rank holds (parameters, averaged gradients, Adam's
-//! moments) and its peak process memory. The goal of sharding (issue 26): model state per rank
-//! about `1/world` of DDP's. Fully sharded parameters (FSDP) are not built, so every rank keeps
-//! a whole replica of the parameters.
+//! Memory per rank of the transformer example's model under DDP, ZeRO-1, ZeRO-2 and fully
+//! sharded parameters (FSDP, one unit per transformer layer) at world 1, 2 and 4: the model
+//! state each rank holds between steps (parameters, averaged gradients, Adam's moments) and its
+//! peak process memory. The goal of sharding (issue 26): model state per rank about `1/world`
+//! of DDP's, plus one unit when fully sharded.
 //!
 //! ```text
 //! cargo bench -p ddp-benches --bench zero_memory
@@ -15,12 +15,15 @@
 //! heads, 3.2M parameters) with Adam for `--steps` steps on its own batches of the
 //! sequence-reversal task, then reports:
 //!
-//! - `params`: the parameter tensors it holds (a whole replica in every mode).
+//! - `params`: the parameter tensors it holds between steps: a whole replica under DDP and
+//!   ZeRO, its chunk of every unit under FSDP (`FullyShardedDataParallel::parameter_bytes`;
+//!   from forward to backward every mode holds the whole model, which shows in the peak).
 //! - `grads`: averaged gradient tensors it holds after the reduction: DDP and ZeRO-1 every
 //!   parameter's (counted in what `backward` returned), ZeRO-2 its reduce-scatter block
 //!   (`ZeroRedundancyOptimizer::gradient_bytes`: its shard, one flag per tensor, padding). Every
 //!   mode also holds its full *local* gradient from backward until the step (ZeRO-2's
-//!   reduce-scatter is not overlapped with backward), which shows in the peak, not here.
+//!   reduce-scatter is not overlapped with backward), which shows in the peak, not here. FSDP:
+//!   its chunks (`ShardedGradients::bytes`).
 //! - `adam`: the bytes of the moment tensors in this rank's Adam state (its shard under ZeRO).
 //! - `state`: the sum, and `vs DDP` its ratio to DDP's at the same world size.
 //! - `peak RSS`: `VmHWM` from `/proc/self/status` after the last step (before anything is
@@ -42,6 +45,8 @@ use burn::optim::{Adam, AdamConfig, AdamState, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use clap::{Parser, ValueEnum};
+use ddp_core::comm::ProcessGroup;
+use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{
     DdpConfig, DistributedDataParallel, init_from_env,
     zero::{ZeroRedundancyOptimizer, ZeroStage},
@@ -67,7 +72,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "ddp,zero1,zero2"
+        default_value = "ddp,zero1,zero2,fsdp"
     )]
     modes: Vec<Mode>,
     /// Training steps per rank (Adam's state exists after the first).
@@ -108,6 +113,8 @@ enum Mode {
     Zero1,
     /// ZeRO stage 2: Adam's state and the averaged gradients sharded.
     Zero2,
+    /// Fully sharded (`ddp_core::fsdp`): parameters too, one unit per transformer layer.
+    Fsdp,
 }
 
 impl Mode {
@@ -116,6 +123,7 @@ impl Mode {
             Mode::Ddp => "DDP + Adam",
             Mode::Zero1 => "ZeRO-1",
             Mode::Zero2 => "ZeRO-2",
+            Mode::Fsdp => "FSDP",
         }
     }
 }
@@ -222,7 +230,6 @@ fn main() -> Result<()> {
             );
         }
     }
-    println!("  fully sharded parameters (FSDP): not built");
     Ok(())
 }
 
@@ -331,6 +338,11 @@ fn worker(args: &Args, mode: Mode) -> Result<Row> {
     let device = Default::default();
     B::seed(&device, 42);
     let model = Model::new(shape(args), &device);
+    if mode == Mode::Fsdp {
+        let mut row = train_fsdp(args, model, pg)?;
+        row.start_rss = start_rss;
+        return Ok(row);
+    }
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new())?;
     let adam = AdamConfig::new().init::<B, Model>();
     let mut row = match mode {
@@ -345,6 +357,7 @@ fn worker(args: &Args, mode: Mode) -> Result<Row> {
             debug_assert_eq!(zero.stage(), ZeroStage::Two);
             train(args, &mut ddp, &mut Held::Zero(Box::new(zero)))?
         }
+        Mode::Fsdp => unreachable!("FSDP returned above"),
     };
     row.start_rss = start_rss;
     Ok(row)
@@ -388,28 +401,63 @@ impl Held {
     }
 }
 
+/// The batch of step `step` on `rank`: its own sequences.
+fn batch_of(args: &Args, step: usize, rank: usize) -> ddp_examples::reverse::ReverseBatch<B> {
+    let n = args.batch_size;
+    let items: Vec<Vec<i64>> = (0..n)
+        .map(|i| sequence(7, ((step * 64 + rank) * n + i) as u64, args.seq_len))
+        .collect();
+    ReverseBatcher.batch(items, &Default::default())
+}
+
+/// The loss of the scored positions.
+fn loss(args: &Args, logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let (n, len) = (args.batch_size, args.seq_len);
+    let scored = scored_positions(len);
+    let logits = logits
+        .slice([0..n, scored.clone(), 0..VOCAB])
+        .reshape([n * len, VOCAB]);
+    let targets: Tensor<B, 1, Int> = targets.slice([0..n, scored]).reshape([n * len]);
+    CrossEntropyLossConfig::new()
+        .init(&Default::default())
+        .forward(logits, targets)
+}
+
+/// Fully sharded: one unit per transformer layer, Adam over this rank's chunks.
+fn train_fsdp(args: &Args, model: Model, pg: ProcessGroup) -> Result<Row> {
+    let rank = pg.rank();
+    let units = FsdpConfig::new().with_units(shape(args).fsdp_units());
+    let mut fsdp = FullyShardedDataParallel::new(model, pg, units)?;
+    let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+    let mut grads_held = 0;
+    for step in 0..args.steps {
+        let batch = batch_of(args, step, rank);
+        let logits = fsdp.forward(|m| m.forward(batch.inputs))?;
+        let grads = fsdp.backward(loss(args, logits, batch.targets))?;
+        grads_held = grads.bytes();
+        fsdp.optimizer_step(&mut adam, 1e-3, grads)?;
+    }
+    let peak_rss = proc_status_kib("VmHWM:")? * 1024;
+    Ok(Row {
+        params: fsdp.parameter_bytes(),
+        grads: grads_held,
+        adam: adam_bytes(adam.to_record()),
+        peak_rss,
+        start_rss: 0,
+    })
+}
+
 fn train(
     args: &Args,
     ddp: &mut DistributedDataParallel<B, Model>,
     optim: &mut Held,
 ) -> Result<Row> {
-    let device = Default::default();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let rank = ddp.process_group().rank();
-    let (n, len) = (args.batch_size, args.seq_len);
     let mut returned = 0;
     for step in 0..args.steps {
-        let items: Vec<Vec<i64>> = (0..n)
-            .map(|i| sequence(7, ((step * 64 + rank) * n + i) as u64, len))
-            .collect();
-        let batch = ReverseBatcher.batch(items, &device);
+        let batch = batch_of(args, step, rank);
         let logits = ddp.forward(|m| m.forward(batch.inputs))?;
-        let scored = scored_positions(len);
-        let logits = logits
-            .slice([0..n, scored.clone(), 0..VOCAB])
-            .reshape([n * len, VOCAB]);
-        let targets: Tensor<B, 1, Int> = batch.targets.slice([0..n, scored]).reshape([n * len]);
-        let grads = ddp.backward(loss_fn.forward(logits, targets))?;
+        let grads = ddp.backward(loss(args, logits, batch.targets))?;
         returned = gradient_bytes(ddp.module(), &grads);
         optim.step(ddp, grads);
     }

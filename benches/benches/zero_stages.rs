@@ -1,5 +1,6 @@
-//! Plain DDP, ZeRO stage 1 and ZeRO stage 2 side by side at world 2 on shared memory: what each
-//! rank holds (parameters, averaged gradients, Adam state) and the step time.
+//! Plain DDP, ZeRO stage 1, ZeRO stage 2 and fully sharded parameters (FSDP, one unit per
+//! layer) side by side at world 2 on shared memory: what each rank holds between steps
+//! (parameters, averaged gradients, Adam state) and the step time.
 //!
 //! ```text
 //! cargo bench -p ddp-benches --bench zero_stages
@@ -7,14 +8,15 @@
 //! ```
 //!
 //! Model: MLP 1024-2048-2048-10 (6.3M parameters, 24 MiB f32), batch 64 per rank, Adam, one
-//! compute thread per rank, two processes on one host (`DDP_TRANSPORT=shm`). The three setups
+//! compute thread per rank, two processes on one host (`DDP_TRANSPORT=shm`). The four setups
 //! train their own copy of the model in interleaved rounds (the first round is warm-up), so
 //! machine load hits them alike; times are medians of per-step wall times.
 //!
-//! - `params`: the model's trainable bytes (every setup keeps a full replica).
+//! - `params`: the trainable bytes the rank holds between steps (a full replica, except FSDP:
+//!   its chunk of every unit; FSDP gathers the whole model for each forward and backward).
 //! - `grads`: the averaged gradients the rank holds for its optimizer step (DDP and stage 1:
-//!   all of them; stage 2: its reduce-scatter block). Every setup also holds its full *local*
-//!   gradient from backward until the step.
+//!   all of them; stage 2: its reduce-scatter block; FSDP: its chunks). Every setup also holds
+//!   its full *local* gradient from backward until the reduction.
 //! - `adam state`: the optimizer record serialised at full precision (about its memory).
 //! - `sent/step`: bytes handed to collectives per step (`ProcessGroup::payload_bytes`).
 
@@ -26,6 +28,7 @@ use burn::optim::{AdamConfig, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use clap::Parser;
 use ddp_benches::{BenchMlp, bench_batch, median, run_two_ranks};
+use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{
     DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
     zero::ZeroRedundancyOptimizer,
@@ -78,7 +81,26 @@ fn step<O: Optimizer<Model, B>>(
     Ok((t.elapsed(), pg.payload_bytes() - sent))
 }
 
-fn state_bytes<O: Optimizer<Model, B>>(optim: &O) -> Result<usize> {
+/// One fully sharded training step; its wall time, the bytes it sent and the gradient bytes
+/// this rank kept.
+fn fsdp_step<O: Optimizer<ShardedParams<B>, B>>(
+    pg: &ProcessGroup,
+    fsdp: &mut FullyShardedDataParallel<B, Model>,
+    optim: &mut O,
+) -> Result<(Duration, u64, u64)> {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (x, y) = bench_batch::<B>(&device);
+    let sent = pg.payload_bytes();
+    let t = Instant::now();
+    let out = fsdp.forward(|m| m.forward(x, false))?;
+    let grads = fsdp.backward(loss_fn.forward(out, y))?;
+    let held = grads.bytes();
+    fsdp.optimizer_step(optim, LR, grads)?;
+    Ok((t.elapsed(), pg.payload_bytes() - sent, held))
+}
+
+fn state_bytes<M: burn::module::AutodiffModule<B>, O: Optimizer<M, B>>(optim: &O) -> Result<usize> {
     let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
     Ok(Recorder::<B>::record(&rec, optim.to_record(), ())
         .context("serialising Adam's state")?
@@ -103,17 +125,24 @@ fn worker() -> Result<()> {
     let mut one = ZeroRedundancyOptimizer::new(adam(), pg.clone());
     let mut two_ddp = ddp(&pg)?;
     let mut two = ZeroRedundancyOptimizer::stage2(adam(), &mut two_ddp)?;
+    let units = FsdpConfig::new().with_units(["l1", "l2", "l3"]);
+    let mut fsdp = FullyShardedDataParallel::new(Model::new(&device), pg.clone(), units)?;
+    let mut fsdp_adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+    let mut fsdp_grads = 0;
     let params = plain_ddp.module().num_params() * 4;
 
-    let mut times: [Vec<Duration>; 3] = Default::default();
-    let mut sent = [0u64; 3];
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    let mut sent = [0u64; 4];
     let per_round = args.steps.div_ceil(ROUNDS);
     for round in 0..=ROUNDS {
         for _ in 0..per_round {
+            let (t, s, held) = fsdp_step(&pg, &mut fsdp, &mut fsdp_adam)?;
+            fsdp_grads = held;
             let measured = [
                 step(&pg, &mut plain_ddp, &mut plain)?,
                 step(&pg, &mut one_ddp, &mut one)?,
                 step(&pg, &mut two_ddp, &mut two)?,
+                (t, s),
             ];
             if round > 0 {
                 for (i, (t, s)) in measured.into_iter().enumerate() {
@@ -125,7 +154,12 @@ fn worker() -> Result<()> {
     }
     // Per setup: params, grads, state, sent/step; every rank's, gathered on every rank.
     let mine: Vec<i64> = [
-        [params, params, state_bytes(&plain)?, sent[0] as usize],
+        [
+            params,
+            params,
+            state_bytes::<Model, _>(&plain)?,
+            sent[0] as usize,
+        ],
         [
             params,
             one.gradient_bytes().unwrap_or(0),
@@ -138,6 +172,12 @@ fn worker() -> Result<()> {
             two.local_state_bytes()?,
             sent[2] as usize,
         ],
+        [
+            fsdp.parameter_bytes() as usize,
+            fsdp_grads as usize,
+            state_bytes::<ShardedParams<B>, _>(&fsdp_adam)?,
+            sent[3] as usize,
+        ],
     ]
     .iter()
     .flatten()
@@ -149,7 +189,7 @@ fn worker() -> Result<()> {
         return Ok(());
     }
     println!(
-        "# ZeRO stages, world 2 ({}), MLP 1024-2048-2048-10 (6.3M params), Adam, batch 64 per \
+        "# ZeRO stages and FSDP, world 2 ({}), MLP 1024-2048-2048-10 (6.3M params), Adam, batch 64 per \
          rank, 1 thread per rank, {} steps per setup (median)",
         pg.backend_name(),
         per_round * ROUNDS
@@ -165,7 +205,7 @@ fn worker() -> Result<()> {
         "sent/step MiB",
         "ms/step"
     );
-    let names = ["DDP + Adam", "ZeRO-1", "ZeRO-2"];
+    let names = ["DDP + Adam", "ZeRO-1", "ZeRO-2", "FSDP"];
     for (i, name) in names.iter().enumerate() {
         let ms = median(times[i].clone()).as_secs_f64() * 1e3;
         for rank in 0..pg.world_size() {

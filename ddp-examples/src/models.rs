@@ -64,6 +64,15 @@ pub struct GptShape {
     pub boundaries: bool,
 }
 
+impl GptShape {
+    /// One unit per transformer layer (`layers.0`, `layers.1`, ...) for fully sharded training
+    /// (`ddp_core::fsdp::FsdpConfig::with_units`); the embeddings, the final norm and the head
+    /// form the root unit.
+    pub fn fsdp_units(&self) -> Vec<String> {
+        (0..self.layers).map(|i| format!("layers.{i}")).collect()
+    }
+}
+
 impl<B: Backend> TinyGpt<B> {
     /// A new model of the given shape (feed-forward width 4 x `d_model`, no dropout).
     pub fn new(shape: GptShape, device: &B::Device) -> Self {

@@ -1,5 +1,6 @@
 //! The transformer's `--shard` and `--mixed-precision` across a resume: the loss scaler's state
-//! travels in the checkpoint, and `--shard full` (FSDP) is refused, not silently ignored.
+//! travels in the checkpoint; `--shard full` (fully sharded parameters) trains exactly as DDP
+//! does, and refuses DDP-only flags before any worker starts.
 use crate::common::{clean_command, output};
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -77,13 +78,89 @@ fn a_resumed_mixed_precision_run_keeps_its_loss_scale_under_zero2() {
     }
 }
 
+/// The loss of every epoch and the final accuracy, as rank 0 printed them.
+fn losses_and_accuracy(err: &str) -> Vec<String> {
+    err.lines()
+        .filter_map(|l| {
+            let at = l.find(": loss ").or_else(|| l.find("token accuracy "))?;
+            Some(
+                l[at..]
+                    .split([',', '('])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn shard_full_is_refused_as_not_implemented() {
-    let (ok, out, err) = run(&["--shard", "full", "--nproc-per-node", "2"]);
-    assert!(!ok, "--shard full must fail:\n{out}\n{err}");
+fn shard_full_trains_exactly_like_ddp_at_world_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    // 512 sequences, 2 ranks, 32 per rank: 8 steps per epoch, 4 epochs (100% at the end).
+    let args = |shard: Option<&'static str>| {
+        let mut a = vec![
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "4",
+            "--train-size",
+            "512",
+            "--test-size",
+            "64",
+            "--d-model",
+            "32",
+            "--layers",
+            "2",
+            "--heads",
+            "2",
+            "--lr",
+            "0.01",
+            "--fresh",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ];
+        if let Some(s) = shard {
+            a.extend(["--shard", s]);
+        }
+        a
+    };
+    let (ok, ddp_out, ddp_err) = run(&args(None));
+    assert!(ok, "DDP failed:\n{ddp_out}\n{ddp_err}");
+    let (ok, out, err) = run(&args(Some("full")));
+    assert!(ok, "--shard full failed:\n{out}\n{err}");
     assert!(
-        err.contains("--shard full") && err.contains("not implemented"),
-        "{err}"
+        err.contains("shard full (3 units") && err.contains("no checkpoints"),
+        "the run must say how it shards and that it writes no checkpoints:\n{err}"
     );
-    assert!(!err.contains("epoch"), "no worker may start:\n{err}");
+    let ddp = losses_and_accuracy(&format!("{ddp_err}{ddp_out}"));
+    let full = losses_and_accuracy(&format!("{err}{out}"));
+    assert_eq!(
+        ddp.len(),
+        5,
+        "4 epoch losses and an accuracy:\n{ddp_err}{ddp_out}"
+    );
+    // At world 2 the reduce-scatter's average rounds as DDP's all-reduce does: bitwise the same
+    // training, so the same printed losses and accuracy.
+    assert_eq!(full, ddp, "--shard full must train as DDP does");
+}
+
+#[test]
+fn shard_full_refuses_ddp_only_flags_before_any_worker_starts() {
+    for flag in [
+        &["--powersgd", "2"][..],
+        &["--boundaries"],
+        &["--mixed-precision", "bf16"],
+    ] {
+        let mut args = vec!["--shard", "full", "--nproc-per-node", "2"];
+        args.extend_from_slice(flag);
+        let (ok, out, err) = run(&args);
+        assert!(!ok, "--shard full {flag:?} must fail:\n{out}\n{err}");
+        assert!(
+            err.contains("--shard full") && err.contains(flag[0]) && err.contains("drop it"),
+            "{flag:?}: {err}"
+        );
+        assert!(!err.contains("epoch"), "no worker may start:\n{err}");
+    }
 }

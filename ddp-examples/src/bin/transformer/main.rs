@@ -31,6 +31,7 @@ use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positi
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
 
+mod fsdp;
 mod optim;
 
 /// glibc gives freed buffers above 32 MiB back to the kernel, so burn's CPU backend would
@@ -86,8 +87,8 @@ struct Args {
     no_automatic_overlap: bool,
     /// Shard the training state across the ranks with `ZeroRedundancyOptimizer`: `zero1`
     /// Adam's state (ZeRO stage 1), `zero2` Adam's state and the averaged gradients (stage 2).
-    /// Every rank keeps a whole replica of the parameters (fully sharded parameters, FSDP, are
-    /// not implemented).
+    /// `full` shards the parameters too (`ddp_core::fsdp`, one unit per layer; it writes no
+    /// checkpoints).
     #[arg(long, value_enum, value_name = "WHAT")]
     shard: Option<Shard>,
     /// Same as `--shard zero1` (the older spelling).
@@ -127,6 +128,18 @@ struct Args {
 }
 
 impl Args {
+    /// The model's shape.
+    fn gpt_shape(&self) -> GptShape {
+        GptShape {
+            vocab: VOCAB,
+            max_len: 2 * self.seq_len + 2,
+            d_model: self.d_model,
+            heads: self.heads,
+            layers: self.layers,
+            boundaries: self.boundaries,
+        }
+    }
+
     /// `--shard`, or `zero1` for `--zero`.
     fn shard(&self) -> Option<Shard> {
         self.shard.or(self.zero.then_some(Shard::Zero1))
@@ -135,10 +148,25 @@ impl Args {
     /// Refuses combinations that cannot run, before any worker starts.
     fn check(&self) -> Result<()> {
         match self.shard() {
-            Some(Shard::Full) => bail!(
-                "--shard full (fully sharded parameters, FSDP) is not implemented: use --shard \
-                 zero1 (Adam's state sharded) or --shard zero2 (Adam's state and gradients)"
-            ),
+            Some(Shard::Full) => {
+                let unsupported = [
+                    (self.powersgd.is_some(), "--powersgd"),
+                    (self.boundaries, "--boundaries"),
+                    (self.mixed_precision.is_some(), "--mixed-precision"),
+                    (self.timeline.is_some(), "--timeline"),
+                    (
+                        self.collectives == CollectivesArg::Nccl,
+                        "--collectives nccl",
+                    ),
+                ];
+                match unsupported.iter().find(|(set, _)| *set) {
+                    Some((_, flag)) => bail!(
+                        "--shard full (fully sharded parameters) trains without DDP, so {flag} \
+                         (a DDP feature) does not apply: drop it, or use --shard zero1|zero2"
+                    ),
+                    None => Ok(()),
+                }
+            }
             Some(Shard::Zero2) if self.powersgd.is_some() => bail!(
                 "--shard zero2 averages the gradients itself (a reduce-scatter in the optimizer \
                  step), so it cannot be combined with --powersgd, which replaces DDP's \
@@ -153,15 +181,15 @@ impl Args {
     }
 }
 
-/// `--shard zero1|zero2`: how much of the training state ZeRO shards across the ranks.
+/// `--shard zero1|zero2|full`: how much of the training state is sharded across the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Shard {
     /// Adam's state (ZeRO stage 1).
     Zero1,
     /// Adam's state and the averaged gradients (ZeRO stage 2).
     Zero2,
-    /// Parameters too (FSDP): not implemented, refused with a message saying so.
-    #[value(hide = true)]
+    /// Parameters too (fully sharded, `ddp_core::fsdp`): each rank keeps `1/world` of every
+    /// layer between steps. No checkpoints.
     Full,
 }
 
@@ -241,7 +269,7 @@ impl TrainOn for Transformer<'_> {
             None => train::<B, _>(ctx, self.0, device, |_| adam()),
             Some(Shard::Zero1) => train::<B, _>(ctx, self.0, device, |pg| zero(ZeroStage::One, pg)),
             Some(Shard::Zero2) => train::<B, _>(ctx, self.0, device, |pg| zero(ZeroStage::Two, pg)),
-            Some(Shard::Full) => self.0.check(),
+            Some(Shard::Full) => fsdp::train_fully_sharded::<B>(ctx, self.0, device),
         }
     }
 }
@@ -257,15 +285,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let start_from = StartFrom::new(args.fresh, &ctx);
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
-    let shape = GptShape {
-        vocab: VOCAB,
-        max_len: 2 * args.seq_len + 2,
-        d_model: args.d_model,
-        heads: args.heads,
-        layers: args.layers,
-        boundaries: args.boundaries,
-    };
-    let mut model = TinyGpt::<B>::new(shape, &device);
+    let mut model = TinyGpt::<B>::new(args.gpt_shape(), &device);
     let train_set = ReverseDataset {
         seed: args.seed,
         digits: args.seq_len,
@@ -390,28 +410,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
     }
 
-    // Token accuracy on held-out sequences, sharded across ranks.
-    let model = ddp.module().clone();
-    let test_ids = shard(args.test_size, rank, world);
-    let mut correct = 0usize;
-    for chunk in test_ids.chunks(128) {
-        let items = chunk
-            .iter()
-            .map(|&i| sequence(args.seed, (args.train_size + i) as u64, args.seq_len))
-            .collect();
-        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
-            &ReverseBatcher,
-            items,
-            &device,
-        );
-        let n = chunk.len();
-        let predicted = model.forward(batch.inputs).argmax(2).squeeze_dim::<2>(2);
-        let predicted = predicted.slice([0..n, scored.clone()]);
-        let targets = batch.targets.slice([0..n, scored.clone()]);
-        let hits: i64 = predicted.equal(targets).int().sum().into_scalar().elem();
-        correct += hits as usize;
-    }
-    let (accuracy, total) = all_reduce_accuracy(&pg, correct, test_ids.len() * args.seq_len)?;
+    let (accuracy, total) = token_accuracy(args, ddp.module(), &pg, &device)?;
     overlap.sort_by(|a, b| a.total_cmp(b));
     if rank == 0 {
         println!(
@@ -436,6 +435,39 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         println!("transformer: checkpoint: {}", path.display());
     }
     Ok(())
+}
+
+/// Token accuracy on the held-out sequences, each on exactly one rank, summed over the ranks:
+/// (accuracy, digits scored).
+fn token_accuracy<B: TapBackend>(
+    args: &Args,
+    model: &TinyGpt<B>,
+    pg: &ProcessGroup,
+    device: &B::Device,
+) -> Result<(f64, usize)> {
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let scored = scored_positions(args.seq_len);
+    let test_ids = shard(args.test_size, rank, world);
+    let mut correct = 0usize;
+    for chunk in test_ids.chunks(128) {
+        let items = chunk
+            .iter()
+            .map(|&i| sequence(args.seed, (args.train_size + i) as u64, args.seq_len))
+            .collect();
+        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
+            &ReverseBatcher,
+            items,
+            device,
+        );
+        let n = chunk.len();
+        let predicted = model.forward(batch.inputs).argmax(2).squeeze_dim::<2>(2);
+        let predicted = predicted.slice([0..n, scored.clone()]);
+        let targets = batch.targets.slice([0..n, scored.clone()]);
+        let hits: i64 = predicted.equal(targets).int().sum().into_scalar().elem();
+        correct += hits as usize;
+    }
+    all_reduce_accuracy(pg, correct, test_ids.len() * args.seq_len)
+        .context("summing the token accuracy over the ranks")
 }
 
 /// Continues with the loss scale of the resumed checkpoint (same on every rank: the scale is
