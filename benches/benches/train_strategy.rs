@@ -18,6 +18,16 @@
 //! forward, backward, all-reduce, optimizer, and for the strategy the step-control collective,
 //! merging the outputs on rank 0 and burn-train's event processing. Medians over the rounds
 //! after the first (warm-up); the modes alternate round by round. Compare within one run.
+//!
+//! `--overlap` says how gradients leave during backward, in both loops:
+//! - `auto` (default): each loop as a user gets it with the default `DdpConfig`. The
+//!   hand-written loop's `forward`/`backward` learn where to anchor the taps on their first
+//!   step (automatic overlap); the strategy's `step_on` cannot (burn-train's `TrainStep` calls
+//!   `backward` itself, so DDP never sees the loss it would probe), so its buckets leave when
+//!   backward ends.
+//! - `off`: automatic overlap off in both: the strategy's own cost alone.
+//! - `boundaries`: the model marks `layer_boundary` after each hidden layer, in both loops: both
+//!   overlap, with no learning.
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
@@ -54,9 +64,32 @@ struct Args {
     /// Rounds per mode; the first is warm-up.
     #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// How gradients leave during backward, in both loops (see the module docs).
+    #[arg(long, value_enum, default_value_t = Overlap::Auto)]
+    overlap: Overlap,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+}
+
+/// `--overlap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Overlap {
+    /// The default `DdpConfig` in both loops.
+    Auto,
+    /// Automatic overlap off in both loops.
+    Off,
+    /// Layer boundaries marked in the model, in both loops.
+    Boundaries,
+}
+
+impl Overlap {
+    fn config(self) -> DdpConfig {
+        DdpConfig::new().with_automatic_overlap(self == Overlap::Auto)
+    }
+    fn marked(self) -> bool {
+        self == Overlap::Boundaries
+    }
 }
 
 /// When each training step started (the strategy's steps record themselves here).
@@ -129,11 +162,13 @@ fn dataset(n: usize) -> Vec<Item> {
 #[derive(Module, Debug)]
 struct Net<B: Backend> {
     mlp: BenchMlp<B>,
+    /// Mark layer boundaries in the forward (`--overlap boundaries`).
+    marked: bool,
 }
 
 impl<B: Backend> Net<B> {
     fn classify(&self, batch: Batch<B>) -> ClassificationOutput<B> {
-        let out = self.mlp.forward(batch.x, false);
+        let out = self.mlp.forward(batch.x, self.marked);
         let loss = CrossEntropyLossConfig::new()
             .init(&out.device())
             .forward(out.clone(), batch.y.clone());
@@ -183,7 +218,7 @@ fn hand_round(
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
     for batch in loader.iter() {
         mark_step();
-        let out = ddp.forward(|m| m.mlp.forward(batch.x, false))?;
+        let out = ddp.forward(|m| m.mlp.forward(batch.x, m.marked))?;
         let loss = loss_fn.forward(out, batch.y);
         let _value: f32 = loss.clone().into_scalar();
         let grads = ddp.backward(loss)?;
@@ -200,11 +235,13 @@ fn strategy_round(
     valid: &[Item],
     epoch: u64,
     dir: &std::path::Path,
+    overlap: Overlap,
 ) -> Result<()> {
     let model = Net {
         mlp: BenchMlp::<B>::new(&Default::default()),
+        marked: overlap.marked(),
     };
-    let strategy = DdpStrategy::new(pg.clone());
+    let strategy = DdpStrategy::new(pg.clone()).with_ddp_config(overlap.config());
     let train = train_loader(pg, data, epoch)?;
     let valid = DistributedLoader::<Flex, _, _>::eval(
         InMemDataset::new(valid.to_vec()),
@@ -239,9 +276,10 @@ fn measure(pg: &ProcessGroup, args: &Args) -> Result<(Duration, Duration, f64)> 
     let mut ddp = DistributedDataParallel::new(
         Net {
             mlp: BenchMlp::<B>::new(&device),
+            marked: args.overlap.marked(),
         },
         pg.clone(),
-        DdpConfig::new(),
+        args.overlap.config(),
     )?;
     let mut optim = SgdConfig::new().init::<B, Net<B>>();
     let (mut hand, mut strat, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -253,7 +291,7 @@ fn measure(pg: &ProcessGroup, args: &Args) -> Result<(Duration, Duration, f64)> 
             &train_loader(pg, &data, round as u64)?,
         )?;
         let h = take_intervals();
-        strategy_round(pg, &data, &valid, round as u64, &dir)?;
+        strategy_round(pg, &data, &valid, round as u64, &dir, args.overlap)?;
         // The last interval holds validation and the end of the run, not a step.
         let mut s = take_intervals();
         s.pop();
@@ -320,8 +358,9 @@ fn main() -> Result<()> {
          batch {BATCH} per rank, SGD, 1 compute thread per rank"
     );
     println!(
-        "# {} steps per round, {} rounds (first is warm-up), median step-start intervals",
-        args.steps, args.rounds
+        "# {} steps per round, {} rounds (first is warm-up), median step-start intervals, \
+         --overlap {:?}",
+        args.steps, args.rounds, args.overlap
     );
     println!(
         "| world | hand-written ms/step | DdpStrategy ms/step | ratio | median of round ratios |"
