@@ -2,7 +2,8 @@
 //! sharded parameters (FSDP, one unit per transformer layer) at world 1, 2 and 4: the model
 //! state each rank holds between steps (parameters, averaged gradients, Adam's moments) and its
 //! peak process memory. The goal of sharding (issue 26): model state per rank about `1/world`
-//! of DDP's, plus one unit when fully sharded.
+//! of DDP's. (FSDP here gathers the whole model for each forward and backward, so its peak
+//! holds a whole replica: see `ddp_core::fsdp` for why burn 0.21 allows no less.)
 //!
 //! ```text
 //! cargo bench -p ddp-benches --bench zero_memory
@@ -31,7 +32,8 @@
 //!   what every process costs without the model (the binary, burn, the transport's buffers).
 //!
 //! Each column is the largest over the ranks (the rank that bounds the memory a machine
-//! needs); the partition is by whole tensors, so ranks differ by up to one tensor. Workers use
+//! needs); ZeRO's partition is by whole tensors, so ranks differ by up to one tensor; FSDP's
+//! chunks are equal. Workers use
 //! mimalloc, as the examples do.
 
 use anyhow::{Context, Result, bail};

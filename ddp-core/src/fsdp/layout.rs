@@ -61,6 +61,19 @@ impl Layout {
     ) -> Result<Self, FsdpError> {
         let mut seen = Collect::default();
         module.visit(&mut seen);
+        if let Some(p) = prefixes
+            .iter()
+            .enumerate()
+            .find(|(i, p)| p.is_empty() || p.ends_with('.') || prefixes[..*i].contains(p))
+            .map(|(_, p)| p)
+        {
+            return Err(FsdpError::Unsupported {
+                path: p.clone(),
+                reason: "a unit prefix must be a module path given once, without a trailing \
+                         '.' (for example \"layers.0\")"
+                    .into(),
+            });
+        }
         let mut units: Vec<Unit> = prefixes
             .iter()
             .map(|p| Unit {
@@ -84,6 +97,15 @@ impl Layout {
                          dtypes frozen, or train them with DistributedDataParallel)",
                         p.dtype
                     ),
+                });
+            }
+            if slots.contains_key(&p.id) {
+                return Err(FsdpError::Unsupported {
+                    path: p.path,
+                    reason: "it is tied (the same parameter appears twice in the module): fully \
+                             sharded units need each parameter once; train tied weights with \
+                             DistributedDataParallel"
+                        .into(),
                 });
             }
             let unit = longest_match(prefixes, &p.path).unwrap_or(prefixes.len());

@@ -37,8 +37,11 @@
 //! The result equals DDP with the same element-wise optimizer: each chunk's gradient is the
 //! average of the ranks' gradients, as DDP's all-reduce computes it (bitwise at world 1 and 2,
 //! where an average of two numbers rounds the same in either order; from world 3 the order of
-//! the sums may differ in the last bit, as with ZeRO-2). Units a rank did not use give zeros,
-//! which leave SGD's and Adam's parameters where they are.
+//! the sums may differ in the last bit, as with ZeRO-2). A unit no rank used gets no gradient,
+//! so the optimizer leaves it and its state alone (DDP's rule for a parameter no rank used);
+//! inside a unit some rank used, a parameter nobody used gets a zero gradient (the unit is
+//! stepped as one chunk). Buffers (batch norm's running statistics) follow rank 0 after every
+//! backward, as under DDP.
 //!
 //! # What burn 0.21 allows, and the limits
 //! FSDP2 frees a unit's gathered parameters after the unit's forward and gathers them again
@@ -59,8 +62,12 @@
 //!   `zero_memory`).
 //!
 //! Not supported with FSDP: DDP's communication hooks, `no_sync` accumulation, Join, parameter
-//! dtypes other than f32 (frozen ones are fine), and gradient clipping by norm inside the
-//! optimizer (it would clip each chunk, not each tensor).
+//! dtypes other than f32 (frozen ones are fine), tied parameters (refused), and gradient
+//! clipping by norm inside the optimizer (it would clip each chunk, not each tensor). Between
+//! steps a sharded parameter is a zero-element tensor; that is tested on the CPU backend only.
+//!
+//! The chunks' ids are the unit indices (the same on every rank and run), so an optimizer
+//! record of [`ShardedParams`] can be saved and loaded again by the caller.
 
 mod config;
 mod error;

@@ -4,8 +4,10 @@
 use super::config::FsdpConfig;
 use super::error::FsdpError;
 use super::layout::{Layout, Slot};
-use crate::ddp::model_sync::{broadcast_module, verify_same_model};
-use crate::ddp::params::ParamTable;
+use crate::ddp::model_sync::{
+    broadcast_bytes, broadcast_module, read_values, verify_same_model, write_values,
+};
+use crate::ddp::params::{ParamKind, ParamTable};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -62,6 +64,9 @@ pub struct FullyShardedDataParallel<B: AutodiffBackend, M: AutodiffModule<B>> {
     layout: Layout,
     shards: Option<ShardedParams<B>>,
     gathered: bool,
+    /// Which float tensors (in module order) are buffers (batch norm's running statistics):
+    /// rank 0's travel to every rank after each backward, as DDP does.
+    buffers: Vec<bool>,
     pg: ProcessGroup,
     device: B::Device,
     poisoned: Option<String>,
@@ -89,17 +94,26 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         let module = broadcast_module::<B, M>(&pg, module, &table).map_err(FsdpError::Setup)?;
         let (world, rank) = (pg.world_size(), pg.rank());
         let layout = Layout::plan(&module, config.units(), world)?;
-        let device = module.devices().into_iter().next().unwrap_or_default();
+        let buffers: Vec<bool> = table
+            .kinds()
+            .into_iter()
+            .map(|k| k == ParamKind::Buffer)
+            .collect();
+        let device = trainable_device(&module, &layout).unwrap_or_default();
         let flats = read_units(&module, &layout);
         let chunks = layout
             .units
             .iter()
             .zip(flats)
-            .map(|(unit, mut flat)| {
+            .enumerate()
+            .map(|(index, (unit, mut flat))| {
                 flat.resize(unit.padded, 0.0);
                 let c = unit.chunk(world);
                 let mine = flat[rank * c..(rank + 1) * c].to_vec();
-                Param::from_tensor(Tensor::from_data(TensorData::new(mine, [c]), &device))
+                let value = Tensor::from_data(TensorData::new(mine, [c]), &device);
+                // The same id for unit `index` on every rank and run (an optimizer record
+                // keyed by it can be loaded again); the module has no other parameters.
+                Param::initialized(ParamId::from(index as u64), value.require_grad())
             })
             .collect();
         let module = module.map(&mut Release {
@@ -115,6 +129,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             layout,
             shards: Some(ShardedParams { chunks }),
             gathered: false,
+            buffers,
             pg,
             device,
             poisoned: None,
@@ -131,7 +146,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
                 slots: &self.layout.slots,
                 flats: &flats,
                 device: &self.device,
-                trainable: true,
             });
             self.gathered = true;
         }
@@ -144,7 +158,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     pub fn backward(&mut self, loss: Tensor<B, 1>) -> Result<ShardedGradients, FsdpError> {
         self.check()?;
         if !self.gathered {
-            return Err(FsdpError::NoForward);
+            return Err(self.poison(FsdpError::NoForward));
         }
         let grads = loss.backward();
         let mut flats: Vec<Vec<f32>> = self
@@ -153,26 +167,42 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             .iter()
             .map(|u| vec![0.0; u.padded])
             .collect();
+        let mut used = vec![0u8; self.layout.units.len()];
         self.module.visit(&mut ReadGrads {
             slots: &self.layout.slots,
             grads: &grads,
             flats: &mut flats,
+            used: &mut used,
         });
         drop(grads);
+        // Which units any rank used (DDP's rule: a parameter no rank used gets no gradient,
+        // so the optimizer leaves it and its state alone), and rank 0's buffers.
+        if self.pg.world_size() > 1
+            && let Err(source) = self.pg.all_reduce(&mut used, ReduceOp::Max)
+        {
+            return Err(self.poison(FsdpError::ReduceScatter {
+                unit: "(which units were used)".into(),
+                source,
+            }));
+        }
+        if let Err(e) = self.sync_buffers() {
+            return Err(self.poison(FsdpError::Setup(e)));
+        }
         self.release();
         let world = self.pg.world_size();
         let works: Vec<_> = flats
             .into_iter()
-            .map(|flat| self.pg.reduce_scatter_async(flat, ReduceOp::Avg))
+            .zip(&used)
+            .map(|(flat, &u)| (u > 0).then(|| self.pg.reduce_scatter_async(flat, ReduceOp::Avg)))
             .collect();
+        let ids: Vec<ParamId> = match self.shards.as_ref() {
+            Some(shards) => shards.chunks.iter().map(|c| c.id).collect(),
+            None => return Err(self.poison(poisoned_shards())),
+        };
         let mut out = GradientsParams::new();
         let mut elements = 0;
-        let shards = self.shards.as_ref().ok_or_else(poisoned_shards)?;
-        for ((work, unit), chunk) in works
-            .into_iter()
-            .zip(&self.layout.units)
-            .zip(&shards.chunks)
-        {
+        for ((work, unit), id) in works.into_iter().zip(&self.layout.units).zip(ids) {
+            let Some(work) = work else { continue };
             let mine = match work.wait() {
                 Ok(v) => v,
                 Err(source) => {
@@ -187,12 +217,29 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             let len = mine.len();
             let g =
                 Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(mine, [len]), &self.device);
-            out.register(chunk.id, g);
+            out.register(id, g);
         }
         Ok(ShardedGradients {
             grads: out,
             elements,
         })
+    }
+
+    /// Every rank takes rank 0's buffers (running statistics), as DDP does after backward.
+    fn sync_buffers(&mut self) -> Result<(), crate::DdpError> {
+        if !self.buffers.contains(&true) || self.pg.world_size() == 1 {
+            return Ok(());
+        }
+        let bytes = if self.pg.rank() == 0 {
+            read_values(&self.module, &self.buffers, false)
+        } else {
+            Vec::new()
+        };
+        let bytes = broadcast_bytes(&self.pg, bytes, 0)?;
+        if self.pg.rank() != 0 {
+            self.module = write_values(self.module.clone(), &self.buffers, false, &bytes)?;
+        }
+        Ok(())
     }
 
     /// Steps this rank's chunks with `optim` (built for [`ShardedParams`]) at learning rate
@@ -204,7 +251,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         grads: ShardedGradients,
     ) -> Result<(), FsdpError> {
         self.check()?;
-        let shards = self.shards.take().ok_or_else(poisoned_shards)?;
+        if self.gathered {
+            // A forward since the backward (evaluation, logging) holds the old values.
+            self.release();
+        }
+        let Some(shards) = self.shards.take() else {
+            return Err(self.poison(poisoned_shards()));
+        };
         self.shards = Some(optim.step(lr, shards, grads.grads));
         Ok(())
     }
@@ -219,7 +272,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             slots: &self.layout.slots,
             flats: &flats,
             device: &self.device,
-            trainable: true,
         }))
     }
 
@@ -251,7 +303,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     }
 
     fn gather_units(&mut self) -> Result<Vec<Vec<f32>>, FsdpError> {
-        let shards = self.shards.as_ref().ok_or_else(poisoned_shards)?;
+        let Some(shards) = self.shards.as_ref() else {
+            return Err(self.poison(poisoned_shards()));
+        };
         let works: Vec<_> = shards
             .chunks
             .iter()
@@ -303,6 +357,27 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         self.release();
         e
     }
+}
+
+/// The device of the first trainable (sharded) parameter.
+fn trainable_device<B: Backend, M: Module<B>>(module: &M, layout: &Layout) -> Option<B::Device> {
+    struct First<'a, D> {
+        slots: &'a HashMap<ParamId, Slot>,
+        device: Option<D>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for First<'_, B::Device> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.device.is_none() && self.slots.contains_key(&param.id) {
+                self.device = Some(param.val().device());
+            }
+        }
+    }
+    let mut first = First {
+        slots: &layout.slots,
+        device: None,
+    };
+    module.visit(&mut first);
+    first.device
 }
 
 fn poisoned_shards() -> FsdpError {
@@ -359,7 +434,6 @@ struct Install<'a, Dev> {
     slots: &'a HashMap<ParamId, Slot>,
     flats: &'a [Vec<f32>],
     device: &'a Dev,
-    trainable: bool,
 }
 
 impl<B: Backend> ModuleMapper<B> for Install<'_, B::Device> {
@@ -370,8 +444,8 @@ impl<B: Backend> ModuleMapper<B> for Install<'_, B::Device> {
         };
         let values = self.flats[slot.unit][slot.offset..slot.offset + slot.numel()].to_vec();
         let shape: [usize; D] = std::array::from_fn(|i| slot.shape[i]);
-        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device)
-            .set_require_grad(self.trainable);
+        let value =
+            Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device).require_grad();
         Param::from_mapped_value(id, value, mapper)
     }
 }
@@ -381,6 +455,8 @@ struct ReadGrads<'a, G> {
     slots: &'a HashMap<ParamId, Slot>,
     grads: &'a G,
     flats: &'a mut [Vec<f32>],
+    /// Per unit: 1 once any of its parameters had a gradient.
+    used: &'a mut [u8],
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for ReadGrads<'_, B::Gradients> {
@@ -393,6 +469,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for ReadGrads<'_, B::Gradients> {
             if values.len() == slot.numel() {
                 self.flats[slot.unit][slot.offset..slot.offset + slot.numel()]
                     .copy_from_slice(&values);
+                self.used[slot.unit] = 1;
             }
         }
     }

@@ -1,12 +1,18 @@
 //! Fully sharded parameters (`fsdp::FullyShardedDataParallel`): the same parameters as plain
-//! DDP with the same optimizer (bitwise at world 1 and 2), every rank's whole model bitwise
-//! equal, each rank holding only its chunk between steps, frozen parameters whole, and clear
-//! errors for units that match nothing and for a backward without a forward.
+//! DDP with the same optimizer (bitwise at world 1 and 2), also when a unit goes unused and
+//! with batch norm's buffers; every rank's whole model bitwise equal; each rank holding only
+//! its chunk between steps; frozen parameters whole; a forward between backward and step
+//! harmless; clear errors for units that match nothing, tied parameters and a backward without
+//! a forward.
 use crate::common::*;
 use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
+use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, Optimizer, SgdConfig};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
 use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{DdpConfig, DistributedDataParallel};
 
@@ -187,9 +193,11 @@ fn between_steps_each_rank_holds_only_its_chunk_of_every_unit() {
             moments,
         )
     });
-    // fc1 6x16 + 16, fc2 16x3 + 3, extra 6x3 + 3: each unit's chunk is ceil(numel / 3).
+    // fc1 6x16 + 16, fc2 16x3 + 3, extra 6x3 + 3: each unit's chunk is ceil(numel / 3). The
+    // root unit (`extra`) is unused: no gradient, no Adam state.
     let chunk = |n: usize| n.div_ceil(world);
-    let expected = (chunk(6 * 16 + 16) + chunk(16 * 3 + 3) + chunk(6 * 3 + 3)) as u64 * 4;
+    let used = (chunk(6 * 16 + 16) + chunk(16 * 3 + 3)) as u64 * 4;
+    let expected = used + chunk(6 * 3 + 3) as u64 * 4;
     for (r, (before, during, after_backward, after_step, params, grads, moments)) in
         held.into_iter().enumerate()
     {
@@ -201,8 +209,11 @@ fn between_steps_each_rank_holds_only_its_chunk_of_every_unit() {
         );
         assert_eq!(after_step, 0, "rank {r}: the step must not gather");
         assert_eq!(params, expected, "rank {r}: parameter bytes held");
-        assert_eq!(grads, expected, "rank {r}: gradient bytes held");
-        assert_eq!(moments, 3, "rank {r}: Adam holds one state per unit chunk");
+        assert_eq!(grads, used, "rank {r}: gradient bytes held");
+        assert_eq!(
+            moments, 2,
+            "rank {r}: Adam holds one state per used unit's chunk"
+        );
     }
 }
 
@@ -274,4 +285,185 @@ fn backward_without_a_forward_is_an_error_not_a_panic() {
         assert!(matches!(err, FsdpError::NoForward), "{err}");
         assert!(err.to_string().contains("call `forward`"), "{err}");
     });
+}
+
+/// Adam with weight decay, `extra` used on the first step only: DDP leaves a parameter no rank
+/// used alone (no gradient, so no decay and no momentum step); so must FSDP for a unit no rank
+/// used (here the root unit, `extra` alone).
+#[test]
+fn a_unit_no_rank_used_is_left_alone_as_ddp_leaves_it() {
+    let world = 2;
+    let adam = || AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.05)));
+    let ddp = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut ddp = DistributedDataParallel::new(model(rank), pg, DdpConfig::new()).unwrap();
+        let mut optim = adam().init::<B, Mlp<B>>();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = ddp.forward(|m| m.forward(x, step == 0)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            ddp.optimizer_step(&mut optim, 0.01, grads);
+        }
+        flat_params(ddp.module())
+    });
+    let fsdp = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut optim = adam().init::<B, ShardedParams<B>>();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = fsdp.forward(|m| m.forward(x, step == 0)).unwrap();
+            let grads = fsdp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            fsdp.optimizer_step(&mut optim, 0.01, grads).unwrap();
+        }
+        flat_params(&fsdp.full_module().unwrap())
+    });
+    for (r, params) in fsdp.iter().enumerate() {
+        assert_eq!(
+            bits(params),
+            bits(&ddp[0]),
+            "rank {r}: FSDP moved a unit no rank used (DDP does not)"
+        );
+    }
+}
+
+/// A forward between backward and the optimizer step (evaluation, logging) must not leave the
+/// next step on the old weights.
+#[test]
+fn a_forward_between_backward_and_step_does_not_leave_stale_weights() {
+    let run = |peek: bool| {
+        run_ranks(2, |pg| {
+            let rank = pg.rank();
+            let device = Default::default();
+            let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+            for step in 0..3 {
+                let (x, y) = batch(&indices(step, 2, rank), &device);
+                let pred = fsdp.forward(|m| m.forward(x.clone(), false)).unwrap();
+                let grads = fsdp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                if peek {
+                    let _ = fsdp.forward(|m| m.forward(x, false)).unwrap();
+                }
+                fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+            }
+            flat_params(&fsdp.full_module().unwrap())
+        })
+    };
+    assert_eq!(
+        run(true).iter().map(|p| bits(p)).collect::<Vec<_>>(),
+        run(false).iter().map(|p| bits(p)).collect::<Vec<_>>(),
+        "an extra forward before the step changed the training"
+    );
+}
+
+/// Linear, batch norm over the hidden features, linear.
+#[derive(Module, Debug)]
+struct NormNet<B: Backend> {
+    fc: Linear<B>,
+    norm: BatchNorm<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> NormNet<B> {
+    fn new(device: &B::Device, seed: u64) -> Self {
+        seed_weights(
+            NormNet {
+                fc: LinearConfig::new(6, 8).init(device),
+                norm: BatchNormConfig::new(8).init(device),
+                head: LinearConfig::new(8, 3).init(device),
+            },
+            seed,
+        )
+    }
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [n, _] = x.dims();
+        let h = self.fc.forward(x).reshape([n, 8, 1]);
+        self.head.forward(self.norm.forward(h).reshape([n, 8]))
+    }
+}
+
+/// Batch norm's running statistics follow rank 0 after every backward, as under DDP: the
+/// whole model (statistics included) equals DDP's on every rank.
+#[test]
+fn buffers_follow_rank_zero_as_under_ddp() {
+    let world = 2;
+    let start = |rank: usize| NormNet::<B>::new(&Default::default(), SEED + rank as u64);
+    let ddp = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut ddp = DistributedDataParallel::new(start(rank), pg, DdpConfig::new()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, NormNet<B>>();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = ddp.forward(|m| m.forward(x)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            ddp.optimizer_step(&mut sgd, 0.1, grads);
+        }
+        flat_params(ddp.module())
+    });
+    let fsdp = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(start(rank), pg, FsdpConfig::new()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+        for step in 0..STEPS {
+            let (x, y) = batch(&indices(step, world, rank), &device);
+            let pred = fsdp.forward(|m| m.forward(x)).unwrap();
+            let grads = fsdp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+        }
+        flat_params(&fsdp.full_module().unwrap())
+    });
+    for (r, params) in fsdp.iter().enumerate() {
+        assert_eq!(
+            bits(params),
+            bits(&ddp[0]),
+            "rank {r}: FSDP's whole model (running statistics included) differs from DDP's"
+        );
+    }
+}
+
+/// Two fields sharing one parameter.
+#[derive(Module, Debug)]
+struct Tied<B: Backend> {
+    a: Linear<B>,
+    b: Linear<B>,
+}
+
+#[test]
+fn tied_parameters_and_repeated_prefixes_are_refused_by_name() {
+    let errors = run_ranks(1, |pg| {
+        let a = LinearConfig::new(4, 4).init::<B>(&Default::default());
+        let tied = Tied { b: a.clone(), a };
+        let tied = FullyShardedDataParallel::new(tied, pg.clone(), FsdpConfig::new())
+            .err()
+            .map(|e| e.to_string());
+        let repeated = FullyShardedDataParallel::new(model(0), pg, units().with_unit("fc1"))
+            .err()
+            .map(|e| e.to_string());
+        (tied, repeated)
+    });
+    let (tied, repeated) = errors.into_iter().next().unwrap();
+    let tied = tied.expect("a tied parameter must be refused");
+    assert!(
+        tied.contains("'b.weight'") && tied.contains("tied"),
+        "{tied}"
+    );
+    let repeated = repeated.expect("a repeated prefix must be refused");
+    assert!(
+        repeated.contains("'fc1'") && repeated.contains("once"),
+        "{repeated}"
+    );
 }
