@@ -5,18 +5,16 @@
 //! It writes no checkpoints: FSDP's optimizer state lives in flat per-unit chunks, which the
 //! checkpointers do not read or write yet (the run says so when it starts).
 
-use super::{Args, token_accuracy};
+use super::{Args, scored_loss, token_accuracy, train_loader};
 use anyhow::{Context, Result};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use ddp_core::TapBackend;
-use ddp_core::data::{DistributedDataLoaderBuilder, DistributedSamplerConfig};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::launch::WorkerContext;
 use ddp_core::progress::EpochProgress;
 use ddp_examples::models::TinyGpt;
-use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positions};
 
 /// Trains with every unit sharded, then reports the token accuracy of the whole model.
 pub fn train_fully_sharded<B: TapBackend>(
@@ -30,18 +28,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     let shape = args.gpt_shape();
     let model = TinyGpt::<B>::new(shape, &device);
     let params = burn::module::Module::num_params(&model);
-    let train_set = ReverseDataset {
-        seed: args.seed,
-        digits: args.seq_len,
-        offset: 0,
-        count: args.train_size,
-    };
-    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(args.seed);
-    let mut loader = DistributedDataLoaderBuilder::new(ReverseBatcher)
-        .batch_size(args.batch_size)
-        .set_device(device.clone())
-        .build(train_set, sampler)
-        .context("building the data loader")?;
+    let mut loader = train_loader::<B>(args, rank, world, &device)?;
     let units = FsdpConfig::new().with_units(shape.fsdp_units());
     let mut fsdp = FullyShardedDataParallel::new(model, pg.clone(), units)
         .context("sharding the model (--shard full)")?;
@@ -58,7 +45,6 @@ pub fn train_fully_sharded<B: TapBackend>(
         );
     }
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let scored = scored_positions(args.seq_len);
     let start = std::time::Instant::now();
     for epoch in 0..args.epochs {
         loader.set_epoch(epoch as u64);
@@ -67,14 +53,7 @@ pub fn train_fully_sharded<B: TapBackend>(
             let batch = batch?;
             let [n, _] = batch.inputs.dims();
             let logits = fsdp.forward(|m| m.forward(batch.inputs))?;
-            let logits = logits
-                .slice([0..n, scored.clone(), 0..VOCAB])
-                .reshape([n * args.seq_len, VOCAB]);
-            let targets = batch
-                .targets
-                .slice([0..n, scored.clone()])
-                .reshape([n * args.seq_len]);
-            let loss = loss_fn.forward(logits, targets);
+            let loss = scored_loss(&loss_fn, args, logits, batch.targets);
             let loss_value: f32 = loss.clone().into_scalar().elem();
             let grads = fsdp.backward(loss)?;
             fsdp.optimizer_step(&mut adam, args.lr, grads)?;

@@ -7,9 +7,9 @@
 
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::AdamConfig;
-use burn::tensor::{ElementConversion, FloatDType};
+use burn::tensor::{ElementConversion, FloatDType, Int, Tensor};
 use clap::{Parser, ValueEnum};
 use ddp_core::TapBackend;
 use ddp_core::amp::{GradScaler, GradScalerConfig, GradScalerState, autocast};
@@ -18,7 +18,7 @@ use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::ProcessGroup,
-    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
+    data::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSamplerConfig},
     launch::{LaunchArgs, WorkerContext},
     progress::EpochProgress,
     zero::{ZeroRedundancyOptimizer, ZeroStage},
@@ -27,7 +27,9 @@ use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::eval::{all_reduce_accuracy, shard};
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
-use ddp_examples::reverse::{ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence};
+use ddp_examples::reverse::{
+    ReverseBatch, ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence,
+};
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
 
@@ -286,18 +288,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let mut model = TinyGpt::<B>::new(args.gpt_shape(), &device);
-    let train_set = ReverseDataset {
-        seed: args.seed,
-        digits: args.seq_len,
-        offset: 0,
-        count: args.train_size,
-    };
-    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(args.seed);
-    let mut loader = DistributedDataLoaderBuilder::new(ReverseBatcher)
-        .batch_size(args.batch_size)
-        .set_device(device.clone())
-        .build(train_set, sampler)
-        .context("building the data loader")?;
+    let mut loader = train_loader::<B>(args, rank, world, &device)?;
 
     let mut optim = make_optim(&pg);
     let run_config = RunConfig {
@@ -364,7 +355,6 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     restore_scaler(&mut scaler, resumed.as_ref(), rank)?;
     let half = args.mixed_precision.map(MixedPrecision::dtype);
     let mut skipped = 0usize;
-    let scored = scored_positions(args.seq_len);
     let start = std::time::Instant::now();
     let mut overlap = Vec::new();
     let mut last_saved = None;
@@ -381,14 +371,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
                     .cast(FloatDType::F32),
                 None => m.forward(batch.inputs),
             })?;
-            let logits = logits
-                .slice([0..n, scored.clone(), 0..VOCAB])
-                .reshape([n * args.seq_len, VOCAB]);
-            let targets = batch
-                .targets
-                .slice([0..n, scored.clone()])
-                .reshape([n * args.seq_len]);
-            let loss = loss_fn.forward(logits, targets);
+            let loss = scored_loss(&loss_fn, args, logits, batch.targets);
             let loss_value: f32 = loss.clone().into_scalar().elem();
             let grads = ddp.backward(scaler.scale(loss))?;
             if !scaler.step(&mut ddp, &mut optim, args.lr, grads)?.stepped {
@@ -435,6 +418,43 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         println!("transformer: checkpoint: {}", path.display());
     }
     Ok(())
+}
+
+/// This rank's shard of the training sequences, reshuffled per epoch.
+fn train_loader<B: TapBackend>(
+    args: &Args,
+    rank: usize,
+    world: usize,
+    device: &B::Device,
+) -> Result<DistributedDataLoader<B, Vec<i64>, ReverseBatch<B>>> {
+    let train_set = ReverseDataset {
+        seed: args.seed,
+        digits: args.seq_len,
+        offset: 0,
+        count: args.train_size,
+    };
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(args.seed);
+    DistributedDataLoaderBuilder::new(ReverseBatcher)
+        .batch_size(args.batch_size)
+        .set_device(device.clone())
+        .build(train_set, sampler)
+        .context("building the data loader")
+}
+
+/// The cross-entropy of the reversed half of each sequence (the scored positions).
+fn scored_loss<B: TapBackend>(
+    loss_fn: &CrossEntropyLoss<B>,
+    args: &Args,
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [n, _, _] = logits.dims();
+    let scored = scored_positions(args.seq_len);
+    let logits = logits
+        .slice([0..n, scored.clone(), 0..VOCAB])
+        .reshape([n * args.seq_len, VOCAB]);
+    let targets = targets.slice([0..n, scored]).reshape([n * args.seq_len]);
+    loss_fn.forward(logits, targets)
 }
 
 /// Token accuracy on the held-out sequences, each on exactly one rank, summed over the ranks:
