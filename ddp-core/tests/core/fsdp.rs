@@ -137,10 +137,12 @@ fn fully_sharded_training_equals_ddp_with_the_same_optimizer() {
                         );
                     } else {
                         // From world 3 the reduce-scatter and DDP's all-reduce may add in
-                        // another order (last bit), which Adam carries through the steps.
+                        // another order (last bit; the TCP ring's order depends on where an
+                        // element sits), which Adam can amplify where a gradient is near zero:
+                        // the bound of the other different-order comparisons.
                         let diff = max_scaled_diff(params, &reference[step]);
                         assert!(
-                            diff < 1e-6,
+                            diff < 1e-5,
                             "{opt:?} world {world}: FSDP differs from DDP by {diff} after step \
                              {step}"
                         );
