@@ -5,7 +5,8 @@
 //! It writes no checkpoints: FSDP's optimizer state lives in flat per-unit chunks, which the
 //! checkpointers do not read or write yet (the run says so when it starts).
 
-use super::{Args, scored_loss, token_accuracy, train_loader};
+use crate::args::Args;
+use crate::data::{scored_loss, token_accuracy, train_loader};
 use anyhow::{Context, Result};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;

@@ -5,12 +5,14 @@
 //! cargo run --release -p ddp-examples --bin transformer -- --nproc-per-node 2
 //! ```
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use args::{Args, MixedPrecision, Shard};
 use burn::module::Module;
-use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
-use burn::tensor::{ElementConversion, FloatDType, Int, Tensor};
-use clap::{Parser, ValueEnum};
+use burn::tensor::{ElementConversion, FloatDType};
+use clap::Parser;
+use data::{scored_loss, token_accuracy, train_loader};
 use ddp_core::TapBackend;
 use ddp_core::amp::{GradScaler, GradScalerConfig, GradScalerState, autocast};
 use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
@@ -18,21 +20,18 @@ use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::ProcessGroup,
-    data::{DistributedDataLoader, DistributedDataLoaderBuilder, DistributedSamplerConfig},
-    launch::{LaunchArgs, WorkerContext},
+    launch::WorkerContext,
     progress::EpochProgress,
     zero::{ZeroRedundancyOptimizer, ZeroStage},
 };
-use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
-use ddp_examples::eval::{all_reduce_accuracy, shard};
-use ddp_examples::models::{GptShape, TinyGpt};
+use ddp_examples::backend::{TrainOn, run};
+use ddp_examples::models::TinyGpt;
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
-use ddp_examples::reverse::{
-    ReverseBatch, ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence,
-};
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
 
+mod args;
+mod data;
 mod fsdp;
 mod optim;
 
@@ -42,193 +41,11 @@ mod optim;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[derive(Parser, Debug, Clone)]
-#[command(
-    about = "Train a small transformer to reverse sequences on several processes with ddp-burn"
-)]
-struct Args {
-    #[command(flatten)]
-    launch: LaunchArgs,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    /// Batch size per rank.
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 0.002)]
-    lr: f64,
-    /// Seed of the data, the shuffle and the initial weights.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Digits per sequence.
-    #[arg(long, default_value_t = 6)]
-    seq_len: usize,
-    /// Training sequences.
-    #[arg(long, default_value_t = 2048)]
-    train_size: usize,
-    /// Test sequences.
-    #[arg(long, default_value_t = 512)]
-    test_size: usize,
-    /// Width of the residual stream (256 with 4 layers: 3.2M parameters).
-    #[arg(long, default_value_t = 256)]
-    d_model: usize,
-    /// Transformer layers.
-    #[arg(long, default_value_t = 4)]
-    layers: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    /// Mark a layer boundary before each layer, so gradients leave during backward.
-    #[arg(long)]
-    boundaries: bool,
-    /// Turn DDP's automatic overlap off (`DdpConfig::automatic_overlap`, on by default: taps
-    /// anchored at depths learned on the first step, so gradients leave during backward with
-    /// no marks in the model); taps then fire at the end of backward unless `--boundaries`.
-    #[arg(long)]
-    no_automatic_overlap: bool,
-    /// Shard the training state across the ranks with `ZeroRedundancyOptimizer`: `zero1`
-    /// Adam's state (ZeRO stage 1), `zero2` Adam's state and the averaged gradients (stage 2).
-    /// `full` shards the parameters too (`ddp_core::fsdp`, one unit per layer; it writes no
-    /// checkpoints).
-    #[arg(long, value_enum, value_name = "WHAT")]
-    shard: Option<Shard>,
-    /// Same as `--shard zero1` (the older spelling).
-    #[arg(long, conflicts_with = "shard")]
-    zero: bool,
-    /// Write a Chrome trace of the first steps here (rank 0).
-    #[arg(long)]
-    timeline: Option<String>,
-    /// Average gradients with the PowerSGD communication hook of this rank (for slow links;
-    /// exact averaging for the first 10 steps).
-    #[arg(long, value_name = "RANK")]
-    powersgd: Option<usize>,
-    /// Where checkpoints go.
-    #[arg(long, default_value = "runs/transformer")]
-    checkpoint_dir: String,
-    /// Ignore existing checkpoints and start over (on the launch's first attempt only:
-    /// --max-restarts restarts resume this run's checkpoints).
-    #[arg(long)]
-    fresh: bool,
-    /// Which burn backend to train on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
-    backend: BackendKind,
-    /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
-    #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
-    collectives: CollectivesArg,
-    /// Run the model's forward and backward in this dtype, the f32 parameters staying the
-    /// master weights, with dynamic loss scaling (`ddp_core::amp`).
-    #[arg(long, value_enum, value_name = "DTYPE")]
-    mixed_precision: Option<MixedPrecision>,
-    /// The loss scale of a fresh `--mixed-precision` run (a resumed run continues with the
-    /// checkpoint's).
-    #[arg(long, default_value_t = 65536.0)]
-    loss_scale: f32,
-    /// Finite steps in a row after which the loss scale doubles.
-    #[arg(long, default_value_t = 2000)]
-    loss_scale_growth_interval: u64,
-}
-
-impl Args {
-    /// The model's shape.
-    fn gpt_shape(&self) -> GptShape {
-        GptShape {
-            vocab: VOCAB,
-            max_len: 2 * self.seq_len + 2,
-            d_model: self.d_model,
-            heads: self.heads,
-            layers: self.layers,
-            boundaries: self.boundaries,
-        }
-    }
-
-    /// `--shard`, or `zero1` for `--zero`.
-    fn shard(&self) -> Option<Shard> {
-        self.shard.or(self.zero.then_some(Shard::Zero1))
-    }
-
-    /// Refuses combinations that cannot run, before any worker starts.
-    fn check(&self) -> Result<()> {
-        match self.shard() {
-            Some(Shard::Full) => {
-                let unsupported = [
-                    (self.powersgd.is_some(), "--powersgd"),
-                    (self.boundaries, "--boundaries"),
-                    (self.mixed_precision.is_some(), "--mixed-precision"),
-                    (self.timeline.is_some(), "--timeline"),
-                    (
-                        self.collectives == CollectivesArg::Nccl,
-                        "--collectives nccl",
-                    ),
-                ];
-                match unsupported.iter().find(|(set, _)| *set) {
-                    Some((_, flag)) => bail!(
-                        "--shard full (fully sharded parameters) trains without DDP, so {flag} \
-                         (a DDP feature) does not apply: drop it, or use --shard zero1|zero2"
-                    ),
-                    None => Ok(()),
-                }
-            }
-            Some(Shard::Zero2) if self.powersgd.is_some() => bail!(
-                "--shard zero2 averages the gradients itself (a reduce-scatter in the optimizer \
-                 step), so it cannot be combined with --powersgd, which replaces DDP's \
-                 averaging: use --shard zero1 with --powersgd"
-            ),
-            Some(Shard::Zero2) if self.collectives == CollectivesArg::Nccl => bail!(
-                "--shard zero2 needs DDP's communication hooks, which --collectives nccl does \
-                 not run: use --collectives host, or --shard zero1"
-            ),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// `--shard zero1|zero2|full`: how much of the training state is sharded across the ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Shard {
-    /// Adam's state (ZeRO stage 1).
-    Zero1,
-    /// Adam's state and the averaged gradients (ZeRO stage 2).
-    Zero2,
-    /// Parameters too (fully sharded, `ddp_core::fsdp`): each rank keeps `1/world` of every
-    /// layer between steps. No checkpoints.
-    Full,
-}
-
-impl Shard {
-    fn name(shard: Option<Self>) -> &'static str {
-        match shard {
-            None => "off",
-            Some(Shard::Zero1) => "zero1",
-            Some(Shard::Zero2) => "zero2",
-            Some(Shard::Full) => "full",
-        }
-    }
-}
-
 /// What the transformer keeps in a checkpoint's user payload (`TrainingState::user`).
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Extra {
     /// The loss scaler's state under `--mixed-precision`, so a resumed run keeps its scale.
     scaler: Option<GradScalerState>,
-}
-
-/// `--mixed-precision bf16|f16`: the dtype of the autocast forward.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum MixedPrecision {
-    /// bfloat16: f32's range, 8 bits of mantissa.
-    Bf16,
-    /// IEEE half: 11 bits of mantissa, overflows above 65504 (loss scaling backs off).
-    F16,
-}
-
-impl MixedPrecision {
-    fn dtype(self) -> FloatDType {
-        match self {
-            MixedPrecision::Bf16 => FloatDType::BF16,
-            MixedPrecision::F16 => FloatDType::F16,
-        }
-    }
 }
 
 /// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
@@ -418,76 +235,6 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         println!("transformer: checkpoint: {}", path.display());
     }
     Ok(())
-}
-
-/// This rank's shard of the training sequences, reshuffled per epoch.
-fn train_loader<B: TapBackend>(
-    args: &Args,
-    rank: usize,
-    world: usize,
-    device: &B::Device,
-) -> Result<DistributedDataLoader<B, Vec<i64>, ReverseBatch<B>>> {
-    let train_set = ReverseDataset {
-        seed: args.seed,
-        digits: args.seq_len,
-        offset: 0,
-        count: args.train_size,
-    };
-    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(args.seed);
-    DistributedDataLoaderBuilder::new(ReverseBatcher)
-        .batch_size(args.batch_size)
-        .set_device(device.clone())
-        .build(train_set, sampler)
-        .context("building the data loader")
-}
-
-/// The cross-entropy of the reversed half of each sequence (the scored positions).
-fn scored_loss<B: TapBackend>(
-    loss_fn: &CrossEntropyLoss<B>,
-    args: &Args,
-    logits: Tensor<B, 3>,
-    targets: Tensor<B, 2, Int>,
-) -> Tensor<B, 1> {
-    let [n, _, _] = logits.dims();
-    let scored = scored_positions(args.seq_len);
-    let logits = logits
-        .slice([0..n, scored.clone(), 0..VOCAB])
-        .reshape([n * args.seq_len, VOCAB]);
-    let targets = targets.slice([0..n, scored]).reshape([n * args.seq_len]);
-    loss_fn.forward(logits, targets)
-}
-
-/// Token accuracy on the held-out sequences, each on exactly one rank, summed over the ranks:
-/// (accuracy, digits scored).
-fn token_accuracy<B: TapBackend>(
-    args: &Args,
-    model: &TinyGpt<B>,
-    pg: &ProcessGroup,
-    device: &B::Device,
-) -> Result<(f64, usize)> {
-    let (rank, world) = (pg.rank(), pg.world_size());
-    let scored = scored_positions(args.seq_len);
-    let test_ids = shard(args.test_size, rank, world);
-    let mut correct = 0usize;
-    for chunk in test_ids.chunks(128) {
-        let items = chunk
-            .iter()
-            .map(|&i| sequence(args.seed, (args.train_size + i) as u64, args.seq_len))
-            .collect();
-        let batch = burn::data::dataloader::batcher::Batcher::<B, _, _>::batch(
-            &ReverseBatcher,
-            items,
-            device,
-        );
-        let n = chunk.len();
-        let predicted = model.forward(batch.inputs).argmax(2).squeeze_dim::<2>(2);
-        let predicted = predicted.slice([0..n, scored.clone()]);
-        let targets = batch.targets.slice([0..n, scored.clone()]);
-        let hits: i64 = predicted.equal(targets).int().sum().into_scalar().elem();
-        correct += hits as usize;
-    }
-    all_reduce_accuracy(pg, correct, test_ids.len() * args.seq_len)
-        .context("summing the token accuracy over the ranks")
 }
 
 /// Continues with the loss scale of the resumed checkpoint (same on every rank: the scale is
