@@ -44,9 +44,9 @@ def digits_row(out, name):
 
 
 def transformer_rows(out, name):
-    """Check 3: DDP(NCCL) / plain <= 1.03 and >= 70% of all-reduce time overlapped."""
+    """Check 4: DDP(NCCL) / plain <= 1.03 and >= 70% of all-reduce time overlapped."""
     text = read(out, name)
-    what = f"3 transformer step ({name})"
+    what = f"4 transformer step ({name})"
     if text is None:
         return [(what, "not run", "<= 1.03, >= 70% hidden", "-")]
     m = re.search(r"^\s+DDP \(world 1\)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%", text, re.M)
@@ -66,7 +66,7 @@ def ddp_ms(out, name):
 
 
 def pytorch_row(out, ours_name, torch_name):
-    what = "4 ours / PyTorch DDP, same shape"
+    what = "5 ours / PyTorch DDP, same shape"
     text = read(out, torch_name)
     ours = ddp_ms(out, ours_name)
     if text is None or ours is None:
@@ -79,9 +79,22 @@ def pytorch_row(out, ours_name, torch_name):
     return (what, f"{ours:.2f} / {theirs:.2f} ms = {ratio:.2f}", "<= 1.10", "pass" if ratio <= 1.10 else "FAIL")
 
 
+def transformer_example_row(out, name, what):
+    """Check 7: the transformer example on the GPU reaches the accuracy it reaches on CPU."""
+    text, code = read(out, name), status(out, name)
+    if text is None:
+        return (what, "not run", ">= 95%", "-")
+    m = re.search(r"token accuracy ([\d.]+)% .*?\(([\d.]+)s of training", text)
+    if not m:
+        return (what, f"no accuracy (exit {code})", ">= 95%", "FAIL")
+    acc = float(m.group(1))
+    verdict = "pass" if code == "0" and acc >= 95 else "FAIL"
+    return (what, f"{acc:.2f}% in {m.group(2)} s", ">= 95%", verdict)
+
+
 def bench_row(out, name):
     text, code = read(out, name), status(out, name)
-    what = "2 nccl_all_reduce (device and host-staged)"
+    what = "3 nccl_all_reduce (device and host-staged)"
     if text is None:
         return (what, "not run", "a table", "-")
     lines = [l for l in text.splitlines() if re.match(r"^\s*\d", l)]
@@ -93,13 +106,18 @@ def main():
     rows = [
         tests_row(out, "0-nccl-group-tests", "0 NCCL group tests"),
         digits_row(out, "1-digits-nccl-world1"),
-        tests_row(out, "2-gpu-equivalence", "1 gpu_cuda tests (host staging = one process)"),
+        tests_row(out, "2-gpu-equivalence", "2 gpu_cuda tests (host staging = one process)"),
         bench_row(out, "3-nccl-all-reduce"),
         *transformer_rows(out, "4-transformer-step-nccl"),
         *transformer_rows(out, "4b-transformer-step-nccl-small-buckets"),
         pytorch_row(out, "4-transformer-step-nccl", "5-pytorch-ddp"),
+        tests_row(out, "6-processes-sharing-one-gpu", "6 two processes share the GPU (host staging)"),
+        transformer_example_row(out, "7-transformer-nccl-world1", "7 transformer example, NCCL, world 1"),
+        transformer_example_row(out, "7b-transformer-host-world2", "7 transformer example, 2 ranks on 1 GPU"),
+        transformer_example_row(out, "7c-transformer-bf16-world1", "7 transformer example, bf16, NCCL"),
+        transformer_example_row(out, "7d-transformer-fsdp-world2", "7 transformer example, --shard full, 2 ranks"),
         # NCCL cannot put two ranks on one GPU: the world-2 failure check needs a machine with two.
-        ("5 rank 1 fails, rank 0 quotes it", "not automated here", "within seconds", "-"),
+        ("- rank 1 fails, rank 0 quotes it", "not automated here", "within seconds", "-"),
     ]
     widths = [max(len(str(r[i])) for r in rows + [("check", "figure", "goal", "verdict")]) for i in range(4)]
     fmt = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"

@@ -59,6 +59,10 @@ struct Args {
     /// Which collectives reduce the buckets (`nccl` forces NCCL at world size 1).
     #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
     collectives: CollectivesArg,
+    /// Turn DDP's automatic overlap off (its first-step probes and anchored taps), to see what
+    /// it costs on the GPU: taps then fire at the end of backward unless the model has marks.
+    #[arg(long)]
+    no_automatic_overlap: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -131,7 +135,8 @@ where
     let mut plain_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let config = DdpConfig::new()
         .with_collectives(args.collectives.into())
-        .with_bucket_cap_mb(args.bucket_cap_mb);
+        .with_bucket_cap_mb(args.bucket_cap_mb)
+        .with_automatic_overlap(!args.no_automatic_overlap);
     let (_server, pg) = world_of_one()?;
     let mut ddp =
         DistributedDataParallel::new(TinyGpt::<B>::new(shape, &device), pg, config.clone())?;

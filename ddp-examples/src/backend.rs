@@ -8,7 +8,9 @@ use clap::ValueEnum;
 pub enum BackendKind {
     /// burn's CPU backend.
     Flex,
-    /// burn's CUDA backend (build with `--features cuda`); rank `r` uses GPU `LOCAL_RANK`.
+    /// burn's CUDA backend (build with `--features cuda`); a rank uses GPU `LOCAL_RANK`, or
+    /// `LOCAL_RANK % GPUs` when a node runs more ranks than it has GPUs (those ranks share a GPU
+    /// and their gradients go through host memory: NCCL cannot put two ranks on one GPU).
     Cuda,
 }
 
@@ -59,6 +61,31 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
     }
 }
 
+/// The GPU of the rank with local rank `local_rank`: its own, or a shared one when the node runs
+/// more ranks than it has GPUs. Sharing is said on stderr (the examples install no logger),
+/// since such a rank is slower and cannot use NCCL. Without this, a local rank past the last GPU
+/// panicked on a device thread ("invalid device ordinal", seen on an H100) before any error
+/// could be reported.
+#[cfg(feature = "cuda")]
+fn cuda_device_for(name: &str, local_rank: usize) -> Result<burn::backend::cuda::CudaDevice> {
+    let count = ddp_core::comm::cuda_device_count()?;
+    if count == 0 {
+        bail!(
+            "--backend cuda: the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and \
+             nvidia-smi), or use --backend flex"
+        );
+    }
+    let gpu = local_rank % count;
+    if gpu != local_rank {
+        eprintln!(
+            "{name}: local rank {local_rank}: this node has {count} GPU(s), so it shares GPU {gpu}; \
+             ranks sharing a GPU reduce through host memory (NCCL cannot put two ranks on one \
+             GPU): for speed, run one rank per GPU (--nproc-per-node {count})"
+        );
+    }
+    Ok(burn::backend::cuda::CudaDevice::new(gpu))
+}
+
 /// A training function that works on any tapped backend; [`run`] picks the backend.
 pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
@@ -90,7 +117,7 @@ pub fn run(
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 check_available(kind)?;
-                let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
+                let device = cuda_device_for(name, ctx.device_index())?;
                 job.train::<burn::backend::Autodiff<burn::backend::Cuda>>(ctx, device)
             }
             #[cfg(not(feature = "cuda"))]

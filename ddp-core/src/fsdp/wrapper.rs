@@ -424,7 +424,9 @@ impl<B: Backend> ModuleMapper<B> for Release<'_> {
         if !self.slots.contains_key(&id) {
             return Param::from_mapped_value(id, tensor, mapper);
         }
-        let empty = Tensor::<B, D>::zeros([0; D], &tensor.device());
+        // `empty`, not `zeros`: zeros launches a fill kernel, and CUDA refuses a launch over
+        // zero elements (CUDA_ERROR_INVALID_VALUE, seen on an H100 with burn-cuda 0.21).
+        let empty = Tensor::<B, D>::empty([0; D], &tensor.device());
         Param::from_mapped_value(id, empty, mapper)
     }
 }

@@ -7,7 +7,11 @@ use ddp_tests::fixtures::{
 use ddp_tests::spawn_world;
 use std::time::Duration;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_ddp_worker");
+/// The worker executable: cargo's, unless `DDP_WORKER_EXE` names another (the GPU checks carry
+/// this test and the worker to a machine where cargo's path does not exist).
+fn worker() -> String {
+    std::env::var("DDP_WORKER_EXE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ddp_worker").to_string())
+}
 
 fn check(world: usize, opt: Opt) {
     check_over(world, opt, "auto");
@@ -36,7 +40,7 @@ fn check_with(
     let out = dir.path().display().to_string();
     let opt_name = if opt == Opt::Sgd { "sgd" } else { "adam" };
     let outputs = spawn_world(
-        WORKER,
+        &worker(),
         &[init_path.to_str().unwrap(), &out, opt_name],
         world,
         Duration::from_secs(120),
