@@ -49,6 +49,13 @@ pub enum FsdpError {
         #[source]
         source: ddp_comm::CommError,
     },
+    /// Agreeing on which units any rank used this step failed (an all-reduce of one flag per
+    /// unit, before the reduce-scatters).
+    #[error("FSDP: agreeing on which units the ranks used: {0}")]
+    UsedUnits(#[source] ddp_comm::CommError),
+    /// Broadcasting rank 0's buffers (batch-norm statistics) after backward failed.
+    #[error("FSDP: broadcasting rank 0's buffers after backward: {0}")]
+    BufferSync(#[source] DdpError),
     /// `backward` was called with no forward since the last one.
     #[error(
         "FSDP: backward without a forward: call `forward` (which gathers the parameters) \

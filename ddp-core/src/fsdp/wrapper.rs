@@ -180,13 +180,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         if self.pg.world_size() > 1
             && let Err(source) = self.pg.all_reduce(&mut used, ReduceOp::Max)
         {
-            return Err(self.poison(FsdpError::ReduceScatter {
-                unit: "(which units were used)".into(),
-                source,
-            }));
+            return Err(self.poison(FsdpError::UsedUnits(source)));
         }
         if let Err(e) = self.sync_buffers() {
-            return Err(self.poison(FsdpError::Setup(e)));
+            return Err(self.poison(FsdpError::BufferSync(e)));
         }
         self.release();
         let world = self.pg.world_size();
