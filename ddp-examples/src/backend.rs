@@ -66,8 +66,13 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
 /// since such a rank is slower and cannot use NCCL. Without this, a local rank past the last GPU
 /// panicked on a device thread ("invalid device ordinal", seen on an H100) before any error
 /// could be reported.
+///
+/// Every example that trains on `--backend cuda` takes its device from here.
+///
+/// # Errors
+/// No CUDA driver, or a driver that sees no GPU.
 #[cfg(feature = "cuda")]
-fn cuda_device_for(name: &str, local_rank: usize) -> Result<burn::backend::cuda::CudaDevice> {
+pub fn cuda_device_for(name: &str, local_rank: usize) -> Result<burn::backend::cuda::CudaDevice> {
     let count = ddp_core::comm::cuda_device_count()?;
     if count == 0 {
         bail!(

@@ -84,7 +84,8 @@ fn main() -> ExitCode {
             ),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
-                let device = burn::backend::cuda::CudaDevice::new(ctx.device_index());
+                let device =
+                    ddp_examples::backend::cuda_device_for("digits_cnn", ctx.device_index())?;
                 train::<burn::backend::Autodiff<burn::backend::Cuda>>(ctx, &args, device)
             }
             #[cfg(not(feature = "cuda"))]
