@@ -18,10 +18,10 @@
 //!
 //! Overlap table (`--overlap-only` runs just this): for the MLP above, the transformer
 //! example's `TinyGpt` (d_model 256, 4 layers, batch 32 x 13 tokens) and a CNN shaped like the
-//! `digits_cnn` example's (SyncBatchNorm over the ranks, 32 feature maps, batch 64; with small
-//! buckets, since its 0.12 MB of gradients would otherwise be one bucket, which cannot overlap),
-//! at world 2: step time (forward, backward, optimizer) and the share of all-reduce time that
-//! ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
+//! `digits_cnn` example's (SyncBatchNorm over the ranks, 32 feature maps, batch 64), at world 2,
+//! every mode with DDP's default caps (`DdpConfig::min_buckets` splits these small models into
+//! at least 4 buckets): step time (forward, backward, optimizer) and the share of all-reduce time
+//! that ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
 //! taps) and with layer boundaries marked (overlap off otherwise); modes are interleaved in
 //! rounds. `ready early` is the median number of buckets that were ready at least 1 ms before
 //! backward ended (`StepStats::bucket_ready`). World 1: the default's step time over overlap
@@ -408,10 +408,6 @@ mod overlap {
         /// `marked`: with layer boundaries. `group`: the SyncBatchNorm group (world 2).
         fn model(device: &Device, marked: bool, group: Option<SyncBatchNormGroup>) -> Self::M;
         fn loss(m: &Self::M, marked: bool, step: usize, device: &Device) -> Tensor<B, 1>;
-        /// Bucket caps (MiB): first, others.
-        fn caps() -> (f64, f64) {
-            (1.0, 25.0)
-        }
     }
 
     struct Mlp;
@@ -466,11 +462,6 @@ mod overlap {
                 .init(device)
                 .forward(logits, targets)
         }
-        fn caps() -> (f64, f64) {
-            // 12.8 MB of gradients: several buckets, as PyTorch's 25 MiB would give a larger
-            // model.
-            (1.0, 4.0)
-        }
     }
 
     const CNN_CHANNELS: usize = 32;
@@ -492,10 +483,6 @@ mod overlap {
                 .init(device)
                 .forward(logits, y)
         }
-        fn caps() -> (f64, f64) {
-            // 0.12 MB of gradients: one bucket with DDP's caps, which cannot overlap.
-            (0.02, 0.05)
-        }
     }
 
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -514,11 +501,9 @@ mod overlap {
                 Mode::Boundaries => "boundaries (off + marks)",
             }
         }
-        fn config<W: Workload>(self) -> DdpConfig {
-            let (first, cap) = W::caps();
-            let config = DdpConfig::new()
-                .with_first_bucket_cap_mb(first)
-                .with_bucket_cap_mb(cap);
+        /// DDP's default configuration (caps included), overlap switched off in two modes.
+        fn config(self) -> DdpConfig {
+            let config = DdpConfig::new();
             match self {
                 Mode::Default => config,
                 Mode::Off | Mode::Boundaries => config.with_automatic_overlap(false),
@@ -577,7 +562,7 @@ mod overlap {
         for &mode in modes {
             let marked = mode == Mode::Boundaries;
             let model = W::model(&device, marked, group.clone());
-            let ddp = DistributedDataParallel::new(model, pg.clone(), mode.config::<W>())?;
+            let ddp = DistributedDataParallel::new(model, pg.clone(), mode.config())?;
             runs.push((
                 mode,
                 ddp,

@@ -114,7 +114,7 @@ pub enum DdpError {
         "gradient bucket layouts differ across ranks {when}: rank(s) {ranks} differ from rank 0 \
          (this is rank {rank}, its buckets hold {buckets} elements); every rank must wrap the \
          same model (same parameters, shapes and dtypes, in the same order) with the same \
-         bucket_cap_mb and first_bucket_cap_mb"
+         bucket_cap_mb, first_bucket_cap_mb and min_buckets"
     )]
     BucketLayoutMismatch {
         /// At which point the layouts were compared.

@@ -134,6 +134,16 @@
 //! after them. Only once, as PyTorch rebuilds its buckets once: a graph learned again later
 //! keeps the layout (communication hooks such as PowerSGD key their state by bucket).
 //!
+//! Taps that fire early only help if the buckets they fill can leave early: a bucket is
+//! launched when its last gradient arrives, so the bucket holding the first layer always
+//! waits for the end of backward. With PyTorch's caps alone (1 MiB first bucket, 25 MiB after)
+//! a model of up to ~25 MiB of gradients is one or two buckets and hides almost nothing. So
+//! both caps are lowered to a quarter of a small model's gradient bytes
+//! ([`DdpConfig::min_buckets`], default 4, not below 16 KiB; `with_min_buckets(1)` keeps the
+//! caps as configured). The layout depends only on the model, so runs still reproduce bit for
+//! bit; on shared memory, which adds every element in rank order, the values are also those
+//! of one bucket (tested); only when each bucket leaves changes.
+//!
 //! [`layer_boundary`] marks in the model still work: a boundary hands over every tap that is
 //! complete when backward passes it. [`StepStats::overlap_fraction`] reports how much
 //! communication ran during backward, [`StepStats::bucket_ready`] when each bucket was ready

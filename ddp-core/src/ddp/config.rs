@@ -46,6 +46,14 @@ pub struct DdpConfig {
     /// Cap of the first bucket (the last layers' gradients), so communication starts early.
     #[config(default = 1.0)]
     pub first_bucket_cap_mb: f64,
+    /// Small models get smaller buckets: both caps are lowered to `1/min_buckets` of the
+    /// model's gradient bytes (not below 16 KiB), so no bucket holds more than that share
+    /// unless one parameter alone is larger. A model whose gradients fit in one bucket cannot
+    /// overlap anything, since that bucket is complete only when backward ends; PyTorch's
+    /// 25 MiB cap puts a whole 6M-parameter MLP in one. `1` gives PyTorch's layout (the caps
+    /// alone). Models of over `min_buckets` x `bucket_cap_mb` are not affected.
+    #[config(default = 4)]
+    pub min_buckets: usize,
     /// Copy buffers (non-trainable float state such as batch-norm statistics) from rank 0 before
     /// every forward, as PyTorch does by default.
     #[config(default = true)]
@@ -94,6 +102,11 @@ impl DdpConfig {
                 "bucket caps must be positive, got bucket_cap_mb = {} and first_bucket_cap_mb = {}",
                 self.bucket_cap_mb, self.first_bucket_cap_mb
             )));
+        }
+        if self.min_buckets == 0 {
+            return Err(crate::DdpError::InvalidConfig(
+                "min_buckets must be at least 1 (1 keeps the bucket caps as they are)".into(),
+            ));
         }
         Ok(())
     }

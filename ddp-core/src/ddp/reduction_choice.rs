@@ -8,6 +8,7 @@
 //!   the GPU.
 
 use super::config::{Collectives, DdpConfig, HostStaging};
+use crate::ddp::bucket::BucketCaps;
 use crate::ddp::hooks::CommHook;
 use crate::ddp::params::ParamTable;
 use crate::ddp::reducer::{
@@ -100,8 +101,11 @@ pub(super) fn make_reducer<I: Backend>(
         table,
         reduction,
         control,
-        mib(config.first_bucket_cap_mb),
-        mib(config.bucket_cap_mb),
+        BucketCaps {
+            first: mib(config.first_bucket_cap_mb),
+            rest: mib(config.bucket_cap_mb),
+        },
+        config.min_buckets,
     )
 }
 

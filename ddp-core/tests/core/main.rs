@@ -14,6 +14,7 @@ mod checkpoint_io_errors;
 mod checkpoint_rotation;
 mod checkpoint_sharded;
 mod checkpoint_world_size;
+mod ddp_buckets;
 mod ddp_equivalence;
 mod ddp_features;
 mod ddp_join_hooks;

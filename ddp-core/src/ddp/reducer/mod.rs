@@ -34,7 +34,7 @@ pub(crate) use nccl_reduction::NcclReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;
 
-use crate::ddp::bucket::BucketLayout;
+use crate::ddp::bucket::{BucketCaps, BucketLayout};
 use crate::ddp::params::{ParamKind, ParamTable};
 use crate::ddp::tap::GradientSink;
 use crate::error::DdpError;
@@ -115,23 +115,28 @@ pub(crate) struct Reducer<I: Backend> {
     world: usize,
     /// For the control collectives (used parameters, bucket order); `None` at world size 1.
     pg: Option<ProcessGroup>,
-    first_cap_bytes: usize,
-    cap_bytes: usize,
+    /// The bucket caps, already lowered for this model's size.
+    caps: BucketCaps,
 }
 
 impl<I: Backend> Reducer<I> {
     /// A reducer for `table`'s trainable parameters; `pg` is `None` at world size 1.
+    /// `configured` are the configured caps, lowered so that the model forms at least
+    /// `min_buckets` buckets ([`BucketCaps::for_model`]).
     pub(crate) fn new(
         table: &ParamTable<I>,
         reduction: Arc<dyn BucketReduction<I>>,
         pg: Option<ProcessGroup>,
-        first_cap_bytes: usize,
-        cap_bytes: usize,
+        configured: BucketCaps,
+        min_buckets: usize,
     ) -> Self {
         let (slots, slot_of) = plan_slots(table);
+        let total_bytes = slots.iter().map(|s| s.numel() * s.dtype.size()).sum();
+        let caps =
+            BucketCaps::for_model(configured.first, configured.rest, min_buckets, total_bytes);
         // PyTorch's initial order: reverse registration, as backward tends to produce them.
         let order: Vec<usize> = (0..slots.len()).rev().collect();
-        let layout = layout(&slots, order, first_cap_bytes, cap_bytes);
+        let layout = layout(&slots, order, caps);
         let n = slots.len();
         let state = State {
             held: (0..n).map(|_| None).collect(),
@@ -161,8 +166,7 @@ impl<I: Backend> Reducer<I> {
             reduction,
             world: pg.as_ref().map_or(1, ProcessGroup::world_size),
             pg,
-            first_cap_bytes,
-            cap_bytes,
+            caps,
         }
     }
 
@@ -432,7 +436,7 @@ impl<I: Backend> Reducer<I> {
             ));
         }
         let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
-        s.layout = layout(&self.slots, order, self.first_cap_bytes, self.cap_bytes);
+        s.layout = layout(&self.slots, order, self.caps);
         s.in_flight = s.layout.buckets.iter().map(|_| None).collect();
         if let Some(pg) = &self.pg {
             layout_check::verify(pg, &self.slots, &s.layout, "after re-laying them out")?;
@@ -550,13 +554,8 @@ fn plan_slots<I: Backend>(table: &ParamTable<I>) -> (Vec<Slot<I>>, Vec<Option<us
     (slots, slot_of)
 }
 
-fn layout<I: Backend>(
-    slots: &[Slot<I>],
-    order: Vec<usize>,
-    first_cap_bytes: usize,
-    cap_bytes: usize,
-) -> BucketLayout {
+fn layout<I: Backend>(slots: &[Slot<I>], order: Vec<usize>, caps: BucketCaps) -> BucketLayout {
     let bytes: Vec<usize> = slots.iter().map(|s| s.numel() * s.dtype.size()).collect();
     let dtypes: Vec<_> = slots.iter().map(|s| s.dtype).collect();
-    BucketLayout::new(order, &bytes, &dtypes, first_cap_bytes, cap_bytes)
+    BucketLayout::new(order, &bytes, &dtypes, caps.first, caps.rest)
 }
