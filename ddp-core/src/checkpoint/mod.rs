@@ -171,5 +171,6 @@ pub use manifest::{
 };
 pub use naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
+pub(crate) use sync::{all_gather_bytes, all_succeeded};
 
 pub use state::{FRAMEWORK_VERSION, TrainingState};

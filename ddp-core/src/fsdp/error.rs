@@ -1,6 +1,8 @@
 //! The errors of [`FullyShardedDataParallel`](super::FullyShardedDataParallel).
 
 use crate::DdpError;
+use crate::checkpoint::CheckpointError;
+use crate::checkpoint::sharded::ShardedCheckpointError;
 
 /// Failures of fully sharded training. A failed collective aborts the process group (the peers
 /// fail at once with this rank's reason) and makes the wrapper refuse later calls
@@ -56,6 +58,18 @@ pub enum FsdpError {
     /// Broadcasting rank 0's buffers (batch-norm statistics) after backward failed.
     #[error("FSDP: broadcasting rank 0's buffers after backward: {0}")]
     BufferSync(#[source] DdpError),
+    /// Saving or loading a checkpoint failed (I/O, verification, a peer's failure).
+    #[error("FSDP checkpoint: {0}")]
+    Checkpoint(#[from] ShardedCheckpointError),
+    /// A unit's optimizer state could not be cut into its parameters' states (save) or joined
+    /// into this rank's chunk (load).
+    #[error("FSDP checkpoint: the optimizer state of unit '{unit}': {reason}")]
+    CheckpointState {
+        /// The unit's name.
+        unit: String,
+        /// What was wrong.
+        reason: String,
+    },
     /// `backward` was called with no forward since the last one.
     #[error(
         "FSDP: backward without a forward: call `forward` (which gathers the parameters) \
@@ -71,4 +85,10 @@ pub enum FsdpError {
         /// The first error.
         first: String,
     },
+}
+
+impl From<CheckpointError> for FsdpError {
+    fn from(e: CheckpointError) -> Self {
+        FsdpError::Checkpoint(e.into())
+    }
 }

@@ -8,6 +8,8 @@
 //! - `config.rs`: [`FsdpConfig`], the units (module path prefixes).
 //! - `layout.rs`: which unit each parameter belongs to and where it sits in the unit's buffer.
 //! - `wrapper.rs`: the wrapper (gather, reduce-scatter, step, the whole model on demand).
+//! - `checkpoint.rs`: sharded checkpoints that reshard on load; `state.rs`: the optimizer
+//!   state cut from chunks into parameters and joined back.
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -69,9 +71,11 @@
 //! The chunks' ids are the unit indices (the same on every rank and run), so an optimizer
 //! record of [`ShardedParams`] can be saved and loaded again by the caller.
 
+mod checkpoint;
 mod config;
 mod error;
 mod layout;
+mod state;
 mod wrapper;
 
 pub use config::FsdpConfig;

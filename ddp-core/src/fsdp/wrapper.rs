@@ -60,15 +60,17 @@ impl ShardedGradients {
 pub struct FullyShardedDataParallel<B: AutodiffBackend, M: AutodiffModule<B>> {
     /// The model; its trainable parameters are empty placeholders except between `forward`
     /// and `backward`.
-    module: M,
-    layout: Layout,
-    shards: Option<ShardedParams<B>>,
+    pub(super) module: M,
+    pub(super) layout: Layout,
+    /// The unit prefixes, to lay out a module loaded from a checkpoint (its `ParamId`s).
+    pub(super) prefixes: Vec<String>,
+    pub(super) shards: Option<ShardedParams<B>>,
     gathered: bool,
     /// Which float tensors (in module order) are buffers (batch norm's running statistics):
     /// rank 0's travel to every rank after each backward, as DDP does.
     buffers: Vec<bool>,
-    pg: ProcessGroup,
-    device: B::Device,
+    pub(super) pg: ProcessGroup,
+    pub(super) device: B::Device,
     poisoned: Option<String>,
 }
 
@@ -100,25 +102,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             .map(|k| k == ParamKind::Buffer)
             .collect();
         let device = trainable_device(&module, &layout).unwrap_or_default();
-        let flats = read_units(&module, &layout);
-        let chunks = layout
-            .units
-            .iter()
-            .zip(flats)
-            .enumerate()
-            .map(|(index, (unit, mut flat))| {
-                flat.resize(unit.padded, 0.0);
-                let c = unit.chunk(world);
-                let mine = flat[rank * c..(rank + 1) * c].to_vec();
-                let value = Tensor::from_data(TensorData::new(mine, [c]), &device);
-                // The same id for unit `index` on every rank and run (an optimizer record
-                // keyed by it can be loaded again); the module has no other parameters.
-                Param::initialized(ParamId::from(index as u64), value.require_grad())
-            })
-            .collect();
-        let module = module.map(&mut Release {
-            slots: &layout.slots,
-        });
+        let (module, shards) = shard_module(module, &layout, world, rank, &device);
         tracing::debug!(
             units = layout.units.len(),
             chunk_elements = layout.chunk_elements(world),
@@ -127,7 +111,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         Ok(FullyShardedDataParallel {
             module,
             layout,
-            shards: Some(ShardedParams { chunks }),
+            prefixes: config.units().to_vec(),
+            shards: Some(shards),
             gathered: false,
             buffers,
             pg,
@@ -330,14 +315,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         Ok(flats)
     }
 
-    fn release(&mut self) {
+    pub(super) fn release(&mut self) {
         self.module = self.module.clone().map(&mut Release {
             slots: &self.layout.slots,
         });
         self.gathered = false;
     }
 
-    fn check(&self) -> Result<(), FsdpError> {
+    pub(super) fn check(&self) -> Result<(), FsdpError> {
         match &self.poisoned {
             Some(first) => Err(FsdpError::Poisoned {
                 first: first.clone(),
@@ -346,7 +331,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         }
     }
 
-    fn poison(&mut self, e: FsdpError) -> FsdpError {
+    pub(super) fn poison(&mut self, e: FsdpError) -> FsdpError {
         let reason = e.to_string();
         tracing::error!(%reason, "FSDP failed; aborting the process group");
         self.pg.abort(&reason);
@@ -354,6 +339,37 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         self.release();
         e
     }
+}
+
+/// This rank's chunk of every unit of `module` (whose trainable parameters are whole), and
+/// the module with them released.
+pub(super) fn shard_module<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: M,
+    layout: &Layout,
+    world: usize,
+    rank: usize,
+    device: &B::Device,
+) -> (M, ShardedParams<B>) {
+    let flats = read_units(&module, layout);
+    let chunks = layout
+        .units
+        .iter()
+        .zip(flats)
+        .enumerate()
+        .map(|(index, (unit, mut flat))| {
+            flat.resize(unit.padded, 0.0);
+            let c = unit.chunk(world);
+            let mine = flat[rank * c..(rank + 1) * c].to_vec();
+            let value = Tensor::from_data(TensorData::new(mine, [c]), device);
+            // The same id for unit `index` on every rank and run (an optimizer record keyed by
+            // it can be loaded again); the module has no other parameters.
+            Param::initialized(ParamId::from(index as u64), value.require_grad())
+        })
+        .collect();
+    let module = module.map(&mut Release {
+        slots: &layout.slots,
+    });
+    (module, ShardedParams { chunks })
 }
 
 /// The device of the first trainable (sharded) parameter.

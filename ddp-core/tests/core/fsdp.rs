@@ -16,14 +16,14 @@ use burn::tensor::backend::Backend;
 use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{DdpConfig, DistributedDataParallel};
 
-const HIDDEN: usize = 16;
+pub(crate) const HIDDEN: usize = 16;
 /// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
-const GLOBAL_BATCH: usize = 12;
+pub(crate) const GLOBAL_BATCH: usize = 12;
 const STEPS: usize = 4;
-const SEED: u64 = 0xf5d9;
+pub(crate) const SEED: u64 = 0xf5d9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Opt {
+pub(crate) enum Opt {
     /// SGD with momentum, learning rate 0.1.
     Sgd,
     /// Adam, learning rate 0.01.
@@ -31,21 +31,21 @@ enum Opt {
 }
 
 /// Rank `rank`'s samples of global step `step` (DistributedSampler's interleaving).
-fn indices(step: usize, world: usize, rank: usize) -> Vec<usize> {
+pub(crate) fn indices(step: usize, world: usize, rank: usize) -> Vec<usize> {
     let base = step * GLOBAL_BATCH;
     (0..GLOBAL_BATCH / world)
         .map(|i| base + i * world + rank)
         .collect()
 }
 
-fn lr(opt: Opt) -> f64 {
+pub(crate) fn lr(opt: Opt) -> f64 {
     match opt {
         Opt::Sgd => 0.1,
         Opt::Adam => 0.01,
     }
 }
 
-fn model(rank: usize) -> Mlp<B> {
+pub(crate) fn model(rank: usize) -> Mlp<B> {
     // Only rank 0 starts from the seeded weights: the others must be overwritten.
     let device = Default::default();
     if rank == 0 {
@@ -83,7 +83,7 @@ fn train_ddp(world: usize, opt: Opt) -> Vec<Vec<f32>> {
     ranks.swap_remove(0)
 }
 
-fn units() -> FsdpConfig {
+pub(crate) fn units() -> FsdpConfig {
     FsdpConfig::new().with_units(["fc1", "fc2"])
 }
 

@@ -22,6 +22,7 @@ mod ddp_semantics;
 mod ddp_step_on;
 mod exact_evaluation;
 mod fsdp;
+mod fsdp_checkpoint;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
 mod sync_batch_norm;

@@ -1,6 +1,7 @@
 //! The transformer's `--shard` and `--mixed-precision` across a resume: the loss scaler's state
 //! travels in the checkpoint; `--shard full` (fully sharded parameters) trains exactly as DDP
-//! does, and refuses DDP-only flags before any worker starts.
+//! does, across a resume from its sharded checkpoint too, and refuses DDP-only flags before any
+//! worker starts.
 use crate::common::{clean_command, output};
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -95,55 +96,78 @@ fn losses_and_accuracy(err: &str) -> Vec<String> {
 }
 
 #[test]
-fn shard_full_trains_exactly_like_ddp_at_world_2() {
+fn shard_full_trains_and_resumes_exactly_like_ddp_at_world_2() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
+    let full_ckpt = dir.path().join("full");
     // 512 sequences, 2 ranks, 32 per rank: 8 steps per epoch, 4 epochs (100% at the end).
-    let args = |shard: Option<&'static str>| {
+    let args = |shard: Option<&'static str>, epochs: &'static str, fresh: bool| {
+        let ckpt = if shard.is_some() { &full_ckpt } else { &ckpt };
         let mut a = vec![
-            "--nproc-per-node",
-            "2",
-            "--epochs",
-            "4",
-            "--train-size",
-            "512",
-            "--test-size",
-            "64",
-            "--d-model",
-            "32",
-            "--layers",
-            "2",
-            "--heads",
-            "2",
-            "--lr",
-            "0.01",
-            "--fresh",
-            "--checkpoint-dir",
-            ckpt.to_str().unwrap(),
+            "--nproc-per-node".to_string(),
+            "2".into(),
+            "--epochs".into(),
+            epochs.into(),
+            "--train-size".into(),
+            "512".into(),
+            "--test-size".into(),
+            "64".into(),
+            "--d-model".into(),
+            "32".into(),
+            "--layers".into(),
+            "2".into(),
+            "--heads".into(),
+            "2".into(),
+            "--lr".into(),
+            "0.01".into(),
+            "--checkpoint-dir".into(),
+            ckpt.to_str().unwrap().into(),
         ];
+        if fresh {
+            a.push("--fresh".into());
+        }
         if let Some(s) = shard {
-            a.extend(["--shard", s]);
+            a.extend(["--shard".into(), s.into()]);
         }
         a
     };
-    let (ok, ddp_out, ddp_err) = run(&args(None));
+    let run_with = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        run(&a)
+    };
+    let (ok, ddp_out, ddp_err) = run_with(args(None, "4", true));
     assert!(ok, "DDP failed:\n{ddp_out}\n{ddp_err}");
-    let (ok, out, err) = run(&args(Some("full")));
-    assert!(ok, "--shard full failed:\n{out}\n{err}");
-    assert!(
-        err.contains("shard full (3 units") && err.contains("no checkpoints"),
-        "the run must say how it shards and that it writes no checkpoints:\n{err}"
-    );
     let ddp = losses_and_accuracy(&format!("{ddp_err}{ddp_out}"));
-    let full = losses_and_accuracy(&format!("{err}{out}"));
     assert_eq!(
         ddp.len(),
         5,
         "4 epoch losses and an accuracy:\n{ddp_err}{ddp_out}"
     );
+
+    // Two epochs fully sharded, a sharded checkpoint, then a second run resumes it to four.
+    let (ok, out, err) = run_with(args(Some("full"), "2", true));
+    assert!(ok, "--shard full failed:\n{out}\n{err}");
+    assert!(
+        err.contains("shard full (3 units"),
+        "the run says how it shards:\n{err}"
+    );
+    assert!(
+        out.contains("checkpoint: ") && out.contains("sharded"),
+        "the run names its sharded checkpoint:\n{out}"
+    );
+    let first = losses_and_accuracy(&format!("{err}{out}"));
+    let (ok, out, err) = run_with(args(Some("full"), "4", false));
+    assert!(ok, "resuming --shard full failed:\n{out}\n{err}");
+    assert!(err.contains("resuming from"), "{err}");
+    let resumed = losses_and_accuracy(&format!("{err}{out}"));
     // At world 2 the reduce-scatter's average rounds as DDP's all-reduce does: bitwise the same
-    // training, so the same printed losses and accuracy.
-    assert_eq!(full, ddp, "--shard full must train as DDP does");
+    // training, so the same printed losses and accuracy, across the resume too.
+    assert_eq!(first[..2], ddp[..2], "--shard full must train as DDP does");
+    assert_eq!(
+        resumed,
+        ddp[2..],
+        "the resumed run must go on as DDP's uninterrupted one"
+    );
 }
 
 #[test]

@@ -74,7 +74,9 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
-        self.load_latest_with::<B, M, O, R>(device, model, optim, Want::All)
+        self.load_latest_with::<B, M, R>(device, model, Want::All, |record| {
+            *optim = optim.clone().load_record(record);
+        })
     }
 
     /// Restores the newest valid sharded checkpoint like [`load_latest`](Self::load_latest)
@@ -99,12 +101,26 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B> + Clone,
     {
-        self.load_latest_with::<B, M, ZeroRedundancyOptimizer<O, M, B>, R>(
-            device,
-            model,
-            optim,
-            Want::Owned,
-        )
+        self.load_latest_with::<B, M, R>(device, model, Want::Owned, |record| {
+            *optim = optim.clone().load_record(record);
+        })
+    }
+
+    /// Restores the newest valid checkpoint into `model` and hands `install` the optimizer
+    /// state of the parameters this rank owns at the current world size (ZeRO's partition),
+    /// for optimizers that keep their state in another form (FSDP's chunks).
+    pub(crate) fn load_latest_owned<B, M, R>(
+        &self,
+        device: &B::Device,
+        model: &mut M,
+        install: impl FnOnce(HashMap<ParamId, R>),
+    ) -> Result<LoadOutcome, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        R: Record<B>,
+    {
+        self.load_latest_with::<B, M, R>(device, model, Want::Owned, install)
     }
 
     /// Restores checkpoint `name` (e.g. `step-0000000120`) like
@@ -137,20 +153,21 @@ impl ShardedCheckpointer {
                 .map(|_| ())
                 .map_err(|e| e.into_error(name, &dir).into())
         })?;
-        self.restore::<B, M, O, R>(device, model, optim, name, Vec::new(), Want::All)
+        self.restore::<B, M, R>(device, model, name, Vec::new(), Want::All, |record| {
+            *optim = optim.clone().load_record(record);
+        })
     }
 
-    fn load_latest_with<B, M, O, R>(
+    fn load_latest_with<B, M, R>(
         &self,
         device: &B::Device,
         model: &mut M,
-        optim: &mut O,
         want: Want,
+        install: impl FnOnce(HashMap<ParamId, R>),
     ) -> Result<LoadOutcome, ShardedCheckpointError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
         let dir = self.config.dir().to_path_buf();
@@ -185,27 +202,27 @@ impl ShardedCheckpointer {
             }
             Some(name) => {
                 let resumed =
-                    self.restore::<B, M, O, R>(device, model, optim, &name, header.invalid, want)?;
+                    self.restore::<B, M, R>(device, model, &name, header.invalid, want, install)?;
                 Ok(LoadOutcome::Resumed(Box::new(resumed)))
             }
         }
     }
 
     /// Every rank reads what it needs of checkpoint `name` (verified by rank 0) and loads it;
-    /// `model` and `optim` change only when every rank succeeded.
-    fn restore<B, M, O, R>(
+    /// `model` changes, and `install` gets the optimizer state, only when every rank
+    /// succeeded.
+    fn restore<B, M, R>(
         &self,
         device: &B::Device,
         model: &mut M,
-        optim: &mut O,
         name: &str,
         invalid: Vec<InvalidCheckpoint>,
         want: Want,
+        install: impl FnOnce(HashMap<ParamId, R>),
     ) -> Result<Resumed, ShardedCheckpointError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
         let (rank, world) = (self.pg.rank(), self.pg.world_size());
@@ -240,7 +257,7 @@ impl ShardedCheckpointer {
             "load the sharded checkpoint",
         )?;
         *model = m;
-        *optim = optim.clone().load_record(record);
+        install(record);
 
         let saved = manifest.state;
         let mut state = saved.training;

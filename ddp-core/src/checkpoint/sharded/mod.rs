@@ -121,6 +121,8 @@ pub use manifest::{
     SHARDED_FORMAT_VERSION, SHARDED_MANIFEST_FILE, ShardEntry, ShardedManifest, TensorEntry,
     model_shard_file, optimizer_shard_file,
 };
+pub(crate) use ownership::Ownership;
+pub(crate) use save::Held;
 #[cfg(any(test, feature = "test-hooks"))]
 pub use save::SHARDED_CRASH_POINTS;
 pub use save::ShardedCheckpointer;

@@ -12,14 +12,14 @@ use std::collections::HashMap;
 
 /// The owner of every trainable float tensor of a module, for one world size.
 #[derive(Debug, Clone)]
-pub(super) struct Ownership {
+pub(crate) struct Ownership {
     owners: HashMap<ParamId, usize>,
 }
 
 impl Ownership {
     /// The partition of `module`'s trainable tensors over `world` ranks: the same one a
     /// `ZeroRedundancyOptimizer` of that world size uses.
-    pub(super) fn of<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, world: usize) -> Self {
+    pub(crate) fn of<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, world: usize) -> Self {
         let (layout, _) = describe::<B, M>(module);
         let sizes: Vec<Option<usize>> = layout
             .iter()
@@ -40,7 +40,7 @@ impl Ownership {
     }
 
     /// Whether `rank` owns the trainable tensor `id` (the optimizer state it keeps under ZeRO).
-    pub(super) fn owns(&self, rank: usize, id: ParamId) -> bool {
+    pub(crate) fn owns(&self, rank: usize, id: ParamId) -> bool {
         self.owners.get(&id) == Some(&rank)
     }
 }

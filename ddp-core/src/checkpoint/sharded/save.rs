@@ -61,7 +61,7 @@ pub struct ShardedCheckpointer {
 
 /// Whose optimizer state a rank passes to the save.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
+pub(crate) enum Held {
     /// Every parameter's (plain DDP: replicas hold identical state): keep this rank's part.
     Replicated,
     /// This rank's ZeRO shard: it must all be this rank's.
@@ -168,7 +168,8 @@ impl ShardedCheckpointer {
         self.save_record::<B, M, R>(model, optim.local_state(), Held::Sharded, state)
     }
 
-    fn save_record<B, M, R>(
+    /// Saves `model` and `record` (this rank's optimizer state, as `held` says).
+    pub(crate) fn save_record<B, M, R>(
         &self,
         model: &M,
         record: HashMap<ParamId, R>,

@@ -158,7 +158,8 @@ pub(crate) enum Shard {
     /// Adam's state and the averaged gradients (ZeRO stage 2).
     Zero2,
     /// Parameters too (fully sharded, `ddp_core::fsdp`): each rank keeps `1/world` of every
-    /// layer between steps. No checkpoints.
+    /// layer between steps. Sharded checkpoints in `<checkpoint-dir>/sharded`, resumable at
+    /// any number of ranks.
     Full,
 }
 

@@ -2,8 +2,9 @@
 //! (`ddp_core::fsdp::FullyShardedDataParallel`, one unit per transformer layer): between steps
 //! each rank holds `1/world` of the parameters, gradients and Adam state.
 //!
-//! It writes no checkpoints: FSDP's optimizer state lives in flat per-unit chunks, which the
-//! checkpointers do not read or write yet (the run says so when it starts).
+//! Checkpoints are sharded (each rank writes its part, `FullyShardedDataParallel::
+//! save_checkpoint`) into `<checkpoint-dir>/sharded`, after every epoch, and a run resumes from
+//! the latest at any number of ranks.
 
 use crate::args::Args;
 use crate::data::{scored_loss, token_accuracy, train_loader};
@@ -12,10 +13,13 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use ddp_core::TapBackend;
+use ddp_core::checkpoint::sharded::ShardedCheckpointer;
+use ddp_core::checkpoint::{CheckpointConfig, LoadOutcome, TrainingState};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::launch::WorkerContext;
 use ddp_core::progress::EpochProgress;
 use ddp_examples::models::TinyGpt;
+use ddp_examples::resume::StartFrom;
 
 /// Trains with every unit sharded, then reports the token accuracy of the whole model.
 pub fn train_fully_sharded<B: TapBackend>(
@@ -24,6 +28,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     device: B::Device,
 ) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
+    let start_from = StartFrom::new(args.fresh, &ctx);
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let shape = args.gpt_shape();
@@ -37,18 +42,61 @@ pub fn train_fully_sharded<B: TapBackend>(
     if rank == 0 {
         eprintln!(
             "transformer: {params} parameters, {} layers, {world} rank(s), batch {} per rank, \
-             shard full ({} units, {:.2} MiB of parameters per rank between steps); no \
-             checkpoints are written with --shard full",
+             shard full ({} units, {:.2} MiB of parameters per rank between steps)",
             args.layers,
             args.batch_size,
             fsdp.units().len(),
             fsdp.parameter_bytes() as f64 / (1024.0 * 1024.0)
         );
     }
+    let dir = std::path::Path::new(&args.checkpoint_dir).join("sharded");
+    let fresh = matches!(start_from, StartFrom::Scratch);
+    if fresh && rank == 0 && dir.exists() {
+        eprintln!(
+            "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
+            dir.display()
+        );
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing {} for --fresh", dir.display()))?;
+    }
+    // Every rank waits in `new` for rank 0, which has removed them by then.
+    let checkpoints = ShardedCheckpointer::new(
+        CheckpointConfig::new(&dir)
+            .with_keep_last(3)
+            .with_run_config(&crate::RunConfig::of(args))?,
+        pg.clone(),
+    )?;
+    let (start_epoch, mut step) = if fresh {
+        (0, 0)
+    } else {
+        match fsdp.load_checkpoint(&checkpoints, &mut adam)? {
+            LoadOutcome::Resumed(resumed) => {
+                resumed.restore_loader(&mut loader)?;
+                if rank == 0 {
+                    eprintln!(
+                        "transformer: resuming from {} (saved by {} rank(s)): {} of {} epochs done, step {}",
+                        resumed.info.path.display(),
+                        resumed.info.saved_world_size,
+                        (resumed.state.epoch as usize).min(args.epochs),
+                        args.epochs,
+                        resumed.state.global_step
+                    );
+                }
+                (resumed.state.epoch as usize, resumed.state.global_step)
+            }
+            fresh => {
+                if rank == 0 {
+                    eprintln!("transformer: {fresh}");
+                }
+                (0, 0)
+            }
+        }
+    };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let start = std::time::Instant::now();
-    for epoch in 0..args.epochs {
-        loader.set_epoch(epoch as u64);
+    let mut last_saved = None;
+    for epoch in start_epoch..args.epochs {
+        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
         let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
         for batch in loader.iter() {
             let batch = batch?;
@@ -58,9 +106,12 @@ pub fn train_fully_sharded<B: TapBackend>(
             let loss_value: f32 = loss.clone().into_scalar().elem();
             let grads = fsdp.backward(loss)?;
             fsdp.optimizer_step(&mut adam, args.lr, grads)?;
+            step += 1;
             progress.step(loss_value, n)?;
         }
         progress.finish();
+        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+        last_saved = Some(fsdp.save_checkpoint(&checkpoints, &adam, &state)?.path);
     }
     let model = fsdp.full_module()?;
     let (accuracy, total) = token_accuracy(args, &model, &pg, &device)?;
@@ -71,6 +122,9 @@ pub fn train_fully_sharded<B: TapBackend>(
             args.epochs,
             start.elapsed().as_secs_f64(),
         );
+    }
+    if let (0, Some(path)) = (rank, last_saved) {
+        println!("transformer: checkpoint: {}", path.display());
     }
     Ok(())
 }

@@ -61,6 +61,21 @@ struct RunConfig {
     heads: usize,
 }
 
+impl RunConfig {
+    fn of(args: &Args) -> Self {
+        RunConfig {
+            batch_size: args.batch_size,
+            lr: args.lr,
+            seed: args.seed,
+            seq_len: args.seq_len,
+            train_size: args.train_size,
+            d_model: args.d_model,
+            layers: args.layers,
+            heads: args.heads,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = args.check() {
@@ -108,20 +123,10 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let mut loader = train_loader::<B>(args, rank, world, &device)?;
 
     let mut optim = make_optim(&pg);
-    let run_config = RunConfig {
-        batch_size: args.batch_size,
-        lr: args.lr,
-        seed: args.seed,
-        seq_len: args.seq_len,
-        train_size: args.train_size,
-        d_model: args.d_model,
-        layers: args.layers,
-        heads: args.heads,
-    };
     let checkpoints = FullCheckpointer::new(
         CheckpointConfig::new(&args.checkpoint_dir)
             .with_keep_last(3)
-            .with_run_config(&run_config)?,
+            .with_run_config(&RunConfig::of(args))?,
         pg.clone(),
     )?;
     let StartPoint {
