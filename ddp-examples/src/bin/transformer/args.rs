@@ -191,3 +191,31 @@ impl MixedPrecision {
         }
     }
 }
+
+/// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
+#[derive(serde::Serialize)]
+pub(crate) struct RunConfig {
+    batch_size: usize,
+    lr: f64,
+    seed: u64,
+    seq_len: usize,
+    train_size: usize,
+    d_model: usize,
+    layers: usize,
+    heads: usize,
+}
+
+impl RunConfig {
+    pub(crate) fn of(args: &Args) -> Self {
+        RunConfig {
+            batch_size: args.batch_size,
+            lr: args.lr,
+            seed: args.seed,
+            seq_len: args.seq_len,
+            train_size: args.train_size,
+            d_model: args.d_model,
+            layers: args.layers,
+            heads: args.heads,
+        }
+    }
+}

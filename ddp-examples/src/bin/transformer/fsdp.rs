@@ -6,7 +6,7 @@
 //! save_checkpoint`) into `<checkpoint-dir>/sharded`, after every epoch, and a run resumes from
 //! the latest at any number of ranks.
 
-use crate::args::Args;
+use crate::args::{Args, RunConfig};
 use crate::data::{scored_loss, token_accuracy, train_loader};
 use anyhow::{Context, Result};
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -63,7 +63,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     let checkpoints = ShardedCheckpointer::new(
         CheckpointConfig::new(&dir)
             .with_keep_last(3)
-            .with_run_config(&crate::RunConfig::of(args))?,
+            .with_run_config(&RunConfig::of(args))?,
         pg.clone(),
     )?;
     let (start_epoch, mut step) = if fresh {

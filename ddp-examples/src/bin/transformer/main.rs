@@ -6,7 +6,7 @@
 //! ```
 
 use anyhow::{Context, Result};
-use args::{Args, MixedPrecision, Shard};
+use args::{Args, MixedPrecision, RunConfig, Shard};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
@@ -46,34 +46,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Extra {
     /// The loss scaler's state under `--mixed-precision`, so a resumed run keeps its scale.
     scaler: Option<GradScalerState>,
-}
-
-/// The settings whose change makes an old checkpoint suspicious (hashed into each checkpoint).
-#[derive(serde::Serialize)]
-struct RunConfig {
-    batch_size: usize,
-    lr: f64,
-    seed: u64,
-    seq_len: usize,
-    train_size: usize,
-    d_model: usize,
-    layers: usize,
-    heads: usize,
-}
-
-impl RunConfig {
-    fn of(args: &Args) -> Self {
-        RunConfig {
-            batch_size: args.batch_size,
-            lr: args.lr,
-            seed: args.seed,
-            seq_len: args.seq_len,
-            train_size: args.train_size,
-            d_model: args.d_model,
-            layers: args.layers,
-            heads: args.heads,
-        }
-    }
 }
 
 fn main() -> ExitCode {
