@@ -68,8 +68,45 @@
 //! clipping by norm inside the optimizer (it would clip each chunk, not each tensor). Between
 //! steps a sharded parameter is a zero-element tensor; that is tested on the CPU backend only.
 //!
-//! The chunks' ids are the unit indices (the same on every rank and run), so an optimizer
-//! record of [`ShardedParams`] can be saved and loaded again by the caller.
+//! # Checkpoints
+//! [`FullyShardedDataParallel::save_checkpoint`] writes a
+//! [`ShardedCheckpointer`](crate::checkpoint::sharded::ShardedCheckpointer) checkpoint: each
+//! rank writes its part, rank 0 commits once all are written, so a crash at any point leaves
+//! the previous checkpoint the latest (tested with a SIGKILL at each phase). The optimizer
+//! state is stored per parameter, as DDP's optimizer holds it: FSDP's optimizers act element
+//! by element, so each rank's chunk of a state tensor (Adam's moments, SGD's velocity) is a
+//! range of the unit's flat buffer, and the chunks of every rank, joined, cut at the
+//! parameters' offsets, give each parameter's state (through the record's serde form, so any
+//! burn `SimpleOptimizer` works; state that is not per element, such as Adam's step count,
+//! must be equal across ranks, and is). [`FullyShardedDataParallel::load_checkpoint`] does the
+//! reverse at the current world size. So a checkpoint saved at 4 ranks resumes at 4 (bitwise
+//! the uninterrupted run), 2 or 3 (within 1e-5: the average of the same global batch rounds
+//! differently), under plain DDP with [`ShardedCheckpointer::load_latest`](crate::checkpoint::sharded::ShardedCheckpointer::load_latest), and
+//! [`convert_to_full`](crate::checkpoint::sharded::convert_to_full) makes a rank-0 checkpoint
+//! of it. A save or load holds the whole model for its duration, and one unit's whole
+//! optimizer state at a time.
+//!
+//! ```no_run
+//! # use burn::backend::{Autodiff, Flex};
+//! # use burn::nn::{Linear, LinearConfig};
+//! # use burn::optim::AdamConfig;
+//! # use ddp_core::checkpoint::{CheckpointConfig, LoadOutcome, TrainingState};
+//! # use ddp_core::checkpoint::sharded::ShardedCheckpointer;
+//! # use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
+//! # type B = Autodiff<Flex>;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pg = ddp_core::init_from_env()?;
+//! # let model: Linear<B> = LinearConfig::new(4, 1).init(&Default::default());
+//! let mut fsdp = FullyShardedDataParallel::new(model, pg.clone(), FsdpConfig::new())?;
+//! let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+//! let ckpt = ShardedCheckpointer::new(CheckpointConfig::new("runs/fsdp"), pg)?;
+//! if let LoadOutcome::Resumed(r) = fsdp.load_checkpoint(&ckpt, &mut adam)? {
+//!     println!("resuming at step {}", r.state.global_step);
+//! }
+//! // ... train ...
+//! fsdp.save_checkpoint(&ckpt, &adam, &TrainingState::new(1, 100))?;
+//! # Ok(()) }
+//! ```
 
 mod checkpoint;
 mod config;
