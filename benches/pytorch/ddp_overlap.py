@@ -8,8 +8,9 @@ its step time, on the model of the `transformer` example (TinyGpt: token and pos
 embeddings, vocabulary 12, width 256, 4 pre-norm encoder layers with 4 heads, feed-forward
 1024, GELU, causal mask, a final LayerNorm and a linear head), batch 32 sequences of 13
 tokens per rank, cross-entropy on the 6 reversed-digit positions, SGD (lr 0.01), buckets of
-4 MiB after PyTorch's fixed 1 MiB first bucket: the bench's settings for this model (its 12.7 MB
-of gradients would otherwise make two buckets). Two processes on 127.0.0.1, one compute thread
+a quarter of the gradient bytes (3.0 MiB) after PyTorch's fixed 1 MiB first bucket: what
+ddp-core's default gives this model (`DdpConfig::min_buckets` = 4; PyTorch's 25 MiB alone would
+make its 12.7 MB of gradients two buckets). Two processes on 127.0.0.1, one compute thread
 each unless `--threads`. `cargo bench -p ddp-benches --bench ddp_step -- --overlap-only --python
 PYTHON` prints its figures under the bench's own transformer rows.
 
@@ -78,7 +79,9 @@ def worker(rank: int, args) -> None:
 
     torch.manual_seed(42)
     model = TinyGpt()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=4)
+    # ddp-core's default for this model: the 25 MiB cap lowered to a quarter of the gradients.
+    grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=min(25.0, grad_mib / 4))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(7 + rank)
 

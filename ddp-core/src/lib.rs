@@ -149,10 +149,10 @@
 //! communication ran during backward, [`StepStats::bucket_ready`] when each bucket was ready
 //! relative to the end of backward, and [`StepStats::anchored_taps`] how many taps were anchored.
 //!
-//! Measured with the `ddp_step` bench (`--overlap-only`, world 2 over shared memory, a busy
-//! 2-core machine, one run; README, "Overlap"): share of all-reduce time hidden behind backward,
-//! default / off / boundaries: MLP 43% / 16% / 39%, transformer 94% / 7% / 83%, CNN 99% / 12% /
-//! 100%; world-1 step time of the default over off: 1.018, 1.014, 0.975.
+//! Measured with the `ddp_step` bench (`--overlap-only`, world 2 over shared memory, DDP's
+//! default configuration, the 2-core machine, four runs; README, "Overlap"): share of
+//! all-reduce time hidden behind backward by default 35-60% (MLP), 89-94% (transformer),
+//! 92-99% (CNN); with overlap off 11-29%, 5-6%, 57-77%.
 //!
 //! ## Memory traffic
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers
