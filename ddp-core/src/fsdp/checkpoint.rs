@@ -12,10 +12,13 @@
 use super::error::FsdpError;
 use super::layout::Layout;
 use super::state;
+use super::unit_reducer::UnitReducer;
 use super::wrapper::{FullyShardedDataParallel, ShardedParams, shard_module};
 use crate::checkpoint::sharded::{Held, Ownership, ShardedCheckpointer};
 use crate::checkpoint::{LoadOutcome, SavedCheckpoint, TrainingState};
 use crate::checkpoint::{all_gather_bytes, all_succeeded};
+use crate::ddp::params::ParamTable;
+use crate::ddp::tap::TapBackend;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::record::AdaptorRecord;
@@ -31,7 +34,7 @@ type ChunkOptimizer<O, B> = OptimizerAdaptor<O, ShardedParams<B>, B>;
 const HAS_STATE: u8 = 1;
 const FAILED: u8 = 0;
 
-impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
+impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Saves the model, `optim`'s state and `state` as sharded checkpoint
     /// `step-<global_step>` with `checkpointer`: each rank writes about `1/world` of the
     /// bytes, rank 0 commits once every shard is written (a crash before leaves the previous
@@ -213,6 +216,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             chunks,
             "join the FSDP optimizer state into chunks",
         )?;
+        let table = ParamTable::describe::<B, M>(&full);
+        self.reducer = std::sync::Arc::new(UnitReducer::new(self.pg.clone(), &layout, &table));
+        self.kinds = std::sync::Arc::new(table.kinds());
+        self.depth_plan = None;
+        self.relaid = false;
         let (module, shards) = shard_module(full, &layout, world, rank, &self.device);
         self.module = module;
         self.layout = layout;

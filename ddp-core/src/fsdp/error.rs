@@ -55,6 +55,10 @@ pub enum FsdpError {
     /// unit, before the reduce-scatters).
     #[error("FSDP: agreeing on which units the ranks used: {0}")]
     UsedUnits(#[source] ddp_comm::CommError),
+    /// A gradient handed over during backward could not be used (read from the device, or
+    /// of the wrong size), or rank 0's unit order was invalid.
+    #[error("FSDP backward: {0}")]
+    Gradients(String),
     /// Broadcasting rank 0's buffers (batch-norm statistics) after backward failed.
     #[error("FSDP: broadcasting rank 0's buffers after backward: {0}")]
     BufferSync(#[source] DdpError),

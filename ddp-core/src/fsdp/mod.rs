@@ -8,6 +8,8 @@
 //! - `config.rs`: [`FsdpConfig`], the units (module path prefixes).
 //! - `layout.rs`: which unit each parameter belongs to and where it sits in the unit's buffer.
 //! - `wrapper.rs`: the wrapper (gather, reduce-scatter, step, the whole model on demand).
+//! - `backward.rs`, `unit_reducer.rs`: backward, with each unit's reduce-scatter started as soon
+//!   as its gradients are complete.
 //! - `checkpoint.rs`: sharded checkpoints that reshard on load; `state.rs`: the optimizer
 //!   state cut from chunks into parameters and joined back.
 //!
@@ -57,9 +59,14 @@
 //!   anyway), plus activations;
 //! - `backward` drops the module's references before the reduce-scatters, so the gathered
 //!   parameters go as soon as the graph is gone;
-//! - the reduce-scatters run after backward, all units at once (the transport overlaps them
-//!   with each other, not with backward): burn's gradients are complete only when `backward`
-//!   returns, and this wrapper does not use DDP's gradient taps;
+//! - the reduce-scatters overlap backward: DDP's gradient taps (anchored as its automatic
+//!   overlap anchors them, learned on the first step) hand each gathered parameter's gradient
+//!   over as soon as backward produces it, and a unit's reduce-scatter starts once all its
+//!   parameters have theirs and the units before it in the launch order have started (a fixed
+//!   order, the same on every rank: after the first anchored step, the order rank 0's units
+//!   completed in). [`FullyShardedDataParallel::last_step_stats`] says how many started
+//!   during backward. The gradients themselves are not freed any earlier: burn hands them over
+//!   as backward produces them, and the taps copy them into the unit's buffer;
 //! - between steps a rank holds its chunks only: that is where the memory goes down (bench
 //!   `zero_memory`).
 //!
@@ -108,13 +115,16 @@
 //! # Ok(()) }
 //! ```
 
+mod backward;
 mod checkpoint;
 mod config;
 mod error;
 mod layout;
 mod state;
+mod unit_reducer;
 mod wrapper;
 
 pub use config::FsdpConfig;
 pub use error::FsdpError;
+pub use unit_reducer::FsdpStepStats;
 pub use wrapper::{FullyShardedDataParallel, ShardedGradients, ShardedParams};

@@ -4,16 +4,17 @@
 use super::config::FsdpConfig;
 use super::error::FsdpError;
 use super::layout::{Layout, Slot};
-use crate::ddp::model_sync::{
-    broadcast_bytes, broadcast_module, read_values, verify_same_model, write_values,
-};
+use super::unit_reducer::{FsdpStepStats, UnitReducer};
+use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
+use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-use ddp_comm::{ProcessGroup, ReduceOp};
+use ddp_comm::ProcessGroup;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// This rank's chunk of every unit, one flat tensor per unit: the module the optimizer steps.
 ///
@@ -26,6 +27,13 @@ pub struct ShardedParams<B: Backend> {
     chunks: Vec<Param<Tensor<B, 1>>>,
 }
 
+impl<B: Backend> ShardedParams<B> {
+    /// The chunks' ids, one per unit in order.
+    pub(super) fn ids(&self) -> Vec<ParamId> {
+        self.chunks.iter().map(|c| c.id).collect()
+    }
+}
+
 /// This rank's averaged gradient chunks, from [`FullyShardedDataParallel::backward`], for
 /// [`FullyShardedDataParallel::optimizer_step`].
 #[derive(Debug)]
@@ -35,6 +43,10 @@ pub struct ShardedGradients {
 }
 
 impl ShardedGradients {
+    pub(super) fn new(grads: GradientsParams, elements: usize) -> Self {
+        ShardedGradients { grads, elements }
+    }
+
     /// Bytes of the gradient chunks this rank holds (its `1/world` of every unit, padding
     /// included).
     pub fn bytes(&self) -> u64 {
@@ -57,7 +69,7 @@ impl ShardedGradients {
 ///
 /// See the [module docs](super) for what burn 0.21 allows (and does not) between forward and
 /// backward.
-pub struct FullyShardedDataParallel<B: AutodiffBackend, M: AutodiffModule<B>> {
+pub struct FullyShardedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     /// The model; its trainable parameters are empty placeholders except between `forward`
     /// and `backward`.
     pub(super) module: M,
@@ -65,16 +77,29 @@ pub struct FullyShardedDataParallel<B: AutodiffBackend, M: AutodiffModule<B>> {
     /// The unit prefixes, to lay out a module loaded from a checkpoint (its `ParamId`s).
     pub(super) prefixes: Vec<String>,
     pub(super) shards: Option<ShardedParams<B>>,
-    gathered: bool,
+    pub(super) gathered: bool,
     /// Which float tensors (in module order) are buffers (batch norm's running statistics):
     /// rank 0's travel to every rank after each backward, as DDP does.
-    buffers: Vec<bool>,
+    pub(super) buffers: Vec<bool>,
     pub(super) pg: ProcessGroup,
     pub(super) device: B::Device,
     poisoned: Option<String>,
+    /// Receives the tapped gradients and starts each unit's reduce-scatter during backward.
+    pub(super) reducer: Arc<UnitReducer>,
+    /// Per float tensor (module order): trainable, frozen or buffer, for the taps.
+    pub(super) kinds: Arc<Vec<ParamKind>>,
+    /// The taps of the forwards since the last backward.
+    pub(super) scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
+    /// Where to anchor the taps (DDP's automatic overlap), once learned.
+    pub(super) depth_plan: Option<Arc<DepthPlan>>,
+    /// Backwards so far: the taps of a forward carry it.
+    pub(super) generation: u64,
+    /// Whether the units' launch order was taken from rank 0's completion order.
+    pub(super) relaid: bool,
+    pub(super) last_stats: Option<FsdpStepStats>,
 }
 
-impl<B: AutodiffBackend, M: AutodiffModule<B>> std::fmt::Debug for FullyShardedDataParallel<B, M> {
+impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for FullyShardedDataParallel<B, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FullyShardedDataParallel")
             .field("rank", &self.pg.rank())
@@ -86,7 +111,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> std::fmt::Debug for FullyShardedD
     }
 }
 
-impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
+impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Shards `module` across the group: checks that every rank built the same model, takes
     /// rank 0's weights (as DDP does), keeps this rank's chunk of every unit and releases the
     /// rest. Collective: every rank calls it.
@@ -102,6 +127,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             .map(|k| k == ParamKind::Buffer)
             .collect();
         let device = trainable_device(&module, &layout).unwrap_or_default();
+        // Described again: the module now carries rank 0's parameter ids.
+        let table = ParamTable::describe::<B, M>(&module);
+        let reducer = Arc::new(UnitReducer::new(pg.clone(), &layout, &table));
         let (module, shards) = shard_module(module, &layout, world, rank, &device);
         tracing::debug!(
             units = layout.units.len(),
@@ -118,6 +146,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             pg,
             device,
             poisoned: None,
+            reducer,
+            kinds: Arc::new(table.kinds()),
+            scopes: Vec::new(),
+            depth_plan: None,
+            generation: 0,
+            relaid: false,
+            last_stats: None,
         })
     }
 
@@ -134,94 +169,20 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             });
             self.gathered = true;
         }
-        Ok(f(&self.module))
-    }
-
-    /// Back-propagates `loss`, releases the gathered parameters and reduce-scatters every
-    /// unit's gradient: the result holds this rank's chunk of the gradients, averaged over the
-    /// ranks. A unit this rank did not use contributes zeros.
-    pub fn backward(&mut self, loss: Tensor<B, 1>) -> Result<ShardedGradients, FsdpError> {
-        self.check()?;
-        if !self.gathered {
-            return Err(self.poison(FsdpError::NoForward));
-        }
-        let grads = loss.backward();
-        let mut flats: Vec<Vec<f32>> = self
-            .layout
-            .units
-            .iter()
-            .map(|u| vec![0.0; u.padded])
-            .collect();
-        let mut used = vec![0u8; self.layout.units.len()];
-        self.module.visit(&mut ReadGrads {
-            slots: &self.layout.slots,
-            grads: &grads,
-            flats: &mut flats,
-            used: &mut used,
-        });
-        drop(grads);
-        // Which units any rank used (DDP's rule: a parameter no rank used gets no gradient,
-        // so the optimizer leaves it and its state alone), and rank 0's buffers.
-        if self.pg.world_size() > 1
-            && let Err(source) = self.pg.all_reduce(&mut used, ReduceOp::Max)
-        {
-            return Err(self.poison(FsdpError::UsedUnits(source)));
-        }
-        if let Err(e) = self.sync_buffers() {
-            return Err(self.poison(FsdpError::BufferSync(e)));
-        }
-        self.release();
-        let world = self.pg.world_size();
-        let works: Vec<_> = flats
-            .into_iter()
-            .zip(&used)
-            .map(|(flat, &u)| (u > 0).then(|| self.pg.reduce_scatter_async(flat, ReduceOp::Avg)))
-            .collect();
-        let ids: Vec<ParamId> = match self.shards.as_ref() {
-            Some(shards) => shards.chunks.iter().map(|c| c.id).collect(),
-            None => return Err(self.poison(poisoned_shards())),
-        };
-        let mut out = GradientsParams::new();
-        let mut elements = 0;
-        for ((work, unit), id) in works.into_iter().zip(&self.layout.units).zip(ids) {
-            let Some(work) = work else { continue };
-            let mine = match work.wait() {
-                Ok(v) => v,
-                Err(source) => {
-                    return Err(self.poison(FsdpError::ReduceScatter {
-                        unit: unit.name.clone(),
-                        source,
-                    }));
-                }
-            };
-            debug_assert_eq!(mine.len(), unit.chunk(world));
-            elements += mine.len();
-            let len = mine.len();
-            let g =
-                Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(mine, [len]), &self.device);
-            out.register(id, g);
-        }
-        Ok(ShardedGradients {
-            grads: out,
-            elements,
-        })
-    }
-
-    /// Every rank takes rank 0's buffers (running statistics), as DDP does after backward.
-    fn sync_buffers(&mut self) -> Result<(), crate::DdpError> {
-        if !self.buffers.contains(&true) || self.pg.world_size() == 1 {
-            return Ok(());
-        }
-        let bytes = if self.pg.rank() == 0 {
-            read_values(&self.module, &self.buffers, false)
-        } else {
-            Vec::new()
-        };
-        let bytes = broadcast_bytes(&self.pg, bytes, 0)?;
-        if self.pg.rank() != 0 {
-            self.module = write_values(self.module.clone(), &self.buffers, false, &bytes)?;
-        }
-        Ok(())
+        // Taps on the gathered parameters hand their gradients to the unit reducer; created at
+        // each parameter's first use and anchored where the learned plan says (DDP's
+        // automatic overlap), so a unit's gradients are complete right after its backward.
+        let scope = Arc::new(
+            TapScope::new(self.reducer.clone(), self.generation)
+                .with_plan(self.depth_plan.clone(), self.scopes.len()),
+        );
+        let tapped = self.module.clone().map(&mut TapMapper::<B>::new(
+            self.kinds.clone(),
+            scope.clone(),
+            true,
+        ));
+        self.scopes.push(scope);
+        Ok(f(&tapped))
     }
 
     /// Steps this rank's chunks with `optim` (built for [`ShardedParams`]) at learning rate
@@ -234,8 +195,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     ) -> Result<(), FsdpError> {
         self.check()?;
         if self.gathered {
-            // A forward since the backward (evaluation, logging) holds the old values.
+            // A forward since the backward (evaluation, logging) holds the old values; its
+            // taps will never see a backward.
             self.release();
+            self.forget_forwards();
         }
         let Some(shards) = self.shards.take() else {
             return Err(self.poison(poisoned_shards()));
@@ -393,7 +356,7 @@ fn trainable_device<B: Backend, M: Module<B>>(module: &M, layout: &Layout) -> Op
     first.device
 }
 
-fn poisoned_shards() -> FsdpError {
+pub(super) fn poisoned_shards() -> FsdpError {
     FsdpError::Poisoned {
         first: "an optimizer step did not finish".into(),
     }
@@ -462,30 +425,5 @@ impl<B: Backend> ModuleMapper<B> for Install<'_, B::Device> {
         let value =
             Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device).require_grad();
         Param::from_mapped_value(id, value, mapper)
-    }
-}
-
-/// Copies each gathered parameter's local gradient into its unit's flat buffer.
-struct ReadGrads<'a, G> {
-    slots: &'a HashMap<ParamId, Slot>,
-    grads: &'a G,
-    flats: &'a mut [Vec<f32>],
-    /// Per unit: 1 once any of its parameters had a gradient.
-    used: &'a mut [u8],
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for ReadGrads<'_, B::Gradients> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(slot) = self.slots.get(&param.id) else {
-            return;
-        };
-        if let Some(g) = param.val().grad(self.grads) {
-            let values = g.into_data().into_vec::<f32>().unwrap_or_default();
-            if values.len() == slot.numel() {
-                self.flats[slot.unit][slot.offset..slot.offset + slot.numel()]
-                    .copy_from_slice(&values);
-                self.used[slot.unit] = 1;
-            }
-        }
     }
 }

@@ -469,3 +469,44 @@ fn tied_parameters_and_repeated_prefixes_are_refused_by_name() {
         "{repeated}"
     );
 }
+
+/// Reduce-scatters start during backward from the second step on (taps anchored as DDP's
+/// automatic overlap anchors them); the first step learns where, and all of them start at its
+/// end. The unit order is taken from rank 0 once: `extra` (the root unit) is never used here,
+/// so in the first order (the reverse of the units') it would hold back the others.
+#[test]
+fn units_reduce_scatter_while_backward_runs_from_the_second_step() {
+    let stats = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+        let mut stats = Vec::new();
+        for step in 0..4 {
+            let (x, y) = batch(&indices(step, 2, rank), &device);
+            let pred = fsdp.forward(|m| m.forward(x, false)).unwrap();
+            let grads = fsdp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+            stats.push(fsdp.last_step_stats().cloned().unwrap());
+        }
+        stats
+    });
+    for (r, s) in stats.iter().enumerate() {
+        assert!(s.iter().all(|s| s.units == 3), "rank {r}: {s:?}");
+        assert_eq!(
+            s[0].reduced_during_backward, 0,
+            "rank {r}: step 0 learns: {s:?}"
+        );
+        assert_eq!(s[0].anchored_taps, 0, "rank {r}: {s:?}");
+        for later in &s[2..] {
+            assert!(later.anchored_taps > 0, "rank {r}: {s:?}");
+            assert_eq!(
+                later.reduced_during_backward, 2,
+                "rank {r}: fc2 and fc1 start during backward, the unused root unit at its end: \
+                 {s:?}"
+            );
+        }
+    }
+}

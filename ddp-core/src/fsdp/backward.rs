@@ -1,0 +1,186 @@
+//! [`FullyShardedDataParallel::backward`]: backward with each unit's reduce-scatter started as
+//! soon as the unit's gradients are complete (`unit_reducer.rs`), then the averaged chunks.
+
+use super::error::FsdpError;
+use super::unit_reducer::FsdpStepStats;
+use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
+use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::ddp::tap::{DepthPlan, TapBackend};
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use ddp_comm::ReduceOp;
+use std::sync::Arc;
+
+impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
+    /// Back-propagates `loss`, releases the gathered parameters and reduce-scatters every
+    /// unit's gradient: the result holds this rank's chunk of the gradients, averaged over the
+    /// ranks. A unit's reduce-scatter starts during backward, as soon as every parameter of it
+    /// has its gradient and the units before it in the launch order have started (DDP's
+    /// automatic overlap: taps anchored from the second step on). A unit this rank did not
+    /// use contributes zeros; a unit no rank used gets no gradient.
+    pub fn backward(&mut self, loss: Tensor<B, 1>) -> Result<ShardedGradients, FsdpError> {
+        self.check()?;
+        if !self.gathered {
+            return Err(self.poison(FsdpError::NoForward));
+        }
+        self.reducer.begin(self.scopes.len(), self.generation);
+        let loss_depth = B::depth(&loss.clone().into_primitive().tensor());
+        let learn = self.depth_plan.is_none();
+        let root = if learn {
+            // Probes in every level learn where to anchor the taps from the next step on;
+            // zero times them leaves every gradient unchanged.
+            let probes = B::probe_chain(
+                &loss.clone().into_primitive().tensor(),
+                &self.scopes,
+                loss_depth,
+            );
+            let probes: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(probes));
+            loss + probes.mul_scalar(0.0)
+        } else {
+            loss
+        };
+        drop(root.backward());
+        let anchored: usize = self.scopes.iter().map(|s| s.anchored_taps()).sum();
+        if learn {
+            let plan = DepthPlan::learn(self.scopes.iter().map(|s| s.anchoring()), loss_depth);
+            self.depth_plan = Some(Arc::new(plan));
+        } else if let Some(plan) = self.depth_plan.as_ref()
+            && !plan.held(self.scopes.iter().map(|s| s.anchoring()), loss_depth)
+        {
+            // The graph changed: learn again on the next backward.
+            self.depth_plan = None;
+        }
+        self.forget_forwards();
+        let finished = match self.reducer.finish() {
+            Ok(f) => f,
+            Err(reason) => return Err(self.poison(FsdpError::Gradients(reason))),
+        };
+        // Which units any rank used (DDP's rule: a parameter no rank used gets no gradient),
+        // and one more flag: whether this rank's taps were anchored.
+        let units = self.layout.units.len();
+        let mut flags = finished.used;
+        flags.push(u8::from(anchored == 0));
+        if self.pg.world_size() > 1
+            && let Err(source) = self.pg.all_reduce(&mut flags, ReduceOp::Max)
+        {
+            return Err(self.poison(FsdpError::UsedUnits(source)));
+        }
+        let anchored_everywhere = flags.pop() == Some(0);
+        if anchored_everywhere
+            && !self.relaid
+            && let Err(e) = self.adopt_rank0_order(&finished.arrival)
+        {
+            return Err(self.poison(e));
+        }
+        if let Err(e) = self.sync_buffers() {
+            return Err(self.poison(FsdpError::BufferSync(e)));
+        }
+        self.release();
+        let world = self.pg.world_size();
+        let ids: Vec<ParamId> = match self.shards.as_ref() {
+            Some(shards) => shards.ids(),
+            None => return Err(self.poison(super::wrapper::poisoned_shards())),
+        };
+        let mut out = GradientsParams::new();
+        let mut elements = 0;
+        for (((work, unit), id), &used) in finished
+            .works
+            .into_iter()
+            .zip(&self.layout.units)
+            .zip(ids)
+            .zip(&flags)
+        {
+            let mine = match work.wait() {
+                Ok(v) => v,
+                Err(source) => {
+                    return Err(self.poison(FsdpError::ReduceScatter {
+                        unit: unit.name.clone(),
+                        source,
+                    }));
+                }
+            };
+            if used == 0 {
+                continue;
+            }
+            debug_assert_eq!(mine.len(), unit.chunk(world));
+            elements += mine.len();
+            let len = mine.len();
+            let g =
+                Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(mine, [len]), &self.device);
+            out.register(id, g);
+        }
+        self.last_stats = Some(FsdpStepStats {
+            units,
+            reduced_during_backward: finished.during_backward,
+            anchored_taps: anchored,
+        });
+        Ok(ShardedGradients::new(out, elements))
+    }
+
+    /// Forgets the taps of the forwards since the last backward; their gradients, should a
+    /// backward of theirs come later, are ignored.
+    pub(super) fn forget_forwards(&mut self) {
+        for scope in self.scopes.drain(..) {
+            scope.clear();
+        }
+        self.generation += 1;
+    }
+
+    /// Launch order from now on: the order rank 0's units completed in this backward (the
+    /// units that completed only at its end after them, in the current order). Once.
+    fn adopt_rank0_order(&mut self, arrival: &[usize]) -> Result<(), FsdpError> {
+        let units = self.layout.units.len();
+        let mut order: Vec<i64> = arrival.iter().map(|&u| u as i64).collect();
+        for u in self.reducer.order() {
+            if !arrival.contains(&u) {
+                order.push(u as i64);
+            }
+        }
+        if self.pg.world_size() > 1 {
+            self.pg
+                .broadcast(&mut order, 0)
+                .map_err(FsdpError::UsedUnits)?;
+        }
+        let mut seen = vec![false; units];
+        let valid = order.len() == units
+            && order.iter().all(|&u| {
+                usize::try_from(u)
+                    .ok()
+                    .filter(|&u| u < units)
+                    .is_some_and(|u| !std::mem::replace(&mut seen[u], true))
+            });
+        if !valid {
+            return Err(FsdpError::Gradients(
+                "rank 0 sent an invalid unit order".into(),
+            ));
+        }
+        self.reducer
+            .set_order(order.into_iter().map(|u| u as usize).collect());
+        self.relaid = true;
+        Ok(())
+    }
+
+    /// Every rank takes rank 0's buffers (running statistics), as DDP does after backward.
+    fn sync_buffers(&mut self) -> Result<(), crate::DdpError> {
+        if !self.buffers.contains(&true) || self.pg.world_size() == 1 {
+            return Ok(());
+        }
+        let bytes = if self.pg.rank() == 0 {
+            read_values(&self.module, &self.buffers, false)
+        } else {
+            Vec::new()
+        };
+        let bytes = broadcast_bytes(&self.pg, bytes, 0)?;
+        if self.pg.rank() != 0 {
+            self.module = write_values(self.module.clone(), &self.buffers, false, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// How the last `backward` went: how many units' reduce-scatters started while backward
+    /// ran. `None` before the first.
+    pub fn last_step_stats(&self) -> Option<&FsdpStepStats> {
+        self.last_stats.as_ref()
+    }
+}

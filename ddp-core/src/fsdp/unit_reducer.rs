@@ -1,0 +1,282 @@
+//! FSDP's reduce-scatters during backward: DDP's gradient taps hand each gathered parameter's
+//! gradient to [`UnitReducer`] as backward produces it; when every parameter of a unit has
+//! its gradient, the unit's reduce-scatter starts while backward goes on.
+//!
+//! All ranks must start the same collectives in the same order, whatever order their units
+//! complete in (a rank may not use a unit at all). So units launch in a fixed order: a unit
+//! starts only when it and every unit before it in the order are complete, and backward's end
+//! launches the rest (a unit this rank did not use sends zeros). The order starts as the
+//! reverse of the units' (backward usually reaches the last layers first) and, once, after the
+//! first backward whose taps were anchored on every rank, becomes the order rank 0's units
+//! completed in (every rank adopts it), as DDP lays its buckets out again.
+
+use super::layout::Layout;
+use crate::ddp::params::{ParamKind, ParamTable};
+use crate::ddp::tap::GradientSink;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use ddp_comm::{ProcessGroup, ReduceOp, Work};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Where a tapped parameter's gradient goes: its unit and its range in the unit's buffer.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    unit: usize,
+    offset: usize,
+    numel: usize,
+}
+
+/// How an FSDP backward went, from
+/// [`FullyShardedDataParallel::last_step_stats`](super::FullyShardedDataParallel::last_step_stats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FsdpStepStats {
+    /// Units (each one reduce-scatter).
+    pub units: usize,
+    /// Units whose reduce-scatter started while backward was still running (the others started
+    /// when it ended). 0 on the first step, which learns where to anchor the taps.
+    pub reduced_during_backward: usize,
+    /// Taps anchored at a learned depth (0 on the first step).
+    pub anchored_taps: usize,
+}
+
+/// One unit's reduce-scatter in flight (`None` until launched).
+pub(super) type Launched = Option<Work<Vec<f32>>>;
+
+/// What backward left: every unit's reduce-scatter, which units this rank used, the order
+/// units completed in on this rank, and how many launched before backward ended.
+pub(super) struct Finished {
+    pub(super) works: Vec<Work<Vec<f32>>>,
+    pub(super) used: Vec<u8>,
+    pub(super) arrival: Vec<usize>,
+    pub(super) during_backward: usize,
+}
+
+struct State {
+    armed: bool,
+    generation: u64,
+    /// Forwards made for this backward (tap events expected per parameter).
+    forwards: usize,
+    flats: Vec<Vec<f32>>,
+    /// Per parameter index: tap events still expected in this backward.
+    events_left: Vec<usize>,
+    /// Per unit: parameters still incomplete.
+    waiting: Vec<usize>,
+    used: Vec<u8>,
+    launched: Vec<Launched>,
+    next: usize,
+    arrival: Vec<usize>,
+    during_backward: usize,
+    /// The first failure (a gradient that could not be read); reported by `finish`.
+    error: Option<String>,
+}
+
+/// The [`GradientSink`] of FSDP's taps.
+pub(super) struct UnitReducer {
+    state: Mutex<State>,
+    /// Per parameter index (module order): where its gradient goes, `None` if not sharded.
+    targets: Vec<Option<Target>>,
+    /// Per unit: padded length, parameter count.
+    padded: Vec<usize>,
+    params: Vec<usize>,
+    /// Launch order of the units.
+    order: Mutex<Vec<usize>>,
+    pg: ProcessGroup,
+}
+
+impl UnitReducer {
+    /// A reducer for `layout`'s units; `table` describes the module the taps are put on.
+    pub(super) fn new<I: Backend>(
+        pg: ProcessGroup,
+        layout: &Layout,
+        table: &ParamTable<I>,
+    ) -> Self {
+        let targets: Vec<Option<Target>> = table
+            .entries
+            .iter()
+            .map(|e| {
+                let slot = layout.slots.get(&e.id)?;
+                (e.kind == ParamKind::Trainable).then(|| Target {
+                    unit: slot.unit,
+                    offset: slot.offset,
+                    numel: slot.numel(),
+                })
+            })
+            .collect();
+        let units = layout.units.len();
+        let mut params = vec![0; units];
+        for t in targets.iter().flatten() {
+            params[t.unit] += 1;
+        }
+        UnitReducer {
+            state: Mutex::new(State {
+                armed: false,
+                generation: 0,
+                forwards: 0,
+                flats: Vec::new(),
+                events_left: Vec::new(),
+                waiting: Vec::new(),
+                used: Vec::new(),
+                launched: Vec::new(),
+                next: 0,
+                arrival: Vec::new(),
+                during_backward: 0,
+                error: None,
+            }),
+            targets,
+            padded: layout.units.iter().map(|u| u.padded).collect(),
+            params,
+            order: Mutex::new((0..units).rev().collect()),
+            pg,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Arms the reducer for a backward over `forwards` forwards of generation `generation`.
+    pub(super) fn begin(&self, forwards: usize, generation: u64) {
+        let mut s = self.lock();
+        s.armed = true;
+        s.generation = generation;
+        s.forwards = forwards;
+        s.flats = self.padded.iter().map(|&n| vec![0.0; n]).collect();
+        s.events_left = self
+            .targets
+            .iter()
+            .map(|t| if t.is_some() { forwards } else { 0 })
+            .collect();
+        s.waiting = self.params.clone();
+        s.used = vec![0; self.padded.len()];
+        s.launched = self.padded.iter().map(|_| None).collect();
+        s.next = 0;
+        s.arrival.clear();
+        s.during_backward = 0;
+        s.error = None;
+    }
+
+    /// Launches every unit not launched yet (in order) and hands back what backward left.
+    ///
+    /// # Errors
+    /// A gradient that could not be read during backward (its message).
+    pub(super) fn finish(&self) -> Result<Finished, String> {
+        let mut s = self.lock();
+        s.armed = false;
+        let order = self
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        while s.next < order.len() {
+            let u = order[s.next];
+            self.launch(&mut s, u);
+            s.next += 1;
+        }
+        let works = s
+            .launched
+            .iter_mut()
+            .map(|w| {
+                w.take()
+                    .ok_or_else(|| "a unit was never launched".to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(e) = s.error.take() {
+            return Err(e);
+        }
+        Ok(Finished {
+            works,
+            used: std::mem::take(&mut s.used),
+            arrival: std::mem::take(&mut s.arrival),
+            during_backward: s.during_backward,
+        })
+    }
+
+    /// The launch order of the units.
+    pub(super) fn order(&self) -> Vec<usize> {
+        self.order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Adopts `order` (a permutation of the units) as the launch order.
+    pub(super) fn set_order(&self, order: Vec<usize>) {
+        *self.order.lock().unwrap_or_else(PoisonError::into_inner) = order;
+    }
+
+    fn launch(&self, s: &mut State, unit: usize) {
+        let flat = std::mem::take(&mut s.flats[unit]);
+        s.launched[unit] = Some(self.pg.reduce_scatter_async(flat, ReduceOp::Avg));
+    }
+
+    /// Launches, in order, every complete unit whose predecessors are launched.
+    fn launch_ready(&self, s: &mut State) {
+        let order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.next < order.len() && s.waiting[order[s.next]] == 0 {
+            let u = order[s.next];
+            self.launch(s, u);
+            s.next += 1;
+            s.during_backward += 1;
+        }
+    }
+}
+
+impl<I: Backend> GradientSink<I> for UnitReducer {
+    fn on_gradient(&self, param_index: usize, generation: u64, grad: FloatTensor<I>) {
+        let Some(Some(t)) = self.targets.get(param_index).copied() else {
+            return;
+        };
+        // Read on the backward thread, outside the lock (a GPU read waits for the device).
+        let values = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
+            Some(Ok(d)) => d.into_vec::<f32>().map_err(|e| format!("{e:?}")),
+            Some(Err(e)) => Err(format!("{e:?}")),
+            None => Err("this platform cannot block on a device read".into()),
+        };
+        let mut s = self.lock();
+        if !s.armed || s.generation != generation {
+            // A backward outside `FullyShardedDataParallel::backward`, or of an old forward.
+            return;
+        }
+        let values = match values {
+            Ok(v) if v.len() == t.numel => v,
+            Ok(v) => {
+                s.error.get_or_insert(format!(
+                    "a gradient has {} elements, its parameter {}",
+                    v.len(),
+                    t.numel
+                ));
+                return;
+            }
+            Err(e) => {
+                s.error
+                    .get_or_insert(format!("reading a gradient from the device: {e}"));
+                return;
+            }
+        };
+        let first = s.events_left[param_index] == s.forwards;
+        let Some(flat) = s.flats[t.unit].get_mut(t.offset..t.offset + t.numel) else {
+            s.error
+                .get_or_insert("a gradient arrived after its unit's reduce-scatter began".into());
+            return;
+        };
+        if first {
+            // The first event of this parameter: its gradient as is (no `0.0 + g`).
+            flat.copy_from_slice(&values);
+        } else {
+            for (acc, v) in flat.iter_mut().zip(values) {
+                *acc += v;
+            }
+        }
+        s.used[t.unit] = 1;
+        let left = &mut s.events_left[param_index];
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            s.waiting[t.unit] -= 1;
+            if s.waiting[t.unit] == 0 {
+                s.arrival.push(t.unit);
+                self.launch_ready(&mut s);
+            }
+        }
+    }
+}
