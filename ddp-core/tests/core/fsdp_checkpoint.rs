@@ -1,7 +1,7 @@
 //! FSDP checkpoints: saved at world 4 (each rank its shard, optimizer state per parameter),
 //! resumed at 4 (bitwise as an uninterrupted run), 2 and 3 (the same run within the rounding
-//! of the averaging), and by plain DDP; a SIGKILL at each phase of the write keeps the
-//! previous checkpoint.
+//! of the averaging), by plain DDP, and as a rank-0 full checkpoint after `convert_to_full`; a
+//! SIGKILL at each phase of the write keeps the previous checkpoint.
 use crate::common::*;
 use crate::fsdp::{GLOBAL_BATCH, HIDDEN, SEED, indices, units};
 use burn::backend::Flex;
@@ -9,9 +9,10 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{Adam, AdamConfig, SgdConfig, SimpleOptimizer};
-use ddp_core::checkpoint::sharded::{SHARDED_CRASH_POINTS, ShardedCheckpointer};
+use ddp_core::checkpoint::sharded::{SHARDED_CRASH_POINTS, ShardedCheckpointer, convert_to_full};
 use ddp_core::checkpoint::{
-    CheckpointConfig, LATEST_FILE, LoadOutcome, TEST_CRASH_AT_ENV, TrainingState, checkpoint_name,
+    CheckpointConfig, FullCheckpointer, LATEST_FILE, LoadOutcome, TEST_CRASH_AT_ENV, TrainingState,
+    checkpoint_name,
 };
 use ddp_core::comm::ProcessGroup;
 use ddp_core::fsdp::{FullyShardedDataParallel, ShardedParams};
@@ -25,6 +26,7 @@ const STEPS: usize = 6;
 
 type Fsdp = FullyShardedDataParallel<B, Mlp<B>>;
 type ChunkAdam = OptimizerAdaptor<Adam, ShardedParams<B>, B>;
+type MlpAdam = OptimizerAdaptor<Adam, Mlp<B>, B>;
 
 fn checkpointer(dir: &Path, pg: &ProcessGroup) -> ShardedCheckpointer {
     ShardedCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer")
@@ -149,6 +151,42 @@ fn saved_at_world_4_resumes_at_4_2_and_3_and_under_ddp() {
     });
     let diff = max_scaled_diff(&ddp[0], &reference);
     assert!(diff < 1e-5, "DDP from the FSDP checkpoint: {diff}");
+
+    // And as a rank-0 full checkpoint: the same model and Adam state, so the same run.
+    let full_dir = tempfile::tempdir().expect("tempdir");
+    let name = checkpoint_name(SAVE_AT as u64);
+    convert_to_full::<B, Mlp<B>, MlpAdam, _>(
+        dir.path(),
+        &name,
+        full_dir.path(),
+        &Default::default(),
+    )
+    .expect("convert");
+    let from_full = run_ranks(1, |pg| {
+        let device = Default::default();
+        let (mut model, mut adam) = (other(), AdamConfig::new().init::<B, Mlp<B>>());
+        let outcome = FullCheckpointer::new(CheckpointConfig::new(full_dir.path()), pg.clone())
+            .expect("full checkpointer")
+            .load_latest(&device, &mut model, &mut adam)
+            .expect("load the converted checkpoint");
+        assert_eq!(step_of(outcome).1, SAVE_AT as u64);
+        let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).unwrap();
+        for step in SAVE_AT..STEPS {
+            let (x, y) = batch(&indices(step, 1, 0), &device);
+            let pred = ddp.forward(|m| m.forward(x, step % 2 == 1)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            ddp.optimizer_step(&mut adam, LR, grads);
+        }
+        flat_params(ddp.module())
+    })
+    .remove(0);
+    let diff = max_scaled_diff(&from_full, &reference);
+    assert!(
+        diff < 1e-5,
+        "world 1 from the converted full checkpoint: {diff}"
+    );
 }
 
 /// SGD's state (an optional velocity) reshards as Adam's does: saved at 2, resumed at 2
