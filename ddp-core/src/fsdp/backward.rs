@@ -138,9 +138,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             }
         }
         if self.pg.world_size() > 1 {
-            self.pg
-                .broadcast(&mut order, 0)
-                .map_err(FsdpError::UsedUnits)?;
+            self.pg.broadcast(&mut order, 0).map_err(|e| {
+                FsdpError::Gradients(format!("broadcasting rank 0's unit order: {e}"))
+            })?;
         }
         let mut seen = vec![false; units];
         let valid = order.len() == units

@@ -91,7 +91,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
                          must have stepped the same units",
                         parts.len()
                     )),
-                    Some(parts) => state::join(&parts, unit.padded).map(Some),
+                    Some(parts) => {
+                        state::join(&parts, &vec![unit.chunk(world); world], unit.padded).map(Some)
+                    }
                 })
                 .map_err(fail);
             match joined {
@@ -145,8 +147,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     ///
     /// # Errors
     /// [`FsdpError::Checkpoint`] when the checkpoint does not fit the model or cannot be
-    /// read, [`FsdpError::CheckpointState`], the collectives' errors. On error the wrapper and
-    /// `optim` are unchanged on every rank.
+    /// read, [`FsdpError::CheckpointState`], the collectives' errors. When the checkpoint
+    /// cannot be used, the wrapper and `optim` are unchanged on every rank; a failed
+    /// collective (gathering the parameters) makes the wrapper unusable, as in training.
     pub fn load_checkpoint<O: SimpleOptimizer<B::InnerBackend>>(
         &mut self,
         checkpointer: &ShardedCheckpointer,
@@ -196,7 +199,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
                 .and_then(|parts| {
                     parts
                         .map(|parts| {
-                            let whole = state::join(&parts, unit.padded)?;
+                            let sizes: Vec<usize> = slots.iter().map(|(_, s)| s.numel()).collect();
+                            let whole = state::join(&parts, &sizes, unit.padded)?;
                             let v = state::cut(&whole, rank * c..(rank + 1) * c, &[c])?;
                             state::decode::<B, AdaptorRecord<O, B>>(v, &self.device)
                         })
@@ -225,6 +229,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         self.module = module;
         self.layout = layout;
         self.shards = Some(shards);
+        // A forward made before the load (evaluation) is gone with the old parameters.
+        self.gathered = false;
+        self.forget_forwards();
+        self.last_stats = None;
         *optim = optim.clone().load_record(chunks);
         Ok(outcome)
     }

@@ -50,19 +50,26 @@ pub(super) fn unparse(value: &Value) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Joins `parts` (the same record over consecutive pieces of a flat buffer, in order) into
-/// one record over `len` elements: each tensor is the parts' tensors flattened end to end,
-/// then cut or padded with zeros to `len`, as a 1-D tensor.
-pub(super) fn join(parts: &[Value], len: usize) -> Result<Value, String> {
-    if parts.is_empty() {
+/// Joins `parts` (the same record over consecutive pieces of a flat buffer, in order, part `i`
+/// over `sizes[i]` elements) into one record over `len` elements: each tensor is the parts'
+/// tensors flattened end to end, then padded with zeros to `len`, as a 1-D tensor. A tensor
+/// of another size than its part's is an error: that state is not one value per element.
+pub(super) fn join(parts: &[Value], sizes: &[usize], len: usize) -> Result<Value, String> {
+    if parts.is_empty() || parts.len() != sizes.len() {
         return Err("no optimizer state to join".into());
+    }
+    if sizes.iter().sum::<usize>() > len {
+        return Err(format!(
+            "the pieces hold {} elements, more than the {len} of the buffer",
+            sizes.iter().sum::<usize>()
+        ));
     }
     // Parameters of a unit have tensors of different ranks (a weight's 2, a bias's 1).
     let parts = parts
         .iter()
         .map(|p| with_rank(p.clone(), 1))
         .collect::<Result<Vec<_>, _>>()?;
-    join_at(&parts, len, "")
+    join_at(&parts, sizes, len, "")
 }
 
 /// The record for elements `range` of `whole`'s (1-D or flattened) tensors, shaped `shape`.
@@ -123,14 +130,24 @@ fn element_size(bytes: &[u8], shape: &[usize], at: &str) -> Result<usize, String
     Ok(bytes.len() / n)
 }
 
-fn join_at(parts: &[Value], len: usize, at: &str) -> Result<Value, String> {
+fn join_at(parts: &[Value], sizes: &[usize], len: usize, at: &str) -> Result<Value, String> {
     let first = &parts[0];
     if tensor_fields(first).is_some() {
         let mut out = Vec::new();
         let mut size = None;
-        for p in parts {
+        for (p, &expected) in parts.iter().zip(sizes) {
             let (bytes, shape) = tensor_fields(p)
                 .ok_or_else(|| format!("the pieces' optimizer states differ at '{at}'"))?;
+            let n: usize = shape.iter().product();
+            if n != expected {
+                return Err(format!(
+                    "the optimizer state tensor at '{at}' has {n} elements for a piece of \
+                     {expected}: it is not one value per element, which FSDP needs"
+                ));
+            }
+            if n == 0 {
+                continue;
+            }
             let s = element_size(bytes, &shape, at)?;
             if *size.get_or_insert(s) != s {
                 return Err(format!(
@@ -156,7 +173,7 @@ fn join_at(parts: &[Value], len: usize, at: &str) -> Result<Value, String> {
                         _ => Err(format!("the pieces' optimizer states differ at '{name}'")),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                joined.push((k.clone(), join_at(&column, len, &name)?));
+                joined.push((k.clone(), join_at(&column, sizes, len, &name)?));
             }
             Ok(Value::Map(joined))
         }
@@ -171,7 +188,7 @@ fn join_at(parts: &[Value], len: usize, at: &str) -> Result<Value, String> {
                         _ => Err(format!("the pieces' optimizer states differ at '{name}'")),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                joined.push(join_at(&column, len, &name)?);
+                joined.push(join_at(&column, sizes, len, &name)?);
             }
             Ok(Value::Array(joined))
         }
@@ -190,6 +207,9 @@ fn join_at(parts: &[Value], len: usize, at: &str) -> Result<Value, String> {
 
 fn cut_at(v: &Value, range: &Range<usize>, shape: &[usize]) -> Result<Value, String> {
     if let Some((bytes, old_shape)) = tensor_fields(v) {
+        if range.is_empty() {
+            return Ok(with_tensor(v, Vec::new(), shape));
+        }
         let size = element_size(bytes, &old_shape, "a tensor")?;
         let piece = bytes
             .get(range.start * size..range.end * size)
@@ -246,4 +266,58 @@ fn with_rank(record: Value, rank: usize) -> Result<Value, String> {
     }
     *variant = Value::Text(format!("Rank{rank}"));
     Ok(Value::Map(outer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An optimizer record as burn's adaptor serialises it: one tensor and a step count.
+    fn record(rank: usize, values: &[f32], shape: &[usize], time: i64) -> Value {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Value::Map(vec![
+            (Value::Text("bytes".into()), Value::Bytes(bytes)),
+            (
+                Value::Text("shape".into()),
+                Value::Array(shape.iter().map(|&d| Value::Integer(d.into())).collect()),
+            ),
+            (Value::Text("dtype".into()), Value::Text("F32".into())),
+        ]);
+        let state = Value::Map(vec![
+            (Value::Text("moment".into()), tensor),
+            (Value::Text("time".into()), Value::Integer(time.into())),
+        ]);
+        let variant = Value::Map(vec![(Value::Text(format!("Rank{rank}")), state)]);
+        Value::Map(vec![(Value::Text("V1".into()), variant)])
+    }
+
+    #[test]
+    fn chunks_join_and_cut_into_parameters_and_back() {
+        // Two ranks' chunks of a 5-element unit padded to 6: a 2x2 weight, then a bias of 1.
+        let chunks = [
+            record(1, &[1.0, 2.0, 3.0], &[3], 7),
+            record(1, &[4.0, 5.0, 0.0], &[3], 7),
+        ];
+        let whole = join(&chunks, &[3, 3], 6).unwrap();
+        let weight = cut(&whole, 0..4, &[2, 2]).unwrap();
+        let bias = cut(&whole, 4..5, &[1]).unwrap();
+        assert_eq!(weight, record(2, &[1.0, 2.0, 3.0, 4.0], &[2, 2], 7));
+        assert_eq!(bias, record(1, &[5.0], &[1], 7));
+        // Back, at 3 ranks: 5 elements padded to 6, 2 per rank.
+        let whole = join(&[weight, bias], &[4, 1], 6).unwrap();
+        assert_eq!(
+            cut(&whole, 4..6, &[2]).unwrap(),
+            record(1, &[5.0, 0.0], &[2], 7)
+        );
+    }
+
+    #[test]
+    fn state_that_is_not_per_element_is_an_error() {
+        let chunks = [record(1, &[1.0], &[1], 7), record(1, &[2.0], &[1], 7)];
+        let err = join(&chunks, &[3, 3], 6).unwrap_err();
+        assert!(err.contains("not one value per element"), "{err}");
+        let steps = [record(1, &[1.0], &[1], 7), record(1, &[2.0], &[1], 8)];
+        let err = join(&steps, &[1, 1], 2).unwrap_err();
+        assert!(err.contains("not the same on every rank"), "{err}");
+    }
 }

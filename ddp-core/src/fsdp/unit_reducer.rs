@@ -34,7 +34,8 @@ pub struct FsdpStepStats {
     /// Units (each one reduce-scatter).
     pub units: usize,
     /// Units whose reduce-scatter started while backward was still running (the others started
-    /// when it ended). 0 on the first step, which learns where to anchor the taps.
+    /// when it ended). Few or none on the first step, which learns where to anchor the taps
+    /// (its taps fire at the end of backward).
     pub reduced_during_backward: usize,
     /// Taps anchored at a learned depth (0 on the first step).
     pub anchored_taps: usize,
@@ -236,6 +237,11 @@ impl<I: Backend> GradientSink<I> for UnitReducer {
         let mut s = self.lock();
         if !s.armed || s.generation != generation {
             // A backward outside `FullyShardedDataParallel::backward`, or of an old forward.
+            return;
+        }
+        if s.events_left[param_index] == 0 {
+            s.error
+                .get_or_insert("more gradients for a parameter than forwards made".into());
             return;
         }
         let values = match values {

@@ -232,6 +232,26 @@ fn sgd_momentum_state_reshards_too() {
     assert!(diff < 1e-5, "world 1: {diff}");
 }
 
+/// A forward made before the load (an evaluation) must not survive it: the next step gathers
+/// the loaded parameters.
+#[test]
+fn a_load_after_an_evaluation_forward_trains_on_the_loaded_weights() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reference = uninterrupted(Some(dir.path()));
+    let resumed = run_ranks(4, |pg| {
+        let (mut f, mut adam) = fsdp(other(), &pg);
+        let device = Default::default();
+        let (x, _) = batch(&indices(0, 4, pg.rank()), &device);
+        let _ = f.forward(|m| m.forward(x, false)).unwrap();
+        f.load_checkpoint(&checkpointer(dir.path(), &pg), &mut adam)
+            .expect("load");
+        train(&mut f, &mut adam, SAVE_AT..STEPS);
+        flat_params(&f.full_module().unwrap())
+    })
+    .remove(0);
+    assert_eq!(resumed, reference, "bitwise the uninterrupted run");
+}
+
 #[test]
 fn no_checkpoint_is_a_fresh_start_that_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");

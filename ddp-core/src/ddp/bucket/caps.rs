@@ -18,7 +18,7 @@ impl BucketCaps {
     /// complete only when backward ends, and it holds nearly everything (PyTorch's 25 MiB cap
     /// puts all of a 6M-parameter MLP in one bucket). So the cap is lowered to `1/min_buckets`
     /// of the model's bytes, but not below [`SMALLEST_SPLIT_BYTES`]: no bucket holds more than
-    /// that share unless one parameter alone is larger. The first cap never exceeds the others.
+    /// that share unless one parameter alone is larger; the first cap is lowered with them.
     /// Large models keep the configured caps; `min_buckets` 1 keeps them always.
     pub(crate) fn for_model(
         first_cap_bytes: usize,

@@ -121,8 +121,8 @@ pub(crate) struct Reducer<I: Backend> {
 
 impl<I: Backend> Reducer<I> {
     /// A reducer for `table`'s trainable parameters; `pg` is `None` at world size 1.
-    /// `configured` are the configured caps, lowered so that the model forms at least
-    /// `min_buckets` buckets ([`BucketCaps::for_model`]).
+    /// `configured` are the configured caps, lowered to `1/min_buckets` of the model's
+    /// gradient bytes for small models ([`BucketCaps::for_model`]).
     pub(crate) fn new(
         table: &ParamTable<I>,
         reduction: Arc<dyn BucketReduction<I>>,
