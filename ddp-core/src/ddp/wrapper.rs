@@ -9,13 +9,13 @@ use crate::ddp::hooks::CommHook;
 use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
 use crate::ddp::reducer::{BucketReduction, Reducer};
-use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
+use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope, with_probes};
 use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 use ddp_comm::ProcessGroup;
 use std::sync::Arc;
 use std::time::Instant;
@@ -351,14 +351,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let loss_depth = B::depth(&loss.clone().into_primitive().tensor());
         let learn = lazy && self.depth_plan.is_none();
         let root = if learn {
-            let probes = B::probe_chain(
-                &loss.clone().into_primitive().tensor(),
-                &self.scopes,
-                loss_depth,
-            );
-            let probes: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(probes));
             // Zero times the probes: the loss's gradient, and so every other, is unchanged.
-            loss + probes.mul_scalar(0.0).reshape([1usize; D])
+            with_probes(loss, &self.scopes, loss_depth)
         } else {
             loss
         };

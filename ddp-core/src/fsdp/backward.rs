@@ -5,10 +5,10 @@ use super::error::FsdpError;
 use super::unit_reducer::FsdpStepStats;
 use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::ddp::tap::{DepthPlan, TapBackend};
+use crate::ddp::tap::{DepthPlan, TapBackend, with_probes};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Tensor, TensorData};
 use ddp_comm::ReduceOp;
 use std::sync::Arc;
 
@@ -30,13 +30,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         let root = if learn {
             // Probes in every level learn where to anchor the taps from the next step on;
             // zero times them leaves every gradient unchanged.
-            let probes = B::probe_chain(
-                &loss.clone().into_primitive().tensor(),
-                &self.scopes,
-                loss_depth,
-            );
-            let probes: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(probes));
-            loss + probes.mul_scalar(0.0)
+            with_probes(loss, &self.scopes, loss_depth)
         } else {
             loss
         };

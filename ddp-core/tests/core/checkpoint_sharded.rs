@@ -13,14 +13,13 @@ use ddp_core::checkpoint::sharded::{
 };
 use ddp_core::checkpoint::{
     CheckpointConfig, CheckpointError, FullCheckpointer, InvalidReason, LATEST_FILE, LoadOutcome,
-    TEST_CRASH_AT_ENV, TrainingState, checkpoint_name,
+    TrainingState, checkpoint_name,
 };
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     checkpoint::sharded::{ShardedCheckpointError, ShardedCheckpointer},
     zero::ZeroRedundancyOptimizer,
 };
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
 const HIDDEN: usize = 16;
@@ -465,7 +464,6 @@ fn sharded_crash_child() {
 
 #[test]
 fn a_sigkill_before_the_commit_keeps_the_previous_checkpoint() {
-    let exe = std::env::current_exe().expect("test binary");
     for point in SHARDED_CRASH_POINTS {
         let dir = tempfile::tempdir().expect("tempdir");
         let at_1 = run_ranks(2, |pg| {
@@ -478,24 +476,11 @@ fn a_sigkill_before_the_commit_keeps_the_previous_checkpoint() {
             flat_params(ddp.module())
         })
         .remove(0);
-        let out = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "checkpoint_sharded::sharded_crash_child",
-                "--ignored",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_DIR_ENV, dir.path())
-            .env(TEST_CRASH_AT_ENV, point)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run the child");
-        assert_eq!(
-            out.status.signal(),
-            Some(libc::SIGKILL),
-            "{point}: the child was not killed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::checkpoint_common::run_child_killed_at(
+            "checkpoint_sharded::sharded_crash_child",
+            CHILD_DIR_ENV,
+            dir.path(),
+            point,
         );
         let committed = *point == "sharded-after-rename";
         let latest = std::fs::read_to_string(dir.path().join(LATEST_FILE)).expect("latest");

@@ -11,13 +11,11 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{Adam, AdamConfig, SgdConfig, SimpleOptimizer};
 use ddp_core::checkpoint::sharded::{SHARDED_CRASH_POINTS, ShardedCheckpointer, convert_to_full};
 use ddp_core::checkpoint::{
-    CheckpointConfig, FullCheckpointer, LATEST_FILE, LoadOutcome, TEST_CRASH_AT_ENV, TrainingState,
-    checkpoint_name,
+    CheckpointConfig, FullCheckpointer, LATEST_FILE, LoadOutcome, TrainingState, checkpoint_name,
 };
 use ddp_core::comm::ProcessGroup;
 use ddp_core::fsdp::{FullyShardedDataParallel, ShardedParams};
 use ddp_core::{DdpConfig, DistributedDataParallel};
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
 const LR: f64 = 0.01;
@@ -56,6 +54,23 @@ fn train<O: SimpleOptimizer<Flex>>(
             .unwrap();
         fsdp.optimizer_step(adam, LR, grads).unwrap();
     }
+}
+
+/// Plain DDP + Adam from a loaded model and state, trained from `SAVE_AT` to `STEPS`, as
+/// `train` trains FSDP; rank 0's parameters at the end.
+fn ddp_from_save(model: Mlp<B>, mut adam: MlpAdam, pg: &ProcessGroup) -> Vec<f32> {
+    let device = Default::default();
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).unwrap();
+    for step in SAVE_AT..STEPS {
+        let (x, y) = batch(&indices(step, world, rank), &device);
+        let pred = ddp.forward(|m| m.forward(x, step % 2 == 1)).unwrap();
+        let grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        ddp.optimizer_step(&mut adam, LR, grads);
+    }
+    flat_params(ddp.module())
 }
 
 fn step_of(outcome: LoadOutcome) -> (usize, u64) {
@@ -137,17 +152,7 @@ fn saved_at_world_4_resumes_at_4_2_and_3_and_under_ddp() {
             .load_latest(&device, &mut model, &mut adam)
             .expect("load under DDP");
         assert_eq!(step_of(outcome), (4, SAVE_AT as u64));
-        let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).unwrap();
-        let rank = pg.rank();
-        for step in SAVE_AT..STEPS {
-            let (x, y) = batch(&indices(step, 2, rank), &device);
-            let pred = ddp.forward(|m| m.forward(x, step % 2 == 1)).unwrap();
-            let grads = ddp
-                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
-                .unwrap();
-            ddp.optimizer_step(&mut adam, LR, grads);
-        }
-        flat_params(ddp.module())
+        ddp_from_save(model, adam, &pg)
     });
     let diff = max_scaled_diff(&ddp[0], &reference);
     assert!(diff < 1e-5, "DDP from the FSDP checkpoint: {diff}");
@@ -170,16 +175,7 @@ fn saved_at_world_4_resumes_at_4_2_and_3_and_under_ddp() {
             .load_latest(&device, &mut model, &mut adam)
             .expect("load the converted checkpoint");
         assert_eq!(step_of(outcome).1, SAVE_AT as u64);
-        let mut ddp = DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).unwrap();
-        for step in SAVE_AT..STEPS {
-            let (x, y) = batch(&indices(step, 1, 0), &device);
-            let pred = ddp.forward(|m| m.forward(x, step % 2 == 1)).unwrap();
-            let grads = ddp
-                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
-                .unwrap();
-            ddp.optimizer_step(&mut adam, LR, grads);
-        }
-        flat_params(ddp.module())
+        ddp_from_save(model, adam, &pg)
     })
     .remove(0);
     let diff = max_scaled_diff(&from_full, &reference);
@@ -292,7 +288,6 @@ fn fsdp_crash_child() {
 
 #[test]
 fn a_sigkill_at_each_phase_of_an_fsdp_save_keeps_the_previous_checkpoint() {
-    let exe = std::env::current_exe().expect("test binary");
     for point in SHARDED_CRASH_POINTS {
         let dir = tempfile::tempdir().expect("tempdir");
         let at_1 = run_ranks(2, |pg| {
@@ -307,24 +302,11 @@ fn a_sigkill_at_each_phase_of_an_fsdp_save_keeps_the_previous_checkpoint() {
             flat_params(&f.full_module().unwrap())
         })
         .remove(0);
-        let out = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "fsdp_checkpoint::fsdp_crash_child",
-                "--ignored",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_DIR_ENV, dir.path())
-            .env(TEST_CRASH_AT_ENV, point)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run the child");
-        assert_eq!(
-            out.status.signal(),
-            Some(libc::SIGKILL),
-            "{point}: the child was not killed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::checkpoint_common::run_child_killed_at(
+            "fsdp_checkpoint::fsdp_crash_child",
+            CHILD_DIR_ENV,
+            dir.path(),
+            point,
         );
         let committed = *point == "sharded-after-rename";
         let latest = std::fs::read_to_string(dir.path().join(LATEST_FILE)).expect("latest");

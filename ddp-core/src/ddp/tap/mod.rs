@@ -166,6 +166,20 @@ impl<I: Backend> TapScope<I> {
     }
 }
 
+/// `loss` plus zero times a probe chain down from `loss_depth` (see
+/// [`TapOps::probe_chain`](sealed::TapOps::probe_chain)): the same loss and gradients, with
+/// probes that note, level by level, which of `scopes`' taps are complete, so that
+/// [`DepthPlan::learn`] can learn where to anchor them.
+pub(crate) fn with_probes<B: TapBackend, const D: usize>(
+    loss: Tensor<B, D>,
+    scopes: &[Arc<TapScope<B::InnerBackend>>],
+    loss_depth: usize,
+) -> Tensor<B, D> {
+    let probes = B::probe_chain(&loss.clone().into_primitive().tensor(), scopes, loss_depth);
+    let probes: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(probes));
+    loss + probes.mul_scalar(0.0).reshape([1usize; D])
+}
+
 /// Backends on which DDP can tap gradients: every `Autodiff<B, C>`. Name it in bounds
 /// (`fn train<B: TapBackend>(..)`); its operations are DDP's own.
 pub trait TapBackend: AutodiffBackend + sealed::TapOps {}

@@ -248,3 +248,24 @@ pub fn entries_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Runs this test binary's ignored test `child` (a module path such as
+/// `checkpoint_sharded::sharded_crash_child`) with `dir_env` set to `dir` and the checkpoint
+/// crash point `point` armed, and checks that the crash point killed it.
+pub fn run_child_killed_at(child: &str, dir_env: &str, dir: &Path, point: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(&exe)
+        .args(["--exact", child, "--ignored", "--test-threads", "1"])
+        .env(dir_env, dir)
+        .env(ddp_core::checkpoint::TEST_CRASH_AT_ENV, point)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run the child");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "{point}: the child was not killed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
