@@ -70,6 +70,8 @@ struct State {
     during_backward: usize,
     /// The first failure (a gradient that could not be read); reported by `finish`.
     error: Option<String>,
+    /// Launch order of the units.
+    order: Vec<usize>,
 }
 
 /// The [`GradientSink`] of FSDP's taps.
@@ -80,8 +82,6 @@ pub(super) struct UnitReducer {
     /// Per unit: padded length, parameter count.
     padded: Vec<usize>,
     params: Vec<usize>,
-    /// Launch order of the units.
-    order: Mutex<Vec<usize>>,
     pg: ProcessGroup,
 }
 
@@ -123,11 +123,11 @@ impl UnitReducer {
                 arrival: Vec::new(),
                 during_backward: 0,
                 error: None,
+                order: (0..units).rev().collect(),
             }),
             targets,
             padded: layout.units.iter().map(|u| u.padded).collect(),
             params,
-            order: Mutex::new((0..units).rev().collect()),
             pg,
         }
     }
@@ -164,16 +164,7 @@ impl UnitReducer {
     pub(super) fn finish(&self) -> Result<Finished, String> {
         let mut s = self.lock();
         s.armed = false;
-        let order = self
-            .order
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        while s.next < order.len() {
-            let u = order[s.next];
-            self.launch(&mut s, u);
-            s.next += 1;
-        }
+        self.launch_in_order(&mut s, false);
         let works = s
             .launched
             .iter_mut()
@@ -195,15 +186,12 @@ impl UnitReducer {
 
     /// The launch order of the units.
     pub(super) fn order(&self) -> Vec<usize> {
-        self.order
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lock().order.clone()
     }
 
     /// Adopts `order` (a permutation of the units) as the launch order.
     pub(super) fn set_order(&self, order: Vec<usize>) {
-        *self.order.lock().unwrap_or_else(PoisonError::into_inner) = order;
+        self.lock().order = order;
     }
 
     fn launch(&self, s: &mut State, unit: usize) {
@@ -211,14 +199,18 @@ impl UnitReducer {
         s.launched[unit] = Some(self.pg.reduce_scatter_async(flat, ReduceOp::Avg));
     }
 
-    /// Launches, in order, every complete unit whose predecessors are launched.
-    fn launch_ready(&self, s: &mut State) {
-        let order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
-        while s.next < order.len() && s.waiting[order[s.next]] == 0 {
-            let u = order[s.next];
+    /// Launches the units not launched yet, in order: with `complete_only`, only as far as
+    /// the first unit still waiting for gradients (during backward); else all (at its end).
+    fn launch_in_order(&self, s: &mut State, complete_only: bool) {
+        while let Some(&u) = s.order.get(s.next) {
+            if complete_only && s.waiting[u] != 0 {
+                break;
+            }
             self.launch(s, u);
             s.next += 1;
-            s.during_backward += 1;
+            if complete_only {
+                s.during_backward += 1;
+            }
         }
     }
 }
@@ -281,7 +273,7 @@ impl<I: Backend> GradientSink<I> for UnitReducer {
             s.waiting[t.unit] -= 1;
             if s.waiting[t.unit] == 0 {
                 s.arrival.push(t.unit);
-                self.launch_ready(&mut s);
+                self.launch_in_order(&mut s, true);
             }
         }
     }
