@@ -23,9 +23,12 @@
 //! at least 4 buckets): step time (forward, backward, optimizer) and the share of all-reduce time
 //! that ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
 //! taps) and with layer boundaries marked (overlap off otherwise); modes are interleaved in
-//! rounds. `ready early` is the median number of buckets that were ready at least 1 ms before
+//! rounds of one step each. `/ off` is the median over rounds of the step time over overlap
+//! off's in the same round, `quartiles` that ratio's first and third quartiles (how much noise
+//! moves it). `ready early` is the median number of buckets that were ready at least 1 ms before
 //! backward ended (`StepStats::bucket_ready`). World 1: the default's step time over overlap
-//! off for each model (the cost of its anchors; goal <= 1.03).
+//! off for each model, the same way (the cost of its anchors; goal <= 1.03). `--worlds 1` runs
+//! only the world-1 tables.
 //!
 //! Times are medians of per-step wall times; compare ratios within one run. `faults/step` is
 //! the process's minor page faults per step (world 1: plain / DDP; world 2: synchronised /
@@ -74,6 +77,9 @@ struct Args {
     /// Models of the overlap table, comma-separated: mlp, transformer, cnn.
     #[arg(long, value_delimiter = ',', default_value = "mlp,transformer,cnn")]
     models: Vec<String>,
+    /// World sizes to run, comma-separated: 1 (DDP's cost in one process), 2 (two ranks).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    worlds: Vec<usize>,
     /// A Python interpreter with torch: PyTorch DDP (gloo) on the transformer's shape
     /// (`benches/pytorch/ddp_overlap.py`), printed under the overlap table.
     #[arg(long, env = "DDP_STEP_PYTHON")]
@@ -126,11 +132,18 @@ fn main() -> Result<()> {
         args.steps
     );
     println!("# allocator: {allocator} (ddp_benches::allocator)");
-    if !args.overlap_only {
-        world1(&args)?;
+    if let Some(w) = args.worlds.iter().find(|&&w| w != 1 && w != 2) {
+        anyhow::bail!("--worlds {w}: this bench runs world sizes 1 and 2");
     }
-    overlap::world1(&args)?;
-    world2(&args)?;
+    if args.worlds.contains(&1) {
+        if !args.overlap_only {
+            world1(&args)?;
+        }
+        overlap::world1(&args)?;
+    }
+    if args.worlds.contains(&2) {
+        world2(&args)?;
+    }
     if let Some(python) = &args.python {
         pytorch_overlap(python, &args)?;
     }
@@ -545,8 +558,10 @@ mod overlap {
         Ok(t.elapsed())
     }
 
-    /// Every mode of one model, interleaved in rounds (round 0 warms up: buckets are rebuilt
-    /// and depths learned there).
+    /// Every mode of one model, interleaved step by step: each round runs one step of every
+    /// mode, so a slow moment of the machine falls on all of them and the per-round ratios
+    /// (see [`ratios`]) compare like with like. The first rounds warm up: buckets are rebuilt
+    /// and depths learned there.
     fn measure<W: Workload>(
         pg: &ProcessGroup,
         modes: &[Mode],
@@ -570,26 +585,23 @@ mod overlap {
                 Row::default(),
             ));
         }
-        let rounds = 4;
-        let per_round = steps.div_ceil(rounds).max(1);
+        let warm_up = 2;
         let mut n = 0;
-        for round in 0..=rounds {
+        for round in 0..warm_up + steps.max(1) {
             for (mode, ddp, opt, row) in runs.iter_mut() {
                 let marked = *mode == Mode::Boundaries;
-                for _ in 0..per_round {
-                    n += 1;
-                    let t = step::<W>(ddp, opt, marked, n, &device)?;
-                    if round == 0 {
-                        continue;
-                    }
-                    let s = ddp.last_step_stats().cloned().unwrap_or_default();
-                    row.step.push(t);
-                    row.overlap.push(s.overlap_fraction());
-                    row.comm.push(s.comm);
-                    row.early
-                        .push(s.buckets_ready_before_backward_end(Duration::from_millis(1)));
-                    row.buckets = s.buckets;
+                n += 1;
+                let t = step::<W>(ddp, opt, marked, n, &device)?;
+                if round < warm_up {
+                    continue;
                 }
+                let s = ddp.last_step_stats().cloned().unwrap_or_default();
+                row.step.push(t);
+                row.overlap.push(s.overlap_fraction());
+                row.comm.push(s.comm);
+                row.early
+                    .push(s.buckets_ready_before_backward_end(Duration::from_millis(1)));
+                row.buckets = s.buckets;
             }
         }
         Ok(runs
@@ -598,27 +610,41 @@ mod overlap {
             .collect())
     }
 
+    /// Step time over `base`'s in the same round, per round: median, and the quartiles that
+    /// show how much the machine's noise moves it.
+    fn ratios(row: &Row, base: &Row) -> (f64, f64, f64) {
+        let mut r: Vec<f64> = row
+            .step
+            .iter()
+            .zip(&base.step)
+            .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64().max(1e-9))
+            .collect();
+        r.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: usize| r.get((r.len() * q / 4).min(r.len().saturating_sub(1)));
+        let at = |q| at(q).copied().unwrap_or(0.0);
+        (at(2), at(1), at(3))
+    }
+
     fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {
         let rows = measure::<W>(pg, &Mode::ALL, steps)?;
         if pg.rank() != 0 {
             return Ok(());
         }
-        let off = rows
-            .iter()
-            .find(|(m, _)| *m == Mode::Off)
-            .map(|(_, r)| median(r.step.clone()))
-            .unwrap_or_default();
-        for (mode, row) in rows {
-            let t = median(row.step.clone());
+        let Some(off) = rows.iter().find(|(m, _)| *m == Mode::Off).map(|(_, r)| r) else {
+            bail!("the overlap table needs the overlap-off mode");
+        };
+        for (mode, row) in &rows {
+            let (ratio, q1, q3) = ratios(row, off);
             println!(
-                "  {:<20} {:<26} {:>9.2} {:>7.3} {:>8.0}% {:>9.2} {:>5}/{:<3}",
+                "  {:<20} {:<26} {:>9.2} {:>7.3} {:>13} {:>8.0}% {:>9.2} {:>5}/{:<3}",
                 W::NAME,
                 mode.label(),
-                ms(t),
-                t.as_secs_f64() / off.as_secs_f64().max(1e-9),
-                100.0 * median_f(row.overlap),
-                ms(median(row.comm)),
-                median_u(row.early),
+                ms(median(row.step.clone())),
+                ratio,
+                format!("{q1:.3}-{q3:.3}"),
+                100.0 * median_f(row.overlap.clone()),
+                ms(median(row.comm.clone())),
+                median_u(row.early.clone()),
                 row.buckets
             );
         }
@@ -631,8 +657,8 @@ mod overlap {
                 "#\n# world 2, shared memory: all-reduce time hidden behind backward (goal: default >= 50%, step never slower than off)"
             );
             println!(
-                "# {:<20} {:<26} {:>9} {:>7} {:>9} {:>9} {:>9}",
-                "model", "mode", "step ms", "/ off", "hidden", "comm ms", "ready early"
+                "# {:<20} {:<26} {:>9} {:>7} {:>13} {:>9} {:>9} {:>9}",
+                "model", "mode", "step ms", "/ off", "quartiles", "hidden", "comm ms", "ready early"
             );
         }
         for model in &args.models {
@@ -649,13 +675,17 @@ mod overlap {
     fn overhead<W: Workload>(steps: usize) -> Result<()> {
         let (_server, pg) = world_of_one()?;
         let rows = measure::<W>(&pg, &[Mode::Default, Mode::Off], steps)?;
-        let t: Vec<Duration> = rows.into_iter().map(|(_, r)| median(r.step)).collect();
+        let [(_, default), (_, off)] = rows.as_slice() else {
+            bail!("world 1 measures two modes");
+        };
+        let (ratio, q1, q3) = ratios(default, off);
         println!(
-            "  {:<20} {:>11.2} {:>9.2} {:>8.3}",
+            "  {:<20} {:>11.2} {:>9.2} {:>8.3} {:>13}",
             W::NAME,
-            ms(t[0]),
-            ms(t[1]),
-            t[0].as_secs_f64() / t[1].as_secs_f64().max(1e-9)
+            ms(median(default.step.clone())),
+            ms(median(off.step.clone())),
+            ratio,
+            format!("{q1:.3}-{q3:.3}")
         );
         Ok(())
     }
@@ -663,8 +693,8 @@ mod overlap {
     pub(super) fn world1(args: &Args) -> Result<()> {
         println!("#\n# world 1: default / overlap off (the anchors' cost; goal <= 1.03)");
         println!(
-            "# {:<20} {:>11} {:>9} {:>8}",
-            "model", "default ms", "off ms", "ratio"
+            "# {:<20} {:>11} {:>9} {:>8} {:>13}",
+            "model", "default ms", "off ms", "ratio", "quartiles"
         );
         for model in &args.models {
             match model.as_str() {

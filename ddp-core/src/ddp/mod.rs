@@ -16,6 +16,7 @@
 //! - `bucket`: the bucketing rule; [`hooks`]: communication hooks.
 //! - `timeline`: per-step statistics and the Chrome-trace timeline.
 
+pub(crate) mod arrival_order;
 pub(crate) mod boundary;
 pub(crate) mod bucket;
 mod buffers;

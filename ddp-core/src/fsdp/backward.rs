@@ -4,6 +4,7 @@
 use super::error::FsdpError;
 use super::unit_reducer::FsdpStepStats;
 use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
+use crate::ddp::arrival_order::agree_on_rank0_order;
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
 use crate::ddp::tap::{DepthPlan, TapBackend, with_probes};
 use burn::module::{AutodiffModule, ParamId};
@@ -124,33 +125,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Launch order from now on: the order rank 0's units completed in this backward (the
     /// units that completed only at its end after them, in the current order). Once.
     fn adopt_rank0_order(&mut self, arrival: &[usize]) -> Result<(), FsdpError> {
-        let units = self.layout.units.len();
-        let mut order: Vec<i64> = arrival.iter().map(|&u| u as i64).collect();
-        for u in self.reducer.order() {
-            if !arrival.contains(&u) {
-                order.push(u as i64);
-            }
-        }
-        if self.pg.world_size() > 1 {
-            self.pg.broadcast(&mut order, 0).map_err(|e| {
-                FsdpError::Gradients(format!("broadcasting rank 0's unit order: {e}"))
-            })?;
-        }
-        let mut seen = vec![false; units];
-        let valid = order.len() == units
-            && order.iter().all(|&u| {
-                usize::try_from(u)
-                    .ok()
-                    .filter(|&u| u < units)
-                    .is_some_and(|u| !std::mem::replace(&mut seen[u], true))
-            });
-        if !valid {
-            return Err(FsdpError::Gradients(
-                "rank 0 sent an invalid unit order".into(),
-            ));
-        }
-        self.reducer
-            .set_order(order.into_iter().map(|u| u as usize).collect());
+        let pg = Some(&self.pg);
+        let order = agree_on_rank0_order(pg, arrival, &self.reducer.order())
+            .map_err(|e| FsdpError::Gradients(format!("agreeing on rank 0's unit order: {e}")))?;
+        self.reducer.set_order(order);
         self.relaid = true;
         Ok(())
     }

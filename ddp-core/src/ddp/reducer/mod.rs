@@ -34,6 +34,7 @@ pub(crate) use nccl_reduction::NcclReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;
 
+use crate::ddp::arrival_order::{OrderError, agree_on_rank0_order};
 use crate::ddp::bucket::{BucketCaps, BucketLayout};
 use crate::ddp::params::{ParamKind, ParamTable};
 use crate::ddp::tap::GradientSink;
@@ -413,29 +414,15 @@ impl<I: Backend> Reducer<I> {
     /// rank 0.
     fn rebuild(&self, s: &mut State<I>) -> Result<(), DdpError> {
         s.rebuilt = true;
-        let n = self.slots.len();
-        let mut order: Vec<i64> = s.arrival.iter().map(|&x| x as i64).collect();
-        // Slots that never arrived keep their initial relative order, at the end.
-        for &slot in &s.layout.order {
-            if !s.arrival.contains(&slot) {
-                order.push(slot as i64);
-            }
-        }
-        if let Some(pg) = &self.pg {
-            pg.broadcast(&mut order, 0)
-                .map_err(DdpError::comm("agreeing on the bucket order"))?;
-        }
-        let mut seen = vec![false; n];
-        if order.len() != n
-            || order.iter().any(|&x| {
-                x < 0 || x as usize >= n || std::mem::replace(&mut seen[x as usize], true)
-            })
-        {
-            return Err(DdpError::Internal(
-                "rank 0 sent an invalid bucket order".into(),
-            ));
-        }
-        let order: Vec<usize> = order.into_iter().map(|x| x as usize).collect();
+        let order = agree_on_rank0_order(self.pg.as_ref(), &s.arrival, &s.layout.order).map_err(
+            |e| match e {
+                OrderError::Comm(source) => DdpError::Comm {
+                    context: "agreeing on the bucket order",
+                    source,
+                },
+                invalid => DdpError::Internal(format!("bucket order: {invalid}")),
+            },
+        )?;
         s.layout = layout(&self.slots, order, self.caps);
         s.in_flight = s.layout.buckets.iter().map(|_| None).collect();
         if let Some(pg) = &self.pg {
