@@ -99,6 +99,40 @@ def bench_row(out, name):
     return (what, f"{len(lines)} rows (see {name}.txt)", "a table", "pass" if code == "0" and lines else "FAIL")
 
 
+def overlap_rows(out, name):
+    """Check 8 (issue 30), on the machine's CPUs: per model, DDP's default hides >= 50% of
+    all-reduce time at world 2 and is not slower than overlap off (median of per-round ratios);
+    at world 1 it costs <= 3% over overlap off."""
+    text, code = read(out, name), status(out, name)
+    what = "8 CPU overlap table"
+    if text is None:
+        return [(what, "not run", ">= 50% hidden, <= 1.00 x off, world 1 <= 1.03", "-")]
+    rows = []
+    world1 = re.findall(
+        r"^\s+(\S.*?)\s{2,}[\d.]+\s+[\d.]+\s+([\d.]+)\s+([\d.]+-[\d.]+)\s*$", text, re.M
+    )
+    for model, ratio, quartiles in world1:
+        r = float(ratio)
+        rows.append((f"{what}: {model}, world 1 default / off", f"{r:.3f} ({quartiles})", "<= 1.03",
+                     "pass" if code == "0" and r <= 1.03 else "FAIL"))
+    world2 = re.findall(
+        r"^\s+(\S.*?)\s{2,}default\s+[\d.]+\s+([\d.]+)\s+([\d.]+-[\d.]+)\s+(\d+)%", text, re.M
+    )
+    for model, ratio, quartiles, hidden in world2:
+        r, h = float(ratio), int(hidden)
+        rows.append((f"{what}: {model}, world 2 hidden", f"{h}%", ">= 50%",
+                     "pass" if code == "0" and h >= 50 else "FAIL"))
+        rows.append((f"{what}: {model}, world 2 default / off", f"{r:.3f} ({quartiles})", "<= 1.00",
+                     "pass" if code == "0" and r <= 1.00 else "FAIL"))
+    m = re.search(r"PyTorch DDP \(gloo\)\s+([\d.]+)\s+-\s+(\d+)%", text)
+    if m:
+        rows.append((f"{what}: PyTorch DDP (gloo), transformer", f"{m.group(1)} ms, {m.group(2)}% hidden",
+                     "side by side", "-"))
+    if not world1 or not world2:
+        rows.append((what, f"no table (exit {code})", "a table", "FAIL"))
+    return rows
+
+
 def main():
     out = pathlib.Path(sys.argv[1])
     rows = [
@@ -114,6 +148,7 @@ def main():
         transformer_example_row(out, "7b-transformer-host-world2", "7 transformer example, 2 ranks on 1 GPU"),
         transformer_example_row(out, "7c-transformer-bf16-world1", "7 transformer example, bf16, NCCL"),
         transformer_example_row(out, "7d-transformer-fsdp-world2", "7 transformer example, --shard full, 2 ranks"),
+        *overlap_rows(out, "8-cpu-overlap-table"),
         # NCCL cannot put two ranks on one GPU: the world-2 failure check needs a machine with two.
         ("- rank 1 fails, rank 0 quotes it", "not automated here", "within seconds", "-"),
     ]

@@ -658,7 +658,14 @@ mod overlap {
             );
             println!(
                 "# {:<20} {:<26} {:>9} {:>7} {:>13} {:>9} {:>9} {:>9}",
-                "model", "mode", "step ms", "/ off", "quartiles", "hidden", "comm ms", "ready early"
+                "model",
+                "mode",
+                "step ms",
+                "/ off",
+                "quartiles",
+                "hidden",
+                "comm ms",
+                "ready early"
             );
         }
         for model in &args.models {
