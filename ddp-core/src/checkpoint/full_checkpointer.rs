@@ -8,10 +8,8 @@ use super::naming::{checkpoint_name, list_checkpoints};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::reader::{find_latest_valid, read_latest, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0};
-use super::writer::{
-    check_not_backwards, clean_temporaries, ensure_dir, prune, remove_newer_than, write_checkpoint,
-};
+use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir};
+use super::writer::{check_not_backwards, prune, remove_newer_than, write_checkpoint};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
@@ -55,13 +53,7 @@ impl FullCheckpointer {
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, CheckpointError> {
         config.validate()?;
-        on_rank0(&pg, "prepare the checkpoint directory", || {
-            ensure_dir(config.dir())?;
-            for path in clean_temporaries(config.dir())? {
-                tracing::info!(path = %path.display(), "removed the leftover of an interrupted checkpoint write");
-            }
-            Ok(())
-        })?;
+        prepare_dir(&pg, config.dir(), "full")?;
         Ok(FullCheckpointer { config, pg })
     }
 

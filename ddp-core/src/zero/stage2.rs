@@ -447,9 +447,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn blocks_hold_the_largest_shard_and_one_flag_per_tensor() {
-        // 100 -> r0, 60 -> r1, 50 -> r1, 30 -> r0, 10 -> r1; the buffer is not trained.
+    /// Five trained tensors and a buffer, their sizes (`None`: not trained), and their
+    /// balanced partition over 2 ranks.
+    fn five_trained_and_a_buffer() -> ([TensorInfo; 6], Vec<Option<usize>>, Partition) {
         let layout = [
             tensor(10, true),
             tensor(50, true),
@@ -463,6 +463,13 @@ mod tests {
             .map(|t| t.trainable.then_some(t.bytes))
             .collect();
         let partition = Partition::balanced(&sizes, 2);
+        (layout, sizes, partition)
+    }
+
+    #[test]
+    fn blocks_hold_the_largest_shard_and_one_flag_per_tensor() {
+        // 100 -> r0, 60 -> r1, 50 -> r1, 30 -> r0, 10 -> r1; the buffer is not trained.
+        let (layout, sizes, partition) = five_trained_and_a_buffer();
         let plan = GradLayout::new(&layout, &partition, 2, DEFAULT_ZERO_BUCKET_BYTES);
         assert_eq!(plan.groups.len(), 1);
         assert_eq!(plan.received(), 132, "rank 0: 130 gradients + 2 flags");
@@ -474,19 +481,7 @@ mod tests {
 
     #[test]
     fn a_small_bucket_cuts_groups_and_every_tensor_keeps_its_owner_and_place() {
-        let layout = [
-            tensor(10, true),
-            tensor(50, true),
-            tensor(100, true),
-            tensor(7, false),
-            tensor(30, true),
-            tensor(60, true),
-        ];
-        let sizes: Vec<Option<usize>> = layout
-            .iter()
-            .map(|t| t.trainable.then_some(t.bytes))
-            .collect();
-        let partition = Partition::balanced(&sizes, 2);
+        let (layout, _, partition) = five_trained_and_a_buffer();
         // Module order: 10 (r1), 50 (r1), 100 (r0), a buffer, 30 (r0), 60 (r1); at most 62
         // elements (gradients and flags) per block: 10 and 50 share a group, 100 is alone (over
         // the cap by itself), 30 and 60 go to different ranks and share one.

@@ -10,8 +10,8 @@ use super::super::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};
-use super::super::sync::{all_succeeded, on_rank0};
-use super::super::writer::{clean_temporaries, ensure_dir, prune, write_latest};
+use super::super::sync::{all_succeeded, on_rank0, prepare_dir};
+use super::super::writer::{prune, write_latest};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
 use super::fs::{fresh_dir, remove_path, rename, sync_dir, write_synced};
@@ -95,13 +95,7 @@ impl ShardedCheckpointer {
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, ShardedCheckpointError> {
         config.validate()?;
-        on_rank0::<_, ShardedCheckpointError>(&pg, "prepare the checkpoint directory", || {
-            ensure_dir(config.dir())?;
-            for path in clean_temporaries(config.dir())? {
-                tracing::info!(path = %path.display(), "removed the leftover of an interrupted sharded checkpoint write");
-            }
-            Ok(())
-        })?;
+        prepare_dir(&pg, config.dir(), "sharded")?;
         Ok(ShardedCheckpointer { config, pg })
     }
 
