@@ -10,8 +10,10 @@
 //! connects again).
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -21,6 +23,8 @@ pub(crate) const MAX_PENDING: usize = 64;
 /// How long a hello may run before, with [`MAX_PENDING`] running, it is pushed out to make
 /// room.
 pub(crate) const PENDING_GRACE: Duration = Duration::from_millis(50);
+/// How long the accept loop pauses after a failed accept (out of file descriptors, say).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Connections still in their hello, oldest first: id, when accepted, the task.
 #[derive(Debug, Default)]
@@ -104,6 +108,32 @@ impl PendingHellos {
                         );
                         task.abort();
                     }
+                }
+            }
+        }
+    }
+
+    /// The next connection once another hello may start (see [`room`](Self::room)); a failed
+    /// accept is logged and retried after a pause.
+    ///
+    /// # Errors
+    /// [`Stopped`] when `stop` fires first.
+    pub(crate) async fn accept(
+        &self,
+        listener: &TcpListener,
+        stop: &mut oneshot::Receiver<()>,
+    ) -> Result<(TcpStream, SocketAddr), Stopped> {
+        loop {
+            self.room(stop).await?;
+            let accepted = tokio::select! {
+                _ = &mut *stop => return Err(Stopped),
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok(conn) => return Ok(conn),
+                Err(e) => {
+                    tracing::warn!(error = %e, listener = self.shared.what, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             }
         }

@@ -28,9 +28,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// How long the accept loop pauses after a failed accept (out of file descriptors, say).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
 /// A running store server. Dropping it disconnects every client and stops its thread.
 pub struct StoreServer {
     addr: SocketAddr,
@@ -166,23 +163,9 @@ async fn accept_loop(
     mut stop: oneshot::Receiver<()>,
 ) {
     let pending = PendingHellos::new("store");
-    loop {
-        // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
-        if pending.room(&mut stop).await.is_err() {
-            return;
-        }
-        let accepted = tokio::select! {
-            _ = &mut stop => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "store: accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
+    // At the cap, `accept` waits for a hello to end, or pushes out the oldest once it had its
+    // grace.
+    while let Ok((stream, peer)) = pending.accept(&listener, &mut stop).await {
         let _ = stream.set_nodelay(true);
         let deadline = tokio::time::Instant::from_std(deadline_after(served.config.hello_timeout));
         let served = served.clone();

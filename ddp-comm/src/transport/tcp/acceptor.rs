@@ -24,8 +24,6 @@ use tokio::sync::oneshot;
 
 /// How long, in total, an accepted connection gets to complete its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pause after a failed accept (out of file descriptors, say).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Bytes of a mesh hello's claims: group rank, group size (u32 LE each), group id (u64 LE).
 const CLAIMS_BYTES: usize = 16;
 
@@ -180,23 +178,9 @@ async fn accept_loop(
 ) {
     let book: Arc<Book> = Arc::new(Mutex::new(vec![Seat::Free; expect.group_size]));
     let pending = PendingHellos::new("rendezvous");
-    loop {
-        // At the cap: wait for a hello to end, or push out the oldest once it had its grace.
-        if pending.room(&mut stop).await.is_err() {
-            return;
-        }
-        let accepted = tokio::select! {
-            _ = &mut stop => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, from) = match accepted {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "rendezvous: accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
+    // At the cap, `accept` waits for a hello to end, or pushes out the oldest once it had its
+    // grace.
+    while let Ok((stream, from)) = pending.accept(&listener, &mut stop).await {
         let deadline = tokio::time::Instant::from_std(deadline_after(HELLO_TIMEOUT));
         let (expect, book, arrived) = (expect.clone(), book.clone(), arrived.clone());
         pending.spawn(move |slot| hello(stream, from, deadline, expect, book, slot, arrived));
