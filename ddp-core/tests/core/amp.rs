@@ -6,15 +6,11 @@ use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Sgd, SgdConfig};
-use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType, Tensor, TensorData};
 use ddp_core::amp::{GradScalerConfig, GradScalerState, ScaledStep, autocast};
 use ddp_core::{DdpConfig, DistributedDataParallel, amp::AmpError, zero::ZeroRedundancyOptimizer};
 
-const HIDDEN: usize = 16;
-/// Samples per global step, split evenly over 1, 2 or 3 ranks.
-const GLOBAL_BATCH: usize = 12;
 const LR: f64 = 0.01;
 const STEPS: usize = 7;
 /// The step whose gradients get an inf on one rank.
@@ -38,26 +34,8 @@ fn scaler_config() -> GradScalerConfig {
         .with_growth_interval(2)
 }
 
-fn shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
-    let per = GLOBAL_BATCH / world;
-    (0..per)
-        .map(|i| step * GLOBAL_BATCH + rank * per + i)
-        .collect()
-}
-
-fn to_bytes<M: Module<B>>(m: &M) -> Vec<u8> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("record")
-}
-
-fn mlp_from(bytes: &[u8]) -> Mlp<B> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &Default::default()).expect("load");
-    Mlp::<B>::new(&Default::default(), HIDDEN).load_record(record)
-}
-
 fn init_bytes() -> Vec<u8> {
-    to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED))
+    record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED))
 }
 
 fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
@@ -99,7 +77,7 @@ fn run_with_scaler(world: usize, init: &[u8], inf_rank: Option<usize>) -> Vec<Ra
             states: Vec::new(),
         };
         for step in 0..STEPS {
-            let (x, y) = batch(&shard(step, world, rank), &device);
+            let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
             let pred = ddp.forward(|m| m.forward(x, false)).expect("forward");
             let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
             let mut grads = ddp.backward(scaler.scale(loss)).expect("backward");
@@ -216,7 +194,7 @@ fn adam_run(world: usize, init: &[u8], scaler: Option<GradScalerConfig>) -> Vec<
         let device = Default::default();
         let mut after = Vec::new();
         for step in 0..STEPS {
-            let (x, y) = batch(&shard(step, world, rank), &device);
+            let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
             let pred = ddp
                 .forward(|m| m.forward(x, step % 2 == 0))
                 .expect("forward");
@@ -281,7 +259,7 @@ fn zero_stage2_overflow_in_one_ranks_batch_skips_the_step_everywhere() {
         let mut steps = Vec::new();
         let mut params = vec![flat_params(ddp.module())];
         for step in 0..STEPS {
-            let (mut x, y) = batch(&shard(step, world, rank), &device);
+            let (mut x, y) = batch(&contiguous_shard(step, world, rank), &device);
             if step == INF_STEP && rank == 1 {
                 let huge = Tensor::<B, 2>::full([1, 6], 1e30, &device);
                 x = x.slice_assign([0..1, 0..6], huge);
@@ -460,7 +438,7 @@ fn bf16_autocast_with_scaler_trains_under_ddp_and_replicas_stay_bitwise_equal() 
             let mut losses = Vec::new();
             for step in 0..EPOCHS {
                 // The same two global batches, again and again: the loss must fall.
-                let (x, y) = batch(&shard(step % 2, world, rank), &device);
+                let (x, y) = batch(&contiguous_shard(step % 2, world, rank), &device);
                 let pred = ddp
                     .forward(|m| match mixed {
                         true => autocast(m.clone(), FloatDType::BF16)

@@ -2,7 +2,7 @@
 //! model, a fresh Adam and a fresh shuffled loader ends bitwise equal to an uninterrupted run,
 //! for world sizes 1 and 2 (ranks as threads).
 use crate::checkpoint_common::*;
-use crate::common::run_ranks;
+use crate::common::{mlp_from, run_ranks};
 
 /// Final parameters of every rank after the uninterrupted run.
 fn uninterrupted(world: usize, init: &[u8]) -> Vec<Vec<f32>> {
@@ -216,7 +216,7 @@ fn identical_runs_write_identical_model_bytes() {
         .map(|_| tempfile::tempdir().expect("tempdir"))
         .collect();
     run_ranks(1, |pg| {
-        let model = load_init(&init);
+        let model = mlp_from(&init);
         for dir in &dirs {
             let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone())
                 .expect("checkpointer");

@@ -22,9 +22,6 @@ use ddp_core::{
 };
 use std::path::Path;
 
-const HIDDEN: usize = 16;
-/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
-const GLOBAL_BATCH: usize = 12;
 const LR: f64 = 0.01;
 /// Even, so the first step after a resume uses every parameter, as step 0 did: the fresh DDP
 /// lays its buckets out as the uninterrupted run did, and sums in the same order.
@@ -39,14 +36,6 @@ fn adam() -> MlpAdam {
     AdamConfig::new().init()
 }
 
-/// Rank `rank`'s contiguous share of global step `step`.
-fn shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
-    let per = GLOBAL_BATCH / world;
-    (0..per)
-        .map(|i| step * GLOBAL_BATCH + rank * per + i)
-        .collect()
-}
-
 /// Trains over global steps `steps`; `extra` is used on even steps only, so some steps leave
 /// it without a gradient.
 fn train<O: Optimizer<Mlp<B>, B>>(
@@ -57,7 +46,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
     let device = Default::default();
     for step in steps {
-        let (x, y) = batch(&shard(step, world, rank), &device);
+        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
         let pred = ddp
             .forward(|m| m.forward(x, step % 2 == 0))
             .expect("forward");

@@ -16,9 +16,6 @@ use burn::tensor::backend::Backend;
 use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{DdpConfig, DistributedDataParallel};
 
-pub(crate) const HIDDEN: usize = 16;
-/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
-pub(crate) const GLOBAL_BATCH: usize = 12;
 const STEPS: usize = 4;
 pub(crate) const SEED: u64 = 0xf5d9;
 

@@ -3,7 +3,7 @@
 //! of the averaging), by plain DDP, and as a rank-0 full checkpoint after `convert_to_full`; a
 //! SIGKILL at each phase of the write keeps the previous checkpoint.
 use crate::common::*;
-use crate::fsdp::{GLOBAL_BATCH, HIDDEN, SEED, indices, units};
+use crate::fsdp::{SEED, indices, units};
 use burn::backend::Flex;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::adaptor::OptimizerAdaptor;

@@ -20,9 +20,6 @@ use ddp_core::{
 use std::collections::BTreeSet;
 use std::path::Path;
 
-const HIDDEN: usize = 16;
-/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
-const GLOBAL_BATCH: usize = 12;
 const LR: f64 = 0.01;
 
 type MlpAdam = OptimizerAdaptor<Adam, Mlp<B>, B>;
@@ -31,25 +28,6 @@ fn adam<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<Adam, M, B> {
     AdamConfig::new()
         .with_weight_decay(Some(WeightDecayConfig::new(1e-2)))
         .init()
-}
-
-/// Rank `rank`'s contiguous share of global step `step`.
-fn shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
-    let per = GLOBAL_BATCH / world;
-    (0..per)
-        .map(|i| step * GLOBAL_BATCH + rank * per + i)
-        .collect()
-}
-
-fn to_bytes<M: Module<B>>(m: &M) -> Vec<u8> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("record")
-}
-
-fn mlp_from(bytes: &[u8]) -> Mlp<B> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &Default::default()).expect("load");
-    Mlp::<B>::new(&Default::default(), HIDDEN).load_record(record)
 }
 
 /// Trains `ddp` over global steps `steps` with `optim`; `extra` is used on even steps only, so
@@ -62,7 +40,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
     let device = Default::default();
     for step in steps {
-        let (x, y) = batch(&shard(step, world, rank), &device);
+        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
         let pred = ddp
             .forward(|m| m.forward(x, step % 2 == 0))
             .expect("forward");
@@ -95,7 +73,7 @@ const STEPS: usize = 6;
 
 #[test]
 fn same_parameters_as_plain_ddp_with_adam_at_world_1_to_4() {
-    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
     for world in 1..=4 {
         let plain = run_ranks(world, |pg| {
             let mut ddp =
@@ -185,7 +163,7 @@ fn deep_state(world: usize, init: &[u8]) -> Vec<(usize, BTreeSet<u64>)> {
 
 #[test]
 fn each_rank_keeps_about_one_over_world_of_the_adam_state() {
-    let init = to_bytes(&Deep::<B>::new(&Default::default()));
+    let init = record_bytes(&Deep::<B>::new(&Default::default()));
     let full = deep_state(1, &init).remove(0);
     assert_eq!(full.1.len(), 24, "world 1 holds every parameter's state");
     for world in 2..=4 {
@@ -306,7 +284,7 @@ fn params_only(ranks: Vec<(Vec<f32>, BTreeSet<u64>)>) -> Vec<Vec<f32>> {
 
 #[test]
 fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, 31));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, 31));
     let uninterrupted = run_ranks(2, |pg| {
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
@@ -358,7 +336,7 @@ fn saved_at_world_2_resumes_at_world_1_2_and_3_like_an_uninterrupted_run() {
 
 #[test]
 fn a_plain_checkpoint_save_of_a_sharded_state_warns_and_save_checkpoint_does_not() {
-    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = run_ranks(2, |pg| {
         let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
@@ -389,12 +367,12 @@ fn a_plain_checkpoint_save_of_a_sharded_state_warns_and_save_checkpoint_does_not
 
 #[test]
 fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_optimizer() {
-    let init = to_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
     let results = run_ranks(2, |pg| {
         let rank = pg.rank();
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
-        let (x, y) = batch(&shard(0, 2, rank), &Default::default());
+        let (x, y) = batch(&contiguous_shard(0, 2, rank), &Default::default());
         let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
         let grads = ddp
             .backward(MseLoss::new().forward(pred, y, Reduction::Mean))

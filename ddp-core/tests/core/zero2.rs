@@ -24,9 +24,6 @@ use ddp_core::{
 use std::collections::BTreeSet;
 use std::path::Path;
 
-const HIDDEN: usize = 16;
-/// Samples per global step, split evenly over 1, 2, 3 or 4 ranks.
-const GLOBAL_BATCH: usize = 12;
 const LR: f64 = 0.01;
 const STEPS: usize = 6;
 const SEED: u64 = 0x5e40_0002;
@@ -59,25 +56,6 @@ fn sgd<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<burn::optim::Sg
         .init()
 }
 
-/// Rank `rank`'s contiguous share of global step `step`.
-fn shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
-    let per = GLOBAL_BATCH / world;
-    (0..per)
-        .map(|i| step * GLOBAL_BATCH + rank * per + i)
-        .collect()
-}
-
-fn to_bytes<M: Module<B>>(m: &M) -> Vec<u8> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("record")
-}
-
-fn mlp_from(bytes: &[u8]) -> Mlp<B> {
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &Default::default()).expect("load");
-    Mlp::<B>::new(&Default::default(), HIDDEN).load_record(record)
-}
-
 /// Trains over global steps `steps`; `extra` is used on even steps only, so some steps leave it
 /// without a gradient. Returns the parameters after each step.
 fn train<O: Optimizer<Mlp<B>, B>>(
@@ -89,7 +67,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     let device = Default::default();
     let mut after = Vec::new();
     for step in steps {
-        let (x, y) = batch(&shard(step, world, rank), &device);
+        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
         let pred = ddp
             .forward(|m| m.forward(x, step % 2 == 0))
             .expect("forward");
@@ -157,7 +135,7 @@ fn check_against_plain<Opt>(
     Opt: SimpleOptimizer<Inner>,
 {
     const TOLERANCE: f32 = 1e-6;
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
     for world in 1..=4 {
         let plain = trajectory(world, &init, Mode::Plain, make);
         // One collective of each kind per step, then one per tensor.
@@ -222,7 +200,7 @@ fn stage2_with_sgd_momentum_equals_plain_ddp_bitwise_at_world_1_2_and_within_1e6
 
 #[test]
 fn stage2_matches_stage1_bitwise_at_world_2() {
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 1));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 1));
     let one = trajectory(2, &init, Mode::Stage1, adam::<Mlp<B>>);
     let two = trajectory(2, &init, Mode::Stage2, adam::<Mlp<B>>);
     for step in 0..STEPS {
@@ -313,7 +291,7 @@ fn deep_held(world: usize, init: &[u8], stage: ZeroStage) -> Vec<Held> {
 
 #[test]
 fn stage2_each_rank_holds_only_its_shard_of_adam_state_and_of_the_gradients() {
-    let init = to_bytes(&Deep::<B>::new(&Default::default()));
+    let init = record_bytes(&Deep::<B>::new(&Default::default()));
     let full = deep_held(1, &init, ZeroStage::Two).remove(0);
     assert_eq!(
         full.state_ids.len(),
@@ -382,7 +360,7 @@ const SAVE_AT: usize = 3;
 
 #[test]
 fn stage2_checkpoint_resumes_bitwise_at_world_2_and_within_1e6_at_world_3() {
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 2));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 2));
     let uninterrupted = trajectory(2, &init, Mode::Stage2, adam::<Mlp<B>>)
         .remove(0)
         .pop()
@@ -437,7 +415,7 @@ fn stage2_checkpoint_resumes_bitwise_at_world_2_and_within_1e6_at_world_3() {
 fn stage2_must_be_set_up_before_the_first_forward() {
     let results = run_ranks(1, |pg| {
         let mut ddp = DistributedDataParallel::new(
-            mlp_from(&to_bytes(&Mlp::<B>::seeded(
+            mlp_from(&record_bytes(&Mlp::<B>::seeded(
                 &Default::default(),
                 HIDDEN,
                 SEED,
@@ -460,12 +438,12 @@ fn stage2_must_be_set_up_before_the_first_forward() {
 
 #[test]
 fn stage2_a_peer_that_fails_mid_step_fails_the_reduce_scatter_with_its_reason() {
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
     let results = run_ranks(2, |pg| {
         let rank = pg.rank();
         let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
         let mut zero = ZeroRedundancyOptimizer::stage2(adam::<Mlp<B>>(), &mut ddp).unwrap();
-        let (x, y) = batch(&shard(0, 2, rank), &Default::default());
+        let (x, y) = batch(&contiguous_shard(0, 2, rank), &Default::default());
         let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
         let grads = ddp
             .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
@@ -495,11 +473,11 @@ fn stage2_a_peer_that_fails_mid_step_fails_the_reduce_scatter_with_its_reason() 
 
 #[test]
 fn local_gradients_hook_leaves_each_rank_its_own_gradient() {
-    let init = to_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 3));
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 3));
     let ranks = run_ranks(2, |pg| {
         let device = Default::default();
         let rank = pg.rank();
-        let (x, y) = batch(&shard(0, 2, rank), &device);
+        let (x, y) = batch(&contiguous_shard(0, 2, rank), &device);
         // The reference: this rank's batch through burn alone, no DDP.
         let model = mlp_from(&init);
         let loss =

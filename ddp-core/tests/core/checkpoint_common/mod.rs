@@ -3,14 +3,12 @@
 //! Every test crate using it also declares `mod common;`.
 #![allow(dead_code)]
 
-use crate::common::{B, Mlp, batch, flat_params};
+use crate::common::{B, HIDDEN, Mlp, batch, flat_params, mlp_from, record_bytes};
 use burn::backend::flex::FlexDevice;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
-use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::AdamConfig;
-use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use ddp_core::checkpoint::{
     CheckpointConfig, FullCheckpointer, LoadOutcome, Resumed, SavedCheckpoint, TrainingState,
 };
@@ -24,7 +22,6 @@ pub const BATCH_PER_RANK: usize = 3;
 pub const EPOCHS: u64 = 2;
 pub const SEED: u64 = 11;
 pub const LR: f64 = 0.01;
-pub const HIDDEN: usize = 16;
 
 /// Item `i` is the index `i` of the synthetic set.
 #[derive(Debug, Clone, Copy)]
@@ -63,19 +60,9 @@ pub fn loader(world: usize, rank: usize) -> Loader {
         .expect("loader")
 }
 
-/// A fixed initial model, as recorder bytes (ids included).
+/// A fixed initial model, as recorder bytes (ids included); `common::mlp_from` loads it.
 pub fn init_bytes() -> Vec<u8> {
-    let device = Default::default();
-    let m = Mlp::<B>::new(&device, HIDDEN);
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    Recorder::<B>::record(&rec, m.into_record(), ()).expect("record")
-}
-
-pub fn load_init(bytes: &[u8]) -> Mlp<B> {
-    let device = Default::default();
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &device).expect("load");
-    Mlp::<B>::new(&device, HIDDEN).load_record(record)
+    record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN))
 }
 
 /// When a run stops (after saving a checkpoint).
@@ -121,7 +108,7 @@ pub fn run(pg: ProcessGroup, init: &[u8], dir: &Path, start: Start, stop: Stop) 
     let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg.clone()).expect("checkpointer");
     let mut model = match start {
         // Only rank 0 holds the reference weights; DDP copies them to the others.
-        Start::Init if rank == 0 => load_init(init),
+        Start::Init if rank == 0 => mlp_from(init),
         _ => Mlp::<B>::new(&device, HIDDEN),
     };
     let mut optim = AdamConfig::new().init::<B, Mlp<B>>();

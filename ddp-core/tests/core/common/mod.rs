@@ -4,6 +4,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig, Relu};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use ddp_core::comm::{
@@ -14,6 +15,32 @@ use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
 pub type B = Autodiff<Flex>;
+
+/// Hidden units of the [`Mlp`] the sharded-training tests train.
+pub const HIDDEN: usize = 16;
+/// Samples per global step in those tests, split evenly over 1, 2, 3 or 4 ranks.
+pub const GLOBAL_BATCH: usize = 12;
+
+/// Rank `rank`'s contiguous share of global step `step` ([`GLOBAL_BATCH`] samples).
+pub fn contiguous_shard(step: usize, world: usize, rank: usize) -> Vec<usize> {
+    let per = GLOBAL_BATCH / world;
+    (0..per)
+        .map(|i| step * GLOBAL_BATCH + rank * per + i)
+        .collect()
+}
+
+/// The module's record as bytes, at full precision: a snapshot to rebuild replicas from.
+pub fn record_bytes<M: Module<B>>(m: &M) -> Vec<u8> {
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    Recorder::<B>::record(&rec, m.clone().into_record(), ()).expect("record")
+}
+
+/// An [`Mlp`] of [`HIDDEN`] units with the weights of [`record_bytes`]' snapshot.
+pub fn mlp_from(bytes: &[u8]) -> Mlp<B> {
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = Recorder::<B>::load(&rec, bytes.to_vec(), &Default::default()).expect("load");
+    Mlp::<B>::new(&Default::default(), HIDDEN).load_record(record)
+}
 
 /// Two linear layers; `extra` is used only when `use_extra` is set in the forward.
 #[derive(Module, Debug)]
