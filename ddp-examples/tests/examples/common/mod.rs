@@ -111,28 +111,4 @@ fn safetensors(bytes: &[u8]) -> BTreeMap<String, Tensor> {
         .collect()
 }
 
-/// The live children of `parent` whose environment contains `RANK=<rank>`: a launcher's worker.
-pub fn worker_pids(parent: u32, rank: usize) -> Vec<i32> {
-    let want = format!("RANK={rank}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Fields after the parenthesised name: state, ppid, ...
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            ppid == Some(parent)
-        })
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .unwrap_or_default()
-                .split(|&b| b == 0)
-                .any(|var| var == want.as_bytes())
-        })
-        .collect()
-}
+pub use ddp_test_support::worker_pids;
