@@ -533,9 +533,15 @@ mod overlap {
         buckets: usize,
     }
 
-    fn median_f(mut v: Vec<f64>) -> f64 {
+    /// The first quartile, median and third quartile of `v` (zeros when it is empty).
+    fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
         v.sort_by(|a, b| a.total_cmp(b));
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
+        (at(1), at(2), at(3))
+    }
+
+    fn median_f(v: Vec<f64>) -> f64 {
+        quartiles(v).1
     }
 
     fn median_u(mut v: Vec<usize>) -> usize {
@@ -613,16 +619,14 @@ mod overlap {
     /// Step time over `base`'s in the same round, per round: median, and the quartiles that
     /// show how much the machine's noise moves it.
     fn ratios(row: &Row, base: &Row) -> (f64, f64, f64) {
-        let mut r: Vec<f64> = row
+        let r: Vec<f64> = row
             .step
             .iter()
             .zip(&base.step)
             .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64().max(1e-9))
             .collect();
-        r.sort_by(|a, b| a.total_cmp(b));
-        let at = |q: usize| r.get((r.len() * q / 4).min(r.len().saturating_sub(1)));
-        let at = |q| at(q).copied().unwrap_or(0.0);
-        (at(2), at(1), at(3))
+        let (q1, median, q3) = quartiles(r);
+        (median, q1, q3)
     }
 
     fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {

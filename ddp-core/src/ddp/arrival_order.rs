@@ -26,11 +26,17 @@ pub(crate) fn agree_on_rank0_order(
     current: &[usize],
 ) -> Result<Vec<usize>, OrderError> {
     let n = current.len();
+    let mut arrived = vec![false; n];
+    for &x in arrival {
+        if let Some(a) = arrived.get_mut(x) {
+            *a = true;
+        }
+    }
     let mut order: Vec<i64> = arrival.iter().map(|&x| x as i64).collect();
     order.extend(
         current
             .iter()
-            .filter(|x| !arrival.contains(x))
+            .filter(|&&x| !arrived.get(x).copied().unwrap_or(false))
             .map(|&x| x as i64),
     );
     if let Some(pg) = pg.filter(|pg| pg.world_size() > 1) {
