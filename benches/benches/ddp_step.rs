@@ -24,8 +24,8 @@
 //! that ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
 //! taps) and with layer boundaries marked (overlap off otherwise); modes are interleaved in
 //! rounds of one step each. `/ off` is the median over rounds of the step time over overlap
-//! off's in the same round, `quartiles` that ratio's first and third quartiles (how much noise
-//! moves it). `ready early` is the median number of buckets that were ready at least 1 ms before
+//! off's in the same round, `95% CI` that median's distribution-free confidence interval (an
+//! interval reaching below 1.00: no slowdown measurable in this many rounds). `ready early` is the median number of buckets that were ready at least 1 ms before
 //! backward ended (`StepStats::bucket_ready`). World 1: the default's step time over overlap
 //! off for each model, the same way (the cost of its anchors; goal <= 1.03). `--worlds 1` runs
 //! only the world-1 tables.
@@ -178,8 +178,8 @@ fn pytorch_overlap(python: &str, args: &Args) -> Result<()> {
         println!("{line}");
     }
     println!(
-        "  {:<20} {:<26} {:>9.2} {:>7} {:>8.0}%",
-        "transformer 3.2M", "PyTorch DDP (gloo)", step_ms, "-", hidden
+        "  {:<20} {:<26} {:>9.2} {:>7} {:>13} {:>8.0}%",
+        "transformer 3.2M", "PyTorch DDP (gloo)", step_ms, "-", "-", hidden
     );
     Ok(())
 }
@@ -533,15 +533,9 @@ mod overlap {
         buckets: usize,
     }
 
-    /// The first quartile, median and third quartile of `v` (zeros when it is empty).
-    fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    fn median_f(mut v: Vec<f64>) -> f64 {
         v.sort_by(|a, b| a.total_cmp(b));
-        let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
-        (at(1), at(2), at(3))
-    }
-
-    fn median_f(v: Vec<f64>) -> f64 {
-        quartiles(v).1
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
     }
 
     fn median_u(mut v: Vec<usize>) -> usize {
@@ -616,17 +610,26 @@ mod overlap {
             .collect())
     }
 
-    /// Step time over `base`'s in the same round, per round: median, and the quartiles that
-    /// show how much the machine's noise moves it.
+    /// Step time over `base`'s in the same round, per round: the median, and its 95% confidence
+    /// interval. The interval is distribution-free (the order statistics `n/2 -+ 0.98 sqrt(n)`
+    /// of the sorted ratios), so it needs no model of the machine's noise: an interval that
+    /// reaches below 1.00 means no slowdown is measurable at this many rounds.
     fn ratios(row: &Row, base: &Row) -> (f64, f64, f64) {
-        let r: Vec<f64> = row
+        let mut r: Vec<f64> = row
             .step
             .iter()
             .zip(&base.step)
             .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64().max(1e-9))
             .collect();
-        let (q1, median, q3) = quartiles(r);
-        (median, q1, q3)
+        r.sort_by(|a, b| a.total_cmp(b));
+        let n = r.len();
+        if n == 0 {
+            return (0.0, 0.0, 0.0);
+        }
+        let half_width = 0.98 * (n as f64).sqrt();
+        let lo = ((n as f64 / 2.0 - half_width).floor().max(0.0)) as usize;
+        let hi = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
+        (r[n / 2], r[lo], r[hi])
     }
 
     fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {
@@ -638,14 +641,14 @@ mod overlap {
             bail!("the overlap table needs the overlap-off mode");
         };
         for (mode, row) in &rows {
-            let (ratio, q1, q3) = ratios(row, off);
+            let (ratio, lo, hi) = ratios(row, off);
             println!(
                 "  {:<20} {:<26} {:>9.2} {:>7.3} {:>13} {:>8.0}% {:>9.2} {:>5}/{:<3}",
                 W::NAME,
                 mode.label(),
                 ms(median(row.step.clone())),
                 ratio,
-                format!("{q1:.3}-{q3:.3}"),
+                format!("{lo:.3}-{hi:.3}"),
                 100.0 * median_f(row.overlap.clone()),
                 ms(median(row.comm.clone())),
                 median_u(row.early.clone()),
@@ -662,14 +665,7 @@ mod overlap {
             );
             println!(
                 "# {:<20} {:<26} {:>9} {:>7} {:>13} {:>9} {:>9} {:>9}",
-                "model",
-                "mode",
-                "step ms",
-                "/ off",
-                "quartiles",
-                "hidden",
-                "comm ms",
-                "ready early"
+                "model", "mode", "step ms", "/ off", "95% CI", "hidden", "comm ms", "ready early"
             );
         }
         for model in &args.models {
@@ -689,14 +685,14 @@ mod overlap {
         let [(_, default), (_, off)] = rows.as_slice() else {
             bail!("world 1 measures two modes");
         };
-        let (ratio, q1, q3) = ratios(default, off);
+        let (ratio, lo, hi) = ratios(default, off);
         println!(
             "  {:<20} {:>11.2} {:>9.2} {:>8.3} {:>13}",
             W::NAME,
             ms(median(default.step.clone())),
             ms(median(off.step.clone())),
             ratio,
-            format!("{q1:.3}-{q3:.3}")
+            format!("{lo:.3}-{hi:.3}")
         );
         Ok(())
     }
@@ -705,7 +701,7 @@ mod overlap {
         println!("#\n# world 1: default / overlap off (the anchors' cost; goal <= 1.03)");
         println!(
             "# {:<20} {:>11} {:>9} {:>8} {:>13}",
-            "model", "default ms", "off ms", "ratio", "quartiles"
+            "model", "default ms", "off ms", "ratio", "95% CI"
         );
         for model in &args.models {
             match model.as_str() {

@@ -149,11 +149,12 @@
 //! communication ran during backward, [`StepStats::bucket_ready`] when each bucket was ready
 //! relative to the end of backward, and [`StepStats::anchored_taps`] how many taps were anchored.
 //!
-//! Measured with the `ddp_step` bench (`--overlap-only`, world 2 over shared memory, DDP's
-//! default configuration, the 2-core machine, seven runs; README, "Overlap"): share of
-//! all-reduce time hidden behind backward by default 35-61% (MLP), 89-94% (transformer),
-//! 92-100% (CNN); with overlap off 11-29%, 5-7%, 57-78%. At world 1 the default's step time
-//! over overlap off's, as the median of per-step paired ratios, was 0.97-1.01 on all three.
+//! Measured with the `ddp_step` bench (`--overlap-only --overlap-steps 100`, world 2 over
+//! shared memory, DDP's default configuration, the 2-core machine, two runs; README,
+//! "Benchmarks"): share of all-reduce time hidden behind backward by default 56-62% (MLP),
+//! 90-91% (transformer), 99% (CNN); with overlap off 13-15%, 6-7%, 74%. The default's step time
+//! over overlap off's (median of per-round paired ratios) was 0.977-1.002 at world 2, each
+//! with a 95% interval reaching below 1.00, and 0.997-1.020 at world 1.
 //!
 //! ## Memory traffic
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers
