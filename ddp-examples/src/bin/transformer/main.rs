@@ -189,13 +189,20 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
 
     let (accuracy, total) = token_accuracy(args, ddp.module(), &pg, &device)?;
     overlap.sort_by(|a, b| a.total_cmp(b));
+    // A run resumed from a finished checkpoint takes no step: it has no overlap to report.
+    let overlap = match overlap.get(overlap.len() / 2) {
+        Some(median) => format!(
+            "median all-reduce overlap with backward {:.0}%",
+            median * 100.0
+        ),
+        None => "no training step in this run".to_string(),
+    };
     if rank == 0 {
         println!(
-            "transformer: token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s); median all-reduce overlap with backward {:.0}%)",
+            "transformer: token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s); {overlap})",
             accuracy * 100.0,
             args.epochs,
             start.elapsed().as_secs_f64(),
-            overlap.get(overlap.len() / 2).copied().unwrap_or(0.0) * 100.0
         );
     }
     let state_bytes = optim.state_bytes()?;
