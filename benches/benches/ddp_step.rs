@@ -24,8 +24,9 @@
 //! that ran during backward, with DDP's default, with overlap off (`automatic_overlap(false)`, plain
 //! taps) and with layer boundaries marked (overlap off otherwise); modes are interleaved in
 //! rounds of one step each. `/ off` is the median over rounds of the step time over overlap
-//! off's in the same round, `95% CI` that median's distribution-free confidence interval (an
-//! interval reaching below 1.00: no slowdown measurable in this many rounds). `ready early` is the median number of buckets that were ready at least 1 ms before
+//! off's in the same round, `95% CI` that median's distribution-free confidence interval (one
+//! reaching 1.00 or below: no slowdown measurable in this many rounds; none under 6 rounds).
+//! `ready early` is the median number of buckets that were ready at least 1 ms before
 //! backward ended (`StepStats::bucket_ready`). World 1: the default's step time over overlap
 //! off for each model, the same way (the cost of its anchors; goal <= 1.03). `--worlds 1` runs
 //! only the world-1 tables.
@@ -68,7 +69,7 @@ struct Args {
     /// The allocator of this process (set by the parent for each row).
     #[arg(long, hide = true)]
     allocator_row: Option<String>,
-    /// Measured steps per model and mode in the overlap table (after one warm-up round).
+    /// Measured steps per model and mode in the overlap table (after two warm-up rounds).
     #[arg(long, default_value_t = 12)]
     overlap_steps: usize,
     /// Only the overlap table (default vs off vs boundaries, three models).
@@ -610,11 +611,15 @@ mod overlap {
             .collect())
     }
 
+    /// Rounds below which no distribution-free 95% interval of a median exists.
+    const MIN_ROUNDS_FOR_INTERVAL: usize = 6;
+
     /// Step time over `base`'s in the same round, per round: the median, and its 95% confidence
-    /// interval. The interval is distribution-free (the order statistics `n/2 -+ 0.98 sqrt(n)`
-    /// of the sorted ratios), so it needs no model of the machine's noise: an interval that
-    /// reaches below 1.00 means no slowdown is measurable at this many rounds.
-    fn ratios(row: &Row, base: &Row) -> (f64, f64, f64) {
+    /// interval as text. The interval is distribution-free (the order statistics
+    /// `n/2 -+ 0.98 sqrt(n)` of the sorted ratios), so it needs no model of the machine's noise:
+    /// one that reaches 1.00 or below means no slowdown is measurable at this many rounds.
+    /// Under [`MIN_ROUNDS_FOR_INTERVAL`] rounds it is `-`.
+    fn ratios(row: &Row, base: &Row) -> (f64, String) {
         let mut r: Vec<f64> = row
             .step
             .iter()
@@ -623,13 +628,14 @@ mod overlap {
             .collect();
         r.sort_by(|a, b| a.total_cmp(b));
         let n = r.len();
-        if n == 0 {
-            return (0.0, 0.0, 0.0);
+        let median = r.get(n / 2).copied().unwrap_or(0.0);
+        if n < MIN_ROUNDS_FOR_INTERVAL {
+            return (median, "-".to_string());
         }
         let half_width = 0.98 * (n as f64).sqrt();
-        let lo = ((n as f64 / 2.0 - half_width).floor().max(0.0)) as usize;
+        let lo = (n as f64 / 2.0 - half_width).floor().max(0.0) as usize;
         let hi = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
-        (r[n / 2], r[lo], r[hi])
+        (median, format!("{:.3}-{:.3}", r[lo], r[hi]))
     }
 
     fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {
@@ -641,14 +647,14 @@ mod overlap {
             bail!("the overlap table needs the overlap-off mode");
         };
         for (mode, row) in &rows {
-            let (ratio, lo, hi) = ratios(row, off);
+            let (ratio, interval) = ratios(row, off);
             println!(
                 "  {:<20} {:<26} {:>9.2} {:>7.3} {:>13} {:>8.0}% {:>9.2} {:>5}/{:<3}",
                 W::NAME,
                 mode.label(),
                 ms(median(row.step.clone())),
                 ratio,
-                format!("{lo:.3}-{hi:.3}"),
+                interval,
                 100.0 * median_f(row.overlap.clone()),
                 ms(median(row.comm.clone())),
                 median_u(row.early.clone()),
@@ -685,14 +691,14 @@ mod overlap {
         let [(_, default), (_, off)] = rows.as_slice() else {
             bail!("world 1 measures two modes");
         };
-        let (ratio, lo, hi) = ratios(default, off);
+        let (ratio, interval) = ratios(default, off);
         println!(
             "  {:<20} {:>11.2} {:>9.2} {:>8.3} {:>13}",
             W::NAME,
             ms(median(default.step.clone())),
             ms(median(off.step.clone())),
             ratio,
-            format!("{lo:.3}-{hi:.3}")
+            interval
         );
         Ok(())
     }

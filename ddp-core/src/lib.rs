@@ -154,7 +154,7 @@
 //! "Benchmarks"): share of all-reduce time hidden behind backward by default 56-62% (MLP),
 //! 90-91% (transformer), 99% (CNN); with overlap off 13-15%, 6-7%, 74%. The default's step time
 //! over overlap off's (median of per-round paired ratios) was 0.977-1.002 at world 2, each
-//! with a 95% interval reaching below 1.00, and 0.997-1.020 at world 1.
+//! with a 95% interval reaching 1.00 or below, and 0.997-1.020 at world 1.
 //!
 //! ## Memory traffic
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers

@@ -23,6 +23,28 @@ pub struct RankOutput {
     pub stderr: String,
 }
 
+/// Asserts that rank `dead` was killed by a signal and that every other rank failed cleanly
+/// (exit code 3) with an error naming it.
+#[track_caller]
+pub fn assert_survivors_name_the_dead(out: &[RankOutput], dead: usize) {
+    assert_eq!(out[dead].code, None, "rank {dead} was killed by SIGKILL");
+    for o in out.iter().filter(|o| o.rank != dead) {
+        assert_eq!(
+            o.code,
+            Some(3),
+            "rank {} should fail cleanly: {}",
+            o.rank,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(&format!("rank {dead}")),
+            "rank {} must name rank {dead}: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+}
+
 /// A process group of one rank over a store of its own (the server is returned to keep it up).
 pub fn one_rank_group()
 -> Result<(ddp_comm::StoreServer, ddp_comm::ProcessGroup), ddp_comm::CommError> {

@@ -107,7 +107,7 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
         "{rounds:?}\n{}",
         outs[0].all()
     );
-    assert_all_gone(&workers, Duration::from_secs(10));
+    assert_all_gone(&workers);
 }
 
 /// A finished job's state stays in etcd: a launcher that comes later with the same job id
@@ -125,14 +125,10 @@ fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
     }
     let out = run(job.command(&["--max-restarts", "3"]));
     assert_eq!(out.status.code(), Some(0), "{}", out.all());
-    assert!(
-        out.stderr.contains(&format!(
+    out.assert_stderr_has(&format!(
             "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
-        )),
-        "{}",
-        out.all()
-    );
-    assert_all_gone(&workers, Duration::from_secs(10));
+        ));
+    assert_all_gone(&workers);
 }
 
 /// etcd is the job's one shared service: when it is lost, every launcher stops its workers and
@@ -161,7 +157,7 @@ fn etcd_lost_while_the_job_runs_stops_every_node_with_the_endpoint() {
             out.all()
         );
     }
-    assert_all_gone(&workers, Duration::from_secs(10));
+    assert_all_gone(&workers);
 }
 
 #[test]
@@ -182,12 +178,8 @@ fn etcd_unreachable_is_an_error_naming_the_endpoint() {
     cmd.env("RUST_LOG", "warn");
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
-    assert!(
-        out.stderr.contains(&format!(
-            "at 127.0.0.1:{port} failed: cannot reach the etcd server within 2s"
-        )),
-        "{}",
-        out.all()
-    );
+    out.assert_stderr_has(&format!(
+        "at 127.0.0.1:{port} failed: cannot reach the etcd server within 2s"
+    ));
     assert!(!out.stderr.contains("panicked"), "{}", out.all());
 }

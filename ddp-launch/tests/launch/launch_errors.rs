@@ -74,12 +74,7 @@ fn zero_processes_per_node_is_rejected_by_the_launch_api_too() {
     cmd.args(["--nproc-per-node", "0"]);
     let out = run(cmd);
     assert!(!out.status.success(), "{}", out.all());
-    assert!(
-        out.stderr
-            .contains("Error: --nproc-per-node must be at least 1, got 0"),
-        "{}",
-        out.all()
-    );
+    out.assert_stderr_has("Error: --nproc-per-node must be at least 1, got 0");
 }
 
 #[test]
@@ -241,13 +236,9 @@ fn node_without_node_0_gives_up_after_the_join_timeout() {
         &["--join-timeout", "1", "--", "true"],
     ));
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
-    assert!(
-        out.stderr.contains(&format!(
+    out.assert_stderr_has(&format!(
             "ddp-run: error: rendezvous of node 1 through 127.0.0.1:{port} failed: node 0's launcher did not answer within 1s"
-        )),
-        "{}",
-        out.all()
-    );
+        ));
 }
 
 #[test]
@@ -268,25 +259,16 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
         &["--nproc-per-node", "1", "--", "true"],
     ));
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
-    assert!(
-        out.stderr.contains(
-            "node 0 runs with --nnodes 2 --nproc-per-node 2 --max-restarts 0 but this node with \
-             --nnodes 2 --nproc-per-node 1 --max-restarts 0: every node must use the same settings"
-        ),
-        "{}",
-        out.all()
+    out.assert_stderr_has(
+        "node 0 runs with --nnodes 2 --nproc-per-node 2 --max-restarts 0 but this node with \
+             --nnodes 2 --nproc-per-node 1 --max-restarts 0: every node must use the same settings",
     );
 
     let mut wrong_token = two_node_args(1, port, &["--nproc-per-node", "2", "--", "true"]);
     wrong_token.env("DDP_JOB_TOKEN", "another-secret");
     let out = run(wrong_token);
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
-    assert!(
-        out.stderr
-            .contains("set the same DDP_JOB_TOKEN on every node"),
-        "{}",
-        out.all()
-    );
+    out.assert_stderr_has("set the same DDP_JOB_TOKEN on every node");
 
     // Node 0 never started a worker (nobody joined) and stops cleanly when told to.
     std::thread::sleep(Duration::from_millis(200));
@@ -300,9 +282,5 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
         "{}",
         out.all()
     );
-    assert!(
-        out.stderr.contains("the launcher received SIGTERM"),
-        "{}",
-        out.all()
-    );
+    out.assert_stderr_has("the launcher received SIGTERM");
 }

@@ -253,23 +253,14 @@ fn failure_on_one_node_stops_the_other_node() {
     let (out0, out1) = (node0.finish(), node1.finish());
     assert_eq!(out0.status.code(), Some(1), "node 0:\n{}", out0.all());
     assert_eq!(out1.status.code(), Some(1), "node 1:\n{}", out1.all());
-    assert!(
-        out0.stderr
-            .contains("first failure: rank 1 (local rank 1 on node 0"),
-        "{}",
-        out0.all()
-    );
-    assert!(
-        out1.stderr.contains(
-            "first failure: another node failed: rank 1 (local rank 1 on node 0) exited with code 1"
-        ),
-        "{}",
-        out1.all()
+    out0.assert_stderr_has("first failure: rank 1 (local rank 1 on node 0");
+    out1.assert_stderr_has(
+        "first failure: another node failed: rank 1 (local rank 1 on node 0) exited with code 1",
     );
     for dir in &dirs {
         let pids = pids_in(dir.path());
         assert_eq!(pids.len(), 2);
-        assert_all_gone(&pids, std::time::Duration::from_secs(2));
+        assert_all_gone(&pids);
     }
 }
 
@@ -306,12 +297,7 @@ fn both_nodes_restart_together_after_a_failure() {
         out0.all()
     );
     for (out, ranks) in [(&out0, [0, 1]), (&out1, [2, 3])] {
-        assert!(
-            out.stderr
-                .contains("restarting every worker (restart 1 of 1)"),
-            "{}",
-            out.all()
-        );
+        out.assert_stderr_has("restarting every worker (restart 1 of 1)");
         for rank in ranks {
             assert!(
                 out.stdout

@@ -3,7 +3,7 @@
 //! hierarchical all-reduce). Every test checks that no segment of its job is left in
 //! `/dev/shm` (each test names its job through `DDP_JOB_ID`, which prefixes segment names).
 
-use ddp_tests::{RankOutput, spawn_world};
+use ddp_tests::{RankOutput, assert_survivors_name_the_dead, spawn_world};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -88,38 +88,18 @@ fn collectives_over_shared_memory_across_processes() {
 #[test]
 fn killed_rank_is_named_by_the_survivors_and_leaves_no_segment() {
     let job = job_id("die");
-    let start = Instant::now();
     let out = spawn_world(WORKER, &["die"], 4, Duration::from_secs(90), |_| {
         env(&[
             ("DIE_RANK", "2"),
             ("DIE_AT", "5"),
-            ("DDP_TIMEOUT_SECS", "30"),
+            // Far beyond the harness's 90 s: only the liveness check can end the survivors in
+            // time (a rank still waiting then is killed and fails the exit-code check).
+            ("DDP_TIMEOUT_SECS", "600"),
             ("DDP_TRANSPORT", "shm"),
             ("DDP_JOB_ID", &job),
         ])
     });
-    assert_eq!(out[2].code, None, "rank 2 was killed by SIGKILL");
-    for o in out.iter().filter(|o| o.rank != 2) {
-        assert_eq!(
-            o.code,
-            Some(3),
-            "rank {} should fail cleanly: {}",
-            o.rank,
-            o.stderr
-        );
-        assert!(
-            o.stderr.contains("rank 2"),
-            "rank {} must name rank 2: {}",
-            o.rank,
-            o.stderr
-        );
-    }
-    // Found by the liveness check (every 100 ms of waiting), not by the 30 s timeout.
-    assert!(
-        start.elapsed() < Duration::from_secs(20),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert_survivors_name_the_dead(&out, 2);
     assert_eq!(
         segments_of(&job),
         Vec::<String>::new(),
@@ -383,7 +363,6 @@ fn two_hosts_in_network_namespaces_use_the_hierarchical_all_reduce() {
 
     // A rank that dies behind the other host's leader is still named by every survivor.
     let job = job_id("hierdie");
-    let start = Instant::now();
     let out = hosts.run(
         &["die"],
         4,
@@ -391,32 +370,14 @@ fn two_hosts_in_network_namespaces_use_the_hierarchical_all_reduce() {
         &[
             ("DIE_RANK", "3"),
             ("DIE_AT", "5"),
-            ("DDP_TIMEOUT_SECS", "30"),
+            // Far beyond the harness's 90 s: only the liveness check can end the survivors in
+            // time (a rank still waiting then is killed and fails the exit-code check).
+            ("DDP_TIMEOUT_SECS", "600"),
             ("DDP_TRANSPORT", "shm"),
             ("DDP_JOB_ID", &job),
         ],
     );
-    assert_eq!(out[3].code, None, "rank 3 was killed by SIGKILL");
-    for o in out.iter().filter(|o| o.rank != 3) {
-        assert_eq!(
-            o.code,
-            Some(3),
-            "rank {} should fail cleanly: {}",
-            o.rank,
-            o.stderr
-        );
-        assert!(
-            o.stderr.contains("rank 3"),
-            "rank {} must name rank 3: {}",
-            o.rank,
-            o.stderr
-        );
-    }
-    assert!(
-        start.elapsed() < Duration::from_secs(20),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert_survivors_name_the_dead(&out, 3);
     assert_eq!(
         segments_of(&job),
         Vec::<String>::new(),
