@@ -126,8 +126,8 @@ fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
     let out = run(job.command(&["--max-restarts", "3"]));
     assert_eq!(out.status.code(), Some(0), "{}", out.all());
     out.assert_stderr_has(&format!(
-            "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
-        ));
+        "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
+    ));
     assert_all_gone(&workers);
 }
 

@@ -237,8 +237,8 @@ fn node_without_node_0_gives_up_after_the_join_timeout() {
     ));
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has(&format!(
-            "ddp-run: error: rendezvous of node 1 through 127.0.0.1:{port} failed: node 0's launcher did not answer within 1s"
-        ));
+        "ddp-run: error: rendezvous of node 1 through 127.0.0.1:{port} failed: node 0's launcher did not answer within 1s"
+    ));
 }
 
 #[test]

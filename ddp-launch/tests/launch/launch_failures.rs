@@ -37,8 +37,8 @@ fn sigkilled_rank_stops_the_others_and_the_summary_names_rank_and_signal() {
         .map(|(_, p)| *p)
         .expect("rank 1 pid");
     out.assert_stderr_has(&format!(
-            "first failure: rank 1 (local rank 1 on node 0, pid {rank1}) was killed by SIGKILL (signal 9)"
-        ));
+        "first failure: rank 1 (local rank 1 on node 0, pid {rank1}) was killed by SIGKILL (signal 9)"
+    ));
     // The escalation happened: rank 0 ignored SIGTERM.
     out.assert_stderr_has("rank 0 was killed by SIGKILL");
     // The tail shows rank 1's last words.

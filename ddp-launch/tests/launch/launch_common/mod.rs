@@ -255,12 +255,9 @@ pub fn kill_all(pids: &[(String, i32)]) {
 }
 
 /// A usage error: exit code 2, `expected` on stderr, and no panic.
+#[track_caller]
 pub fn assert_usage_error(out: &Finished, expected: &str) {
     assert_eq!(out.status.code(), Some(2), "{}", out.all());
-    assert!(
-        out.stderr.contains(expected),
-        "expected {expected:?} in\n{}",
-        out.all()
-    );
+    out.assert_stderr_has(expected);
     assert!(!out.stderr.contains("panicked"), "{}", out.all());
 }
