@@ -128,6 +128,7 @@ mod nccl;
 #[cfg(test)]
 mod proptest_support;
 mod reduce_op;
+pub mod stand_in;
 pub mod store;
 mod transport;
 pub mod watchdog;

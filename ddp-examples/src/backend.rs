@@ -14,7 +14,7 @@ pub enum BackendKind {
     Cuda,
 }
 
-/// `--collectives auto|nccl|host`: which collectives reduce the gradient buckets
+/// `--collectives auto|nccl|host|stand-in`: which collectives reduce the gradient buckets
 /// ([`ddp_core::Collectives`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CollectivesArg {
@@ -25,6 +25,9 @@ pub enum CollectivesArg {
     Nccl,
     /// The CPU transports (shared memory, TCP), gradients staged in host memory.
     Host,
+    /// The device engine that drives NCCL, on its CPU stand-in (host buffers, a communication
+    /// thread per rank): runs the GPU engine's protocol on any machine.
+    StandIn,
 }
 
 impl From<CollectivesArg> for ddp_core::Collectives {
@@ -33,6 +36,7 @@ impl From<CollectivesArg> for ddp_core::Collectives {
             CollectivesArg::Auto => ddp_core::Collectives::Auto,
             CollectivesArg::Nccl => ddp_core::Collectives::Nccl,
             CollectivesArg::Host => ddp_core::Collectives::Host,
+            CollectivesArg::StandIn => ddp_core::Collectives::StandIn,
         }
     }
 }

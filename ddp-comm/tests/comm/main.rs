@@ -14,6 +14,7 @@ mod mesh_flood;
 mod mesh_strangers;
 mod mpi_selection;
 mod shm_setup;
+mod stand_in;
 mod store_contract;
 mod store_multi_get;
 mod store_strangers;

@@ -16,6 +16,13 @@ pub enum Collectives {
     Nccl,
     /// The process group's CPU transports (shared memory, TCP), with [`HostStaging`].
     Host,
+    /// The device engine that drives NCCL, run on its CPU stand-in: buckets are staged in host
+    /// memory, and a communicator of their own (a subgroup over the CPU transports, with its
+    /// own communication thread and watchdog) averages them in issue order, as NCCL does on a
+    /// GPU stream. The gradients are the same as with [`Host`](Self::Host), at any backend and
+    /// world size; it exists to run and test the GPU engine's protocol (issuing thread, bucket
+    /// order across ranks, watchdog, abort) on machines without GPUs.
+    StandIn,
 }
 
 /// How gradients reach the CPU transports (shared memory, TCP) when ranks do not reduce on the

@@ -1,8 +1,9 @@
 //! Which [`BucketReduction`] reduces the buckets ([`DdpConfig::collectives`],
 //! [`DdpConfig::host_staging`], the registered communication hook), and the [`Reducer`] that feeds it.
 //!
-//! - NCCL on the GPU ([`NcclReduction`](crate::ddp::reducer::NcclReduction), feature `cuda`) when the
-//!   model is on burn's CUDA backend and the ranks can all load libnccl, or when asked for.
+//! - NCCL on the GPU (the device engine, `DeviceReduction` over `NcclDevice`, feature `cuda`)
+//!   when the model is on burn's CUDA backend and the ranks can all load libnccl, or when asked
+//!   for; the same engine over its CPU stand-in for [`Collectives::StandIn`].
 //! - Otherwise world size 1 keeps gradients where they are, and larger worlds reduce over the
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
 //!   the GPU.
@@ -13,6 +14,7 @@ use crate::ddp::hooks::CommHook;
 use crate::ddp::params::ParamTable;
 use crate::ddp::reducer::{
     BucketReduction, HookReduction, HostReduction, LocalReduction, Reducer, StagedReduction,
+    StandInDevice, StandInReduction,
 };
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
@@ -44,6 +46,14 @@ pub(super) fn choose_reduction<I: Backend>(
         }
         return Ok(Arc::new(HookReduction::new(host(), hook)?));
     }
+    if config.collectives == Collectives::StandIn {
+        let device = StandInDevice::new(pg)?;
+        return Ok(Arc::new(StandInReduction::start(
+            device,
+            pg.rank(),
+            pg.timeout(),
+        )?));
+    }
     if let Some(reduction) = nccl::reduction(pg, config.collectives, table)? {
         return Ok(reduction);
     }
@@ -72,10 +82,11 @@ fn chosen_hook(
         return Ok(None);
     };
     let what = format!("register_comm_hook: the {} hook", hook.name());
-    if config.collectives == Collectives::Nccl {
+    if matches!(config.collectives, Collectives::Nccl | Collectives::StandIn) {
         return Err(DdpError::InvalidConfig(format!(
-            "{what} runs on the CPU transports, which Collectives::Nccl would skip; use \
-             Collectives::Auto or Host, or register no hook to reduce with NCCL"
+            "{what} runs on the CPU transports, which Collectives::{:?} would skip; use \
+             Collectives::Auto or Host, or register no hook to reduce on the device",
+            config.collectives
         )));
     }
     if config.host_staging == HostStaging::PerBucket {
@@ -125,7 +136,7 @@ mod nccl {
                  (cargo build --features cuda); or use Collectives::Auto or Host"
                     .into(),
             )),
-            Collectives::Auto | Collectives::Host => Ok(None),
+            Collectives::Auto | Collectives::Host | Collectives::StandIn => Ok(None),
         }
     }
 
@@ -137,12 +148,12 @@ mod nccl {
 #[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::ddp::reducer::NcclReduction;
+    use crate::ddp::reducer::{NcclDevice, NcclReduction};
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
     /// (the one backend whose buffers NCCL can reduce in place).
     pub(super) fn cuda_device<I: Backend>(table: &ParamTable<I>) -> Option<usize> {
-        NcclReduction::cuda_device::<I>(&table.entries.first()?.device)
+        NcclDevice::cuda_device::<I>(&table.entries.first()?.device)
     }
 
     /// Whether the model is on a CUDA GPU, whatever burn's tensor type there (the fused one
@@ -171,7 +182,9 @@ mod nccl {
                 );
                 return Ok(None);
             }
-            (Collectives::Host, _) | (Collectives::Auto, None) => return Ok(None),
+            (Collectives::Host | Collectives::StandIn, _) | (Collectives::Auto, None) => {
+                return Ok(None);
+            }
             (Collectives::Auto, Some(_)) if pg.world_size() == 1 => return Ok(None),
             (Collectives::Nccl, None) => {
                 return Err(DdpError::InvalidConfig(format!(
@@ -184,7 +197,11 @@ mod nccl {
             (_, Some(d)) => d,
         };
         match (nccl_can_run(pg, device)?, collectives) {
-            (Ok(()), _) => Ok(Some(Arc::new(NcclReduction::new(pg, device)?))),
+            (Ok(()), _) => Ok(Some(Arc::new(NcclReduction::start(
+                NcclDevice::new(pg, device)?,
+                pg.rank(),
+                pg.timeout(),
+            )?))),
             (Err(why), Collectives::Nccl) => Err(DdpError::InvalidConfig(format!(
                 "Collectives::Nccl: {why}; use Collectives::Auto or Host to reduce through host \
                  memory instead"

@@ -11,7 +11,7 @@ const STEPS: usize = 5;
 const PER_RANK: usize = 4;
 
 #[derive(Clone, Copy, Debug)]
-enum Opt {
+pub(crate) enum Opt {
     Sgd,
     Adam,
 }
@@ -92,7 +92,7 @@ fn check(world: usize, opt: Opt) {
     check_with(world, opt, &DdpConfig::new());
 }
 
-fn check_with(world: usize, opt: Opt, config: &DdpConfig) {
+pub(crate) fn check_with(world: usize, opt: Opt, config: &DdpConfig) {
     let init = init_bytes();
     let reference = train_reference(&init, world, opt);
     let ranks = train_ddp(&init, world, opt, config);
@@ -148,6 +148,10 @@ fn world_of_one_equals_plain_training() {
 
 #[test]
 fn no_sync_accumulation_equals_one_big_batch() {
+    check_no_sync(&DdpConfig::new());
+}
+
+pub(crate) fn check_no_sync(config: &DdpConfig) {
     // k micro-batches of b (loss scaled by 1/k) accumulated with backward_no_sync, then one
     // synchronised backward == one step on k*b per rank.
     const K: usize = 3;
@@ -156,7 +160,7 @@ fn no_sync_accumulation_equals_one_big_batch() {
     let big = run_ranks(world, |pg| {
         let device = Default::default();
         let rank = pg.rank();
-        let mut ddp = DistributedDataParallel::new(load(&init), pg, DdpConfig::new()).unwrap();
+        let mut ddp = DistributedDataParallel::new(load(&init), pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         let idx: Vec<usize> = (0..K * PER_RANK).map(|i| i * world + rank).collect();
         let (x, y) = batch(&idx, &device);
@@ -170,7 +174,7 @@ fn no_sync_accumulation_equals_one_big_batch() {
     let micro = run_ranks(world, |pg| {
         let device = Default::default();
         let rank = pg.rank();
-        let mut ddp = DistributedDataParallel::new(load(&init), pg, DdpConfig::new()).unwrap();
+        let mut ddp = DistributedDataParallel::new(load(&init), pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         let mut grads = None;
         for k in 0..K {
@@ -196,11 +200,15 @@ fn no_sync_accumulation_equals_one_big_batch() {
 
 #[test]
 fn parameter_unused_on_one_rank_counts_as_zero_there_and_nobody_hangs() {
+    check_unused_parameter(&DdpConfig::new());
+}
+
+pub(crate) fn check_unused_parameter(config: &DdpConfig) {
     let init = init_bytes();
     let results = run_ranks(2, |pg| {
         let device = Default::default();
         let rank = pg.rank();
-        let mut ddp = DistributedDataParallel::new(load(&init), pg, DdpConfig::new()).unwrap();
+        let mut ddp = DistributedDataParallel::new(load(&init), pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
         for step in 0..3 {
             let (x, y) = batch(&step_indices(step, 2, Some(rank)), &device);

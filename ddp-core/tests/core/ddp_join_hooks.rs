@@ -45,13 +45,18 @@ const AFTER: usize = 2;
 
 /// Rank `r` has `batches[r]` steps of `micro` micro-batches, then joins; rank 0 saves a
 /// checkpoint, every rank loads it, and all train `AFTER` more steps.
-fn train_uneven(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<(Vec<f32>, usize)> {
+fn train_uneven(
+    initial: &Mlp<B>,
+    batches: &[usize],
+    micro: usize,
+    base: &DdpConfig,
+) -> Vec<(Vec<f32>, usize)> {
     let world = batches.len();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     run_ranks(world, |pg| {
         let rank = pg.rank();
-        let config = DdpConfig::new().with_uneven_inputs(true);
+        let config = base.clone().with_uneven_inputs(true);
         let mut ddp = DistributedDataParallel::new(initial.clone(), pg, config).unwrap();
         let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
         for step in 0..batches[rank] {
@@ -124,8 +129,13 @@ fn reference(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<f32> {
 }
 
 fn check_uneven(batches: &[usize], micro: usize) {
+    check_uneven_with(batches, micro, &DdpConfig::new());
+}
+
+/// [`check_uneven`] with `base`'s settings besides `uneven_inputs`.
+pub(crate) fn check_uneven_with(batches: &[usize], micro: usize, base: &DdpConfig) {
     let initial = model(16);
-    let got = train_uneven(&initial, batches, micro);
+    let got = train_uneven(&initial, batches, micro, base);
     let want = reference(&initial, batches, micro);
     let longest = *batches.iter().max().unwrap();
     for (rank, (params, answered)) in got.iter().enumerate() {

@@ -20,6 +20,7 @@ mod ddp_features;
 mod ddp_join_hooks;
 mod ddp_semantics;
 mod ddp_step_on;
+mod device_stand_in;
 mod exact_evaluation;
 mod fsdp;
 mod fsdp_checkpoint;

@@ -5,18 +5,24 @@
 //! them equal); every rank trains `STEPS` steps on its share of each global batch and writes its
 //! final parameters (little-endian f32) to `<output-dir>/rank<r>.bin`. `DDP_TEST_BACKEND=cuda`
 //! (feature `cuda`) trains on GPU 0 instead, every rank on the same GPU.
+//! `DDP_TEST_COLLECTIVES=stand-in` reduces through the device engine's CPU stand-in
+//! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults.
 
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, SgdConfig};
 use ddp_core::TapBackend;
-use ddp_core::{DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env};
+use ddp_core::{
+    Collectives, DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
+};
 use ddp_tests::fixtures::{
     Opt, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,
 };
 
 /// `flex` (default) or `cuda` (feature `cuda`; every rank on GPU 0, gradients host-staged).
 const BACKEND_ENV: &str = "DDP_TEST_BACKEND";
+/// `auto` (default) or `stand-in`.
+const COLLECTIVES_ENV: &str = "DDP_TEST_COLLECTIVES";
 
 fn main() {
     if let Err(e) = run() {
@@ -61,6 +67,19 @@ fn run() -> Result<()> {
     Ok(())
 }
 
+/// The DDP settings `DDP_TEST_COLLECTIVES` asks for.
+fn config() -> Result<DdpConfig> {
+    match std::env::var(COLLECTIVES_ENV).as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("auto") => Ok(DdpConfig::new()),
+        // Buckets of a few parameters, so a step has several in flight.
+        Ok("stand-in") => Ok(DdpConfig::new()
+            .with_collectives(Collectives::StandIn)
+            .with_bucket_cap_mb(0.0005)
+            .with_first_bucket_cap_mb(0.0001)),
+        other => anyhow::bail!("{COLLECTIVES_ENV}={other:?}: expected auto or stand-in"),
+    }
+}
+
 fn rank_of_env() -> Result<usize> {
     std::env::var("RANK")
         .context("RANK is not set")?
@@ -81,7 +100,7 @@ fn train<B: TapBackend>(
     } else {
         SmallMlp::<B>::new(device)
     };
-    let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new())?;
+    let mut ddp = DistributedDataParallel::new(model, pg, config()?)?;
     let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
     let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
     for step in 0..STEPS {

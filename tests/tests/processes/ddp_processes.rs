@@ -31,30 +31,12 @@ fn check_with(
     env: &[(&str, &str)],
     reference: impl Fn(&[u8]) -> Result<Vec<f32>, String>,
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = SmallMlp::<TestBackend>::seeded(&Default::default(), 7);
-    flat_params(&model); // initialise the lazy parameters before serialising
-    let init = to_bytes(&model);
-    let init_path = dir.path().join("init.bin");
-    std::fs::write(&init_path, &init).unwrap();
-    let out = dir.path().display().to_string();
-    let opt_name = if opt == Opt::Sgd { "sgd" } else { "adam" };
-    let outputs = spawn_world(
-        &worker(),
-        &[init_path.to_str().unwrap(), &out, opt_name],
-        world,
-        Duration::from_secs(120),
-        |_| {
-            env.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        },
-    );
+    let (dir, init, outputs) = run_world(world, opt, |_| pairs(env));
     for o in &outputs {
         assert_eq!(
             o.code,
             Some(0),
-            "{opt:?} world {world} rank {}: {}",
+            "{opt:?} world {world} {env:?} rank {}: {}",
             o.rank,
             o.stderr
         );
@@ -74,15 +56,46 @@ fn check_with(
                 .iter()
                 .zip(&rank0)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{opt:?} world {world}: rank {r} is not bitwise equal to rank 0"
+            "{opt:?} world {world} {env:?}: rank {r} is not bitwise equal to rank 0"
         );
     }
     let reference = reference(&init).unwrap();
     let diff = max_scaled_diff(&rank0, &reference);
     assert!(
         diff < 1e-5,
-        "{opt:?} world {world}: differs from one process by {diff}"
+        "{opt:?} world {world} {env:?}: differs from one process by {diff}"
     );
+}
+
+fn pairs(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Starts `world` workers from the seeded initial weights with `env(rank)` and waits for them
+/// (120 s at most); the output directory, the initial weights and each rank's outcome.
+fn run_world(
+    world: usize,
+    opt: Opt,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> (tempfile::TempDir, Vec<u8>, Vec<ddp_tests::RankOutput>) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = SmallMlp::<TestBackend>::seeded(&Default::default(), 7);
+    flat_params(&model); // initialise the lazy parameters before serialising
+    let init = to_bytes(&model);
+    let init_path = dir.path().join("init.bin");
+    std::fs::write(&init_path, &init).unwrap();
+    let out = dir.path().display().to_string();
+    let opt_name = if opt == Opt::Sgd { "sgd" } else { "adam" };
+    let outputs = spawn_world(
+        &worker(),
+        &[init_path.to_str().unwrap(), &out, opt_name],
+        world,
+        Duration::from_secs(120),
+        env,
+    );
+    (dir, init, outputs)
 }
 
 #[test]
@@ -124,5 +137,108 @@ fn processes_sharing_one_gpu_train_like_one_process_with_the_union_batch() {
         let reference =
             |init: &[u8]| ddp_tests::fixtures::train_reference_on::<Gpu>(init, 2, opt, &device);
         check_with(2, opt, &[("DDP_TEST_BACKEND", "cuda")], reference);
+    }
+}
+
+/// The device engine that drives NCCL, on its CPU stand-in (`Collectives::StandIn`: issuing
+/// thread, per-rank communication thread, watchdog), with ranks as processes: the same
+/// equivalence at worlds 2 to 8.
+#[test]
+fn processes_over_the_device_engine_stand_in_train_like_one_process() {
+    let stand_in = [("DDP_TEST_COLLECTIVES", "stand-in")];
+    for (world, opt) in [
+        (2, Opt::Sgd),
+        (3, Opt::Adam),
+        (4, Opt::Sgd),
+        (8, Opt::Sgd),
+        (8, Opt::Adam),
+    ] {
+        let reference = |init: &[u8]| train_reference(init, world, opt);
+        check_with(world, opt, &stand_in, reference);
+    }
+}
+
+/// Fences that complete late (each 30 ms after its bucket was read, on its own thread, so
+/// possibly out of order): the issuing thread still queues buckets in launch order.
+#[test]
+fn processes_over_the_stand_in_with_late_fences_train_like_one_process() {
+    let env = [
+        ("DDP_TEST_COLLECTIVES", "stand-in"),
+        ("DDP_TEST_STAND_IN_FENCE", "delay:30"),
+    ];
+    let reference = |init: &[u8]| train_reference(init, 3, Opt::Adam);
+    check_with(3, Opt::Adam, &env, reference);
+}
+
+/// The stand-in with a fault on rank 1 only.
+fn stand_in_fault(world: usize, fault: &str, timeout_s: &str) -> Vec<ddp_tests::RankOutput> {
+    let (_dir, _init, outputs) = run_world(world, Opt::Sgd, |rank| {
+        let mut env = pairs(&[
+            ("DDP_TEST_COLLECTIVES", "stand-in"),
+            ("DDP_TIMEOUT_SECS", timeout_s),
+        ]);
+        if rank == 1 {
+            env.push(("DDP_TEST_STAND_IN_FENCE".into(), fault.into()));
+        }
+        env
+    });
+    outputs
+}
+
+/// A fence that never completes on rank 1 (a kernel that never ends): after the timeout rank 1
+/// says which bucket it waited for, every other rank names rank 1, and every rank exits.
+#[test]
+fn stand_in_fence_that_never_completes_is_named_and_every_rank_exits() {
+    let outputs = stand_in_fault(3, "never:1", "15");
+    for o in &outputs {
+        assert_eq!(
+            o.code,
+            Some(2),
+            "rank {} exits with its error: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+    assert!(
+        outputs[1]
+            .stderr
+            .contains("has not finished the kernels that produce gradient bucket"),
+        "rank 1 names its stuck bucket: {}",
+        outputs[1].stderr
+    );
+    for o in outputs.iter().filter(|o| o.rank != 1) {
+        assert!(
+            o.stderr.contains("rank 1"),
+            "rank {} names rank 1: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+}
+
+/// Rank 1 dies (SIGKILL) between two buckets of a step: every other rank fails naming it, long
+/// before the (default, 10-minute) timeout, and exits.
+#[test]
+fn stand_in_rank_killed_between_buckets_is_named_by_every_peer() {
+    let outputs = stand_in_fault(3, "kill:2", "600");
+    assert_eq!(
+        outputs[1].code, None,
+        "rank 1 was killed: {}",
+        outputs[1].stderr
+    );
+    for o in outputs.iter().filter(|o| o.rank != 1) {
+        assert_eq!(
+            o.code,
+            Some(2),
+            "rank {} exits with its error: {}",
+            o.rank,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("rank 1"),
+            "rank {} names rank 1: {}",
+            o.rank,
+            o.stderr
+        );
     }
 }

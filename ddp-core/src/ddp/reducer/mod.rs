@@ -17,20 +17,18 @@
 //!
 //! *How* a bucket is reduced is the reduction's business ([`reduction`]).
 
+mod device;
 mod flat_bucket;
 mod hook_reduction;
 mod host_grad;
 mod layout_check;
-#[cfg(feature = "cuda")]
-mod nccl_issuer;
-#[cfg(feature = "cuda")]
-mod nccl_reduction;
 mod reduction;
 mod staged_reduction;
 
-pub(crate) use hook_reduction::HookReduction;
 #[cfg(feature = "cuda")]
-pub(crate) use nccl_reduction::NcclReduction;
+pub(crate) use device::{NcclDevice, NcclReduction};
+pub(crate) use device::{StandInDevice, StandInReduction};
+pub(crate) use hook_reduction::HookReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;
 

@@ -127,6 +127,10 @@ impl Args {
                         self.collectives == CollectivesArg::Nccl,
                         "--collectives nccl",
                     ),
+                    (
+                        self.collectives == CollectivesArg::StandIn,
+                        "--collectives stand-in",
+                    ),
                 ];
                 match unsupported.iter().find(|(set, _)| *set) {
                     Some((_, flag)) => bail!(
@@ -141,10 +145,22 @@ impl Args {
                  step), so it cannot be combined with --powersgd, which replaces DDP's \
                  averaging: use --shard zero1 with --powersgd"
             ),
-            Some(Shard::Zero2) if self.collectives == CollectivesArg::Nccl => bail!(
-                "--shard zero2 needs DDP's communication hooks, which --collectives nccl does \
-                 not run: use --collectives host, or --shard zero1"
-            ),
+            Some(Shard::Zero2)
+                if matches!(
+                    self.collectives,
+                    CollectivesArg::Nccl | CollectivesArg::StandIn
+                ) =>
+            {
+                bail!(
+                    "--shard zero2 needs DDP's communication hooks, which --collectives {} \
+                     does not run: use --collectives host, or --shard zero1",
+                    if self.collectives == CollectivesArg::Nccl {
+                        "nccl"
+                    } else {
+                        "stand-in"
+                    }
+                )
+            }
             _ => Ok(()),
         }
     }

@@ -1,0 +1,192 @@
+//! [`DeviceReduction`]: the device engine's [`BucketReduction`], generic over the
+//! [`ReductionDevice`] (NCCL on a GPU, or the CPU stand-in).
+//!
+//! # Ordering between the streams
+//! A device's compute stream cannot always be made to wait on the communication stream's events
+//! (cubecl 0.10 does not expose its CUDA stream), so [`BucketReduction::launch`], on the
+//! backward thread, stages the flat bucket and takes its *ready fence* (for CUDA:
+//! `client.sync()`, an event recorded on that thread's stream, returned at once), hands both to
+//! the issuing thread ([`issuer`](super::issuer)) and returns. That thread waits on the host
+//! for the fence only, then queues the collective on the communicator's stream. Only the
+//! issuing thread blocks; backward goes on, and nothing waits for the whole device.
+//! [`PendingBucket::wait`] returns once the collective has finished on the device, so every
+//! later kernel that reads the slices sees the reduced values. That wait ends early when the
+//! communicator fails (its watchdog bounds every collective), and when the issuing thread has
+//! waited for a fence longer than the process group's timeout (a kernel that never ends).
+//!
+//! # Memory
+//! The staged bucket is kept, unchanged and referenced only here, until its collective is done:
+//! the device's pool cannot hand its memory to another tensor meanwhile. When the collective
+//! fails it is never released (the device may still be writing it).
+
+use super::issuer::{DeviceWait, Issue, Issued, Issuer, fence_stuck};
+use super::{DeviceWork, ReductionDevice, internal};
+use crate::ddp::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
+use crate::ddp::reducer::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
+use crate::error::DdpError;
+use burn::tensor::backend::Backend;
+use ddp_comm::{CommError, WorkTiming};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+/// How often a bucket's wait for the issuing thread checks the communicator and the fence wait.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// Buckets averaged in place on the device by `D`'s communicator, while backward goes on.
+pub(crate) struct DeviceReduction<D: ReductionDevice> {
+    /// The issuing thread, which waits for each bucket's fence and queues its collective;
+    /// stopped on drop.
+    issuer: Issuer<D>,
+    /// The device too, to abort its communicator from DDP's thread when a step fails.
+    device: D,
+    /// How long the issuing thread may wait for a fence (the process group's timeout).
+    timeout: Duration,
+}
+
+impl<D: ReductionDevice> Drop for DeviceReduction<D> {
+    fn drop(&mut self) {
+        self.issuer.stop(&self.device, self.timeout);
+    }
+}
+
+impl<D: ReductionDevice> DeviceReduction<D> {
+    /// Starts the issuing thread of `rank` for `device`; a fence may take `timeout`.
+    pub(crate) fn start(
+        device: D,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<DeviceReduction<D>, DdpError> {
+        let issuer = Issuer::start(device.clone(), rank)?;
+        Ok(DeviceReduction {
+            issuer,
+            device,
+            timeout,
+        })
+    }
+}
+
+impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
+    fn launch(
+        &self,
+        bucket: (usize, usize),
+        slots: &[&Slot<I>],
+        grads: Vec<Option<Held<I>>>,
+    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let first = slots.first().ok_or_else(|| internal("empty bucket"))?;
+        let path = first.path.clone();
+        let (flat, layout) = flatten(slots, grads)?;
+        // On this (the backward) thread: the memory and the fence after the bucket's kernels.
+        // Neither waits for the device.
+        let (memory, ready) = self
+            .device
+            .stage::<I>(flat, layout.len, first.dtype, &path)?;
+        let (reply, issued) = mpsc::channel();
+        let job = Issue {
+            memory,
+            ready,
+            bucket: bucket.0,
+            path,
+            reply,
+        };
+        self.issuer.send(job).map_err(internal)?;
+        Ok(Box::new(InFlight {
+            issued: Some(issued),
+            layout,
+            device: self.device.clone(),
+            device_wait: self.issuer.device_wait.clone(),
+            timeout: self.timeout,
+        }))
+    }
+
+    fn abort(&self, reason: &str) {
+        // The peers' watchdogs read `reason` from the store (every second) and fail too.
+        let e = self.device.abort(reason);
+        tracing::debug!(error = %e, communicator = self.device.name(), "aborted the bucket communicator");
+    }
+}
+
+/// A bucket the device is reducing: its memory comes back with the collective, and is kept
+/// until that is done.
+struct InFlight<D: ReductionDevice> {
+    issued: Option<mpsc::Receiver<Issued<D>>>,
+    layout: FlatLayout,
+    /// To give up as soon as the communicator has failed.
+    device: D,
+    /// To give up, failing the communicator, once the issuing thread has waited for a fence
+    /// longer than `timeout`.
+    device_wait: Arc<DeviceWait>,
+    timeout: Duration,
+}
+
+impl<D: ReductionDevice> InFlight<D> {
+    fn finish(&mut self) -> Result<(D::Memory, WorkTiming), DdpError> {
+        let issued = self.issued.take().ok_or_else(|| internal("waited twice"))?;
+        // The issuing thread answers once the device has produced the bucket (and every
+        // bucket before it) and the communicator has queued it. Its calls are bounded by the
+        // watchdog; its fence wait by the check here. On giving up, a reply that still comes
+        // is dropped with `issued`, which frees the memory only if the collective finished.
+        let answer = loop {
+            match issued.recv_timeout(WAIT_SLICE) {
+                Ok(answer) => break answer,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(internal("the issuing thread ended"));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(e) = self.device.check() {
+                        return Err(all_reduce_failed(e));
+                    }
+                    if let Some((bucket, waited)) = self.device_wait.longer_than(self.timeout) {
+                        let reason = format!(
+                            "{} (the timeout is {:?}): a kernel that never ends?",
+                            fence_stuck(bucket, waited),
+                            self.timeout
+                        );
+                        return Err(all_reduce_failed(self.device.abort(&reason)));
+                    }
+                }
+            }
+        };
+        let (memory, work) = answer
+            .into_parts()
+            .ok_or_else(|| internal("a bucket came back empty"))?;
+        let work = match work {
+            Ok(work) => work,
+            Err(not) => return Err(not.release(memory)),
+        };
+        match work.wait() {
+            Ok(timing) => Ok((memory, timing)),
+            Err(e) => {
+                // Queued and failed: the device may still be writing it (an abort that did
+                // not return in time): never give this memory back. A failed communicator ends
+                // training, so this leaks the buckets of one step, once.
+                std::mem::forget(memory);
+                Err(all_reduce_failed(e))
+            }
+        }
+    }
+}
+
+fn all_reduce_failed(e: CommError) -> DdpError {
+    DdpError::comm("all-reducing a gradient bucket on the device")(e)
+}
+
+impl<I: Backend, D: ReductionDevice> PendingBucket<I> for InFlight<D> {
+    fn wait(mut self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
+        let (memory, timing) = self.finish()?;
+        let first = slots.first().ok_or_else(|| internal("empty bucket"))?;
+        let flat = self.device.unstage::<I>(memory, &first.device)?;
+        Ok((unflatten(flat, &self.layout, slots)?, Some(timing)))
+    }
+}
+
+impl<D: ReductionDevice> Drop for InFlight<D> {
+    fn drop(&mut self) {
+        // A bucket dropped unwaited (an error elsewhere in this backward): its memory must
+        // outlive the collective, so wait for it (bounded by the communicator's watchdog).
+        if self.issued.is_some()
+            && let Err(e) = self.finish()
+        {
+            tracing::warn!(error = %e, "an abandoned device bucket failed");
+        }
+    }
+}

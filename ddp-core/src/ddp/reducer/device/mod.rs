@@ -1,0 +1,124 @@
+//! The device engine: buckets reduced in place on the device by a communicator with its own
+//! stream, while backward goes on, behind one seam ([`ReductionDevice`]) with two sides.
+//!
+//! - **The protocol** ([`DeviceReduction`], [`issuer`]): on the backward thread a full bucket
+//!   is flattened ([`flatten`](super::flat_bucket::flatten), 512-byte slots), staged on the
+//!   device with a *ready fence* and handed to the issuing thread; that thread waits for each
+//!   fence in launch order and queues the bucket's collective on the communication stream, so
+//!   every rank queues the same collectives in the same order; [`PendingBucket::wait`]
+//!   returns once the collective is done. Failures are bounded: the communicator's watchdog
+//!   bounds every collective, the issuing thread says how long it has waited for a fence (a
+//!   kernel that never ends fails the communicator after the timeout), a failed step aborts
+//!   the communicator, and memory a collective may still write is never given back.
+//! - **The device** ([`ReductionDevice`]): what the protocol needs from one: a bucket's
+//!   memory, a ready fence taken on the backward thread, an asynchronous collective queued in
+//!   issue order, its done event, the communicator's failure, abort.
+//!   - [`NcclDevice`] (feature `cuda`): cubecl buffers, `client.sync()` fences, NCCL on the
+//!     group's stream, CUDA events.
+//!   - [`StandInDevice`]: host buffers, fences completed by the producing thread, the
+//!     collectives on [`StandInComm`](ddp_comm::stand_in::StandInComm)'s thread over the CPU
+//!     transports: the same protocol runs at any world size on machines without GPUs
+//!     ([`Collectives::StandIn`](crate::Collectives::StandIn)), which is how it is tested.
+//!
+//! [`PendingBucket::wait`]: super::reduction::PendingBucket::wait
+
+mod engine;
+mod issuer;
+#[cfg(feature = "cuda")]
+mod nccl;
+mod stand_in;
+
+pub(crate) use engine::DeviceReduction;
+#[cfg(feature = "cuda")]
+pub(crate) use nccl::{NcclDevice, NcclReduction};
+pub(crate) use stand_in::{StandInDevice, StandInReduction};
+
+use crate::error::DdpError;
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use ddp_comm::watchdog::CollectiveLabel;
+use ddp_comm::{CommError, WorkTiming};
+
+/// What the device engine's protocol needs from a device and its communicator.
+///
+/// Cheap to clone: the issuing thread holds a clone.
+pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
+    /// A flat bucket on the device, kept alive, and untouched, while its collective may run.
+    type Memory: Send + 'static;
+    /// Completes once everything that produced a bucket has run on the device.
+    type Fence: Send + 'static;
+    /// A collective queued on the communication stream.
+    type Work: DeviceWork;
+
+    /// The communicator, for logs and errors: "NCCL", "the stand-in".
+    fn name(&self) -> &'static str;
+
+    /// On the backward thread: the flat bucket (`len` elements of `dtype`) as device memory,
+    /// and its ready fence. Must not wait for the device.
+    fn stage<I: Backend>(
+        &self,
+        flat: FloatTensor<I>,
+        len: usize,
+        dtype: DType,
+        path: &str,
+    ) -> Result<(Self::Memory, Self::Fence), DdpError>;
+
+    /// On the issuing thread: blocks until `fence` has completed.
+    fn wait_ready(&self, fence: Self::Fence) -> Result<(), String>;
+
+    /// On the issuing thread: queues the in-place average of `memory` across the ranks on the
+    /// communication stream, after every collective queued before it, and returns at once.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] only when nothing was queued.
+    fn all_reduce(
+        &self,
+        memory: &Self::Memory,
+        label: CollectiveLabel,
+    ) -> Result<Self::Work, CommError>;
+
+    /// The communicator's failure, if it has failed.
+    fn check(&self) -> Result<(), CommError>;
+
+    /// Fails the communicator from any thread; its peers learn it. Returns the error.
+    fn abort(&self, reason: &str) -> CommError;
+
+    /// After its collective: the reduced flat bucket as a tensor on `device` again.
+    fn unstage<I: Backend>(
+        &self,
+        memory: Self::Memory,
+        device: &I::Device,
+    ) -> Result<FloatTensor<I>, DdpError>;
+}
+
+/// A collective's done event.
+pub(crate) trait DeviceWork: Send + 'static {
+    /// Blocks until the collective has finished on the device, or the communicator failed.
+    fn wait(self) -> Result<WorkTiming, CommError>;
+}
+
+fn internal(what: impl std::fmt::Display) -> DdpError {
+    DdpError::Internal(format!("device bucket reduction: {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The NCCL engine and its stand-in are one protocol over two devices (type aliases of
+    /// [`DeviceReduction`](super::DeviceReduction)): what the stand-in's tests prove about the
+    /// issuing thread, the order, the watchdog and abort holds for NCCL. This fails if either
+    /// becomes an engine of its own.
+    #[test]
+    fn the_nccl_engine_and_its_stand_in_share_the_protocol() {
+        let engine = "ddp_core::ddp::reducer::device::engine::DeviceReduction<";
+        let stand_in = std::any::type_name::<super::StandInReduction>();
+        assert!(stand_in.starts_with(engine), "{stand_in}");
+        assert!(stand_in.ends_with("StandInDevice>"), "{stand_in}");
+        #[cfg(feature = "cuda")]
+        {
+            let nccl = std::any::type_name::<super::NcclReduction>();
+            assert!(nccl.starts_with(engine), "{nccl}");
+            assert!(nccl.ends_with("NcclDevice>"), "{nccl}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! [`NcclDevice`]: the device engine on a GPU: cubecl buffers of burn's CUDA backend, reduced
+//! in place by the process group's NCCL backend on its own stream.
+//!
+//! A bucket's memory is the flat cubecl tensor and its device address; its ready fence is
+//! `client.sync()` called on the backward thread (an event on that thread's stream, returned
+//! at once; cubecl 0.10 offers no stream for NCCL's to wait on); its done event is
+//! [`NcclWork`], whose end event the group's watchdog polls. The gradients handed to the
+//! optimizer are views of the flat tensor (a gradient whose size is not a multiple of 512
+//! bytes is copied out by burn). Nothing crosses to the host.
+
+use super::{DeviceWork, ReductionDevice, internal};
+use crate::error::DdpError;
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cubecl::future::DynFut;
+use cubecl::server::ServerError;
+use ddp_comm::watchdog::CollectiveLabel;
+use ddp_comm::{CommError, NcclBackend, NcclDtype, NcclWork, ProcessGroup, ReduceOp, WorkTiming};
+use std::any::Any;
+
+/// The process group's NCCL backend on the model's CUDA device.
+#[derive(Clone)]
+pub(crate) struct NcclDevice {
+    nccl: NcclBackend,
+}
+
+/// A flat bucket in cubecl's memory, with its device address and what NCCL reduces of it.
+pub(crate) struct CubeBucket {
+    /// Referenced only here until NCCL is done with it: cubecl's pool cannot reuse it.
+    cube: CubeTensor<CudaRuntime>,
+    ptr: u64,
+    len: usize,
+    dtype: NcclDtype,
+}
+
+impl NcclDevice {
+    /// The process group's own NCCL backend on CUDA device `device` (the model's), as
+    /// PyTorch's DDP reduces through its group's ProcessGroupNCCL.
+    ///
+    /// # Collective
+    /// Every rank of `pg` calls it.
+    pub(crate) fn new(pg: &ProcessGroup, device: usize) -> Result<NcclDevice, DdpError> {
+        let nccl = pg.nccl(device).map_err(DdpError::comm(
+            "creating the process group's NCCL backend for the gradient buckets",
+        ))?;
+        tracing::info!(
+            rank = pg.rank(),
+            device,
+            group = nccl.name(),
+            "gradient buckets are all-reduced by NCCL"
+        );
+        Ok(NcclDevice { nccl })
+    }
+
+    /// The CUDA device ordinal of `device` when it is burn's CUDA backend's device type and the
+    /// backend's tensors are the ones this device reduces in place.
+    pub(crate) fn cuda_device<I: Backend>(device: &I::Device) -> Option<usize> {
+        let is_cube = std::any::TypeId::of::<FloatTensor<I>>()
+            == std::any::TypeId::of::<CubeTensor<CudaRuntime>>();
+        let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
+        is_cube.then_some(device.index)
+    }
+}
+
+fn nccl_dtype(dtype: DType) -> Option<NcclDtype> {
+    Some(match dtype {
+        DType::F32 => NcclDtype::F32,
+        DType::F64 => NcclDtype::F64,
+        DType::F16 => NcclDtype::F16,
+        DType::BF16 => NcclDtype::BF16,
+        _ => return None,
+    })
+}
+
+impl DeviceWork for NcclWork {
+    fn wait(self) -> Result<WorkTiming, CommError> {
+        NcclWork::wait(self)
+    }
+}
+
+impl ReductionDevice for NcclDevice {
+    type Memory = CubeBucket;
+    type Fence = DynFut<Result<(), ServerError>>;
+    type Work = NcclWork;
+
+    fn name(&self) -> &'static str {
+        "NCCL"
+    }
+
+    fn stage<I: Backend>(
+        &self,
+        flat: FloatTensor<I>,
+        len: usize,
+        dtype: DType,
+        path: &str,
+    ) -> Result<(CubeBucket, Self::Fence), DdpError> {
+        let nccl_type = nccl_dtype(dtype).ok_or_else(|| DdpError::Gradient {
+            path: path.to_string(),
+            reason: format!("NCCL cannot reduce {dtype:?}"),
+        })?;
+        let mut cube = into_cube::<I>(flat)?;
+        // In place only on memory nothing else references (a lone gradient may share its
+        // buffer with another tensor of the graph), laid out as the flat bucket.
+        if !(cube.can_mut() && cube.is_contiguous()) {
+            cube = cube.copy();
+        }
+        // NCCL reads and writes `len` elements of `dtype`: the buffer must hold them (cubecl
+        // rounds allocations up, so it may hold more).
+        let usable = cube.handle.size_in_used() as usize; // from the view's start
+        if cube.dtype != dtype || usable < len * dtype.size() {
+            return Err(internal(format!(
+                "the flat bucket holds {usable} bytes of {:?}, expected {len} elements of \
+                 {dtype:?}",
+                cube.dtype
+            )));
+        }
+        let ptr = cube
+            .client
+            .get_resource(cube.handle.clone())
+            .map_err(|e| internal(format!("locating the bucket's memory: {e:?}")))?
+            .resource()
+            .ptr;
+        let ready = cube.client.sync();
+        let bucket = CubeBucket {
+            cube,
+            ptr,
+            len,
+            dtype: nccl_type,
+        };
+        Ok((bucket, ready))
+    }
+
+    fn wait_ready(&self, fence: Self::Fence) -> Result<(), String> {
+        cubecl::future::block_on(fence).map_err(|e| format!("{e:?}"))
+    }
+
+    fn all_reduce(
+        &self,
+        memory: &CubeBucket,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork, CommError> {
+        // SAFETY: `ptr` is the start of `cube`'s buffer, at least `len` contiguous elements of
+        // `dtype` (checked in `stage`) on the model's device (the group's device, chosen from
+        // it); `cube` is referenced only by the bucket (can_mut, or a fresh copy) and is kept,
+        // by the pending bucket or by `Issued`'s drop, until the all-reduce is known to have
+        // finished (or forever), so nothing else reads, writes or reuses the memory
+        // meanwhile; the compute stream finished writing it (the ready fence, waited for
+        // before this call by the issuing thread).
+        unsafe {
+            self.nccl.all_reduce_raw_async(
+                memory.ptr,
+                memory.len,
+                memory.dtype,
+                ReduceOp::Avg,
+                label,
+            )
+        }
+    }
+
+    fn check(&self) -> Result<(), CommError> {
+        self.nccl.check()
+    }
+
+    fn abort(&self, reason: &str) -> CommError {
+        self.nccl.abort(reason)
+    }
+
+    fn unstage<I: Backend>(
+        &self,
+        memory: CubeBucket,
+        _device: &I::Device,
+    ) -> Result<FloatTensor<I>, DdpError> {
+        let boxed: Box<dyn Any> = Box::new(memory.cube);
+        boxed.downcast::<FloatTensor<I>>().map(|b| *b).map_err(|_| {
+            internal(format!(
+                "the bucket is no longer a {}",
+                std::any::type_name::<FloatTensor<I>>()
+            ))
+        })
+    }
+}
+
+fn into_cube<I: Backend>(t: FloatTensor<I>) -> Result<CubeTensor<CudaRuntime>, DdpError> {
+    let boxed: Box<dyn Any> = Box::new(t);
+    boxed
+        .downcast::<CubeTensor<CudaRuntime>>()
+        .map(|b| *b)
+        .map_err(|_| {
+            internal(format!(
+                "expected burn's CUDA tensors, got {}",
+                std::any::type_name::<FloatTensor<I>>()
+            ))
+        })
+}
+
+/// The NCCL engine is the device engine's protocol over [`NcclDevice`], nothing of its own:
+/// this fails to compile if it stops being one.
+pub(crate) type NcclReduction = super::DeviceReduction<NcclDevice>;

@@ -1,0 +1,244 @@
+//! [`StandInDevice`]: the device engine on host memory, so that the protocol NCCL runs on GPUs
+//! runs, and is tested, at any world size on machines without GPUs.
+//!
+//! A bucket's memory is a [`StandInBuffer`] read from the flat tensor on the backward thread;
+//! its ready fence is completed by that (the producing) thread once the read is done, as a
+//! GPU's stream completes an event after the producing kernels; the collective runs on
+//! [`StandInComm`]'s communication thread in issue order, supervised by the same watchdog as
+//! NCCL's. With ddp-core's `test-hooks` feature, [`FENCE_FAULT_ENV`] delays fences or leaves one
+//! never completed, as a slow or hung kernel would.
+
+use super::{DeviceWork, ReductionDevice, internal};
+use crate::ddp::reducer::host_grad::HostGrad;
+use crate::error::DdpError;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorData};
+use ddp_comm::stand_in::{StandInBuffer, StandInComm, StandInWork};
+use ddp_comm::watchdog::CollectiveLabel;
+use ddp_comm::{CommError, ProcessGroup, ReduceOp, WorkTiming, bf16, f16};
+use std::sync::mpsc;
+#[cfg(feature = "test-hooks")]
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Test-only (`test-hooks`): `delay:<ms>` completes every fence that long after the bucket
+/// was read; `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
+/// counting every bucket of every step); `kill:<n>` SIGKILLs this process as its `n`-th bucket
+/// is staged (a rank that dies between two buckets).
+#[cfg(feature = "test-hooks")]
+pub(crate) const FENCE_FAULT_ENV: &str = "DDP_TEST_STAND_IN_FENCE";
+
+/// The stand-in communicator, and the fence faults a test asked for.
+#[derive(Clone)]
+pub(crate) struct StandInDevice {
+    comm: StandInComm,
+    #[cfg(feature = "test-hooks")]
+    fault: fault::FenceFault,
+    /// Fences that must never complete: their senders, kept so they never disconnect either.
+    #[cfg(feature = "test-hooks")]
+    stuck: Arc<Mutex<(usize, Vec<mpsc::Sender<()>>)>>,
+}
+
+/// A flat bucket in host memory, in its parameters' dtype.
+pub(crate) enum HostBucket {
+    F32(StandInBuffer<f32>),
+    F64(StandInBuffer<f64>),
+    F16(StandInBuffer<f16>),
+    BF16(StandInBuffer<bf16>),
+}
+
+/// Completes once the producing thread has finished the bucket.
+pub(crate) struct HostFence(mpsc::Receiver<()>);
+
+impl StandInDevice {
+    /// The stand-in communicator of `pg`'s ranks.
+    ///
+    /// # Collective
+    /// Every rank of `pg` calls it.
+    pub(crate) fn new(pg: &ProcessGroup) -> Result<StandInDevice, DdpError> {
+        let comm = StandInComm::new(pg).map_err(DdpError::comm(
+            "creating the stand-in communicator for the gradient buckets",
+        ))?;
+        tracing::info!(
+            rank = pg.rank(),
+            group = comm.name(),
+            "gradient buckets are all-reduced by the device engine's CPU stand-in"
+        );
+        Ok(StandInDevice {
+            comm,
+            #[cfg(feature = "test-hooks")]
+            fault: fault::FenceFault::from_env()?,
+            #[cfg(feature = "test-hooks")]
+            stuck: Arc::default(),
+        })
+    }
+
+    /// Completes the fence the way the test asked (at once without `test-hooks`).
+    fn complete(&self, done: mpsc::Sender<()>) {
+        #[cfg(feature = "test-hooks")]
+        {
+            let mut stuck = self.stuck.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = stuck.0;
+            stuck.0 += 1;
+            match self.fault {
+                fault::FenceFault::Never(at) if at == n => {
+                    tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: this fence never completes");
+                    stuck.1.push(done);
+                    return;
+                }
+                fault::FenceFault::Kill(at) if at == n => {
+                    tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: killing this process");
+                    // SAFETY: plain syscall signalling our own process.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                fault::FenceFault::Delay(d) => {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(d);
+                        let _ = done.send(());
+                    });
+                    return;
+                }
+                _ => {}
+            }
+        }
+        let _ = done.send(());
+    }
+}
+
+impl DeviceWork for StandInWork {
+    fn wait(self) -> Result<WorkTiming, CommError> {
+        StandInWork::wait(self)
+    }
+}
+
+impl ReductionDevice for StandInDevice {
+    type Memory = HostBucket;
+    type Fence = HostFence;
+    type Work = StandInWork;
+
+    fn name(&self) -> &'static str {
+        "the stand-in"
+    }
+
+    fn stage<I: Backend>(
+        &self,
+        flat: FloatTensor<I>,
+        len: usize,
+        dtype: DType,
+        path: &str,
+    ) -> Result<(HostBucket, HostFence), DdpError> {
+        let gradient = |reason: String| DdpError::Gradient {
+            path: path.to_string(),
+            reason,
+        };
+        let data = burn::tensor::try_read_sync(I::float_into_data(flat))
+            .ok_or_else(|| gradient("the backend cannot read a bucket synchronously".into()))?
+            .map_err(|e| gradient(format!("reading the bucket: {e:?}")))?;
+        if data.dtype != dtype || data.num_elements() != len {
+            return Err(internal(format!(
+                "the flat bucket has {} elements of {:?}, expected {len} of {dtype:?}",
+                data.num_elements(),
+                data.dtype
+            )));
+        }
+        let memory = match HostGrad::from_data(data).map_err(gradient)? {
+            HostGrad::F32(v) => HostBucket::F32(StandInBuffer::new(v)),
+            HostGrad::F64(v) => HostBucket::F64(StandInBuffer::new(v)),
+            HostGrad::F16(v) => HostBucket::F16(StandInBuffer::new(v)),
+            HostGrad::BF16(v) => HostBucket::BF16(StandInBuffer::new(v)),
+        };
+        let (done, fence) = mpsc::channel();
+        self.complete(done);
+        Ok((memory, HostFence(fence)))
+    }
+
+    fn wait_ready(&self, fence: HostFence) -> Result<(), String> {
+        fence
+            .0
+            .recv()
+            .map_err(|_| "the producing thread dropped the bucket's fence".to_string())
+    }
+
+    fn all_reduce(
+        &self,
+        memory: &HostBucket,
+        label: CollectiveLabel,
+    ) -> Result<StandInWork, CommError> {
+        let op = ReduceOp::Avg;
+        match memory {
+            HostBucket::F32(b) => self.comm.all_reduce_async(b, op, label),
+            HostBucket::F64(b) => self.comm.all_reduce_async(b, op, label),
+            HostBucket::F16(b) => self.comm.all_reduce_async(b, op, label),
+            HostBucket::BF16(b) => self.comm.all_reduce_async(b, op, label),
+        }
+    }
+
+    fn check(&self) -> Result<(), CommError> {
+        self.comm.check()
+    }
+
+    fn abort(&self, reason: &str) -> CommError {
+        self.comm.abort(reason)
+    }
+
+    fn unstage<I: Backend>(
+        &self,
+        memory: HostBucket,
+        device: &I::Device,
+    ) -> Result<FloatTensor<I>, DdpError> {
+        let data = match memory {
+            HostBucket::F32(b) => vec_data(b.take()),
+            HostBucket::F64(b) => vec_data(b.take()),
+            HostBucket::F16(b) => vec_data(b.take()),
+            HostBucket::BF16(b) => vec_data(b.take()),
+        };
+        Ok(I::float_from_data(data, device))
+    }
+}
+
+fn vec_data<T: burn::tensor::Element>(v: Vec<T>) -> TensorData {
+    let n = v.len();
+    TensorData::new(v, [n])
+}
+
+#[cfg(feature = "test-hooks")]
+mod fault {
+    use super::FENCE_FAULT_ENV;
+    use crate::error::DdpError;
+    use std::time::Duration;
+
+    /// What [`FENCE_FAULT_ENV`] asks of the fences.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum FenceFault {
+        None,
+        Delay(Duration),
+        Never(usize),
+        Kill(usize),
+    }
+
+    impl FenceFault {
+        pub(super) fn from_env() -> Result<FenceFault, DdpError> {
+            let Some(value) = std::env::var_os(FENCE_FAULT_ENV) else {
+                return Ok(FenceFault::None);
+            };
+            let bad = || {
+                DdpError::InvalidConfig(format!(
+                    "{FENCE_FAULT_ENV}={value:?}: expected delay:<milliseconds>, \
+                     never:<bucket number> or kill:<bucket number>"
+                ))
+            };
+            let text = value.to_str().ok_or_else(bad)?;
+            let (kind, n) = text.split_once(':').ok_or_else(bad)?;
+            let n: u64 = n.parse().map_err(|_| bad())?;
+            match kind {
+                "delay" => Ok(FenceFault::Delay(Duration::from_millis(n))),
+                "never" => Ok(FenceFault::Never(usize::try_from(n).map_err(|_| bad())?)),
+                "kill" => Ok(FenceFault::Kill(usize::try_from(n).map_err(|_| bad())?)),
+                _ => Err(bad()),
+            }
+        }
+    }
+}
+
+/// The device engine over the stand-in ([`Collectives::StandIn`](crate::Collectives::StandIn)).
+pub(crate) type StandInReduction = super::DeviceReduction<StandInDevice>;

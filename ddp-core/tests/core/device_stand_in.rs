@@ -1,0 +1,146 @@
+//! The device engine that drives NCCL, run on its CPU stand-in ([`Collectives::StandIn`]) with
+//! ranks as threads: the same trainings as the host path, through the issuing thread, the
+//! per-rank communication thread, the watchdog and abort. The process tests (`ddp-tests`) run it
+//! at worlds 2-8 with injected faults.
+
+use crate::common::*;
+use crate::ddp_equivalence::{Opt, check_no_sync, check_unused_parameter, check_with};
+use crate::ddp_join_hooks::check_uneven_with;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::optim::SgdConfig;
+use ddp_core::{Collectives, DdpConfig, DistributedDataParallel};
+
+fn stand_in() -> DdpConfig {
+    DdpConfig::new().with_collectives(Collectives::StandIn)
+}
+
+/// Buckets of a few parameters each, so a step has several collectives in flight.
+fn small_buckets() -> DdpConfig {
+    stand_in()
+        .with_bucket_cap_mb(0.0005)
+        .with_first_bucket_cap_mb(0.0001)
+}
+
+#[test]
+fn stand_in_with_sgd_and_adam_equals_one_process_with_n_times_the_batch() {
+    for world in [2, 3, 4] {
+        check_with(world, Opt::Sgd, &stand_in());
+        check_with(world, Opt::Adam, &small_buckets());
+    }
+}
+
+#[test]
+fn stand_in_with_automatic_overlap_off_equals_one_process() {
+    let off = small_buckets().with_automatic_overlap(false);
+    for world in [2, 3] {
+        check_with(world, Opt::Adam, &off);
+    }
+}
+
+#[test]
+fn stand_in_at_world_one_equals_plain_training() {
+    check_with(1, Opt::Sgd, &small_buckets());
+}
+
+#[test]
+fn stand_in_no_sync_unused_parameters_and_join_train_as_on_the_host() {
+    check_no_sync(&small_buckets());
+    check_unused_parameter(&small_buckets());
+    check_uneven_with(&[3, 5, 7], 1, &small_buckets());
+}
+
+/// With automatic overlap (the default), buckets leave while backward runs at world 2 (counted
+/// per step by `last_step_stats`), as the NCCL engine launches them on a GPU; and they travel
+/// through the stand-in's own communicator, not the process group (as NCCL's do).
+#[test]
+fn stand_in_launches_buckets_during_backward() {
+    let (stats, stand_in_bytes) = train_four_steps(small_buckets());
+    for (rank, steps) in stats.iter().enumerate() {
+        let (buckets, during) = *steps.last().unwrap();
+        assert!(buckets >= 3, "rank {rank}: {buckets} buckets");
+        assert!(
+            during >= 1,
+            "rank {rank}: no bucket left during backward: {steps:?}"
+        );
+    }
+    let (_, host_bytes) = train_four_steps(DdpConfig::new());
+    assert!(
+        stand_in_bytes * 2 < host_bytes,
+        "the process group carried {stand_in_bytes} bytes with the stand-in, {host_bytes} without"
+    );
+}
+
+/// Per rank, (buckets, buckets launched during backward) of each of 4 steps; the bytes rank 0's
+/// process group carried.
+fn train_four_steps(config: DdpConfig) -> (Vec<Vec<(usize, usize)>>, u64) {
+    let out = run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let model = Mlp::<B>::seeded(&device, 64, 3);
+        let mut ddp = DistributedDataParallel::new(model, pg, config.clone()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
+        let mut per_step = Vec::new();
+        for step in 0..4 {
+            let idx: Vec<usize> = (0..8).map(|i| 16 * step + 2 * i + rank).collect();
+            let (x, y) = batch(&idx, &device);
+            let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+            let grads = ddp
+                .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                .unwrap();
+            ddp.optimizer_step(&mut sgd, 0.1, grads);
+            let s = ddp.last_step_stats().expect("stats of a synchronised step");
+            per_step.push((s.buckets, s.buckets_launched_during_backward));
+        }
+        (per_step, ddp.process_group().payload_bytes())
+    });
+    let bytes = out[0].1;
+    (out.into_iter().map(|(s, _)| s).collect(), bytes)
+}
+
+/// A rank whose DDP is dropped in the middle of a step (after its forward, before its
+/// backward) shuts its communicator down: its peer's bucket fails at once, naming it, instead
+/// of waiting for the timeout.
+#[test]
+fn stand_in_peer_dropped_mid_step_is_named() {
+    let results = run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let model = Mlp::<B>::seeded(&device, 16, 3);
+        let mut ddp = DistributedDataParallel::new(model, pg, small_buckets()).unwrap();
+        let (x, y) = batch(&[rank, rank + 2], &device);
+        let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+        if rank == 1 {
+            drop(ddp);
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let err = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .err()
+            .map(|e| format!("{e:#}"));
+        Some((err, started.elapsed()))
+    });
+    let (err, took) = results[0].clone().expect("rank 0's outcome");
+    let err = err.expect("rank 0's backward must fail");
+    assert!(err.contains("rank 1"), "rank 0 must name rank 1: {err}");
+    // The default timeout is 10 minutes: the failure came from the shutdown, not the timeout.
+    assert!(
+        took < std::time::Duration::from_secs(300),
+        "took {took:?}: {err}"
+    );
+}
+
+#[test]
+fn stand_in_refuses_a_comm_hook() {
+    run_ranks(1, |pg| {
+        let device = Default::default();
+        let model = Mlp::<B>::seeded(&device, 8, 3);
+        let mut ddp = DistributedDataParallel::new(model, pg, stand_in()).unwrap();
+        let err = ddp
+            .register_comm_hook(ddp_core::hooks::Fp16CompressHook)
+            .err()
+            .map(|e| e.to_string())
+            .expect("a hook beside the stand-in is an error");
+        assert!(err.contains("StandIn"), "{err}");
+    });
+}
