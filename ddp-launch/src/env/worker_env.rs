@@ -141,18 +141,9 @@ impl Vars<'_> {
 
     pub(super) fn common(&self) -> Result<(Option<String>, Option<Duration>, u32), LaunchError> {
         let token = self.get(TOKEN_ENV);
-        let timeout = match self.number::<u64>(TIMEOUT_ENV)?.map(Duration::from_secs) {
-            Some(t) if t.is_zero() || t > MAX_TIMEOUT => {
-                return Err(LaunchError::worker_env(
-                    TIMEOUT_ENV,
-                    format!(
-                        "{} s is outside 1..={} s (365 days)",
-                        t.as_secs(),
-                        MAX_TIMEOUT.as_secs()
-                    ),
-                ));
-            }
-            t => t,
+        let timeout = match self.get(TIMEOUT_ENV) {
+            None => None,
+            Some(v) => Some(timeout_secs(&v)?),
         };
         let restarts = match self.number::<u32>(RESTART_COUNT_ENV)? {
             Some(n) => n,
@@ -162,6 +153,19 @@ impl Vars<'_> {
         };
         Ok((token, timeout, restarts))
     }
+}
+
+/// `DDP_TIMEOUT_SECS`'s value: whole seconds in `1..=MAX_TIMEOUT`, as ddp-comm accepts.
+fn timeout_secs(v: &str) -> Result<Duration, LaunchError> {
+    let max = MAX_TIMEOUT.as_secs();
+    let reason = match v.parse::<u64>() {
+        Ok(s) if (1..=max).contains(&s) => return Ok(Duration::from_secs(s)),
+        Err(e) if *e.kind() != IntErrorKind::PosOverflow => {
+            format!("'{v}' is not a whole number of seconds (1..={max})")
+        }
+        _ => format!("'{v}' is out of range: a timeout is 1..={max} seconds (365 days)"),
+    };
+    Err(LaunchError::worker_env(TIMEOUT_ENV, reason))
 }
 
 /// `MASTER_ADDR`, defaulting to loopback when every rank is on this node.

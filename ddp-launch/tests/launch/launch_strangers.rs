@@ -5,6 +5,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// What the store logs for it (at warn).
+const WARNING: &str = "WARN store: rejected a connection";
+
 #[test]
 fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -24,7 +27,7 @@ fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     let mut launcher = start(cmd);
     let pids = wait_for_pids(dir.path(), 1, &mut launcher);
 
-    // Not a hello: the store refuses it and closes the connection.
+    // Not a hello, and no more bytes: the store refuses it and closes the connection.
     let mut stranger = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     stranger
         .set_read_timeout(Some(DEADLINE))
@@ -32,13 +35,16 @@ fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     stranger
         .write_all(b"GET / HTTP/1.0\r\n\r\n")
         .expect("send garbage");
+    stranger
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
     let _ = stranger.read_to_end(&mut Vec::new());
 
     let log = logs.path().join("attempt_0/rank_0.log");
     let deadline = Instant::now() + DEADLINE;
     let logged = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("store: rejected a connection") || Instant::now() > deadline {
+        if text.contains(WARNING) || Instant::now() > deadline {
             break text;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -47,7 +53,7 @@ fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     unsafe { libc::kill(launcher.child.id() as i32, libc::SIGTERM) };
     let out = launcher.finish();
     assert!(
-        logged.contains("store: rejected a connection") && logged.contains("WARN"),
+        logged.contains(WARNING),
         "rank 0's log:\n{logged}\n{}",
         out.all()
     );

@@ -11,11 +11,13 @@ fn not_utf8() -> &'static OsStr {
     OsStr::from_bytes(b"\xff")
 }
 
-/// Asserts a usage error naming `var` and saying why.
+/// Asserts a failure (no panic) whose message names `var` and says why. A worker exits with
+/// 1 (its `main` returns the error), `ddp-run` with 2 (a usage error).
 #[track_caller]
 fn assert_names_non_utf8(out: &Finished, var: &str) {
-    assert_usage_error(out, &format!("{var}: value"));
-    out.assert_stderr_has("is not valid UTF-8");
+    assert!(!out.status.success(), "{}", out.all());
+    out.assert_stderr_has(&format!("{var}: value \"\\xFF\" is not valid UTF-8"));
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
 }
 
 #[test]
@@ -37,6 +39,7 @@ fn the_launcher_refuses_a_non_utf8_token() {
         .arg(worker_path())
         .env("DDP_JOB_TOKEN", not_utf8());
     let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", out.all());
     assert_names_non_utf8(&out, "DDP_JOB_TOKEN");
 }
 
@@ -47,8 +50,8 @@ fn a_timeout_too_large_for_any_integer_is_out_of_range() {
         .env("WORLD_SIZE", "1")
         .env("DDP_TIMEOUT_SECS", "99999999999999999999");
     let out = run(cmd);
-    assert_usage_error(
-        &out,
-        "DDP_TIMEOUT_SECS: '99999999999999999999' is out of range",
+    assert!(!out.status.success(), "{}", out.all());
+    out.assert_stderr_has(
+        "DDP_TIMEOUT_SECS: '99999999999999999999' is out of range: a timeout is 1..=31536000 seconds",
     );
 }
