@@ -703,8 +703,10 @@ mod tests {
                 "but --master-port 80 was also given",
             ),
             (
+                // Past the per-core bound (asked for), the world size overflows.
                 LaunchArgs::new()
                     .with_nproc_per_node(NprocPerNode::Count(usize::MAX))
+                    .with_oversubscribe(true)
                     .with_nodes(2, 0),
                 "is too many processes",
             ),
