@@ -16,7 +16,10 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
 
 /// [`env_var`]'s decision over one lookup's result (testable without touching the
 /// environment).
-fn from_lookup(name: &str, looked_up: std::result::Result<String, VarError>) -> Result<Option<String>> {
+fn from_lookup(
+    name: &str,
+    looked_up: std::result::Result<String, VarError>,
+) -> Result<Option<String>> {
     match looked_up {
         Ok(v) => Ok(Some(v)),
         Err(VarError::NotPresent) => Ok(None),
@@ -31,7 +34,11 @@ fn from_lookup(name: &str, looked_up: std::result::Result<String, VarError>) -> 
 
 /// Why `text` did not parse as a count of at most `max`: out of range (all digits, too many)
 /// or not a non-negative integer at all.
-pub(crate) fn not_a_count(text: &str, max: impl std::fmt::Display, e: &std::num::ParseIntError) -> String {
+pub(crate) fn not_a_count(
+    text: &str,
+    max: impl std::fmt::Display,
+    e: &std::num::ParseIntError,
+) -> String {
     match e.kind() {
         std::num::IntErrorKind::PosOverflow => format!("'{text}' is out of range (at most {max})"),
         _ => format!("'{text}' is not a non-negative integer"),
@@ -69,7 +76,10 @@ mod tests {
             .to_string();
         assert!(e.starts_with("DDP_TIMEOUT_SECS: "), "{e}");
         assert!(e.contains("not valid UTF-8"), "{e}");
-        assert_eq!(from_lookup("X", Err(VarError::NotPresent)).expect("ok"), None);
+        assert_eq!(
+            from_lookup("X", Err(VarError::NotPresent)).expect("ok"),
+            None
+        );
         assert_eq!(
             from_lookup("X", Ok("7".into())).expect("ok").as_deref(),
             Some("7")

@@ -151,8 +151,12 @@ fn remove_stale(temp: &Path) {
             continue;
         }
         match std::fs::remove_dir_all(&path) {
-            Ok(()) => tracing::debug!(path = %path.display(), "removed a dead launcher's failure reports"),
-            Err(e) => tracing::debug!(path = %path.display(), %e, "cannot remove a dead launcher's failure reports"),
+            Ok(()) => {
+                tracing::debug!(path = %path.display(), "removed a dead launcher's failure reports")
+            }
+            Err(e) => {
+                tracing::debug!(path = %path.display(), %e, "cannot remove a dead launcher's failure reports")
+            }
         }
     }
 }

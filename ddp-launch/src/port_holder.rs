@@ -69,10 +69,7 @@ mod tests {
                   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000\n   \
                   1: 00000000:1F91 00000000:0000 0A 00000000:00000000\n   \
                   2: 0100007F:1F90 0100007F:A000 01 00000000:00000000\n";
-        assert_eq!(
-            parse_table(v4, 0x1F90),
-            [IpAddr::V4(Ipv4Addr::LOCALHOST)]
-        );
+        assert_eq!(parse_table(v4, 0x1F90), [IpAddr::V4(Ipv4Addr::LOCALHOST)]);
         assert_eq!(parse_table(v4, 0x1F91), [IpAddr::V4(Ipv4Addr::UNSPECIFIED)]);
         let v6 = "  sl  local_address                         remote_address                        st\n   \
                   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A\n";

@@ -225,10 +225,7 @@ impl Rendezvous {
                 "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings",
                 self.node_rank, self.node_rank
             );
-            if let Err(e) = self
-                .store
-                .compare_set(REFUSED_KEY, b"", refusal.as_bytes())
-            {
+            if let Err(e) = self.store.compare_set(REFUSED_KEY, b"", refusal.as_bytes()) {
                 tracing::warn!(%e, "cannot tell node 0 why this node does not join");
             }
             return Err(self.error(format!(

@@ -63,7 +63,11 @@ fn failure_dirs_of_dead_launchers_are_removed_at_the_next_start() {
         .arg(worker_path());
     let out = run(cmd);
     assert!(out.status.success(), "{}", out.all());
-    assert!(!dead.exists(), "a dead launcher's directory stays\n{}", out.all());
+    assert!(
+        !dead.exists(),
+        "a dead launcher's directory stays\n{}",
+        out.all()
+    );
     assert!(live.exists(), "a live launcher's directory was removed");
     assert!(unrelated.exists(), "a directory not ours was removed");
     // The launcher removed its own too.

@@ -25,10 +25,16 @@ fn a_worker_refuses_non_utf8_timeout_port_and_token() {
     for var in ["DDP_TIMEOUT_SECS", "MASTER_PORT", "DDP_JOB_TOKEN"] {
         let mut cmd = worker();
         // A one-rank torchrun-style worker: it would run (and succeed) on defaults.
-        cmd.env("RANK", "0").env("WORLD_SIZE", "1").env(var, not_utf8());
+        cmd.env("RANK", "0")
+            .env("WORLD_SIZE", "1")
+            .env(var, not_utf8());
         let out = run(cmd);
         assert_names_non_utf8(&out, var);
-        assert!(!out.stdout.contains("ENV "), "it must not run\n{}", out.all());
+        assert!(
+            !out.stdout.contains("ENV "),
+            "it must not run\n{}",
+            out.all()
+        );
     }
 }
 
