@@ -312,8 +312,10 @@ impl Rendezvous {
             }
             if Instant::now() >= deadline {
                 return Err(self.error(format!(
-                    "only {joined} of {} nodes joined attempt {attempt} within {:?}",
-                    self.nnodes, self.join_timeout
+                    "only {joined} of {} nodes joined attempt {attempt} within {:?}{}",
+                    self.nnodes,
+                    self.join_timeout,
+                    self.refusals()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -325,6 +327,19 @@ impl Rendezvous {
                 String::from_utf8_lossy(&port)
             ))
         })
+    }
+
+    /// On node 0, what its server refused while the others were awaited (empty if nothing):
+    /// a node started with another token cannot say so itself.
+    fn refusals(&self) -> String {
+        match self.server.as_ref().map_or(0, StoreServer::num_refused) {
+            0 => String::new(),
+            n => format!(
+                "; meanwhile the rendezvous refused {n} connection(s) that could not prove the \
+                 job token (logged above as they came): is {} the same on every node?",
+                ddp_comm::TOKEN_ENV
+            ),
+        }
     }
 
     /// A failure published by another node during `attempt`, checked at most every 250 ms.

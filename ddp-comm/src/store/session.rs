@@ -21,6 +21,9 @@ pub(super) struct Served {
     pub(super) config: StoreConfig,
     /// Authenticated clients currently connected (at most `config.max_clients`).
     pub(super) clients: AtomicUsize,
+    /// Connections refused at the hello (wrong token, garbage, too slow), for the owner to
+    /// report (e.g. a launcher saying why a node never joined).
+    pub(super) refused: AtomicUsize,
 }
 
 /// Holds one of the server's client slots for as long as it lives, however its task ends (even
@@ -56,6 +59,9 @@ pub(super) async fn serve(
 ) {
     let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
     hello_done();
+    if !matches!(hello, Ok(Ok(_))) {
+        served.refused.fetch_add(1, Ordering::SeqCst);
+    }
     let _slot = match hello {
         Ok(Ok(slot)) => slot,
         Ok(Err(reason)) => {

@@ -277,3 +277,26 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
     out.assert_stderr_has("node 1 cannot join: node 0 runs with --nnodes 2 --nproc-per-node 2");
     assert!(pids_in(dir.path()).is_empty());
 }
+
+#[test]
+fn node_0_says_a_node_with_another_token_was_refused_when_the_join_times_out() {
+    let port = free_port();
+    // Generous: node 1 below must reach node 0 within it, however slow the machine.
+    let node0 = start(two_node_args(
+        0,
+        port,
+        &["--join-timeout", "20", "--", "true"],
+    ));
+    let mut wrong_token = two_node_args(1, port, &["--", "true"]);
+    wrong_token.env("DDP_JOB_TOKEN", "another-secret");
+    let out = run(wrong_token);
+    out.assert_stderr_has("set the same DDP_JOB_TOKEN on every node");
+    let out = node0.finish();
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    out.assert_stderr_has(
+        "only 1 of 2 nodes joined attempt 0 within 20s; meanwhile the rendezvous refused ",
+    );
+    out.assert_stderr_has("connection(s) that could not prove the job token");
+    // And it said so as the connection came.
+    out.assert_stderr_has("WARN store: rejected a connection");
+}
