@@ -120,6 +120,7 @@ mod connect;
 mod deadline;
 mod deadline_io;
 mod dtype;
+mod env;
 mod error;
 mod group;
 mod init;
@@ -136,6 +137,7 @@ pub mod watchdog;
 pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
+pub use env::env_var;
 pub use error::{CommError, Result};
 pub use group::{
     FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming,

@@ -27,6 +27,9 @@ enum Mode {
     FailOnce,
     /// Every rank fails on every attempt.
     FailAlways,
+    /// Rank 0 fails with an error (a checkpoint it cannot write) while the others wait for it
+    /// in an all_reduce, so they fail because of it.
+    FailRank0,
     /// Write the pid file, print READY, sleep until killed.
     Sleep,
     /// Print many lines on stdout and stderr, then succeed.
@@ -102,6 +105,14 @@ fn train(ctx: WorkerContext, args: &Args) -> anyhow::Result<()> {
         Mode::FailAlways => {
             ctx.process_group().barrier()?;
             bail!("failing on attempt {}", ctx.restart_count())
+        }
+        Mode::FailRank0 => {
+            ctx.process_group().barrier()?;
+            if ctx.rank() == 0 {
+                bail!("simulated checkpoint failure: checkpoint dir is read-only");
+            }
+            all_reduce_ranks(&ctx)?;
+            sleep_forever()
         }
         Mode::Sleep => {
             println!("READY");

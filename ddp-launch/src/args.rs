@@ -84,9 +84,16 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 #[command(about = None, long_about = None)]
 #[non_exhaustive]
 pub struct LaunchArgs {
-    /// Worker processes on this node: a number, or `auto` for one per CPU core [default: 1]
+    /// Worker processes on this node: a number, or `auto` for one per CPU core [default: 1].
+    /// More than 32 per CPU core is refused unless --oversubscribe is given (a typo would
+    /// otherwise start workers until the OS refuses), and never more than the user's process
+    /// limit (`ulimit -u`)
     #[arg(long, help_heading = HEADING, value_name = "N|auto", env = "DDP_NPROC_PER_NODE")]
     pub nproc_per_node: Option<NprocPerNode>,
+
+    /// Allow more than 32 workers per CPU core on this node (like mpirun's --oversubscribe)
+    #[arg(long, help_heading = HEADING)]
+    pub oversubscribe: bool,
 
     /// Number of nodes: N (above 1, --master-addr and --master-port are required), or MIN:MAX
     /// for an elastic job that re-forms when nodes fail or arrive (needs --rdzv-endpoint)
@@ -167,6 +174,7 @@ impl Default for LaunchArgs {
     fn default() -> Self {
         LaunchArgs {
             nproc_per_node: None,
+            oversubscribe: false,
             nnodes: None,
             node_rank: None,
             master_addr: None,
@@ -194,6 +202,11 @@ impl LaunchArgs {
     /// Sets `--nproc-per-node`.
     pub fn with_nproc_per_node(mut self, n: NprocPerNode) -> Self {
         self.nproc_per_node = Some(n);
+        self
+    }
+    /// Sets `--oversubscribe`: more than 32 workers per CPU core are allowed.
+    pub fn with_oversubscribe(mut self, oversubscribe: bool) -> Self {
+        self.oversubscribe = oversubscribe;
         self
     }
     /// Sets `--nnodes` and `--node-rank`.

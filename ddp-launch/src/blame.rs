@@ -74,15 +74,19 @@ pub(crate) struct FailureDir {
 }
 
 impl FailureDir {
-    /// Creates `ddp-run-<pid>-<attempt>-<random>` (mode 0700) under the temporary directory.
+    /// Creates `ddp-run-<pid>-<attempt>-<random>` (mode 0700) under the temporary directory,
+    /// after removing those that launchers no longer running left there (see
+    /// [`remove_stale`]).
     pub(crate) fn create(restart_count: u32) -> Result<FailureDir, LaunchError> {
         use std::os::unix::fs::DirBuilderExt;
+        let temp = std::env::temp_dir();
+        remove_stale(&temp);
         let name = format!(
             "ddp-run-{}-{restart_count}-{:016x}",
             std::process::id(),
             rand::random::<u64>()
         );
-        let path = std::env::temp_dir().join(name);
+        let path = temp.join(name);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
@@ -123,6 +127,58 @@ impl Drop for FailureDir {
             tracing::warn!(path = %self.path.display(), %e, "cannot remove the failure reports");
         }
     }
+}
+
+/// Removes the failure directories in `temp` of launchers that are gone: a launcher killed with
+/// SIGKILL cannot remove its own, and each would stay behind, empty, until reboot. Only this
+/// user's directories whose launcher pid no longer exists are touched; anything unexpected is
+/// left alone.
+fn remove_stale(temp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(launcher_pid) else {
+            continue;
+        };
+        let path = entry.path();
+        let mine = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if !mine || pid_exists(pid) {
+            continue;
+        }
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {
+                tracing::debug!(path = %path.display(), "removed a dead launcher's failure reports")
+            }
+            Err(e) => {
+                tracing::debug!(path = %path.display(), %e, "cannot remove a dead launcher's failure reports")
+            }
+        }
+    }
+}
+
+/// The launcher pid in a failure directory's name `ddp-run-<pid>-<attempt>-<random>`.
+fn launcher_pid(name: &str) -> Option<i32> {
+    let mut parts = name.strip_prefix("ddp-run-")?.split('-');
+    let pid = parts.next()?.parse().ok()?;
+    let attempt = parts.next()?;
+    let random = parts.next()?;
+    let well_formed = attempt.parse::<u32>().is_ok()
+        && random.len() == 16
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+        && parts.next().is_none();
+    (well_formed && pid > 0).then_some(pid)
+}
+
+/// Whether a process `pid` exists (also when it belongs to another user).
+fn pid_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    let signalled = unsafe { libc::kill(pid, 0) } == 0;
+    signalled || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// The first 64 KiB of `path`, if it exists (a report is a few lines; more is not ours).
@@ -203,6 +259,20 @@ mod tests {
         .into();
         let root = trace_root(0, &cycle).expect("a root cause");
         assert_eq!(root.rank, 2);
+    }
+
+    #[test]
+    fn only_well_formed_names_give_a_launcher_pid() {
+        assert_eq!(launcher_pid("ddp-run-123-0-00000000deadbeef"), Some(123));
+        for bad in [
+            "ddp-run-123-0-deadbeef",
+            "ddp-run-x-0-00000000deadbeef",
+            "ddp-run-0-0-00000000deadbeef",
+            "ddp-run-123-0-00000000deadbeef-x",
+            "other-123-0-00000000deadbeef",
+        ] {
+            assert_eq!(launcher_pid(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -19,6 +19,15 @@ pub enum LaunchError {
     /// `--nproc-per-node 0`.
     #[error("--nproc-per-node must be at least 1, got 0")]
     ZeroProcsPerNode,
+    /// `--nproc-per-node` beyond what this host can run (see [`crate::LaunchArgs`]'s
+    /// `oversubscribe`).
+    #[error("--nproc-per-node {nproc_per_node} {why}")]
+    TooManyWorkers {
+        /// The number asked for.
+        nproc_per_node: usize,
+        /// Which limit it exceeds and what to do.
+        why: String,
+    },
     /// `--nnodes 0`.
     #[error("--nnodes must be at least 1, got 0")]
     ZeroNodes,
@@ -242,7 +251,8 @@ pub enum LaunchError {
         /// The signal number.
         signal: i32,
     },
-    /// A worker's environment (set by a launcher) is invalid.
+    /// An environment variable (a worker's, set by a launcher, or one the launcher reads) is
+    /// invalid: not UTF-8, out of range or inconsistent.
     #[error("{var}: {reason}")]
     WorkerEnv {
         /// The environment variable.
@@ -278,6 +288,7 @@ impl LaunchError {
     pub fn exit_code(&self) -> u8 {
         match self {
             LaunchError::ZeroProcsPerNode
+            | LaunchError::TooManyWorkers { .. }
             | LaunchError::ZeroNodes
             | LaunchError::NodeRankOutOfRange { .. }
             | LaunchError::WorldTooLarge { .. }

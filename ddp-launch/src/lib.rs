@@ -165,7 +165,9 @@ mod live;
 mod node_count;
 mod node_sync;
 mod output;
+mod own_failure;
 mod plan;
+mod port_holder;
 pub mod progress;
 mod rendezvous;
 mod round_summary;
@@ -177,6 +179,7 @@ mod store_connect;
 mod summary;
 mod supervise;
 mod worker;
+mod worker_count;
 
 pub use args::{LaunchArgs, NprocPerNode};
 pub use context::WorkerContext;

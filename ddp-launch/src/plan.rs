@@ -6,6 +6,7 @@ use super::args::{LaunchArgs, NprocPerNode};
 use super::elastic::ElasticSettings;
 use super::error::LaunchError;
 use super::node_count::{NodeCount, RdzvBackend};
+use crate::worker_count::{check_worker_count, process_limit};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -67,6 +68,8 @@ pub enum MasterPort {
 pub(crate) struct HostInfo {
     /// CPU cores available to the launcher.
     pub(crate) cores: usize,
+    /// The user's process limit (`RLIMIT_NPROC`), where it applies to the launcher.
+    pub(crate) process_limit: Option<u64>,
     /// Environment variables (only [`TOKEN_ENV`], the thread variables and the allocator
     /// variables are read).
     pub(crate) vars: HashMap<String, String>,
@@ -74,14 +77,23 @@ pub(crate) struct HostInfo {
 
 impl HostInfo {
     /// The current process's view.
-    pub(crate) fn current() -> Self {
+    ///
+    /// # Errors
+    /// [`LaunchError::WorkerEnv`] naming a variable whose value is not valid UTF-8.
+    pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vars = std::iter::once(TOKEN_ENV)
-            .chain(THREAD_VARS)
-            .chain(ALLOCATOR_USER_VARS)
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-            .collect();
-        HostInfo { cores, vars }
+        let vars = crate::env::with_process_env(|lookup| {
+            Ok(std::iter::once(TOKEN_ENV)
+                .chain(THREAD_VARS)
+                .chain(ALLOCATOR_USER_VARS)
+                .filter_map(|k| lookup(k).map(|v| (k.to_string(), v)))
+                .collect())
+        })?;
+        Ok(HostInfo {
+            cores,
+            process_limit: process_limit(),
+            vars,
+        })
     }
 
     fn var(&self, key: &str) -> Option<&str> {
@@ -183,7 +195,7 @@ impl LaunchPlan {
             arg0,
             args: program_args.into_iter().map(Into::into).collect(),
         };
-        LaunchPlan::with_host(args, command, &HostInfo::current())
+        LaunchPlan::with_host(args, command, &HostInfo::current()?)
     }
 
     /// Validates `args` for running this very program again, with the same arguments, on every
@@ -203,7 +215,7 @@ impl LaunchPlan {
             arg0,
             args: argv.collect(),
         };
-        LaunchPlan::with_host(args, command, &HostInfo::current())
+        LaunchPlan::with_host(args, command, &HostInfo::current()?)
     }
 
     /// The validation proper: no I/O.
@@ -217,6 +229,7 @@ impl LaunchPlan {
             NprocPerNode::Count(n) => n,
             NprocPerNode::Auto => host.cores.max(1),
         };
+        check_worker_count(nproc_per_node, args.oversubscribe, host)?;
         let nodes = args.nnodes.unwrap_or(NodeCount::fixed(1));
         if nodes.min == 0 || nodes.max == 0 {
             return Err(LaunchError::ZeroNodes);
@@ -504,6 +517,7 @@ mod tests {
     fn host(cores: usize, vars: &[(&str, &str)]) -> HostInfo {
         HostInfo {
             cores,
+            process_limit: None,
             vars: vars
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -689,8 +703,10 @@ mod tests {
                 "but --master-port 80 was also given",
             ),
             (
+                // Past the per-core bound (asked for), the world size overflows.
                 LaunchArgs::new()
                     .with_nproc_per_node(NprocPerNode::Count(usize::MAX))
+                    .with_oversubscribe(true)
                     .with_nodes(2, 0),
                 "is too many processes",
             ),

@@ -31,6 +31,10 @@ const POLL: Duration = Duration::from_millis(250);
 const CLOSE_WAIT: Duration = Duration::from_secs(30);
 const ABORT_KEY: &str = "abort";
 const CONFIG_KEY: &str = "config";
+/// Where a node that cannot join (its settings differ from node 0's) says why, before it
+/// exits: the first refusal wins, and every node waiting for it stops with that reason instead
+/// of waiting out `--join-timeout` for a node that will never come.
+const REFUSED_KEY: &str = "refused";
 
 /// The wildcard address to bind for a job whose node 0 is `master_addr`.
 pub(crate) fn bind_host(master_addr: &str) -> &'static str {
@@ -50,15 +54,25 @@ pub(crate) fn join_host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// Binds `host:port`, reporting a taken port as [`LaunchError::PortInUse`].
+/// Binds `host:port`, reporting a taken port as [`LaunchError::PortInUse`] naming the address
+/// that holds it (binding the wildcard fails when any one address does).
 pub(crate) fn bind_port(host: &str, port: u16) -> Result<TcpListener, LaunchError> {
     TcpListener::bind(join_host_port(host, port)).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AddrInUse {
-            LaunchError::PortInUse {
-                host: host.to_string(),
-                port,
-                source,
-            }
+            let holders = match host {
+                "0.0.0.0" | "::" => crate::port_holder::listening_addresses(port),
+                _ => Vec::new(),
+            };
+            let host = if holders.is_empty() {
+                host.to_string()
+            } else {
+                holders
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            };
+            LaunchError::PortInUse { host, port, source }
         } else {
             LaunchError::Bind {
                 host: host.to_string(),
@@ -206,12 +220,35 @@ impl Rendezvous {
         }
         let theirs = self.wait_for(CONFIG_KEY, signals)?;
         if theirs != mine.as_bytes() {
+            let theirs = String::from_utf8_lossy(&theirs);
+            let refusal = format!(
+                "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings",
+                self.node_rank, self.node_rank
+            );
+            if let Err(e) = self.store.compare_set(REFUSED_KEY, b"", refusal.as_bytes()) {
+                tracing::warn!(%e, "cannot tell node 0 why this node does not join");
+            }
             return Err(self.error(format!(
-                "node 0 runs with {} but this node with {mine}: every node must use the same settings",
-                String::from_utf8_lossy(&theirs)
+                "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings"
             )));
         }
         Ok(())
+    }
+
+    /// The reason a node published for not joining, if one did: it is reported at once (the
+    /// host sees it as it happens) and ends the wait.
+    fn refused(&self) -> Option<LaunchError> {
+        match self.store.check(&[REFUSED_KEY]) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return None,
+        }
+        let reason = self
+            .store
+            .get_timeout(REFUSED_KEY, Duration::from_secs(5))
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_else(|e| format!("a node refused to join (its reason is unreadable: {e})"));
+        tracing::error!(%reason, "a node refused to join the rendezvous; stopping");
+        Some(self.error(reason))
     }
 
     /// Waits for `key`, checking for signals and the join timeout.
@@ -270,10 +307,15 @@ impl Rendezvous {
             if self.aborted() {
                 return Err(self.error("another node stopped the job"));
             }
+            if let Some(e) = self.refused() {
+                return Err(e);
+            }
             if Instant::now() >= deadline {
                 return Err(self.error(format!(
-                    "only {joined} of {} nodes joined attempt {attempt} within {:?}",
-                    self.nnodes, self.join_timeout
+                    "only {joined} of {} nodes joined attempt {attempt} within {:?}{}",
+                    self.nnodes,
+                    self.join_timeout,
+                    self.refusals()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -285,6 +327,19 @@ impl Rendezvous {
                 String::from_utf8_lossy(&port)
             ))
         })
+    }
+
+    /// On node 0, what its server refused while the others were awaited (empty if nothing):
+    /// a node started with another token cannot say so itself.
+    fn refusals(&self) -> String {
+        match self.server.as_ref().map_or(0, StoreServer::num_refused) {
+            0 => String::new(),
+            n => format!(
+                "; meanwhile the rendezvous refused {n} connection(s) that could not prove the \
+                 job token (logged above as they came): is {} the same on every node?",
+                ddp_comm::TOKEN_ENV
+            ),
+        }
     }
 
     /// A failure published by another node during `attempt`, checked at most every 250 ms.

@@ -258,6 +258,15 @@ impl Group {
     }
 }
 
+/// The local rank whose own failure (a report blaming nobody) is at the end of the chain of
+/// blame that starts at local rank `exited`, if that is another rank of this node.
+fn own_failure_behind(group: &Group, failures: &FailureDir, exited: usize) -> Option<usize> {
+    let reports = failures.read(group.workers.iter().map(|w| w.rank));
+    let root = trace_root(group.workers.get(exited)?.rank, &reports)?;
+    root.own_report.as_ref()?;
+    group.workers.iter().position(|w| w.rank == root.rank)
+}
+
 /// Runs one attempt of this node's workers, with `rdzv` linking it to the other nodes.
 pub(crate) fn run_attempt(
     plan: &LaunchPlan,
@@ -363,6 +372,35 @@ pub(crate) fn run_attempt(
         }
     }
 
+    // The rank that exited first may have failed only because another one did: the first
+    // failure is the one at the end of the chain of blame, when that rank reported a failure
+    // of its own (it printed its error before its peers could notice).
+    if let Some((exited, _)) = first
+        && let Some(cause) = own_failure_behind(&group, &failures, exited)
+    {
+        tracing::info!(
+            exited = group.workers[exited].rank,
+            failed = group.workers[cause].rank,
+            "the first rank to exit failed because of another one"
+        );
+        let since = Instant::now();
+        while group.exits[cause].is_none() && since.elapsed() < REPORT_GRACE {
+            match group.events.recv_timeout(TICK) {
+                Ok(ev) => {
+                    group.record(ev);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        match group.exits[cause] {
+            Some(exit) => first = Some((cause, exit)),
+            None => {
+                first = None;
+                stopped_for_report = Some(cause);
+            }
+        }
+    }
     // The launcher's own messages follow: no bar under them (rank 0's report reader clears it
     // too, once rank 0 is gone).
     console.clear();

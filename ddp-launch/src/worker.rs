@@ -58,6 +58,11 @@ pub(crate) fn role(
 /// succeeded" in the launcher and "`train` succeeded" in a worker). Call it from the main
 /// thread: workers are killed when the thread that started them ends.
 ///
+/// A worker whose program installed no `tracing` subscriber before calling `launch` gets a
+/// plain one on stderr (level from `RUST_LOG`, default `warn`), so ddp-comm's warnings, such as
+/// strangers refused on rank 0's store port or a rank's mesh port, reach the rank's log
+/// instead of nowhere. Install yours before calling `launch` to use it instead.
+///
 /// # Errors
 /// In the launcher: invalid flags, a taken port, a failed worker after all restarts
 /// ([`LaunchError::WorkerFailed`], summary already printed), an interruption. In a worker:
@@ -71,7 +76,7 @@ where
     F: FnOnce(WorkerContext) -> Result<(), E>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    match role(args, &|k| std::env::var(k).ok())? {
+    match crate::env::with_process_env(|vars| role(args, vars))? {
         Role::Launcher => LaunchPlan::for_current_exe(args)?.run(),
         Role::Worker(env) => run_worker(env, train),
     }
@@ -85,9 +90,35 @@ where
 {
     // Before anything can start a program: the launcher's progress pipe is rank 0's alone.
     crate::progress::claim_report_pipe();
+    default_worker_logging();
     let rank = env.rank;
     let group = env.init_process_group()?;
-    train(WorkerContext::new(env, group)).map_err(|e| LaunchError::training(rank, e.into()))
+    // Keeps the group's connections (and rank 0's store) open until a failure is out: see
+    // `own_failure`.
+    let keep_open = group.clone();
+    let result =
+        train(WorkerContext::new(env, group)).map_err(|e| LaunchError::training(rank, e.into()));
+    if let Err(e) = &result {
+        crate::own_failure::report_own_failure(e);
+    }
+    drop(keep_open);
+    result
+}
+
+/// A stderr subscriber at `RUST_LOG` (default `warn`), unless the program installed one.
+fn default_worker_logging() {
+    if tracing::dispatcher::has_been_set() {
+        return;
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Another thread may have installed one meanwhile: then that one stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod async_respond;
 mod handshake;
 mod hello;
 mod pending;
+mod stranger_log;
 
 pub(crate) use handshake::{HelloError, initiate};
 /// The accepting side on a tokio socket (the store's and the mesh listener's event loops).
@@ -22,6 +23,7 @@ pub(crate) mod event_loop {
 }
 pub(crate) use hello::Kind;
 pub(crate) use pending::{HelloSlot, PendingHellos};
+pub(crate) use stranger_log::{StrangerLog, warn_stranger};
 
 use crate::error::{CommError, Result};
 

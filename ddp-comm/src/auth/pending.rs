@@ -39,6 +39,8 @@ struct Shared {
     freed: Notify,
     /// Names the listener in logs ("store", "rendezvous").
     what: &'static str,
+    /// Rate-limits the warnings about connections pushed out.
+    pushed_out: super::StrangerLog,
 }
 
 fn lock(s: &Shared) -> MutexGuard<'_, List> {
@@ -78,6 +80,7 @@ impl PendingHellos {
                 list: Mutex::new(List::default()),
                 freed: Notify::new(),
                 what,
+                pushed_out: super::StrangerLog::new(),
             }),
         }
     }
@@ -101,7 +104,8 @@ impl PendingHellos {
                 _ = self.shared.freed.notified() => {}
                 _ = tokio::time::sleep_until(since + PENDING_GRACE) => {
                     if let Some((_, _, task)) = lock(&self.shared).tasks.pop_front() {
-                        tracing::warn!(
+                        super::warn_stranger!(
+                            self.shared.pushed_out,
                             limit = MAX_PENDING,
                             listener = self.shared.what,
                             "too many connections without a hello; dropping the oldest"

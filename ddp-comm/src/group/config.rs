@@ -102,13 +102,7 @@ impl ProcessGroupConfig {
     /// [`CommError::InvalidConfig`] naming the variable when one is missing or unparsable, or
     /// when the values contradict each other.
     pub fn from_env() -> Result<Self> {
-        Self::from_vars(|name| match std::env::var(name) {
-            Ok(v) => Ok(Some(v)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(CommError::config(name, "value is not valid UTF-8"))
-            }
-        })
+        Self::from_vars(crate::env::env_var)
     }
 
     /// [`ProcessGroupConfig::from_env`] over any source of variables (a pure function, so it
@@ -117,8 +111,8 @@ impl ProcessGroupConfig {
         let usize_var = |name: &str| -> Result<Option<usize>> {
             var(name)?
                 .map(|v| {
-                    v.trim().parse::<usize>().map_err(|_| {
-                        CommError::config(name, format!("'{v}' is not a non-negative integer"))
+                    v.trim().parse::<usize>().map_err(|e| {
+                        CommError::config(name, crate::env::not_a_count(&v, usize::MAX, &e))
                     })
                 })
                 .transpose()

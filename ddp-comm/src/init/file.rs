@@ -22,7 +22,9 @@ pub(super) fn init(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGro
 }
 
 fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
-    let advertise = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+    let advertise = crate::env::env_var("MASTER_ADDR")?
+        .filter(|a| !a.trim().is_empty())
+        .map_or_else(|| "127.0.0.1".to_string(), |a| a.trim().to_string());
     let server = super::bind::bind_store(&advertise, 0, config.store_config())?;
     config.require_token_if_exposed("the store", server.local_addr().ip())?;
     let addr = format!("{advertise}:{}", server.local_addr().port());

@@ -57,7 +57,7 @@ impl InitMethod {
 
     /// Reads `MASTER_ADDR` and `MASTER_PORT` into a [`InitMethod::Tcp`].
     pub fn from_env() -> Result<InitMethod> {
-        let host = std::env::var("MASTER_ADDR").map_err(|_| {
+        let host = crate::env::env_var("MASTER_ADDR")?.ok_or_else(|| {
             CommError::config(
                 "MASTER_ADDR",
                 "environment variable is not set (the address of rank 0's host)",
@@ -66,7 +66,7 @@ impl InitMethod {
         if host.trim().is_empty() {
             return Err(CommError::config("MASTER_ADDR", "is empty"));
         }
-        let port = std::env::var("MASTER_PORT").map_err(|_| {
+        let port = crate::env::env_var("MASTER_PORT")?.ok_or_else(|| {
             CommError::config(
                 "MASTER_PORT",
                 "environment variable is not set (a free TCP port on rank 0's host)",

@@ -101,6 +101,7 @@ impl StoreServer {
             state: State::with_entries(entries.into_iter().collect()),
             config,
             clients: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
         });
         let (stop, stopped) = oneshot::channel();
         let s = served.clone();
@@ -129,6 +130,12 @@ impl StoreServer {
     /// Number of authenticated clients currently connected.
     pub fn num_clients(&self) -> usize {
         self.served.clients.load(Ordering::SeqCst)
+    }
+
+    /// Number of connections refused so far at the hello: they could not prove the token, sent
+    /// something else, or were too slow (each is also logged, rate-limited, at warn).
+    pub fn num_refused(&self) -> usize {
+        self.served.refused.load(Ordering::SeqCst)
     }
 
     /// Waits until at most `keep` clients remain connected, or `timeout` passes. Rank 0 calls

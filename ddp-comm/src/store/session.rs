@@ -4,12 +4,15 @@
 use super::config::StoreConfig;
 use super::protocol::{FrameWriter, Malformed, ReadFrameError, Status, VERSION, read_frame_async};
 use super::state::State;
-use crate::auth::{Kind, event_loop};
+use crate::auth::{Kind, StrangerLog, event_loop, warn_stranger};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+
+/// Rate-limits the warnings about strangers on every store port of this process.
+static STRANGERS: StrangerLog = StrangerLog::new();
 
 /// What a connection task needs from the server.
 #[derive(Debug)]
@@ -18,6 +21,9 @@ pub(super) struct Served {
     pub(super) config: StoreConfig,
     /// Authenticated clients currently connected (at most `config.max_clients`).
     pub(super) clients: AtomicUsize,
+    /// Connections refused at the hello (wrong token, garbage, too slow), for the owner to
+    /// report (e.g. a launcher saying why a node never joined).
+    pub(super) refused: AtomicUsize,
 }
 
 /// Holds one of the server's client slots for as long as it lives, however its task ends (even
@@ -53,14 +59,18 @@ pub(super) async fn serve(
 ) {
     let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
     hello_done();
+    if !matches!(hello, Ok(Ok(_))) {
+        served.refused.fetch_add(1, Ordering::SeqCst);
+    }
     let _slot = match hello {
         Ok(Ok(slot)) => slot,
         Ok(Err(reason)) => {
-            tracing::warn!(%peer, %reason, "store: rejected a connection");
+            warn_stranger!(STRANGERS, %peer, %reason, "store: rejected a connection");
             return;
         }
         Err(_) => {
-            tracing::warn!(
+            warn_stranger!(
+                STRANGERS,
                 %peer,
                 timeout = ?served.config.hello_timeout,
                 "store: no complete hello before the deadline, dropping the connection"
@@ -73,7 +83,7 @@ pub(super) async fn serve(
             Ok(body) => body,
             Err(ReadFrameError::Io(_)) => return, // client left
             Err(ReadFrameError::TooLarge { len, max }) => {
-                tracing::warn!(%peer, len, max, "store: frame over the limit, disconnecting client");
+                warn_stranger!(STRANGERS, %peer, len, max, "store: frame over the limit, disconnecting client");
                 return;
             }
         };
@@ -84,7 +94,7 @@ pub(super) async fn serve(
         {
             Ok(reply) => reply,
             Err(Malformed(what)) => {
-                tracing::warn!(%peer, what, "store: malformed request, disconnecting client");
+                warn_stranger!(STRANGERS, %peer, what, "store: malformed request, disconnecting client");
                 let refusal = FrameWriter::new(Status::BadRequest as u8)
                     .bytes(format!("malformed request: bad {what}").as_bytes());
                 let _ = stream.write_all(&refusal.into_frame()).await;

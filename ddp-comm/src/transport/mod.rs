@@ -63,13 +63,9 @@ impl TransportKind {
     /// # Errors
     /// [`CommError::InvalidConfig`] when the value is not `auto`, `tcp`, `shm` or `mpi`.
     pub fn from_env() -> Result<TransportKind> {
-        match std::env::var(TRANSPORT_ENV) {
-            Ok(v) if v.trim().is_empty() => Ok(TransportKind::Auto),
-            Ok(v) => v.parse(),
-            Err(std::env::VarError::NotPresent) => Ok(TransportKind::Auto),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(CommError::config(TRANSPORT_ENV, "value is not valid UTF-8"))
-            }
+        match crate::env::env_var(TRANSPORT_ENV)? {
+            Some(v) if !v.trim().is_empty() => v.parse(),
+            _ => Ok(TransportKind::Auto),
         }
     }
 

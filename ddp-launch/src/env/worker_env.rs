@@ -4,8 +4,19 @@
 
 use crate::error::LaunchError;
 use crate::plan::RESTART_COUNT_ENV;
-use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
+use ddp_comm::{MAX_TIMEOUT, TIMEOUT_ENV, TOKEN_ENV};
+use std::num::{IntErrorKind, ParseIntError};
 use std::time::Duration;
+
+/// The unsigned integer types the variables hold, with their maximum for error messages.
+pub(super) trait Unsigned: std::str::FromStr<Err = ParseIntError> {
+    const MAX: u64;
+}
+
+macro_rules! unsigned {
+    ($($t:ty),*) => {$(impl Unsigned for $t { const MAX: u64 = <$t>::MAX as u64; })*};
+}
+unsigned!(u16, u32, u64, usize);
 
 /// The port used when a launcher set no `MASTER_PORT` (torch's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -90,16 +101,22 @@ impl Vars<'_> {
             .find_map(|k| self.get(k).map(|v| (k.to_string(), v)))
     }
 
-    pub(super) fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, LaunchError> {
+    pub(super) fn number<T: Unsigned>(&self, key: &str) -> Result<Option<T>, LaunchError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| {
-                LaunchError::worker_env(key, format!("'{v}' is not a non-negative integer"))
+            Some(v) => v.parse().map(Some).map_err(|e: ParseIntError| {
+                let reason = match e.kind() {
+                    IntErrorKind::PosOverflow => {
+                        format!("'{v}' is out of range (at most {})", T::MAX)
+                    }
+                    _ => format!("'{v}' is not a non-negative integer"),
+                };
+                LaunchError::worker_env(key, reason)
             }),
         }
     }
 
-    pub(super) fn required<T: std::str::FromStr>(
+    pub(super) fn required<T: Unsigned>(
         &self,
         key: &str,
         launcher: &str,
@@ -124,7 +141,10 @@ impl Vars<'_> {
 
     pub(super) fn common(&self) -> Result<(Option<String>, Option<Duration>, u32), LaunchError> {
         let token = self.get(TOKEN_ENV);
-        let timeout = self.number::<u64>(TIMEOUT_ENV)?.map(Duration::from_secs);
+        let timeout = match self.get(TIMEOUT_ENV) {
+            None => None,
+            Some(v) => Some(timeout_secs(&v)?),
+        };
         let restarts = match self.number::<u32>(RESTART_COUNT_ENV)? {
             Some(n) => n,
             None => self
@@ -133,6 +153,19 @@ impl Vars<'_> {
         };
         Ok((token, timeout, restarts))
     }
+}
+
+/// `DDP_TIMEOUT_SECS`'s value: whole seconds in `1..=MAX_TIMEOUT`, as ddp-comm accepts.
+fn timeout_secs(v: &str) -> Result<Duration, LaunchError> {
+    let max = MAX_TIMEOUT.as_secs();
+    let reason = match v.parse::<u64>() {
+        Ok(s) if (1..=max).contains(&s) => return Ok(Duration::from_secs(s)),
+        Err(e) if *e.kind() != IntErrorKind::PosOverflow => {
+            format!("'{v}' is not a whole number of seconds (1..={max})")
+        }
+        _ => format!("'{v}' is out of range: a timeout is 1..={max} seconds (365 days)"),
+    };
+    Err(LaunchError::worker_env(TIMEOUT_ENV, reason))
 }
 
 /// `MASTER_ADDR`, defaulting to loopback when every rank is on this node.

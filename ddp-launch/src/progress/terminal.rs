@@ -36,8 +36,13 @@ impl ProgressSetting {
     /// The process's setting; an unknown value warns and counts as `auto` (progress is not
     /// worth failing a job for).
     pub fn from_env() -> Self {
-        let Ok(value) = std::env::var(PROGRESS_ENV) else {
-            return ProgressSetting::Auto;
+        let value = match ddp_comm::env_var(PROGRESS_ENV) {
+            Ok(Some(value)) => value,
+            Ok(None) => return ProgressSetting::Auto,
+            Err(e) => {
+                tracing::warn!(%e, "using auto");
+                return ProgressSetting::Auto;
+            }
         };
         ProgressSetting::parse(&value).unwrap_or_else(|| {
             tracing::warn!(

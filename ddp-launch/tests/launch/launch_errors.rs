@@ -2,7 +2,6 @@
 use crate::launch_common::*;
 use std::net::TcpListener;
 use std::process::Command;
-use std::time::Duration;
 
 #[test]
 fn taken_master_port_is_reported_before_any_worker_starts() {
@@ -253,6 +252,14 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
         .arg(dir.path());
     let node0 = start(node0);
 
+    // A node with another token cannot prove it: refused, while node 0 keeps waiting (a
+    // stranger's connection must not stop a job).
+    let mut wrong_token = two_node_args(1, port, &["--nproc-per-node", "2", "--", "true"]);
+    wrong_token.env("DDP_JOB_TOKEN", "another-secret");
+    let out = run(wrong_token);
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    out.assert_stderr_has("set the same DDP_JOB_TOKEN on every node");
+
     let out = run(two_node_args(
         1,
         port,
@@ -264,23 +271,32 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
              --nnodes 2 --nproc-per-node 1 --max-restarts 0: every node must use the same settings",
     );
 
-    let mut wrong_token = two_node_args(1, port, &["--nproc-per-node", "2", "--", "true"]);
+    // Node 0 stops at once with node 1's reason (issue 45, item 6), having started no worker.
+    let out = node0.finish();
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    out.assert_stderr_has("node 1 cannot join: node 0 runs with --nnodes 2 --nproc-per-node 2");
+    assert!(pids_in(dir.path()).is_empty());
+}
+
+#[test]
+fn node_0_says_a_node_with_another_token_was_refused_when_the_join_times_out() {
+    let port = free_port();
+    // Generous: node 1 below must reach node 0 within it, however slow the machine.
+    let node0 = start(two_node_args(
+        0,
+        port,
+        &["--join-timeout", "20", "--", "true"],
+    ));
+    let mut wrong_token = two_node_args(1, port, &["--", "true"]);
     wrong_token.env("DDP_JOB_TOKEN", "another-secret");
     let out = run(wrong_token);
-    assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has("set the same DDP_JOB_TOKEN on every node");
-
-    // Node 0 never started a worker (nobody joined) and stops cleanly when told to.
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(pids_in(dir.path()).is_empty());
-    // SAFETY: signalling the launcher this test started.
-    unsafe { libc::kill(node0.child.id() as i32, libc::SIGTERM) };
     let out = node0.finish();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGTERM),
-        "{}",
-        out.all()
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
+    out.assert_stderr_has(
+        "only 1 of 2 nodes joined attempt 0 within 20s; meanwhile the rendezvous refused ",
     );
-    out.assert_stderr_has("the launcher received SIGTERM");
+    out.assert_stderr_has("connection(s) that could not prove the job token");
+    // And it said so as the connection came.
+    out.assert_stderr_has("WARN store: rejected a connection");
 }

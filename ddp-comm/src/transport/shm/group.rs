@@ -29,7 +29,7 @@ pub(crate) const YIELD_ENV: &str = "DDP_SHM_YIELD";
 
 /// How a rank waits before it sleeps on the futex.
 #[derive(Debug, Clone, Copy)]
-struct Patience {
+pub(super) struct Patience {
     spin: Duration,
     /// Yield the CPU between checks (`sched_yield`) instead of spinning: as fast when every
     /// rank has a CPU, and much faster when ranks outnumber CPUs, because the rank we wait for
@@ -38,16 +38,16 @@ struct Patience {
 }
 
 impl Patience {
-    fn from_env() -> Patience {
-        let env_u64 = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        Patience {
-            spin: env_u64(SPIN_ENV).map_or(DEFAULT_SPIN, Duration::from_micros),
-            yield_cpu: env_u64(YIELD_ENV) != Some(0),
-        }
+    /// [`SPIN_ENV`] and [`YIELD_ENV`], else the defaults.
+    ///
+    /// # Errors
+    /// Either is set to something that is not a whole number (an error on every rank that has
+    /// it, rather than a silent fallback on one).
+    pub(super) fn from_env() -> Result<Patience> {
+        Ok(Patience {
+            spin: crate::env::env_u64(SPIN_ENV)?.map_or(DEFAULT_SPIN, Duration::from_micros),
+            yield_cpu: crate::env::env_u64(YIELD_ENV)? != Some(0),
+        })
     }
 }
 
@@ -103,6 +103,7 @@ impl ShmGroup {
         me: usize,
         ranks: Vec<usize>,
         timeout: Duration,
+        patience: Patience,
     ) -> ShmGroup {
         let procs = (0..layout.local)
             .map(|i| ProcId {
@@ -117,7 +118,7 @@ impl ShmGroup {
             ranks,
             procs,
             my_proc: ProcId::me(),
-            patience: Patience::from_env(),
+            patience,
             step: 0,
             timeout,
             scratch: Vec::new(),

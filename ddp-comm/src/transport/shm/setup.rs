@@ -12,7 +12,7 @@
 //! ends. Every rank reads every report, so all reach the same decision: hosts where shared
 //! memory failed fall back to TCP (`auto`) or fail the group (`shm`).
 
-use super::group::ShmGroup;
+use super::group::{Patience, ShmGroup};
 use super::host::{ProcId, SEGMENT_PREFIX, SHM_DIR, pid_ns, remove_stale_segments};
 use super::segment_layout::{HEADER_BYTES, Header, Layout, PAGE};
 use super::sys::Segment;
@@ -94,6 +94,7 @@ pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
         return Ok(Topology::singletons(1));
     }
     let chunk = requested_chunk(spec.buffer_bytes)?;
+    let patience = Patience::from_env()?;
     spec.store.set(
         &format!("shm/hello/{me}"),
         format!("{}\n{}", spec.requested, spec.host_id).as_bytes(),
@@ -223,7 +224,14 @@ pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
     let shm = match mapped {
         Some((seg, layout)) if mine.len() > 1 => {
             let globals = mine.iter().map(|&r| spec.ranks[r]).collect();
-            Some(ShmGroup::new(seg, layout, my_slot, globals, spec.timeout))
+            Some(ShmGroup::new(
+                seg,
+                layout,
+                my_slot,
+                globals,
+                spec.timeout,
+                patience,
+            ))
         }
         _ => None,
     };
@@ -253,9 +261,9 @@ impl Drop for Unlink {
 fn requested_chunk(configured: Option<usize>) -> Result<usize> {
     match configured {
         Some(bytes) => Ok(bytes),
-        None => match std::env::var(BUFFER_ENV) {
-            Ok(v) => parse_bytes(&v).map_err(|reason| CommError::config(BUFFER_ENV, reason)),
-            Err(_) => Ok(DEFAULT_CHUNK),
+        None => match crate::env::env_var(BUFFER_ENV)? {
+            Some(v) => parse_bytes(&v).map_err(|reason| CommError::config(BUFFER_ENV, reason)),
+            None => Ok(DEFAULT_CHUNK),
         },
     }
 }
@@ -293,7 +301,7 @@ fn job_id(root_store: &Store) -> Result<String> {
             .take(32)
             .collect::<String>()
     };
-    if let Ok(v) = std::env::var(JOB_ID_ENV) {
+    if let Some(v) = crate::env::env_var(JOB_ID_ENV)? {
         let v = clean(&v);
         if !v.is_empty() {
             return Ok(v);

@@ -12,7 +12,7 @@
 //! verdict has been written; admitted peers are handed over, as blocking sockets, through a
 //! channel.
 
-use crate::auth::{HelloSlot, Kind, PendingHellos, event_loop};
+use crate::auth::{HelloSlot, Kind, PendingHellos, StrangerLog, event_loop, warn_stranger};
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -187,6 +187,9 @@ async fn accept_loop(
     }
 }
 
+/// Rate-limits the warnings about strangers on every mesh port of this process.
+static STRANGERS: StrangerLog = StrangerLog::new();
+
 /// One connection's hello, before `deadline`; a valid peer goes to `arrived`.
 async fn hello(
     mut stream: tokio::net::TcpStream,
@@ -202,11 +205,11 @@ async fn hello(
     let group_rank = match outcome {
         Ok(Ok(r)) => r,
         Ok(Err(reason)) => {
-            tracing::warn!(%from, %reason, "rendezvous: rejected a connection");
+            warn_stranger!(STRANGERS, %from, %reason, "rendezvous: rejected a connection");
             return;
         }
         Err(_) => {
-            tracing::warn!(%from, timeout = ?HELLO_TIMEOUT, "rendezvous: no complete hello before the deadline, dropping the connection");
+            warn_stranger!(STRANGERS, %from, timeout = ?HELLO_TIMEOUT, "rendezvous: no complete hello before the deadline, dropping the connection");
             return;
         }
     };

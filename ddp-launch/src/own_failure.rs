@@ -1,0 +1,34 @@
+//! A worker whose training function failed says so before its peers can notice.
+//!
+//! Dropping a rank's process group closes its connections, and its peers then fail ("rank 0
+//! closed its connection") and exit, often before this rank has printed its error: the
+//! launcher saw the peer exit first, blamed it, and stopped this rank before its error reached
+//! any log (issue 45, item 4). So [`run_worker`](crate::worker) keeps the group open until the
+//! error is printed and written to this rank's failure file ([`ddp_comm::FAILURE_FILE_ENV`],
+//! `blame none`: its own failure); the launcher then finds the peers' reports blaming this
+//! rank and names it as the first failure.
+
+use std::io::Write;
+
+/// Prints `error` on stderr and records it as this rank's own failure, unless a communication
+/// failure was recorded first (that one names the rank to blame, and wins).
+pub(crate) fn report_own_failure(error: &dyn std::fmt::Display) {
+    eprintln!("ddp worker: {error}; closing the process group");
+    let Some(path) = std::env::var_os(ddp_comm::FAILURE_FILE_ENV) else {
+        return;
+    };
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("blame none\n{error}\n").as_bytes()));
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => tracing::warn!(
+            path = %std::path::Path::new(&path).display(),
+            %e,
+            "cannot write this rank's failure report"
+        ),
+    }
+}
