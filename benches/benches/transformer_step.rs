@@ -3,10 +3,13 @@
 //! ```text
 //! cargo bench -p ddp-benches --bench transformer_step
 //! cargo bench -p ddp-benches --features cuda --bench transformer_step -- --backend cuda --collectives nccl
+//! cargo bench -p ddp-benches --features cuda --bench transformer_step -- --backend cuda \
+//!     --d-model 768 --layers 12 --heads 12 --seq-len 127    # the 85M shape
 //! ```
 //!
-//! Model: the `transformer` example's `TinyGpt` (d_model 256, 4 layers, 4 heads: 3.2M
-//! parameters) on its sequence-reversal batches (32 sequences of 13 tokens), Adam. Plain steps
+//! Model: the `transformer` example's `TinyGpt` (by default d_model 256, 4 layers, 4 heads: 3.2M
+//! parameters; `--d-model --layers --heads --seq-len --batch` set another shape) on its
+//! sequence-reversal batches (by default 32 sequences of 13 tokens), Adam. Plain steps
 //! (forward, backward, `GradientsParams::from_grads`, Adam) and DDP steps (the same through a
 //! world-1 `DistributedDataParallel`) are interleaved in rounds; every step ends with
 //! `Backend::sync`, so GPU times include the work queued by the step. Times are medians; compare
@@ -27,12 +30,13 @@
 //! row's, the cost is the lost overlap of host and GPU, not NCCL.
 
 use anyhow::Result;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use clap::Parser;
+use ddp_benches::shape::ShapeArgs;
 use ddp_benches::{median, world_of_one};
 use ddp_core::TapBackend;
 use ddp_core::{DdpConfig, DistributedDataParallel};
@@ -41,14 +45,13 @@ use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::reverse::{ReverseBatch, ReverseBatcher, VOCAB, scored_positions, sequence};
 use std::time::Instant;
 
-const SEQ_LEN: usize = 6;
-const BATCH: usize = 32;
-
 #[derive(Parser, Debug, Clone)]
 struct Args {
     /// Measured steps per configuration (after one warm-up round).
     #[arg(long, default_value_t = 20)]
     steps: usize,
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// The burn backend (`cuda` needs `--features cuda` and a GPU).
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
@@ -88,25 +91,34 @@ fn main() -> Result<()> {
     }
 }
 
-fn batch<B: Backend>(step: usize, device: &B::Device) -> ReverseBatch<B> {
+/// Sequences per batch and digits per sequence.
+#[derive(Debug, Clone, Copy)]
+struct Batching {
+    batch: usize,
+    digits: usize,
+}
+
+fn batch<B: Backend>(b: Batching, step: usize, device: &B::Device) -> ReverseBatch<B> {
     use burn::data::dataloader::batcher::Batcher;
-    let items: Vec<Vec<i64>> = (0..BATCH)
-        .map(|i| sequence(7, (step * BATCH + i) as u64, SEQ_LEN))
+    let items: Vec<Vec<i64>> = (0..b.batch)
+        .map(|i| sequence(7, (step * b.batch + i) as u64, b.digits))
         .collect();
     ReverseBatcher.batch(items, device)
 }
 
 /// The example's loss: cross-entropy on the positions that hold the reversed digits.
 fn loss<B: Backend>(
+    b: Batching,
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, burn::tensor::Int>,
 ) -> Tensor<B, 1> {
     let device = logits.device();
-    let scored = scored_positions(SEQ_LEN);
+    let Batching { batch, digits } = b;
+    let scored = scored_positions(digits);
     let logits = logits
-        .slice([0..BATCH, scored.clone(), 0..VOCAB])
-        .reshape([BATCH * SEQ_LEN, VOCAB]);
-    let targets = targets.slice([0..BATCH, scored]).reshape([BATCH * SEQ_LEN]);
+        .slice([0..batch, scored.clone(), 0..VOCAB])
+        .reshape([batch * digits, VOCAB]);
+    let targets = targets.slice([0..batch, scored]).reshape([batch * digits]);
     CrossEntropyLossConfig::new()
         .init(&device)
         .forward(logits, targets)
@@ -116,12 +128,17 @@ fn bench<B: TapBackend>(args: &Args, device: B::Device, name: &str) -> Result<()
 where
     TinyGpt<B>: AutodiffModule<B>,
 {
+    let digits = args.shape.digits()?;
+    let bt = Batching {
+        batch: args.shape.batch,
+        digits,
+    };
     let shape = GptShape {
         vocab: VOCAB,
-        max_len: 2 * SEQ_LEN + 2,
-        d_model: 256,
-        heads: 4,
-        layers: 4,
+        max_len: 2 * digits + 2,
+        d_model: args.shape.d_model,
+        heads: args.shape.heads,
+        layers: args.shape.layers,
         boundaries: false,
     };
     B::seed(&device, 42);
@@ -149,24 +166,27 @@ where
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut overlap, mut overlap_marked) = (Vec::new(), Vec::new());
     let (mut waited, mut waited_marked) = (Vec::new(), Vec::new());
+    // The very first step of each configuration: kernel compilation and autotuning on a GPU.
+    let (mut first_plain, mut first_ddp, mut first_marked) = (None, None, None);
     let rounds = 4;
     let per_round = args.steps.div_ceil(rounds);
     for round in 0..=rounds {
         for s in 0..per_round {
-            let b = batch::<B>(round * per_round + s, &device);
+            let b = batch::<B>(bt, round * per_round + s, &device);
             let t = Instant::now();
-            let l = loss(plain_model.forward(b.inputs), b.targets);
+            let l = loss(bt, plain_model.forward(b.inputs), b.targets);
             let grads = GradientsParams::from_grads(l.backward(), &plain_model);
             plain_model = plain_opt.step(0.002, plain_model, grads);
             B::sync(&device)?;
+            first_plain.get_or_insert(t.elapsed());
             if round > 0 {
                 plain.push(t.elapsed());
             }
         }
         for s in 0..per_round {
-            let b = batch::<B>(round * per_round + s, &device);
+            let b = batch::<B>(bt, round * per_round + s, &device);
             let t = Instant::now();
-            let l = loss(synced_model.forward(b.inputs), b.targets);
+            let l = loss(bt, synced_model.forward(b.inputs), b.targets);
             let grads = GradientsParams::from_grads(l.backward(), &synced_model);
             B::sync(&device)?;
             synced_model = synced_opt.step(0.002, synced_model, grads);
@@ -175,13 +195,14 @@ where
                 synced.push(t.elapsed());
             }
         }
-        for (ddp, opt, times, overlaps, waits) in [
+        for (ddp, opt, times, overlaps, waits, first) in [
             (
                 &mut ddp,
                 &mut ddp_opt,
                 &mut wrapped,
                 &mut overlap,
                 &mut waited,
+                &mut first_ddp,
             ),
             (
                 &mut ddp_marked,
@@ -189,15 +210,17 @@ where
                 &mut wrapped_marked,
                 &mut overlap_marked,
                 &mut waited_marked,
+                &mut first_marked,
             ),
         ] {
             for s in 0..per_round {
-                let b = batch::<B>(round * per_round + s, &device);
+                let b = batch::<B>(bt, round * per_round + s, &device);
                 let t = Instant::now();
                 let logits = ddp.forward(|m| m.forward(b.inputs))?;
-                let grads = ddp.backward(loss(logits, b.targets))?;
+                let grads = ddp.backward(loss(bt, logits, b.targets))?;
                 ddp.optimizer_step(opt, 0.002, grads);
                 B::sync(&device)?;
+                first.get_or_insert(t.elapsed());
                 if round > 0 {
                     times.push(t.elapsed());
                     if let Some(stats) = ddp.last_step_stats() {
@@ -210,19 +233,31 @@ where
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let p = median(plain);
-    println!("# transformer step, world 1: TinyGpt d_model 256, 4 layers (3.2M parameters)");
+    let ms = |d: Option<std::time::Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
     println!(
-        "# backend {name}, collectives {:?}, buckets <= {} MiB, batch {BATCH} x {} tokens, Adam, {} steps per row (median)",
+        "# transformer step, world 1: TinyGpt {} ({:.2}M parameters)",
+        args.shape.describe(),
+        plain_model.num_params() as f64 / 1e6
+    );
+    println!(
+        "# backend {name}, collectives {:?}, buckets <= {} MiB, Adam, {} steps per row (median)",
         args.collectives,
         args.bucket_cap_mb,
-        2 * SEQ_LEN + 1,
         rounds * per_round
     );
     println!(
-        "# {:<34} {:>10} {:>12} {:>18} {:>12}",
-        "configuration", "ms/step", "/ plain", "comm overlapped", "waited ms"
+        "# {:<34} {:>10} {:>12} {:>18} {:>12} {:>14}",
+        "configuration", "ms/step", "/ plain", "comm overlapped", "waited ms", "first step ms"
     );
-    println!("  {:<34} {:>10.2}", "plain burn", p.as_secs_f64() * 1e3);
+    println!(
+        "  {:<34} {:>10.2} {:>12} {:>18} {:>12} {:>14.1}",
+        "plain burn",
+        p.as_secs_f64() * 1e3,
+        "",
+        "",
+        "",
+        ms(first_plain)
+    );
     let s = median(synced);
     println!(
         "  {:<34} {:>10.2} {:>12.3}",
@@ -230,23 +265,25 @@ where
         s.as_secs_f64() * 1e3,
         s.as_secs_f64() / p.as_secs_f64()
     );
-    for (label, times, overlaps, waits) in [
-        ("DDP (world 1)", wrapped, overlap, waited),
+    for (label, times, overlaps, waits, first) in [
+        ("DDP (world 1)", wrapped, overlap, waited, first_ddp),
         (
             "DDP, layer boundaries",
             wrapped_marked,
             overlap_marked,
             waited_marked,
+            first_marked,
         ),
     ] {
         let d = median(times);
         println!(
-            "  {:<34} {:>10.2} {:>12.3} {:>17.0}% {:>12.2}",
+            "  {:<34} {:>10.2} {:>12.3} {:>17.0}% {:>12.2} {:>14.1}",
             label,
             d.as_secs_f64() * 1e3,
             d.as_secs_f64() / p.as_secs_f64(),
             100.0 * mean(&overlaps),
-            mean(&waits)
+            mean(&waits),
+            ms(first)
         );
     }
     println!("# goal on a GPU: DDP / plain <= 1.03, >= 70% of all-reduce time overlapped");

@@ -12,6 +12,7 @@ use ddp_core::{
 use std::time::Duration;
 
 pub mod allocator;
+pub mod shape;
 
 /// Samples per rank in the DDP step benches.
 pub const BATCH: usize = 64;

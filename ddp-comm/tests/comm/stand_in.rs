@@ -131,3 +131,37 @@ fn stand_in_bucket_a_peer_never_issues_names_that_peer() {
         "names rank 1: {err}"
     );
 }
+
+/// NCCL cannot tell two ranks' buckets apart; the stand-in's communicator can: buckets issued
+/// in another order on one rank (other sizes meet) fail on both ranks, naming the mismatch,
+/// instead of reducing unrelated values.
+#[test]
+fn stand_in_buckets_issued_in_another_order_are_a_named_mismatch() {
+    let results = run_world_with(Setup::Shm, 2, TIMEOUT, |pg| {
+        let comm = StandInComm::new(&pg)?;
+        let mut sizes = [100usize, 200];
+        if pg.rank() == 1 {
+            sizes.reverse();
+        }
+        let buffers: Vec<StandInBuffer<f32>> = sizes
+            .iter()
+            .map(|&n| StandInBuffer::new(vec![1.0; n]))
+            .collect();
+        let mut works = Vec::new();
+        for (i, b) in buffers.iter().enumerate() {
+            works.push(comm.all_reduce_async(b, ReduceOp::Avg, label(i))?);
+        }
+        let first = works.remove(0).wait().err().map(|e| e.to_string());
+        Ok(first)
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let e = r
+            .expect("the ranks start")
+            .unwrap_or_else(|| panic!("rank {rank}'s first bucket must fail"));
+        assert!(e.contains("bucket 0"), "rank {rank} names the bucket: {e}");
+        assert!(
+            e.contains("100") && e.contains("200"),
+            "rank {rank} names both sizes: {e}"
+        );
+    }
+}

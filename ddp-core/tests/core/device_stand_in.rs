@@ -144,3 +144,34 @@ fn stand_in_refuses_a_comm_hook() {
         assert!(err.contains("StandIn"), "{err}");
     });
 }
+
+/// Ranks whose buckets differ (other caps) would reduce unrelated elements in NCCL: with the
+/// device engine they fail before any bucket, each naming the rank that differs.
+#[test]
+fn stand_in_ranks_with_other_bucket_layouts_fail_naming_the_rank() {
+    let errors = run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let config = if rank == 0 {
+            small_buckets()
+        } else {
+            stand_in()
+        };
+        let model = Mlp::<B>::seeded(&device, 64, 3);
+        let mut ddp = DistributedDataParallel::new(model, pg, config).unwrap();
+        let (x, y) = batch(&[rank, rank + 2], &device);
+        let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+        ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .err()
+            .map(|e| e.to_string())
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        let e = e
+            .as_ref()
+            .unwrap_or_else(|| panic!("rank {rank} must fail"));
+        assert!(
+            e.contains("gradient bucket layouts differ") && e.contains("rank(s) 1"),
+            "rank {rank}: {e}"
+        );
+    }
+}
