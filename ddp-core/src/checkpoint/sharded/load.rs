@@ -16,6 +16,7 @@ use super::manifest::{ShardedManifest, read_manifest, read_verified};
 use super::ownership::Ownership;
 use super::safetensors;
 use super::save::ShardedCheckpointer;
+use super::super::set_aside::any_exists;
 use super::search::find_latest_valid;
 use crate::zero::ZeroRedundancyOptimizer;
 use burn::module::{AutodiffModule, ParamId};
@@ -175,7 +176,17 @@ impl ShardedCheckpointer {
             &self.pg,
             "search for the latest sharded checkpoint",
             || {
+                // Invalid ones are listed here and set aside (renamed, never deleted) by the
+                // next save's check that `latest` never moves backwards.
                 let (found, invalid) = find_latest_valid(&dir)?;
+                if found.is_none() && any_exists(&invalid) {
+                    // As for rank-0 checkpoints: never start fresh over a run's checkpoints.
+                    return Err(CheckpointError::NoValidCheckpoint {
+                        dir: dir.clone(),
+                        invalid,
+                    }
+                    .into());
+                }
                 let header = Header {
                     name: found,
                     invalid,
