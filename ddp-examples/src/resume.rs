@@ -122,7 +122,9 @@ where
                 if main {
                     let why = match launch {
                         Some(_) => "its first attempt stopped before it had started over",
-                        None => "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's",
+                        None => {
+                            "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's"
+                        }
                     };
                     eprintln!("{name}: restart {restart} of this launch: {why}");
                 }

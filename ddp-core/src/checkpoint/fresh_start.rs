@@ -51,16 +51,18 @@ impl FullCheckpointer {
     /// Rank 0's I/O errors (on every rank).
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
         let path = self.config.dir().join(FRESH_START_FILE);
-        let read = on_rank0(&self.pg, "read the fresh-start record", || {
-            match std::fs::read(&path) {
+        let read = on_rank0(
+            &self.pg,
+            "read the fresh-start record",
+            || match std::fs::read(&path) {
                 Ok(bytes) => Ok(bytes),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
                 Err(source) => Err(CheckpointError::Read {
                     path: path.clone(),
                     source,
                 }),
-            }
-        })?;
+            },
+        )?;
         let bytes = broadcast_bytes(
             &self.pg,
             read.unwrap_or_default(),

@@ -175,13 +175,13 @@ pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 pub use fresh_start::FRESH_START_FILE;
 pub use full_checkpointer::FullCheckpointer;
 pub use lock::LOCK_FILE;
-pub use set_aside::INVALID_SUFFIX;
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
 pub use naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
+pub use set_aside::INVALID_SUFFIX;
 pub(crate) use sync::{all_gather_bytes, all_succeeded};
 
 pub use state::{FRAMEWORK_VERSION, TrainingState};

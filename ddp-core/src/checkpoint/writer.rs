@@ -16,8 +16,8 @@
 use super::crash_point::crash_point;
 use super::error::CheckpointError;
 use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ReadFailure};
-use super::set_aside::set_aside;
 use super::naming::{LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, read_dir};
+use super::set_aside::set_aside;
 use super::state::FRAMEWORK_VERSION;
 use std::fs::File;
 use std::io::Write;

@@ -167,7 +167,8 @@ fn every_checkpoint_corrupt_is_an_error_not_a_fresh_start() {
         matches!(&invalid[1].reason, InvalidReason::MissingFile { file } if file == MODEL_FILE)
     );
     assert!(
-        dir.path().join(checkpoint_name(2)).is_dir() && dir.path().join(checkpoint_name(1)).is_dir(),
+        dir.path().join(checkpoint_name(2)).is_dir()
+            && dir.path().join(checkpoint_name(1)).is_dir(),
         "nothing moved: {err}"
     );
 }

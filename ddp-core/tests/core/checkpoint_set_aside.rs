@@ -55,9 +55,7 @@ fn a_corrupt_checkpoint_is_set_aside_with_a_warning_and_survives_later_saves() {
     })
     .remove(0);
     assert!(
-        log.contains("WARN")
-            && log.contains("step-0000000002.invalid")
-            && log.contains("sha256"),
+        log.contains("WARN") && log.contains("step-0000000002.invalid") && log.contains("sha256"),
         "the warning names the checkpoint, where it went and why:\n{log}"
     );
     let kept = dir.path().join("step-0000000002.invalid").join(MODEL_FILE);
@@ -101,7 +99,10 @@ fn checkpoints_that_are_all_invalid_stop_the_load_and_nothing_is_removed() {
     }
     for step in 1..=2 {
         assert!(
-            dir.path().join(checkpoint_name(step)).join(MODEL_FILE).is_file(),
+            dir.path()
+                .join(checkpoint_name(step))
+                .join(MODEL_FILE)
+                .is_file(),
             "step {step} is still there"
         );
     }
@@ -123,7 +124,11 @@ fn a_directory_whose_manifest_names_another_step_is_not_resumed_as_its_name() {
         let (outcome, _) = load_latest_fresh(&ckpt);
         let resumed = outcome.resumed().expect("resumed");
         assert_eq!(resumed.info.name, checkpoint_name(2), "{outcome}");
-        let skipped = resumed.invalid.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let skipped = resumed
+            .invalid
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>();
         assert!(
             skipped.len() == 1 && skipped[0].contains("step-0000099999"),
             "{skipped:?}"

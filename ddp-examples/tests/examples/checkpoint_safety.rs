@@ -19,9 +19,16 @@ const DIGITS: &str = env!("CARGO_BIN_EXE_digits");
 /// A finished 1-epoch run of 2 ranks in `dir`; returns its latest checkpoint.
 fn older_run(dir: &Path) -> String {
     let mut cmd = clean_command(DIGITS);
-    cmd.args(["--nproc-per-node", "2", "--epochs", "1", "--batch-size", "16"])
-        .args(["--lr", "0.02", "--checkpoint-dir"])
-        .arg(dir);
+    cmd.args([
+        "--nproc-per-node",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+    ])
+    .args(["--lr", "0.02", "--checkpoint-dir"])
+    .arg(dir);
     let (ok, out, err) = output(cmd);
     assert!(ok, "the older run failed:\n{out}\n{err}");
     latest(dir).expect("the older run left a checkpoint")
@@ -67,7 +74,8 @@ fn a_fresh_restart_never_resumes_an_older_run() {
         "the older run ({older}) must not be resumed:\n{err}"
     );
     assert!(
-        err.contains("stopped before it had started over") && err.contains("--fresh: starting over"),
+        err.contains("stopped before it had started over")
+            && err.contains("--fresh: starting over"),
         "{err}"
     );
     assert!(err.contains("epoch 1/2:"), "epoch 1 ran again:\n{err}");
@@ -133,9 +141,16 @@ fn resuming_more_epochs_than_asked_says_so() {
     let older = older_run(&ckpt);
     assert!(step_of(&older) > 0);
     let mut cmd = clean_command(DIGITS);
-    cmd.args(["--nproc-per-node", "2", "--epochs", "0", "--batch-size", "16"])
-        .args(["--lr", "0.02", "--checkpoint-dir"])
-        .arg(&ckpt);
+    cmd.args([
+        "--nproc-per-node",
+        "2",
+        "--epochs",
+        "0",
+        "--batch-size",
+        "16",
+    ])
+    .args(["--lr", "0.02", "--checkpoint-dir"])
+    .arg(&ckpt);
     let (ok, out, err) = output(cmd);
     assert!(ok, "{out}\n{err}");
     assert!(

@@ -79,7 +79,10 @@ pub fn train_fully_sharded<B: TapBackend>(
                         "transformer: resuming from {} (saved by {} rank(s)): {}, step {}",
                         resumed.info.path.display(),
                         resumed.info.saved_world_size,
-                        ddp_examples::resume::epochs_done(resumed.state.epoch as usize, args.epochs),
+                        ddp_examples::resume::epochs_done(
+                            resumed.state.epoch as usize,
+                            args.epochs
+                        ),
                         resumed.state.global_step
                     );
                 }
