@@ -3,8 +3,10 @@
 //!
 //! `--fresh` means "start this launch over", not "start every attempt over": the launcher
 //! repeats the command line on each `--max-restarts` restart, so [`StartFrom::new`] turns
-//! `--fresh` into [`StartFrom::Scratch`] on the first attempt only, and restarts resume from
-//! the checkpoints this launch wrote.
+//! `--fresh` into [`StartFrom::Scratch`] on the first attempt only. A restart resumes only
+//! checkpoints this launch wrote: the attempt that starts over records the launch's id
+//! (`DDP_LAUNCH_ID`, set by ddp-run) in the directory once it has cleared it, and a restart
+//! that does not find its own id there (the first attempt died before) starts over itself.
 
 use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
@@ -29,31 +31,55 @@ pub struct StartPoint {
 }
 
 /// What to do with the checkpoints already in the directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartFrom {
     /// Resume from the latest valid checkpoint, if there is one (the default).
     Latest,
     /// `--fresh` on the launch's first attempt: ignore existing checkpoints and start over.
-    Scratch,
-    /// `--fresh`, but this is restart `n` of the launch: resume from the checkpoints this
-    /// launch wrote (the first attempt already started over).
-    LatestAfterRestart(u32),
+    Scratch {
+        /// This launch's id (`DDP_LAUNCH_ID`), recorded in the directory once it is cleared.
+        launch: Option<String>,
+    },
+    /// `--fresh`, but this is a restart of the launch: resume the checkpoints this launch
+    /// wrote if its first attempt got as far as starting over (the directory's fresh-start
+    /// record names this launch), or else start over now.
+    LatestAfterRestart {
+        /// How many restarts came before this attempt.
+        restart: u32,
+        /// This launch's id (`DDP_LAUNCH_ID`); without one nothing can be proven to be this
+        /// launch's, so the restart starts over.
+        launch: Option<String>,
+    },
 }
 
 impl StartFrom {
-    /// `--fresh` (`fresh`) applied to this attempt: only the first attempt of a launch starts
-    /// over ([`WorkerContext::is_restart`]).
+    /// `--fresh` (`fresh`) applied to this attempt: a `--fresh` launch starts over once, and
+    /// its restarts ([`WorkerContext::is_restart`]) resume what it wrote since.
     pub fn new(fresh: bool, ctx: &WorkerContext) -> Self {
+        // Set by ddp-run for every attempt of a launch (ddp_launch::plan::LAUNCH_ID_ENV).
+        let launch = std::env::var("DDP_LAUNCH_ID")
+            .ok()
+            .filter(|id| !id.trim().is_empty());
         match (fresh, ctx.is_restart()) {
             (false, _) => StartFrom::Latest,
-            (true, false) => StartFrom::Scratch,
-            (true, true) => StartFrom::LatestAfterRestart(ctx.restart_count()),
+            (true, false) => StartFrom::Scratch { launch },
+            (true, true) => StartFrom::LatestAfterRestart {
+                restart: ctx.restart_count(),
+                launch,
+            },
         }
+    }
+
+    /// Whether this attempt starts over without looking at the checkpoints (`--fresh` on the
+    /// first attempt).
+    pub fn is_scratch(&self) -> bool {
+        matches!(self, StartFrom::Scratch { .. })
     }
 }
 
-/// Loads the latest valid checkpoint, or starts over for [`StartFrom::Scratch`]; rank 0 says
-/// what happened on stderr.
+/// Loads the latest valid checkpoint, or starts over for [`StartFrom::Scratch`] (and for a
+/// restart of a `--fresh` launch that had not started over yet); rank 0 says what happened on
+/// stderr, invalid checkpoints it skipped (and set aside) included.
 ///
 /// Starting over in a directory that already holds checkpoints first saves the initial state
 /// as checkpoint `step-0000000000`, so `latest` names this run from its first step: a restart
@@ -78,41 +104,37 @@ where
     O: Optimizer<M, B>,
 {
     let main = checkpoints.process_group().rank() == 0;
-    let dir = checkpoints.config().dir().display();
-    match start {
-        StartFrom::Scratch => {
-            // Rank-local listing: only rank 0's answer counts, so share it. An unreadable
-            // directory counts as holding checkpoints: the save then fails on every rank alike.
-            let mut older = [u8::from(
-                main && checkpoints.latest().map_or(true, |l| l.is_some()),
-            )];
-            checkpoints
-                .process_group()
-                .broadcast(&mut older, 0)
-                .context("sharing whether older checkpoints exist")?;
-            if main {
-                eprintln!("{name}: --fresh: starting over (removing the checkpoints in {dir})");
+    let launch = match start {
+        StartFrom::Latest => None,
+        StartFrom::Scratch { launch } => Some(launch),
+        StartFrom::LatestAfterRestart { restart, launch } => {
+            let recorded = checkpoints
+                .fresh_start_launch()
+                .context("reading which launch last started the directory over")?;
+            if launch.is_some() && recorded == launch {
+                if main {
+                    eprintln!(
+                        "{name}: restart {restart} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
+                    );
+                }
+                None
+            } else {
+                if main {
+                    let why = match launch {
+                        Some(_) => "its first attempt stopped before it had started over",
+                        None => {
+                            "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's"
+                        }
+                    };
+                    eprintln!("{name}: restart {restart} of this launch: {why}");
+                }
+                Some(launch)
             }
-            if older[0] == 1 {
-                // The older run's checkpoints go: a save never moves `latest` below a newer
-                // valid checkpoint, and left behind they would never be pruned.
-                checkpoints
-                    .rewind_to(0)
-                    .context("removing the older run's checkpoints for --fresh")?;
-                checkpoints
-                    .save(
-                        model,
-                        optim,
-                        &TrainingState::new(0, 0).with_sampler(loader.state()),
-                    )
-                    .context("saving the initial state of the fresh run")?;
-            }
-            return Ok(StartPoint::default());
         }
-        StartFrom::LatestAfterRestart(n) if main => eprintln!(
-            "{name}: restart {n} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
-        ),
-        StartFrom::Latest | StartFrom::LatestAfterRestart(_) => {}
+    };
+    if let Some(launch) = launch {
+        start_over(name, checkpoints, model, optim, loader, launch.as_deref())?;
+        return Ok(StartPoint::default());
     }
     match checkpoints.load_latest(device, model, optim)? {
         LoadOutcome::Resumed(resumed) => {
@@ -123,10 +145,13 @@ where
                 state: Some(resumed.state),
             };
             if main {
+                for bad in &resumed.invalid {
+                    eprintln!("{name}: warning: skipped invalid {bad}");
+                }
                 eprintln!(
-                    "{name}: resuming from {}: {} of {epochs} epochs done, step {}",
+                    "{name}: resuming from {}: {}, step {}",
                     resumed.info.path.display(),
-                    start.epoch.min(epochs),
+                    epochs_done(start.epoch, epochs),
                     start.step
                 );
             }
@@ -139,4 +164,66 @@ where
             Ok(StartPoint::default())
         }
     }
+}
+
+/// `3 of 5 epochs done`, or `3000 epochs done, more than --epochs 5: none left to run` (never
+/// a count above what the checkpoint holds or a "5 of 5" it does not).
+pub fn epochs_done(done: usize, epochs: usize) -> String {
+    if done <= epochs {
+        format!("{done} of {epochs} epochs done")
+    } else {
+        format!("{done} epochs done, more than --epochs {epochs}: none left to run")
+    }
+}
+
+/// `--fresh`: removes the older run's checkpoints, saves the initial state as step 0 when
+/// there were any (so `latest` names this run), then records that launch `launch` started
+/// the directory over, so its restarts resume what it writes from now on.
+fn start_over<B, M, O, I, Out>(
+    name: &str,
+    checkpoints: &FullCheckpointer,
+    model: &M,
+    optim: &O,
+    loader: &DistributedDataLoader<B, I, Out>,
+    launch: Option<&str>,
+) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let main = checkpoints.process_group().rank() == 0;
+    // Rank-local listing: only rank 0's answer counts, so share it. An unreadable directory
+    // counts as holding checkpoints: the save then fails on every rank alike.
+    let mut older = [u8::from(
+        main && checkpoints.latest().map_or(true, |l| l.is_some()),
+    )];
+    checkpoints
+        .process_group()
+        .broadcast(&mut older, 0)
+        .context("sharing whether older checkpoints exist")?;
+    if main {
+        let dir = checkpoints.config().dir().display();
+        eprintln!("{name}: --fresh: starting over (removing the checkpoints in {dir})");
+    }
+    if older[0] == 1 {
+        // The older run's checkpoints go: a save never moves `latest` below a newer valid
+        // checkpoint, and left behind they would never be pruned. The directory lock (taken
+        // by FullCheckpointer::new) guarantees no other job is using them.
+        checkpoints
+            .rewind_to(0)
+            .context("removing the older run's checkpoints for --fresh")?;
+        checkpoints
+            .save(
+                model,
+                optim,
+                &TrainingState::new(0, 0).with_sampler(loader.state()),
+            )
+            .context("saving the initial state of the fresh run")?;
+    }
+    // Only now: a restart before this point starts over again instead of resuming.
+    checkpoints
+        .record_fresh_start(launch.unwrap_or_default())
+        .context("recording the fresh start")?;
+    Ok(())
 }

@@ -22,6 +22,11 @@ pub const RESTART_COUNT_ENV: &str = "DDP_RESTART_COUNT";
 /// Environment variable holding the elastic rendezvous round the workers belong to (elastic
 /// jobs only; equal to [`RESTART_COUNT_ENV`] there, since every new round restarts them).
 pub const RDZV_ROUND_ENV: &str = "DDP_RDZV_ROUND";
+/// Environment variable naming this launch (the same on every attempt of it, different for
+/// every launch): lets a worker tell checkpoints written by this launch from an older run's
+/// (e.g. `--fresh` on a `--max-restarts` restart). Random per launch unless already set (set
+/// it to one value on every node of a multi-node job).
+pub const LAUNCH_ID_ENV: &str = "DDP_LAUNCH_ID";
 
 /// Thread-pool variables set per worker (to cores / local ranks) unless already set.
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
@@ -144,6 +149,8 @@ pub struct LaunchPlan {
     pub(crate) tail_lines: usize,
     pub(crate) join_timeout: Duration,
     pub(crate) job_token: String,
+    /// [`LAUNCH_ID_ENV`] for every worker of every attempt.
+    pub(crate) launch_id: String,
     /// Thread-pool and allocator variables to set for every worker.
     pub(crate) thread_env: Vec<(String, String)>,
     /// Round-based rendezvous (`--rdzv-backend c10d`); `nnodes` is then MAX, and each round
@@ -341,6 +348,9 @@ impl LaunchPlan {
             tail_lines: args.tail_lines,
             join_timeout: args.join_timeout,
             job_token,
+            launch_id: host
+                .var(LAUNCH_ID_ENV)
+                .map_or_else(random_token, str::to_string),
             thread_env,
             elastic,
             rdzv_round: None,
@@ -423,6 +433,7 @@ impl LaunchPlan {
             ("TORCHELASTIC_RESTART_COUNT", restart_count.to_string()),
             ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts.to_string()),
             (TOKEN_ENV, self.job_token.clone()),
+            (LAUNCH_ID_ENV, self.launch_id.clone()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

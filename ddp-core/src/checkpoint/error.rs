@@ -84,6 +84,17 @@ pub enum InvalidReason {
         /// Hash of the contents on disk.
         found: String,
     },
+    /// The directory's name and the manifest disagree on the checkpoint (a renamed or copied
+    /// checkpoint): trusting the name would make it look newer or older than it is.
+    #[error("the manifest says it is {manifest_name} (step {manifest_step}), not {dir_name}")]
+    NameMismatch {
+        /// The directory's name.
+        dir_name: String,
+        /// The name the manifest records.
+        manifest_name: String,
+        /// The step the manifest records.
+        manifest_step: u64,
+    },
     /// The training state passed the hash check but cannot be parsed (written by an
     /// incompatible version).
     #[error("file {file} does not parse: {error}")]
@@ -102,11 +113,19 @@ pub struct InvalidCheckpoint {
     pub name: String,
     /// What was wrong with it.
     pub reason: InvalidReason,
+    /// The name it was set aside under (`step-0000000120.invalid`), if it was moved out of the
+    /// way: invalid checkpoints are renamed, never deleted.
+    #[serde(default)]
+    pub set_aside: Option<String>,
 }
 
 impl std::fmt::Display for InvalidCheckpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "checkpoint {}: {}", self.name, self.reason)
+        write!(f, "checkpoint {}: {}", self.name, self.reason)?;
+        if let Some(new_name) = &self.set_aside {
+            write!(f, " (set aside as {new_name})")?;
+        }
+        Ok(())
     }
 }
 
@@ -116,6 +135,43 @@ impl std::fmt::Display for InvalidCheckpoint {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
+    /// Another job holds the checkpoint directory (one job per directory).
+    #[error(
+        "checkpoint directory {dir} is in use by another job ({holder}); two jobs writing one \
+         directory delete and overwrite each other's checkpoints. Wait for that job to end, stop it, \
+         or give this job another --checkpoint-dir"
+    )]
+    DirLocked {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Who holds it, as the holder recorded it: host, pid, start time.
+        holder: String,
+    },
+    /// The directory's lock file cannot be opened or locked.
+    #[error("locking {path} (one job per checkpoint directory): {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Checkpoints exist but none is valid: starting fresh would silently discard the run.
+    #[error(
+        "{dir} holds {} checkpoint(s) and none is valid: {}. Nothing was deleted. To resume one \
+         anyway, repair or restore the named file (the rest of that checkpoint is intact), or \
+         accept the file as it is by writing its size and sha256 into that checkpoint's \
+         manifest.json; to start over, move the checkpoints away or start with --fresh \
+         (FullCheckpointer::rewind_to(0))",
+        invalid.len(),
+        invalid.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    NoValidCheckpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Every checkpoint tried, with why it is invalid.
+        invalid: Vec<InvalidCheckpoint>,
+    },
     /// The configuration is invalid.
     #[error("invalid checkpoint config: {0}")]
     InvalidConfig(String),

@@ -3,10 +3,12 @@
 use super::codec::{encode_model, encode_optimizer};
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
+use super::lock::DirLock;
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::naming::{checkpoint_name, list_checkpoints};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::reader::{find_latest_valid, read_latest, read_one};
+use super::set_aside::{any_exists, set_aside_all};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir};
 use super::writer::{check_not_backwards, prune, remove_newer_than, write_checkpoint};
@@ -26,6 +28,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct FullCheckpointer {
     pub(super) config: CheckpointConfig,
     pub(super) pg: ProcessGroup,
+    /// Rank 0's lock on the directory, held for this checkpointer's life.
+    _lock: Option<DirLock>,
 }
 
 /// What rank 0 tells the others after its search.
@@ -53,8 +57,12 @@ impl FullCheckpointer {
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, CheckpointError> {
         config.validate()?;
-        prepare_dir(&pg, config.dir(), "full")?;
-        Ok(FullCheckpointer { config, pg })
+        let lock = prepare_dir(&pg, config.dir(), "full")?;
+        Ok(FullCheckpointer {
+            config,
+            pg,
+            _lock: lock,
+        })
     }
 
     /// The configuration.
@@ -195,8 +203,9 @@ impl FullCheckpointer {
     /// Restores the newest valid checkpoint into `model` and `optim`, their tensors placed on
     /// `device` (each rank passes its own: burn's equivalent of `map_location`). Returns
     /// [`LoadOutcome::Resumed`] with the training state, or [`LoadOutcome::Fresh`] (logged)
-    /// when there is none. Checkpoints failing verification are skipped with a warning naming
-    /// them and the bad file, and listed in the outcome.
+    /// when the directory holds no checkpoint. Checkpoints failing verification are skipped
+    /// and set aside (renamed `<name>.invalid`, never deleted) with a warning naming them and
+    /// the bad file, and listed in the outcome.
     ///
     /// Rank 0 picks the checkpoint and reads it; the others receive the bytes from it, or
     /// read the same directory themselves with
@@ -213,7 +222,9 @@ impl FullCheckpointer {
     /// # Errors
     /// [`CheckpointError::LoadModel`] / [`CheckpointError::LoadOptimizer`] when the checkpoint
     /// does not fit (on error `model` and `optim` are unchanged),
-    /// [`CheckpointError::RunConfigMismatch`] (strict mode), I/O and communication errors.
+    /// [`CheckpointError::RunConfigMismatch`] (strict mode), I/O and communication errors;
+    /// [`CheckpointError::NoValidCheckpoint`] when checkpoints exist and none is valid (nothing
+    /// is renamed or deleted then: the caller decides).
     pub fn load_latest<B, M, O>(
         &self,
         device: &B::Device,
@@ -227,7 +238,17 @@ impl FullCheckpointer {
     {
         let dir = self.config.dir().to_path_buf();
         let search = on_rank0(&self.pg, "search for the latest checkpoint", || {
-            find_latest_valid(&dir)
+            let mut search = find_latest_valid(&dir)?;
+            if search.found.is_none() && any_exists(&search.invalid) {
+                // Starting fresh would discard the run, and its first saves would push the
+                // invalid checkpoints out: stop and let the user decide.
+                return Err(CheckpointError::NoValidCheckpoint {
+                    dir: dir.clone(),
+                    invalid: search.invalid,
+                });
+            }
+            set_aside_all(&dir, &mut search.invalid)?;
+            Ok(search)
         })?;
         let (found, header) = match search {
             Some(search) => {

@@ -6,9 +6,12 @@
 //! - [`FullCheckpointer::load_latest`]: rank 0 finds the newest checkpoint that verifies, reads it
 //!   and broadcasts it (no shared filesystem needed; with
 //!   [`CheckpointConfig::with_shared_filesystem`] every rank reads it itself). Each rank loads
-//!   onto the device it passes (burn's `map_location`). Invalid checkpoints are skipped with a
-//!   warning naming the checkpoint and the bad file; no valid checkpoint is a fresh start
-//!   ([`LoadOutcome::Fresh`], logged).
+//!   onto the device it passes (burn's `map_location`). Invalid checkpoints are skipped and set
+//!   aside (renamed `step-N.invalid`, never deleted) with a warning naming the checkpoint and
+//!   the bad file; an empty directory is a fresh start ([`LoadOutcome::Fresh`], logged), but
+//!   checkpoints that are all invalid stop the load ([`CheckpointError::NoValidCheckpoint`]).
+//! - One job per directory: rank 0 locks `<dir>/lock` ([`LOCK_FILE`], `flock`) for the
+//!   checkpointer's life; a second job gets [`CheckpointError::DirLocked`] naming the holder.
 //!
 //! # On disk
 //!
@@ -48,7 +51,8 @@
 //! construction).
 //!
 //! **I/O errors are not corruption.** Only a genuinely invalid checkpoint (bad checksum or size,
-//! bad format, incomplete: a file missing by design) is skipped. Any other error reading a
+//! bad format, incomplete: a file missing by design, a manifest naming another step than the
+//! directory) is skipped, and set aside rather than deleted. Any other error reading a
 //! checkpoint (EIO, ESTALE on NFS, EACCES) fails the load with
 //! [`CheckpointError::ReadCheckpoint`] naming the file and the OS error: falling back would
 //! resume from older state and then save over it.
@@ -56,8 +60,9 @@
 //! **`latest` never moves backwards.** The newest valid checkpoint on disk is the one loaded
 //! (normally the one `latest` names; a complete checkpoint renamed into place is committed even
 //! if the writer died before moving `latest`). A save below a newer valid checkpoint is refused
-//! ([`CheckpointError::NewerCheckpointExists`]) and pruning considers every checkpoint, so a
-//! newer checkpoint can never be hidden behind `latest` or escape pruning.
+//! ([`CheckpointError::NewerCheckpointExists`]); a newer invalid one is set aside first, so a
+//! newer checkpoint can never be hidden behind `latest`. Keep-last-K retention counts the
+//! checkpoints at or below the one just saved; set-aside ones are neither counted nor removed.
 //!
 //! **Test-only hooks.** With the `test-hooks` cargo feature (tests only), `TEST_CRASH_AT_ENV`
 //! (`DDP_CHECKPOINT_TEST_CRASH_AT`) makes the writer SIGKILL its own process at one of the
@@ -149,12 +154,15 @@ mod codec;
 mod config;
 mod crash_point;
 mod error;
+mod fresh_start;
 mod full_checkpointer;
+mod lock;
 mod manifest;
 mod naming;
 mod outcome;
 mod reader;
 mod restore;
+mod set_aside;
 pub mod sharded;
 mod state;
 mod sync;
@@ -164,13 +172,16 @@ pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
+pub use fresh_start::FRESH_START_FILE;
 pub use full_checkpointer::FullCheckpointer;
+pub use lock::LOCK_FILE;
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
 pub use naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
+pub use set_aside::INVALID_SUFFIX;
 pub(crate) use sync::{all_gather_bytes, all_succeeded};
 
 pub use state::{FRAMEWORK_VERSION, TrainingState};

@@ -27,11 +27,14 @@ pub(crate) struct Search {
     pub(crate) invalid: Vec<InvalidCheckpoint>,
 }
 
-/// The name `<dir>/latest` holds, if it exists and names a checkpoint.
+/// The name `<dir>/latest` holds, if it exists and names a checkpoint. `latest` is only a hint
+/// (the search tries every checkpoint), so one that names no checkpoint, UTF-8 or not, is
+/// ignored with a warning instead of failing the load.
 pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError> {
     let path = dir.join(LATEST_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
             let name = text.trim();
             if parse_checkpoint_name(name).is_some() {
                 Ok(Some(name.to_string()))
@@ -86,7 +89,11 @@ pub(crate) fn find_latest_valid(dir: &Path) -> Result<Search, CheckpointError> {
                     %reason,
                     "skipping invalid checkpoint {name}: {reason}; trying the previous one"
                 );
-                search.invalid.push(InvalidCheckpoint { name, reason });
+                search.invalid.push(InvalidCheckpoint {
+                    name,
+                    reason,
+                    set_aside: None,
+                });
             }
             Err(io) => {
                 let err = io.into_error(&name, dir);
@@ -98,9 +105,22 @@ pub(crate) fn find_latest_valid(dir: &Path) -> Result<Search, CheckpointError> {
     Ok(search)
 }
 
-/// Reads and verifies checkpoint `name` of `dir`.
+/// Reads and verifies checkpoint `name` of `dir`. A directory named like a checkpoint
+/// (`step-N`) must hold checkpoint `step-N`: a renamed or copied one would otherwise be resumed
+/// as newer (or older) than it is, and block every save below its name.
 pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFailure> {
     let files = read_verified(&dir.join(name))?;
+    let manifest = &files.manifest;
+    if let Some(step) = parse_checkpoint_name(name)
+        && (manifest.global_step != step || manifest.name != name)
+    {
+        return Err(InvalidReason::NameMismatch {
+            dir_name: name.to_string(),
+            manifest_name: manifest.name.clone(),
+            manifest_step: manifest.global_step,
+        }
+        .into());
+    }
     // A state file that passes the hash check but does not parse (another format) is as
     // unusable as a corrupted one.
     parse_state(files.get(STATE_FILE))?;

@@ -3,6 +3,7 @@
 //! them succeeded (so no rank trains on while another failed).
 
 use super::error::CheckpointError;
+use super::lock::{DirLock, lock_dir};
 use super::writer::{clean_temporaries, ensure_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
 
@@ -77,21 +78,23 @@ pub(crate) fn on_rank0<T, E: From<CheckpointError> + std::fmt::Display>(
     result.transpose()
 }
 
-/// Rank 0 creates the checkpoint directory `dir` and removes what an interrupted write of a
-/// `kind` checkpoint left behind; every rank learns how it went.
+/// Rank 0 creates the checkpoint directory `dir`, locks it for this job (one job per
+/// directory, see [`lock_dir`]) and only then removes what an interrupted write of a `kind`
+/// checkpoint left behind (another job's write in progress is never touched); every rank learns
+/// how it went. Rank 0 gets the lock, to keep for the checkpointer's life.
 pub(crate) fn prepare_dir(
     pg: &ProcessGroup,
     dir: &std::path::Path,
     kind: &str,
-) -> Result<(), CheckpointError> {
+) -> Result<Option<DirLock>, CheckpointError> {
     on_rank0(pg, "prepare the checkpoint directory", || {
         ensure_dir(dir)?;
+        let lock = lock_dir(dir)?;
         for path in clean_temporaries(dir)? {
             tracing::info!(path = %path.display(), kind, "removed the leftover of an interrupted checkpoint write");
         }
-        Ok::<_, CheckpointError>(())
-    })?;
-    Ok(())
+        Ok::<_, CheckpointError>(lock)
+    })
 }
 
 /// Every rank learns whether all succeeded: returns this rank's own error, or

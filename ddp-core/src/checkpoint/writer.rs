@@ -17,6 +17,7 @@ use super::crash_point::crash_point;
 use super::error::CheckpointError;
 use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ReadFailure};
 use super::naming::{LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, read_dir};
+use super::set_aside::set_aside;
 use super::state::FRAMEWORK_VERSION;
 use std::fs::File;
 use std::io::Write;
@@ -120,16 +121,15 @@ pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError
 
 /// Refuses a save at `step` while a newer *valid* checkpoint exists in `dir`: committing it
 /// would move `latest` backwards, below a checkpoint the reader then prefers anyway. Newer
-/// checkpoints that fail verification (corrupt) do not block the save; they are returned so
-/// that pruning can remove them. A newer checkpoint that cannot be read (I/O error) fails the
-/// save: it may well be valid.
-pub(crate) fn check_not_backwards(dir: &Path, step: u64) -> Result<Vec<String>, CheckpointError> {
+/// checkpoints that fail verification (corrupt) do not block the save; they are set aside
+/// (renamed, never deleted: see [`set_aside`]). A newer checkpoint that cannot be read (I/O
+/// error) fails the save: it may well be valid.
+pub(crate) fn check_not_backwards(dir: &Path, step: u64) -> Result<(), CheckpointError> {
     let mut newer: Vec<(u64, String)> = list_checkpoints(dir)?
         .into_iter()
         .filter(|(s, _)| *s > step)
         .collect();
     newer.sort_by(|a, b| b.cmp(a));
-    let mut corrupt = Vec::new();
     for (_, name) in newer {
         match super::reader::read_one(dir, &name) {
             Ok(_) => {
@@ -140,13 +140,12 @@ pub(crate) fn check_not_backwards(dir: &Path, step: u64) -> Result<Vec<String>, 
                 });
             }
             Err(ReadFailure::Invalid(reason)) => {
-                tracing::warn!(checkpoint = %name, %reason, "a newer checkpoint is invalid; saving step {step} below it");
-                corrupt.push(name);
+                set_aside(dir, &name, &reason)?;
             }
             Err(io) => return Err(io.into_error(&name, dir)),
         }
     }
-    Ok(corrupt)
+    Ok(())
 }
 
 /// Removes every checkpoint with a step above `step` (each renamed away first) and points
@@ -182,10 +181,10 @@ pub(crate) fn remove_newer_than(dir: &Path, step: u64) -> Result<Vec<String>, Ch
     Ok(removed)
 }
 
-/// Removes every checkpoint but the newest `keep` (by step); returns the removed names.
-/// Considers every checkpoint in `dir`: those newer than the one just saved (`newest_step`)
-/// were found corrupt by [`check_not_backwards`] before the save (a valid one would have
-/// refused it), so they are removed too instead of crowding out valid ones forever.
+/// Removes every checkpoint at or below the one just saved (`newest_step`) but the newest
+/// `keep`; returns the removed names. Checkpoints found invalid were set aside under another
+/// name before (at load, or by [`check_not_backwards`]), so they neither count nor go; one
+/// newer than `newest_step` is left alone (it can only have appeared since that check).
 pub(crate) fn prune(
     dir: &Path,
     keep: usize,
@@ -196,7 +195,10 @@ pub(crate) fn prune(
     let mut kept = 0usize;
     let mut doomed = Vec::new();
     for (step, name) in names {
-        if step <= newest_step && kept < keep {
+        if step > newest_step {
+            continue;
+        }
+        if kept < keep {
             kept += 1;
         } else {
             doomed.push(name);
@@ -246,7 +248,7 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<(), CheckpointError> {
     }
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let write = |source| CheckpointError::Write {
         path: path.to_path_buf(),
         source,
@@ -260,7 +262,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 }
 
 /// fsyncs a directory, making renames and new entries in it durable.
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     let sync = |source| CheckpointError::Sync {
         path: dir.to_path_buf(),
         source,
@@ -268,7 +270,7 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir).map_err(sync)?.sync_all().map_err(sync)
 }
 
-fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {
     std::fs::rename(from, to).map_err(|source| CheckpointError::Rename {
         from: from.to_path_buf(),
         to: to.to_path_buf(),

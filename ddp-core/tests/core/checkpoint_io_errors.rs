@@ -1,6 +1,6 @@
 //! An I/O error while loading is not corruption (issue 29): it fails the load with the path
 //! and the OS error instead of falling back to an older checkpoint; `latest` never moves below
-//! a newer valid checkpoint; pruning considers every checkpoint; `load(name)` stays inside the
+//! a newer valid checkpoint; a corrupt one is set aside, not pruned; `load(name)` stays inside the
 //! checkpoint directory.
 use crate::checkpoint_common::*;
 use crate::common::*;
@@ -103,7 +103,7 @@ fn a_save_below_a_newer_valid_checkpoint_is_refused_and_latest_stays() {
 }
 
 #[test]
-fn a_corrupt_newest_checkpoint_falls_back_and_is_pruned_by_the_next_save() {
+fn a_corrupt_newest_checkpoint_falls_back_and_is_set_aside_not_pruned() {
     let dir = tempfile::tempdir().expect("tempdir");
     save_steps(dir.path(), &[10, 20, 30], Some(2));
     let model = dir.path().join(checkpoint_name(30)).join(MODEL_FILE);
@@ -125,12 +125,21 @@ fn a_corrupt_newest_checkpoint_falls_back_and_is_pruned_by_the_next_save() {
         resumed.invalid.as_slice(),
         [c] if c.name == checkpoint_name(30) && matches!(c.reason, InvalidReason::HashMismatch { .. })
     ));
-    // Corruption may fall back; the corrupt newer one is pruned instead of lingering.
-    assert_eq!(saved.removed, vec![checkpoint_name(30)]);
+    assert_eq!(
+        resumed.invalid[0].set_aside.as_deref(),
+        Some("step-0000000030.invalid")
+    );
+    // Corruption may fall back; the corrupt newer one is set aside (kept, out of the way of
+    // retention), never deleted.
+    assert_eq!(saved.removed, Vec::<String>::new());
     assert_eq!(latest(dir.path()), checkpoint_name(25));
     assert_eq!(
         entries_with_prefix(dir.path(), "step-"),
-        vec![checkpoint_name(20), checkpoint_name(25)]
+        vec![
+            checkpoint_name(20),
+            checkpoint_name(25),
+            "step-0000000030.invalid".to_string()
+        ]
     );
 }
 

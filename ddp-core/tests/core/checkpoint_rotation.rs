@@ -3,8 +3,8 @@
 use crate::checkpoint_common::*;
 use crate::common::*;
 use ddp_core::checkpoint::{
-    CheckpointConfig, FullCheckpointer, InvalidReason, LATEST_FILE, LoadOutcome, TrainingState,
-    checkpoint_name,
+    CheckpointConfig, FullCheckpointer, InvalidReason, LATEST_FILE, LOCK_FILE, LoadOutcome,
+    TrainingState, checkpoint_name,
 };
 use std::path::Path;
 
@@ -179,6 +179,10 @@ fn saving_the_same_step_twice_replaces_the_checkpoint() {
     assert!(bitwise_eq(&second, &loaded));
     assert_eq!(
         entries_with_prefix(dir.path(), ""),
-        vec![LATEST_FILE.to_string(), checkpoint_name(1)]
+        vec![
+            LATEST_FILE.to_string(),
+            LOCK_FILE.to_string(),
+            checkpoint_name(1)
+        ]
     );
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod checkpoint_safety;
 mod digits_cnn;
 mod examples_end_to_end;
 mod open_mpi;

@@ -7,6 +7,7 @@ use super::super::codec::decode_model;
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
+use super::super::set_aside::any_exists;
 use super::super::state::FRAMEWORK_VERSION;
 use super::super::sync::broadcast_bytes;
 use super::super::sync::{all_succeeded, on_rank0};
@@ -175,7 +176,17 @@ impl ShardedCheckpointer {
             &self.pg,
             "search for the latest sharded checkpoint",
             || {
+                // Invalid ones are listed here and set aside (renamed, never deleted) by the
+                // next save's check that `latest` never moves backwards.
                 let (found, invalid) = find_latest_valid(&dir)?;
+                if found.is_none() && any_exists(&invalid) {
+                    // As for rank-0 checkpoints: never start fresh over a run's checkpoints.
+                    return Err(CheckpointError::NoValidCheckpoint {
+                        dir: dir.clone(),
+                        invalid,
+                    }
+                    .into());
+                }
                 let header = Header {
                     name: found,
                     invalid,

@@ -57,6 +57,9 @@ pub const SHARDED_CRASH_POINTS: &[&str] = &[
 pub struct ShardedCheckpointer {
     pub(super) config: CheckpointConfig,
     pub(super) pg: ProcessGroup,
+    /// Rank 0's lock on the directory (one job per directory), held for this checkpointer's
+    /// life.
+    _lock: Option<super::super::lock::DirLock>,
 }
 
 /// Whose optimizer state a rank passes to the save.
@@ -95,8 +98,12 @@ impl ShardedCheckpointer {
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, ShardedCheckpointError> {
         config.validate()?;
-        prepare_dir(&pg, config.dir(), "sharded")?;
-        Ok(ShardedCheckpointer { config, pg })
+        let lock = prepare_dir(&pg, config.dir(), "sharded")?;
+        Ok(ShardedCheckpointer {
+            config,
+            pg,
+            _lock: lock,
+        })
     }
 
     /// The configuration.

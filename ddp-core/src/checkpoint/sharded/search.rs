@@ -7,6 +7,7 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::naming::{list_checkpoints, parse_checkpoint_name};
 use super::super::reader::read_latest;
+use super::super::set_aside::set_aside;
 use super::manifest::verify_all;
 use std::path::Path;
 
@@ -34,7 +35,11 @@ pub(super) fn find_latest_valid(
                     %reason,
                     "skipping invalid sharded checkpoint {name}: {reason}; trying the previous one"
                 );
-                invalid.push(InvalidCheckpoint { name, reason });
+                invalid.push(InvalidCheckpoint {
+                    name,
+                    reason,
+                    set_aside: None,
+                });
             }
             Err(io) => {
                 let err = io.into_error(&name, dir);
@@ -64,7 +69,8 @@ pub(super) fn check_not_backwards(dir: &Path, step: u64) -> Result<(), Checkpoin
                 });
             }
             Err(ReadFailure::Invalid(reason)) => {
-                tracing::warn!(checkpoint = %name, %reason, "a newer checkpoint is invalid; saving step {step} below it");
+                // Renamed out of the way, never deleted.
+                set_aside(dir, &name, &reason)?;
             }
             Err(io) => return Err(io.into_error(&name, dir)),
         }

@@ -50,22 +50,24 @@ pub fn train_fully_sharded<B: TapBackend>(
         );
     }
     let dir = std::path::Path::new(&args.checkpoint_dir).join("sharded");
-    let fresh = matches!(start_from, StartFrom::Scratch);
-    if fresh && rank == 0 && dir.exists() {
-        eprintln!(
-            "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
-            dir.display()
-        );
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("removing {} for --fresh", dir.display()))?;
-    }
-    // Every rank waits in `new` for rank 0, which has removed them by then.
+    let fresh = start_from.is_scratch();
+    // Rank 0 locks the directory in `new` (one job per directory) before --fresh removes
+    // anything: another job's checkpoints are never touched.
     let checkpoints = ShardedCheckpointer::new(
         CheckpointConfig::new(&dir)
             .with_keep_last(3)
             .with_run_config(&RunConfig::of(args))?,
         pg.clone(),
     )?;
+    if fresh && rank == 0 {
+        eprintln!(
+            "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
+            dir.display()
+        );
+        remove_checkpoints(&dir)?;
+    }
+    // The other ranks touch the directory only in the first save, a collective rank 0 joins
+    // after the removal.
     let (start_epoch, mut step) = if fresh {
         (0, 0)
     } else {
@@ -74,11 +76,13 @@ pub fn train_fully_sharded<B: TapBackend>(
                 resumed.restore_loader(&mut loader)?;
                 if rank == 0 {
                     eprintln!(
-                        "transformer: resuming from {} (saved by {} rank(s)): {} of {} epochs done, step {}",
+                        "transformer: resuming from {} (saved by {} rank(s)): {}, step {}",
                         resumed.info.path.display(),
                         resumed.info.saved_world_size,
-                        (resumed.state.epoch as usize).min(args.epochs),
-                        args.epochs,
+                        ddp_examples::resume::epochs_done(
+                            resumed.state.epoch as usize,
+                            args.epochs
+                        ),
                         resumed.state.global_step
                     );
                 }
@@ -125,6 +129,28 @@ pub fn train_fully_sharded<B: TapBackend>(
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Removes the checkpoints (`step-*`, set-aside ones included) and `latest` of `dir` for
+/// `--fresh`; the lock file stays (rank 0 holds it).
+fn remove_checkpoints(dir: &std::path::Path) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("listing {} for --fresh", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {} for --fresh", dir.display()))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let path = entry.path();
+        let removed = if name.starts_with("step-") {
+            std::fs::remove_dir_all(&path)
+        } else if name == "latest" {
+            std::fs::remove_file(&path)
+        } else {
+            continue;
+        };
+        removed.with_context(|| format!("removing {} for --fresh", path.display()))?;
     }
     Ok(())
 }

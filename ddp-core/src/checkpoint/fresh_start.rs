@@ -1,0 +1,75 @@
+//! Which launch last started the directory over: `<dir>/fresh-start` holds its id.
+//!
+//! A launcher restart (`--max-restarts`) repeats the command line, `--fresh` included. The
+//! restart must resume what *this launch* wrote, but the first attempt may have died before it
+//! cleared the older run's checkpoints: then resuming would continue the older run. So the
+//! attempt that starts over records the launch's id (the launcher's `DDP_LAUNCH_ID`) here once
+//! the directory holds only this launch's state, and a restart resumes only when the record
+//! names its own launch; otherwise it starts over itself. The directory lock (one job per
+//! directory) keeps other jobs from writing in between.
+
+use super::error::CheckpointError;
+use super::full_checkpointer::FullCheckpointer;
+use super::naming::TMP_PREFIX;
+use super::sync::{broadcast_bytes, on_rank0};
+use super::writer::{rename, sync_dir, write_synced};
+
+/// The file naming the launch that last started the directory over.
+pub const FRESH_START_FILE: &str = "fresh-start";
+
+impl FullCheckpointer {
+    /// Records that launch `launch_id` started this directory over: call it after removing
+    /// the older run's checkpoints ([`rewind_to`](Self::rewind_to)) and before training. Rank 0
+    /// writes it atomically.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
+        let dir = self.config.dir().to_path_buf();
+        on_rank0(&self.pg, "record the fresh start", || {
+            let tmp = dir.join(format!(
+                "{TMP_PREFIX}{FRESH_START_FILE}-{}",
+                std::process::id()
+            ));
+            write_synced(&tmp, format!("{launch_id}\n").as_bytes())?;
+            rename(&tmp, &dir.join(FRESH_START_FILE))?;
+            sync_dir(&dir)
+        })?;
+        Ok(())
+    }
+
+    /// The launch id the last [`record_fresh_start`](Self::record_fresh_start) recorded, if
+    /// any (rank 0 reads it, every rank gets its answer).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
+        let path = self.config.dir().join(FRESH_START_FILE);
+        let read = on_rank0(
+            &self.pg,
+            "read the fresh-start record",
+            || match std::fs::read(&path) {
+                Ok(bytes) => Ok(bytes),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(source) => Err(CheckpointError::Read {
+                    path: path.clone(),
+                    source,
+                }),
+            },
+        )?;
+        let bytes = broadcast_bytes(
+            &self.pg,
+            read.unwrap_or_default(),
+            0,
+            "sharing the fresh-start record",
+        )?;
+        let id = String::from_utf8_lossy(&bytes).trim().to_string();
+        Ok((!id.is_empty()).then_some(id))
+    }
+}
