@@ -11,8 +11,11 @@
 use super::error::CheckpointError;
 use super::full_checkpointer::FullCheckpointer;
 use super::naming::TMP_PREFIX;
+use super::sharded::ShardedCheckpointer;
 use super::sync::{broadcast_bytes, on_rank0};
 use super::writer::{rename, sync_dir, write_synced};
+use ddp_comm::ProcessGroup;
+use std::path::Path;
 
 /// The file naming the launch that last started the directory over.
 pub const FRESH_START_FILE: &str = "fresh-start";
@@ -28,17 +31,7 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
-        let dir = self.config.dir().to_path_buf();
-        on_rank0(&self.pg, "record the fresh start", || {
-            let tmp = dir.join(format!(
-                "{TMP_PREFIX}{FRESH_START_FILE}-{}",
-                std::process::id()
-            ));
-            write_synced(&tmp, format!("{launch_id}\n").as_bytes())?;
-            rename(&tmp, &dir.join(FRESH_START_FILE))?;
-            sync_dir(&dir)
-        })?;
-        Ok(())
+        record(&self.pg, self.config.dir(), launch_id)
     }
 
     /// The launch id the last [`record_fresh_start`](Self::record_fresh_start) recorded, if
@@ -50,26 +43,67 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
-        let path = self.config.dir().join(FRESH_START_FILE);
-        let read = on_rank0(
-            &self.pg,
-            "read the fresh-start record",
-            || match std::fs::read(&path) {
-                Ok(bytes) => Ok(bytes),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-                Err(source) => Err(CheckpointError::Read {
-                    path: path.clone(),
-                    source,
-                }),
-            },
-        )?;
-        let bytes = broadcast_bytes(
-            &self.pg,
-            read.unwrap_or_default(),
-            0,
-            "sharing the fresh-start record",
-        )?;
-        let id = String::from_utf8_lossy(&bytes).trim().to_string();
-        Ok((!id.is_empty()).then_some(id))
+        recorded(&self.pg, self.config.dir())
     }
+}
+
+impl ShardedCheckpointer {
+    /// [`FullCheckpointer::record_fresh_start`] for sharded checkpoints (FSDP, ZeRO): call it
+    /// after removing the older run's checkpoints and before training.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
+        record(self.process_group(), self.config().dir(), launch_id)
+    }
+
+    /// [`FullCheckpointer::fresh_start_launch`] for sharded checkpoints.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
+        recorded(self.process_group(), self.config().dir())
+    }
+}
+
+fn record(pg: &ProcessGroup, dir: &Path, launch_id: &str) -> Result<(), CheckpointError> {
+    let dir = dir.to_path_buf();
+    on_rank0(pg, "record the fresh start", || {
+        let tmp = dir.join(format!(
+            "{TMP_PREFIX}{FRESH_START_FILE}-{}",
+            std::process::id()
+        ));
+        write_synced(&tmp, format!("{launch_id}\n").as_bytes())?;
+        rename(&tmp, &dir.join(FRESH_START_FILE))?;
+        sync_dir(&dir)
+    })?;
+    Ok(())
+}
+
+fn recorded(pg: &ProcessGroup, dir: &Path) -> Result<Option<String>, CheckpointError> {
+    let path = dir.join(FRESH_START_FILE);
+    let read = on_rank0(pg, "read the fresh-start record", || {
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(CheckpointError::Read {
+                path: path.clone(),
+                source,
+            }),
+        }
+    })?;
+    let bytes = broadcast_bytes(
+        pg,
+        read.unwrap_or_default(),
+        0,
+        "sharing the fresh-start record",
+    )?;
+    let id = String::from_utf8_lossy(&bytes).trim().to_string();
+    Ok((!id.is_empty()).then_some(id))
 }

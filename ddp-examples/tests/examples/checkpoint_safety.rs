@@ -36,11 +36,23 @@ fn older_run(dir: &Path) -> String {
 
 /// `digits` as the single worker of attempt `restart` of launch `launch`, as ddp-run starts it.
 fn worker(dir: &Path, launch: &str, restart: u32, epochs: usize, extra: &[&str]) -> Command {
+    worker_of(DIGITS, dir, launch, restart, epochs, extra)
+}
+
+/// Example `bin` as the single worker of attempt `restart` of launch `launch`.
+fn worker_of(
+    bin: &str,
+    dir: &Path,
+    launch: &str,
+    restart: u32,
+    epochs: usize,
+    extra: &[&str],
+) -> Command {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let mut cmd = clean_command(DIGITS);
+    let mut cmd = clean_command(bin);
     cmd.envs([
         ("DDP_LAUNCH_WORKER", "1"),
         ("RANK", "0"),
@@ -95,6 +107,61 @@ fn a_fresh_restart_never_resumes_an_older_run() {
     assert!(ok, "{out}\n{err}");
     assert!(
         !err.contains("resuming from") && err.contains("--fresh: starting over"),
+        "{err}"
+    );
+}
+
+/// The same rule for the transformer's fully sharded checkpoints (`--shard full`).
+#[test]
+fn a_fresh_restart_of_a_fully_sharded_run_never_resumes_an_older_run() {
+    const TRANSFORMER: &str = env!("CARGO_BIN_EXE_transformer");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ckpt = tmp.path().join("ckpt");
+    let small = [
+        "--shard",
+        "full",
+        "--train-size",
+        "64",
+        "--test-size",
+        "32",
+        "--d-model",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+    ];
+    let run = |launch: &str, restart: u32, epochs: usize, fresh: bool| {
+        let mut extra = small.to_vec();
+        if fresh {
+            extra.push("--fresh");
+        }
+        let (ok, out, err) = output(worker_of(
+            TRANSFORMER,
+            &ckpt,
+            launch,
+            restart,
+            epochs,
+            &extra,
+        ));
+        assert!(ok, "{out}\n{err}");
+        err
+    };
+    // An older run of 1 epoch (attempt 0 of another launch, without --fresh).
+    run("older", 0, 1, false);
+    // Restart 1 of launch A, whose first attempt died before it started over.
+    let err = run("launch-A", 1, 1, true);
+    assert!(
+        !err.contains("resuming from")
+            && err.contains("stopped before it had started over")
+            && err.contains("--fresh: starting over"),
+        "{err}"
+    );
+    // Restart 2 of the same launch resumes what launch A wrote.
+    let err = run("launch-A", 2, 2, true);
+    assert!(
+        err.contains("restart 2 of this launch: resuming its checkpoints")
+            && err.contains("resuming from"),
         "{err}"
     );
 }
