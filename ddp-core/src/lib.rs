@@ -173,6 +173,7 @@ mod error;
 
 pub mod amp;
 pub mod checkpoint;
+pub mod cpu_fast_path;
 pub mod fsdp;
 pub mod metrics;
 pub mod nn;
