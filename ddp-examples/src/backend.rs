@@ -132,10 +132,8 @@ pub fn run(
                 job.train::<burn::backend::Autodiff<burn::backend::Flex>>(ctx, Default::default())
             }
             #[cfg(feature = "ndarray")]
-            BackendKind::Ndarray => job.train::<burn::backend::Autodiff<burn::backend::NdArray>>(
-                ctx,
-                Default::default(),
-            ),
+            BackendKind::Ndarray => job
+                .train::<burn::backend::Autodiff<burn::backend::NdArray>>(ctx, Default::default()),
             #[cfg(not(feature = "ndarray"))]
             BackendKind::Ndarray => check_available(kind),
             #[cfg(feature = "cuda")]

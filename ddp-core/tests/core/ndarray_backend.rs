@@ -162,7 +162,10 @@ fn ndarray_ddp_with_n_ranks_equals_one_process_with_n_times_the_batch() {
             let what = format!("NdArray {opt:?} world {world}");
             assert_replicas_identical(&ranks, &what);
             let diff = max_scaled_diff(&ranks[0][STEPS - 1], &reference);
-            assert!(diff < 1e-5, "{what}: DDP differs from one process by {diff}");
+            assert!(
+                diff < 1e-5,
+                "{what}: DDP differs from one process by {diff}"
+            );
             let moved = max_scaled_diff(&reference, &flat_params(&model(0)));
             assert!(moved > 1e-3, "{what}: training moved nothing ({moved})");
         }

@@ -115,7 +115,14 @@ fn digits_trains_to_95_percent_checkpoints_and_resumes() {
 fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
     let (ok, out, err) = run(
         env!("CARGO_BIN_EXE_digits"),
-        &["--nproc-per-node", "2", "--backend", "ndarray", "--epochs", "12"],
+        &[
+            "--nproc-per-node",
+            "2",
+            "--backend",
+            "ndarray",
+            "--epochs",
+            "12",
+        ],
     );
     if !cfg!(feature = "ndarray") {
         assert!(!ok, "{out}");
