@@ -4,8 +4,8 @@
 //! `malloc` the large buffers go back to the kernel and page-fault in again each step (README,
 //! "CPU step time"), and burn-flex's AVX-512 matrix multiply is only compiled in with the
 //! `x86-v4` feature. A user's own program would otherwise only learn this from the README's
-//! performance section, so DDP, ZeRO and FSDP construction call [`advise_once`], which logs one
-//! `tracing` warning per process naming what is missing and how to turn it on.
+//! performance section, so DDP, ZeRO and FSDP construction say, once per process, what is
+//! missing and how to turn it on ([`advice`] decides, from [`CpuFacts::detect`]'s facts).
 
 use std::sync::Once;
 
@@ -94,8 +94,9 @@ pub(crate) fn advise_once<D>(rank: usize) {
     });
 }
 
-/// Whether `D` is the device of one of burn's CPU backends (Flex, NdArray, LibTorch's CPU is
-/// not told apart from its GPUs here, so it gets no advice).
+/// Whether `D` is the device of one of burn's CPU-only backends (Flex, NdArray). A device type
+/// that may be a GPU (LibTorch's, CUDA's) gets no advice: a false warning on a GPU run would
+/// teach users to ignore it.
 fn is_cpu_device<D>() -> bool {
     let name = std::any::type_name::<D>();
     name.ends_with("FlexDevice") || name.ends_with("NdArrayDevice")
