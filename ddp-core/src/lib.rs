@@ -165,7 +165,8 @@
 //! default `malloc` settings make burn's per-step buffers page-fault in again every step.
 //! Buffers above 32 MiB page-fault every step whatever glibc is told; a program on the CPU
 //! backend should use mimalloc as its global allocator, as the examples do (README, "CPU step
-//! time").
+//! time"): [`use_fast_allocator!`] declares it, and each rank says at DDP construction when it is
+//! missing ([`cpu_fast_path`]).
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod ddp;
@@ -173,6 +174,7 @@ mod error;
 
 pub mod amp;
 pub mod checkpoint;
+pub mod cpu_fast_path;
 pub mod fsdp;
 pub mod metrics;
 pub mod nn;

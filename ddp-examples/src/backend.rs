@@ -1,4 +1,4 @@
-//! `--backend flex|cuda`: which burn backend a worker trains on.
+//! `--backend flex|ndarray|cuda`: which burn backend a worker trains on.
 
 use anyhow::{Result, bail};
 use clap::ValueEnum;
@@ -8,6 +8,8 @@ use clap::ValueEnum;
 pub enum BackendKind {
     /// burn's CPU backend.
     Flex,
+    /// burn's NdArray CPU backend (build with `--features ndarray`).
+    Ndarray,
     /// burn's CUDA backend (build with `--features cuda`); a rank uses GPU `LOCAL_RANK`, or
     /// `LOCAL_RANK % GPUs` when a node runs more ranks than it has GPUs (those ranks share a GPU
     /// and their gradients go through host memory: NCCL cannot put two ranks on one GPU).
@@ -47,6 +49,12 @@ impl From<CollectivesArg> for ddp_core::Collectives {
 pub fn check_available(kind: BackendKind) -> Result<()> {
     match kind {
         BackendKind::Flex => Ok(()),
+        #[cfg(feature = "ndarray")]
+        BackendKind::Ndarray => Ok(()),
+        #[cfg(not(feature = "ndarray"))]
+        BackendKind::Ndarray => bail!(
+            "--backend ndarray: this binary was built without the NdArray backend; rebuild with `--features ndarray`"
+        ),
         BackendKind::Cuda => {
             #[cfg(not(feature = "cuda"))]
             bail!(
@@ -123,6 +131,11 @@ pub fn run(
             BackendKind::Flex => {
                 job.train::<burn::backend::Autodiff<burn::backend::Flex>>(ctx, Default::default())
             }
+            #[cfg(feature = "ndarray")]
+            BackendKind::Ndarray => job
+                .train::<burn::backend::Autodiff<burn::backend::NdArray>>(ctx, Default::default()),
+            #[cfg(not(feature = "ndarray"))]
+            BackendKind::Ndarray => check_available(kind),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 check_available(kind)?;

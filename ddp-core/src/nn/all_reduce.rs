@@ -70,6 +70,8 @@ macro_rules! plain_backend {
 }
 
 plain_backend!(burn::backend::Flex);
+#[cfg(feature = "ndarray")]
+plain_backend!(burn::backend::NdArray);
 #[cfg(feature = "cuda")]
 plain_backend!(burn::backend::Cuda);
 

@@ -28,6 +28,8 @@ mod fsdp;
 mod fsdp_checkpoint;
 #[cfg(feature = "cuda")]
 mod gpu_cuda;
+#[cfg(feature = "ndarray")]
+mod ndarray_backend;
 mod sync_batch_norm;
 mod zero;
 mod zero2;

@@ -37,6 +37,11 @@ fn digits_trains_to_95_percent_checkpoints_and_resumes() {
         err.contains("no valid checkpoint") || err.contains("starting fresh"),
         "{err}"
     );
+    // digits declares mimalloc as its global allocator: DDP's fast-CPU-path check must see it.
+    assert!(
+        !err.contains("global allocator is not mimalloc"),
+        "mimalloc not detected:\n{err}"
+    );
 
     let latest = std::fs::read_to_string(ckpt.join("latest")).expect("a latest pointer");
     let last = ckpt.join(latest.trim());
@@ -101,6 +106,37 @@ fn digits_trains_to_95_percent_checkpoints_and_resumes() {
     assert!(
         err3.contains("--fresh") && err3.contains("epoch 1/1"),
         "{err3}"
+    );
+}
+
+/// `--backend ndarray`: without the feature, a clear error; with it, training on burn's NdArray
+/// backend (two ranks) to the accuracy it reaches on Flex.
+#[test]
+fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
+    let (ok, out, err) = run(
+        env!("CARGO_BIN_EXE_digits"),
+        &[
+            "--nproc-per-node",
+            "2",
+            "--backend",
+            "ndarray",
+            "--epochs",
+            "12",
+        ],
+    );
+    if !cfg!(feature = "ndarray") {
+        assert!(!ok, "{out}");
+        assert!(
+            err.contains("without the NdArray backend") && err.contains("--features ndarray"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(ok, "digits --backend ndarray failed:\n{out}\n{err}");
+    let accuracy = percent_after(&out, "test accuracy");
+    assert!(
+        accuracy >= 95.0,
+        "accuracy {accuracy}% below 95% on NdArray:\n{out}"
     );
 }
 

@@ -82,6 +82,14 @@ fn main() -> ExitCode {
                 &args,
                 Default::default(),
             ),
+            #[cfg(feature = "ndarray")]
+            BackendKind::Ndarray => train::<burn::backend::Autodiff<burn::backend::NdArray>>(
+                ctx,
+                &args,
+                Default::default(),
+            ),
+            #[cfg(not(feature = "ndarray"))]
+            BackendKind::Ndarray => check_available(args.backend),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 let device =

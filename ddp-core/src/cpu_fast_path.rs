@@ -1,0 +1,167 @@
+//! What a rank on a CPU backend is missing for the fast CPU path, said once per process.
+//!
+//! burn's CPU backends allocate activations and gradients afresh every step: with glibc's
+//! `malloc` the large buffers go back to the kernel and page-fault in again each step (README,
+//! "CPU step time"), and burn-flex's AVX-512 matrix multiply is only compiled in with the
+//! `x86-v4` feature. A user's own program would otherwise only learn this from the README's
+//! performance section, so DDP, ZeRO and FSDP construction say, once per process, what is
+//! missing and how to turn it on ([`advice`] decides, from [`CpuFacts::detect`]'s facts).
+
+use std::sync::Once;
+
+/// mimalloc, re-exported for [`use_fast_allocator!`](crate::use_fast_allocator).
+pub use mimalloc::MiMalloc;
+
+/// Sets mimalloc as the program's global allocator: burn's large per-step CPU buffers stay
+/// mapped instead of page-faulting in every step. Write it once, at the top level of the
+/// binary crate (a program has one global allocator; this macro is that declaration).
+///
+/// ```ignore
+/// ddp_core::use_fast_allocator!();
+/// ```
+#[macro_export]
+macro_rules! use_fast_allocator {
+    () => {
+        #[global_allocator]
+        static DDP_CORE_FAST_ALLOCATOR: $crate::cpu_fast_path::MiMalloc =
+            $crate::cpu_fast_path::MiMalloc;
+    };
+}
+
+/// What the CPU and the build offer, as [`advice`] weighs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuFacts {
+    /// The global allocator is mimalloc (whoever declared it).
+    pub mimalloc: bool,
+    /// The CPU runs AVX-512F instructions.
+    pub cpu_avx512: bool,
+    /// This binary was built with the `x86-v4` feature (burn-flex's AVX-512 kernels).
+    pub built_x86_v4: bool,
+}
+
+impl CpuFacts {
+    /// The facts of this process: mimalloc is the global allocator when a fresh heap
+    /// allocation lies in mimalloc's heap region (true for [`use_fast_allocator!`] and for a
+    /// program's own `#[global_allocator] static _: mimalloc::MiMalloc`).
+    pub fn detect() -> Self {
+        CpuFacts {
+            mimalloc: global_allocator_is_mimalloc(),
+            cpu_avx512: cpu_has_avx512(),
+            built_x86_v4: cfg!(feature = "x86-v4"),
+        }
+    }
+}
+
+/// The advice for a rank with `facts`, one line per missing piece; empty when nothing is.
+/// A pure function of the facts, so that every combination can be tested on any machine.
+pub fn advice(facts: CpuFacts) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !facts.mimalloc {
+        lines.push(
+            "the global allocator is not mimalloc: burn's per-step CPU buffers page-fault in \
+             again every step; add `ddp_core::use_fast_allocator!();` to your binary crate"
+                .to_string(),
+        );
+    }
+    if facts.cpu_avx512 && !facts.built_x86_v4 {
+        lines.push(
+            "this CPU has AVX-512 but the binary was built without it: build with \
+             `--features ddp-core/x86-v4` (the binary then needs an x86-64-v4 CPU)"
+                .to_string(),
+        );
+    }
+    lines
+}
+
+/// Says, once per process and only on a CPU backend, what the fast CPU path is missing: as a
+/// `tracing` warning when a subscriber is installed, otherwise on stderr.
+pub(crate) fn advise_once<D>(rank: usize) {
+    static ONCE: Once = Once::new();
+    if !is_cpu_device::<D>() {
+        return;
+    }
+    ONCE.call_once(|| {
+        // A program without a `tracing` subscriber (the examples install none) would never see
+        // a warning, so it goes to stderr then.
+        let logged = tracing::dispatcher::has_been_set();
+        for line in advice(CpuFacts::detect()) {
+            if logged {
+                tracing::warn!(rank, "fast CPU path: {line}");
+            } else {
+                eprintln!("ddp-core: rank {rank}: fast CPU path: {line}");
+            }
+        }
+    });
+}
+
+/// Whether `D` is the device of one of burn's CPU-only backends (Flex, NdArray). A device type
+/// that may be a GPU (LibTorch's, CUDA's) gets no advice: a false warning on a GPU run would
+/// teach users to ignore it.
+fn is_cpu_device<D>() -> bool {
+    let name = std::any::type_name::<D>();
+    name.ends_with("FlexDevice") || name.ends_with("NdArrayDevice")
+}
+
+fn global_allocator_is_mimalloc() -> bool {
+    let probe = Box::new(0u64);
+    let ptr: *const u64 = &*probe;
+    // SAFETY: `mi_is_in_heap_region` only compares the address against mimalloc's segment map;
+    // it never dereferences it, and is valid before mimalloc has allocated anything.
+    unsafe { libmimalloc_sys::mi_is_in_heap_region(ptr.cast()) }
+}
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn cpu_has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+fn cpu_has_avx512() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(mimalloc: bool, cpu_avx512: bool, built_x86_v4: bool) -> CpuFacts {
+        CpuFacts {
+            mimalloc,
+            cpu_avx512,
+            built_x86_v4,
+        }
+    }
+
+    #[test]
+    fn nothing_missing_gives_no_advice() {
+        assert!(advice(facts(true, true, true)).is_empty());
+        assert!(advice(facts(true, false, false)).is_empty());
+    }
+
+    #[test]
+    fn missing_allocator_names_the_macro() {
+        let lines = advice(facts(false, false, false));
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].contains("use_fast_allocator!"), "{lines:?}");
+    }
+
+    #[test]
+    fn avx512_cpu_without_x86_v4_names_the_feature() {
+        let lines = advice(facts(true, true, false));
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].contains("x86-v4"), "{lines:?}");
+        assert_eq!(advice(facts(false, true, false)).len(), 2);
+    }
+
+    #[test]
+    fn only_cpu_backends_are_advised() {
+        assert!(is_cpu_device::<burn::backend::flex::FlexDevice>());
+        assert!(!is_cpu_device::<String>());
+    }
+
+    #[test]
+    fn a_glibc_test_binary_is_not_taken_for_mimalloc() {
+        // This crate's unit-test binary declares no global allocator.
+        assert!(!global_allocator_is_mimalloc());
+    }
+}
