@@ -88,6 +88,16 @@ fn main() -> Result<()> {
         ),
         #[cfg(not(feature = "cuda"))]
         BackendKind::Cuda => unreachable!("check_available refuses cuda without the feature"),
+        #[cfg(feature = "ndarray")]
+        BackendKind::Ndarray => bench::<burn::backend::Autodiff<burn::backend::NdArray>>(
+            &args,
+            Default::default(),
+            "ndarray (CPU)",
+        ),
+        #[cfg(not(feature = "ndarray"))]
+        BackendKind::Ndarray => {
+            unreachable!("check_available refuses ndarray without the feature")
+        }
     }
 }
 
