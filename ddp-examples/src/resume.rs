@@ -55,19 +55,20 @@ pub enum StartFrom {
 impl StartFrom {
     /// `--fresh` (`fresh`) applied to this attempt: a `--fresh` launch starts over once, and
     /// its restarts ([`WorkerContext::is_restart`]) resume what it wrote since.
-    pub fn new(fresh: bool, ctx: &WorkerContext) -> Self {
+    ///
+    /// # Errors
+    /// `DDP_LAUNCH_ID` set to a value that is not valid UTF-8.
+    pub fn new(fresh: bool, ctx: &WorkerContext) -> Result<Self> {
         // Set by ddp-run for every attempt of a launch (ddp_launch::plan::LAUNCH_ID_ENV).
-        let launch = std::env::var("DDP_LAUNCH_ID")
-            .ok()
-            .filter(|id| !id.trim().is_empty());
-        match (fresh, ctx.is_restart()) {
+        let launch = ddp_core::comm::env_var("DDP_LAUNCH_ID")?.filter(|id| !id.trim().is_empty());
+        Ok(match (fresh, ctx.is_restart()) {
             (false, _) => StartFrom::Latest,
             (true, false) => StartFrom::Scratch { launch },
             (true, true) => StartFrom::LatestAfterRestart {
                 restart: ctx.restart_count(),
                 launch,
             },
-        }
+        })
     }
 
     /// Whether this attempt starts over without looking at the checkpoints (`--fresh` on the

@@ -90,7 +90,7 @@ impl TrainOn for Digits<'_> {
 fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
     // --fresh starts the launch over; a --max-restarts restart resumes what it wrote.
-    let start_from = StartFrom::new(args.fresh, &ctx);
+    let start_from = StartFrom::new(args.fresh, &ctx)?;
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let (train_items, test_items) = split(load_digits()?, args.seed, 0.8);

@@ -28,7 +28,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     device: B::Device,
 ) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
-    let start_from = StartFrom::new(args.fresh, &ctx);
+    let start_from = StartFrom::new(args.fresh, &ctx)?;
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let shape = args.gpt_shape();

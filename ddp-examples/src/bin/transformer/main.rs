@@ -88,7 +88,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
 ) -> Result<()> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
     // --fresh starts the launch over; a --max-restarts restart resumes what it wrote.
-    let start_from = StartFrom::new(args.fresh, &ctx);
+    let start_from = StartFrom::new(args.fresh, &ctx)?;
     let pg = ctx.into_process_group();
     B::seed(&device, args.seed);
     let mut model = TinyGpt::<B>::new(args.gpt_shape(), &device);
