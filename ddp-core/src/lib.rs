@@ -80,7 +80,10 @@
 //! ranks agree, and fall back to host staging, one copy per bucket, where NCCL cannot run).
 //! [`Collectives::Nccl`] forces NCCL, [`Collectives::Host`] the CPU transports. Bucket layouts
 //! are compared across ranks before the first bucket, so a mismatch is
-//! [`DdpError::BucketLayoutMismatch`], not a hang inside NCCL.
+//! [`DdpError::BucketLayoutMismatch`], not a hang inside NCCL. The NCCL engine's protocol
+//! (issuing thread, bucket order, ready fences, watchdog, abort) is written once over a device
+//! seam; [`Collectives::StandIn`] runs it on a CPU stand-in (host buffers, a communicator of its
+//! own over the CPU transports), which is how it is tested at worlds 2-8 without GPUs.
 //!
 //! ## A training loop
 //!
