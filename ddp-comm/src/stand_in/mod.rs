@@ -2,7 +2,7 @@
 //! runs, and is tested, on machines without GPUs.
 //!
 //! NCCL cannot put two ranks on one GPU, and CI has none, so the code that drives
-//! [`NcclBackend`](crate::NcclBackend) with a peer (the issuing thread, the bucket order across
+//! `NcclBackend` (feature `cuda`) with a peer (the issuing thread, the bucket order across
 //! ranks, the watchdog, abort) would first run on a user's multi-GPU node. The stand-in offers
 //! the same contract on host memory:
 //! - **A communicator of its own**: a subgroup of the process group
@@ -39,7 +39,7 @@ use work::DoneProbe;
 type Job = Box<dyn FnOnce(&ProcessGroup) + Send>;
 
 /// One rank's stand-in communicator: collectives on host buffers, queued in issue order on a
-/// communication thread and supervised by a watchdog, as [`NcclBackend`](crate::NcclBackend)
+/// communication thread and supervised by a watchdog, as `NcclBackend` (feature `cuda`)
 /// runs them on a GPU stream. Cheap to clone (clones share the communicator).
 ///
 /// # Collective
@@ -145,7 +145,7 @@ impl StandInComm {
     }
 
     /// Queues an in-place all-reduce of `buf` on the communication thread and returns at once,
-    /// as [`NcclBackend::all_reduce_raw_async`](crate::NcclBackend::all_reduce_raw_async) does.
+    /// as `NcclBackend::all_reduce_raw_async` does.
     /// `buf` must not be read until the returned work is done (the thread locks it meanwhile).
     ///
     /// # Errors

@@ -81,7 +81,7 @@ impl CompletionProbe for DoneProbe {
 }
 
 /// A queued stand-in collective, supervised by the communicator's watchdog, as
-/// [`NcclWork`](crate::NcclWork) is. `Send`: wait for it on any thread. Dropping it does not
+/// `NcclWork` is. `Send`: wait for it on any thread. Dropping it does not
 /// cancel the collective.
 #[derive(Debug)]
 #[must_use = "a collective's completion is only known after `wait`"]
