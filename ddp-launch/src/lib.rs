@@ -168,6 +168,7 @@ mod output;
 mod own_failure;
 mod plan;
 mod port_holder;
+mod process_env;
 pub mod progress;
 mod rendezvous;
 mod round_summary;

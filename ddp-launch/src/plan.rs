@@ -6,7 +6,7 @@ use super::args::{LaunchArgs, NprocPerNode};
 use super::elastic::ElasticSettings;
 use super::error::LaunchError;
 use super::node_count::{NodeCount, RdzvBackend};
-use crate::worker_count::{check_worker_count, process_limit};
+use crate::worker_count::{HostLimits, check_worker_count, process_limit};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -87,7 +87,7 @@ impl HostInfo {
     /// [`LaunchError::WorkerEnv`] naming a variable whose value is not valid UTF-8.
     pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vars = crate::env::with_process_env(|lookup| {
+        let vars = crate::process_env::with_process_env(|lookup| {
             Ok(std::iter::once(TOKEN_ENV)
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)
@@ -236,7 +236,11 @@ impl LaunchPlan {
             NprocPerNode::Count(n) => n,
             NprocPerNode::Auto => host.cores.max(1),
         };
-        check_worker_count(nproc_per_node, args.oversubscribe, host)?;
+        let limits = HostLimits {
+            cores: host.cores,
+            process_limit: host.process_limit,
+        };
+        check_worker_count(nproc_per_node, args.oversubscribe, &limits)?;
         let nodes = args.nnodes.unwrap_or(NodeCount::fixed(1));
         if nodes.min == 0 || nodes.max == 0 {
             return Err(LaunchError::ZeroNodes);

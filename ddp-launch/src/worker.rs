@@ -76,7 +76,7 @@ where
     F: FnOnce(WorkerContext) -> Result<(), E>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    match crate::env::with_process_env(|vars| role(args, vars))? {
+    match crate::process_env::with_process_env(|vars| role(args, vars))? {
         Role::Launcher => LaunchPlan::for_current_exe(args)?.run(),
         Role::Worker(env) => run_worker(env, train),
     }

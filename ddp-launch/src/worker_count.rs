@@ -5,7 +5,6 @@
 //! a few workers per core is a normal test setup, dozens is a mistake).
 
 use crate::error::LaunchError;
-use crate::plan::HostInfo;
 
 /// Most workers per CPU core without `--oversubscribe`.
 pub(crate) const MAX_PER_CORE: usize = 32;
@@ -28,6 +27,15 @@ pub(crate) fn process_limit() -> Option<u64> {
     (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
+/// What of the host bounds the worker count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostLimits {
+    /// CPU cores available to the launcher.
+    pub(crate) cores: usize,
+    /// The user's process limit (`RLIMIT_NPROC`), where it applies.
+    pub(crate) process_limit: Option<u64>,
+}
+
 /// Checks `nproc_per_node` against the host.
 ///
 /// # Errors
@@ -35,7 +43,7 @@ pub(crate) fn process_limit() -> Option<u64> {
 pub(crate) fn check_worker_count(
     nproc_per_node: usize,
     oversubscribe: bool,
-    host: &HostInfo,
+    host: &HostLimits,
 ) -> Result<(), LaunchError> {
     let too_many = |why: String| {
         Err(LaunchError::TooManyWorkers {
@@ -68,11 +76,10 @@ pub(crate) fn check_worker_count(
 mod tests {
     use super::*;
 
-    fn host(cores: usize, process_limit: Option<u64>) -> HostInfo {
-        HostInfo {
+    fn host(cores: usize, process_limit: Option<u64>) -> HostLimits {
+        HostLimits {
             cores,
             process_limit,
-            ..HostInfo::default()
         }
     }
 

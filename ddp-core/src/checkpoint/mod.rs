@@ -153,6 +153,7 @@ mod canonical;
 mod codec;
 mod config;
 mod crash_point;
+mod durable;
 mod error;
 mod fresh_start;
 mod full_checkpointer;

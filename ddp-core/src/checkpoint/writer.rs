@@ -14,13 +14,12 @@
 //! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
 
 use super::crash_point::crash_point;
+pub(crate) use super::durable::{rename, sync_dir, write_synced};
 use super::error::CheckpointError;
 use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ReadFailure};
 use super::naming::{LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, read_dir};
 use super::set_aside::set_aside;
 use super::state::FRAMEWORK_VERSION;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Writes `files` as checkpoint `name` in `dir` and points `latest` at it; returns the
@@ -246,36 +245,6 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<(), CheckpointError> {
         Some(parent) => sync_dir(parent),
         None => Ok(()),
     }
-}
-
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let write = |source| CheckpointError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = File::create(path).map_err(write)?;
-    file.write_all(bytes).map_err(write)?;
-    file.sync_all().map_err(|source| CheckpointError::Sync {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// fsyncs a directory, making renames and new entries in it durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    let sync = |source| CheckpointError::Sync {
-        path: dir.to_path_buf(),
-        source,
-    };
-    File::open(dir).map_err(sync)?.sync_all().map_err(sync)
-}
-
-pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {
-    std::fs::rename(from, to).map_err(|source| CheckpointError::Rename {
-        from: from.to_path_buf(),
-        to: to.to_path_buf(),
-        source,
-    })
 }
 
 fn remove_path(path: &Path) -> Result<(), CheckpointError> {
