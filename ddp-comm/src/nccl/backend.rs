@@ -250,6 +250,97 @@ impl NcclBackend {
         })
     }
 
+    /// Enqueues a reduce-scatter on the group's stream and returns at once: `src` holds
+    /// `world_size` blocks of `count` elements of `dtype`; block `rank` of their reduction with
+    /// `op` lands at `dst`. For engines that hold burn tensors' storage, as
+    /// [`all_reduce_raw_async`](Self::all_reduce_raw_async).
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `count`, `dtype` and `op`, in the same order as its
+    /// other collectives.
+    ///
+    /// # Safety
+    /// As [`all_reduce_raw_async`](Self::all_reduce_raw_async), for both buffers: `src` holds
+    /// `count * world_size` elements and `dst` `count`, on this group's device; they do not
+    /// overlap.
+    ///
+    /// # Errors
+    /// NCCL failures; the watchdog's error once the group has failed.
+    pub unsafe fn reduce_scatter_raw_async(
+        &self,
+        src: u64,
+        dst: u64,
+        count: usize,
+        dtype: NcclDtype,
+        op: ReduceOp,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork> {
+        let bytes = count
+            .saturating_mul(self.world_size())
+            .saturating_mul(dtype.size_bytes());
+        self.inner.thread.run_blocking(label.op, move |s| {
+            // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
+            unsafe {
+                s.queue(
+                    Call::ReduceScatter(op),
+                    label,
+                    Buffers {
+                        src,
+                        dst,
+                        count,
+                        dtype: dtype.nccl(),
+                        bytes,
+                    },
+                )
+            }
+        })
+    }
+
+    /// Enqueues an all-gather on the group's stream and returns at once: every rank's `count`
+    /// elements of `dtype` at `src` land at `dst`, rank `r`'s at element `r * count`. For
+    /// engines that hold burn tensors' storage, as
+    /// [`all_reduce_raw_async`](Self::all_reduce_raw_async).
+    ///
+    /// # Collective
+    /// Every rank calls it with the same `count` and `dtype`, in the same order as its other
+    /// collectives.
+    ///
+    /// # Safety
+    /// As [`all_reduce_raw_async`](Self::all_reduce_raw_async), for both buffers: `src` holds
+    /// `count` elements and `dst` `count * world_size`, on this group's device; they do not
+    /// overlap.
+    ///
+    /// # Errors
+    /// NCCL failures; the watchdog's error once the group has failed.
+    pub unsafe fn all_gather_raw_async(
+        &self,
+        src: u64,
+        dst: u64,
+        count: usize,
+        dtype: NcclDtype,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork> {
+        let bytes = count
+            .saturating_mul(self.world_size())
+            .saturating_mul(dtype.size_bytes());
+        self.inner.thread.run_blocking(label.op, move |s| {
+            // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
+            unsafe {
+                s.queue(
+                    Call::AllGather,
+                    label,
+                    Buffers {
+                        src,
+                        dst,
+                        count,
+                        dtype: dtype.nccl(),
+                        bytes,
+                    },
+                )
+            }
+        })
+    }
+
     /// Copies `root`'s `buf` into every other rank's `buf`.
     ///
     /// # Collective

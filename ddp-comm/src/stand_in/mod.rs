@@ -157,16 +157,68 @@ impl StandInComm {
         op: ReduceOp,
         label: CollectiveLabel,
     ) -> Result<StandInWork> {
+        let values = buf.clone();
+        let bytes = buf.len() * std::mem::size_of::<T>();
+        self.queue(label, bytes, move |group| {
+            values.with_mut(|v| group.all_reduce(v, op))
+        })
+    }
+
+    /// Queues a reduce-scatter: `send` holds `world_size` blocks of `recv.len()` elements;
+    /// block `rank` of their reduction with `op` lands in `recv`, as
+    /// `NcclBackend::reduce_scatter_raw_async` does. Neither buffer may be touched until the
+    /// returned work is done.
+    ///
+    /// # Errors
+    /// As [`all_reduce_async`](Self::all_reduce_async); mismatched lengths fail the work.
+    pub fn reduce_scatter_async<T: Element>(
+        &self,
+        send: &StandInBuffer<T>,
+        recv: &StandInBuffer<T>,
+        op: ReduceOp,
+        label: CollectiveLabel,
+    ) -> Result<StandInWork> {
+        let (send, recv) = (send.clone(), recv.clone());
+        let bytes = send.len() * std::mem::size_of::<T>();
+        self.queue(label, bytes, move |group| {
+            send.with_mut(|s| recv.with_mut(|r| group.reduce_scatter(s, r, op)))
+        })
+    }
+
+    /// Queues an all-gather: every rank's `send` lands in `recv`, rank `r`'s at
+    /// `r * send.len()`, as `NcclBackend::all_gather_raw_async` does. Neither buffer may be
+    /// touched until the returned work is done.
+    ///
+    /// # Errors
+    /// As [`all_reduce_async`](Self::all_reduce_async); mismatched lengths fail the work.
+    pub fn all_gather_async<T: Element>(
+        &self,
+        send: &StandInBuffer<T>,
+        recv: &StandInBuffer<T>,
+        label: CollectiveLabel,
+    ) -> Result<StandInWork> {
+        let (send, recv) = (send.clone(), recv.clone());
+        let bytes = recv.len() * std::mem::size_of::<T>();
+        self.queue(label, bytes, move |group| {
+            send.with_mut(|s| recv.with_mut(|r| group.all_gather(s, r)))
+        })
+    }
+
+    /// Queues `collective` on the communication thread, supervised by the watchdog from
+    /// before it is queued (as NCCL's collectives are), and returns its done event.
+    fn queue(
+        &self,
+        label: CollectiveLabel,
+        bytes: usize,
+        collective: impl FnOnce(&ProcessGroup) -> Result<()> + Send + 'static,
+    ) -> Result<StandInWork> {
         let queued = Instant::now();
         let probe = Arc::new(DoneProbe::default());
-        let bytes = buf.len() * std::mem::size_of::<T>();
-        // Supervised from before it is queued, as NCCL's collectives are.
         let watched = self.inner.watchdog.issue(label, bytes, probe.clone())?;
-        let values = buf.clone();
         let done = probe.clone();
         let job: Job = Box::new(move |group| {
             let started = Instant::now();
-            let result = values.with_mut(|v| group.all_reduce(v, op));
+            let result = collective(group);
             done.set(started, result.map_err(|e| e.to_string()));
         });
         let sent = self

@@ -82,7 +82,11 @@ fn chosen_hook(
         return Ok(None);
     };
     let what = format!("register_comm_hook: the {} hook", hook.name());
-    if matches!(config.collectives, Collectives::Nccl | Collectives::StandIn) {
+    // A hook that leaves gradients local reduces nothing here: ZeRO stage 2 reduce-scatters
+    // them itself, on the communicator `collectives` names.
+    if matches!(config.collectives, Collectives::Nccl | Collectives::StandIn)
+        && !hook.leaves_gradients_local()
+    {
         return Err(DdpError::InvalidConfig(format!(
             "{what} runs on the CPU transports, which Collectives::{:?} would skip; use \
              Collectives::Auto or Host, or register no hook to reduce on the device",
@@ -144,6 +148,9 @@ mod nccl {
         false
     }
 }
+
+#[cfg(feature = "cuda")]
+pub(crate) use nccl::nccl_can_run;
 
 #[cfg(feature = "cuda")]
 mod nccl {
@@ -219,7 +226,10 @@ mod nccl {
     /// Whether NCCL can run on every rank, each on a GPU of its own; otherwise why not. One
     /// small all-gather over the CPU group, so the ranks agree: a rank that went ahead alone
     /// would wait for the others in NCCL's rendezvous, and two ranks on one GPU make NCCL fail.
-    fn nccl_can_run(pg: &ProcessGroup, device: usize) -> Result<Result<(), String>, DdpError> {
+    pub(crate) fn nccl_can_run(
+        pg: &ProcessGroup,
+        device: usize,
+    ) -> Result<Result<(), String>, DdpError> {
         let here = ddp_comm::nccl_device_uuid(device);
         // Per rank: [can run, GPU UUID as two words].
         let mut mine = [0i64; 3];

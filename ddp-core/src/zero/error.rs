@@ -33,6 +33,16 @@ pub enum ZeroError {
         /// What went wrong.
         reason: String,
     },
+    /// Stage 2: a collective on the device communicator (NCCL, or its CPU stand-in) failed.
+    #[error("ZeRO stage 2: {op} on {communicator}: {reason}")]
+    Device {
+        /// The communicator: "NCCL", "the stand-in".
+        communicator: &'static str,
+        /// The collective: `reduce_scatter`, `all_gather`.
+        op: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// Stage 2 cannot shard this parameter's gradient.
     #[error("ZeRO stage 2: parameter {parameter}: {reason}")]
     Unsupported {

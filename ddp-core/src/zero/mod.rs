@@ -88,11 +88,13 @@
 //! world size.
 
 mod consolidate;
+mod device;
 mod error;
 pub(crate) mod module_tensors;
 mod optimizer;
 pub(crate) mod partition;
 mod stage2;
+mod stage2_device;
 
 pub use error::ZeroError;
 pub use optimizer::ZeroRedundancyOptimizer;

@@ -1,6 +1,7 @@
 //! [`ZeroRedundancyOptimizer`]: any burn optimizer, its state sharded across the ranks.
 
 use super::consolidate::{encode, gather_on_rank0};
+use super::device::{ShardCollectives, shard_collectives};
 use super::error::ZeroError;
 use super::module_tensors::{TensorInfo, describe, keep_shard};
 use super::partition::Partition;
@@ -8,9 +9,10 @@ use super::stage2::{
     DEFAULT_ZERO_BUCKET_BYTES, GradLayout, LocalGradientsHook, ZeroStage, all_gather_params,
     reduce_scatter_grads,
 };
+use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::{DistributedDataParallel, TapBackend};
+use crate::{Collectives, DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
 use burn::record::Record;
@@ -19,6 +21,7 @@ use ddp_comm::ProcessGroup;
 use hashbrown::HashMap;
 use std::collections::HashSet;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 /// The partition of one module layout.
 #[derive(Debug, Clone)]
@@ -87,6 +90,11 @@ where
     gradient_bytes: Option<usize>,
     /// Stage 2: bytes per rank in one reduce-scatter or all-gather at most.
     bucket_bytes: usize,
+    /// Stage 2: which communicator carries its collectives.
+    collectives: Collectives,
+    /// Stage 2: the device communicator `collectives` chose (`None`: the process group's CPU
+    /// transports), created at the first step (every rank reaches it together).
+    shard_comm: Option<Option<Arc<dyn ShardCollectives<B::InnerBackend>>>>,
     _module: PhantomData<fn() -> (M, B)>,
 }
 
@@ -111,6 +119,8 @@ where
             stage: ZeroStage::One,
             gradient_bytes: None,
             bucket_bytes: DEFAULT_ZERO_BUCKET_BYTES,
+            collectives: Collectives::Host,
+            shard_comm: None,
             _module: PhantomData,
         }
     }
@@ -134,6 +144,32 @@ where
         self.bucket_bytes = bytes.max(1);
         self.plan = None;
         self
+    }
+
+    /// Which communicator carries stage 2's reduce-scatters and all-gathers (default
+    /// [`Collectives::Host`] for [`new`](Self::new); [`stage2`](Self::stage2) takes DDP's):
+    /// - [`Collectives::Auto`]: NCCL on the GPU when the model is on burn's CUDA backend, the
+    ///   world size is above 1 and every rank can run NCCL on a GPU of its own (feature
+    ///   `cuda`); otherwise the process group's CPU transports.
+    /// - [`Collectives::Nccl`]: NCCL, or an error at the first step saying what is missing.
+    /// - [`Collectives::Host`]: the CPU transports, through host memory.
+    /// - [`Collectives::StandIn`]: the device engine's CPU stand-in (tests the device path on
+    ///   machines without GPUs).
+    ///
+    /// On a device communicator the gradients and parameters stay tensors on the model's
+    /// device (stage 2's f32 parameters only). Every rank uses the same value; set it before
+    /// the first step.
+    pub fn with_collectives(mut self, collectives: Collectives) -> Self {
+        self.collectives = collectives;
+        self.shard_comm = None;
+        self
+    }
+
+    /// The device communicator stage 2 uses ("NCCL", "the stand-in"), once its first step
+    /// has chosen one; `None` for the process group's CPU transports (or before the first
+    /// step).
+    pub fn device_communicator(&self) -> Option<&'static str> {
+        self.shard_comm.as_ref()?.as_ref().map(|c| c.name())
     }
 
     /// The sharding stage.
@@ -300,15 +336,26 @@ where
         if let Err(e) = self.check_usable() {
             return (module, Err(e));
         }
-        self.settle(&module);
+        let device = self.settle(&module);
         self.consolidated = None;
         let Some(plan) = self.plan.clone() else {
             return (module, Ok(()));
         };
         let rank = self.pg.rank();
+        if self.stage == ZeroStage::Two && self.shard_comm.is_none() {
+            let chosen = match device {
+                Some(d) => shard_collectives::<B::InnerBackend>(&self.pg, self.collectives, &d),
+                None => Ok(None),
+            };
+            match self.guard(chosen) {
+                Ok(c) => self.shard_comm = Some(c),
+                Err(e) => return (module, Err(e)),
+            }
+        }
+        let comm = self.shard_comm.as_ref().and_then(|c| c.as_deref());
         let grads = match self.stage {
             ZeroStage::One => Ok(grads.keep::<B, M>(&module, &plan.partition.mask(rank))),
-            ZeroStage::Two => grads.reduce_scatter::<B, M>(&self.pg, &module, &plan.grads),
+            ZeroStage::Two => grads.reduce_scatter::<B, M>(&self.pg, comm, &module, &plan.grads),
         };
         let grads = match self.guard(grads) {
             Ok(grads) => grads,
@@ -326,13 +373,22 @@ where
         let module = update(&mut self.inner, module, grads);
         let (module, result) = match self.stage {
             ZeroStage::One => share_shards::<B, M>(&self.pg, module, &plan.partition),
-            ZeroStage::Two => all_gather_params::<B, M>(
-                &self.pg,
-                module,
-                &plan.layout,
-                &plan.partition,
-                &plan.grads,
-            ),
+            ZeroStage::Two => match self.shard_comm.as_ref().and_then(|c| c.as_deref()) {
+                Some(comm) => stage2_device::all_gather_params::<B, M>(
+                    comm,
+                    &self.pg,
+                    module,
+                    &plan.partition,
+                    &plan.grads,
+                ),
+                None => all_gather_params::<B, M>(
+                    &self.pg,
+                    module,
+                    &plan.layout,
+                    &plan.partition,
+                    &plan.grads,
+                ),
+            },
         };
         let result = self.guard(result);
         (module, result)
@@ -380,7 +436,9 @@ where
     pub fn stage2(inner: O, ddp: &mut DistributedDataParallel<B, M>) -> Result<Self, ZeroError> {
         ddp.register_comm_hook(LocalGradientsHook)
             .map_err(ZeroError::Setup)?;
-        Ok(Self::new(inner, ddp.process_group().clone()).with_stage(ZeroStage::Two))
+        Ok(Self::new(inner, ddp.process_group().clone())
+            .with_stage(ZeroStage::Two)
+            .with_collectives(ddp.config().collectives))
     }
 }
 
@@ -389,10 +447,12 @@ where
 trait ShardGrads: Sized {
     /// Stage 1: keeps the gradients of the tensors selected by `keep`.
     fn keep<B: AutodiffBackend, M: AutodiffModule<B>>(self, module: &M, keep: &[bool]) -> Self;
-    /// Stage 2: this rank's averaged shard of every rank's local gradients.
+    /// Stage 2: this rank's averaged shard of every rank's local gradients, on `comm` when
+    /// there is a device communicator.
     fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
         self,
         pg: &ProcessGroup,
+        comm: Option<&dyn ShardCollectives<B::InnerBackend>>,
         module: &M,
         plan: &GradLayout,
     ) -> Result<Self, ZeroError>;
@@ -406,10 +466,14 @@ impl ShardGrads for GradientsParams {
     fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
         self,
         pg: &ProcessGroup,
+        comm: Option<&dyn ShardCollectives<B::InnerBackend>>,
         module: &M,
         plan: &GradLayout,
     ) -> Result<Self, ZeroError> {
-        reduce_scatter_grads::<B, M>(pg, module, self, plan)
+        match comm {
+            Some(comm) => stage2_device::reduce_scatter_grads::<B, M>(pg, comm, module, self, plan),
+            None => reduce_scatter_grads::<B, M>(pg, module, self, plan),
+        }
     }
 }
 
@@ -424,11 +488,12 @@ impl ShardGrads for MultiGradientsParams {
     fn reduce_scatter<B: AutodiffBackend, M: AutodiffModule<B>>(
         mut self,
         pg: &ProcessGroup,
+        comm: Option<&dyn ShardCollectives<B::InnerBackend>>,
         module: &M,
         plan: &GradLayout,
     ) -> Result<Self, ZeroError> {
         for (g, _) in self.grads.iter_mut() {
-            *g = reduce_scatter_grads::<B, M>(pg, module, std::mem::take(g), plan)?;
+            *g = std::mem::take(g).reduce_scatter::<B, M>(pg, comm, module, plan)?;
         }
         Ok(self)
     }
@@ -548,6 +613,8 @@ where
             stage: self.stage,
             gradient_bytes: self.gradient_bytes,
             bucket_bytes: self.bucket_bytes,
+            collectives: self.collectives,
+            shard_comm: self.shard_comm.clone(),
             _module: PhantomData,
         }
     }

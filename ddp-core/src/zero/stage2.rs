@@ -71,11 +71,11 @@ pub const DEFAULT_ZERO_BUCKET_BYTES: usize = 32 << 20;
 
 /// Where one owned tensor sits in its owner's block of its group.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
-    group: usize,
-    owner: usize,
+pub(super) struct Slot {
+    pub(super) group: usize,
+    pub(super) owner: usize,
     /// f32 offset of its values in the owner's block.
-    data_at: usize,
+    pub(super) data_at: usize,
     /// f32 offset of its presence flag in the owner's block.
     flag_at: usize,
 }
@@ -83,10 +83,10 @@ struct Slot {
 /// The tensors one reduce-scatter and one all-gather carry: a run of consecutive tensors in
 /// module order.
 #[derive(Debug, Clone)]
-struct Group {
-    tensors: std::ops::Range<usize>,
+pub(super) struct Group {
+    pub(super) tensors: std::ops::Range<usize>,
     /// f32 elements of each rank's block (the largest rank's gradients and flags).
-    block: usize,
+    pub(super) block: usize,
 }
 
 /// How stage 2's collectives lay the gradients out: the tensors, in module order, cut into
@@ -95,10 +95,10 @@ struct Group {
 #[derive(Debug, Clone)]
 pub(crate) struct GradLayout {
     /// f32 elements of every tensor, in module order (0 for untrained ones).
-    numels: Vec<usize>,
+    pub(super) numels: Vec<usize>,
     /// Every tensor's place (`None`: not trained).
-    slots: Vec<Option<Slot>>,
-    groups: Vec<Group>,
+    pub(super) slots: Vec<Option<Slot>>,
+    pub(super) groups: Vec<Group>,
 }
 
 impl GradLayout {

@@ -25,9 +25,9 @@ mod layout_check;
 mod reduction;
 mod staged_reduction;
 
+pub(crate) use device::{DeviceWork, ReductionDevice, StandInDevice, StandInReduction};
 #[cfg(feature = "cuda")]
 pub(crate) use device::{NcclDevice, NcclReduction};
-pub(crate) use device::{StandInDevice, StandInReduction};
 pub(crate) use hook_reduction::HookReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;

@@ -12,7 +12,8 @@
 //!   the communicator, and memory a collective may still write is never given back.
 //! - **The device** ([`ReductionDevice`]): what the protocol needs from one: a bucket's
 //!   memory, a ready fence taken on the backward thread, an asynchronous collective queued in
-//!   issue order, its done event, the communicator's failure, abort.
+//!   issue order (all-reduce for DDP's buckets; reduce-scatter and all-gather for ZeRO stage
+//!   2, [`crate::zero`]), its done event, the communicator's failure, abort.
 //!   - [`NcclDevice`] (feature `cuda`): cubecl buffers, `client.sync()` fences, NCCL on the
 //!     group's stream, CUDA events.
 //!   - [`StandInDevice`]: host buffers, fences completed by the producing thread, the
@@ -75,6 +76,31 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
     fn all_reduce(
         &self,
         memory: &Self::Memory,
+        label: CollectiveLabel,
+    ) -> Result<Self::Work, CommError>;
+
+    /// Queues the average of every rank's `send` (`world` blocks of `recv`'s length) into
+    /// `recv`, this rank's block, after every collective queued before it (ZeRO stage 2's
+    /// gradients). Both were staged, in one dtype, and are distinct.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] only when nothing was queued.
+    fn reduce_scatter(
+        &self,
+        send: &Self::Memory,
+        recv: &Self::Memory,
+        label: CollectiveLabel,
+    ) -> Result<Self::Work, CommError>;
+
+    /// Queues the gathering of every rank's `send` into `recv` (rank `r`'s at `r * send`'s
+    /// length), after every collective queued before it (ZeRO stage 2's parameters).
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] only when nothing was queued.
+    fn all_gather(
+        &self,
+        send: &Self::Memory,
+        recv: &Self::Memory,
         label: CollectiveLabel,
     ) -> Result<Self::Work, CommError>;
 

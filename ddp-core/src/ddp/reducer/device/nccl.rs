@@ -160,6 +160,63 @@ impl ReductionDevice for NcclDevice {
         }
     }
 
+    fn reduce_scatter(
+        &self,
+        send: &CubeBucket,
+        recv: &CubeBucket,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork, CommError> {
+        let world = self.nccl.world_size();
+        if send.dtype != recv.dtype || send.len != recv.len * world {
+            return Err(CommError::InvalidArgument {
+                op: "reduce_scatter",
+                reason: format!(
+                    "send holds {} elements and recv {} at world size {world}, or their dtypes \
+                     differ",
+                    send.len, recv.len
+                ),
+            });
+        }
+        // SAFETY: as in `all_reduce`, for both buffers (each staged, referenced only by its
+        // bucket, kept until the collective is known to have finished, on the group's device,
+        // produced before the ready fences the caller waited for); their sizes are checked
+        // above and in `stage`; two stagings are two allocations, so they do not overlap.
+        unsafe {
+            self.nccl.reduce_scatter_raw_async(
+                send.ptr,
+                recv.ptr,
+                recv.len,
+                recv.dtype,
+                ReduceOp::Avg,
+                label,
+            )
+        }
+    }
+
+    fn all_gather(
+        &self,
+        send: &CubeBucket,
+        recv: &CubeBucket,
+        label: CollectiveLabel,
+    ) -> Result<NcclWork, CommError> {
+        let world = self.nccl.world_size();
+        if send.dtype != recv.dtype || recv.len != send.len * world {
+            return Err(CommError::InvalidArgument {
+                op: "all_gather",
+                reason: format!(
+                    "send holds {} elements and recv {} at world size {world}, or their dtypes \
+                     differ",
+                    send.len, recv.len
+                ),
+            });
+        }
+        // SAFETY: as in `reduce_scatter` above.
+        unsafe {
+            self.nccl
+                .all_gather_raw_async(send.ptr, recv.ptr, send.len, send.dtype, label)
+        }
+    }
+
     fn check(&self) -> Result<(), CommError> {
         self.nccl.check()
     }

@@ -173,6 +173,45 @@ impl ReductionDevice for StandInDevice {
         }
     }
 
+    fn reduce_scatter(
+        &self,
+        send: &HostBucket,
+        recv: &HostBucket,
+        label: CollectiveLabel,
+    ) -> Result<StandInWork, CommError> {
+        let op = ReduceOp::Avg;
+        match (send, recv) {
+            (HostBucket::F32(s), HostBucket::F32(r)) => {
+                self.comm.reduce_scatter_async(s, r, op, label)
+            }
+            (HostBucket::F64(s), HostBucket::F64(r)) => {
+                self.comm.reduce_scatter_async(s, r, op, label)
+            }
+            (HostBucket::F16(s), HostBucket::F16(r)) => {
+                self.comm.reduce_scatter_async(s, r, op, label)
+            }
+            (HostBucket::BF16(s), HostBucket::BF16(r)) => {
+                self.comm.reduce_scatter_async(s, r, op, label)
+            }
+            _ => Err(dtypes_differ("reduce_scatter")),
+        }
+    }
+
+    fn all_gather(
+        &self,
+        send: &HostBucket,
+        recv: &HostBucket,
+        label: CollectiveLabel,
+    ) -> Result<StandInWork, CommError> {
+        match (send, recv) {
+            (HostBucket::F32(s), HostBucket::F32(r)) => self.comm.all_gather_async(s, r, label),
+            (HostBucket::F64(s), HostBucket::F64(r)) => self.comm.all_gather_async(s, r, label),
+            (HostBucket::F16(s), HostBucket::F16(r)) => self.comm.all_gather_async(s, r, label),
+            (HostBucket::BF16(s), HostBucket::BF16(r)) => self.comm.all_gather_async(s, r, label),
+            _ => Err(dtypes_differ("all_gather")),
+        }
+    }
+
     fn check(&self) -> Result<(), CommError> {
         self.comm.check()
     }
@@ -193,6 +232,13 @@ impl ReductionDevice for StandInDevice {
             HostBucket::BF16(b) => vec_data(b.take()),
         };
         Ok(I::float_from_data(data, device))
+    }
+}
+
+fn dtypes_differ(op: &'static str) -> CommError {
+    CommError::InvalidArgument {
+        op,
+        reason: "the send and receive buffers have different dtypes".into(),
     }
 }
 
