@@ -7,11 +7,14 @@
 //! (feature `cuda`) trains on GPU 0 instead, every rank on the same GPU.
 //! `DDP_TEST_COLLECTIVES=stand-in` reduces through the device engine's CPU stand-in
 //! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults.
+//! `DDP_TEST_SHARDING=zero2` steps with ZeRO stage 2 (`ZeroRedundancyOptimizer::stage2`, whose
+//! collectives follow DDP's: on the stand-in, the device path), in collectives of a few tensors.
 
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
-use burn::optim::{AdamConfig, SgdConfig};
+use burn::optim::{AdamConfig, Optimizer, SgdConfig};
 use ddp_core::TapBackend;
+use ddp_core::zero::ZeroRedundancyOptimizer;
 use ddp_core::{
     Collectives, DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
 };
@@ -23,6 +26,8 @@ use ddp_tests::fixtures::{
 const BACKEND_ENV: &str = "DDP_TEST_BACKEND";
 /// `auto` (default) or `stand-in`.
 const COLLECTIVES_ENV: &str = "DDP_TEST_COLLECTIVES";
+/// `none` (default) or `zero2`.
+const SHARDING_ENV: &str = "DDP_TEST_SHARDING";
 
 fn main() {
     if let Err(e) = run() {
@@ -94,23 +99,51 @@ fn train<B: TapBackend>(
     opt: Opt,
     device: &B::Device,
 ) -> Result<Vec<f32>> {
-    let (rank, world) = (pg.rank(), pg.world_size());
-    let model = if rank == 0 {
+    let model = if pg.rank() == 0 {
         from_bytes::<B>(init, device).map_err(anyhow::Error::msg)?
     } else {
         SmallMlp::<B>::new(device)
     };
     let mut ddp = DistributedDataParallel::new(model, pg, config()?)?;
-    let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
-    let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
+    let zero2 = match std::env::var(SHARDING_ENV).as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("none") => false,
+        Ok("zero2") => true,
+        other => anyhow::bail!("{SHARDING_ENV}={other:?}: expected none or zero2"),
+    };
+    let sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
+    let adam = AdamConfig::new().init::<B, SmallMlp<B>>();
+    // Tiny collectives: several reduce-scatters and all-gathers per step.
+    let zero_bucket = 256;
+    match (opt, zero2) {
+        (Opt::Sgd, false) => train_steps(&mut ddp, sgd, 0.1, device)?,
+        (Opt::Adam, false) => train_steps(&mut ddp, adam, 0.01, device)?,
+        (Opt::Sgd, true) => {
+            let zero =
+                ZeroRedundancyOptimizer::stage2(sgd, &mut ddp)?.with_bucket_bytes(zero_bucket);
+            train_steps(&mut ddp, zero, 0.1, device)?
+        }
+        (Opt::Adam, true) => {
+            let zero =
+                ZeroRedundancyOptimizer::stage2(adam, &mut ddp)?.with_bucket_bytes(zero_bucket);
+            train_steps(&mut ddp, zero, 0.01, device)?
+        }
+    }
+    Ok(flat_params(ddp.module()))
+}
+
+/// `STEPS` steps of `optim` at learning rate `lr`, each on this rank's share of the batch.
+fn train_steps<B: TapBackend, O: Optimizer<SmallMlp<B>, B>>(
+    ddp: &mut DistributedDataParallel<B, SmallMlp<B>>,
+    mut optim: O,
+    lr: f64,
+    device: &B::Device,
+) -> Result<()> {
+    let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
     for step in 0..STEPS {
         let (x, y) = batch::<B>(&step_indices(step, world, Some(rank)), device);
         let pred = ddp.forward(|m| m.forward(x))?;
         let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
-        match opt {
-            Opt::Sgd => ddp.optimizer_step(&mut sgd, 0.1, grads),
-            Opt::Adam => ddp.optimizer_step(&mut adam, 0.01, grads),
-        }
+        ddp.optimizer_step(&mut optim, lr, grads);
     }
-    Ok(flat_params(ddp.module()))
+    Ok(())
 }

@@ -158,6 +158,22 @@ fn processes_over_the_device_engine_stand_in_train_like_one_process() {
     }
 }
 
+/// ZeRO stage 2 on the device path (gradients reduce-scattered and parameters all-gathered as
+/// tensors, through the stand-in's communicator: the code NCCL runs on GPUs), with ranks as
+/// processes at worlds 2 to 8: the same parameters as one process with the union batch,
+/// replicas bitwise identical.
+#[test]
+fn processes_with_zero2_on_the_device_stand_in_train_like_one_process() {
+    let env = [
+        ("DDP_TEST_COLLECTIVES", "stand-in"),
+        ("DDP_TEST_SHARDING", "zero2"),
+    ];
+    for (world, opt) in [(2, Opt::Adam), (3, Opt::Sgd), (4, Opt::Adam), (8, Opt::Sgd)] {
+        let reference = |init: &[u8]| train_reference(init, world, opt);
+        check_with(world, opt, &env, reference);
+    }
+}
+
 /// Fences that complete late (each 30 ms after its bucket was read, on its own thread, so
 /// possibly out of order): the issuing thread still queues buckets in launch order.
 #[test]
