@@ -2,14 +2,14 @@
 //! soon as the unit's gradients are complete (`unit_reducer.rs`), then the averaged chunks.
 
 use super::error::FsdpError;
-use super::unit_reducer::FsdpStepStats;
+use super::unit_reducer::{FsdpStepStats, Launched};
 use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
 use crate::ddp::arrival_order::agree_on_rank0_order;
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
 use crate::ddp::tap::{DepthPlan, TapBackend, with_probes};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use ddp_comm::ReduceOp;
 use std::sync::Arc;
 
@@ -86,23 +86,39 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             .zip(ids)
             .zip(&flags)
         {
-            let mine = match work.wait() {
-                Ok(v) => v,
-                Err(source) => {
-                    return Err(self.poison(FsdpError::ReduceScatter {
-                        unit: unit.name.clone(),
-                        source,
-                    }));
-                }
+            let g = match work {
+                Launched::Host(work) => match work.wait() {
+                    Ok(mine) => {
+                        let len = mine.len();
+                        Tensor::<B::InnerBackend, 1>::from_data(
+                            TensorData::new(mine, [len]),
+                            &self.device,
+                        )
+                    }
+                    Err(source) => {
+                        return Err(self.poison(FsdpError::ReduceScatter {
+                            unit: unit.name.clone(),
+                            source,
+                        }));
+                    }
+                },
+                Launched::Device(pending) => match pending.wait(&self.device) {
+                    Ok(mine) => Tensor::from_primitive(TensorPrimitive::Float(mine)),
+                    Err(e) => {
+                        return Err(self.poison(FsdpError::Device {
+                            unit: unit.name.clone(),
+                            op: "reduce_scatter",
+                            reason: e.to_string(),
+                        }));
+                    }
+                },
             };
             if used == 0 {
                 continue;
             }
-            debug_assert_eq!(mine.len(), unit.chunk(world));
-            elements += mine.len();
-            let len = mine.len();
-            let g =
-                Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(mine, [len]), &self.device);
+            let len = g.dims()[0];
+            debug_assert_eq!(len, unit.chunk(world));
+            elements += len;
             out.register(id, g);
         }
         self.last_stats = Some(FsdpStepStats {

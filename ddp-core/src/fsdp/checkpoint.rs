@@ -221,7 +221,12 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             "join the FSDP optimizer state into chunks",
         )?;
         let table = ParamTable::describe::<B, M>(&full);
-        self.reducer = std::sync::Arc::new(UnitReducer::new(self.pg.clone(), &layout, &table));
+        self.reducer = std::sync::Arc::new(UnitReducer::new(
+            self.pg.clone(),
+            &layout,
+            &table,
+            self.reducer.comm().clone(),
+        ));
         self.kinds = std::sync::Arc::new(table.kinds());
         self.depth_plan = None;
         self.relaid = false;

@@ -51,6 +51,16 @@ pub enum FsdpError {
         #[source]
         source: ddp_comm::CommError,
     },
+    /// A unit's collective on the device communicator (NCCL, or its CPU stand-in) failed.
+    #[error("FSDP: {op} of unit '{unit}' on the device: {reason}")]
+    Device {
+        /// The unit's name.
+        unit: String,
+        /// `reduce_scatter` or `all_gather`.
+        op: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// Agreeing on which units any rank used this step failed (an all-reduce of one flag per
     /// unit, before the reduce-scatters).
     #[error("FSDP: agreeing on which units the ranks used: {0}")]

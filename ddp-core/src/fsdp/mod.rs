@@ -118,6 +118,7 @@
 mod backward;
 mod checkpoint;
 mod config;
+mod device;
 mod error;
 mod layout;
 mod state;

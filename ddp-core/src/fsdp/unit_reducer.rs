@@ -10,13 +10,15 @@
 //! first backward whose taps were anchored on every rank, becomes the order rank 0's units
 //! completed in (every rank adopts it), as DDP lays its buckets out again.
 
+use super::device::{PendingChunk, UnitCollectives};
 use super::layout::Layout;
 use crate::ddp::params::{ParamKind, ParamTable};
 use crate::ddp::tap::GradientSink;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use ddp_comm::{ProcessGroup, ReduceOp, Work};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Where a tapped parameter's gradient goes: its unit and its range in the unit's buffer.
 #[derive(Debug, Clone, Copy)]
@@ -41,30 +43,40 @@ pub struct FsdpStepStats {
     pub anchored_taps: usize,
 }
 
-/// One unit's reduce-scatter in flight (`None` until launched).
-pub(super) type Launched = Option<Work<Vec<f32>>>;
+/// One unit's reduce-scatter in flight.
+pub(super) enum Launched<I: Backend> {
+    /// On the CPU transports: the chunk comes back in host memory.
+    Host(Work<Vec<f32>>),
+    /// On a device communicator: the chunk comes back as a tensor on the device.
+    Device(Box<dyn PendingChunk<I>>),
+}
 
 /// What backward left: every unit's reduce-scatter, which units this rank used, the order
 /// units completed in on this rank, and how many launched before backward ended.
-pub(super) struct Finished {
-    pub(super) works: Vec<Work<Vec<f32>>>,
+pub(super) struct Finished<I: Backend> {
+    pub(super) works: Vec<Launched<I>>,
     pub(super) used: Vec<u8>,
     pub(super) arrival: Vec<usize>,
     pub(super) during_backward: usize,
 }
 
-struct State {
+struct State<I: Backend> {
     armed: bool,
     generation: u64,
     /// Forwards made for this backward (tap events expected per parameter).
     forwards: usize,
+    /// Host path: each unit's flat gradient.
     flats: Vec<Vec<f32>>,
+    /// Device path: each parameter's gradient (summed over the forwards), until its unit
+    /// launches.
+    grads: Vec<Option<FloatTensor<I>>>,
     /// Per parameter index: tap events still expected in this backward.
     events_left: Vec<usize>,
     /// Per unit: parameters still incomplete.
     waiting: Vec<usize>,
     used: Vec<u8>,
-    launched: Vec<Launched>,
+    /// Per unit: its reduce-scatter, once launched.
+    launched: Vec<Option<Launched<I>>>,
     next: usize,
     arrival: Vec<usize>,
     during_backward: usize,
@@ -74,23 +86,37 @@ struct State {
     order: Vec<usize>,
 }
 
+/// Where the units' reduce-scatters run: the process group's CPU transports, or a device
+/// communicator (with the device the chunks live on).
+#[derive(Clone)]
+pub(super) enum UnitComm<I: Backend> {
+    Host,
+    Device(Arc<dyn UnitCollectives<I>>, I::Device),
+}
+
 /// The [`GradientSink`] of FSDP's taps.
-pub(super) struct UnitReducer {
-    state: Mutex<State>,
+pub(super) struct UnitReducer<I: Backend> {
+    state: Mutex<State<I>>,
     /// Per parameter index (module order): where its gradient goes, `None` if not sharded.
     targets: Vec<Option<Target>>,
+    /// Per unit: its parameters' indices, by offset in the unit (the device path assembles
+    /// the unit's flat gradient from them).
+    members: Vec<Vec<usize>>,
     /// Per unit: padded length, parameter count.
     padded: Vec<usize>,
     params: Vec<usize>,
     pg: ProcessGroup,
+    comm: UnitComm<I>,
 }
 
-impl UnitReducer {
-    /// A reducer for `layout`'s units; `table` describes the module the taps are put on.
-    pub(super) fn new<I: Backend>(
+impl<I: Backend> UnitReducer<I> {
+    /// A reducer for `layout`'s units, reducing through `comm`; `table` describes the module
+    /// the taps are put on.
+    pub(super) fn new(
         pg: ProcessGroup,
         layout: &Layout,
         table: &ParamTable<I>,
+        comm: UnitComm<I>,
     ) -> Self {
         let targets: Vec<Option<Target>> = table
             .entries
@@ -106,8 +132,15 @@ impl UnitReducer {
             .collect();
         let units = layout.units.len();
         let mut params = vec![0; units];
-        for t in targets.iter().flatten() {
-            params[t.unit] += 1;
+        let mut members = vec![Vec::new(); units];
+        for (index, t) in targets.iter().enumerate() {
+            if let Some(t) = t {
+                params[t.unit] += 1;
+                members[t.unit].push(index);
+            }
+        }
+        for unit in &mut members {
+            unit.sort_by_key(|&i| targets[i].map_or(0, |t| t.offset));
         }
         UnitReducer {
             state: Mutex::new(State {
@@ -115,6 +148,7 @@ impl UnitReducer {
                 generation: 0,
                 forwards: 0,
                 flats: Vec::new(),
+                grads: Vec::new(),
                 events_left: Vec::new(),
                 waiting: Vec::new(),
                 used: Vec::new(),
@@ -126,13 +160,20 @@ impl UnitReducer {
                 order: (0..units).rev().collect(),
             }),
             targets,
+            members,
             padded: layout.units.iter().map(|u| u.padded).collect(),
             params,
             pg,
+            comm,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// Where the reduce-scatters run.
+    pub(super) fn comm(&self) -> &UnitComm<I> {
+        &self.comm
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<I>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -142,7 +183,10 @@ impl UnitReducer {
         s.armed = true;
         s.generation = generation;
         s.forwards = forwards;
-        s.flats = self.padded.iter().map(|&n| vec![0.0; n]).collect();
+        match self.comm {
+            UnitComm::Host => s.flats = self.padded.iter().map(|&n| vec![0.0; n]).collect(),
+            UnitComm::Device(..) => s.grads = self.targets.iter().map(|_| None).collect(),
+        }
         s.events_left = self
             .targets
             .iter()
@@ -161,10 +205,16 @@ impl UnitReducer {
     ///
     /// # Errors
     /// A gradient that could not be read during backward (its message).
-    pub(super) fn finish(&self) -> Result<Finished, String> {
+    pub(super) fn finish(&self) -> Result<Finished<I>, String> {
         let mut s = self.lock();
         s.armed = false;
         self.launch_in_order(&mut s, false);
+        if let Some(e) = s.error.take() {
+            // Launched units are dropped: each waits (bounded by its communicator) for its
+            // collective before its memory goes.
+            s.launched.clear();
+            return Err(e);
+        }
         let works = s
             .launched
             .iter_mut()
@@ -173,9 +223,6 @@ impl UnitReducer {
                     .ok_or_else(|| "a unit was never launched".to_string())
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(e) = s.error.take() {
-            return Err(e);
-        }
         Ok(Finished {
             works,
             used: std::mem::take(&mut s.used),
@@ -194,14 +241,60 @@ impl UnitReducer {
         self.lock().order = order;
     }
 
-    fn launch(&self, s: &mut State, unit: usize) {
-        let flat = std::mem::take(&mut s.flats[unit]);
-        s.launched[unit] = Some(self.pg.reduce_scatter_async(flat, ReduceOp::Avg));
+    fn launch(&self, s: &mut State<I>, unit: usize) {
+        match &self.comm {
+            UnitComm::Host => {
+                let flat = std::mem::take(&mut s.flats[unit]);
+                let work = self.pg.reduce_scatter_async(flat, ReduceOp::Avg);
+                s.launched[unit] = Some(Launched::Host(work));
+            }
+            UnitComm::Device(comm, device) => {
+                let flat = self.device_flat(s, unit, device);
+                let padded = self.padded[unit];
+                let chunk = padded / self.pg.world_size();
+                match comm.launch_reduce_scatter(unit, flat, padded, chunk, device) {
+                    Ok(pending) => s.launched[unit] = Some(Launched::Device(pending)),
+                    Err(e) => {
+                        let reason = format!("launching unit {unit}'s reduce-scatter: {e}");
+                        // The peers would wait for this rank's collective: fail it for them.
+                        comm.abort(&reason);
+                        s.error.get_or_insert(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Device path: unit `unit`'s flat gradient, assembled on the device from its parameters'
+    /// gradients (zeros for a parameter without one, and for the padding).
+    fn device_flat(&self, s: &mut State<I>, unit: usize, device: &I::Device) -> FloatTensor<I> {
+        let zeros = |n: usize| Tensor::<I, 1>::zeros([n], device);
+        let mut pieces = Vec::with_capacity(self.members[unit].len() + 1);
+        let mut at = 0;
+        for &index in &self.members[unit] {
+            let Some(t) = self.targets[index] else {
+                continue;
+            };
+            if t.offset > at {
+                pieces.push(zeros(t.offset - at));
+            }
+            pieces.push(match s.grads[index].take() {
+                Some(g) => Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(
+                    I::float_reshape(g, [t.numel].into()),
+                )),
+                None => zeros(t.numel),
+            });
+            at = t.offset + t.numel;
+        }
+        if self.padded[unit] > at {
+            pieces.push(zeros(self.padded[unit] - at));
+        }
+        Tensor::cat(pieces, 0).into_primitive().tensor()
     }
 
     /// Launches the units not launched yet, in order: with `complete_only`, only as far as
     /// the first unit still waiting for gradients (during backward); else all (at its end).
-    fn launch_in_order(&self, s: &mut State, complete_only: bool) {
+    fn launch_in_order(&self, s: &mut State<I>, complete_only: bool) {
         while let Some(&u) = s.order.get(s.next) {
             if complete_only && s.waiting[u] != 0 {
                 break;
@@ -215,11 +308,15 @@ impl UnitReducer {
     }
 }
 
-impl<I: Backend> GradientSink<I> for UnitReducer {
+impl<I: Backend> GradientSink<I> for UnitReducer<I> {
     fn on_gradient(&self, param_index: usize, generation: u64, grad: FloatTensor<I>) {
         let Some(Some(t)) = self.targets.get(param_index).copied() else {
             return;
         };
+        if let UnitComm::Device(..) = self.comm {
+            self.on_device_gradient(param_index, t, generation, grad);
+            return;
+        }
         // Read on the backward thread, outside the lock (a GPU read waits for the device).
         let values = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
             Some(Ok(d)) => d.into_vec::<f32>().map_err(|e| format!("{e:?}")),
@@ -266,6 +363,57 @@ impl<I: Backend> GradientSink<I> for UnitReducer {
                 *acc += v;
             }
         }
+        s.used[t.unit] = 1;
+        let left = &mut s.events_left[param_index];
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            s.waiting[t.unit] -= 1;
+            if s.waiting[t.unit] == 0 {
+                s.arrival.push(t.unit);
+                self.launch_in_order(&mut s, true);
+            }
+        }
+    }
+}
+
+impl<I: Backend> UnitReducer<I> {
+    /// Device path: keeps the gradient as a tensor (summed with the earlier forwards' ones),
+    /// and launches the units it completes. Nothing is read from the device.
+    fn on_device_gradient(
+        &self,
+        param_index: usize,
+        t: Target,
+        generation: u64,
+        grad: FloatTensor<I>,
+    ) {
+        let numel = grad.shape().num_elements();
+        let mut s = self.lock();
+        if !s.armed || s.generation != generation {
+            return;
+        }
+        if s.events_left[param_index] == 0 {
+            s.error
+                .get_or_insert("more gradients for a parameter than forwards made".into());
+            return;
+        }
+        if numel != t.numel {
+            s.error.get_or_insert(format!(
+                "a gradient has {numel} elements, its parameter {}",
+                t.numel
+            ));
+            return;
+        }
+        if s.launched[t.unit].is_some() {
+            s.error
+                .get_or_insert("a gradient arrived after its unit's reduce-scatter began".into());
+            return;
+        }
+        let sum = match s.grads[param_index].take() {
+            // The first event of this parameter: its gradient as is (no `0.0 + g`).
+            None => grad,
+            Some(earlier) => I::float_add(earlier, grad),
+        };
+        s.grads[param_index] = Some(sum);
         s.used[t.unit] = 1;
         let left = &mut s.events_left[param_index];
         *left = left.saturating_sub(1);

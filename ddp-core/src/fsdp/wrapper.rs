@@ -2,9 +2,10 @@
 //! `forward` all-gathers them, `backward` reduce-scatters the gradients and releases them.
 
 use super::config::FsdpConfig;
+use super::device::unit_collectives;
 use super::error::FsdpError;
 use super::layout::{Layout, Slot};
-use super::unit_reducer::{FsdpStepStats, UnitReducer};
+use super::unit_reducer::{FsdpStepStats, UnitComm, UnitReducer};
 use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
 use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
@@ -85,7 +86,7 @@ pub struct FullyShardedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     pub(super) device: B::Device,
     poisoned: Option<String>,
     /// Receives the tapped gradients and starts each unit's reduce-scatter during backward.
-    pub(super) reducer: Arc<UnitReducer>,
+    pub(super) reducer: Arc<UnitReducer<B::InnerBackend>>,
     /// Per float tensor (module order): trainable, frozen or buffer, for the taps.
     pub(super) kinds: Arc<Vec<ParamKind>>,
     /// The taps of the forwards since the last backward.
@@ -130,7 +131,18 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         let device = trainable_device(&module, &layout).unwrap_or_default();
         // Described again: the module now carries rank 0's parameter ids.
         let table = ParamTable::describe::<B, M>(&module);
-        let reducer = Arc::new(UnitReducer::new(pg.clone(), &layout, &table));
+        let comm = match unit_collectives::<B::InnerBackend>(&pg, config.collectives(), &device)? {
+            Some(units) => {
+                tracing::info!(
+                    rank = pg.rank(),
+                    communicator = units.name(),
+                    "FSDP: units are gathered and reduce-scattered on the device"
+                );
+                UnitComm::Device(units, device.clone())
+            }
+            None => UnitComm::Host,
+        };
+        let reducer = Arc::new(UnitReducer::new(pg.clone(), &layout, &table, comm));
         let (module, shards) = shard_module(module, &layout, world, rank, &device);
         tracing::debug!(
             units = layout.units.len(),
@@ -162,12 +174,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     pub fn forward<T>(&mut self, f: impl FnOnce(&M) -> T) -> Result<T, FsdpError> {
         self.check()?;
         if !self.gathered {
-            let flats = self.gather_units()?;
-            self.module = self.module.clone().map(&mut Install {
-                slots: &self.layout.slots,
-                flats: &flats,
-                device: &self.device,
-            });
+            self.module = self.gathered_module()?;
             self.gathered = true;
         }
         // Taps on the gathered parameters hand their gradients to the unit reducer; created at
@@ -213,12 +220,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// goes on with the shards.
     pub fn full_module(&mut self) -> Result<M, FsdpError> {
         self.check()?;
-        let flats = self.gather_units()?;
-        Ok(self.module.clone().map(&mut Install {
-            slots: &self.layout.slots,
-            flats: &flats,
-            device: &self.device,
-        }))
+        self.gathered_module()
     }
 
     /// The module as it is now: outside a step its trainable parameters are empty
@@ -246,6 +248,54 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Trainable parameter elements of the whole model (without padding).
     pub fn total_elements(&self) -> usize {
         self.layout.units.iter().map(|u| u.numel).sum()
+    }
+
+    /// The module with every unit's parameters gathered, as leaves that record their
+    /// gradients.
+    fn gathered_module(&mut self) -> Result<M, FsdpError> {
+        if let UnitComm::Device(units, _) = self.reducer.comm().clone() {
+            let flats = self.gather_units_on_device(units.as_ref())?;
+            return Ok(self
+                .module
+                .clone()
+                .map(&mut InstallFromDevice::<B::InnerBackend> {
+                    slots: &self.layout.slots,
+                    flats: &flats,
+                }));
+        }
+        let flats = self.gather_units()?;
+        Ok(self.module.clone().map(&mut Install {
+            slots: &self.layout.slots,
+            flats: &flats,
+            device: &self.device,
+        }))
+    }
+
+    /// Every unit's parameters, unpadded, all-gathered on the device communicator.
+    fn gather_units_on_device(
+        &mut self,
+        units: &dyn super::device::UnitCollectives<B::InnerBackend>,
+    ) -> Result<Vec<Tensor<B::InnerBackend, 1>>, FsdpError> {
+        let Some(shards) = self.shards.as_ref() else {
+            return Err(self.poison(poisoned_shards()));
+        };
+        let chunks: Vec<_> = shards.chunks.iter().map(|c| c.val().inner()).collect();
+        let mut flats = Vec::with_capacity(chunks.len());
+        for (chunk, unit) in chunks.into_iter().zip(&self.layout.units) {
+            match units.all_gather(chunk) {
+                // `padded` elements (every rank's chunk), then the padding goes.
+                Ok(all) => flats.push(all.slice([0..unit.numel])),
+                Err(e) => {
+                    let error = FsdpError::Device {
+                        unit: unit.name.clone(),
+                        op: e.op,
+                        reason: format!("on {}: {}", e.communicator, e.reason),
+                    };
+                    return Err(self.poison(error));
+                }
+            }
+        }
+        Ok(flats)
     }
 
     fn gather_units(&mut self) -> Result<Vec<Vec<f32>>, FsdpError> {
@@ -299,6 +349,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         let reason = e.to_string();
         tracing::error!(%reason, "FSDP failed; aborting the process group");
         self.pg.abort(&reason);
+        if let UnitComm::Device(units, _) = self.reducer.comm() {
+            units.abort(&reason);
+        }
         self.poisoned = Some(reason);
         self.release();
         e
@@ -425,6 +478,29 @@ impl<B: Backend> ModuleMapper<B> for Install<'_, B::Device> {
         let shape: [usize; D] = std::array::from_fn(|i| slot.shape[i]);
         let value =
             Tensor::<B, D>::from_data(TensorData::new(values, shape), self.device).require_grad();
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// [`Install`] from flat tensors on the device: each sharded parameter's gathered values, as
+/// a view of its unit's flat tensor.
+struct InstallFromDevice<'a, I: Backend> {
+    slots: &'a HashMap<ParamId, Slot>,
+    flats: &'a [Tensor<I, 1>],
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for InstallFromDevice<'_, B::InnerBackend> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(slot) = self.slots.get(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let shape: [usize; D] = std::array::from_fn(|i| slot.shape[i]);
+        let values = self.flats[slot.unit]
+            .clone()
+            .slice([slot.offset..slot.offset + slot.numel()])
+            .reshape(shape);
+        let value = Tensor::<B, D>::from_inner(values).require_grad();
         Param::from_mapped_value(id, value, mapper)
     }
 }

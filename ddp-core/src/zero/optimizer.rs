@@ -1,7 +1,7 @@
 //! [`ZeroRedundancyOptimizer`]: any burn optimizer, its state sharded across the ranks.
 
 use super::consolidate::{encode, gather_on_rank0};
-use super::device::{ShardCollectives, shard_collectives};
+use super::device::shard_collectives;
 use super::error::ZeroError;
 use super::module_tensors::{TensorInfo, describe, keep_shard};
 use super::partition::Partition;
@@ -12,6 +12,7 @@ use super::stage2::{
 use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::ddp::reducer::ShardCollectives;
 use crate::{Collectives, DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};

@@ -6,10 +6,10 @@
 //! process group instead, one byte per tensor, so that nothing is read back from the device to
 //! decide what the optimizer sees; the flags' places in the blocks hold zeros.
 
-use super::device::ShardCollectives;
 use super::error::ZeroError;
 use super::partition::Partition;
 use super::stage2::GradLayout;
+use crate::ddp::reducer::ShardCollectives;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
@@ -248,7 +248,7 @@ pub(crate) fn all_gather_params<B: AutodiffBackend, M: AutodiffModule<B>>(
         }
         let gathered = match comm.all_gather(Tensor::cat(pieces, 0)) {
             Ok(all) => all,
-            Err(e) => return (before, Err(e)),
+            Err(e) => return (before, Err(e.into())),
         };
         module = module.map(&mut WriteGathered::<B> {
             next: 0,

@@ -14,7 +14,7 @@ use burn::optim::{AdamConfig, Optimizer, SgdConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
-use ddp_core::{DdpConfig, DistributedDataParallel};
+use ddp_core::{Collectives, DdpConfig, DistributedDataParallel};
 
 const STEPS: usize = 4;
 pub(crate) const SEED: u64 = 0xf5d9;
@@ -84,12 +84,19 @@ pub(crate) fn units() -> FsdpConfig {
     FsdpConfig::new().with_units(["fc1", "fc2"])
 }
 
+/// The units, through host memory (the CPU transports) and on the device path (the device
+/// engine's CPU stand-in: gradients and parameters stay tensors, each unit's reduce-scatter is
+/// queued by the issuing thread during backward, as NCCL's on a GPU).
+fn both_paths() -> [FsdpConfig; 2] {
+    [units(), units().with_collectives(Collectives::StandIn)]
+}
+
 /// Fully sharded: every rank's whole model after every step.
-fn train_fsdp(world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
+fn train_fsdp(world: usize, opt: Opt, config: &FsdpConfig) -> Vec<Vec<Vec<f32>>> {
     run_ranks(world, |pg| {
         let rank = pg.rank();
         let device = Default::default();
-        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new()
             .with_momentum(Some(MomentumConfig::new()))
             .init::<B, ShardedParams<B>>();
@@ -114,23 +121,28 @@ fn train_fsdp(world: usize, opt: Opt) -> Vec<Vec<Vec<f32>>> {
 
 #[test]
 fn fully_sharded_training_equals_ddp_with_the_same_optimizer() {
-    for opt in [Opt::Sgd, Opt::Adam] {
+    for (opt, config) in [Opt::Sgd, Opt::Adam]
+        .into_iter()
+        .flat_map(|opt| both_paths().map(|config| (opt, config)))
+    {
+        let path = config.collectives();
         for world in 1..=4 {
             let reference = train_ddp(world, opt);
-            let ranks = train_fsdp(world, opt);
+            let ranks = train_fsdp(world, opt, &config);
             for (r, history) in ranks.iter().enumerate() {
                 for (step, params) in history.iter().enumerate() {
                     assert_eq!(
                         bits(params),
                         bits(&ranks[0][step]),
-                        "{opt:?} world {world}: rank {r}'s whole model differs from rank 0's \
-                         after step {step}"
+                        "{opt:?} {path:?} world {world}: rank {r}'s whole model differs from \
+                         rank 0's after step {step}"
                     );
                     if world <= 2 {
                         assert_eq!(
                             bits(params),
                             bits(&reference[step]),
-                            "{opt:?} world {world}: FSDP differs from DDP after step {step}"
+                            "{opt:?} {path:?} world {world}: FSDP differs from DDP after step \
+                             {step}"
                         );
                     } else {
                         // From world 3 the reduce-scatter and DDP's all-reduce may add in
@@ -291,6 +303,12 @@ fn backward_without_a_forward_is_an_error_not_a_panic() {
 /// used (here the root unit, `extra` alone).
 #[test]
 fn a_unit_no_rank_used_is_left_alone_as_ddp_leaves_it() {
+    for config in both_paths() {
+        a_unit_no_rank_used_is_left_alone(&config);
+    }
+}
+
+fn a_unit_no_rank_used_is_left_alone(config: &FsdpConfig) {
     let world = 2;
     let adam = || AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.05)));
     let ddp = run_ranks(world, |pg| {
@@ -311,7 +329,7 @@ fn a_unit_no_rank_used_is_left_alone_as_ddp_leaves_it() {
     let fsdp = run_ranks(world, |pg| {
         let rank = pg.rank();
         let device = Default::default();
-        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, config.clone()).unwrap();
         let mut optim = adam().init::<B, ShardedParams<B>>();
         for step in 0..STEPS {
             let (x, y) = batch(&indices(step, world, rank), &device);
@@ -327,7 +345,8 @@ fn a_unit_no_rank_used_is_left_alone_as_ddp_leaves_it() {
         assert_eq!(
             bits(params),
             bits(&ddp[0]),
-            "rank {r}: FSDP moved a unit no rank used (DDP does not)"
+            "rank {r}, {:?}: FSDP moved a unit no rank used (DDP does not)",
+            config.collectives()
         );
     }
 }
@@ -473,10 +492,16 @@ fn tied_parameters_and_repeated_prefixes_are_refused_by_name() {
 /// so in the first order (the reverse of the units') it would hold back the others.
 #[test]
 fn units_reduce_scatter_while_backward_runs_from_the_second_step() {
+    for config in both_paths() {
+        units_reduce_scatter_while_backward_runs(&config);
+    }
+}
+
+fn units_reduce_scatter_while_backward_runs(config: &FsdpConfig) {
     let stats = run_ranks(2, |pg| {
         let rank = pg.rank();
         let device = Default::default();
-        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+        let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, config.clone()).unwrap();
         let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
         let mut stats = Vec::new();
         for step in 0..4 {

@@ -25,7 +25,10 @@ mod layout_check;
 mod reduction;
 mod staged_reduction;
 
-pub(crate) use device::{DeviceWork, ReductionDevice, StandInDevice, StandInReduction};
+pub(crate) use device::{
+    ChunkInFlight, DeviceChoice, DeviceReduction, DeviceShards, ReductionDevice, ShardCollectives,
+    ShardError, StandInDevice, StandInReduction, choose_device,
+};
 #[cfg(feature = "cuda")]
 pub(crate) use device::{NcclDevice, NcclReduction};
 pub(crate) use hook_reduction::HookReduction;

@@ -19,12 +19,14 @@
 //! the device's pool cannot hand its memory to another tensor meanwhile. When the collective
 //! fails it is never released (the device may still be writing it).
 
-use super::issuer::{DeviceWait, Issue, Issued, Issuer, fence_stuck};
+use super::issuer::{DeviceWait, Issue, Issued, Issuer, Staged, fence_stuck};
 use super::{DeviceWork, ReductionDevice, internal};
 use crate::ddp::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
 use crate::ddp::reducer::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use ddp_comm::{CommError, WorkTiming};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -80,22 +82,8 @@ impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
         let (memory, ready) = self
             .device
             .stage::<I>(flat, layout.len, first.dtype, &path)?;
-        let (reply, issued) = mpsc::channel();
-        let job = Issue {
-            memory,
-            ready,
-            bucket: bucket.0,
-            path,
-            reply,
-        };
-        self.issuer.send(job).map_err(internal)?;
-        Ok(Box::new(InFlight {
-            issued: Some(issued),
-            layout,
-            device: self.device.clone(),
-            device_wait: self.issuer.device_wait.clone(),
-            timeout: self.timeout,
-        }))
+        let flight = self.send(Staged::AllReduce(memory), vec![ready], bucket.0, path)?;
+        Ok(Box::new(BucketInFlight { flight, layout }))
     }
 
     fn abort(&self, reason: &str) {
@@ -105,11 +93,90 @@ impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
     }
 }
 
-/// A bucket the device is reducing: its memory comes back with the collective, and is kept
-/// until that is done.
+impl<D: ReductionDevice> DeviceReduction<D> {
+    /// Hands staged memory to the issuing thread, behind every collective handed to it before.
+    fn send(
+        &self,
+        staged: Staged<D>,
+        ready: Vec<D::Fence>,
+        bucket: usize,
+        path: String,
+    ) -> Result<InFlight<D>, DdpError> {
+        let (reply, issued) = mpsc::channel();
+        let job = Issue {
+            staged,
+            ready,
+            bucket,
+            path,
+            reply,
+        };
+        self.issuer.send(job).map_err(internal)?;
+        Ok(InFlight {
+            issued: Some(issued),
+            device: self.device.clone(),
+            device_wait: self.issuer.device_wait.clone(),
+            timeout: self.timeout,
+        })
+    }
+
+    /// On the backward thread: stages `send` (`send_len` f32 elements: every rank's chunk of
+    /// FSDP unit `unit`) and a zeroed chunk of `recv_len`, and queues their reduce-scatter
+    /// (`Avg`) behind every collective launched before, as [`launch`](BucketReduction::launch)
+    /// does for a bucket. Neither waits for the device.
+    pub(crate) fn launch_reduce_scatter<I: Backend>(
+        &self,
+        unit: usize,
+        send: FloatTensor<I>,
+        send_len: usize,
+        recv_len: usize,
+        device: &I::Device,
+    ) -> Result<ChunkInFlight<D>, DdpError> {
+        let path = format!("FSDP unit {unit}");
+        let recv = I::float_zeros([recv_len].into(), device, burn::tensor::FloatDType::F32);
+        let (recv, recv_ready) = self.device.stage::<I>(recv, recv_len, DType::F32, &path)?;
+        let (send, send_ready) = self.device.stage::<I>(send, send_len, DType::F32, &path)?;
+        let flight = self.send(
+            Staged::ReduceScatter { send, recv },
+            vec![recv_ready, send_ready],
+            unit,
+            path,
+        )?;
+        Ok(ChunkInFlight { flight })
+    }
+}
+
+/// A bucket the device is reducing, and how to take it apart.
+struct BucketInFlight<D: ReductionDevice> {
+    flight: InFlight<D>,
+    layout: FlatLayout,
+}
+
+/// An FSDP unit's reduce-scatter on the device.
+pub(crate) struct ChunkInFlight<D: ReductionDevice> {
+    flight: InFlight<D>,
+}
+
+impl<D: ReductionDevice> ChunkInFlight<D> {
+    /// This rank's averaged chunk, once the collective is done.
+    pub(crate) fn wait<I: Backend>(
+        mut self,
+        device: &I::Device,
+    ) -> Result<FloatTensor<I>, DdpError> {
+        let (staged, _) = self.flight.finish()?;
+        match staged {
+            Staged::ReduceScatter { send, recv } => {
+                drop(send);
+                self.flight.device.unstage::<I>(recv, device)
+            }
+            Staged::AllReduce(_) => Err(internal("a reduce-scatter came back as an all-reduce")),
+        }
+    }
+}
+
+/// A collective the device is running: its memory comes back with it, and is kept until it is
+/// done.
 struct InFlight<D: ReductionDevice> {
     issued: Option<mpsc::Receiver<Issued<D>>>,
-    layout: FlatLayout,
     /// To give up as soon as the communicator has failed.
     device: D,
     /// To give up, failing the communicator, once the issuing thread has waited for a fence
@@ -119,7 +186,7 @@ struct InFlight<D: ReductionDevice> {
 }
 
 impl<D: ReductionDevice> InFlight<D> {
-    fn finish(&mut self) -> Result<(D::Memory, WorkTiming), DdpError> {
+    fn finish(&mut self) -> Result<(Staged<D>, WorkTiming), DdpError> {
         let issued = self.issued.take().ok_or_else(|| internal("waited twice"))?;
         // The issuing thread answers once the device has produced the bucket (and every
         // bucket before it) and the communicator has queued it. Its calls are bounded by the
@@ -170,11 +237,14 @@ fn all_reduce_failed(e: CommError) -> DdpError {
     DdpError::comm("all-reducing a gradient bucket on the device")(e)
 }
 
-impl<I: Backend, D: ReductionDevice> PendingBucket<I> for InFlight<D> {
+impl<I: Backend, D: ReductionDevice> PendingBucket<I> for BucketInFlight<D> {
     fn wait(mut self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
-        let (memory, timing) = self.finish()?;
+        let (staged, timing) = self.flight.finish()?;
+        let Staged::AllReduce(memory) = staged else {
+            return Err(internal("a bucket came back as a reduce-scatter"));
+        };
         let first = slots.first().ok_or_else(|| internal("empty bucket"))?;
-        let flat = self.device.unstage::<I>(memory, &first.device)?;
+        let flat = self.flight.device.unstage::<I>(memory, &first.device)?;
         Ok((unflatten(flat, &self.layout, slots)?, Some(timing)))
     }
 }

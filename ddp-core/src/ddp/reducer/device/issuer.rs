@@ -20,12 +20,19 @@ use std::time::{Duration, Instant};
 /// calls then return at once; only a device wait can hold it longer).
 const STOP_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
+/// What one collective reduces: its memory, kept (referenced only here) until it is done.
+pub(super) enum Staged<D: ReductionDevice> {
+    /// DDP's gradient bucket, averaged in place.
+    AllReduce(D::Memory),
+    /// FSDP's unit: `send` (every rank's chunk) averaged into `recv` (this rank's chunk).
+    ReduceScatter { send: D::Memory, recv: D::Memory },
+}
+
 /// A staged bucket for the issuing thread, and where its collective goes.
 pub(super) struct Issue<D: ReductionDevice> {
-    /// The bucket's memory, kept (referenced only here) until its collective is done.
-    pub(super) memory: D::Memory,
-    /// Completes once the kernels that produced the bucket have run.
-    pub(super) ready: D::Fence,
+    pub(super) staged: Staged<D>,
+    /// Complete once the kernels that produced the memory have run.
+    pub(super) ready: Vec<D::Fence>,
     pub(super) bucket: usize,
     pub(super) path: String,
     pub(super) reply: mpsc::Sender<Issued<D>>,
@@ -51,10 +58,7 @@ impl NotIssued {
 }
 
 /// A bucket's memory and its collective, or why that is not running.
-pub(super) type IssuedParts<D> = (
-    <D as ReductionDevice>::Memory,
-    Result<<D as ReductionDevice>::Work, NotIssued>,
-);
+pub(super) type IssuedParts<D> = (Staged<D>, Result<<D as ReductionDevice>::Work, NotIssued>);
 
 /// The bucket's memory, back from the issuing thread, with its collective (or why it was not
 /// queued). Dropped without [`into_parts`](Self::into_parts) (its step gave up on it), it
@@ -130,17 +134,17 @@ impl<D: ReductionDevice> Issuer<D> {
                 // Buckets in launch order: every rank queues its collectives in the same order.
                 for job in issues {
                     let Issue {
-                        memory,
+                        staged,
                         ready,
                         bucket,
                         path,
                         reply,
                     } = job;
-                    let work = issue(&device, &waiting, &memory, ready, bucket, &path);
+                    let work = issue(&device, &waiting, &staged, ready, bucket, &path);
                     // A step that gave up waiting dropped its receiver: the returned `Issued`
                     // is dropped here, which frees the memory only if the device is done.
                     let _ = reply.send(Issued {
-                        parts: Some((memory, work)),
+                        parts: Some((staged, work)),
                     });
                 }
             })
@@ -227,32 +231,52 @@ impl Drop for Waiting<'_> {
 fn issue<D: ReductionDevice>(
     device: &D,
     device_wait: &DeviceWait,
-    memory: &D::Memory,
-    ready: D::Fence,
+    staged: &Staged<D>,
+    ready: Vec<D::Fence>,
     bucket: usize,
     path: &str,
 ) -> Result<D::Work, NotIssued> {
     {
         device_wait.set(Some((bucket, Instant::now())));
         let _waiting = Waiting(device_wait);
-        device.wait_ready(ready).map_err(|e| NotIssued {
-            error: DdpError::Gradient {
-                path: path.to_string(),
-                reason: format!(
-                    "waiting for the bucket's kernels for {}: {e}",
-                    device.name()
-                ),
-            },
-            maybe_queued: false,
-        })?;
+        for fence in ready {
+            device.wait_ready(fence).map_err(|e| NotIssued {
+                error: DdpError::Gradient {
+                    path: path.to_string(),
+                    reason: format!(
+                        "waiting for the bucket's kernels for {}: {e}",
+                        device.name()
+                    ),
+                },
+                maybe_queued: false,
+            })?;
+        }
     }
-    let label = CollectiveLabel {
-        op: "all_reduce",
-        bucket: Some(bucket),
+    let (queued, what) = match staged {
+        Staged::AllReduce(memory) => {
+            let label = CollectiveLabel {
+                op: "all_reduce",
+                bucket: Some(bucket),
+            };
+            (
+                device.all_reduce(memory, label),
+                "all-reducing a gradient bucket on the device",
+            )
+        }
+        Staged::ReduceScatter { send, recv } => {
+            let label = CollectiveLabel {
+                op: "reduce_scatter",
+                bucket: Some(bucket),
+            };
+            (
+                device.reduce_scatter(send, recv, label),
+                "reduce-scattering an FSDP unit's gradients on the device",
+            )
+        }
     };
-    device.all_reduce(memory, label).map_err(|e| NotIssued {
+    queued.map_err(|e| NotIssued {
         // Only a refused argument is certain to come before the communicator's call.
         maybe_queued: !matches!(e, ddp_comm::CommError::InvalidArgument { .. }),
-        error: DdpError::comm("all-reducing a gradient bucket on the device")(e),
+        error: DdpError::comm(what)(e),
     })
 }

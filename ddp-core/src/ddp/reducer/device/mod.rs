@@ -23,15 +23,19 @@
 //!
 //! [`PendingBucket::wait`]: super::reduction::PendingBucket::wait
 
+mod choice;
 mod engine;
 mod issuer;
 #[cfg(feature = "cuda")]
 mod nccl;
+mod shards;
 mod stand_in;
 
-pub(crate) use engine::DeviceReduction;
+pub(crate) use choice::{DeviceChoice, choose_device};
+pub(crate) use engine::{ChunkInFlight, DeviceReduction};
 #[cfg(feature = "cuda")]
 pub(crate) use nccl::{NcclDevice, NcclReduction};
+pub(crate) use shards::{DeviceShards, ShardCollectives, ShardError};
 pub(crate) use stand_in::{StandInDevice, StandInReduction};
 
 use crate::error::DdpError;

@@ -1,0 +1,131 @@
+//! Collectives on a device communicator, called and waited for on the calling thread: ZeRO
+//! stage 2's reduce-scatters and all-gathers, FSDP's all-gathers, through the same seam
+//! ([`ReductionDevice`]) as DDP's buckets, so that on GPUs with NCCL nothing crosses to the
+//! host, and the CPU stand-in runs the same code on machines without GPUs.
+//!
+//! Each collective stages its send buffer and a zeroed receive buffer on the calling thread,
+//! waits for both ready fences, queues the collective on the communicator's stream after
+//! everything queued before it, and waits for its done event (bounded by the communicator's
+//! watchdog). Memory a failed collective may still write is never given back.
+
+use super::{DeviceWork, ReductionDevice};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+use ddp_comm::watchdog::CollectiveLabel;
+
+/// Why a collective on the device failed.
+#[derive(Debug)]
+pub(crate) struct ShardError {
+    /// The communicator: "NCCL", "the stand-in".
+    pub(crate) communicator: &'static str,
+    /// `reduce_scatter` or `all_gather`.
+    pub(crate) op: &'static str,
+    pub(crate) reason: String,
+}
+
+/// A reduce-scatter and an all-gather of f32 tensors on one device communicator, for tensors
+/// of backend `I`.
+pub(crate) trait ShardCollectives<I: Backend>: Send + Sync {
+    /// The communicator, for errors: "NCCL", "the stand-in".
+    fn name(&self) -> &'static str;
+
+    /// `send` holds `world` blocks of `block` f32 elements: returns block `rank` of their
+    /// average over the ranks.
+    fn reduce_scatter(&self, send: Tensor<I, 1>, block: usize) -> Result<Tensor<I, 1>, ShardError>;
+
+    /// Every rank's `send` (the same length on each), rank `r`'s at `r * send.len()`.
+    fn all_gather(&self, send: Tensor<I, 1>) -> Result<Tensor<I, 1>, ShardError>;
+}
+
+/// [`ShardCollectives`] over a [`ReductionDevice`].
+pub(crate) struct DeviceShards<D> {
+    pub(crate) device: D,
+    pub(crate) world: usize,
+}
+
+enum Op {
+    ReduceScatter,
+    AllGather,
+}
+
+impl<D: ReductionDevice> DeviceShards<D> {
+    /// Stages `send` and a zeroed receive buffer of `recv_len`, runs `op` and returns the
+    /// receive buffer.
+    fn run<I: Backend>(
+        &self,
+        op: Op,
+        send: Tensor<I, 1>,
+        recv_len: usize,
+    ) -> Result<Tensor<I, 1>, ShardError> {
+        let what = match op {
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+        };
+        let fail = |reason: String| ShardError {
+            communicator: self.device.name(),
+            op: what,
+            reason,
+        };
+        let device = send.device();
+        let dtype = send.dtype();
+        if dtype != DType::F32 {
+            return Err(fail(format!(
+                "ZeRO stage 2 moves f32 values; got {dtype:?}"
+            )));
+        }
+        let send_len = send.dims()[0];
+        let recv = Tensor::<I, 1>::zeros([recv_len], &device);
+        let path = "ZeRO stage 2";
+        let staged = |t: Tensor<I, 1>, len: usize| {
+            self.device
+                .stage::<I>(t.into_primitive().tensor(), len, DType::F32, path)
+                .map_err(|e| fail(e.to_string()))
+        };
+        let (send_memory, send_ready) = staged(send, send_len)?;
+        let (recv_memory, recv_ready) = staged(recv, recv_len)?;
+        for ready in [send_ready, recv_ready] {
+            self.device.wait_ready(ready).map_err(&fail)?;
+        }
+        let label = CollectiveLabel::new(what);
+        let queued = match op {
+            Op::ReduceScatter => self
+                .device
+                .reduce_scatter(&send_memory, &recv_memory, label),
+            Op::AllGather => self.device.all_gather(&send_memory, &recv_memory, label),
+        };
+        // Nothing was queued on an error here: the memory may go.
+        let work = queued.map_err(|e| fail(e.to_string()))?;
+        match work.wait() {
+            Ok(_) => {
+                drop(send_memory);
+                let recv = self
+                    .device
+                    .unstage::<I>(recv_memory, &device)
+                    .map_err(|e| fail(e.to_string()))?;
+                Ok(Tensor::from_primitive(TensorPrimitive::Float(recv)))
+            }
+            Err(e) => {
+                // Queued and failed: the device may still be writing these (an abort that did
+                // not return in time): never give them back. Training ends with this error.
+                std::mem::forget(send_memory);
+                std::mem::forget(recv_memory);
+                Err(fail(e.to_string()))
+            }
+        }
+    }
+}
+
+impl<I: Backend, D: ReductionDevice> ShardCollectives<I> for DeviceShards<D> {
+    fn name(&self) -> &'static str {
+        self.device.name()
+    }
+
+    fn reduce_scatter(&self, send: Tensor<I, 1>, block: usize) -> Result<Tensor<I, 1>, ShardError> {
+        self.run(Op::ReduceScatter, send, block)
+    }
+
+    fn all_gather(&self, send: Tensor<I, 1>) -> Result<Tensor<I, 1>, ShardError> {
+        let len = send.dims()[0] * self.world;
+        self.run(Op::AllGather, send, len)
+    }
+}
