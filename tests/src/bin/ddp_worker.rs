@@ -8,12 +8,15 @@
 //! `DDP_TEST_COLLECTIVES=stand-in` reduces through the device engine's CPU stand-in
 //! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults.
 //! `DDP_TEST_SHARDING=zero2` steps with ZeRO stage 2 (`ZeroRedundancyOptimizer::stage2`, whose
-//! collectives follow DDP's: on the stand-in, the device path), in collectives of a few tensors.
+//! collectives follow DDP's: on the stand-in, the device path), in collectives of a few tensors;
+//! `fsdp` trains with `FullyShardedDataParallel` instead of DDP (units `fc1` and `fc2`, on the
+//! communicator `DDP_TEST_COLLECTIVES` names).
 
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, Optimizer, SgdConfig};
 use ddp_core::TapBackend;
+use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::zero::ZeroRedundancyOptimizer;
 use ddp_core::{
     Collectives, DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
@@ -104,12 +107,14 @@ fn train<B: TapBackend>(
     } else {
         SmallMlp::<B>::new(device)
     };
-    let mut ddp = DistributedDataParallel::new(model, pg, config()?)?;
+    let config = config()?;
     let zero2 = match std::env::var(SHARDING_ENV).as_deref() {
         Err(std::env::VarError::NotPresent) | Ok("none") => false,
         Ok("zero2") => true,
-        other => anyhow::bail!("{SHARDING_ENV}={other:?}: expected none or zero2"),
+        Ok("fsdp") => return train_fsdp(pg, model, opt, config.collectives, device),
+        other => anyhow::bail!("{SHARDING_ENV}={other:?}: expected none, zero2 or fsdp"),
     };
+    let mut ddp = DistributedDataParallel::new(model, pg, config)?;
     let sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
     let adam = AdamConfig::new().init::<B, SmallMlp<B>>();
     // Tiny collectives: several reduce-scatters and all-gathers per step.
@@ -129,6 +134,33 @@ fn train<B: TapBackend>(
         }
     }
     Ok(flat_params(ddp.module()))
+}
+
+/// Trains `STEPS` steps with FSDP on `collectives` and returns the whole model's parameters.
+fn train_fsdp<B: TapBackend>(
+    pg: ProcessGroup,
+    model: SmallMlp<B>,
+    opt: Opt,
+    collectives: Collectives,
+    device: &B::Device,
+) -> Result<Vec<f32>> {
+    let (rank, world) = (pg.rank(), pg.world_size());
+    let config = FsdpConfig::new()
+        .with_units(["fc1", "fc2"])
+        .with_collectives(collectives);
+    let mut fsdp = FullyShardedDataParallel::new(model, pg, config)?;
+    let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+    let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();
+    for step in 0..STEPS {
+        let (x, y) = batch::<B>(&step_indices(step, world, Some(rank)), device);
+        let pred = fsdp.forward(|m| m.forward(x))?;
+        let grads = fsdp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
+        match opt {
+            Opt::Sgd => fsdp.optimizer_step(&mut sgd, 0.1, grads)?,
+            Opt::Adam => fsdp.optimizer_step(&mut adam, 0.01, grads)?,
+        }
+    }
+    Ok(flat_params(&fsdp.full_module()?))
 }
 
 /// `STEPS` steps of `optim` at learning rate `lr`, each on this rank's share of the batch.

@@ -174,6 +174,22 @@ fn processes_with_zero2_on_the_device_stand_in_train_like_one_process() {
     }
 }
 
+/// FSDP on the device path (each unit's gradient assembled as a tensor and reduce-scattered
+/// by the device engine's issuing thread during backward, the chunks all-gathered on the
+/// stand-in's communicator: the code NCCL runs on GPUs), with ranks as processes at worlds 2
+/// to 8: the same parameters as one process with the union batch, replicas bitwise identical.
+#[test]
+fn processes_with_fsdp_on_the_device_stand_in_train_like_one_process() {
+    let env = [
+        ("DDP_TEST_COLLECTIVES", "stand-in"),
+        ("DDP_TEST_SHARDING", "fsdp"),
+    ];
+    for (world, opt) in [(2, Opt::Sgd), (3, Opt::Adam), (4, Opt::Sgd), (8, Opt::Adam)] {
+        let reference = |init: &[u8]| train_reference(init, world, opt);
+        check_with(world, opt, &env, reference);
+    }
+}
+
 /// Fences that complete late (each 30 ms after its bucket was read, on its own thread, so
 /// possibly out of order): the issuing thread still queues buckets in launch order.
 #[test]
