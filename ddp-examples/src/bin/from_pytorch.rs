@@ -140,7 +140,7 @@ fn train(ctx: WorkerContext) -> anyhow::Result<()> {
     let sampler = DistributedSamplerConfig::new(world, rank).with_seed(SEED);
     let mut loader = DistributedDataLoaderBuilder::new(Stack)
         .batch_size(BATCH)
-        .set_device(device.clone())
+        .set_device(device)
         .build(Rings, sampler)?;
     let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
