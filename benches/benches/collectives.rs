@@ -5,7 +5,12 @@
 //! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --max-bytes 64M
 //! cargo bench -p ddp-benches --bench collectives -- --transport shm,tcp --ops all_reduce
 //! cargo bench -p ddp-benches --features mpi --bench collectives -- --transport shm,tcp,mpi
+//! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --transport shm,tcp \
+//!     --csv docs/charts/data/allreduce_bandwidth.csv   # the guide's bandwidth chart
 //! ```
+//!
+//! `--csv PATH` also writes every row (and the memcpy figures, as op `memcpy`) to `PATH`, with
+//! a header naming the command, the date and the host: the data `docs/charts/draw.py` draws.
 //!
 //! `--transport` (`auto`, `shm`, `tcp`, `mpi`; comma separated to compare) sets `DDP_TRANSPORT`
 //! for the ranks; every table says which backend the group reports.
@@ -51,6 +56,9 @@ struct Args {
     /// Print one JSON line per row as well.
     #[arg(long)]
     json: bool,
+    /// Also write the rows to this CSV file (replaced), for `docs/charts/draw.py`.
+    #[arg(long, value_name = "PATH")]
+    csv: Option<std::path::PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -72,15 +80,73 @@ fn main() -> Result<()> {
         "# host: {} cores; each rank: 1 process, 1 communication thread",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    let mut csv = args.csv.as_deref().map(csv_start).transpose()?;
     for &mib in &[1usize, 16, 64] {
-        println!("# memcpy {mib:>3} MiB: {:6.2} GB/s", memcpy_gbps(mib << 20));
+        let gbps = memcpy_gbps(mib << 20);
+        println!("# memcpy {mib:>3} MiB: {gbps:6.2} GB/s");
+        if let Some(file) = csv.as_mut() {
+            csv_row(file, "memcpy", "memcpy", 1, mib << 20, None, gbps, gbps, 0)?;
+        }
     }
+    drop(csv);
     for transport in &args.transport {
         transport.parse::<ddp_comm::TransportKind>()?;
         for &n in &args.world {
             run_world(n, transport)?;
         }
     }
+    Ok(())
+}
+
+/// Creates the CSV file with its header: what wrote it, when, and where (the date and host as
+/// `date -u` and `uname -n` print them; neither is needed to read the rows).
+fn csv_start(path: &std::path::Path) -> Result<std::fs::File> {
+    use std::io::Write;
+    let shell = |cmd: &str| {
+        Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut file = std::fs::File::create(path)
+        .with_context(|| format!("creating --csv file {}", path.display()))?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    writeln!(
+        file,
+        "# source: cargo bench -p ddp-benches --bench collectives -- {}\n# date: {}\n# machine: {}, {} cores",
+        args.join(" "),
+        shell("date -u +%Y-%m-%dT%H:%M:%SZ"),
+        shell("uname -n"),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )?;
+    writeln!(file, "op,backend,world,bytes,time_us,algbw,busbw,wrong")?;
+    Ok(file)
+}
+
+/// Appends one row (`time_us` empty where there is none, as for memcpy).
+#[allow(clippy::too_many_arguments)]
+fn csv_row(
+    file: &mut std::fs::File,
+    op: &str,
+    backend: &str,
+    world: usize,
+    bytes: usize,
+    time_us: Option<f64>,
+    algbw: f64,
+    busbw: f64,
+    wrong: i64,
+) -> Result<()> {
+    use std::io::Write;
+    let time = time_us.map_or(String::new(), |t| format!("{t:.2}"));
+    writeln!(
+        file,
+        "{op},{backend},{world},{bytes},{time},{algbw:.4},{busbw:.4},{wrong}"
+    )?;
     Ok(())
 }
 
@@ -184,6 +250,16 @@ fn worker() -> Result<()> {
             "size(B)", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"
         );
     }
+    // Rank 0 appends its rows to the file the launching process created.
+    let mut csv = match (&args.csv, pg.rank()) {
+        (Some(path), 0) => Some(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening --csv file {}", path.display()))?,
+        ),
+        _ => None,
+    };
     for op in &args.ops {
         let mut busbw_sum = 0.0;
         let mut rows = 0;
@@ -208,6 +284,19 @@ fn worker() -> Result<()> {
                     row.busbw,
                     row.wrong
                 );
+                if let Some(file) = csv.as_mut() {
+                    csv_row(
+                        file,
+                        op,
+                        pg.backend_name(),
+                        n,
+                        bytes,
+                        Some(row.time_us),
+                        row.algbw,
+                        row.busbw,
+                        row.wrong,
+                    )?;
+                }
                 if args.json {
                     println!(
                         "{{\"op\":\"{op}\",\"backend\":\"{}\",\"world\":{n},\"bytes\":{bytes},\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}",

@@ -7,6 +7,7 @@ mod common;
 mod checkpoint_safety;
 mod digits_cnn;
 mod examples_end_to_end;
+mod from_pytorch;
 mod open_mpi;
 mod restart_fresh;
 mod slurm;

@@ -202,6 +202,6 @@ use burn::tensor::ElementConversion;
 
 /// glibc gives freed buffers above 32 MiB back to the kernel, so burn's CPU backend would
 /// page-fault its large activations and gradients in again every step; mimalloc keeps them
-/// (README, "CPU step time").
+/// (docs/guide/benchmarks.md, "CPU step time").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
