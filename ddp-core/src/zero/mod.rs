@@ -78,9 +78,15 @@
 //! (or shard each bucket among the ranks), reduce-scatter each bucket as it fills, and hand
 //! back only the owner's gradients, dropping the rest as soon as they are sent.
 //!
-//! Limits: f32 parameters only (DDP's hooks see f32 buckets only; others are refused with
-//! [`ZeroError::Unsupported`]); not with `Collectives::Nccl` (no hooks there) nor with uneven
-//! inputs (`join`, untested).
+//! Limits: f32 parameters only (others are refused with [`ZeroError::Unsupported`]); not with
+//! uneven inputs (`join`, untested).
+//!
+//! On a device communicator ([`ZeroRedundancyOptimizer::with_collectives`]; [`stage2`] takes
+//! DDP's: NCCL on GPUs, or its CPU stand-in) the groups are assembled and taken apart as tensors
+//! on the model's device and reduce-scattered and all-gathered there, through the device seam
+//! DDP's buckets use; nothing is read to the host.
+//!
+//! [`stage2`]: ZeroRedundancyOptimizer::stage2
 //!
 //! Checkpoints: save with [`ZeroRedundancyOptimizer::save_checkpoint`] (rank 0 gathers the
 //! shards into one record, the one plain Adam would have); resume with
