@@ -204,11 +204,22 @@ fn processes_over_the_stand_in_with_late_fences_train_like_one_process() {
 
 /// The stand-in with a fault on rank 1 only.
 fn stand_in_fault(world: usize, fault: &str, timeout_s: &str) -> Vec<ddp_tests::RankOutput> {
+    stand_in_fault_with(world, fault, timeout_s, &[])
+}
+
+/// [`stand_in_fault`] with more environment for every rank.
+fn stand_in_fault_with(
+    world: usize,
+    fault: &str,
+    timeout_s: &str,
+    extra: &[(&str, &str)],
+) -> Vec<ddp_tests::RankOutput> {
     let (_dir, _init, outputs) = run_world(world, Opt::Sgd, |rank| {
         let mut env = pairs(&[
             ("DDP_TEST_COLLECTIVES", "stand-in"),
             ("DDP_TIMEOUT_SECS", timeout_s),
         ]);
+        env.extend(pairs(extra));
         if rank == 1 {
             env.push(("DDP_TEST_STAND_IN_FENCE".into(), fault.into()));
         }
@@ -272,5 +283,36 @@ fn stand_in_rank_killed_between_buckets_is_named_by_every_peer() {
             o.rank,
             o.stderr
         );
+    }
+}
+
+/// Rank 1 dies (SIGKILL) in the middle of ZeRO stage 2's collectives on the device path (its
+/// third staged buffer: between two groups), and of FSDP's (its seventh: in the first
+/// backward, after one unit's reduce-scatter was queued, before the next): every other rank
+/// fails naming it, long before the (10-minute) timeout, and exits.
+#[test]
+fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer() {
+    for (sharding, fault) in [("zero2", "kill:2"), ("fsdp", "kill:6")] {
+        let outputs = stand_in_fault_with(3, fault, "600", &[("DDP_TEST_SHARDING", sharding)]);
+        assert_eq!(
+            outputs[1].code, None,
+            "{sharding}: rank 1 was killed: {}",
+            outputs[1].stderr
+        );
+        for o in outputs.iter().filter(|o| o.rank != 1) {
+            assert_eq!(
+                o.code,
+                Some(2),
+                "{sharding}: rank {} exits with its error: {}",
+                o.rank,
+                o.stderr
+            );
+            assert!(
+                o.stderr.contains("rank 1"),
+                "{sharding}: rank {} names rank 1: {}",
+                o.rank,
+                o.stderr
+            );
+        }
     }
 }
