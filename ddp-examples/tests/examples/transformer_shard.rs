@@ -188,3 +188,49 @@ fn shard_full_refuses_ddp_only_flags_before_any_worker_starts() {
         assert!(!err.contains("epoch"), "no worker may start:\n{err}");
     }
 }
+
+/// `--collectives stand-in` with `--shard zero2` and `--shard full`: ZeRO-2's and FSDP's
+/// collectives on the device path (the code NCCL runs on GPUs, on its CPU stand-in) train as
+/// plain DDP through host memory does: at world 2 bitwise, so the same printed losses and
+/// accuracy.
+#[test]
+fn shard_zero2_and_full_on_the_stand_in_train_exactly_like_ddp_at_world_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |extra: &[&str], name: &str| {
+        let ckpt = dir.path().join(name);
+        let mut a = vec![
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            "2",
+            "--train-size",
+            "256",
+            "--test-size",
+            "64",
+            "--d-model",
+            "32",
+            "--layers",
+            "2",
+            "--heads",
+            "2",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        let (ok, out, err) = run(&a);
+        assert!(ok, "{extra:?} failed:\n{out}\n{err}");
+        losses_and_accuracy(&format!("{err}{out}"))
+    };
+    let ddp = run_with(&["--collectives", "host"], "ddp");
+    assert_eq!(ddp.len(), 3, "2 epoch losses and an accuracy: {ddp:?}");
+    for shard in ["zero2", "full"] {
+        let device = run_with(
+            &["--shard", shard, "--collectives", "stand-in"],
+            &format!("{shard}-stand-in"),
+        );
+        assert_eq!(
+            device, ddp,
+            "--shard {shard} on the stand-in must train as DDP does"
+        );
+    }
+}

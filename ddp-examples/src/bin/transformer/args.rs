@@ -80,7 +80,8 @@ pub(crate) struct Args {
     /// Which burn backend to train on.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     pub(crate) backend: BackendKind,
-    /// Which collectives reduce the gradient buckets (NCCL needs `--backend cuda`).
+    /// Which collectives reduce the gradient buckets, and ZeRO-2's and FSDP's collectives (NCCL
+    /// needs `--backend cuda`).
     #[arg(long, value_enum, default_value_t = CollectivesArg::Auto)]
     pub(crate) collectives: CollectivesArg,
     /// Run the model's forward and backward in this dtype, the f32 parameters staying the
@@ -123,14 +124,6 @@ impl Args {
                     (self.boundaries, "--boundaries"),
                     (self.mixed_precision.is_some(), "--mixed-precision"),
                     (self.timeline.is_some(), "--timeline"),
-                    (
-                        self.collectives == CollectivesArg::Nccl,
-                        "--collectives nccl",
-                    ),
-                    (
-                        self.collectives == CollectivesArg::StandIn,
-                        "--collectives stand-in",
-                    ),
                 ];
                 match unsupported.iter().find(|(set, _)| *set) {
                     Some((_, flag)) => bail!(
@@ -145,22 +138,6 @@ impl Args {
                  step), so it cannot be combined with --powersgd, which replaces DDP's \
                  averaging: use --shard zero1 with --powersgd"
             ),
-            Some(Shard::Zero2)
-                if matches!(
-                    self.collectives,
-                    CollectivesArg::Nccl | CollectivesArg::StandIn
-                ) =>
-            {
-                bail!(
-                    "--shard zero2 needs DDP's communication hooks, which --collectives {} \
-                     does not run: use --collectives host, or --shard zero1",
-                    if self.collectives == CollectivesArg::Nccl {
-                        "nccl"
-                    } else {
-                        "stand-in"
-                    }
-                )
-            }
             _ => Ok(()),
         }
     }

@@ -35,7 +35,9 @@ pub fn train_fully_sharded<B: TapBackend>(
     let model = TinyGpt::<B>::new(shape, &device);
     let params = burn::module::Module::num_params(&model);
     let mut loader = train_loader::<B>(args, rank, world, &device)?;
-    let units = FsdpConfig::new().with_units(shape.fsdp_units());
+    let units = FsdpConfig::new()
+        .with_units(shape.fsdp_units())
+        .with_collectives(args.collectives.into());
     let mut fsdp = FullyShardedDataParallel::new(model, pg.clone(), units)
         .context("sharding the model (--shard full)")?;
     let mut adam = AdamConfig::new().init::<B, ShardedParams<B>>();

@@ -68,8 +68,13 @@ struct Transformer<'a>(&'a Args);
 impl TrainOn for Transformer<'_> {
     fn train<B: TapBackend>(self, ctx: WorkerContext, device: B::Device) -> Result<()> {
         let adam = || AdamConfig::new().init::<B, TinyGpt<B>>();
+        // Stage 2's collectives on the communicator `--collectives` names (on a GPU with NCCL,
+        // or on the stand-in, the device path).
+        let collectives = self.0.collectives.into();
         let zero = |stage, pg: &ProcessGroup| {
-            ZeroRedundancyOptimizer::new(adam(), pg.clone()).with_stage(stage)
+            ZeroRedundancyOptimizer::new(adam(), pg.clone())
+                .with_stage(stage)
+                .with_collectives(collectives)
         };
         match self.0.shard() {
             None => train::<B, _>(ctx, self.0, device, |_| adam()),
