@@ -6,7 +6,21 @@
 //! final parameters (little-endian f32) to `<output-dir>/rank<r>.bin`. `DDP_TEST_BACKEND=cuda`
 //! (feature `cuda`) trains on GPU 0 instead, every rank on the same GPU.
 //! `DDP_TEST_COLLECTIVES=stand-in` reduces through the device engine's CPU stand-in
-//! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults.
+//! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults
+//! (ddp-core's `test-hooks`: `delay:<ms>`, `never:<n>`, `kill:<n>`, `abort:<n>`).
+//!
+//! What each rank does, from its own environment (the tests set some on one rank only):
+//! - `DDP_TEST_OVERLAP=off`: `DdpConfig::with_automatic_overlap(false)` (plain taps).
+//! - `DDP_TEST_NO_SYNC=<k>`: each step's batch in `k` micro-batches (loss / k), the first
+//!   `k - 1` through `backward_no_sync` (gradient accumulation); `k` divides `PER_RANK`.
+//! - `DDP_TEST_SKIP_BIAS=1`: this rank's forward leaves `fc2.bias` unused.
+//! - `DDP_TEST_STEPS=<n>`: uneven inputs (set it on every rank): `with_uneven_inputs(true)`,
+//!   this rank trains `n` steps, then `join`s.
+//! - `DDP_TEST_BUCKETS=other`: this rank's buckets are laid out differently (other caps), as a
+//!   misconfigured rank's would be.
+//!
+//! Besides its parameters every rank writes `<output-dir>/rank<r>.stats`: per synchronised
+//! step, `<buckets> <buckets launched during backward>` (from `last_step_stats`).
 
 use anyhow::{Context, Result};
 use burn::nn::loss::{MseLoss, Reduction};
@@ -16,13 +30,85 @@ use ddp_core::{
     Collectives, DdpConfig, DistributedDataParallel, comm::ProcessGroup, init_from_env,
 };
 use ddp_tests::fixtures::{
-    Opt, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,
+    Opt, PER_RANK, STEPS, SmallMlp, TestBackend, batch, flat_params, from_bytes, step_indices,
 };
 
 /// `flex` (default) or `cuda` (feature `cuda`; every rank on GPU 0, gradients host-staged).
 const BACKEND_ENV: &str = "DDP_TEST_BACKEND";
 /// `auto` (default) or `stand-in`.
 const COLLECTIVES_ENV: &str = "DDP_TEST_COLLECTIVES";
+/// `on` (default) or `off`.
+const OVERLAP_ENV: &str = "DDP_TEST_OVERLAP";
+/// Micro-batches per step (default 1).
+const NO_SYNC_ENV: &str = "DDP_TEST_NO_SYNC";
+/// `1`: this rank does not use `fc2.bias`.
+const SKIP_BIAS_ENV: &str = "DDP_TEST_SKIP_BIAS";
+/// Steps this rank trains before it joins (uneven inputs).
+const STEPS_ENV: &str = "DDP_TEST_STEPS";
+/// `same` (default) or `other`.
+const BUCKETS_ENV: &str = "DDP_TEST_BUCKETS";
+
+/// How this rank trains, from the environment (see the crate docs above).
+#[derive(Debug)]
+struct Plan {
+    config: DdpConfig,
+    micro: usize,
+    skip_bias: bool,
+    /// `Some` with uneven inputs.
+    steps: Option<usize>,
+}
+
+impl Plan {
+    fn from_env() -> Result<Plan> {
+        let mut config = config()?;
+        match var(OVERLAP_ENV)?.as_deref() {
+            None | Some("on") => {}
+            Some("off") => config = config.with_automatic_overlap(false),
+            Some(other) => anyhow::bail!("{OVERLAP_ENV}={other}: expected on or off"),
+        }
+        match var(BUCKETS_ENV)?.as_deref() {
+            None | Some("same") => {}
+            Some("other") => {
+                let (cap, first) = (config.bucket_cap_mb, config.first_bucket_cap_mb);
+                config = config
+                    .with_bucket_cap_mb(cap * 4.0)
+                    .with_first_bucket_cap_mb(first * 4.0)
+            }
+            Some(other) => anyhow::bail!("{BUCKETS_ENV}={other}: expected same or other"),
+        }
+        let micro = match var(NO_SYNC_ENV)? {
+            None => 1,
+            Some(k) => k.parse().with_context(|| format!("{NO_SYNC_ENV}={k}"))?,
+        };
+        anyhow::ensure!(
+            micro >= 1 && PER_RANK % micro == 0,
+            "{NO_SYNC_ENV}={micro}: must divide {PER_RANK}"
+        );
+        let skip_bias = var(SKIP_BIAS_ENV)?.as_deref() == Some("1");
+        let steps = match var(STEPS_ENV)? {
+            None => None,
+            Some(n) => Some(n.parse().with_context(|| format!("{STEPS_ENV}={n}"))?),
+        };
+        if steps.is_some() {
+            config = config.with_uneven_inputs(true);
+        }
+        Ok(Plan {
+            config,
+            micro,
+            skip_bias,
+            steps,
+        })
+    }
+}
+
+/// An environment variable, `None` when unset.
+fn var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {name}")),
+    }
+}
 
 fn main() {
     if let Err(e) = run() {
@@ -40,8 +126,9 @@ fn run() -> Result<()> {
     let init = std::fs::read(init).with_context(|| format!("reading {init}"))?;
     let backend = std::env::var(BACKEND_ENV).unwrap_or_else(|_| "flex".into());
     let pg = init_from_env()?;
-    let params = match backend.as_str() {
-        "flex" => train::<TestBackend>(pg, &init, opt, &Default::default())?,
+    let plan = Plan::from_env()?;
+    let (params, stats) = match backend.as_str() {
+        "flex" => train::<TestBackend>(pg, &init, opt, &plan, &Default::default())?,
         #[cfg(feature = "cuda")]
         "cuda" => {
             anyhow::ensure!(
@@ -49,7 +136,7 @@ fn run() -> Result<()> {
                 "no CUDA driver found (libcuda could not be loaded)"
             );
             let device = burn::backend::cuda::CudaDevice::new(0);
-            train::<burn::backend::Autodiff<burn::backend::Cuda>>(pg, &init, opt, &device)?
+            train::<burn::backend::Autodiff<burn::backend::Cuda>>(pg, &init, opt, &plan, &device)?
         }
         other => anyhow::bail!(
             "{BACKEND_ENV}={other}: expected flex{}",
@@ -61,8 +148,12 @@ fn run() -> Result<()> {
         ),
     };
     let bytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let path = format!("{out}/rank{}.bin", rank_of_env()?);
+    let rank = rank_of_env()?;
+    let path = format!("{out}/rank{rank}.bin");
     std::fs::write(&path, bytes).with_context(|| format!("writing {path}"))?;
+    let stats: String = stats.iter().map(|(b, d)| format!("{b} {d}\n")).collect();
+    let path = format!("{out}/rank{rank}.stats");
+    std::fs::write(&path, stats).with_context(|| format!("writing {path}"))?;
     println!("ok");
     Ok(())
 }
@@ -87,30 +178,53 @@ fn rank_of_env() -> Result<usize> {
         .context("RANK is not a number")
 }
 
-/// Trains `STEPS` steps on this rank's share of each global batch and returns the parameters.
+/// Trains `plan`'s steps (default `STEPS`) on this rank's share of each global batch, joins
+/// with uneven inputs, and returns the parameters and, per synchronised step, the buckets and
+/// how many were launched during backward.
 fn train<B: TapBackend>(
     pg: ProcessGroup,
     init: &[u8],
     opt: Opt,
+    plan: &Plan,
     device: &B::Device,
-) -> Result<Vec<f32>> {
+) -> Result<(Vec<f32>, Vec<(usize, usize)>)> {
     let (rank, world) = (pg.rank(), pg.world_size());
     let model = if rank == 0 {
         from_bytes::<B>(init, device).map_err(anyhow::Error::msg)?
     } else {
         SmallMlp::<B>::new(device)
     };
-    let mut ddp = DistributedDataParallel::new(model, pg, config()?)?;
+    let mut ddp = DistributedDataParallel::new(model, pg, plan.config.clone())?;
     let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
     let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
-    for step in 0..STEPS {
-        let (x, y) = batch::<B>(&step_indices(step, world, Some(rank)), device);
-        let pred = ddp.forward(|m| m.forward(x))?;
-        let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
-        match opt {
-            Opt::Sgd => ddp.optimizer_step(&mut sgd, 0.1, grads),
-            Opt::Adam => ddp.optimizer_step(&mut adam, 0.01, grads),
+    let mut stats = Vec::new();
+    let per_micro = PER_RANK / plan.micro;
+    for step in 0..plan.steps.unwrap_or(STEPS) {
+        let indices = step_indices(step, world, Some(rank));
+        for (k, part) in indices.chunks(per_micro).enumerate() {
+            let (x, y) = batch::<B>(part, device);
+            let pred = ddp.forward(|m| m.forward_using_bias(x, plan.skip_bias))?;
+            let loss = MseLoss::new().forward(pred, y, Reduction::Mean) / plan.micro as f32;
+            if k + 1 < plan.micro {
+                ddp.backward_no_sync(loss)?;
+                continue;
+            }
+            let grads = ddp.backward(loss)?;
+            match opt {
+                Opt::Sgd => ddp.optimizer_step(&mut sgd, 0.1, grads),
+                Opt::Adam => ddp.optimizer_step(&mut adam, 0.01, grads),
+            }
+            let s = ddp
+                .last_step_stats()
+                .context("no stats after a synchronised step")?;
+            stats.push((s.buckets, s.buckets_launched_during_backward));
         }
     }
-    Ok(flat_params(ddp.module()))
+    if plan.steps.is_some() {
+        match opt {
+            Opt::Sgd => ddp.join(&mut sgd, 0.1)?,
+            Opt::Adam => ddp.join(&mut adam, 0.01)?,
+        };
+    }
+    Ok((flat_params(ddp.module()), stats))
 }
