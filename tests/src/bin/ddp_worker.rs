@@ -81,7 +81,7 @@ impl Plan {
             Some(k) => k.parse().with_context(|| format!("{NO_SYNC_ENV}={k}"))?,
         };
         anyhow::ensure!(
-            micro >= 1 && PER_RANK % micro == 0,
+            micro >= 1 && PER_RANK.is_multiple_of(micro),
             "{NO_SYNC_ENV}={micro}: must divide {PER_RANK}"
         );
         let skip_bias = var(SKIP_BIAS_ENV)?.as_deref() == Some("1");
@@ -178,6 +178,9 @@ fn rank_of_env() -> Result<usize> {
         .context("RANK is not a number")
 }
 
+/// Per synchronised step: the buckets, and how many were launched during backward.
+type StepStats = Vec<(usize, usize)>;
+
 /// Trains `plan`'s steps (default `STEPS`) on this rank's share of each global batch, joins
 /// with uneven inputs, and returns the parameters and, per synchronised step, the buckets and
 /// how many were launched during backward.
@@ -187,7 +190,7 @@ fn train<B: TapBackend>(
     opt: Opt,
     plan: &Plan,
     device: &B::Device,
-) -> Result<(Vec<f32>, Vec<(usize, usize)>)> {
+) -> Result<(Vec<f32>, StepStats)> {
     let (rank, world) = (pg.rank(), pg.world_size());
     let model = if rank == 0 {
         from_bytes::<B>(init, device).map_err(anyhow::Error::msg)?

@@ -206,7 +206,10 @@ fn stand_in_processes_with_automatic_overlap_off_train_like_one_process() {
         let reference = |init: &[u8]| train_reference(init, world, opt);
         let off = |_| stand_in(&[("DDP_TEST_OVERLAP", "off")]);
         let stats = check_ranks(world, opt, off, reference);
-        eprintln!("overlap off world {world}: {stats:?}");
+        for (rank, steps) in stats.iter().enumerate() {
+            assert_eq!(steps.len(), STEPS, "world {world} rank {rank}: {steps:?}");
+            assert!(steps.iter().all(|&(b, _)| b >= 3), "rank {rank}: {steps:?}");
+        }
     }
 }
 
