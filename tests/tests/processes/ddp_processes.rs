@@ -213,11 +213,11 @@ fn stand_in_processes_with_automatic_overlap_off_train_like_one_process() {
     }
 }
 
-/// Gradient accumulation (`backward_no_sync`): 2 micro-batches at world 3, 4 at world 2, equal
-/// one process stepping on the union batch.
+/// Gradient accumulation (`backward_no_sync`): 2 micro-batches at worlds 3 and 8, 4 at world 2,
+/// equal one process stepping on the union batch.
 #[test]
 fn stand_in_processes_with_no_sync_train_like_one_process() {
-    for (world, opt, micro) in [(3, Opt::Sgd, "2"), (2, Opt::Adam, "4")] {
+    for (world, opt, micro) in [(3, Opt::Sgd, "2"), (2, Opt::Adam, "4"), (8, Opt::Sgd, "2")] {
         let reference = |init: &[u8]| train_reference(init, world, opt);
         let no_sync = |_| stand_in(&[("DDP_TEST_NO_SYNC", micro)]);
         let stats = check_ranks(world, opt, no_sync, reference);

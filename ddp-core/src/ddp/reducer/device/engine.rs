@@ -85,12 +85,13 @@ impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
             memory,
             ready,
             bucket: bucket.0,
-            path,
+            path: path.clone(),
             reply,
         };
         self.issuer.send(job).map_err(internal)?;
         Ok(Box::new(InFlight {
             issued: Some(issued),
+            path,
             layout,
             device: self.device.clone(),
             device_wait: self.issuer.device_wait.clone(),
@@ -109,6 +110,8 @@ impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
 /// until that is done.
 struct InFlight<D: ReductionDevice> {
     issued: Option<mpsc::Receiver<Issued<D>>>,
+    /// The bucket's first parameter, for errors.
+    path: String,
     layout: FlatLayout,
     /// To give up as soon as the communicator has failed.
     device: D,
@@ -119,6 +122,25 @@ struct InFlight<D: ReductionDevice> {
 }
 
 impl<D: ReductionDevice> InFlight<D> {
+    /// The communicator's failure `e`, seen while waiting for the issuing thread. When that
+    /// thread has meanwhile waited for a fence for over half the timeout, this rank's device is
+    /// why (the peers failed waiting for its bucket, possibly before this rank's own limit):
+    /// the error says so first.
+    fn failed(&self, e: CommError) -> DdpError {
+        match self.device_wait.longer_than(self.timeout / 2) {
+            Some((bucket, waited)) => DdpError::Gradient {
+                path: self.path.clone(),
+                reason: format!(
+                    "{} (the timeout is {:?}), and {} failed meanwhile: {e}",
+                    fence_stuck(bucket, waited),
+                    self.timeout,
+                    self.device.name()
+                ),
+            },
+            None => all_reduce_failed(e),
+        }
+    }
+
     fn finish(&mut self) -> Result<(D::Memory, WorkTiming), DdpError> {
         let issued = self.issued.take().ok_or_else(|| internal("waited twice"))?;
         // The issuing thread answers once the device has produced the bucket (and every
@@ -133,7 +155,7 @@ impl<D: ReductionDevice> InFlight<D> {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Err(e) = self.device.check() {
-                        return Err(all_reduce_failed(e));
+                        return Err(self.failed(e));
                     }
                     if let Some((bucket, waited)) = self.device_wait.longer_than(self.timeout) {
                         let reason = format!(
