@@ -48,6 +48,14 @@ impl<B: Backend> SmallMlp<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.fc2.forward(self.act.forward(self.fc1.forward(x)))
     }
+    /// [`forward`](Self::forward) without `fc2.bias` when `skip_bias` (an unused parameter).
+    pub fn forward_using_bias(&self, x: Tensor<B, 2>, skip_bias: bool) -> Tensor<B, 2> {
+        if !skip_bias {
+            return self.forward(x);
+        }
+        let hidden = self.act.forward(self.fc1.forward(x));
+        hidden.matmul(self.fc2.weight.val())
+    }
 }
 
 /// Overwrites every float parameter with seeded uniform values (see [`SmallMlp::seeded`]).
@@ -184,6 +192,59 @@ pub fn train_reference_on<B: AutodiffBackend>(
         let (x, y) = batch::<B>(&step_indices(step, world, None), device);
         let loss = MseLoss::new().forward(model.forward(x), y, Reduction::Mean);
         let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &model);
+        model = match opt {
+            Opt::Sgd => sgd.step(0.1, model, grads),
+            Opt::Adam => adam.step(0.01, model, grads),
+        };
+    }
+    Ok(flat_params(&model))
+}
+
+/// How each rank of a world trains, for [`train_reference_ranks`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankPlan {
+    /// Steps each rank trains (uneven inputs: the others have joined), by rank.
+    pub steps: Vec<usize>,
+    /// The rank whose forward leaves `fc2.bias` unused, if any.
+    pub skips_bias: Option<usize>,
+}
+
+impl RankPlan {
+    /// `world` ranks training [`STEPS`] steps each, every parameter used.
+    pub fn even(world: usize) -> RankPlan {
+        RankPlan {
+            steps: vec![STEPS; world],
+            skips_bias: None,
+        }
+    }
+}
+
+/// Single-process training that follows `plan`: step `s` averages the losses of the ranks that
+/// still train at `s`, each on its own share of the global batch ([`step_indices`]) and with its
+/// own forward, which is what DDP computes (a parameter unused on a rank counts as zero there;
+/// a joined rank is not counted).
+pub fn train_reference_ranks(init: &[u8], plan: &RankPlan, opt: Opt) -> Result<Vec<f32>, String> {
+    type B = TestBackend;
+    let device = Default::default();
+    let world = plan.steps.len();
+    let mut model = from_bytes::<B>(init, &device)?;
+    let mut sgd = SgdConfig::new().init::<B, SmallMlp<B>>();
+    let mut adam = AdamConfig::new().init::<B, SmallMlp<B>>();
+    let longest = plan.steps.iter().copied().max().unwrap_or(0);
+    for step in 0..longest {
+        let ranks: Vec<usize> = (0..world).filter(|&r| plan.steps[r] > step).collect();
+        let mut total: Option<Tensor<B, 1>> = None;
+        for &r in &ranks {
+            let (x, y) = batch::<B>(&step_indices(step, world, Some(r)), &device);
+            let pred = model.forward_using_bias(x, plan.skips_bias == Some(r));
+            let loss = MseLoss::new().forward(pred, y, Reduction::Mean) / ranks.len() as f32;
+            total = Some(match total {
+                Some(t) => t + loss,
+                None => loss,
+            });
+        }
+        let total = total.ok_or("a step without ranks")?;
+        let grads = GradientsParams::from_grads::<B, _>(total.backward(), &model);
         model = match opt {
             Opt::Sgd => sgd.step(0.1, model, grads),
             Opt::Adam => adam.step(0.01, model, grads),

@@ -33,7 +33,7 @@ use crate::reduce_op::ReduceOp;
 use crate::watchdog::{CollectiveLabel, Watchdog, WatchdogConfig};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use work::DoneProbe;
 
 type Job = Box<dyn FnOnce(&ProcessGroup) + Send>;
@@ -70,7 +70,8 @@ struct Inner {
     /// `None` once shutting down.
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    watchdog: Watchdog,
+    /// Shared with the queued collectives (see [`settle_failure`]).
+    watchdog: Arc<Watchdog>,
     /// The communicator's own subgroup; its abort is the watchdog's abort callback.
     group: ProcessGroup,
     name: String,
@@ -106,7 +107,7 @@ impl StandInComm {
             aborting.abort("the stand-in communicator was aborted (its watchdog failed)");
         });
         let config = WatchdogConfig::new(&name, group.rank(), group.world_size(), pg.timeout());
-        let watchdog = Watchdog::start(group.store(), config, abort, None)?;
+        let watchdog = Arc::new(Watchdog::start(group.store(), config, abort, None)?);
         let (jobs, queue) = mpsc::channel::<Job>();
         let on_thread = group.clone();
         let thread = std::thread::Builder::new()
@@ -216,9 +217,13 @@ impl StandInComm {
         let probe = Arc::new(DoneProbe::default());
         let watched = self.inner.watchdog.issue(label, bytes, probe.clone())?;
         let done = probe.clone();
+        let watchdog = self.inner.watchdog.clone();
         let job: Job = Box::new(move |group| {
             let started = Instant::now();
             let result = collective(group);
+            if result.is_err() {
+                settle_failure(&watchdog);
+            }
             done.set(started, result.map_err(|e| e.to_string()));
         });
         let sent = self
@@ -250,6 +255,21 @@ impl StandInComm {
     /// (the watchdog's report in the store, the subgroup's abort). Returns that error.
     pub fn abort(&self, reason: &str) -> CommError {
         self.inner.watchdog.fail(format!("aborted: {reason}"))
+    }
+}
+
+/// After a collective failed on the communication thread, before its done event says so: gives
+/// the watchdog the time to learn a peer's failure report (it checks the store every
+/// `peer_check_interval`), or to time out itself, so that the communicator fails with the
+/// first failing rank's reason (naming the rank behind) rather than with the transport error
+/// its abort caused here ("rank 0 closed its connection"). A failing peer publishes its
+/// report before it aborts, precisely so that peers can quote it; the transport error only
+/// arrives sooner. Bounded: at most two peer checks and a second.
+fn settle_failure(watchdog: &Watchdog) {
+    let limit = watchdog.config().peer_check_interval * 2 + Duration::from_secs(1);
+    let start = Instant::now();
+    while watchdog.check().is_ok() && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

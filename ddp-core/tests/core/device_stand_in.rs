@@ -175,3 +175,74 @@ fn stand_in_ranks_with_other_bucket_layouts_fail_naming_the_rank() {
         );
     }
 }
+
+/// A rank whose DDP is dropped in the middle of a step, after its backward has launched
+/// buckets: the user's `step_on` closure panics right after `loss.backward()`, and unwinding
+/// drops the DDP value while its buckets are in flight. The drop returns (no hang on those
+/// buckets, a few log lines rather than one per poll), and the peer's next bucket fails naming
+/// rank 1, well before the process group's 60 s timeout.
+#[test]
+fn stand_in_ddp_dropped_mid_step_after_backward_started_is_named_and_nobody_hangs() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::time::{Duration, Instant};
+    let results = run_ranks(2, |pg| {
+        let device = Default::default();
+        let rank = pg.rank();
+        let model = Mlp::<B>::seeded(&device, 64, 3);
+        let ddp = DistributedDataParallel::new(model.clone(), pg, small_buckets()).unwrap();
+        let step = move |m: &Mlp<B>, step: usize| {
+            let (x, y) = batch(&[4 * step + rank, 4 * step + rank + 2], &device);
+            let loss = MseLoss::new().forward(m.forward(x, false), y, Reduction::Mean);
+            loss.backward()
+        };
+        let started = Instant::now();
+        if rank == 1 {
+            let (unwound, logs) = crate::checkpoint_common::capture_logs(|| {
+                catch_unwind(AssertUnwindSafe(move || {
+                    let mut ddp = ddp;
+                    ddp.step_on(&model, |m| {
+                        let _grads = step(m, 0);
+                        panic!("the user's code fails after backward");
+                    })
+                }))
+            });
+            assert!(unwound.is_err(), "the panic reaches the caller");
+            return (None, started.elapsed(), logs);
+        }
+        let mut ddp = ddp;
+        let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
+        let mut model = model;
+        // Rank 1's buckets of step 0 may all have been reduced before it panicked: a later
+        // step must fail, and none may succeed after rank 1 is gone.
+        let mut err = None;
+        for s in 0..3 {
+            match ddp.step_on(&model, |m| drop(step(m, s))) {
+                Ok(((), grads)) => {
+                    model = burn::optim::Optimizer::step(&mut sgd, 0.1, model, grads)
+                }
+                Err(e) => {
+                    err = Some(format!("{e:#}"));
+                    break;
+                }
+            }
+        }
+        (err, started.elapsed(), String::new())
+    });
+    let (err, took, _) = &results[0];
+    let err = err.as_ref().expect("rank 0 must fail once rank 1 is gone");
+    assert!(err.contains("rank 1"), "rank 0 must name rank 1: {err}");
+    assert!(took < &Duration::from_secs(60), "took {took:?}: {err}");
+    let (_, dropped_after, logs) = &results[1];
+    assert!(
+        dropped_after < &Duration::from_secs(60),
+        "rank 1's drop took {dropped_after:?}: {logs}"
+    );
+    let noisy = logs
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .count();
+    assert!(
+        noisy <= 8,
+        "{noisy} warnings and errors while dropping: {logs}"
+    );
+}

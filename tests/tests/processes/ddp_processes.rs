@@ -2,7 +2,8 @@
 //! with the same parameters as one process with batch N*b, and all replicas bitwise identical.
 
 use ddp_tests::fixtures::{
-    Opt, SmallMlp, TestBackend, flat_params, max_scaled_diff, to_bytes, train_reference,
+    Opt, RankPlan, STEPS, SmallMlp, TestBackend, flat_params, max_scaled_diff, to_bytes,
+    train_reference, train_reference_ranks,
 };
 use ddp_tests::spawn_world;
 use std::time::Duration;
@@ -31,15 +32,23 @@ fn check_with(
     env: &[(&str, &str)],
     reference: impl Fn(&[u8]) -> Result<Vec<f32>, String>,
 ) {
-    let (dir, init, outputs) = run_world(world, opt, |_| pairs(env));
+    check_ranks(world, opt, |_| pairs(env), reference);
+}
+
+/// Per rank, per synchronised step: (buckets, buckets launched during backward).
+type Stats = Vec<Vec<(usize, usize)>>;
+
+/// [`check_with`] with each rank's own environment `env(rank)`; every rank's [`Stats`].
+fn check_ranks(
+    world: usize,
+    opt: Opt,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+    reference: impl Fn(&[u8]) -> Result<Vec<f32>, String>,
+) -> Stats {
+    let what = format!("{opt:?} world {world} {:?}", env(1));
+    let (dir, init, outputs) = run_world(world, opt, env);
     for o in &outputs {
-        assert_eq!(
-            o.code,
-            Some(0),
-            "{opt:?} world {world} {env:?} rank {}: {}",
-            o.rank,
-            o.stderr
-        );
+        assert_eq!(o.code, Some(0), "{what} rank {}: {}", o.rank, o.stderr);
     }
     let read = |r: usize| -> Vec<f32> {
         std::fs::read(dir.path().join(format!("rank{r}.bin")))
@@ -56,21 +65,36 @@ fn check_with(
                 .iter()
                 .zip(&rank0)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{opt:?} world {world} {env:?}: rank {r} is not bitwise equal to rank 0"
+            "{what}: rank {r} is not bitwise equal to rank 0"
         );
     }
     let reference = reference(&init).unwrap();
     let diff = max_scaled_diff(&rank0, &reference);
-    assert!(
-        diff < 1e-5,
-        "{opt:?} world {world} {env:?}: differs from one process by {diff}"
-    );
+    assert!(diff < 1e-5, "{what}: differs from one process by {diff}");
+    (0..world)
+        .map(|r| {
+            let text = std::fs::read_to_string(dir.path().join(format!("rank{r}.stats"))).unwrap();
+            text.lines()
+                .map(|l| {
+                    let (b, d) = l.split_once(' ').unwrap();
+                    (b.parse().unwrap(), d.parse().unwrap())
+                })
+                .collect()
+        })
+        .collect()
 }
 
 fn pairs(env: &[(&str, &str)]) -> Vec<(String, String)> {
     env.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// The seeded initial weights, serialised.
+fn init_bytes() -> Vec<u8> {
+    let model = SmallMlp::<TestBackend>::seeded(&Default::default(), 7);
+    flat_params(&model); // initialise the lazy parameters before serialising
+    to_bytes(&model)
 }
 
 /// Starts `world` workers from the seeded initial weights with `env(rank)` and waits for them
@@ -81,9 +105,7 @@ fn run_world(
     env: impl Fn(usize) -> Vec<(String, String)>,
 ) -> (tempfile::TempDir, Vec<u8>, Vec<ddp_tests::RankOutput>) {
     let dir = tempfile::tempdir().unwrap();
-    let model = SmallMlp::<TestBackend>::seeded(&Default::default(), 7);
-    flat_params(&model); // initialise the lazy parameters before serialising
-    let init = to_bytes(&model);
+    let init = init_bytes();
     let init_path = dir.path().join("init.bin");
     std::fs::write(&init_path, &init).unwrap();
     let out = dir.path().display().to_string();
@@ -142,10 +164,11 @@ fn processes_sharing_one_gpu_train_like_one_process_with_the_union_batch() {
 
 /// The device engine that drives NCCL, on its CPU stand-in (`Collectives::StandIn`: issuing
 /// thread, per-rank communication thread, watchdog), with ranks as processes: the same
-/// equivalence at worlds 2 to 8.
+/// equivalence at worlds 2 to 8, bitwise equal replicas. With automatic overlap (the default)
+/// and small buckets, most of each step's buckets are launched while backward still runs, on
+/// every rank and at every world size, as the NCCL engine launches them on a GPU.
 #[test]
 fn processes_over_the_device_engine_stand_in_train_like_one_process() {
-    let stand_in = [("DDP_TEST_COLLECTIVES", "stand-in")];
     for (world, opt) in [
         (2, Opt::Sgd),
         (3, Opt::Adam),
@@ -154,7 +177,101 @@ fn processes_over_the_device_engine_stand_in_train_like_one_process() {
         (8, Opt::Adam),
     ] {
         let reference = |init: &[u8]| train_reference(init, world, opt);
-        check_with(world, opt, &stand_in, reference);
+        let stats = check_ranks(world, opt, |_| stand_in(&[]), reference);
+        assert_most_buckets_launched_during_backward(world, &stats);
+    }
+}
+
+/// The stand-in's settings, and `extra`.
+fn stand_in(extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = pairs(&[("DDP_TEST_COLLECTIVES", "stand-in")]);
+    env.extend(pairs(extra));
+    env
+}
+
+/// Every rank synchronised every step, with several buckets each; from the second step on
+/// (the first learns where the taps go), more than half of them left during backward.
+fn assert_most_buckets_launched_during_backward(world: usize, stats: &Stats) {
+    for (rank, steps) in stats.iter().enumerate() {
+        assert_eq!(steps.len(), STEPS, "world {world} rank {rank}: {steps:?}");
+        for &(buckets, during) in &steps[1..] {
+            assert!(buckets >= 3, "world {world} rank {rank}: {steps:?}");
+            assert!(
+                2 * during > buckets,
+                "world {world} rank {rank}: most buckets must leave during backward: {steps:?}"
+            );
+        }
+    }
+}
+
+/// Automatic overlap off (plain taps): the same parameters at worlds 2 and 4.
+#[test]
+fn stand_in_processes_with_automatic_overlap_off_train_like_one_process() {
+    for (world, opt) in [(4, Opt::Adam), (2, Opt::Sgd)] {
+        let reference = |init: &[u8]| train_reference(init, world, opt);
+        let off = |_| stand_in(&[("DDP_TEST_OVERLAP", "off")]);
+        let stats = check_ranks(world, opt, off, reference);
+        for (rank, steps) in stats.iter().enumerate() {
+            assert_eq!(steps.len(), STEPS, "world {world} rank {rank}: {steps:?}");
+            assert!(steps.iter().all(|&(b, _)| b >= 3), "rank {rank}: {steps:?}");
+        }
+    }
+}
+
+/// Gradient accumulation (`backward_no_sync`): 2 micro-batches at worlds 3 and 8, 4 at world 2,
+/// equal one process stepping on the union batch.
+#[test]
+fn stand_in_processes_with_no_sync_train_like_one_process() {
+    for (world, opt, micro) in [(3, Opt::Sgd, "2"), (2, Opt::Adam, "4"), (8, Opt::Sgd, "2")] {
+        let reference = |init: &[u8]| train_reference(init, world, opt);
+        let no_sync = |_| stand_in(&[("DDP_TEST_NO_SYNC", micro)]);
+        let stats = check_ranks(world, opt, no_sync, reference);
+        for (rank, steps) in stats.iter().enumerate() {
+            assert_eq!(
+                steps.len(),
+                STEPS,
+                "rank {rank}: one synchronised step each"
+            );
+        }
+    }
+}
+
+/// `fc2.bias` unused on rank 1 only (its forward skips it): it counts as zero there, nobody
+/// hangs, and the ranks equal one process averaging the ranks' losses, each with its forward.
+#[test]
+fn stand_in_processes_with_a_parameter_unused_on_one_rank_train_like_one_process() {
+    let world = 3;
+    let plan = RankPlan {
+        skips_bias: Some(1),
+        ..RankPlan::even(world)
+    };
+    let env = |rank| {
+        let skip = if rank == 1 { "1" } else { "0" };
+        stand_in(&[("DDP_TEST_SKIP_BIAS", skip)])
+    };
+    let reference = |init: &[u8]| train_reference_ranks(init, &plan, Opt::Adam);
+    check_ranks(world, Opt::Adam, env, reference);
+    // The reference really differs from everyone using the bias.
+    let init = init_bytes();
+    let all_use = train_reference(&init, world, Opt::Adam).unwrap();
+    let one_skips = train_reference_ranks(&init, &plan, Opt::Adam).unwrap();
+    assert!(max_scaled_diff(&one_skips, &all_use) > 1e-4);
+}
+
+/// Uneven inputs (Join) at world 4: ranks with 4, 2, 3 and 1 steps; those out of data join and
+/// answer the others' steps; every step averages the ranks that still train.
+#[test]
+fn stand_in_processes_with_uneven_inputs_join_and_train_like_one_process() {
+    let steps = [STEPS, 2, 3, 1];
+    let plan = RankPlan {
+        steps: steps.to_vec(),
+        skips_bias: None,
+    };
+    let env = |rank: usize| stand_in(&[("DDP_TEST_STEPS", &steps[rank].to_string())]);
+    let reference = |init: &[u8]| train_reference_ranks(init, &plan, Opt::Sgd);
+    let stats = check_ranks(steps.len(), Opt::Sgd, env, reference);
+    for (rank, s) in stats.iter().enumerate() {
+        assert_eq!(s.len(), steps[rank], "rank {rank} trained its own steps");
     }
 }
 
@@ -204,28 +321,43 @@ fn processes_over_the_stand_in_with_late_fences_train_like_one_process() {
 
 /// The stand-in with a fault on rank 1 only.
 fn stand_in_fault(world: usize, fault: &str, timeout_s: &str) -> Vec<ddp_tests::RankOutput> {
-    stand_in_fault_with(world, fault, timeout_s, &[])
+    stand_in_fault_env(world, ("DDP_TEST_STAND_IN_FENCE", fault), timeout_s)
 }
 
-/// [`stand_in_fault`] with more environment for every rank.
-fn stand_in_fault_with(
+/// The stand-in with the environment `fault` on rank 1 only.
+fn stand_in_fault_env(
     world: usize,
-    fault: &str,
+    fault: (&str, &str),
     timeout_s: &str,
-    extra: &[(&str, &str)],
 ) -> Vec<ddp_tests::RankOutput> {
     let (_dir, _init, outputs) = run_world(world, Opt::Sgd, |rank| {
-        let mut env = pairs(&[
-            ("DDP_TEST_COLLECTIVES", "stand-in"),
-            ("DDP_TIMEOUT_SECS", timeout_s),
-        ]);
-        env.extend(pairs(extra));
+        let mut env = stand_in(&[("DDP_TIMEOUT_SECS", timeout_s)]);
         if rank == 1 {
-            env.push(("DDP_TEST_STAND_IN_FENCE".into(), fault.into()));
+            env.extend(pairs(&[fault]));
         }
         env
     });
     outputs
+}
+
+/// Every rank exited with its error (not killed at `run_world`'s 120 s deadline, far below the
+/// 600 s timeout these runs set), and every rank's error contains `what`.
+fn assert_every_rank_failed_saying(outputs: &[ddp_tests::RankOutput], what: &str) {
+    for o in outputs {
+        assert_eq!(
+            o.code,
+            Some(2),
+            "rank {} exits with its error: {}",
+            o.rank,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(what),
+            "rank {} says {what:?}: {}",
+            o.rank,
+            o.stderr
+        );
+    }
 }
 
 /// A fence that never completes on rank 1 (a kernel that never ends): after the timeout rank 1
@@ -286,6 +418,44 @@ fn stand_in_rank_killed_between_buckets_is_named_by_every_peer() {
     }
 }
 
+/// Rank 1 lays its buckets out differently (other caps): NCCL would add unrelated gradients
+/// together or hang; here every rank fails before the first bucket, naming rank 1, and exits.
+#[test]
+fn stand_in_rank_with_another_bucket_layout_is_named_and_every_rank_exits() {
+    let outputs = stand_in_fault_env(3, ("DDP_TEST_BUCKETS", "other"), "600");
+    assert_every_rank_failed_saying(&outputs, "gradient bucket layouts differ");
+    for o in &outputs {
+        assert!(
+            o.stderr.contains("rank(s) 1"),
+            "rank {}: {}",
+            o.rank,
+            o.stderr
+        );
+        assert!(
+            !o.stderr.contains("rank(s) 0"),
+            "rank {}: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+}
+
+/// Another thread of rank 1 aborts its stand-in communicator while buckets are in flight (the
+/// peers wait in the bucket rank 1 has not issued yet): rank 1's bucket fails with the abort's
+/// reason, every peer names rank 1, and every rank exits, long before the 600 s timeout.
+#[test]
+fn stand_in_communicator_aborted_from_another_thread_is_named_and_every_rank_exits() {
+    let outputs = stand_in_fault(3, "abort:1", "600");
+    assert_every_rank_failed_saying(&outputs, "rank 1");
+    assert!(
+        outputs[1]
+            .stderr
+            .contains("DDP_TEST_STAND_IN_FENCE=abort:1"),
+        "rank 1 says why its communicator failed: {}",
+        outputs[1].stderr
+    );
+}
+
 /// Rank 1 dies (SIGKILL) in the middle of ZeRO stage 2's collectives on the device path (its
 /// third staged buffer: between two groups), and of FSDP's (its seventh: in the first
 /// backward, after one unit's reduce-scatter was queued, before the next): every other rank
@@ -293,7 +463,13 @@ fn stand_in_rank_killed_between_buckets_is_named_by_every_peer() {
 #[test]
 fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer() {
     for (sharding, fault) in [("zero2", "kill:2"), ("fsdp", "kill:6")] {
-        let outputs = stand_in_fault_with(3, fault, "600", &[("DDP_TEST_SHARDING", sharding)]);
+        let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
+            let mut env = stand_in(&[("DDP_TIMEOUT_SECS", "600"), ("DDP_TEST_SHARDING", sharding)]);
+            if rank == 1 {
+                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", fault)]));
+            }
+            env
+        });
         assert_eq!(
             outputs[1].code, None,
             "{sharding}: rank 1 was killed: {}",

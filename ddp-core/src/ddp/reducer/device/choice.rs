@@ -88,7 +88,10 @@ mod nccl {
                     std::any::type_name::<burn::tensor::ops::FloatTensor<I>>()
                 ));
             }
-            (Collectives::Auto, None) => return Ok(DeviceChoice::Host),
+            // (Host and StandIn never come here.)
+            (Collectives::Auto | Collectives::Host | Collectives::StandIn, None) => {
+                return Ok(DeviceChoice::Host);
+            }
             (Collectives::Auto, Some(_)) if pg.world_size() == 1 => {
                 return Ok(DeviceChoice::Host);
             }

@@ -103,6 +103,7 @@ impl<D: ReductionDevice> DeviceReduction<D> {
         path: String,
     ) -> Result<InFlight<D>, DdpError> {
         let (reply, issued) = mpsc::channel();
+        let job_path = path.clone();
         let job = Issue {
             staged,
             ready,
@@ -113,6 +114,7 @@ impl<D: ReductionDevice> DeviceReduction<D> {
         self.issuer.send(job).map_err(internal)?;
         Ok(InFlight {
             issued: Some(issued),
+            path: job_path,
             device: self.device.clone(),
             device_wait: self.issuer.device_wait.clone(),
             timeout: self.timeout,
@@ -177,6 +179,8 @@ impl<D: ReductionDevice> ChunkInFlight<D> {
 /// done.
 struct InFlight<D: ReductionDevice> {
     issued: Option<mpsc::Receiver<Issued<D>>>,
+    /// The collective's name and first parameter, for errors.
+    path: String,
     /// To give up as soon as the communicator has failed.
     device: D,
     /// To give up, failing the communicator, once the issuing thread has waited for a fence
@@ -186,6 +190,25 @@ struct InFlight<D: ReductionDevice> {
 }
 
 impl<D: ReductionDevice> InFlight<D> {
+    /// The communicator's failure `e`, seen while waiting for the issuing thread. When that
+    /// thread has meanwhile waited for a fence for over half the timeout, this rank's device is
+    /// why (the peers failed waiting for its bucket, possibly before this rank's own limit):
+    /// the error says so first.
+    fn failed(&self, e: CommError) -> DdpError {
+        match self.device_wait.longer_than(self.timeout / 2) {
+            Some((bucket, waited)) => DdpError::Gradient {
+                path: self.path.clone(),
+                reason: format!(
+                    "{} (the timeout is {:?}), and {} failed meanwhile: {e}",
+                    fence_stuck(bucket, waited),
+                    self.timeout,
+                    self.device.name()
+                ),
+            },
+            None => all_reduce_failed(e),
+        }
+    }
+
     fn finish(&mut self) -> Result<(Staged<D>, WorkTiming), DdpError> {
         let issued = self.issued.take().ok_or_else(|| internal("waited twice"))?;
         // The issuing thread answers once the device has produced the bucket (and every
@@ -200,7 +223,7 @@ impl<D: ReductionDevice> InFlight<D> {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Err(e) = self.device.check() {
-                        return Err(all_reduce_failed(e));
+                        return Err(self.failed(e));
                     }
                     if let Some((bucket, waited)) = self.device_wait.longer_than(self.timeout) {
                         let reason = format!(
@@ -234,7 +257,9 @@ impl<D: ReductionDevice> InFlight<D> {
 }
 
 fn all_reduce_failed(e: CommError) -> DdpError {
-    DdpError::comm("all-reducing a gradient bucket on the device")(e)
+    DdpError::comm(
+        "reducing gradients on the device (a bucket's all-reduce, or a unit's reduce-scatter)",
+    )(e)
 }
 
 impl<I: Backend, D: ReductionDevice> PendingBucket<I> for BucketInFlight<D> {

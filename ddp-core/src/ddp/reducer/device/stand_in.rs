@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// Test-only (`test-hooks`): `delay:<ms>` completes every fence that long after the bucket
 /// was read; `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
 /// counting every bucket of every step); `kill:<n>` SIGKILLs this process as its `n`-th bucket
-/// is staged (a rank that dies between two buckets).
+/// is staged (a rank that dies between two buckets); `abort:<n>` aborts the communicator from
+/// another thread as the `n`-th bucket is staged, before its fence completes (the buckets
+/// before it may still be in flight; the peers are waiting in the `n`-th).
 #[cfg(feature = "test-hooks")]
 pub(crate) const FENCE_FAULT_ENV: &str = "DDP_TEST_STAND_IN_FENCE";
 
@@ -90,6 +92,16 @@ impl StandInDevice {
                     tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: killing this process");
                     // SAFETY: plain syscall signalling our own process.
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                fault::FenceFault::Abort(at) if at == n => {
+                    tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: aborting the communicator");
+                    let comm = self.comm.clone();
+                    std::thread::spawn(move || {
+                        let e = comm.abort(&format!("{FENCE_FAULT_ENV}=abort:{n}"));
+                        tracing::debug!(error = %e, "aborted from another thread");
+                        let _ = done.send(());
+                    });
+                    return;
                 }
                 fault::FenceFault::Delay(d) => {
                     std::thread::spawn(move || {
@@ -260,6 +272,7 @@ mod fault {
         Delay(Duration),
         Never(usize),
         Kill(usize),
+        Abort(usize),
     }
 
     impl FenceFault {
@@ -270,7 +283,7 @@ mod fault {
             let bad = || {
                 DdpError::InvalidConfig(format!(
                     "{FENCE_FAULT_ENV}={value:?}: expected delay:<milliseconds>, \
-                     never:<bucket number> or kill:<bucket number>"
+                     never:<bucket number>, kill:<bucket number> or abort:<bucket number>"
                 ))
             };
             let text = value.to_str().ok_or_else(bad)?;
@@ -280,6 +293,7 @@ mod fault {
                 "delay" => Ok(FenceFault::Delay(Duration::from_millis(n))),
                 "never" => Ok(FenceFault::Never(usize::try_from(n).map_err(|_| bad())?)),
                 "kill" => Ok(FenceFault::Kill(usize::try_from(n).map_err(|_| bad())?)),
+                "abort" => Ok(FenceFault::Abort(usize::try_from(n).map_err(|_| bad())?)),
                 _ => Err(bad()),
             }
         }
