@@ -284,7 +284,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         for (chunk, unit) in chunks.into_iter().zip(&self.layout.units) {
             match units.all_gather(chunk) {
                 // `padded` elements (every rank's chunk), then the padding goes.
-                Ok(all) => flats.push(all.slice([0..unit.numel])),
+                Ok(all) => flats.push(all.narrow(0, 0, unit.numel)),
                 Err(e) => {
                     let error = FsdpError::Device {
                         unit: unit.name.clone(),
@@ -498,7 +498,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for InstallFromDevice<'_, B::InnerBacke
         let shape: [usize; D] = std::array::from_fn(|i| slot.shape[i]);
         let values = self.flats[slot.unit]
             .clone()
-            .slice([slot.offset..slot.offset + slot.numel()])
+            .narrow(0, slot.offset, slot.numel())
             .reshape(shape);
         let value = Tensor::<B, D>::from_inner(values).require_grad();
         Param::from_mapped_value(id, value, mapper)

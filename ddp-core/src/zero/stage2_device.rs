@@ -189,7 +189,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutGrads<'_, B> {
         let grad = self
             .mine
             .clone()
-            .slice([slot.data_at..slot.data_at + n])
+            .narrow(0, slot.data_at, n)
             .reshape(param.val().shape());
         self.into.register::<Inner<B>, D>(param.id, grad);
     }
@@ -329,7 +329,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for WriteGathered<'_, B> {
         let value = self
             .all
             .clone()
-            .slice([start..start + shape.num_elements()])
+            .narrow(0, start, shape.num_elements())
             .reshape(shape);
         let value = Tensor::<B, D>::from_inner(value).set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, value, mapper)
