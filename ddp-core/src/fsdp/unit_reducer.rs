@@ -324,13 +324,7 @@ impl<I: Backend> GradientSink<I> for UnitReducer<I> {
             None => Err("this platform cannot block on a device read".into()),
         };
         let mut s = self.lock();
-        if !s.armed || s.generation != generation {
-            // A backward outside `FullyShardedDataParallel::backward`, or of an old forward.
-            return;
-        }
-        if s.events_left[param_index] == 0 {
-            s.error
-                .get_or_insert("more gradients for a parameter than forwards made".into());
+        if !Self::expected(&mut s, param_index, generation) {
             return;
         }
         let values = match values {
@@ -363,20 +357,41 @@ impl<I: Backend> GradientSink<I> for UnitReducer<I> {
                 *acc += v;
             }
         }
-        s.used[t.unit] = 1;
-        let left = &mut s.events_left[param_index];
-        *left = left.saturating_sub(1);
-        if *left == 0 {
-            s.waiting[t.unit] -= 1;
-            if s.waiting[t.unit] == 0 {
-                s.arrival.push(t.unit);
-                self.launch_in_order(&mut s, true);
-            }
-        }
+        self.counted(&mut s, param_index, t.unit);
     }
 }
 
 impl<I: Backend> UnitReducer<I> {
+    /// Whether a gradient event of `param_index` for backward `generation` is one this
+    /// backward waits for (one too many is recorded as the error).
+    fn expected(s: &mut State<I>, param_index: usize, generation: u64) -> bool {
+        if !s.armed || s.generation != generation {
+            // A backward outside `FullyShardedDataParallel::backward`, or of an old forward.
+            return false;
+        }
+        if s.events_left[param_index] == 0 {
+            s.error
+                .get_or_insert("more gradients for a parameter than forwards made".into());
+            return false;
+        }
+        true
+    }
+
+    /// Counts one gradient event of `param_index` (in `unit`), and launches the units it
+    /// completes, in order.
+    fn counted(&self, s: &mut State<I>, param_index: usize, unit: usize) {
+        s.used[unit] = 1;
+        let left = &mut s.events_left[param_index];
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            s.waiting[unit] -= 1;
+            if s.waiting[unit] == 0 {
+                s.arrival.push(unit);
+                self.launch_in_order(s, true);
+            }
+        }
+    }
+
     /// Device path: keeps the gradient as a tensor (summed with the earlier forwards' ones),
     /// and launches the units it completes. Nothing is read from the device.
     fn on_device_gradient(
@@ -388,12 +403,7 @@ impl<I: Backend> UnitReducer<I> {
     ) {
         let numel = grad.shape().num_elements();
         let mut s = self.lock();
-        if !s.armed || s.generation != generation {
-            return;
-        }
-        if s.events_left[param_index] == 0 {
-            s.error
-                .get_or_insert("more gradients for a parameter than forwards made".into());
+        if !Self::expected(&mut s, param_index, generation) {
             return;
         }
         if numel != t.numel {
@@ -414,15 +424,6 @@ impl<I: Backend> UnitReducer<I> {
             Some(earlier) => I::float_add(earlier, grad),
         };
         s.grads[param_index] = Some(sum);
-        s.used[t.unit] = 1;
-        let left = &mut s.events_left[param_index];
-        *left = left.saturating_sub(1);
-        if *left == 0 {
-            s.waiting[t.unit] -= 1;
-            if s.waiting[t.unit] == 0 {
-                s.arrival.push(t.unit);
-                self.launch_in_order(&mut s, true);
-            }
-        }
+        self.counted(&mut s, param_index, t.unit);
     }
 }

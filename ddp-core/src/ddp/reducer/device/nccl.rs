@@ -166,17 +166,7 @@ impl ReductionDevice for NcclDevice {
         recv: &CubeBucket,
         label: CollectiveLabel,
     ) -> Result<NcclWork, CommError> {
-        let world = self.nccl.world_size();
-        if send.dtype != recv.dtype || send.len != recv.len * world {
-            return Err(CommError::InvalidArgument {
-                op: "reduce_scatter",
-                reason: format!(
-                    "send holds {} elements and recv {} at world size {world}, or their dtypes \
-                     differ",
-                    send.len, recv.len
-                ),
-            });
-        }
+        check_blocks("reduce_scatter", recv, send, self.nccl.world_size())?;
         // SAFETY: as in `all_reduce`, for both buffers (each staged, referenced only by its
         // bucket, kept until the collective is known to have finished, on the group's device,
         // produced before the ready fences the caller waited for); their sizes are checked
@@ -199,17 +189,7 @@ impl ReductionDevice for NcclDevice {
         recv: &CubeBucket,
         label: CollectiveLabel,
     ) -> Result<NcclWork, CommError> {
-        let world = self.nccl.world_size();
-        if send.dtype != recv.dtype || recv.len != send.len * world {
-            return Err(CommError::InvalidArgument {
-                op: "all_gather",
-                reason: format!(
-                    "send holds {} elements and recv {} at world size {world}, or their dtypes \
-                     differ",
-                    send.len, recv.len
-                ),
-            });
-        }
+        check_blocks("all_gather", send, recv, self.nccl.world_size())?;
         // SAFETY: as in `reduce_scatter` above.
         unsafe {
             self.nccl
@@ -238,6 +218,25 @@ impl ReductionDevice for NcclDevice {
             ))
         })
     }
+}
+
+/// `whole` must hold `world` blocks of `block`'s length, in `block`'s dtype.
+fn check_blocks(
+    op: &'static str,
+    block: &CubeBucket,
+    whole: &CubeBucket,
+    world: usize,
+) -> Result<(), CommError> {
+    if block.dtype == whole.dtype && whole.len == block.len * world {
+        return Ok(());
+    }
+    Err(CommError::InvalidArgument {
+        op,
+        reason: format!(
+            "{} elements of {:?} are not {world} blocks of {} elements of {:?}",
+            whole.len, whole.dtype, block.len, block.dtype
+        ),
+    })
 }
 
 fn into_cube<I: Backend>(t: FloatTensor<I>) -> Result<CubeTensor<CudaRuntime>, DdpError> {
