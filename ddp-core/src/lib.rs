@@ -62,7 +62,8 @@
 //!   the feature) checks for a driver before the first GPU tensor operation.
 //! - `test-hooks`: crash points and other test-only hooks, for this project's own tests; never
 //!   in a release.
-//! - `ndarray`: burn's NdArray CPU backend; DDP, ZeRO, FSDP and checkpoints on `Autodiff<NdArray>`.
+//! - `ndarray`: burn's NdArray CPU backend; DDP, ZeRO, FSDP and checkpoints on
+//!   `Autodiff<NdArray>`.
 //! - `tch`: burn's LibTorch backend (`burn::backend::LibTorch`: PyTorch's own kernels through the
 //!   `tch` crate). DDP, ZeRO 1 and 2, FSDP, [`nn::SyncBatchNorm`] and checkpoints work on
 //!   `Autodiff<LibTorch>` as on Flex (the tests: `cargo test -p ddp-core --features tch --test core
