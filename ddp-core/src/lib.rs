@@ -65,12 +65,12 @@
 //! - `ndarray`: burn's NdArray CPU backend; DDP, ZeRO, FSDP and checkpoints on
 //!   `Autodiff<NdArray>`.
 //! - `tch`: burn's LibTorch backend (`burn::backend::LibTorch`: PyTorch's own kernels through the
-//!   `tch` crate). DDP, ZeRO 1 and 2, FSDP, [`nn::SyncBatchNorm`] and checkpoints work on
-//!   `Autodiff<LibTorch>` as on Flex (the tests: `cargo test -p ddp-core --features tch --test core
-//!   tch_backend`). Gradients go through host memory ([`Collectives::Host`]); `Collectives::Nccl` is an
-//!   error at construction naming the tensor type (NCCL reduces only burn's CUDA backend's
-//!   buffers). Off by default: building it needs libtorch 2.9.0, the version burn 0.21's
-//!   `burn-tch` (tch 0.22) is built against. The simplest is PyPI's PyTorch:
+//!   `tch` crate). DDP, ZeRO 1 and 2, FSDP and checkpoints work on `Autodiff<LibTorch>` as on
+//!   Flex (the tests: `cargo test -p ddp-core --features tch --test core tch_backend`), and
+//!   [`nn::SyncBatchNorm`] takes `LibTorch` too. Gradients go through host memory (NCCL
+//!   reduces only burn's CUDA backend's buffers). Off by default: building it needs libtorch
+//!   2.9.0, the version burn 0.21's `burn-tch` (tch 0.22) is built against. The simplest is
+//!   PyPI's PyTorch:
 //!
 //!   ```text
 //!   python3 -m pip install torch==2.9.0
