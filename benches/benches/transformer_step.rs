@@ -98,6 +98,14 @@ fn main() -> Result<()> {
         BackendKind::Ndarray => {
             unreachable!("check_available refuses ndarray without the feature")
         }
+        #[cfg(feature = "tch")]
+        BackendKind::Tch => bench::<burn::backend::Autodiff<burn::backend::LibTorch>>(
+            &args,
+            burn::backend::libtorch::LibTorchDevice::Cpu,
+            "tch (LibTorch, CPU)",
+        ),
+        #[cfg(not(feature = "tch"))]
+        BackendKind::Tch => unreachable!("check_available refuses tch without the feature"),
     }
 }
 

@@ -62,6 +62,30 @@
 //!   the feature) checks for a driver before the first GPU tensor operation.
 //! - `test-hooks`: crash points and other test-only hooks, for this project's own tests; never
 //!   in a release.
+//! - `ndarray`: burn's NdArray CPU backend; DDP, ZeRO, FSDP and checkpoints on
+//!   `Autodiff<NdArray>`.
+//! - `tch`: burn's LibTorch backend (`burn::backend::LibTorch`: PyTorch's own kernels through the
+//!   `tch` crate). DDP, ZeRO 1 and 2, FSDP and checkpoints work on `Autodiff<LibTorch>` as on
+//!   Flex (the tests: `cargo test -p ddp-core --features tch --test core tch_backend`), and
+//!   [`nn::SyncBatchNorm`] takes `LibTorch` too. Gradients go through host memory (NCCL
+//!   reduces only burn's CUDA backend's buffers). Off by default: building it needs libtorch
+//!   2.9.0, the version burn 0.21's `burn-tch` (tch 0.22) is built against. The simplest is
+//!   PyPI's PyTorch:
+//!
+//!   ```text
+//!   python3 -m pip install torch==2.9.0
+//!   LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test core tch_backend
+//!   ```
+//!
+//!   (in a virtualenv, activate it first: tch's build runs `python` there, `python3` outside
+//!   one), or `LIBTORCH=/path/to/libtorch` for an unpacked libtorch. Without either, tch's
+//!   build tries to download libtorch and fails where download.pytorch.org is unreachable. This
+//!   crate's tests and examples, and ddp-examples' binaries, get an rpath to libtorch's
+//!   directory (their `build.rs`); a program of your own either sets `LD_LIBRARY_PATH` to it
+//!   (`python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")'`) or adds
+//!   the same rpath in a build script. A LibTorch rank's intra-op threads are PyTorch's: it
+//!   reads `OMP_NUM_THREADS`, which the launcher sets (cores / local ranks) next to
+//!   `RAYON_NUM_THREADS`.
 //!
 //! ## One step, as data flows
 //! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable

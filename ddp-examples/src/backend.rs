@@ -1,4 +1,4 @@
-//! `--backend flex|ndarray|cuda`: which burn backend a worker trains on.
+//! `--backend flex|ndarray|tch|cuda`: which burn backend a worker trains on.
 
 use anyhow::{Result, bail};
 use clap::ValueEnum;
@@ -10,6 +10,9 @@ pub enum BackendKind {
     Flex,
     /// burn's NdArray CPU backend (build with `--features ndarray`).
     Ndarray,
+    /// burn's LibTorch backend on the CPU: PyTorch's kernels (build with `--features tch`, which
+    /// needs libtorch 2.9.0: `pip install torch==2.9.0` and `LIBTORCH_USE_PYTORCH=1`).
+    Tch,
     /// burn's CUDA backend (build with `--features cuda`); a rank uses GPU `LOCAL_RANK`, or
     /// `LOCAL_RANK % GPUs` when a node runs more ranks than it has GPUs (those ranks share a GPU
     /// and their gradients go through host memory: NCCL cannot put two ranks on one GPU).
@@ -54,6 +57,12 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
         #[cfg(not(feature = "ndarray"))]
         BackendKind::Ndarray => bail!(
             "--backend ndarray: this binary was built without the NdArray backend; rebuild with `--features ndarray`"
+        ),
+        #[cfg(feature = "tch")]
+        BackendKind::Tch => Ok(()),
+        #[cfg(not(feature = "tch"))]
+        BackendKind::Tch => bail!(
+            "--backend tch: this binary was built without the LibTorch backend; rebuild with `--features tch` (it needs libtorch 2.9.0: `pip install torch==2.9.0`, then build with LIBTORCH_USE_PYTORCH=1)"
         ),
         BackendKind::Cuda => {
             #[cfg(not(feature = "cuda"))]
@@ -136,6 +145,13 @@ pub fn run(
                 .train::<burn::backend::Autodiff<burn::backend::NdArray>>(ctx, Default::default()),
             #[cfg(not(feature = "ndarray"))]
             BackendKind::Ndarray => check_available(kind),
+            #[cfg(feature = "tch")]
+            BackendKind::Tch => job.train::<burn::backend::Autodiff<burn::backend::LibTorch>>(
+                ctx,
+                burn::backend::libtorch::LibTorchDevice::Cpu,
+            ),
+            #[cfg(not(feature = "tch"))]
+            BackendKind::Tch => check_available(kind),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 check_available(kind)?;

@@ -21,8 +21,8 @@ use super::SyncBatchNormGroup;
 
 /// Backends on which a [`SyncBatchNorm`](super::SyncBatchNorm) can sum its statistics over
 /// ranks: every `Autodiff<B>` whose inner backend is one (the sum is differentiable there), and
-/// burn's `Flex` (and `Cuda` with the `cuda` feature) themselves, which evaluation runs on.
-/// A model using `SyncBatchNorm` names it in its bounds
+/// burn's `Flex` (and `NdArray`, `LibTorch`, `Cuda` with the features of those names)
+/// themselves, which evaluation runs on. A model using `SyncBatchNorm` names it in its bounds
 /// (`impl<B: SyncBatchNormBackend> Model<B>`).
 pub trait SyncBatchNormBackend: Backend {
     /// The element-wise sum of `tensor` over the ranks of `group`'s statistics group. On an
@@ -72,6 +72,8 @@ macro_rules! plain_backend {
 plain_backend!(burn::backend::Flex);
 #[cfg(feature = "ndarray")]
 plain_backend!(burn::backend::NdArray);
+#[cfg(feature = "tch")]
+plain_backend!(burn::backend::LibTorch);
 #[cfg(feature = "cuda")]
 plain_backend!(burn::backend::Cuda);
 

@@ -31,5 +31,7 @@ mod gpu_cuda;
 #[cfg(feature = "ndarray")]
 mod ndarray_backend;
 mod sync_batch_norm;
+#[cfg(feature = "tch")]
+mod tch_backend;
 mod zero;
 mod zero2;

@@ -140,6 +140,39 @@ fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
     );
 }
 
+/// `--backend tch`: without the feature, a clear error naming the feature and libtorch; with it,
+/// training on burn's LibTorch backend (two ranks) to the accuracy it reaches on Flex.
+#[test]
+fn digits_with_backend_tch_trains_or_says_how_to_build_it() {
+    let (ok, out, err) = run(
+        env!("CARGO_BIN_EXE_digits"),
+        &[
+            "--nproc-per-node",
+            "2",
+            "--backend",
+            "tch",
+            "--epochs",
+            "12",
+        ],
+    );
+    if !cfg!(feature = "tch") {
+        assert!(!ok, "{out}");
+        assert!(
+            err.contains("without the LibTorch backend")
+                && err.contains("--features tch")
+                && err.contains("torch==2.9.0"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(ok, "digits --backend tch failed:\n{out}\n{err}");
+    let accuracy = percent_after(&out, "test accuracy");
+    assert!(
+        accuracy >= 95.0,
+        "accuracy {accuracy}% below 95% on LibTorch:\n{out}"
+    );
+}
+
 /// `--backend cuda`: without the feature, a clear error; with it, training on GPU 0 to the same
 /// accuracy as on the CPU (world size 1), or, on a machine without a driver, the error that says
 /// so before any tensor operation.

@@ -90,6 +90,14 @@ fn main() -> ExitCode {
             ),
             #[cfg(not(feature = "ndarray"))]
             BackendKind::Ndarray => check_available(args.backend),
+            #[cfg(feature = "tch")]
+            BackendKind::Tch => train::<burn::backend::Autodiff<burn::backend::LibTorch>>(
+                ctx,
+                &args,
+                burn::backend::libtorch::LibTorchDevice::Cpu,
+            ),
+            #[cfg(not(feature = "tch"))]
+            BackendKind::Tch => check_available(args.backend),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
                 let device =
