@@ -56,6 +56,27 @@ mod tests {
         &page[start..start + len]
     }
 
+    /// The ddp-train page's excerpt is, line for line (indentation aside), a run of lines of
+    /// the example it quotes.
+    #[test]
+    fn the_ddp_train_page_quotes_its_example() {
+        let page = include_str!("guide/ddp-train.md");
+        let excerpt: Vec<&str> = block(page, "```rust,ignore")
+            .lines()
+            .map(str::trim)
+            .collect();
+        let example: Vec<&str> = include_str!("../ddp-train/examples/digits_learner.rs")
+            .lines()
+            .map(str::trim)
+            .collect();
+        assert!(
+            example
+                .windows(excerpt.len())
+                .any(|w| w == excerpt.as_slice()),
+            "docs/guide/ddp-train.md's excerpt is no longer in ddp-train/examples/digits_learner.rs"
+        );
+    }
+
     #[test]
     fn the_pytorch_page_shows_the_files_it_names() {
         let page = include_str!("guide/from-pytorch.md");
