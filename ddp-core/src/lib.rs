@@ -107,7 +107,11 @@
 //! [`DdpError::BucketLayoutMismatch`], not a hang inside NCCL. The NCCL engine's protocol
 //! (issuing thread, bucket order, ready fences, watchdog, abort) is written once over a device
 //! seam; [`Collectives::StandIn`] runs it on a CPU stand-in (host buffers, a communicator of its
-//! own over the CPU transports), which is how it is tested at worlds 2-8 without GPUs.
+//! own over the CPU transports), which is how it is tested at worlds 2-8 without GPUs. The same
+//! seam carries ZeRO stage 2's reduce-scatters and all-gathers
+//! ([`ZeroRedundancyOptimizer::with_collectives`](zero::ZeroRedundancyOptimizer::with_collectives))
+//! and FSDP's ([`FsdpConfig::with_collectives`](fsdp::FsdpConfig::with_collectives)): on a device
+//! communicator their gradients and parameters stay tensors on the device.
 //!
 //! ## A training loop
 //!
