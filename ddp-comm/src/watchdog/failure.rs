@@ -128,10 +128,21 @@ impl fmt::Display for WatchdogFailure {
         self.write_headline(f)?;
         write!(f, "; the communicator was aborted. ")?;
         if let FailureCause::PeerFailed(_) = &self.cause {
-            return write!(
+            write!(
                 f,
                 "The cause is that rank's (in brackets; its own error says more)."
-            );
+            )?;
+            // What this rank saw too: the ranks that never issued its oldest collective. The
+            // first failing rank publishes its headline before it reads anyone's progress, so
+            // a rank that learns of the failure from it may be the only one to name them.
+            if let (Some(stuck), PeerProgress::Known(peers)) = (&self.stuck, &self.peers) {
+                let behind = ranks_behind(peers, stuck.seq);
+                if !behind.is_empty() {
+                    write!(f, " ")?;
+                    write_behind(f, "Behind on this rank's side", peers, &behind, stuck.seq)?;
+                }
+            }
+            return Ok(());
         }
         if let FailureCause::Failed(_) = &self.cause {
             // Peers that have not reached this rank's collectives are waiting for it, not
@@ -152,20 +163,7 @@ impl fmt::Display for WatchdogFailure {
             PeerProgress::Known(peers) => {
                 let behind = ranks_behind(peers, stuck.seq);
                 if !behind.is_empty() {
-                    write!(f, "Behind: ")?;
-                    for (i, r) in behind.iter().enumerate() {
-                        let p = peers.iter().find(|p| p.rank == *r);
-                        let sep = if i == 0 { "" } else { ", " };
-                        match p.and_then(|p| p.issued) {
-                            Some(issued) => write!(f, "{sep}rank {r} (issued up to #{issued})")?,
-                            None => write!(f, "{sep}rank {r} (never issued a collective)")?,
-                        }
-                    }
-                    write!(
-                        f,
-                        " never issued #{}: they are stuck before it (compute, data loading, a different code path) or dead; check their logs",
-                        stuck.seq
-                    )
+                    write_behind(f, "Behind", peers, &behind, stuck.seq)
                 } else {
                     let finished = ranks_finished(peers, stuck.seq);
                     if finished.is_empty() {
@@ -185,6 +183,29 @@ impl fmt::Display for WatchdogFailure {
             }
         }
     }
+}
+
+/// "`lead`: rank 1 (issued up to #5), ... never issued #7: ...".
+fn write_behind(
+    f: &mut fmt::Formatter<'_>,
+    lead: &str,
+    peers: &[super::progress::RankProgress],
+    behind: &[usize],
+    seq: u64,
+) -> fmt::Result {
+    write!(f, "{lead}: ")?;
+    for (i, r) in behind.iter().enumerate() {
+        let p = peers.iter().find(|p| p.rank == *r);
+        let sep = if i == 0 { "" } else { ", " };
+        match p.and_then(|p| p.issued) {
+            Some(issued) => write!(f, "{sep}rank {r} (issued up to #{issued})")?,
+            None => write!(f, "{sep}rank {r} (never issued a collective)")?,
+        }
+    }
+    write!(
+        f,
+        " never issued #{seq}: they are stuck before it (compute, data loading, a different code path) or dead; check their logs"
+    )
 }
 
 impl std::error::Error for WatchdogFailure {}
@@ -257,6 +278,32 @@ mod tests {
                 .starts_with("group 'world' rank 0: failed: CUDA_ERROR_ILLEGAL_ADDRESS;"),
             "{f}"
         );
+    }
+
+    /// A rank that learns of the failure from the first failing rank's report (which names no
+    /// rank behind: it is published before anyone's progress is read) still names the ranks
+    /// that never issued its own oldest collective, without blaming them for the failure.
+    #[test]
+    fn should_name_the_ranks_behind_when_a_peer_failed_the_group_first() {
+        let mut f = failure(PeerProgress::Known(vec![
+            rank(0, Some(7)),
+            rank(1, Some(5)),
+            rank(2, Some(7)),
+        ]));
+        f.rank = 2;
+        f.cause = FailureCause::PeerFailed("group 'world' rank 0: all_reduce #7 timed out".into());
+        assert!(f.ranks_behind().is_empty(), "the failure is rank 0's");
+        let msg = f.to_string();
+        assert!(
+            msg.contains("when another rank failed the group [group 'world' rank 0"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("Behind on this rank's side: rank 1 (issued up to #5) never issued #7"),
+            "{msg}"
+        );
+        f.peers = PeerProgress::Known(vec![rank(0, Some(7)), rank(1, Some(7))]);
+        assert!(!f.to_string().contains("Behind"), "{f}");
     }
 
     #[test]
