@@ -230,24 +230,16 @@ impl NcclBackend {
         op: ReduceOp,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let bytes = len.saturating_mul(dtype.size_bytes());
-        self.inner.thread.run_blocking(label.op, move |s| {
-            // SAFETY: the caller guarantees that `ptr` holds `len` elements of `dtype` on this
-            // device, untouched by other streams until the work completes.
-            unsafe {
-                s.queue(
-                    Call::AllReduce(op),
-                    label,
-                    Buffers {
-                        src: ptr,
-                        dst: ptr,
-                        count: len,
-                        dtype: dtype.nccl(),
-                        bytes,
-                    },
-                )
-            }
-        })
+        let buffers = Buffers {
+            src: ptr,
+            dst: ptr,
+            count: len,
+            dtype: dtype.nccl(),
+            bytes: len.saturating_mul(dtype.size_bytes()),
+        };
+        // SAFETY: the caller guarantees that `ptr` holds `len` elements of `dtype` on this
+        // device, untouched by other streams until the work completes.
+        unsafe { self.queue_raw(Call::AllReduce(op), label, buffers) }
     }
 
     /// Enqueues a reduce-scatter on the group's stream and returns at once: `src` holds
@@ -275,25 +267,17 @@ impl NcclBackend {
         op: ReduceOp,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let bytes = count
-            .saturating_mul(self.world_size())
-            .saturating_mul(dtype.size_bytes());
-        self.inner.thread.run_blocking(label.op, move |s| {
-            // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
-            unsafe {
-                s.queue(
-                    Call::ReduceScatter(op),
-                    label,
-                    Buffers {
-                        src,
-                        dst,
-                        count,
-                        dtype: dtype.nccl(),
-                        bytes,
-                    },
-                )
-            }
-        })
+        let buffers = Buffers {
+            src,
+            dst,
+            count,
+            dtype: dtype.nccl(),
+            bytes: count
+                .saturating_mul(self.world_size())
+                .saturating_mul(dtype.size_bytes()),
+        };
+        // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
+        unsafe { self.queue_raw(Call::ReduceScatter(op), label, buffers) }
     }
 
     /// Enqueues an all-gather on the group's stream and returns at once: every rank's `count`
@@ -320,24 +304,34 @@ impl NcclBackend {
         dtype: NcclDtype,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let bytes = count
-            .saturating_mul(self.world_size())
-            .saturating_mul(dtype.size_bytes());
+        let buffers = Buffers {
+            src,
+            dst,
+            count,
+            dtype: dtype.nccl(),
+            bytes: count
+                .saturating_mul(self.world_size())
+                .saturating_mul(dtype.size_bytes()),
+        };
+        // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
+        unsafe { self.queue_raw(Call::AllGather, label, buffers) }
+    }
+
+    /// Queues `call` on `buffers` (raw device addresses) on the group's stream and returns its
+    /// work at once.
+    ///
+    /// # Safety
+    /// As [`all_reduce_raw_async`](Self::all_reduce_raw_async), for every buffer `buffers`
+    /// names.
+    unsafe fn queue_raw(
+        &self,
+        call: Call,
+        label: CollectiveLabel,
+        buffers: Buffers,
+    ) -> Result<NcclWork> {
         self.inner.thread.run_blocking(label.op, move |s| {
-            // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
-            unsafe {
-                s.queue(
-                    Call::AllGather,
-                    label,
-                    Buffers {
-                        src,
-                        dst,
-                        count,
-                        dtype: dtype.nccl(),
-                        bytes,
-                    },
-                )
-            }
+            // SAFETY: forwarded from the caller.
+            unsafe { s.queue(call, label, buffers) }
         })
     }
 
