@@ -11,8 +11,10 @@ import sys
 
 
 def read(out, name):
+    """A step's output; None when it did not run (or was skipped for lack of time)."""
     path = out / f"{name}.txt"
-    return path.read_text(errors="replace") if path.exists() else None
+    text = path.read_text(errors="replace") if path.exists() else None
+    return None if text is not None and text.startswith("skipped:") else text
 
 
 def status(out, name):
@@ -145,11 +147,78 @@ def overlap_rows(out, name):
     return rows
 
 
+def step_table(out, name):
+    """A transformer_step output: (plain ms, first plain step ms, DDP ms, DDP / plain, hidden %)."""
+    text = read(out, name)
+    if not text:
+        return None
+    plain = re.search(r"^\s+plain burn\s+([\d.]+)\s+([\d.]+)\s*$", text, re.M)
+    ddp = re.search(r"^\s+DDP \(world 1\)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%", text, re.M)
+    if not (plain and ddp):
+        return None
+    return (float(plain.group(1)), float(plain.group(2)), float(ddp.group(1)), float(ddp.group(2)),
+            int(ddp.group(3)))
+
+
+def pytorch_table(out, name):
+    """A transformer_ddp.py output: (plain ms, DDP ms, DDP / plain)."""
+    text = read(out, name) or ""
+    p = re.search(r"plain PyTorch\s+([\d.]+) ms/step", text)
+    d = re.search(r"DDP \(NCCL, world 1\)\s+([\d.]+) ms/step", text)
+    if not (p and d):
+        return None
+    return float(p.group(1)), float(d.group(1)), float(d.group(1)) / float(p.group(1))
+
+
+def variant_rows(out):
+    """Check 11 (issue 44): each shape x backend variant against PyTorch on the same shape."""
+    rows = []
+    for shape in ("85m", "tiny"):
+        torch = pytorch_table(out, f"11-{shape}-pytorch")
+        if torch:
+            rows.append((f"11 {shape} PyTorch: plain / DDP ms", f"{torch[0]:.2f} / {torch[1]:.2f} ({torch[2]:.3f})",
+                         "reference", "-"))
+        for backend in ("cuda-fused", "cuda"):
+            for build in ("autotune", "plain"):
+                name = f"11-{shape}-{backend}-{build}"
+                what = f"11 {shape} {'fused' if backend == 'cuda-fused' else 'unfused'}, autotune {'on' if build == 'autotune' else 'off'}"
+                if read(out, name) is None:
+                    rows.append((what, "not run", "-", "-"))
+                    continue
+                t = step_table(out, name)
+                if t is None:
+                    rows.append((what, f"no table (exit {status(out, name)}; see {name}.txt)", "a table", "FAIL"))
+                    continue
+                plain, first, ddp, ratio, hidden = t
+                rows.append((f"{what}: plain / DDP ms, first step", f"{plain:.2f} / {ddp:.2f} ms, first {first / 1e3:.1f} s", "-", "-"))
+                if torch:
+                    rows.append((f"{what}: DDP / plain", f"{ratio:.3f} vs PyTorch {torch[2]:.3f}", "<= PyTorch's",
+                                 "pass" if ratio <= torch[2] else "FAIL"))
+                rows.append((f"{what}: all-reduce hidden", f"{hidden}%", ">= 90%", "pass" if hidden >= 90 else "FAIL"))
+                if shape == "85m" and backend == "cuda-fused" and build == "autotune" and torch:
+                    r = ddp / torch[1]
+                    rows.append((f"{what}: DDP / PyTorch DDP", f"{ddp:.2f} / {torch[1]:.2f} ms = {r:.2f}", "<= 1.25",
+                                 "pass" if r <= 1.25 else "FAIL"))
+    return rows
+
+
+def cold_start_row(out):
+    """Check 10: a second run with the kernel cache does not pay the first run's warm-up."""
+    cold, warm = step_table(out, "10-cold-start-empty-cache"), step_table(out, "10b-cold-start-warm-cache")
+    what = "10 first step, empty then warm kernel cache"
+    if not (cold and warm):
+        return (what, "not run", "warm <= 25% of cold", "-")
+    r = warm[1] / cold[1]
+    return (what, f"{cold[1] / 1e3:.2f} s then {warm[1] / 1e3:.2f} s ({r:.2f})", "warm <= 25% of cold",
+            "pass" if r <= 0.25 else "FAIL")
+
+
 def main():
     out = pathlib.Path(sys.argv[1])
     rows = [
         tests_row(out, "0-nccl-group-tests", "0 NCCL group tests"),
         digits_row(out, "1-digits-nccl-world1"),
+        accuracy_row(out, "1b-digits-fused-nccl-world1", "1b digits --backend cuda-fused, NCCL", r"test accuracy ([\d.]+)%"),
         tests_row(out, "2-gpu-equivalence", "2 gpu_cuda tests (host staging = one process)"),
         bench_row(out, "3-nccl-all-reduce"),
         *transformer_rows(out, "4-transformer-step-nccl"),
@@ -160,9 +229,13 @@ def main():
         transformer_example_row(out, "7b-transformer-host-world2", "7 transformer example, 2 ranks on 1 GPU"),
         transformer_example_row(out, "7c-transformer-bf16-world1", "7 transformer example, bf16, NCCL"),
         transformer_example_row(out, "7d-transformer-fsdp-world2", "7 transformer example, --shard full, 2 ranks"),
+        transformer_example_row(out, "7e-transformer-zero2-nccl-world1", "7e transformer example, ZeRO-2, NCCL"),
+        transformer_example_row(out, "7f-transformer-fsdp-nccl-world1", "7f transformer example, FSDP, NCCL"),
+        transformer_example_row(out, "7g-transformer-fused-nccl-world1", "7g transformer example, fused, NCCL"),
+        transformer_example_row(out, "7h-transformer-fused-zero2-nccl-world1", "7h transformer example, fused, ZeRO-2, NCCL"),
         *overlap_rows(out, "8-cpu-overlap-table"),
-        overhead_row(out, "9-transformer-step-85m-nccl", "9b-pytorch-ddp-85m", "9 85M shape: DDP / plain"),
-        pytorch_row(out, "9-transformer-step-85m-nccl", "9b-pytorch-ddp-85m", "9 85M shape: ours / PyTorch DDP", 1.25),
+        cold_start_row(out),
+        *variant_rows(out),
         # NCCL cannot put two ranks on one GPU: the world-2 failure check needs a machine with two.
         ("- rank 1 fails, rank 0 quotes it", "not automated here", "within seconds", "-"),
     ]

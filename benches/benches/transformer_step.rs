@@ -5,7 +5,14 @@
 //! cargo bench -p ddp-benches --features cuda --bench transformer_step -- --backend cuda --collectives nccl
 //! cargo bench -p ddp-benches --features cuda --bench transformer_step -- --backend cuda \
 //!     --d-model 768 --layers 12 --heads 12 --seq-len 127    # the 85M shape
+//! cargo bench -p ddp-benches --features cuda,autotune --bench transformer_step -- \
+//!     --backend cuda-fused                                   # burn's default CUDA backend
 //! ```
+//!
+//! Backend variants: `--backend cuda` (unfused) or `cuda-fused` (burn-fusion, what burn's
+//! default features give), each built with or without burn's `autotune` (feature `autotune`).
+//! The first-step column is the cold start (kernel compilation, autotuning) when the kernel
+//! cache (`DDP_KERNEL_CACHE`, see `ddp_core::kernel_cache`) is empty.
 //!
 //! Model: the `transformer` example's `TinyGpt` (by default d_model 256, 4 layers, 4 heads: 3.2M
 //! parameters; `--d-model --layers --heads --seq-len --batch` set another shape) on its
@@ -81,13 +88,23 @@ fn main() -> Result<()> {
             "flex (CPU)",
         ),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => bench::<burn::backend::Autodiff<burn::backend::Cuda>>(
+        BackendKind::Cuda => bench::<burn::backend::Autodiff<ddp_examples::backend::CudaUnfused>>(
             &args,
-            burn::backend::cuda::CudaDevice::new(0),
-            "cuda (GPU 0)",
+            gpu(BackendKind::Cuda)?,
+            &format!("cuda (GPU 0, unfused, autotune {})", autotune()),
         ),
+        #[cfg(feature = "cuda")]
+        BackendKind::CudaFused => {
+            bench::<burn::backend::Autodiff<ddp_examples::backend::CudaFused>>(
+                &args,
+                gpu(BackendKind::CudaFused)?,
+                &format!("cuda (GPU 0, fused, autotune {})", autotune()),
+            )
+        }
         #[cfg(not(feature = "cuda"))]
-        BackendKind::Cuda => unreachable!("check_available refuses cuda without the feature"),
+        BackendKind::Cuda | BackendKind::CudaFused => {
+            unreachable!("check_available refuses cuda without the feature")
+        }
         #[cfg(feature = "ndarray")]
         BackendKind::Ndarray => bench::<burn::backend::Autodiff<burn::backend::NdArray>>(
             &args,
@@ -106,6 +123,23 @@ fn main() -> Result<()> {
         ),
         #[cfg(not(feature = "tch"))]
         BackendKind::Tch => unreachable!("check_available refuses tch without the feature"),
+    }
+}
+
+/// GPU 0, with the kernel cache on (`DDP_KERNEL_CACHE` chooses it; a fresh directory measures
+/// a cold start, as the GPU checks do).
+#[cfg(feature = "cuda")]
+fn gpu(kind: BackendKind) -> Result<burn::backend::cuda::CudaDevice> {
+    ddp_examples::backend::prepare_gpu("transformer_step", kind, 0)
+}
+
+/// Whether this build has burn's `autotune` feature (the benches' `autotune` feature).
+#[cfg(feature = "cuda")]
+fn autotune() -> &'static str {
+    if cfg!(feature = "autotune") {
+        "on"
+    } else {
+        "off"
     }
 }
 

@@ -207,6 +207,7 @@ pub mod amp;
 pub mod checkpoint;
 pub mod cpu_fast_path;
 pub mod fsdp;
+pub mod kernel_cache;
 pub mod metrics;
 pub mod nn;
 pub mod progress;

@@ -1,4 +1,4 @@
-//! `--backend flex|ndarray|tch|cuda`: which burn backend a worker trains on.
+//! `--backend flex|ndarray|tch|cuda|cuda-fused`: which burn backend a worker trains on.
 
 use anyhow::{Result, bail};
 use clap::ValueEnum;
@@ -13,11 +13,32 @@ pub enum BackendKind {
     /// burn's LibTorch backend on the CPU: PyTorch's kernels (build with `--features tch`, which
     /// needs libtorch 2.9.0: `pip install torch==2.9.0` and `LIBTORCH_USE_PYTORCH=1`).
     Tch,
-    /// burn's CUDA backend (build with `--features cuda`); a rank uses GPU `LOCAL_RANK`, or
-    /// `LOCAL_RANK % GPUs` when a node runs more ranks than it has GPUs (those ranks share a GPU
-    /// and their gradients go through host memory: NCCL cannot put two ranks on one GPU).
+    /// burn's CUDA backend without fusion, [`CudaUnfused`] (build with `--features cuda`); a
+    /// rank uses GPU `LOCAL_RANK`, or `LOCAL_RANK % GPUs` when a node runs more ranks than it has
+    /// GPUs (those ranks share a GPU and their gradients go through host memory: NCCL cannot put
+    /// two ranks on one GPU).
     Cuda,
+    /// burn's default CUDA backend, [`CudaFused`]: what `burn::backend::Cuda` is with burn's
+    /// default features (kernels fused at run time by burn-fusion); GPUs as for `cuda`.
+    CudaFused,
 }
+
+impl BackendKind {
+    /// Whether this backend trains on a GPU.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, BackendKind::Cuda | BackendKind::CudaFused)
+    }
+}
+
+/// burn's CUDA backend without fusion (`burn::backend::Cuda` when burn's `fusion` feature is
+/// off), whatever burn features the build has.
+#[cfg(feature = "cuda")]
+pub type CudaUnfused = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+/// burn's CUDA backend with fusion (`burn::backend::Cuda` with burn's default features),
+/// whatever burn features the build has.
+#[cfg(feature = "cuda")]
+pub type CudaFused = burn_fusion::Fusion<CudaUnfused>;
 
 /// `--collectives auto|nccl|host|stand-in`: which collectives reduce the gradient buckets
 /// ([`ddp_core::Collectives`]).
@@ -64,10 +85,15 @@ pub fn check_available(kind: BackendKind) -> Result<()> {
         BackendKind::Tch => bail!(
             "--backend tch: this binary was built without the LibTorch backend; rebuild with `--features tch` (it needs libtorch 2.9.0: `pip install torch==2.9.0`, then build with LIBTORCH_USE_PYTORCH=1)"
         ),
-        BackendKind::Cuda => {
+        BackendKind::Cuda | BackendKind::CudaFused => {
             #[cfg(not(feature = "cuda"))]
             bail!(
-                "--backend cuda: this binary was built without CUDA support; rebuild with `--features cuda`"
+                "--backend {}: this binary was built without CUDA support; rebuild with `--features cuda`",
+                if kind == BackendKind::Cuda {
+                    "cuda"
+                } else {
+                    "cuda-fused"
+                }
             );
             #[cfg(feature = "cuda")]
             {
@@ -112,6 +138,26 @@ pub fn cuda_device_for(name: &str, local_rank: usize) -> Result<burn::backend::c
     Ok(burn::backend::cuda::CudaDevice::new(gpu))
 }
 
+/// A worker's GPU, with cubecl's kernel cache turned on first
+/// ([`ddp_core::kernel_cache::use_kernel_cache`]: a second run does not compile and autotune
+/// again); says on stderr where the cache is, once per node.
+///
+/// # Errors
+/// As [`cuda_device_for`], or a kernel cache directory that cannot be created.
+#[cfg(feature = "cuda")]
+pub fn prepare_gpu(
+    name: &str,
+    kind: BackendKind,
+    local_rank: usize,
+) -> Result<burn::backend::cuda::CudaDevice> {
+    check_available(kind)?;
+    let cache = ddp_core::kernel_cache::use_kernel_cache()?;
+    if local_rank == 0 {
+        eprintln!("{name}: {cache}");
+    }
+    cuda_device_for(name, local_rank)
+}
+
 /// A training function that works on any tapped backend; [`run`] picks the backend.
 pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
@@ -154,12 +200,16 @@ pub fn run(
             BackendKind::Tch => check_available(kind),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
-                check_available(kind)?;
-                let device = cuda_device_for(name, ctx.device_index())?;
-                job.train::<burn::backend::Autodiff<burn::backend::Cuda>>(ctx, device)
+                let device = prepare_gpu(name, kind, ctx.device_index())?;
+                job.train::<burn::backend::Autodiff<CudaUnfused>>(ctx, device)
+            }
+            #[cfg(feature = "cuda")]
+            BackendKind::CudaFused => {
+                let device = prepare_gpu(name, kind, ctx.device_index())?;
+                job.train::<burn::backend::Autodiff<CudaFused>>(ctx, device)
             }
             #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda => check_available(kind),
+            BackendKind::Cuda | BackendKind::CudaFused => check_available(kind),
         }
     });
     match result {

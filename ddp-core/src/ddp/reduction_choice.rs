@@ -157,14 +157,14 @@ mod nccl {
     use super::*;
     use crate::ddp::reducer::{NcclDevice, NcclReduction};
 
-    /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend
-    /// (the one backend whose buffers NCCL can reduce in place).
+    /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend,
+    /// fused or not (the backends whose buffers NCCL can reduce in place).
     pub(super) fn cuda_device<I: Backend>(table: &ParamTable<I>) -> Option<usize> {
         NcclDevice::cuda_device::<I>(&table.entries.first()?.device)
     }
 
-    /// Whether the model is on a CUDA GPU, whatever burn's tensor type there (the fused one
-    /// too): then a bucket is read to the host in one copy, not one per gradient.
+    /// Whether the model is on a CUDA GPU, whatever burn's tensor type there: then a bucket
+    /// is read to the host in one copy, not one per gradient.
     pub(super) fn on_cuda_device<I: Backend>(table: &ParamTable<I>) -> bool {
         table.entries.first().is_some_and(|e| {
             (&e.device as &dyn std::any::Any)
@@ -183,9 +183,10 @@ mod nccl {
                 tracing::warn!(
                     rank = pg.rank(),
                     tensors = std::any::type_name::<burn::tensor::ops::FloatTensor<I>>(),
-                    "the model is on a GPU, but NCCL reduces only the buffers of burn's unfused \
-                     CUDA backend (burn's `fusion` feature is on); gradient buckets go through \
-                     host memory, one copy per bucket"
+                    "the model is on a GPU, but NCCL reduces only the buffers of burn's CUDA \
+                     backends (CubeBackend<CudaRuntime> and Fusion<CubeBackend<CudaRuntime>>, \
+                     i.e. burn::backend::Cuda); gradient buckets go through host memory, one \
+                     copy per bucket: train on burn::backend::Cuda for NCCL"
                 );
                 return Ok(None);
             }
@@ -195,9 +196,9 @@ mod nccl {
             (Collectives::Auto, Some(_)) if pg.world_size() == 1 => return Ok(None),
             (Collectives::Nccl, None) => {
                 return Err(DdpError::InvalidConfig(format!(
-                    "Collectives::Nccl reduces buffers of burn's CUDA backend in place \
-                     (burn::backend::Cuda without the `fusion` feature); this model's tensors \
-                     are {}: use Collectives::Auto or Host",
+                    "Collectives::Nccl reduces buffers of burn's CUDA backends in place \
+                     (burn::backend::Cuda, fused or not); this model's tensors are {}: train on \
+                     burn::backend::Cuda, or use Collectives::Auto or Host",
                     std::any::type_name::<burn::tensor::ops::FloatTensor<I>>()
                 )));
             }

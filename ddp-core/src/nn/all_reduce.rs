@@ -74,8 +74,40 @@ plain_backend!(burn::backend::Flex);
 plain_backend!(burn::backend::NdArray);
 #[cfg(feature = "tch")]
 plain_backend!(burn::backend::LibTorch);
+
+/// burn's CUDA backends, fused or not, whatever their element types (`burn::backend::Cuda` is
+/// one or the other, as burn's `fusion` feature decides).
 #[cfg(feature = "cuda")]
-plain_backend!(burn::backend::Cuda);
+mod cuda {
+    use super::*;
+    use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+    use burn_fusion::Fusion;
+    use cubecl::cuda::CudaRuntime;
+
+    impl<F: FloatElement, I: IntElement, BT: BoolElement> SyncBatchNormBackend
+        for CubeBackend<CudaRuntime, F, I, BT>
+    {
+        fn sum_across_ranks(
+            tensor: Tensor<Self, 1>,
+            group: &SyncBatchNormGroup,
+        ) -> Result<Tensor<Self, 1>, CommError> {
+            let summed = host_sum::<Self>(tensor.into_primitive().tensor(), group)?;
+            Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+        }
+    }
+
+    impl<F: FloatElement, I: IntElement, BT: BoolElement> SyncBatchNormBackend
+        for Fusion<CubeBackend<CudaRuntime, F, I, BT>>
+    {
+        fn sum_across_ranks(
+            tensor: Tensor<Self, 1>,
+            group: &SyncBatchNormGroup,
+        ) -> Result<Tensor<Self, 1>, CommError> {
+            let summed = host_sum::<Self>(tensor.into_primitive().tensor(), group)?;
+            Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+        }
+    }
+}
 
 /// The op's backward: sum the gradient over the ranks.
 #[derive(Debug)]

@@ -24,6 +24,7 @@ use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsMlp;
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
+use ddp_examples::warm_up::StepClock;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -149,6 +150,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     let start = std::time::Instant::now();
+    let mut clock = StepClock::new();
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
         loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
@@ -162,11 +164,13 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
             let grads = ddp.backward(loss)?;
             ddp.optimizer_step(&mut optim, args.lr, grads);
             step += 1;
+            clock.step();
             progress.step(loss_value, n)?;
         }
         progress.finish();
         let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
         last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
+        clock.pause_until_now();
     }
 
     // Evaluation: each rank scores its exact shard of the test set (no padding), so the
@@ -185,6 +189,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
             args.epochs,
             start.elapsed().as_secs_f64()
         );
+        println!("digits: {}", clock.summary());
     }
     if rank == 0 {
         match last_saved.or_else(|| {

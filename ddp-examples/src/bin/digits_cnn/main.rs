@@ -100,12 +100,28 @@ fn main() -> ExitCode {
             BackendKind::Tch => check_available(args.backend),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
-                let device =
-                    ddp_examples::backend::cuda_device_for("digits_cnn", ctx.device_index())?;
-                train::<burn::backend::Autodiff<burn::backend::Cuda>>(ctx, &args, device)
+                let device = ddp_examples::backend::prepare_gpu(
+                    "digits_cnn",
+                    args.backend,
+                    ctx.device_index(),
+                )?;
+                train::<burn::backend::Autodiff<ddp_examples::backend::CudaUnfused>>(
+                    ctx, &args, device,
+                )
+            }
+            #[cfg(feature = "cuda")]
+            BackendKind::CudaFused => {
+                let device = ddp_examples::backend::prepare_gpu(
+                    "digits_cnn",
+                    args.backend,
+                    ctx.device_index(),
+                )?;
+                train::<burn::backend::Autodiff<ddp_examples::backend::CudaFused>>(
+                    ctx, &args, device,
+                )
             }
             #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda => check_available(args.backend),
+            BackendKind::Cuda | BackendKind::CudaFused => check_available(args.backend),
         }
     });
     match result {

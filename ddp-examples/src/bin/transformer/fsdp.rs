@@ -108,6 +108,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let start = std::time::Instant::now();
+    let mut clock = ddp_examples::warm_up::StepClock::new();
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
         loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
@@ -121,11 +122,13 @@ pub fn train_fully_sharded<B: TapBackend>(
             let grads = fsdp.backward(loss)?;
             fsdp.optimizer_step(&mut adam, args.lr, grads)?;
             step += 1;
+            clock.step();
             progress.step(loss_value, n)?;
         }
         progress.finish();
         let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
         last_saved = Some(fsdp.save_checkpoint(&checkpoints, &adam, &state)?.path);
+        clock.pause_until_now();
     }
     let model = fsdp.full_module()?;
     let (accuracy, total) = token_accuracy(args, &model, &pg, &device)?;
@@ -136,6 +139,7 @@ pub fn train_fully_sharded<B: TapBackend>(
             args.epochs,
             start.elapsed().as_secs_f64(),
         );
+        println!("transformer: {}", clock.summary());
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());

@@ -27,6 +27,7 @@ use ddp_core::{
 use ddp_examples::backend::{TrainOn, run};
 use ddp_examples::models::TinyGpt;
 use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
+use ddp_examples::warm_up::StepClock;
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
 
@@ -155,6 +156,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let half = args.mixed_precision.map(MixedPrecision::dtype);
     let mut skipped = 0usize;
     let start = std::time::Instant::now();
+    let mut clock = StepClock::new();
     let mut overlap = Vec::new();
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
@@ -180,6 +182,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
                 overlap.push(s.overlap_fraction());
             }
             step += 1;
+            clock.step();
             progress.step(loss_value, n)?;
         }
         progress.finish();
@@ -190,6 +193,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
             .with_sampler(loader.state())
             .with_user(&extra)?;
         last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
+        clock.pause_until_now();
     }
 
     let (accuracy, total) = token_accuracy(args, ddp.module(), &pg, &device)?;
@@ -212,6 +216,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     }
     let state_bytes = optim.state_bytes()?;
     if rank == 0 {
+        println!("transformer: {}", clock.summary());
         println!("transformer: optimizer state on rank 0: {state_bytes} bytes");
     }
     if let (0, Some(mp)) = (rank, args.mixed_precision) {

@@ -83,8 +83,8 @@ mod nccl {
         let ordinal = match (collectives, NcclDevice::cuda_device::<I>(device)) {
             (Collectives::Nccl, None) => {
                 return refuse(format!(
-                    "NCCL reduces buffers of burn's unfused CUDA backend in place; this model's \
-                     tensors are {}",
+                    "NCCL reduces buffers of burn's CUDA backends (burn::backend::Cuda, fused or \
+                     not) in place; this model's tensors are {}",
                     std::any::type_name::<burn::tensor::ops::FloatTensor<I>>()
                 ));
             }

@@ -1,6 +1,12 @@
 //! [`NcclDevice`]: the device engine on a GPU: cubecl buffers of burn's CUDA backend, reduced
 //! in place by the process group's NCCL backend on its own stream.
 //!
+//! Both of burn's CUDA backends are reduced: the unfused `CubeBackend` (our workspace's build)
+//! and `Fusion<CubeBackend>`, what `burn::backend::Cuda` is with burn's default features. A
+//! fused bucket is resolved to its cubecl tensor (the fusion server runs what is queued for it,
+//! on the calling thread's stream, without waiting for the GPU), reduced the same way, and
+//! registered back as a fused tensor (an `Init` operation, as burn-fusion's `from_data` does).
+//!
 //! A bucket's memory is the flat cubecl tensor and its device address; its ready fence is
 //! `client.sync()` called on the backward thread (an event on that thread's stream, returned
 //! at once; cubecl 0.10 offers no stream for NCCL's to wait on); its done event is
@@ -13,13 +19,49 @@ use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
+use burn_fusion::client::GlobalFusionClient;
+use burn_fusion::stream::OperationStreams;
+use burn_fusion::{FusionTensor, NoOp};
+use burn_ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cubecl::future::DynFut;
 use cubecl::server::ServerError;
 use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{CommError, NcclBackend, NcclDtype, NcclWork, ProcessGroup, ReduceOp, WorkTiming};
 use std::any::Any;
+
+/// A tensor of `Fusion<CubeBackend<CudaRuntime, ..>>`, whatever its element types.
+type FusedCudaTensor = FusionTensor<FusionCubeRuntime<CudaRuntime>>;
+
+/// The inner backend a fused CUDA tensor resolves to: its float primitive is a
+/// `CubeTensor<CudaRuntime>` whatever the element types (a tensor carries its own dtype).
+type CubeCuda = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// How burn's CUDA backend `I` holds its float tensors, if it is one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CudaTensors {
+    /// `CubeBackend<CudaRuntime, ..>`: the cubecl tensor itself.
+    Unfused,
+    /// `Fusion<CubeBackend<CudaRuntime, ..>>`: a handle in burn-fusion's server.
+    Fused,
+}
+
+impl CudaTensors {
+    /// Which of burn's CUDA backends `I` is, or `None` for any other backend.
+    pub(crate) fn of<I: Backend>() -> Option<CudaTensors> {
+        let float = std::any::TypeId::of::<FloatTensor<I>>();
+        if float == std::any::TypeId::of::<CubeTensor<CudaRuntime>>() {
+            Some(CudaTensors::Unfused)
+        } else if float == std::any::TypeId::of::<FusedCudaTensor>() {
+            Some(CudaTensors::Fused)
+        } else {
+            None
+        }
+    }
+}
 
 /// The process group's NCCL backend on the model's CUDA device.
 #[derive(Clone)]
@@ -55,13 +97,12 @@ impl NcclDevice {
         Ok(NcclDevice { nccl })
     }
 
-    /// The CUDA device ordinal of `device` when it is burn's CUDA backend's device type and the
-    /// backend's tensors are the ones this device reduces in place.
+    /// The CUDA device ordinal of `device` when `I` is one of burn's CUDA backends (fused or
+    /// not), whose tensors this device reduces in place.
     pub(crate) fn cuda_device<I: Backend>(device: &I::Device) -> Option<usize> {
-        let is_cube = std::any::TypeId::of::<FloatTensor<I>>()
-            == std::any::TypeId::of::<CubeTensor<CudaRuntime>>();
+        CudaTensors::of::<I>()?;
         let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-        is_cube.then_some(device.index)
+        Some(device.index)
     }
 }
 
@@ -208,9 +249,17 @@ impl ReductionDevice for NcclDevice {
     fn unstage<I: Backend>(
         &self,
         memory: CubeBucket,
-        _device: &I::Device,
+        device: &I::Device,
     ) -> Result<FloatTensor<I>, DdpError> {
-        let boxed: Box<dyn Any> = Box::new(memory.cube);
+        let boxed: Box<dyn Any> = match CudaTensors::of::<I>() {
+            Some(CudaTensors::Fused) => {
+                let device = (device as &dyn Any)
+                    .downcast_ref::<CudaDevice>()
+                    .ok_or_else(|| internal("a fused CUDA tensor off a CUDA device"))?;
+                Box::new(into_fused(memory.cube, device))
+            }
+            _ => Box::new(memory.cube),
+        };
         boxed.downcast::<FloatTensor<I>>().map(|b| *b).map_err(|_| {
             internal(format!(
                 "the bucket is no longer a {}",
@@ -239,19 +288,76 @@ fn check_blocks(
     })
 }
 
+/// The cubecl tensor of a tensor of either CUDA backend. A fused one is resolved: the fusion
+/// server runs what is queued for it (on this thread's stream) and hands over its buffer.
 fn into_cube<I: Backend>(t: FloatTensor<I>) -> Result<CubeTensor<CudaRuntime>, DdpError> {
     let boxed: Box<dyn Any> = Box::new(t);
-    boxed
-        .downcast::<CubeTensor<CudaRuntime>>()
-        .map(|b| *b)
-        .map_err(|_| {
-            internal(format!(
-                "expected burn's CUDA tensors, got {}",
-                std::any::type_name::<FloatTensor<I>>()
-            ))
-        })
+    let boxed = match boxed.downcast::<CubeTensor<CudaRuntime>>() {
+        Ok(cube) => return Ok(*cube),
+        Err(other) => other,
+    };
+    match boxed.downcast::<FusedCudaTensor>() {
+        Ok(fused) => {
+            let client = fused.client.clone();
+            Ok(client.resolve_tensor_float::<CubeCuda>(*fused))
+        }
+        Err(_) => Err(internal(format!(
+            "expected burn's CUDA tensors, got {}",
+            std::any::type_name::<FloatTensor<I>>()
+        ))),
+    }
+}
+
+/// A cubecl tensor registered with `device`'s fusion server as a fused tensor: an `Init`
+/// operation over its handle, as burn-fusion's own `float_from_data` registers a new buffer.
+fn into_fused(cube: CubeTensor<CudaRuntime>, device: &CudaDevice) -> FusedCudaTensor {
+    let client = GlobalFusionClient::<FusionCubeRuntime<CudaRuntime>>::load(device);
+    let shape = cube.meta.shape().clone();
+    let dtype = cube.dtype;
+    let handle = <CubeCuda as BackendIr>::float_tensor_handle(cube);
+    let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    client
+        .register(
+            OperationStreams::default(),
+            OperationIr::Init(init),
+            NoOp::<CubeCuda>::new(),
+        )
+        .output()
 }
 
 /// The NCCL engine is the device engine's protocol over [`NcclDevice`], nothing of its own:
 /// this fails to compile if it stops being one.
 pub(crate) type NcclReduction = super::DeviceReduction<NcclDevice>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn_fusion::Fusion;
+
+    /// Which backends the NCCL engine reduces on the device: both of burn's CUDA backends,
+    /// whatever their element types, and nothing else (a model on any other backend, or on a
+    /// GPU backend of another runtime, goes through host memory, with a warning). No GPU needed:
+    /// it is decided from types alone.
+    #[test]
+    fn both_cuda_backends_are_reduced_on_the_device_and_no_other() {
+        type Unfused = CubeBackend<CudaRuntime, f32, i32, u8>;
+        type UnfusedHalf = CubeBackend<CudaRuntime, burn::tensor::bf16, i64, u32>;
+        assert_eq!(CudaTensors::of::<Unfused>(), Some(CudaTensors::Unfused));
+        assert_eq!(CudaTensors::of::<UnfusedHalf>(), Some(CudaTensors::Unfused));
+        assert_eq!(
+            CudaTensors::of::<Fusion<Unfused>>(),
+            Some(CudaTensors::Fused)
+        );
+        assert_eq!(
+            CudaTensors::of::<Fusion<UnfusedHalf>>(),
+            Some(CudaTensors::Fused)
+        );
+        assert!(CudaTensors::of::<burn::backend::Cuda>().is_some());
+        assert_eq!(CudaTensors::of::<Flex>(), None);
+        let gpu = CudaDevice::new(1);
+        assert_eq!(NcclDevice::cuda_device::<Fusion<Unfused>>(&gpu), Some(1));
+        assert_eq!(NcclDevice::cuda_device::<Unfused>(&gpu), Some(1));
+        assert_eq!(NcclDevice::cuda_device::<Flex>(&Default::default()), None);
+    }
+}
