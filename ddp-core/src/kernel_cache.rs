@@ -27,7 +27,8 @@ pub enum KernelCache {
     Directory(PathBuf),
     /// The user's own cubecl configuration file was found there and is left in charge.
     UserConfig(PathBuf),
-    /// `DDP_KERNEL_CACHE=off`: cubecl's defaults (autotune results kept, kernels compiled anew).
+    /// `DDP_KERNEL_CACHE=off` (or none of `DDP_KERNEL_CACHE`, `XDG_CACHE_HOME` and `HOME` is
+    /// set): cubecl's defaults (autotune results kept, kernels compiled anew).
     Off,
     /// cubecl had already been configured in this process (a GPU tensor existed before the
     /// call): nothing changed. Call [`use_kernel_cache`] before creating the first tensor.
@@ -45,6 +46,23 @@ impl std::fmt::Display for KernelCache {
             KernelCache::AlreadyConfigured => {
                 write!(f, "kernel cache: unchanged (cubecl was configured before)")
             }
+        }
+    }
+}
+
+impl KernelCache {
+    /// What [`use_kernel_cache`] chooses in this process: from `DDP_KERNEL_CACHE`,
+    /// `XDG_CACHE_HOME`, `HOME` and any cubecl configuration file above the working directory
+    /// (the [module docs](self) give the order). Changes nothing.
+    pub fn from_env() -> KernelCache {
+        let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        if let Some(file) = user_config_from(&here) {
+            return KernelCache::UserConfig(file);
+        }
+        match cache_dir_from(|name| std::env::var(name).ok()) {
+            Err(off) => off,
+            Ok(None) => KernelCache::Off,
+            Ok(Some(dir)) => KernelCache::Directory(dir),
         }
     }
 }
@@ -102,14 +120,9 @@ fn has_cubecl_section(path: &Path) -> bool {
 pub fn use_kernel_cache() -> Result<KernelCache, crate::DdpError> {
     use cubecl::config::cache::CacheConfig;
     use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-    let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    if let Some(file) = user_config_from(&here) {
-        return Ok(KernelCache::UserConfig(file));
-    }
-    let dir = match cache_dir_from(|name| std::env::var(name).ok()) {
-        Err(off) => return Ok(off),
-        Ok(None) => return Ok(KernelCache::Off),
-        Ok(Some(dir)) => dir,
+    let dir = match KernelCache::from_env() {
+        KernelCache::Directory(dir) => dir,
+        other => return Ok(other),
     };
     std::fs::create_dir_all(&dir).map_err(|e| {
         crate::DdpError::InvalidConfig(format!(

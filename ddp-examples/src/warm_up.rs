@@ -34,8 +34,11 @@ impl StepClock {
 
     /// One training step has finished.
     pub fn step(&mut self) {
-        let now = Instant::now();
-        let took = now - self.last;
+        self.step_at(Instant::now());
+    }
+
+    fn step_at(&mut self, now: Instant) {
+        let took = now.saturating_duration_since(self.last);
         self.last = now;
         if self.first.is_none() {
             self.first = Some(took);
@@ -82,28 +85,26 @@ mod tests {
 
     #[test]
     fn the_first_step_is_kept_apart_from_the_mean_of_the_rest() {
+        let ms = Duration::from_millis;
         let mut clock = StepClock::new();
+        let t0 = clock.last;
         assert_eq!(clock.summary(), "no training step");
-        std::thread::sleep(Duration::from_millis(30));
-        clock.step();
-        assert!(
-            clock
-                .first()
-                .is_some_and(|f| f >= Duration::from_millis(30))
-        );
-        assert!(clock.summary().starts_with("first step 0.0"));
+        clock.step_at(t0 + ms(2000));
+        assert_eq!(clock.first(), Some(ms(2000)));
         assert_eq!(clock.per_step_after_first(), None);
-        clock.step();
-        std::thread::sleep(Duration::from_millis(5));
-        clock.pause_until_now();
-        clock.step();
-        let per = clock.per_step_after_first().unwrap();
-        // Two steps after the first, the paused time not counted: both far below 30 ms.
-        assert!(per < Duration::from_millis(5), "{per:?}");
-        assert!(
-            clock.summary().contains("over 2 steps"),
-            "{}",
-            clock.summary()
+        assert_eq!(clock.summary(), "first step 2.00 s (warm-up)");
+        clock.step_at(t0 + ms(2010));
+        // A checkpoint between two steps: not counted.
+        clock.last = t0 + ms(2500);
+        clock.step_at(t0 + ms(2530));
+        assert_eq!(clock.per_step_after_first(), Some(ms(20)));
+        assert_eq!(
+            clock.summary(),
+            "first step 2.00 s (warm-up), then 20.00 ms/step over 2 steps"
         );
+        // pause_until_now moves the start of the next step to now.
+        let before = Instant::now();
+        clock.pause_until_now();
+        assert!(clock.last >= before);
     }
 }
