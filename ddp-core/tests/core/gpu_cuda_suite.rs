@@ -92,7 +92,8 @@ fn small_buckets() -> DdpConfig {
 
 /// GPU check 1's reduction: NCCL forced at world size 1 averages in place (x / 1, exact) and hands
 /// the gradients back as slices of the flat bucket: training equals plain burn on the same GPU,
-/// bit for bit wherever plain burn repeats itself bit for bit on this GPU.
+/// bit for bit wherever plain burn repeats itself bit for bit on this GPU (on the unfused
+/// backend; see `BITWISE` for the fused one).
 #[test]
 #[ignore = "needs an NVIDIA GPU, its driver and libnccl; .ci/gpu-checks runs it"]
 fn nccl_engine_at_world_one_equals_plain_training() {
@@ -107,7 +108,7 @@ fn nccl_engine_at_world_one_equals_plain_training() {
             small_buckets().with_collectives(Collectives::Nccl),
         )
     });
-    if deterministic {
+    if deterministic && BITWISE {
         assert!(
             bitwise_equal(&got[0], &expected),
             "NCCL reduction at world 1 differs from plain burn (which repeats itself bit for bit) \
@@ -117,7 +118,9 @@ fn nccl_engine_at_world_one_equals_plain_training() {
     } else {
         let _ = writeln!(
             std::io::stderr(),
-            "plain burn does not repeat itself bit for bit on this GPU; comparing to 1e-6"
+            "plain burn repeats itself bit for bit: {deterministic}; bitwise equal to it: {}; \
+             comparing to 1e-6",
+            bitwise_equal(&got[0], &expected)
         );
         let diff = max_scaled_diff(&got[0], &expected);
         assert!(
