@@ -55,6 +55,15 @@ fn host_sum<B: Backend>(
     Ok(summed.into_primitive().tensor())
 }
 
+/// `sum_across_ranks` of a backend without autodiff: through the host.
+fn host_sum_tensor<B: Backend>(
+    tensor: Tensor<B, 1>,
+    group: &SyncBatchNormGroup,
+) -> Result<Tensor<B, 1>, CommError> {
+    let summed = host_sum::<B>(tensor.into_primitive().tensor(), group)?;
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+}
+
 macro_rules! plain_backend {
     ($ty:ty) => {
         impl SyncBatchNormBackend for $ty {
@@ -62,8 +71,7 @@ macro_rules! plain_backend {
                 tensor: Tensor<Self, 1>,
                 group: &SyncBatchNormGroup,
             ) -> Result<Tensor<Self, 1>, CommError> {
-                let summed = host_sum::<Self>(tensor.into_primitive().tensor(), group)?;
-                Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+                host_sum_tensor(tensor, group)
             }
         }
     };
@@ -91,8 +99,7 @@ mod cuda {
             tensor: Tensor<Self, 1>,
             group: &SyncBatchNormGroup,
         ) -> Result<Tensor<Self, 1>, CommError> {
-            let summed = host_sum::<Self>(tensor.into_primitive().tensor(), group)?;
-            Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+            host_sum_tensor(tensor, group)
         }
     }
 
@@ -103,8 +110,7 @@ mod cuda {
             tensor: Tensor<Self, 1>,
             group: &SyncBatchNormGroup,
         ) -> Result<Tensor<Self, 1>, CommError> {
-            let summed = host_sum::<Self>(tensor.into_primitive().tensor(), group)?;
-            Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+            host_sum_tensor(tensor, group)
         }
     }
 }

@@ -3,11 +3,11 @@
 // messages). Not a module of its own (`include!`d): the backends are features, each compiled
 // only when on.
 
-use crate::common::{GLOBAL_BATCH, HIDDEN, Mlp, flat_params, max_scaled_diff, run_ranks, sample};
+use crate::common::{GLOBAL_BATCH, HIDDEN, Mlp, flat_params, max_scaled_diff, run_ranks};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::zero::ZeroRedundancyOptimizer;
@@ -41,11 +41,7 @@ enum Mode {
 }
 
 fn batch<Bk: Backend>(indices: &[usize], device: &Bk::Device) -> (Tensor<Bk, 2>, Tensor<Bk, 2>) {
-    let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
-    let n = indices.len();
-    let x = Tensor::from_data(TensorData::new(xs.concat(), [n, 6]), device);
-    let y = Tensor::from_data(TensorData::new(ys.concat(), [n, 3]), device);
-    (x, y)
+    crate::common::batch_on::<Bk>(indices, device)
 }
 
 /// Global step `step`'s samples; rank `r` of `world` takes every `world`-th from `r`, as

@@ -1,13 +1,13 @@
 // The GPU tests, written once for both of burn's CUDA backends: `gpu_cuda.rs` includes this
 // file in a module per backend, each defining `Inner` (the backend under `Autodiff`).
 
-use crate::common::{Mlp, flat_params, max_scaled_diff, run_ranks, sample};
+use crate::common::{Mlp, flat_params, max_scaled_diff, run_ranks};
 use burn::backend::Autodiff;
 use burn::backend::cuda::CudaDevice;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use ddp_core::{Collectives, DdpConfig, DistributedDataParallel, HostStaging, comm::ProcessGroup};
 use std::io::Write;
 
@@ -29,11 +29,7 @@ fn require_gpu() {
 }
 
 fn batch(indices: &[usize], device: &CudaDevice) -> (Tensor<G, 2>, Tensor<G, 2>) {
-    let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
-    let n = indices.len();
-    let x = Tensor::from_data(TensorData::new(xs.concat(), [n, 6]), device);
-    let y = Tensor::from_data(TensorData::new(ys.concat(), [n, 3]), device);
-    (x, y)
+    crate::common::batch_on::<G>(indices, device)
 }
 
 /// Rank `rank` of `world` takes every `world`-th sample of the step's global batch.

@@ -118,6 +118,14 @@ pub fn sample(i: usize) -> ([f32; 6], [f32; 3]) {
 }
 
 pub fn batch(indices: &[usize], device: &burn::tensor::Device<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    batch_on::<B>(indices, device)
+}
+
+/// [`batch`] on any backend.
+pub fn batch_on<Bk: Backend>(
+    indices: &[usize],
+    device: &Bk::Device,
+) -> (Tensor<Bk, 2>, Tensor<Bk, 2>) {
     let (xs, ys): (Vec<[f32; 6]>, Vec<[f32; 3]>) = indices.iter().map(|&i| sample(i)).unzip();
     let n = indices.len();
     let x = Tensor::from_data(TensorData::new(xs.concat(), [n, 6]), device);
