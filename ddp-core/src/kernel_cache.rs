@@ -3,7 +3,7 @@
 //!
 //! On burn's CUDA backend the first steps JIT-compile every kernel (cubecl to PTX) and, with
 //! burn's `autotune` feature, time the candidates of each tunable kernel. cubecl 0.10 keeps the
-//! autotune results between runs by default, but not the compiled kernels. [`use_kernel_cache`]
+//! autotune results between runs by default, but not the compiled kernels. `use_kernel_cache`
 //! (feature `cuda`) turns both on, in one directory:
 //!
 //! 1. `DDP_KERNEL_CACHE=/path`: that directory (for a cluster: a shared filesystem, so that a
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 /// The environment variable that chooses the kernel cache's directory (`off`: none).
 pub const KERNEL_CACHE_ENV: &str = "DDP_KERNEL_CACHE";
 
-/// What [`use_kernel_cache`] did.
+/// What `use_kernel_cache` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelCache {
     /// Compiled kernels and autotune results are kept in this directory.
@@ -31,7 +31,7 @@ pub enum KernelCache {
     /// set): cubecl's defaults (autotune results kept, kernels compiled anew).
     Off,
     /// cubecl had already been configured in this process (a GPU tensor existed before the
-    /// call): nothing changed. Call [`use_kernel_cache`] before creating the first tensor.
+    /// call): nothing changed. Call `use_kernel_cache` before creating the first tensor.
     AlreadyConfigured,
 }
 
@@ -51,7 +51,7 @@ impl std::fmt::Display for KernelCache {
 }
 
 impl KernelCache {
-    /// What [`use_kernel_cache`] chooses in this process: from `DDP_KERNEL_CACHE`,
+    /// What `use_kernel_cache` chooses in this process: from `DDP_KERNEL_CACHE`,
     /// `XDG_CACHE_HOME`, `HOME` and any cubecl configuration file above the working directory
     /// (the [module docs](self) give the order). Changes nothing.
     pub fn from_env() -> KernelCache {

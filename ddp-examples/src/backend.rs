@@ -13,12 +13,12 @@ pub enum BackendKind {
     /// burn's LibTorch backend on the CPU: PyTorch's kernels (build with `--features tch`, which
     /// needs libtorch 2.9.0: `pip install torch==2.9.0` and `LIBTORCH_USE_PYTORCH=1`).
     Tch,
-    /// burn's CUDA backend without fusion, [`CudaUnfused`] (build with `--features cuda`); a
+    /// burn's CUDA backend without fusion, `CudaUnfused` (build with `--features cuda`); a
     /// rank uses GPU `LOCAL_RANK`, or `LOCAL_RANK % GPUs` when a node runs more ranks than it has
     /// GPUs (those ranks share a GPU and their gradients go through host memory: NCCL cannot put
     /// two ranks on one GPU).
     Cuda,
-    /// burn's default CUDA backend, [`CudaFused`]: what `burn::backend::Cuda` is with burn's
+    /// burn's default CUDA backend, `CudaFused`: what `burn::backend::Cuda` is with burn's
     /// default features (kernels fused at run time by burn-fusion); GPUs as for `cuda`.
     CudaFused,
 }
