@@ -230,13 +230,7 @@ impl NcclBackend {
         op: ReduceOp,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let buffers = Buffers {
-            src: ptr,
-            dst: ptr,
-            count: len,
-            dtype: dtype.nccl(),
-            bytes: len.saturating_mul(dtype.size_bytes()),
-        };
+        let buffers = Buffers::raw(ptr, ptr, len, dtype, 1);
         // SAFETY: the caller guarantees that `ptr` holds `len` elements of `dtype` on this
         // device, untouched by other streams until the work completes.
         unsafe { self.queue_raw(Call::AllReduce(op), label, buffers) }
@@ -267,15 +261,7 @@ impl NcclBackend {
         op: ReduceOp,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let buffers = Buffers {
-            src,
-            dst,
-            count,
-            dtype: dtype.nccl(),
-            bytes: count
-                .saturating_mul(self.world_size())
-                .saturating_mul(dtype.size_bytes()),
-        };
+        let buffers = Buffers::raw(src, dst, count, dtype, self.world_size());
         // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
         unsafe { self.queue_raw(Call::ReduceScatter(op), label, buffers) }
     }
@@ -304,15 +290,7 @@ impl NcclBackend {
         dtype: NcclDtype,
         label: CollectiveLabel,
     ) -> Result<NcclWork> {
-        let buffers = Buffers {
-            src,
-            dst,
-            count,
-            dtype: dtype.nccl(),
-            bytes: count
-                .saturating_mul(self.world_size())
-                .saturating_mul(dtype.size_bytes()),
-        };
+        let buffers = Buffers::raw(src, dst, count, dtype, self.world_size());
         // SAFETY: the caller guarantees both buffers' sizes, device and exclusivity.
         unsafe { self.queue_raw(Call::AllGather, label, buffers) }
     }

@@ -2,6 +2,7 @@
 //! (on device buffers, on host slices staged through the device, on raw addresses) queues
 //! through [`CommState::queue`].
 
+use super::dtype::NcclDtype;
 use super::element::nccl_op;
 use super::thread::CommState;
 use super::work::NcclWork;
@@ -42,6 +43,27 @@ impl Buffers {
             count,
             dtype: T::as_nccl_type(),
             bytes: count.saturating_mul(std::mem::size_of::<T>()),
+        }
+    }
+
+    /// `count` elements of `dtype` (NCCL's count for the call) at raw addresses `src` and
+    /// `dst`, of which this rank contributes `blocks` times `count` (`world_size` for a
+    /// reduce-scatter's send and an all-gather's receive, 1 for an all-reduce).
+    pub(crate) fn raw(
+        src: u64,
+        dst: u64,
+        count: usize,
+        dtype: NcclDtype,
+        blocks: usize,
+    ) -> Buffers {
+        Buffers {
+            src,
+            dst,
+            count,
+            dtype: dtype.nccl(),
+            bytes: count
+                .saturating_mul(blocks)
+                .saturating_mul(dtype.size_bytes()),
         }
     }
 }
