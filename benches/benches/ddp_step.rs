@@ -401,103 +401,15 @@ fn measure_world2(
 mod overlap {
     use super::{Args, B, ms};
     use anyhow::{Result, bail};
-    use burn::module::AutodiffModule;
-    use burn::nn::loss::CrossEntropyLossConfig;
     use burn::optim::{Optimizer, SgdConfig};
-    use burn::tensor::{Distribution, Int, Tensor, TensorData};
-    use ddp_benches::{BenchMlp, bench_batch, median, world_of_one};
+    use ddp_benches::workloads::{ConvNet, Gpt, Mlp, Workload};
+    use ddp_benches::{median, median_ratio, world_of_one};
     use ddp_core::{
         DdpConfig, DistributedDataParallel, comm::ProcessGroup, nn::SyncBatchNormGroup,
     };
-    use ddp_examples::models::{DigitsCnn, GptShape, TinyGpt};
-    use ddp_examples::reverse::{ReverseBatcher, VOCAB, scored_positions, sequence};
     use std::time::{Duration, Instant};
 
     type Device = burn::backend::flex::FlexDevice;
-
-    /// A model of the table: how to build it and compute one step's loss.
-    trait Workload {
-        type M: AutodiffModule<B>;
-        const NAME: &'static str;
-        /// `marked`: with layer boundaries. `group`: the SyncBatchNorm group (world 2).
-        fn model(device: &Device, marked: bool, group: Option<SyncBatchNormGroup>) -> Self::M;
-        fn loss(m: &Self::M, marked: bool, step: usize, device: &Device) -> Tensor<B, 1>;
-    }
-
-    struct Mlp;
-    impl Workload for Mlp {
-        type M = BenchMlp<B>;
-        const NAME: &'static str = "MLP 6.3M";
-        fn model(device: &Device, _: bool, _: Option<SyncBatchNormGroup>) -> Self::M {
-            BenchMlp::new(device)
-        }
-        fn loss(m: &Self::M, marked: bool, _: usize, device: &Device) -> Tensor<B, 1> {
-            let (x, y) = bench_batch::<B>(device);
-            CrossEntropyLossConfig::new()
-                .init(device)
-                .forward(m.forward(x, marked), y)
-        }
-    }
-
-    const SEQ_LEN: usize = 6;
-    const GPT_BATCH: usize = 32;
-
-    struct Gpt;
-    impl Workload for Gpt {
-        type M = TinyGpt<B>;
-        const NAME: &'static str = "transformer 3.2M";
-        fn model(device: &Device, marked: bool, _: Option<SyncBatchNormGroup>) -> Self::M {
-            let shape = GptShape {
-                vocab: VOCAB,
-                max_len: 2 * SEQ_LEN + 2,
-                d_model: 256,
-                heads: 4,
-                layers: 4,
-                boundaries: marked,
-            };
-            TinyGpt::new(shape, device)
-        }
-        fn loss(m: &Self::M, _: bool, step: usize, device: &Device) -> Tensor<B, 1> {
-            use burn::data::dataloader::batcher::Batcher;
-            let items: Vec<Vec<i64>> = (0..GPT_BATCH)
-                .map(|i| sequence(7, (step * GPT_BATCH + i) as u64, SEQ_LEN))
-                .collect();
-            let b: ddp_examples::reverse::ReverseBatch<B> = ReverseBatcher.batch(items, device);
-            let scored = scored_positions(SEQ_LEN);
-            let logits = m
-                .forward(b.inputs)
-                .slice([0..GPT_BATCH, scored.clone(), 0..VOCAB])
-                .reshape([GPT_BATCH * SEQ_LEN, VOCAB]);
-            let targets = b
-                .targets
-                .slice([0..GPT_BATCH, scored])
-                .reshape([GPT_BATCH * SEQ_LEN]);
-            CrossEntropyLossConfig::new()
-                .init(device)
-                .forward(logits, targets)
-        }
-    }
-
-    const CNN_CHANNELS: usize = 32;
-    const CNN_BATCH: usize = 64;
-
-    struct ConvNet;
-    impl Workload for ConvNet {
-        type M = DigitsCnn<B>;
-        const NAME: &'static str = "CNN (SyncBN) 29K";
-        fn model(device: &Device, _: bool, group: Option<SyncBatchNormGroup>) -> Self::M {
-            DigitsCnn::new(CNN_CHANNELS, group, device)
-        }
-        fn loss(m: &Self::M, marked: bool, _: usize, device: &Device) -> Tensor<B, 1> {
-            let x = Tensor::<B, 2>::random([CNN_BATCH, 64], Distribution::Normal(0.0, 1.0), device);
-            let labels: Vec<i64> = (0..CNN_BATCH as i64).map(|i| i % 10).collect();
-            let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [CNN_BATCH]), device);
-            let logits = m.forward_marked(x, marked);
-            CrossEntropyLossConfig::new()
-                .init(device)
-                .forward(logits, y)
-        }
-    }
 
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     enum Mode {
@@ -545,7 +457,7 @@ mod overlap {
     }
 
     /// One synchronised step; returns its wall time.
-    fn step<W: Workload>(
+    fn step<W: Workload<B>>(
         ddp: &mut DistributedDataParallel<B, W::M>,
         opt: &mut impl Optimizer<W::M, B>,
         marked: bool,
@@ -563,7 +475,7 @@ mod overlap {
     /// mode, so a slow moment of the machine falls on all of them and the per-round ratios
     /// (see [`ratios`]) compare like with like. The first rounds warm up: buckets are rebuilt
     /// and depths learned there.
-    fn measure<W: Workload>(
+    fn measure<W: Workload<B>>(
         pg: &ProcessGroup,
         modes: &[Mode],
         steps: usize,
@@ -611,34 +523,19 @@ mod overlap {
             .collect())
     }
 
-    /// Rounds below which no distribution-free 95% interval of a median exists.
-    const MIN_ROUNDS_FOR_INTERVAL: usize = 6;
-
-    /// Step time over `base`'s in the same round, per round: the median, and its 95% confidence
-    /// interval as text. The interval is distribution-free (the order statistics
-    /// `n/2 -+ 0.98 sqrt(n)` of the sorted ratios), so it needs no model of the machine's noise:
-    /// one that reaches 1.00 or below means no slowdown is measurable at this many rounds.
-    /// Under [`MIN_ROUNDS_FOR_INTERVAL`] rounds it is `-`.
+    /// Step time over `base`'s in the same round, per round: the median and its 95% interval
+    /// ([`median_ratio`]).
     fn ratios(row: &Row, base: &Row) -> (f64, String) {
-        let mut r: Vec<f64> = row
-            .step
-            .iter()
-            .zip(&base.step)
-            .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64().max(1e-9))
-            .collect();
-        r.sort_by(|a, b| a.total_cmp(b));
-        let n = r.len();
-        let median = r.get(n / 2).copied().unwrap_or(0.0);
-        if n < MIN_ROUNDS_FOR_INTERVAL {
-            return (median, "-".to_string());
-        }
-        let half_width = 0.98 * (n as f64).sqrt();
-        let lo = (n as f64 / 2.0 - half_width).floor().max(0.0) as usize;
-        let hi = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
-        (median, format!("{:.3}-{:.3}", r[lo], r[hi]))
+        median_ratio(
+            row.step
+                .iter()
+                .zip(&base.step)
+                .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64().max(1e-9))
+                .collect(),
+        )
     }
 
-    fn table<W: Workload>(pg: &ProcessGroup, steps: usize) -> Result<()> {
+    fn table<W: Workload<B>>(pg: &ProcessGroup, steps: usize) -> Result<()> {
         let rows = measure::<W>(pg, &Mode::ALL, steps)?;
         if pg.rank() != 0 {
             return Ok(());
@@ -685,7 +582,7 @@ mod overlap {
         Ok(())
     }
 
-    fn overhead<W: Workload>(steps: usize) -> Result<()> {
+    fn overhead<W: Workload<B>>(steps: usize) -> Result<()> {
         let (_server, pg) = world_of_one()?;
         let rows = measure::<W>(&pg, &[Mode::Default, Mode::Off], steps)?;
         let [(_, default), (_, off)] = rows.as_slice() else {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 pub mod allocator;
 pub mod shape;
+pub mod workloads;
 
 /// Samples per rank in the DDP step benches.
 pub const BATCH: usize = 64;
@@ -115,6 +116,26 @@ pub fn run_two_ranks(env: &[(&str, &str)]) -> Result<()> {
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Rounds below which no distribution-free 95% interval of a median exists.
+pub const MIN_ROUNDS_FOR_INTERVAL: usize = 6;
+
+/// The median of per-round ratios and its distribution-free 95% confidence interval as text
+/// (the order statistics `n/2 -+ 0.98 sqrt(n)` of the sorted ratios, so no model of the
+/// machine's noise is needed); `-` under [`MIN_ROUNDS_FOR_INTERVAL`] rounds. An interval that
+/// reaches 1.00 or below means no slowdown is measurable at this many rounds.
+pub fn median_ratio(mut ratios: Vec<f64>) -> (f64, String) {
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    let n = ratios.len();
+    let median = ratios.get(n / 2).copied().unwrap_or(0.0);
+    if n < MIN_ROUNDS_FOR_INTERVAL {
+        return (median, "-".to_string());
+    }
+    let half_width = 0.98 * (n as f64).sqrt();
+    let lo = (n as f64 / 2.0 - half_width).floor().max(0.0) as usize;
+    let hi = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
+    (median, format!("{:.3}-{:.3}", ratios[lo], ratios[hi]))
 }
 
 /// A store served by this process on a free loopback port, and a client of it. Keep the server

@@ -202,6 +202,7 @@
 
 mod ddp;
 mod error;
+mod renamed;
 
 pub mod amp;
 pub mod checkpoint;
@@ -227,3 +228,9 @@ pub use ddp_data as data;
 /// The launcher (`ddp-run`, [`launch()`], the worker environment): the `ddp-launch` crate.
 pub use ddp_launch as launch;
 pub use ddp_launch::{init_from_env, launch};
+
+// The old crate-root paths, deprecated (see `renamed.rs`); hidden from the docs, which show
+// each type at its one path.
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use renamed::*;

@@ -30,6 +30,7 @@ mod fsdp_checkpoint;
 mod gpu_cuda;
 #[cfg(feature = "ndarray")]
 mod ndarray_backend;
+mod old_paths;
 mod sync_batch_norm;
 #[cfg(feature = "tch")]
 mod tch_backend;
