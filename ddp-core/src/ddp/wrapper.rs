@@ -8,7 +8,7 @@ use crate::ddp::boundary::{BoundaryFn, with_boundary};
 use crate::ddp::hooks::CommHook;
 use crate::ddp::model_sync::{broadcast_module, verify_same_model};
 use crate::ddp::params::{ParamKind, ParamTable};
-use crate::ddp::reducer::{BucketReduction, Reducer};
+use crate::ddp::reducer::{BucketReduction, BucketTimes, Reducer};
 use crate::ddp::tap::{DepthPlan, TapBackend, TapMapper, TapScope, with_probes};
 use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
 use crate::error::DdpError;
@@ -382,19 +382,38 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let Some((grads, buckets)) = reduced else {
             return Ok(None);
         };
+        let forward = self.forward_times.take().unwrap_or((start, start));
+        self.conclude_step(forward, (start, end), buckets, early, anchored)?;
+        Ok(Some(grads))
+    }
+
+    /// The end both synchronised steps share (`backward`, `step_on`): the step's statistics,
+    /// the step count, the timeline.
+    fn conclude_step(
+        &mut self,
+        forward: (Instant, Instant),
+        backward: (Instant, Instant),
+        buckets: BucketTimes,
+        early_gradients: usize,
+        anchored_taps: usize,
+    ) -> Result<(), DdpError> {
         let times = StepTimes {
-            forward: self.forward_times.take().unwrap_or((start, start)),
-            backward: (start, end),
+            forward,
+            backward,
             finished: Instant::now(),
             buckets,
         };
         let mut stats = times.stats();
-        stats.early_gradients = early;
-        stats.anchored_taps = anchored;
+        stats.early_gradients = early_gradients;
+        stats.anchored_taps = anchored_taps;
+        tracing::trace!(
+            buckets = stats.buckets,
+            during_backward = stats.buckets_launched_during_backward,
+            "buckets launched while backward ran"
+        );
         self.last_stats = Some(stats);
         self.step += 1;
-        self.record(&times)?;
-        Ok(Some(grads))
+        self.record(&times)
     }
 
     /// Runs `f` on a tapped copy of **your** `module` and returns its output with the
@@ -500,13 +519,16 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         const WHAT: &str = "step_on";
         if self.config.uneven_inputs {
             return Err(DdpError::InvalidConfig(
-                "step_on does not support uneven_inputs (join would step the wrapped module,                  not the caller's); use forward/backward/join, or give every rank the same                  number of batches"
+                "step_on does not support uneven_inputs (join would step the wrapped module, \
+                 not the caller's); use forward/backward/join, or give every rank the same \
+                 number of batches"
                     .into(),
             ));
         }
         if !self.scopes.is_empty() {
             return Err(DdpError::InvalidConfig(
-                "step_on was called while a forward from `forward` waits for its backward;                  finish that step with backward (or backward_no_sync) first"
+                "step_on was called while a forward from `forward` waits for its backward; \
+                 finish that step with backward (or backward_no_sync) first"
                     .into(),
             ));
         }
@@ -569,23 +591,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let Some((grads, buckets)) = reduced else {
             return Ok((out, None));
         };
-        let times = StepTimes {
-            forward: (start, start),
-            backward: (start, end),
-            finished: Instant::now(),
-            buckets,
-        };
-        let mut stats = times.stats();
-        stats.early_gradients = early;
-        stats.anchored_taps = anchored;
-        tracing::trace!(
-            buckets = stats.buckets,
-            during_backward = stats.buckets_launched_during_backward,
-            "step_on: buckets launched while the closure ran"
-        );
-        self.last_stats = Some(stats);
-        self.step += 1;
-        self.record(&times)?;
+        self.conclude_step((start, start), (start, end), buckets, early, anchored)?;
         Ok((out, Some(grads)))
     }
 

@@ -40,12 +40,12 @@ mod tch_backend {
     /// and a checkpoint resume on `Autodiff<LibTorch>`) are not built: listed here as ignored,
     /// so the summary shows them as not run. Run with `--ignored`, this says how to run them.
     #[test]
-    #[ignore = "needs the tch feature and libtorch 2.9.0 (pip install torch==2.9.0); bash .ci/tch-checks runs them"]
+    #[ignore = "needs the tch feature and libtorch 2.9.0 (pip install torch==2.9.0); .ci/run installs it and runs them"]
     fn tch_backend_tests_need_the_tch_feature_and_libtorch() {
         panic!(
             "the LibTorch tests are built with the tch feature only: pip install torch==2.9.0, \
              then LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test core \
-             tch_backend (or bash .ci/tch-checks)"
+             tch_backend (.ci/run does this in its tch step)"
         );
     }
 }

@@ -173,6 +173,45 @@ fn digits_with_backend_tch_trains_or_says_how_to_build_it() {
     );
 }
 
+/// The transformer example with `--backend tch`: without the feature, the same clear error;
+/// with it, two ranks on burn's LibTorch backend reach the token accuracy they reach on Flex
+/// (`transformer_learns_to_reverse_sequences`'s shape and goal).
+#[test]
+fn transformer_with_backend_tch_learns_or_says_how_to_build_it() {
+    let (ok, out, err) = run(
+        env!("CARGO_BIN_EXE_transformer"),
+        &[
+            "--nproc-per-node",
+            "2",
+            "--backend",
+            "tch",
+            "--epochs",
+            "2",
+            "--train-size",
+            "1024",
+            "--d-model",
+            "64",
+            "--layers",
+            "2",
+            "--boundaries",
+        ],
+    );
+    if !cfg!(feature = "tch") {
+        assert!(!ok, "{out}");
+        assert!(
+            err.contains("without the LibTorch backend") && err.contains("--features tch"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(ok, "transformer --backend tch failed:\n{out}\n{err}");
+    let accuracy = percent_after(&out, "token accuracy");
+    assert!(
+        accuracy >= 90.0,
+        "token accuracy {accuracy}% below 90% on LibTorch:\n{out}"
+    );
+}
+
 /// `--backend cuda`: without the feature, a clear error; with it, training on GPU 0 to the same
 /// accuracy as on the CPU (world size 1), or, on a machine without a driver, the error that says
 /// so before any tensor operation.
