@@ -109,11 +109,33 @@ fn digits_trains_to_95_percent_checkpoints_and_resumes() {
     );
 }
 
+/// A `--backend` that needs a cargo feature: without it (`built` false) the binary must fail
+/// with an error containing every one of `hints`; with it, two ranks must reach `goal` percent
+/// of the `metric` the binary prints, as they do on Flex.
+fn trains_on_optional_backend(
+    bin: &str,
+    args: &[&str],
+    built: bool,
+    hints: &[&str],
+    metric: &str,
+    goal: f64,
+) {
+    let (ok, out, err) = run(bin, args);
+    if !built {
+        assert!(!ok, "{out}");
+        assert!(hints.iter().all(|h| err.contains(h)), "{err}");
+        return;
+    }
+    assert!(ok, "{bin} {args:?} failed:\n{out}\n{err}");
+    let value = percent_after(&out, metric);
+    assert!(value >= goal, "{metric} {value}% below {goal}%:\n{out}");
+}
+
 /// `--backend ndarray`: without the feature, a clear error; with it, training on burn's NdArray
 /// backend (two ranks) to the accuracy it reaches on Flex.
 #[test]
 fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
-    let (ok, out, err) = run(
+    trains_on_optional_backend(
         env!("CARGO_BIN_EXE_digits"),
         &[
             "--nproc-per-node",
@@ -123,20 +145,10 @@ fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
             "--epochs",
             "12",
         ],
-    );
-    if !cfg!(feature = "ndarray") {
-        assert!(!ok, "{out}");
-        assert!(
-            err.contains("without the NdArray backend") && err.contains("--features ndarray"),
-            "{err}"
-        );
-        return;
-    }
-    assert!(ok, "digits --backend ndarray failed:\n{out}\n{err}");
-    let accuracy = percent_after(&out, "test accuracy");
-    assert!(
-        accuracy >= 95.0,
-        "accuracy {accuracy}% below 95% on NdArray:\n{out}"
+        cfg!(feature = "ndarray"),
+        &["without the NdArray backend", "--features ndarray"],
+        "test accuracy",
+        95.0,
     );
 }
 
@@ -144,7 +156,7 @@ fn digits_with_backend_ndarray_trains_or_says_how_to_build_it() {
 /// training on burn's LibTorch backend (two ranks) to the accuracy it reaches on Flex.
 #[test]
 fn digits_with_backend_tch_trains_or_says_how_to_build_it() {
-    let (ok, out, err) = run(
+    trains_on_optional_backend(
         env!("CARGO_BIN_EXE_digits"),
         &[
             "--nproc-per-node",
@@ -154,22 +166,14 @@ fn digits_with_backend_tch_trains_or_says_how_to_build_it() {
             "--epochs",
             "12",
         ],
-    );
-    if !cfg!(feature = "tch") {
-        assert!(!ok, "{out}");
-        assert!(
-            err.contains("without the LibTorch backend")
-                && err.contains("--features tch")
-                && err.contains("torch==2.9.0"),
-            "{err}"
-        );
-        return;
-    }
-    assert!(ok, "digits --backend tch failed:\n{out}\n{err}");
-    let accuracy = percent_after(&out, "test accuracy");
-    assert!(
-        accuracy >= 95.0,
-        "accuracy {accuracy}% below 95% on LibTorch:\n{out}"
+        cfg!(feature = "tch"),
+        &[
+            "without the LibTorch backend",
+            "--features tch",
+            "torch==2.9.0",
+        ],
+        "test accuracy",
+        95.0,
     );
 }
 
@@ -178,7 +182,7 @@ fn digits_with_backend_tch_trains_or_says_how_to_build_it() {
 /// (`transformer_learns_to_reverse_sequences`'s shape and goal).
 #[test]
 fn transformer_with_backend_tch_learns_or_says_how_to_build_it() {
-    let (ok, out, err) = run(
+    trains_on_optional_backend(
         env!("CARGO_BIN_EXE_transformer"),
         &[
             "--nproc-per-node",
@@ -195,20 +199,10 @@ fn transformer_with_backend_tch_learns_or_says_how_to_build_it() {
             "2",
             "--boundaries",
         ],
-    );
-    if !cfg!(feature = "tch") {
-        assert!(!ok, "{out}");
-        assert!(
-            err.contains("without the LibTorch backend") && err.contains("--features tch"),
-            "{err}"
-        );
-        return;
-    }
-    assert!(ok, "transformer --backend tch failed:\n{out}\n{err}");
-    let accuracy = percent_after(&out, "token accuracy");
-    assert!(
-        accuracy >= 90.0,
-        "token accuracy {accuracy}% below 90% on LibTorch:\n{out}"
+        cfg!(feature = "tch"),
+        &["without the LibTorch backend", "--features tch"],
+        "token accuracy",
+        90.0,
     );
 }
 
