@@ -282,3 +282,34 @@ fn step_on_without_a_backward_in_the_closure_is_an_error() {
         results[0]
     );
 }
+
+/// `step_on`'s two misuse errors name the rule and what to do, as one readable sentence (they
+/// once carried runs of spaces from a line break inside the string).
+#[test]
+fn step_on_misuse_errors_name_the_rule_in_readable_text() {
+    let init = init_bytes();
+    let uneven = run_ranks(1, |pg| {
+        let config = config().with_uneven_inputs(true);
+        let mut ddp = DistributedDataParallel::new(start(&init, 0), pg, config).unwrap();
+        let model = ddp.module().clone();
+        let (x, _, _) = data(0, 0, 0);
+        ddp.step_on(&model, |m| m.forward(x, true)).map(drop)
+    });
+    let pending = run_ranks(1, |pg| {
+        let mut ddp = DistributedDataParallel::new(start(&init, 0), pg, config()).unwrap();
+        let (x, _, _) = data(0, 0, 0);
+        let _waiting = ddp.forward(|m| m.forward(x.clone(), true)).unwrap();
+        let model = ddp.module().clone();
+        ddp.step_on(&model, |m| m.forward(x, true)).map(drop)
+    });
+    for (err, words) in [
+        (&uneven[0], ["uneven_inputs", "forward/backward/join"]),
+        (&pending[0], ["waits for its backward", "backward_no_sync"]),
+    ] {
+        let Err(DdpError::InvalidConfig(message)) = err else {
+            panic!("expected InvalidConfig, got {err:?}");
+        };
+        assert!(words.iter().all(|w| message.contains(w)), "{message}");
+        assert!(!message.contains("  "), "a run of spaces in: {message:?}");
+    }
+}
