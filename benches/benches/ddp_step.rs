@@ -403,7 +403,7 @@ mod overlap {
     use anyhow::{Result, bail};
     use burn::optim::{Optimizer, SgdConfig};
     use ddp_benches::workloads::{ConvNet, Gpt, Mlp, Workload};
-    use ddp_benches::{median, median_ratio, world_of_one};
+    use ddp_benches::{median, median_f64, median_ratio, world_of_one};
     use ddp_core::{
         DdpConfig, DistributedDataParallel, comm::ProcessGroup, nn::SyncBatchNormGroup,
     };
@@ -444,11 +444,6 @@ mod overlap {
         comm: Vec<Duration>,
         early: Vec<usize>,
         buckets: usize,
-    }
-
-    fn median_f(mut v: Vec<f64>) -> f64 {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
     }
 
     fn median_u(mut v: Vec<usize>) -> usize {
@@ -552,7 +547,7 @@ mod overlap {
                 ms(median(row.step.clone())),
                 ratio,
                 interval,
-                100.0 * median_f(row.overlap.clone()),
+                100.0 * median_f64(row.overlap.clone()),
                 ms(median(row.comm.clone())),
                 median_u(row.early.clone()),
                 row.buckets

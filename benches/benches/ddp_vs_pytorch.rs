@@ -36,8 +36,8 @@
 use anyhow::{Context, Result, bail};
 use burn::optim::SgdConfig;
 use clap::Parser;
-use ddp_benches::median_ratio;
 use ddp_benches::workloads::{ConvNet, Gpt, Mlp, UserCnn, Workload};
+use ddp_benches::{median_f64, median_ratio};
 use ddp_core::nn::SyncBatchNormBackend;
 use ddp_core::{DdpConfig, DistributedDataParallel, TapBackend, comm::ProcessGroup, init_from_env};
 use std::process::{Command, Stdio};
@@ -155,16 +155,16 @@ fn main() -> Result<()> {
     }
     let mut header = true;
     for model in &args.models {
-        if !["mlp", "transformer", "cnn", "cnn28"].contains(&model.as_str()) {
+        let Some(name) = row_name(model) else {
             bail!("unknown model '{model}' (mlp, transformer, cnn, cnn28)");
-        }
-        table(model, &python, &args, &mut header)?;
+        };
+        table(model, name, &python, &args, &mut header)?;
     }
     Ok(())
 }
 
 /// Every block of one model, then its rows.
-fn table(model: &str, python: &str, args: &Args, header: &mut bool) -> Result<()> {
+fn table(model: &str, name: &str, python: &str, args: &Args, header: &mut bool) -> Result<()> {
     let mut sides: Vec<String> = args.backends.clone();
     sides.push("pytorch".to_string());
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); sides.len()];
@@ -201,12 +201,12 @@ fn table(model: &str, python: &str, args: &Args, header: &mut bool) -> Result<()
         );
         println!(
             "  {:<18} {:<20} {:>9.2} {:>11.3} {:>13} {:>8.0}%",
-            row_name(model),
+            name,
             label,
-            median_f(side_runs.iter().map(|r| r.step_ms).collect()),
+            median_f64(side_runs.iter().map(|r| r.step_ms).collect()),
             ratio,
             interval,
-            median_f(side_runs.iter().map(|r| r.hidden).collect()),
+            median_f64(side_runs.iter().map(|r| r.hidden).collect()),
         );
     }
     for (side, side_runs) in sides.iter().zip(&runs) {
@@ -219,7 +219,7 @@ fn table(model: &str, python: &str, args: &Args, header: &mut bool) -> Result<()
         }
         let parts: Vec<String> = (0..6)
             .map(|i| {
-                let m = median_f(details.iter().map(|d| d[i]).collect());
+                let m = median_f64(details.iter().map(|d| d[i]).collect());
                 format!("{} {m:.1}", DETAIL_NAMES[i])
             })
             .collect();
@@ -228,20 +228,17 @@ fn table(model: &str, python: &str, args: &Args, header: &mut bool) -> Result<()
     Ok(())
 }
 
-fn row_name(model: &str) -> &'static str {
-    match model {
-        "mlp" => <Mlp as Workload<Flex2>>::NAME,
-        "transformer" => <Gpt as Workload<Flex2>>::NAME,
-        "cnn" => <ConvNet as Workload<Flex2>>::NAME,
-        _ => <UserCnn as Workload<Flex2>>::NAME,
-    }
-}
-
-type Flex2 = burn::backend::Autodiff<burn::backend::Flex>;
-
-fn median_f(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+/// The row label of a `--models` name; `None` for a name that is not a model. A workload's
+/// `NAME` does not depend on the backend: Flex's is read.
+fn row_name(model: &str) -> Option<&'static str> {
+    type Any = burn::backend::Autodiff<burn::backend::Flex>;
+    Some(match model {
+        "mlp" => <Mlp as Workload<Any>>::NAME,
+        "transformer" => <Gpt as Workload<Any>>::NAME,
+        "cnn" => <ConvNet as Workload<Any>>::NAME,
+        "cnn28" => <UserCnn as Workload<Any>>::NAME,
+        _ => return None,
+    })
 }
 
 /// A free port on the loopback interface for a run's rendezvous.
@@ -466,7 +463,7 @@ fn measure<B: TapBackend + SyncBatchNormBackend, W: Workload<B>>(
         optimizer,
         comm,
         no_sync,
-    ] = columns.map(median_f);
+    ] = columns.map(median_f64);
     Ok(Run {
         step_ms: step,
         hidden,

@@ -118,6 +118,12 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
+/// The median of `v` (zero when empty).
+pub fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// Rounds below which no distribution-free 95% interval of a median exists.
 pub const MIN_ROUNDS_FOR_INTERVAL: usize = 6;
 
