@@ -133,20 +133,20 @@ pub mod stand_in;
 pub mod store;
 mod transport;
 pub mod watchdog;
+mod work;
 
 pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use env::env_var;
 pub use error::{CommError, Result};
-pub use group::{
-    FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV, Work, WorkTiming,
-};
+pub use group::{FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 pub use half::{bf16, f16};
 pub use init::{InitMethod, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{client::Store, config::StoreConfig, server::StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};
+pub use work::{Work, WorkTiming};
 
 /// The cudarc version ddp-comm is built against, for naming device buffers (`CudaSlice`).
 #[cfg(feature = "cuda")]

@@ -2,6 +2,10 @@
 
 use ddp_comm::CommError;
 
+/// What a [`CommHook`](crate::hooks::CommHook) returns when it fails; DDP reports it as
+/// [`DdpError::CommHook`].
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Failures of [`DistributedDataParallel`](crate::DistributedDataParallel).
 ///
 /// Any error from a collective call (`forward`, `backward`, `backward_no_sync`, `set_module`)
@@ -94,7 +98,7 @@ pub enum DdpError {
         bucket: usize,
         /// What the hook returned.
         #[source]
-        source: crate::ddp::hooks::HookError,
+        source: HookError,
     },
     /// [`join`](crate::DistributedDataParallel::join) found ranks that disagree on the step.
     #[error("uneven inputs: {0}")]

@@ -158,6 +158,7 @@ mod args;
 mod blame;
 mod context;
 mod elastic;
+mod elastic_settings;
 mod env;
 mod error;
 mod init;

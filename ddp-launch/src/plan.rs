@@ -3,9 +3,9 @@
 //! [`LaunchPlan::run`].
 
 use super::args::{LaunchArgs, NprocPerNode};
-use super::elastic::ElasticSettings;
 use super::error::LaunchError;
 use super::node_count::{NodeCount, RdzvBackend};
+use crate::elastic_settings::ElasticSettings;
 use crate::worker_count::{HostLimits, check_worker_count, process_limit};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;

@@ -9,12 +9,12 @@
 //! connections, so the peers fail at once with this rank's message instead of waiting.
 
 use super::process_group::ProcessGroup;
-use super::work::Work;
 use crate::collective::CollectiveKind;
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
 use crate::transport::Parts;
+use crate::work::Work;
 
 fn bytes<T: Element>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)

@@ -17,19 +17,14 @@
 mod abort;
 mod collectives;
 mod config;
-mod job_thread;
 #[cfg(feature = "cuda")]
 mod nccl_backend;
 #[cfg(feature = "cuda")]
 mod nccl_slot;
 mod process_group;
 mod transport_thread;
-mod work;
 
 pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
-#[cfg(feature = "cuda")]
-pub(crate) use job_thread::{Job, JobThread, serve};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
 pub use transport_thread::FAILURE_FILE_ENV;
-pub use work::{Work, WorkTiming};

@@ -12,12 +12,11 @@
 //! file, before any store call that could block.
 
 use super::abort::Abort;
-use super::job_thread::{JobThread, serve};
-use super::work::Work;
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::Transport;
+use crate::work::{JobThread, Work, serve};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;

@@ -10,9 +10,9 @@ use super::calls::{Buffers, Call};
 use super::element::NcclElement;
 use super::thread::CommState;
 use crate::error::Result;
-use crate::group::Work;
 use crate::reduce_op::ReduceOp;
 use crate::watchdog::CollectiveLabel;
+use crate::work::Work;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 impl NcclBackend {

@@ -4,8 +4,8 @@
 use super::clock::GpuClock;
 use super::error::NcclError;
 use crate::error::Result;
-use crate::group::WorkTiming;
 use crate::watchdog::{CompletionProbe, WatchedWork};
+use crate::work::WorkTiming;
 use cudarc::driver::CudaEvent;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;

@@ -1,8 +1,8 @@
 //! The stand-in's memory and done events: [`StandInBuffer`], [`StandInWork`].
 
 use crate::error::Result;
-use crate::group::WorkTiming;
 use crate::watchdog::{CompletionProbe, WatchedWork};
+use crate::work::WorkTiming;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 

@@ -35,6 +35,4 @@ pub(crate) mod timeline;
 mod wrapper;
 
 pub use config::{Collectives, DdpConfig, HostStaging};
-#[cfg(feature = "cuda")]
-pub(crate) use reduction_choice::nccl_can_run;
 pub use wrapper::DistributedDataParallel;

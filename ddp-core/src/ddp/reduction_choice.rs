@@ -150,12 +150,9 @@ mod nccl {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use nccl::nccl_can_run;
-
-#[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::ddp::reducer::{NcclDevice, NcclReduction};
+    use crate::ddp::reducer::{NcclDevice, NcclReduction, nccl_can_run};
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend,
     /// fused or not (the backends whose buffers NCCL can reduce in place).
@@ -222,43 +219,5 @@ mod nccl {
                 Ok(None)
             }
         }
-    }
-
-    /// Whether NCCL can run on every rank, each on a GPU of its own; otherwise why not. One
-    /// small all-gather over the CPU group, so the ranks agree: a rank that went ahead alone
-    /// would wait for the others in NCCL's rendezvous, and two ranks on one GPU make NCCL fail.
-    pub(crate) fn nccl_can_run(
-        pg: &ProcessGroup,
-        device: usize,
-    ) -> Result<Result<(), String>, DdpError> {
-        let here = ddp_comm::nccl_device_uuid(device);
-        // Per rank: [can run, GPU UUID as two words].
-        let mut mine = [0i64; 3];
-        if let Ok(uuid) = &here {
-            mine[0] = 1;
-            mine[1] = i64::from_le_bytes(uuid[..8].try_into().unwrap_or_default());
-            mine[2] = i64::from_le_bytes(uuid[8..].try_into().unwrap_or_default());
-        }
-        let mut all = vec![0i64; 3 * pg.world_size()];
-        pg.all_gather(&mine, &mut all)
-            .map_err(DdpError::comm("agreeing on NCCL for the gradient buckets"))?;
-        if let Err(e) = here {
-            return Ok(Err(format!("NCCL cannot run on this rank ({e})")));
-        }
-        let ranks: Vec<&[i64]> = all.chunks(3).collect();
-        if let Some(r) = ranks.iter().position(|r| r[0] == 0) {
-            return Ok(Err(format!(
-                "NCCL cannot run on rank {r} (its log says why)"
-            )));
-        }
-        for (a, ra) in ranks.iter().enumerate() {
-            if let Some(b) = (a + 1..ranks.len()).find(|&b| ranks[b][1..] == ra[1..]) {
-                return Ok(Err(format!(
-                    "ranks {a} and {b} use the same GPU, and NCCL needs one GPU per rank \
-                     (give each rank its own device: LOCAL_RANK, CUDA_VISIBLE_DEVICES)"
-                )));
-            }
-        }
-        Ok(Ok(()))
     }
 }

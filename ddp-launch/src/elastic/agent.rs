@@ -3,8 +3,8 @@
 
 use super::backend::RendezvousBackend;
 use super::round::{Joined, Round, RoundEnd, Rounds};
-use super::settings::ElasticSettings;
 use super::store_backend::StoreBackend;
+use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::live::Console;
 use crate::node_count::RdzvBackend;

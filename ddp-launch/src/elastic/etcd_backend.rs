@@ -14,7 +14,7 @@
 use super::backend::{BackendError, RendezvousBackend};
 use super::etcd_heartbeat::{Heartbeat, grant_and_put, keep_alive, ttl_secs};
 use super::etcd_runtime::{REQUEST_TIMEOUT, RuntimeThread, call};
-use super::settings::ElasticSettings;
+use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::signals::SignalGuard;
 use etcd_client::{

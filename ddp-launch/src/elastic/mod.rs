@@ -13,8 +13,6 @@ mod etcd_heartbeat;
 #[cfg(feature = "etcd")]
 mod etcd_runtime;
 mod round;
-mod settings;
 mod store_backend;
 
 pub(crate) use agent::run_elastic;
-pub(crate) use settings::ElasticSettings;

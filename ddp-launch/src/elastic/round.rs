@@ -20,7 +20,7 @@
 //! counted in it; the others find it dead by its heartbeats once the round runs, and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
-use super::settings::ElasticSettings;
+use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;

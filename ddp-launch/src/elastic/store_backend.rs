@@ -7,7 +7,7 @@
 //! other launchers stop with the error (they cannot re-form the job).
 
 use super::backend::{BackendError, RendezvousBackend};
-use super::settings::ElasticSettings;
+use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
 use crate::signals::SignalGuard;
 use crate::store_connect::connect_with_retry;

@@ -130,3 +130,75 @@ fn nested_modules_and_directories_resolve() {
         ]
     );
 }
+
+fn folder_ties(files: &[(&str, &str)]) -> Vec<String> {
+    let sources: HashMap<&str, &str> = files.iter().copied().collect();
+    let read = |path: &str| sources.get(path).map(|s| s.to_string());
+    let ties = super::folder_ties_of(&["c/src/lib.rs".to_string()], &read).unwrap();
+    ties.into_iter().map(|tie| tie.line).collect()
+}
+
+#[test]
+fn two_folders_that_import_each_other_are_a_tie_though_no_files_circle() {
+    // a/x.rs -> b/y.rs and b/z.rs -> a/w.rs: four files, no file circle, but a/ and b/ are tied.
+    let files = [
+        ("c/src/lib.rs", "mod a;\nmod b;"),
+        ("c/src/a/mod.rs", "pub mod w;\npub mod x;"),
+        ("c/src/a/w.rs", "pub struct W;"),
+        ("c/src/a/x.rs", "use crate::b::y::Y;\npub struct X(Y);"),
+        ("c/src/b/mod.rs", "pub mod y;\npub mod z;"),
+        ("c/src/b/y.rs", "pub struct Y;"),
+        ("c/src/b/z.rs", "use crate::a::w::W;\npub struct Z(W);"),
+    ];
+    assert!(circles(&files).is_empty());
+    assert_eq!(
+        folder_ties(&files),
+        [
+            "folder-tie in c/src: a/ -> b/ (Y: c/src/a/x.rs -> c/src/b/y.rs); \
+          b/ -> a/ (W: c/src/b/z.rs -> c/src/a/w.rs)"
+        ]
+    );
+}
+
+#[test]
+fn a_file_and_a_folder_beside_it_that_import_each_other_are_a_tie() {
+    // plan.rs uses elastic/agent.rs and elastic/retry.rs uses plan.rs; `elastic.rs` is the
+    // folder's module file, so it belongs to elastic/.
+    let files = [
+        ("c/src/lib.rs", "mod elastic;\nmod plan;"),
+        ("c/src/elastic.rs", "pub mod agent;\npub mod retry;"),
+        ("c/src/elastic/agent.rs", "pub struct Agent;"),
+        (
+            "c/src/elastic/retry.rs",
+            "use crate::plan::Plan;\npub struct Retry(Plan);",
+        ),
+        (
+            "c/src/plan.rs",
+            "use crate::elastic::agent::Agent;\npub struct Plan;\nfn f(_: Agent) {}",
+        ),
+    ];
+    assert!(circles(&files).is_empty());
+    assert_eq!(
+        folder_ties(&files),
+        [
+            "folder-tie in c/src: elastic/ -> plan.rs (Plan: c/src/elastic/retry.rs -> c/src/plan.rs); \
+          plan.rs -> elastic/ (Agent: c/src/plan.rs -> c/src/elastic/agent.rs)"
+        ]
+    );
+}
+
+#[test]
+fn imports_in_one_direction_between_folders_and_files_inside_one_folder_are_no_tie() {
+    let files = [
+        ("c/src/lib.rs", "mod a;\nmod b;\nmod top;"),
+        ("c/src/a/mod.rs", "pub mod x;\npub mod y;"),
+        (
+            "c/src/a/x.rs",
+            "use super::y::Y;\nuse crate::b::B;\npub struct X(Y, B);",
+        ),
+        ("c/src/a/y.rs", "use crate::b::B;\npub struct Y(B);"),
+        ("c/src/b/mod.rs", "pub struct B;"),
+        ("c/src/top.rs", "use crate::a::x::X;\npub struct Top(X);"),
+    ];
+    assert!(folder_ties(&files).is_empty());
+}

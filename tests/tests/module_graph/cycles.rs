@@ -6,12 +6,22 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Each circle as one line: `circle: a.rs -> b.rs (Name); b.rs -> a.rs (Other)`, listing
 /// every edge between the circle's files.
 pub fn circles(edges: &Edges) -> Vec<String> {
+    let mut lines: Vec<String> = circle_components(edges)
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Each circle's nodes, with its line as [`circles`] writes it.
+pub fn circle_components(edges: &Edges) -> Vec<(BTreeSet<String>, String)> {
     let mut successors: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (from, to) in edges.keys() {
         successors.entry(from).or_default().push(to);
         successors.entry(to).or_default();
     }
-    let mut lines = Vec::new();
+    let mut found = Vec::new();
     for component in strongly_connected(&successors) {
         if component.len() < 2 {
             continue;
@@ -26,10 +36,10 @@ pub fn circles(edges: &Edges) -> Vec<String> {
                 format!("{from} -> {to} ({})", names.join(", "))
             })
             .collect();
-        lines.push(format!("circle: {}", parts.join("; ")));
+        let nodes = component.iter().map(|node| node.to_string()).collect();
+        found.push((nodes, format!("circle: {}", parts.join("; "))));
     }
-    lines.sort();
-    lines
+    found
 }
 
 /// Tarjan's algorithm; graphs here are a few hundred files, so recursion is fine.

@@ -2,8 +2,7 @@
 
 use ddp_comm::ProcessGroup;
 
-/// What a hook returns when it fails; DDP reports it as [`DdpError::CommHook`](crate::DdpError::CommHook).
-pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::HookError;
 
 /// Reduces one bucket of gradients across the ranks of a process group.
 ///

@@ -30,7 +30,7 @@ pub(crate) use device::{
     ShardError, StandInDevice, StandInReduction, choose_device,
 };
 #[cfg(feature = "cuda")]
-pub(crate) use device::{NcclDevice, NcclReduction};
+pub(crate) use device::{NcclDevice, NcclReduction, nccl_can_run};
 pub(crate) use hook_reduction::HookReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;

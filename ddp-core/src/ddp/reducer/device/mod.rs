@@ -31,6 +31,8 @@ mod nccl;
 mod shards;
 mod stand_in;
 
+#[cfg(feature = "cuda")]
+pub(crate) use choice::nccl_can_run;
 pub(crate) use choice::{DeviceChoice, choose_device};
 pub(crate) use engine::{ChunkInFlight, DeviceReduction};
 #[cfg(feature = "cuda")]

@@ -1,12 +1,12 @@
 //! A thread that owns some state and runs the jobs submitted from any thread against it, one at
 //! a time, in submission order.
 //!
-//! Both communication threads are one: the CPU transports' thread ([`TransportThread`](super::transport_thread::TransportThread): its state is the transport)
+//! Both communication threads are one: the CPU transports' thread (`group::transport_thread`: its state is the transport)
 //! and the NCCL group's (its state is the communicator, which cannot leave its thread). What a
 //! job does on failure (reporting to the store, marking the group failed) is the caller's
 //! business; this file only moves jobs, results and borrows between threads.
 
-use super::work::{Work, WorkTiming};
+use super::handle::{Work, WorkTiming};
 use crate::error::{CommError, Result};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Mutex, PoisonError};
