@@ -122,6 +122,7 @@ mod deadline_io;
 mod dtype;
 mod env;
 mod error;
+mod failure;
 mod group;
 mod init;
 #[cfg(feature = "cuda")]

@@ -4,11 +4,11 @@ use super::calls::{Buffers, Call};
 use super::config::NcclBackendConfig;
 use super::dtype::NcclDtype;
 use super::element::NcclElement;
-use super::error::NcclError;
 use super::library::{cuda_device_count, require_driver, require_nccl};
 use super::thread::{CommThread, InitSpec};
 use super::unique_id;
 use super::work::NcclWork;
+use crate::error::NcclError;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
 use crate::store::Store;
@@ -545,7 +545,7 @@ fn new_unique_id(config: &NcclBackendConfig) -> Result<Id> {
             group: config.name.clone(),
             rank: config.rank,
             code: e.0,
-            hint: super::error::hint(e.0),
+            hint: crate::error::nccl_hint(e.0),
             detail: super::library::last_error_detail(),
         }
         .into()),

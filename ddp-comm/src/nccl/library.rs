@@ -3,7 +3,7 @@
 //! cudarc loads both libraries on first use and panics when one is missing; these checks turn
 //! that into an [`NcclError`] that says what to install.
 
-use super::error::NcclError;
+use crate::error::NcclError;
 use crate::error::Result;
 use cudarc::driver::{CudaContext, sys::CUresult};
 use std::ffi::CStr;

@@ -8,9 +8,9 @@
 //! which lets one mutex serialise them with [`RawComm::abort`]: after an abort the handle is
 //! gone (NCCL frees it) and every later call fails instead of touching freed memory.
 
-use super::error::{NcclError, hint};
 use super::library::last_error_detail;
 use crate::error::{CommError, Result};
+use crate::error::{NcclError, nccl_hint};
 use crate::watchdog::{ABORT_WAIT, Bounded, run_bounded};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::Id;
@@ -181,7 +181,7 @@ impl RawComm {
             ) => Ok(()),
             (ncclResult_t::ncclSuccess, code) | (code, _) => Err(format!(
                 "ncclCommGetAsyncError reports {code:?} ({}){}",
-                hint(code),
+                nccl_hint(code),
                 last_error_detail()
             )),
         }
@@ -289,7 +289,7 @@ impl RawComm {
             group: self.group.clone(),
             rank: self.rank,
             code,
-            hint: hint(code),
+            hint: nccl_hint(code),
             detail: last_error_detail(),
         }
         .into()

@@ -15,9 +15,9 @@
 //! after an error.
 
 use super::clock::{GpuClock, timed_event};
-use super::error::NcclError;
 use super::raw_comm::RawComm;
 use super::work::{EventProbe, NcclWork};
+use crate::error::NcclError;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::watchdog::{CollectiveLabel, Watchdog, WatchdogConfig, WatchdogFailer};

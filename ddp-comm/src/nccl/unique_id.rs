@@ -2,7 +2,7 @@
 //! wait for them. NCCL uses the id to find rank 0's bootstrap socket, so every rank of a
 //! communicator must hold the same one.
 
-use super::error::NcclError;
+use crate::error::NcclError;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use cudarc::nccl::Id;

@@ -2,7 +2,7 @@
 //! group's watchdog until it finishes on the GPU.
 
 use super::clock::GpuClock;
-use super::error::NcclError;
+use crate::error::NcclError;
 use crate::error::Result;
 use crate::watchdog::{CompletionProbe, WatchedWork};
 use crate::work::WorkTiming;

@@ -62,18 +62,17 @@
 
 mod bounded;
 mod config;
-mod failure;
 mod monitor;
 mod probe;
-mod progress;
 mod reporter;
 
+pub use crate::failure::{
+    CollectiveLabel, FailureCause, PeerProgress, RankProgress, StuckWork, WatchdogFailure,
+};
 #[cfg(feature = "cuda")]
 pub(crate) use bounded::{ABORT_WAIT, Bounded, run_bounded};
 pub use config::WatchdogConfig;
-pub use failure::{FailureCause, StuckWork, WatchdogFailure};
 #[cfg(feature = "cuda")]
 pub(crate) use monitor::WatchdogFailer;
 pub use monitor::{Watchdog, WatchedWork};
-pub use probe::{AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe};
-pub use progress::{PeerProgress, RankProgress};
+pub use probe::{AbortFn, AsyncErrorProbe, CompletionProbe};

@@ -2,11 +2,12 @@
 
 use super::bounded::{ABORT_WAIT, Bounded, run_bounded};
 use super::config::WatchdogConfig;
-use super::failure::{FailureCause, StuckWork, WatchdogFailure};
-use super::probe::{AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe};
-use super::progress::{PeerProgress, Progress, with_own};
+use super::probe::{AbortFn, AsyncErrorProbe, CompletionProbe};
 use super::reporter::{PeerFailure, Reporter, ReporterSpec};
 use crate::error::{CommError, Result};
+use crate::failure::{
+    CollectiveLabel, FailureCause, PeerProgress, Progress, StuckWork, WatchdogFailure, with_own,
+};
 use crate::store::Store;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;

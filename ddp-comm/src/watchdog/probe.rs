@@ -1,26 +1,5 @@
-//! What a [`Watchdog`](super::Watchdog) supervises: labelled work items with completion probes.
-
-/// What a collective is, for the watchdog's report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CollectiveLabel {
-    /// The operation, e.g. `all_reduce`.
-    pub op: &'static str,
-    /// The gradient bucket it carries, when it carries one.
-    pub bucket: Option<usize>,
-}
-
-impl CollectiveLabel {
-    /// A collective `op` outside any bucket.
-    pub fn new(op: &'static str) -> Self {
-        CollectiveLabel { op, bucket: None }
-    }
-
-    /// The same label for bucket `bucket`.
-    pub fn with_bucket(mut self, bucket: usize) -> Self {
-        self.bucket = Some(bucket);
-        self
-    }
-}
+//! What a [`Watchdog`](super::Watchdog) supervises: work items with completion probes (each
+//! labelled with a [`CollectiveLabel`](super::CollectiveLabel)).
 
 /// Tells whether one in-flight work item has finished, without blocking. For NCCL, a query of
 /// the CUDA event recorded after the collective.

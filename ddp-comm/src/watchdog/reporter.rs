@@ -2,7 +2,7 @@
 //! rank's. Store calls happen here so that a slow store never delays the watchdog's polling,
 //! and a report that takes too long is abandoned rather than waited for.
 
-use super::progress::{PeerProgress, Progress, RankProgress, failed_key, key};
+use crate::failure::{PeerProgress, Progress, RankProgress, failed_key, key};
 use crate::store::Store;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};

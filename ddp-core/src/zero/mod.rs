@@ -8,6 +8,7 @@
 //! - `partition.rs`: who owns which parameter (by size, largest first).
 //! - `module_tensors.rs`: the module's tensors and the gradients of one shard.
 //! - `optimizer.rs`: the wrapper (step, broadcast, checkpoints).
+//! - `config.rs`: [`ZeroConfig`], the same settings as a burn config (saved and loaded as JSON).
 //! - `consolidate.rs`: gathering the shards' state on rank 0 for a checkpoint.
 //! - `stage2.rs`: stage 2's reduce-scatter of gradients and all-gather of parameters.
 //!
@@ -93,6 +94,7 @@
 //! [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) into the wrapper, at any
 //! world size.
 
+mod config;
 mod consolidate;
 mod device;
 mod error;
@@ -102,6 +104,7 @@ pub(crate) mod partition;
 mod stage2;
 mod stage2_device;
 
+pub use config::ZeroConfig;
 pub use error::ZeroError;
 pub use optimizer::ZeroRedundancyOptimizer;
 pub use stage2::{DEFAULT_ZERO_BUCKET_BYTES, LocalGradientsHook, ZeroStage};

@@ -21,19 +21,26 @@ use ddp_comm::{ProcessGroup, ReduceOp};
 
 /// How much of the training state [`ZeroRedundancyOptimizer`](super::ZeroRedundancyOptimizer)
 /// shards across the ranks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(burn::config::Config, Debug, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ZeroStage {
     /// Optimizer state only (PyTorch's `ZeroRedundancyOptimizer`). `step` takes gradients
     /// already averaged over the ranks (DDP's `backward`); each owner broadcasts its updated
     /// parameters, one broadcast per rank per step.
-    #[default]
     One,
     /// Optimizer state and gradients (DeepSpeed's stage 2, FSDP's `SHARD_GRAD_OP`). `step`
     /// takes this rank's *local* gradients (DDP with [`LocalGradientsHook`], or plain
     /// `loss.backward()`), reduce-scatters them so each rank keeps the averaged gradients of its
     /// shard only, steps that shard, and all-gathers the parameters: two collectives per step.
     Two,
+}
+
+// Not derived: burn's `Config` derive rejects the `#[default]` variant attribute.
+#[allow(clippy::derivable_impls)]
+impl Default for ZeroStage {
+    fn default() -> Self {
+        ZeroStage::One
+    }
 }
 
 /// A [`CommHook`] that leaves every bucket as it is, so DDP's `backward` returns this rank's

@@ -4,6 +4,7 @@
 //! bitwise identical after every step, each rank holding only its shard of the optimizer state
 //! and of the averaged gradients, and checkpoints that resume.
 use crate::common::*;
+use burn::config::Config;
 use burn::module::{Module, ParamId};
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Relu};
@@ -15,7 +16,7 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState};
-use ddp_core::zero::{DEFAULT_ZERO_BUCKET_BYTES, LocalGradientsHook};
+use ddp_core::zero::{DEFAULT_ZERO_BUCKET_BYTES, LocalGradientsHook, ZeroConfig};
 use ddp_core::{
     Collectives, DdpConfig, DistributedDataParallel,
     comm::ProcessGroup,
@@ -46,6 +47,8 @@ enum Mode {
     /// collectives of at most this many bytes per rank: the device path (tensors assembled on
     /// the device, reduce-scatter and all-gather on the device communicator).
     Stage2StandIn(usize),
+    /// ZeRO stage 2 built from a [`ZeroConfig`] (with this bucket size) instead of the builder.
+    Stage2Config(usize),
 }
 
 fn adam<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<burn::optim::Adam, M, B> {
@@ -115,6 +118,14 @@ where
                 let mut zero = ZeroRedundancyOptimizer::stage2(make(), &mut ddp)
                     .unwrap()
                     .with_bucket_bytes(bytes);
+                train(&mut ddp, &mut zero, 0..STEPS)
+            }
+            Mode::Stage2Config(bytes) => {
+                let config = ZeroConfig::new()
+                    .with_stage(ZeroStage::Two)
+                    .with_bucket_bytes(bytes);
+                let mut zero = config.init(make(), &mut ddp).unwrap();
+                assert_eq!(zero.stage(), ZeroStage::Two);
                 train(&mut ddp, &mut zero, 0..STEPS)
             }
             Mode::Stage2StandIn(bytes) => {
@@ -265,6 +276,47 @@ fn stage2_on_the_device_stand_in_equals_stage2_through_host_memory_at_worlds_1_t
             }
         }
     }
+}
+
+/// A [`ZeroConfig`] builds the optimizer the builder builds: stage 2 from the config trains
+/// bitwise like `stage2(..).with_bucket_bytes(..)` at world 2 (so the config registered DDP's
+/// hook and set the bucket size), and the config survives a save and a load as burn's configs do.
+#[test]
+fn zero_config_builds_what_the_builder_builds_and_saves_as_a_burn_config() {
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 3));
+    let built = trajectory(2, &init, Mode::Stage2Buckets(64), adam::<Mlp<B>>);
+    let configured = trajectory(2, &init, Mode::Stage2Config(64), adam::<Mlp<B>>);
+    for step in 0..STEPS {
+        for rank in 0..2 {
+            assert!(
+                bitwise_equal(&built[rank][step], &configured[rank][step]),
+                "step {step}, rank {rank}: the config's optimizer trained differently"
+            );
+        }
+    }
+
+    let config = ZeroConfig::new()
+        .with_stage(ZeroStage::Two)
+        .with_bucket_bytes(4096)
+        .with_collectives(Some(Collectives::StandIn));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zero.json");
+    config.save(&path).unwrap();
+    let loaded = ZeroConfig::load(&path).unwrap();
+    assert_eq!(loaded.stage, ZeroStage::Two);
+    assert_eq!(loaded.bucket_bytes, 4096);
+    assert_eq!(loaded.collectives, Some(Collectives::StandIn));
+    let defaults = ZeroConfig::new();
+    assert_eq!(defaults.stage, ZeroStage::One);
+    assert_eq!(defaults.bucket_bytes, DEFAULT_ZERO_BUCKET_BYTES);
+    assert_eq!(defaults.collectives, None);
+
+    // Without DDP: the stage and the group as configured.
+    run_ranks(1, |pg| {
+        let zero = loaded.init_on_group(adam::<Mlp<B>>(), pg);
+        assert_eq!(zero.stage(), ZeroStage::Two);
+        assert_eq!(zero.process_group().world_size(), 1);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -48,21 +48,12 @@ fn folder_ties_of(roots: &[String], read: ReadSource) -> Result<Vec<FolderTie>, 
 /// Folder ties that were there when the check was written, each with the work that removes
 /// it (issue 48). The check fails on any other tie, and on an entry here that is gone (so the
 /// list only shrinks). Written as the folder, then its units in the circle, sorted.
-const KNOWN_FOLDER_TIES: &[(&str, &[&str], &str)] = &[
-    (
-        "ddp-comm/src",
-        &["auth/", "error.rs", "nccl/", "store/", "watchdog/", "work/"],
-        "error.rs, which every folder uses, names nccl/'s NcclError and watchdog/'s \
-         WatchdogFailure (CommError wraps them): the error layer is to hold no NCCL or \
-         watchdog type, and the rest of this circle goes with those two imports",
-    ),
-    (
-        "ddp-core/src",
-        &["checkpoint/", "zero/"],
-        "checkpoint/sharded/ saves ZeRO's optimizer state, and ZeRO saves through \
+const KNOWN_FOLDER_TIES: &[(&str, &[&str], &str)] = &[(
+    "ddp-core/src",
+    &["checkpoint/", "zero/"],
+    "checkpoint/sharded/ saves ZeRO's optimizer state, and ZeRO saves through \
          checkpoint/: one checkpoint subsystem with a state-provider trait removes it",
-    ),
-];
+)];
 
 #[test]
 fn workspace_crates_have_no_import_circles() {

@@ -22,7 +22,7 @@ use ddp_core::{
     comm::ProcessGroup,
     launch::WorkerContext,
     progress::EpochProgress,
-    zero::{ZeroRedundancyOptimizer, ZeroStage},
+    zero::{ZeroConfig, ZeroStage},
 };
 use ddp_examples::backend::{TrainOn, run};
 use ddp_examples::models::TinyGpt;
@@ -73,9 +73,10 @@ impl TrainOn for Transformer<'_> {
         // or on the stand-in, the device path).
         let collectives = self.0.collectives.into();
         let zero = |stage, pg: &ProcessGroup| {
-            ZeroRedundancyOptimizer::new(adam(), pg.clone())
+            ZeroConfig::new()
                 .with_stage(stage)
-                .with_collectives(collectives)
+                .with_collectives(Some(collectives))
+                .init_on_group(adam(), pg.clone())
         };
         match self.0.shard() {
             None => train::<B, _>(ctx, self.0, device, |_| adam()),

@@ -1,5 +1,13 @@
-//! The crate's error type: one variant per failure, each naming the op, rank, key or size.
+//! The crate's error type: one variant per failure, each naming the op, rank, key or size; and
+//! the NCCL errors it carries (`nccl.rs`).
 
+#[cfg(feature = "cuda")]
+mod nccl;
+
+#[cfg(feature = "cuda")]
+pub use nccl::NcclError;
+#[cfg(feature = "cuda")]
+pub(crate) use nccl::hint as nccl_hint;
 use std::io;
 use std::time::Duration;
 
@@ -150,11 +158,11 @@ pub enum CommError {
     /// A CUDA or NCCL failure, or a machine without them (feature `cuda`).
     #[cfg(feature = "cuda")]
     #[error(transparent)]
-    Nccl(#[from] crate::nccl::NcclError),
+    Nccl(#[from] NcclError),
     /// The collective watchdog failed the group: a collective did not finish within the
     /// timeout, or failed; names the collective and the ranks that are behind.
     #[error("collective watchdog: {0}")]
-    Watchdog(std::sync::Arc<crate::watchdog::WatchdogFailure>),
+    Watchdog(std::sync::Arc<crate::failure::WatchdogFailure>),
     /// A rank-tagged wrapper, used when several ranks' failures are collected.
     #[error("rank {rank}: {source}")]
     WithRank {

@@ -1,6 +1,6 @@
 //! [`WatchdogFailure`]: what a watchdog found when it failed a group, and who is to blame.
 
-use super::probe::CollectiveLabel;
+use super::label::CollectiveLabel;
 use super::progress::{PeerProgress, ranks_behind, ranks_finished};
 use std::fmt;
 use std::time::Duration;
@@ -24,7 +24,7 @@ pub enum FailureCause {
     /// An item was still incomplete after the timeout.
     Timeout(Duration),
     /// An error on this rank: an item's probe reported one (a CUDA error querying its event),
-    /// or the caller did ([`Watchdog::fail`](super::Watchdog::fail), e.g. a failed enqueue).
+    /// or the caller did ([`Watchdog::fail`](crate::watchdog::Watchdog::fail), e.g. a failed enqueue).
     /// No peer is blamed for it.
     Failed(String),
     /// The communicator's async-error probe reported an error.
@@ -34,7 +34,7 @@ pub enum FailureCause {
     PeerFailed(String),
 }
 
-/// The error a [`Watchdog`](super::Watchdog) gives every waiter and every later call once it
+/// The error a [`Watchdog`](crate::watchdog::Watchdog) gives every waiter and every later call once it
 /// has failed its group; reaches callers as [`CommError::Watchdog`](crate::CommError::Watchdog).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchdogFailure {
@@ -46,7 +46,7 @@ pub struct WatchdogFailure {
     pub cause: FailureCause,
     /// The collective the failure is about: the one that timed out or whose probe failed, the
     /// oldest in flight when the communicator or a peer failed; none for an error outside any
-    /// collective ([`Watchdog::fail`](super::Watchdog::fail)).
+    /// collective ([`Watchdog::fail`](crate::watchdog::Watchdog::fail)).
     pub stuck: Option<StuckWork>,
     /// Every rank's progress, as far as the store told.
     pub peers: PeerProgress,
@@ -213,7 +213,7 @@ impl std::error::Error for WatchdogFailure {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watchdog::progress::RankProgress;
+    use crate::failure::RankProgress;
 
     fn failure(peers: PeerProgress) -> WatchdogFailure {
         WatchdogFailure {
