@@ -1,1 +1,0 @@
-//! No code: this crate only names dependency features (see its `Cargo.toml`).
