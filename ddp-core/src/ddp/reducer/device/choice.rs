@@ -111,10 +111,10 @@ mod nccl {
     }
 }
 
-#[cfg(feature = "cuda")]
 /// Whether NCCL can run on every rank, each on a GPU of its own; otherwise why not. One
 /// small all-gather over the CPU group, so the ranks agree: a rank that went ahead alone
 /// would wait for the others in NCCL's rendezvous, and two ranks on one GPU make NCCL fail.
+#[cfg(feature = "cuda")]
 pub(crate) fn nccl_can_run(
     pg: &ProcessGroup,
     device: usize,
