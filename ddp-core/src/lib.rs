@@ -191,13 +191,15 @@
 //! A bucket is reduced as one coalesced collective over its gradients' own buffers
 //! ([`ProcessGroup::all_reduce_coalesced_async`](comm::ProcessGroup::all_reduce_coalesced_async)): on shared memory they are read into the
 //! transport's staging buffers and the result is written straight back, and those buffers
-//! become the returned gradient tensors, so no bucket buffer is packed or unpacked. On the CPU
-//! backend, launch workers with [`launch()`] (or set [`launch::ALLOCATOR_ENV`] yourself): glibc's
-//! default `malloc` settings make burn's per-step buffers page-fault in again every step.
-//! Buffers above 32 MiB page-fault every step whatever glibc is told; a program on the CPU
-//! backend should use mimalloc as its global allocator, as the examples do (README, "CPU step
-//! time"): [`use_fast_allocator!`] declares it, and each rank says at DDP construction when it is
-//! missing ([`cpu_fast_path`]).
+//! become the returned gradient tensors, so no bucket buffer is packed or unpacked. On CPU
+//! backends burn allocates its per-step buffers afresh, and glibc's default `malloc` settings
+//! hand large freed buffers back to the kernel, so they page-fault in again every step. DDP,
+//! ZeRO and FSDP construction therefore raise glibc's mmap and trim thresholds once per process
+//! unless the environment sets them ([`cpu_fast_path::keep_freed_buffers`]; the launcher gives
+//! workers the same values, [`launch::ALLOCATOR_ENV`]). That is what reaches LibTorch, whose
+//! tensors come from `malloc`; on Flex and NdArray use mimalloc as the global allocator too, as
+//! the examples do (README, "CPU step time"): [`use_fast_allocator!`] declares it, and each
+//! rank says at construction when it is missing ([`cpu_fast_path`]).
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod ddp;

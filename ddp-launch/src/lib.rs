@@ -72,7 +72,7 @@
 //! `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS`), `DDP_JOB_TOKEN`,
 //! `DDP_LAUNCH_WORKER=1`, and `OMP_NUM_THREADS`/`RAYON_NUM_THREADS` = cores / local ranks unless
 //! already set. On glibc Linux they also get [`ALLOCATOR_ENV`] (keep freed buffers of up to
-//! 32 MiB mapped, so burn's per-step allocations stop page-faulting) unless any `MALLOC_*`
+//! 1 GiB mapped, so burn's per-step allocations stop page-faulting) unless any `MALLOC_*`
 //! variable, `GLIBC_TUNABLES` or `LD_PRELOAD` is set. Node `k`'s local rank `j` is global rank `k * nproc_per_node + j`; the device
 //! index is the local rank. Standard input is closed (`/dev/null`).
 //!

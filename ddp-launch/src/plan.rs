@@ -35,16 +35,19 @@ const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 /// `MALLOC_*` variable above, `MALLOC_TOP_PAD_`, `MALLOC_ARENA_MAX`, `GLIBC_TUNABLES` or
 /// `LD_PRELOAD` set).
 ///
-/// burn's CPU backend allocates activations and gradients afresh every step. With glibc's
-/// defaults, freed multi-MiB buffers go back to the kernel (`munmap`, heap trimming) and the
-/// next step page-faults them in again, zeroed: on the MLP of `ddp_step` (24 MiB of gradients)
-/// that is about 15,000 faults per step and a third of the step time. Keeping allocations up to
-/// 32 MiB (glibc's largest mmap threshold) on the heap and keeping up to 256 MiB of freed heap
-/// mapped removes them. The same role as `OMP_NUM_THREADS` in torchrun: a default for the
-/// workers, overridden by setting any of the variables (or preloading another allocator).
+/// burn's CPU backends allocate activations and gradients afresh every step, and LibTorch's
+/// tensors come from `malloc` whatever Rust's global allocator is. With glibc's defaults, freed
+/// multi-MiB buffers go back to the kernel (`munmap`, heap trimming) and the next step
+/// page-faults them in again, zeroed: on the MLP of `ddp_step` (24 MiB of gradients) that is
+/// about 15,000 faults per step and a third of the step time. Serving blocks up to 1 GiB from
+/// the heap and keeping up to 1 GiB of freed heap mapped removes them (glibc 2.36 takes
+/// thresholds above the 32 MiB that its own adaptive threshold stops at). The same values as
+/// `ddp_core::cpu_fast_path::KEEP_BYTES`, which DDP sets in-process when nothing set these. The
+/// same role as `OMP_NUM_THREADS` in torchrun: a default for the workers, overridden by setting
+/// any of the variables (or preloading another allocator).
 pub const ALLOCATOR_ENV: [(&str, &str); 2] = [
-    ("MALLOC_MMAP_THRESHOLD_", "33554432"),
-    ("MALLOC_TRIM_THRESHOLD_", "268435456"),
+    ("MALLOC_MMAP_THRESHOLD_", "1073741824"),
+    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
 ];
 
 /// Variables that mean the user chose allocator settings (or another allocator) themselves.

@@ -103,7 +103,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`DdpError::Comm`] when a peer fails; [`DdpError::InvalidConfig`].
     pub fn new(module: M, pg: ProcessGroup, config: DdpConfig) -> Result<Self, DdpError> {
         config.validate()?;
-        crate::cpu_fast_path::advise_once::<B::Device>(pg.rank());
+        crate::cpu_fast_path::prepare_once::<B::Device>(pg.rank());
         let table = ParamTable::describe::<B, M>(&module);
         verify_same_model(&pg, &table)?;
         table.check_dtypes()?;

@@ -117,7 +117,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// rank 0's weights (as DDP does), keeps this rank's chunk of every unit and releases the
     /// rest. Collective: every rank calls it.
     pub fn new(module: M, pg: ProcessGroup, config: FsdpConfig) -> Result<Self, FsdpError> {
-        crate::cpu_fast_path::advise_once::<B::Device>(pg.rank());
+        crate::cpu_fast_path::prepare_once::<B::Device>(pg.rank());
         let table = ParamTable::describe::<B, M>(&module);
         verify_same_model(&pg, &table).map_err(FsdpError::Setup)?;
         let module = broadcast_module::<B, M>(&pg, module, &table).map_err(FsdpError::Setup)?;

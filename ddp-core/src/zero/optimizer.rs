@@ -109,7 +109,7 @@ where
     /// Shards `inner`'s state across the ranks of `pg` (the process group DDP uses:
     /// `ddp.process_group().clone()`).
     pub fn new(inner: O, pg: ProcessGroup) -> Self {
-        crate::cpu_fast_path::advise_once::<B::Device>(pg.rank());
+        crate::cpu_fast_path::prepare_once::<B::Device>(pg.rank());
         ZeroRedundancyOptimizer {
             inner,
             pg,

@@ -205,8 +205,8 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
 
 use burn::tensor::ElementConversion;
 
-/// glibc gives freed buffers above 32 MiB back to the kernel, so burn's CPU backend would
-/// page-fault its large activations and gradients in again every step; mimalloc keeps them
-/// (docs/guide/benchmarks.md, "CPU step time").
+/// burn's CPU backends allocate their activations and gradients afresh every step; mimalloc
+/// serves them fastest, also with several threads per rank, where glibc, even with the
+/// thresholds DDP raises, is slower (docs/guide/benchmarks.md, "CPU step time").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -28,9 +28,9 @@ use ddp_examples::eval::evaluate_digits;
 use ddp_examples::models::DigitsCnn;
 use std::process::ExitCode;
 
-/// glibc gives freed buffers above 32 MiB back to the kernel, so burn's CPU backend would
-/// page-fault its large activations and gradients in again every step; mimalloc keeps them
-/// (docs/guide/benchmarks.md, "CPU step time").
+/// burn's CPU backends allocate their activations and gradients afresh every step; mimalloc
+/// serves them fastest, also with several threads per rank, where glibc, even with the
+/// thresholds DDP raises, is slower (docs/guide/benchmarks.md, "CPU step time").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,12 +1,16 @@
-//! What a rank on a CPU backend is missing for the fast CPU path, said once per process.
+//! The fast CPU path: what a rank on a CPU backend needs, set or said once per process.
 //!
 //! burn's CPU backends allocate activations and gradients afresh every step: with glibc's
-//! `malloc` the large buffers go back to the kernel and page-fault in again each step (README,
-//! "CPU step time"), and burn-flex's AVX-512 matrix multiply is only compiled in with the
-//! `x86-v4` feature. A user's own program would otherwise only learn this from the README's
-//! performance section, so DDP, ZeRO and FSDP construction say, once per process, what is
-//! missing and how to turn it on ([`advice`] decides, from [`CpuFacts::detect`]'s facts).
+//! default `malloc` settings the large buffers go back to the kernel and page-fault in again
+//! each step (README, "CPU step time"). DDP, ZeRO and FSDP construction raise glibc's
+//! thresholds ([`keep_freed_buffers`]), which is what reaches LibTorch's tensors. What a program
+//! must choose itself, they say, once per process, with how to turn it on ([`advice`] decides,
+//! from [`CpuFacts::detect`]'s facts): mimalloc as the global allocator, and burn-flex's AVX-512
+//! matrix multiply, compiled in only with the `x86-v4` feature.
 
+mod glibc_heap;
+
+pub use glibc_heap::{HeapTuning, KEEP_BYTES, USER_SETTINGS, keep_freed_buffers, user_setting};
 use std::sync::Once;
 
 /// mimalloc, re-exported for [`use_fast_allocator!`](crate::use_fast_allocator).
@@ -58,8 +62,9 @@ pub fn advice(facts: CpuFacts) -> Vec<String> {
     let mut lines = Vec::new();
     if !facts.mimalloc {
         lines.push(
-            "the global allocator is not mimalloc: burn's per-step CPU buffers page-fault in \
-             again every step; add `ddp_core::use_fast_allocator!();` to your binary crate"
+            "the global allocator is not mimalloc: glibc's malloc serves burn's per-step CPU \
+             buffers more slowly when a rank runs several threads; add \
+             `ddp_core::use_fast_allocator!();` to your binary crate"
                 .to_string(),
         );
     }
@@ -73,14 +78,31 @@ pub fn advice(facts: CpuFacts) -> Vec<String> {
     lines
 }
 
-/// Says, once per process and only on a CPU backend, what the fast CPU path is missing: as a
-/// `tracing` warning when a subscriber is installed, otherwise on stderr.
-pub(crate) fn advise_once<D>(rank: usize) {
+/// Prepares the process for the fast CPU path, once, on a backend that may run on CPUs: glibc's
+/// `malloc` keeps freed buffers ([`keep_freed_buffers`]; LibTorch allocates through it), and on
+/// Flex and NdArray it says what is still missing ([`advice`]): as a `tracing` warning when a
+/// subscriber is installed, otherwise on stderr.
+pub(crate) fn prepare_once<D>(rank: usize) {
     static ONCE: Once = Once::new();
-    if !is_cpu_device::<D>() {
+    if !may_run_on_cpu::<D>() {
         return;
     }
     ONCE.call_once(|| {
+        match keep_freed_buffers() {
+            HeapTuning::Raised => tracing::info!(
+                rank,
+                "fast CPU path: glibc malloc keeps freed blocks up to {} MiB in the heap \
+                 (set MALLOC_TRIM_THRESHOLD_ to choose otherwise)",
+                KEEP_BYTES >> 20
+            ),
+            HeapTuning::SetByEnvironment(name) => {
+                tracing::info!(rank, "fast CPU path: glibc malloc as {name} sets it")
+            }
+            HeapTuning::Unavailable => {}
+        }
+        if !is_cpu_device::<D>() {
+            return;
+        }
         // A program without a `tracing` subscriber (the examples install none) would never see
         // a warning, so it goes to stderr then.
         let logged = tracing::dispatcher::has_been_set();
@@ -100,6 +122,13 @@ pub(crate) fn advise_once<D>(rank: usize) {
 fn is_cpu_device<D>() -> bool {
     let name = std::any::type_name::<D>();
     name.ends_with("FlexDevice") || name.ends_with("NdArrayDevice")
+}
+
+/// Whether `D` is the device of a backend whose tensors may live in host memory: the CPU-only
+/// ones and LibTorch (whose CPU tensors come from `malloc`; on its GPUs the setting only
+/// concerns the little host memory a rank allocates).
+fn may_run_on_cpu<D>() -> bool {
+    is_cpu_device::<D>() || std::any::type_name::<D>().ends_with("LibTorchDevice")
 }
 
 fn global_allocator_is_mimalloc() -> bool {
@@ -157,6 +186,8 @@ mod tests {
     fn only_cpu_backends_are_advised() {
         assert!(is_cpu_device::<burn::backend::flex::FlexDevice>());
         assert!(!is_cpu_device::<String>());
+        assert!(may_run_on_cpu::<burn::backend::flex::FlexDevice>());
+        assert!(!may_run_on_cpu::<String>());
     }
 
     #[test]
