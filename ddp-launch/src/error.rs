@@ -1,7 +1,7 @@
 //! [`LaunchError`]: everything that can stop a launch, one variant per failure.
 
-use super::signal_names::signal_name;
-use super::summary::FailureSummary;
+use crate::signal_names::signal_name;
+use crate::summary::FailureSummary;
 use ddp_comm::{CommError, TOKEN_ENV};
 use std::error::Error as StdError;
 use std::fmt;
@@ -198,7 +198,7 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
-    /// [`launch`](super::launch) could not find its own executable to start the workers from.
+    /// [`launch`](crate::launch) could not find its own executable to start the workers from.
     #[error("cannot find this program's own executable to start the workers: {source}")]
     CurrentExe {
         /// The OS error.

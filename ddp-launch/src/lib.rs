@@ -65,6 +65,13 @@
 //! ddp-run --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29500 -- ./train
 //! ```
 //!
+//! # Layout
+//! By role, each a folder: `plan/` turns flags into a [`LaunchPlan`] (nothing started);
+//! `worker/` is what a training process runs ([`launch`], [`init_from_env`], the job
+//! environment); `rendezvous/` holds ports and joins the nodes; `supervise/` spawns, watches,
+//! blames and restarts the workers (static and elastic). The files at the root (`error`,
+//! `summary`, `signals`, ...) are shared by all four.
+//!
 //! # Worker environment
 //! Every worker gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (node
 //! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (elastic jobs
@@ -154,45 +161,28 @@
 //! - `--nproc-per-node auto` counts CPU cores, not GPUs: pass the GPU count explicitly.
 #![warn(missing_docs)]
 
-mod args;
-mod blame;
-mod context;
-mod elastic;
-mod elastic_settings;
-mod env;
 mod error;
-mod init;
-mod live;
-mod node_count;
 mod node_sync;
-mod output;
-mod own_failure;
 mod plan;
-mod port_holder;
-mod process_env;
 pub mod progress;
 mod rendezvous;
 mod round_summary;
-mod run;
 mod signal_names;
 mod signals;
-mod spawn;
-mod store_connect;
 mod summary;
 mod supervise;
 mod worker;
-mod worker_count;
 
-pub use args::{LaunchArgs, NprocPerNode};
-pub use context::WorkerContext;
-pub use env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use error::LaunchError;
-pub use init::init_from_env;
-pub use node_count::{NodeCount, RdzvBackend};
+pub use plan::args::{LaunchArgs, NprocPerNode};
+pub use plan::node_count::{NodeCount, RdzvBackend};
 pub use plan::{
     ALLOCATOR_ENV, LaunchPlan, MasterPort, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
 };
 pub use round_summary::ElasticRound;
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use summary::{RootCause, Victim};
+pub use worker::context::WorkerContext;
+pub use worker::env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
+pub use worker::init::init_from_env;
 pub use worker::launch;

@@ -1,7 +1,7 @@
 //! [`NodeSync`]: what the supervisor of one attempt needs from the other nodes' launchers,
 //! whichever rendezvous joined them (static, or an elastic round).
 
-use super::summary::FailureCause;
+use crate::summary::FailureCause;
 
 /// Failures crossing nodes during one attempt.
 pub(crate) trait NodeSync {

@@ -1,8 +1,8 @@
 //! The launcher's signal handling: SIGINT, SIGTERM and SIGHUP are caught (not acted on) so the
 //! supervisor can forward them to every worker and stop cleanly; signal names for messages.
 
-use super::error::LaunchError;
-use super::signal_names::signal_name;
+use crate::error::LaunchError;
+use crate::signal_names::signal_name;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 /// The signals the launcher catches and forwards.

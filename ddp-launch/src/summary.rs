@@ -1,7 +1,7 @@
 //! [`FailureSummary`]: which rank failed first, how, and its last lines of output.
 
-use super::round_summary::{ElasticRound, rounds_lines};
-use super::signal_names::signal_name;
+use crate::round_summary::{ElasticRound, rounds_lines};
+use crate::signal_names::signal_name;
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;

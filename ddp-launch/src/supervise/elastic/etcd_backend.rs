@@ -14,8 +14,8 @@
 use super::backend::{BackendError, RendezvousBackend};
 use super::etcd_heartbeat::{Heartbeat, grant_and_put, keep_alive, ttl_secs};
 use super::etcd_runtime::{REQUEST_TIMEOUT, RuntimeThread, call};
-use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
+use crate::plan::elastic_settings::ElasticSettings;
 use crate::signals::SignalGuard;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,

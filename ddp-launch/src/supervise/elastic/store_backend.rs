@@ -7,10 +7,10 @@
 //! other launchers stop with the error (they cannot re-form the job).
 
 use super::backend::{BackendError, RendezvousBackend};
-use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
+use crate::plan::elastic_settings::ElasticSettings;
+use crate::rendezvous::store_connect::connect_with_retry;
 use crate::signals::SignalGuard;
-use crate::store_connect::connect_with_retry;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::collections::HashMap;
 use std::net::TcpListener;

@@ -21,7 +21,7 @@ pub(crate) use worker_env::DERIVED_PORTS;
 pub use worker_env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 use worker_env::{Vars, derived_port, master_addr};
 
-use crate::process_env::with_process_env;
+use crate::plan::process_env::with_process_env;
 
 impl WorkerEnv {
     /// Whether the group was restarted before this attempt (see

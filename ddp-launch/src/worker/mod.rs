@@ -1,11 +1,20 @@
+//! The worker side, the only part a training process needs: [`launch`], the one reader of the
+//! job environment ([`env`]: ddp-run/torchrun, Slurm, Open MPI), [`init_from_env`](init), and
+//! the [`WorkerContext`] handed to the training function.
+//!
 //! [`launch`]: the entry point of a training binary — launcher or worker, decided from the
 //! environment.
 
-use super::args::LaunchArgs;
-use super::context::WorkerContext;
-use super::env::WorkerEnv;
-use super::error::LaunchError;
-use super::plan::LaunchPlan;
+pub(crate) mod context;
+pub(crate) mod env;
+pub(crate) mod init;
+pub(crate) mod own_failure;
+
+use crate::error::LaunchError;
+use crate::plan::LaunchPlan;
+use crate::plan::args::LaunchArgs;
+use crate::worker::context::WorkerContext;
+use crate::worker::env::WorkerEnv;
 use std::error::Error as StdError;
 
 /// What this process is.
@@ -76,7 +85,7 @@ where
     F: FnOnce(WorkerContext) -> Result<(), E>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    match crate::process_env::with_process_env(|vars| role(args, vars))? {
+    match crate::plan::process_env::with_process_env(|vars| role(args, vars))? {
         Role::Launcher => LaunchPlan::for_current_exe(args)?.run(),
         Role::Worker(env) => run_worker(env, train),
     }
@@ -99,7 +108,7 @@ where
     let result =
         train(WorkerContext::new(env, group)).map_err(|e| LaunchError::training(rank, e.into()));
     if let Err(e) = &result {
-        crate::own_failure::report_own_failure(e);
+        crate::worker::own_failure::report_own_failure(e);
     }
     drop(keep_open);
     result
@@ -124,9 +133,9 @@ fn default_worker_logging() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::NprocPerNode;
-    use crate::env::LauncherKind;
-    use crate::env::tests::vars;
+    use crate::plan::args::NprocPerNode;
+    use crate::worker::env::LauncherKind;
+    use crate::worker::env::tests::vars;
 
     const SLURM: [(&str, &str); 7] = [
         ("SLURM_PROCID", "1"),

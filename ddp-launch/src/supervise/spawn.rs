@@ -8,11 +8,11 @@
 //! when the supervisor [releases](Worker::release) it after its last signal to the group, and
 //! [`Worker::signal_group`] refuses to signal a released worker.
 
-use super::blame::FailureDir;
-use super::error::LaunchError;
-use super::live::{Console, Stream, follow_reports};
-use super::output::{Sink, Tail, pump};
-use super::plan::LaunchPlan;
+use crate::error::LaunchError;
+use crate::plan::LaunchPlan;
+use crate::supervise::blame::FailureDir;
+use crate::supervise::live::{Console, Stream, follow_reports};
+use crate::supervise::output::{Sink, Tail, pump};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -123,7 +123,7 @@ fn wait_exited_keep_zombie(pid: u32) -> io::Result<ExitStatus> {
 pub(crate) struct AttemptFiles<'a> {
     /// `--log-dir/attempt_<n>`, if logging to files.
     pub(crate) log_dir: Option<&'a std::path::Path>,
-    /// The failure reports (see [`super::blame`]).
+    /// The failure reports (see [`crate::supervise::blame`]).
     pub(crate) failures: &'a FailureDir,
 }
 

@@ -1,8 +1,8 @@
 //! [`ElasticSettings`]: the elastic rendezvous flags, validated.
 
-use crate::args::LaunchArgs;
 use crate::error::LaunchError;
-use crate::node_count::{NodeCount, RdzvBackend};
+use crate::plan::args::LaunchArgs;
+use crate::plan::node_count::{NodeCount, RdzvBackend};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! [`LaunchArgs`]: the launcher flags as the user typed them (or set through `DDP_*`
-//! environment variables). Nothing is validated here; [`LaunchPlan`](super::LaunchPlan) does that.
+//! environment variables). Nothing is validated here; [`LaunchPlan`](crate::LaunchPlan) does that.
 
-use super::node_count::{NodeCount, RdzvBackend};
+use crate::plan::node_count::{NodeCount, RdzvBackend};
 use clap::Args;
 use std::fmt;
 use std::path::PathBuf;
@@ -288,7 +288,7 @@ impl LaunchArgs {
     }
 
     /// Whether the user asked for a launch explicitly (`--nproc-per-node` or `--nnodes` given).
-    /// Explicit flags win over a Slurm or Open MPI environment; see [`launch`](super::launch).
+    /// Explicit flags win over a Slurm or Open MPI environment; see [`launch`](crate::launch).
     pub fn is_explicit(&self) -> bool {
         self.nproc_per_node.is_some() || self.nnodes.is_some()
     }

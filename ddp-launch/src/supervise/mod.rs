@@ -1,4 +1,8 @@
-//! The supervisor shared by [`launch`](super::launch) and `ddp-run`: starts this node's workers,
+//! The supervising side: spawning workers ([`spawn`]), their output and the progress bar
+//! ([`output`], [`live`]), failure blame ([`blame`]), one job's run ([`run`]) and the elastic
+//! agents ([`elastic`]).
+//!
+//! The supervisor shared by [`launch`](crate::launch) and `ddp-run`: starts this node's workers,
 //! waits for them, stops them all when one fails or a signal arrives, prints the failure
 //! summary, and restarts the group while restarts are left.
 //!
@@ -13,16 +17,25 @@
 //! still in the worker's process group and something kills that group (or it dies with its
 //! parent on its own): a SIGKILLed launcher cannot clean up.
 
-use super::blame::{FailureDir, trace_root};
-use super::error::LaunchError;
-use super::live::Console;
-use super::node_sync::NodeSync;
-use super::plan::LaunchPlan;
-use super::rendezvous::{Rendezvous, single_node_port};
-use super::signal_names::signal_name;
-use super::signals::SignalGuard;
-use super::spawn::{AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, spawn_worker};
-use super::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
+pub(crate) mod blame;
+pub(crate) mod elastic;
+pub(crate) mod live;
+pub(crate) mod output;
+pub(crate) mod run;
+pub(crate) mod spawn;
+
+use crate::error::LaunchError;
+use crate::node_sync::NodeSync;
+use crate::plan::LaunchPlan;
+use crate::rendezvous::{Rendezvous, single_node_port};
+use crate::signal_names::signal_name;
+use crate::signals::SignalGuard;
+use crate::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
+use crate::supervise::blame::{FailureDir, trace_root};
+use crate::supervise::live::Console;
+use crate::supervise::spawn::{
+    AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, spawn_worker,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};

@@ -20,9 +20,9 @@
 //! counted in it; the others find it dead by its heartbeats once the round runs, and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
-use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
-use crate::node_count::RdzvBackend;
+use crate::plan::elastic_settings::ElasticSettings;
+use crate::plan::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;

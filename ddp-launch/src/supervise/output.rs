@@ -3,7 +3,7 @@
 //! the failure summary. Reading never waits on anything but the pipe, so a chatty worker never
 //! blocks on a full pipe (unless the launcher's own stdout is blocked).
 
-use super::live::{Console, Stream};
+use crate::supervise::live::{Console, Stream};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};

@@ -1,8 +1,8 @@
 //! [`init_from_env`]: joining a job from whatever launcher started this process, through the
 //! same reader of the job environment ([`WorkerEnv`]) that [`launch`](crate::launch) uses.
 
-use crate::env::WorkerEnv;
 use crate::error::LaunchError;
+use crate::worker::env::WorkerEnv;
 use ddp_comm::{InitMethod, ProcessGroup, ProcessGroupConfig, init_process_group};
 
 impl WorkerEnv {
@@ -90,7 +90,7 @@ fn worker_env_or_advice(env: Option<WorkerEnv>) -> Result<WorkerEnv, LaunchError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::tests::vars;
+    use crate::worker::env::tests::vars;
     use std::time::Duration;
 
     /// What `srun -N2 -n4` gives task 3 (the second on node 1), with a shared token.
@@ -127,7 +127,7 @@ mod tests {
         match env.init_method() {
             InitMethod::Tcp { host, port } => {
                 assert_eq!(host, "gpu07", "rank 0's host: the first of the step");
-                assert_eq!(port, crate::env::slurm_port(77, 0));
+                assert_eq!(port, crate::worker::env::slurm_port(77, 0));
             }
             other => panic!("expected a TCP rendezvous, got {other:?}"),
         }

@@ -1,12 +1,22 @@
+//! The plan side: what was typed ([`args`]), the node and worker counts, the elastic settings
+//! and the workers' process environment, validated into one [`LaunchPlan`]. Nothing here starts
+//! a process.
+//!
 //! [`LaunchPlan`]: [`LaunchArgs`] validated into world size, ranks, ports and the environment of
 //! each worker. Building a plan is pure (apart from looking the program up); running it is
 //! [`LaunchPlan::run`].
 
-use super::args::{LaunchArgs, NprocPerNode};
-use super::error::LaunchError;
-use super::node_count::{NodeCount, RdzvBackend};
-use crate::elastic_settings::ElasticSettings;
-use crate::worker_count::{HostLimits, check_worker_count, process_limit};
+pub(crate) mod args;
+pub(crate) mod elastic_settings;
+pub(crate) mod node_count;
+pub(crate) mod process_env;
+pub(crate) mod worker_count;
+
+use crate::error::LaunchError;
+use crate::plan::args::{LaunchArgs, NprocPerNode};
+use crate::plan::elastic_settings::ElasticSettings;
+use crate::plan::node_count::{NodeCount, RdzvBackend};
+use crate::plan::worker_count::{HostLimits, check_worker_count, process_limit};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -90,7 +100,7 @@ impl HostInfo {
     /// [`LaunchError::WorkerEnv`] naming a variable whose value is not valid UTF-8.
     pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vars = crate::process_env::with_process_env(|lookup| {
+        let vars = crate::plan::process_env::with_process_env(|lookup| {
             Ok(std::iter::once(TOKEN_ENV)
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)
@@ -127,7 +137,7 @@ pub(crate) struct WorkerCommand {
 ///
 /// Built from [`LaunchArgs`] by [`LaunchPlan::new`] (a program of your choice, what `ddp-run`
 /// does) or [`LaunchPlan::for_current_exe`] (this program again, what
-/// [`launch`](super::launch) does); started with [`LaunchPlan::run`].
+/// [`launch`](crate::launch) does); started with [`LaunchPlan::run`].
 ///
 /// ```
 /// use ddp_launch::{LaunchArgs, LaunchPlan, NprocPerNode};
@@ -209,7 +219,7 @@ impl LaunchPlan {
     }
 
     /// Validates `args` for running this very program again, with the same arguments, on every
-    /// rank (what [`launch`](super::launch) does in the launcher process).
+    /// rank (what [`launch`](crate::launch) does in the launcher process).
     ///
     /// # Errors
     /// As [`LaunchPlan::new`], or [`LaunchError::CurrentExe`].

@@ -7,8 +7,8 @@
 //! The files, not the workers' store, carry the chain to the launcher: the store lives in rank
 //! 0, which may be the rank that hangs or the victim that already exited.
 
-use super::error::LaunchError;
-use super::summary::{RootCause, Victim};
+use crate::error::LaunchError;
+use crate::summary::{RootCause, Victim};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

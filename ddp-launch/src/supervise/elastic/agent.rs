@@ -4,16 +4,16 @@
 use super::backend::RendezvousBackend;
 use super::round::{Joined, Round, RoundEnd, Rounds};
 use super::store_backend::StoreBackend;
-use crate::elastic_settings::ElasticSettings;
 use crate::error::LaunchError;
-use crate::live::Console;
-use crate::node_count::RdzvBackend;
 use crate::node_sync::NodeSync;
+use crate::plan::elastic_settings::ElasticSettings;
+use crate::plan::node_count::RdzvBackend;
 use crate::plan::{LaunchPlan, MasterPort};
 use crate::rendezvous::{bind_host, free_port};
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
 use crate::summary::{FailureCause, FailureSummary};
+use crate::supervise::live::Console;
 use crate::supervise::{Outcome, attempt_log_dir, run_attempt};
 use std::sync::Arc;
 

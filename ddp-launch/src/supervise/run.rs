@@ -1,13 +1,13 @@
 //! [`LaunchPlan::run`]: the launcher's entry point, choosing the supervision the plan needs
 //! (fixed node ranks, or elastic rounds), so neither depends on the other.
 
-use super::elastic::run_elastic;
-use super::error::LaunchError;
-use super::live::Console;
-use super::plan::LaunchPlan;
-use super::signals::SignalGuard;
-use super::spawn::become_subreaper;
-use super::supervise::run_fixed;
+use crate::error::LaunchError;
+use crate::plan::LaunchPlan;
+use crate::signals::SignalGuard;
+use crate::supervise::elastic::run_elastic;
+use crate::supervise::live::Console;
+use crate::supervise::run_fixed;
+use crate::supervise::spawn::become_subreaper;
 
 impl LaunchPlan {
     /// Starts the workers of this node, supervises them (restarting the group up to

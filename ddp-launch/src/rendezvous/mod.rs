@@ -1,3 +1,6 @@
+//! The rendezvous side: ports held until the workers bind them, the store connection, and the
+//! static multi-node rendezvous below.
+//!
 //! Ports, and the static multi-node rendezvous between launchers.
 //!
 //! With `--nnodes N > 1`, node 0's launcher hosts a [`StoreServer`] on `--master-port` (torchrun's
@@ -14,13 +17,16 @@
 //! so they restart together or stop together. A node interrupted by a signal also sets an
 //! abort key so the others do not restart.
 
-use super::error::LaunchError;
-use super::node_sync::NodeSync;
-use super::plan::{LaunchPlan, MasterPort};
-use super::signal_names::signal_name;
-use super::signals::SignalGuard;
-use super::store_connect::connect_with_retry;
-use super::summary::FailureCause;
+pub(crate) mod port_holder;
+pub(crate) mod store_connect;
+
+use crate::error::LaunchError;
+use crate::node_sync::NodeSync;
+use crate::plan::{LaunchPlan, MasterPort};
+use crate::rendezvous::store_connect::connect_with_retry;
+use crate::signal_names::signal_name;
+use crate::signals::SignalGuard;
+use crate::summary::FailureCause;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
@@ -60,7 +66,7 @@ pub(crate) fn bind_port(host: &str, port: u16) -> Result<TcpListener, LaunchErro
     TcpListener::bind(join_host_port(host, port)).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AddrInUse {
             let holders = match host {
-                "0.0.0.0" | "::" => crate::port_holder::listening_addresses(port),
+                "0.0.0.0" | "::" => crate::rendezvous::port_holder::listening_addresses(port),
                 _ => Vec::new(),
             };
             let host = if holders.is_empty() {

@@ -1,10 +1,10 @@
 //! [`WorkerContext`]: what the training function gets — its place in the job and a ready
 //! process group.
 
-use super::env::{LauncherKind, WorkerEnv};
+use crate::worker::env::{LauncherKind, WorkerEnv};
 use ddp_comm::ProcessGroup;
 
-/// A worker's view of the job, handed to the training function by [`launch`](super::launch).
+/// A worker's view of the job, handed to the training function by [`launch`](crate::launch).
 ///
 /// The process group is already joined: every rank of the job is connected.
 ///
