@@ -89,11 +89,11 @@
 //!
 //! ## One step, as data flows
 //! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable
-//!    parameters pass through taps (`ddp/tap/mod.rs`) runs your forward.
+//!    parameters pass through taps (`engine/tap/mod.rs`) runs your forward.
 //! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
-//!    backward reaches each tap, which hands the gradient to the reducer (`ddp/reducer/mod.rs`, the
+//!    backward reaches each tap, which hands the gradient to the reducer (`engine/reducer/mod.rs`, the
 //!    bucket bookkeeping); a full bucket is launched, in order, through the bucket reduction
-//!    (`ddp/reducer/reduction.rs`: how a bucket is reduced, over ddp-comm).
+//!    (`engine/reducer/reduction.rs`: how a bucket is reduced, over ddp-comm).
 //! 3. After backward the reducer launches what is left, agrees on which parameters some rank
 //!    used, waits for the buckets and returns `GradientsParams`; the buffers land.
 //! 4. `ddp.optimizer_step(..)` applies your optimizer.
@@ -203,6 +203,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod ddp;
+mod engine;
 mod error;
 mod renamed;
 
@@ -216,11 +217,12 @@ pub mod nn;
 pub mod progress;
 pub mod zero;
 
-pub use ddp::boundary::layer_boundary;
-pub use ddp::hooks;
-pub use ddp::tap::TapBackend;
 pub use ddp::timeline::StepStats;
-pub use ddp::{Collectives, DdpConfig, DistributedDataParallel, HostStaging};
+pub use ddp::{DdpConfig, DistributedDataParallel};
+pub use engine::boundary::layer_boundary;
+pub use engine::hooks;
+pub use engine::tap::TapBackend;
+pub use engine::{Collectives, HostStaging};
 pub use error::DdpError;
 
 /// Process groups, collectives, the rendezvous store and NCCL: the `ddp-comm` crate.

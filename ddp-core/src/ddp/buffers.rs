@@ -11,8 +11,8 @@
 //! Only buffers travel: frozen parameters (`require_grad = false`) were made equal at
 //! construction and nothing changes them.
 
-use crate::ddp::model_sync::{read_values, write_values};
-use crate::ddp::params::{ParamKind, ParamTable};
+use crate::engine::model_sync::{read_values, write_values};
+use crate::engine::params::{ParamKind, ParamTable};
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -139,7 +139,7 @@ impl BufferSync {
     /// any world size.
     pub(crate) fn settle_local<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: &M) {
         if self.any {
-            crate::ddp::params::flush_running_states::<B, M>(module);
+            crate::engine::params::flush_running_states::<B, M>(module);
         }
     }
 }

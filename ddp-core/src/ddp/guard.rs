@@ -3,7 +3,7 @@
 //! ([`DdpError::Poisoned`]).
 
 use super::wrapper::DistributedDataParallel;
-use crate::ddp::tap::TapBackend;
+use crate::engine::tap::TapBackend;
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 

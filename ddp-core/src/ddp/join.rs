@@ -4,7 +4,7 @@
 //! [`join`](DistributedDataParallel::join) until all have joined.
 
 use super::wrapper::DistributedDataParallel;
-use crate::ddp::tap::TapBackend;
+use crate::engine::tap::TapBackend;
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;

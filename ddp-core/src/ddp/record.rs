@@ -4,8 +4,8 @@
 //! [`DdpConfig::timeline_path`]: crate::DdpConfig::timeline_path
 
 use super::wrapper::DistributedDataParallel;
-use crate::ddp::tap::TapBackend;
 use crate::ddp::timeline::StepTimes;
+use crate::engine::tap::TapBackend;
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 

@@ -8,14 +8,15 @@
 //!   process group's CPU transports: one read per gradient on CPU backends, one per bucket on
 //!   the GPU.
 
-use super::config::{Collectives, DdpConfig, HostStaging};
-use crate::ddp::bucket::BucketCaps;
-use crate::ddp::hooks::CommHook;
-use crate::ddp::params::ParamTable;
-use crate::ddp::reducer::{
+use super::config::DdpConfig;
+use crate::engine::bucket::BucketCaps;
+use crate::engine::hooks::CommHook;
+use crate::engine::params::ParamTable;
+use crate::engine::reducer::{
     BucketReduction, HookReduction, HostReduction, LocalReduction, Reducer, StagedReduction,
     StandInDevice, StandInReduction,
 };
+use crate::engine::{Collectives, HostStaging};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;
@@ -152,7 +153,7 @@ mod nccl {
 #[cfg(feature = "cuda")]
 mod nccl {
     use super::*;
-    use crate::ddp::reducer::{NcclDevice, NcclReduction, nccl_can_run};
+    use crate::engine::reducer::{NcclDevice, NcclReduction, nccl_can_run};
 
     /// The CUDA device of the model's parameters, when the model is on burn's CUDA backend,
     /// fused or not (the backends whose buffers NCCL can reduce in place).

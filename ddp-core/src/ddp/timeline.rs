@@ -5,7 +5,7 @@
 //! that was before backward ended), each bucket's `all_reduce` on the communication track (as
 //! it ran on the communication thread), `unpack` per bucket, and `optimizer`.
 
-use crate::ddp::reducer::BucketTimes;
+use crate::engine::reducer::BucketTimes;
 use std::time::{Duration, Instant};
 
 /// Measurements of one synchronised step.

@@ -4,9 +4,9 @@
 use super::error::FsdpError;
 use super::unit_reducer::{FsdpStepStats, Launched};
 use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
-use crate::ddp::arrival_order::agree_on_rank0_order;
-use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::ddp::tap::{DepthPlan, TapBackend, with_probes};
+use crate::engine::arrival_order::agree_on_rank0_order;
+use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::engine::tap::{DepthPlan, TapBackend, with_probes};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};

@@ -6,7 +6,7 @@
 
 use super::error::FsdpError;
 use crate::Collectives;
-use crate::ddp::reducer::{
+use crate::engine::reducer::{
     BucketReduction, ChunkInFlight, DeviceChoice, DeviceReduction, DeviceShards, ReductionDevice,
     ShardCollectives, ShardError, choose_device,
 };

@@ -12,8 +12,8 @@
 
 use super::device::{PendingChunk, UnitCollectives};
 use super::layout::Layout;
-use crate::ddp::params::{ParamKind, ParamTable};
-use crate::ddp::tap::GradientSink;
+use crate::engine::params::{ParamKind, ParamTable};
+use crate::engine::tap::GradientSink;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};

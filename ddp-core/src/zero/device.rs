@@ -4,7 +4,7 @@
 
 use super::error::ZeroError;
 use crate::Collectives;
-use crate::ddp::reducer::{
+use crate::engine::reducer::{
     DeviceChoice, DeviceShards, ShardCollectives, ShardError, choose_device,
 };
 use burn::tensor::backend::Backend;

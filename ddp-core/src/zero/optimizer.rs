@@ -11,8 +11,8 @@ use super::stage2::{
 };
 use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
-use crate::ddp::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::ddp::reducer::ShardCollectives;
+use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::engine::reducer::ShardCollectives;
 use crate::{Collectives, DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};

@@ -11,8 +11,8 @@
 use super::error::ZeroError;
 use super::module_tensors::TensorInfo;
 use super::partition::Partition;
-use crate::ddp::hooks::{CommHook, GradBucket, HookError};
-use crate::ddp::model_sync::{read_values, write_values};
+use crate::engine::hooks::{CommHook, GradBucket, HookError};
+use crate::engine::model_sync::{read_values, write_values};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;

@@ -9,7 +9,7 @@
 use super::error::ZeroError;
 use super::partition::Partition;
 use super::stage2::GradLayout;
-use crate::ddp::reducer::ShardCollectives;
+use crate::engine::reducer::ShardCollectives;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;

@@ -7,7 +7,7 @@
 
 use super::host_grad::HostGrad;
 use super::reduction::{BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot};
-use crate::ddp::hooks::{BucketParam, CommHook, GradBucket};
+use crate::engine::hooks::{BucketParam, CommHook, GradBucket};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};

@@ -9,7 +9,7 @@
 //! never completed, as a slow or hung kernel would.
 
 use super::{DeviceWork, ReductionDevice, internal};
-use crate::ddp::reducer::host_grad::HostGrad;
+use crate::engine::reducer::host_grad::HostGrad;
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;

@@ -21,8 +21,8 @@
 
 use super::issuer::{DeviceWait, Issue, Issued, Issuer, Staged, fence_stuck};
 use super::{DeviceWork, ReductionDevice, internal};
-use crate::ddp::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
-use crate::ddp::reducer::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
+use crate::engine::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
+use crate::engine::reducer::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;

@@ -12,7 +12,7 @@
 //! its clones share their value. It maps a clone of the module with placeholder values and looks
 //! at which tensors changed in the original, then puts the original values back.
 
-use crate::ddp::reducible::reducible_dtype;
+use crate::engine::reducible::reducible_dtype;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};

@@ -35,10 +35,10 @@ pub(crate) use hook_reduction::HookReduction;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;
 
-use crate::ddp::arrival_order::{OrderError, agree_on_rank0_order};
-use crate::ddp::bucket::{BucketCaps, BucketLayout};
-use crate::ddp::params::{ParamKind, ParamTable};
-use crate::ddp::tap::GradientSink;
+use crate::engine::arrival_order::{OrderError, agree_on_rank0_order};
+use crate::engine::bucket::{BucketCaps, BucketLayout};
+use crate::engine::params::{ParamKind, ParamTable};
+use crate::engine::tap::GradientSink;
 use crate::error::DdpError;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;

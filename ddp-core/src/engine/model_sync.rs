@@ -2,7 +2,7 @@
 //! model as the others, then takes rank 0's values and parameter ids, byte for byte; during
 //! training, buffers follow rank 0 ([`read_values`] / [`write_values`] on the buffers only).
 
-use crate::ddp::params::{ParamEntry, ParamTable, flush_running_states};
+use crate::engine::params::{ParamEntry, ParamTable, flush_running_states};
 use crate::error::DdpError;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};

@@ -7,7 +7,7 @@
 //! difference is a named [`DdpError::BucketLayoutMismatch`].
 
 use super::reduction::Slot;
-use crate::ddp::bucket::BucketLayout;
+use crate::engine::bucket::BucketLayout;
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use ddp_comm::ProcessGroup;

@@ -142,7 +142,7 @@ mod tests {
     /// becomes an engine of its own.
     #[test]
     fn the_nccl_engine_and_its_stand_in_share_the_protocol() {
-        let engine = "ddp_core::ddp::reducer::device::engine::DeviceReduction<";
+        let engine = "ddp_core::engine::reducer::device::engine::DeviceReduction<";
         let stand_in = std::any::type_name::<super::StandInReduction>();
         assert!(stand_in.starts_with(engine), "{stand_in}");
         assert!(stand_in.ends_with("StandInDevice>"), "{stand_in}");

@@ -42,7 +42,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::ddp::params::ParamKind;
+use crate::engine::params::ParamKind;
 pub(crate) use anchor::DepthPlan;
 use anchor::{Anchoring, ProbeTarget, anchor_at, probe_chain};
 use burn::module::{ModuleMapper, Param};
