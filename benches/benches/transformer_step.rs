@@ -27,6 +27,8 @@
 //! launch during backward; each DDP row also shows the share of its all-reduce time that ran
 //! while backward was still going (the timeline's overlap fraction, mean over the steps).
 //! `--collectives nccl` forces the NCCL reduction at world size 1 (its launch and copy overhead).
+//! `--sharded` adds a ZeRO-2 row and an FSDP row (their reduce-scatters and all-gathers on the
+//! same collectives), interleaved in the same rounds.
 //!
 //! Two diagnostics for the GPU: each DDP row's `waited` column is the mean host time from the
 //! end of backward until every bucket was reduced (`StepStats::sync_after_backward`), and the
@@ -46,11 +48,13 @@ use clap::Parser;
 use ddp_benches::shape::ShapeArgs;
 use ddp_benches::{median, world_of_one};
 use ddp_core::TapBackend;
+use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
+use ddp_core::zero::{ZeroConfig, ZeroRedundancyOptimizer, ZeroStage};
 use ddp_core::{DdpConfig, DistributedDataParallel};
 use ddp_examples::backend::{BackendKind, CollectivesArg};
 use ddp_examples::models::{GptShape, TinyGpt};
 use ddp_examples::reverse::{ReverseBatch, ReverseBatcher, VOCAB, scored_positions, sequence};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -73,6 +77,10 @@ struct Args {
     /// it costs on the GPU: taps then fire at the end of backward unless the model has marks.
     #[arg(long)]
     no_automatic_overlap: bool,
+    /// Also measure ZeRO stage 2 (DDP with `ZeroConfig` stage 2) and FSDP (one unit per
+    /// layer), each over `--collectives`, next to plain burn and DDP (issue 43).
+    #[arg(long)]
+    sharded: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -214,6 +222,11 @@ where
         DistributedDataParallel::new(TinyGpt::<B>::new(marked, &device), pg2, config)?;
     let mut ddp_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let mut marked_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
+    let mut sharded = if args.sharded {
+        Some(Sharded::new(args, shape, &device)?)
+    } else {
+        None
+    };
     let (mut plain, mut synced, mut wrapped, mut wrapped_marked) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut overlap, mut overlap_marked) = (Vec::new(), Vec::new());
@@ -282,6 +295,16 @@ where
                 }
             }
         }
+        if let Some(sharded) = sharded.as_mut() {
+            for s in 0..per_round {
+                let b = batch::<B>(bt, round * per_round + s, &device);
+                sharded.zero_step(bt, b, round > 0, &device)?;
+            }
+            for s in 0..per_round {
+                let b = batch::<B>(bt, round * per_round + s, &device);
+                sharded.fsdp_step(bt, b, round > 0, &device)?;
+            }
+        }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let p = median(plain);
@@ -338,6 +361,125 @@ where
             ms(first)
         );
     }
+    if let Some(sharded) = sharded {
+        for (label, times, first) in [
+            (
+                "ZeRO-2 (DDP + ZeRO stage 2)",
+                sharded.zero_times,
+                sharded.first_zero,
+            ),
+            (
+                "FSDP (one unit per layer)",
+                sharded.fsdp_times,
+                sharded.first_fsdp,
+            ),
+        ] {
+            let d = median(times);
+            println!(
+                "  {:<34} {:>10.2} {:>12.3} {:>18} {:>12} {:>14.1}",
+                label,
+                d.as_secs_f64() * 1e3,
+                d.as_secs_f64() / p.as_secs_f64(),
+                "",
+                "",
+                ms(first)
+            );
+        }
+    }
     println!("# goal on a GPU: DDP / plain <= 1.03, >= 70% of all-reduce time overlapped");
     Ok(())
+}
+
+type Adam<M, B> = burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, M, B>;
+
+/// The `--sharded` rows: ZeRO stage 2 behind a world-1 DDP, and FSDP with one unit per layer,
+/// each with its own model, Adam and group, on the collectives `--collectives` names.
+struct Sharded<B: TapBackend>
+where
+    TinyGpt<B>: AutodiffModule<B>,
+{
+    zero_ddp: DistributedDataParallel<B, TinyGpt<B>>,
+    zero_opt: ZeroRedundancyOptimizer<Adam<TinyGpt<B>, B>, TinyGpt<B>, B>,
+    fsdp: FullyShardedDataParallel<B, TinyGpt<B>>,
+    fsdp_opt: Adam<ShardedParams<B>, B>,
+    zero_times: Vec<Duration>,
+    fsdp_times: Vec<Duration>,
+    first_zero: Option<Duration>,
+    first_fsdp: Option<Duration>,
+    _servers: [ddp_comm::StoreServer; 2],
+}
+
+impl<B: TapBackend> Sharded<B>
+where
+    TinyGpt<B>: AutodiffModule<B>,
+{
+    fn new(args: &Args, shape: GptShape, device: &B::Device) -> Result<Self> {
+        let collectives = args.collectives.into();
+        let config = DdpConfig::new()
+            .with_collectives(collectives)
+            .with_bucket_cap_mb(args.bucket_cap_mb)
+            .with_automatic_overlap(!args.no_automatic_overlap);
+        let (zero_server, pg) = world_of_one()?;
+        let mut zero_ddp =
+            DistributedDataParallel::new(TinyGpt::<B>::new(shape, device), pg, config)?;
+        let zero_opt = ZeroConfig::new()
+            .with_stage(ZeroStage::Two)
+            .with_collectives(Some(collectives))
+            .init(AdamConfig::new().init::<B, TinyGpt<B>>(), &mut zero_ddp)?;
+        let (fsdp_server, pg) = world_of_one()?;
+        let units = FsdpConfig::new()
+            .with_units(shape.fsdp_units())
+            .with_collectives(collectives);
+        let fsdp = FullyShardedDataParallel::new(TinyGpt::<B>::new(shape, device), pg, units)?;
+        Ok(Self {
+            zero_ddp,
+            zero_opt,
+            fsdp,
+            fsdp_opt: AdamConfig::new().init::<B, ShardedParams<B>>(),
+            zero_times: Vec::new(),
+            fsdp_times: Vec::new(),
+            first_zero: None,
+            first_fsdp: None,
+            _servers: [zero_server, fsdp_server],
+        })
+    }
+
+    fn zero_step(
+        &mut self,
+        bt: Batching,
+        b: ReverseBatch<B>,
+        measured: bool,
+        device: &B::Device,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let logits = self.zero_ddp.forward(|m| m.forward(b.inputs))?;
+        let grads = self.zero_ddp.backward(loss(bt, logits, b.targets))?;
+        self.zero_ddp
+            .optimizer_step(&mut self.zero_opt, 0.002, grads);
+        B::sync(device)?;
+        self.first_zero.get_or_insert(t.elapsed());
+        if measured {
+            self.zero_times.push(t.elapsed());
+        }
+        Ok(())
+    }
+
+    fn fsdp_step(
+        &mut self,
+        bt: Batching,
+        b: ReverseBatch<B>,
+        measured: bool,
+        device: &B::Device,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let logits = self.fsdp.forward(|m| m.forward(b.inputs))?;
+        let grads = self.fsdp.backward(loss(bt, logits, b.targets))?;
+        self.fsdp.optimizer_step(&mut self.fsdp_opt, 0.002, grads)?;
+        B::sync(device)?;
+        self.first_fsdp.get_or_insert(t.elapsed());
+        if measured {
+            self.fsdp_times.push(t.elapsed());
+        }
+        Ok(())
+    }
 }
