@@ -365,13 +365,13 @@ where
         for (label, times, first) in [
             (
                 "ZeRO-2 (DDP + ZeRO stage 2)",
-                sharded.zero_times,
-                sharded.first_zero,
+                sharded.zero.times,
+                sharded.zero.first,
             ),
             (
                 "FSDP (one unit per layer)",
-                sharded.fsdp_times,
-                sharded.first_fsdp,
+                sharded.fsdp_row.times,
+                sharded.fsdp_row.first,
             ),
         ] {
             let d = median(times);
@@ -390,6 +390,23 @@ where
     Ok(())
 }
 
+/// One row's step times: the very first step (the cold start) and the measured ones.
+#[derive(Default)]
+struct RowTimes {
+    first: Option<Duration>,
+    times: Vec<Duration>,
+}
+
+impl RowTimes {
+    /// A step that began at `start` and has just ended (after `Backend::sync`).
+    fn record(&mut self, start: Instant, measured: bool) {
+        self.first.get_or_insert(start.elapsed());
+        if measured {
+            self.times.push(start.elapsed());
+        }
+    }
+}
+
 type Adam<M, B> = burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, M, B>;
 
 /// The `--sharded` rows: ZeRO stage 2 behind a world-1 DDP, and FSDP with one unit per layer,
@@ -402,10 +419,8 @@ where
     zero_opt: ZeroRedundancyOptimizer<Adam<TinyGpt<B>, B>, TinyGpt<B>, B>,
     fsdp: FullyShardedDataParallel<B, TinyGpt<B>>,
     fsdp_opt: Adam<ShardedParams<B>, B>,
-    zero_times: Vec<Duration>,
-    fsdp_times: Vec<Duration>,
-    first_zero: Option<Duration>,
-    first_fsdp: Option<Duration>,
+    zero: RowTimes,
+    fsdp_row: RowTimes,
     _servers: [ddp_comm::StoreServer; 2],
 }
 
@@ -436,10 +451,8 @@ where
             zero_opt,
             fsdp,
             fsdp_opt: AdamConfig::new().init::<B, ShardedParams<B>>(),
-            zero_times: Vec::new(),
-            fsdp_times: Vec::new(),
-            first_zero: None,
-            first_fsdp: None,
+            zero: RowTimes::default(),
+            fsdp_row: RowTimes::default(),
             _servers: [zero_server, fsdp_server],
         })
     }
@@ -457,10 +470,7 @@ where
         self.zero_ddp
             .optimizer_step(&mut self.zero_opt, 0.002, grads);
         B::sync(device)?;
-        self.first_zero.get_or_insert(t.elapsed());
-        if measured {
-            self.zero_times.push(t.elapsed());
-        }
+        self.zero.record(t, measured);
         Ok(())
     }
 
@@ -476,10 +486,7 @@ where
         let grads = self.fsdp.backward(loss(bt, logits, b.targets))?;
         self.fsdp.optimizer_step(&mut self.fsdp_opt, 0.002, grads)?;
         B::sync(device)?;
-        self.first_fsdp.get_or_insert(t.elapsed());
-        if measured {
-            self.fsdp_times.push(t.elapsed());
-        }
+        self.fsdp_row.record(t, measured);
         Ok(())
     }
 }
