@@ -219,11 +219,11 @@ where
         DistributedDataParallel::new(TinyGpt::<B>::new(shape, &device), pg, config.clone())?;
     let (_server2, pg2) = world_of_one()?;
     let mut ddp_marked =
-        DistributedDataParallel::new(TinyGpt::<B>::new(marked, &device), pg2, config)?;
+        DistributedDataParallel::new(TinyGpt::<B>::new(marked, &device), pg2, config.clone())?;
     let mut ddp_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let mut marked_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let mut sharded = if args.sharded {
-        Some(Sharded::new(args, shape, &device)?)
+        Some(Sharded::new(&config, shape, &device)?)
     } else {
         None
     };
@@ -428,15 +428,12 @@ impl<B: TapBackend> Sharded<B>
 where
     TinyGpt<B>: AutodiffModule<B>,
 {
-    fn new(args: &Args, shape: GptShape, device: &B::Device) -> Result<Self> {
-        let collectives = args.collectives.into();
-        let config = DdpConfig::new()
-            .with_collectives(collectives)
-            .with_bucket_cap_mb(args.bucket_cap_mb)
-            .with_automatic_overlap(!args.no_automatic_overlap);
+    /// `config`: the DDP rows' settings; ZeRO-2's DDP and FSDP use its collectives.
+    fn new(config: &DdpConfig, shape: GptShape, device: &B::Device) -> Result<Self> {
+        let collectives = config.collectives;
         let (zero_server, pg) = world_of_one()?;
         let mut zero_ddp =
-            DistributedDataParallel::new(TinyGpt::<B>::new(shape, device), pg, config)?;
+            DistributedDataParallel::new(TinyGpt::<B>::new(shape, device), pg, config.clone())?;
         let zero_opt = ZeroConfig::new()
             .with_stage(ZeroStage::Two)
             .with_collectives(Some(collectives))
