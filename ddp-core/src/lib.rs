@@ -88,8 +88,9 @@
 //!   `RAYON_NUM_THREADS`.
 //!
 //! ## One step, as data flows
-//! 1. `ddp.forward(|m| ...)` (`ddp/wrapper.rs`): a copy of the module whose trainable
-//!    parameters pass through taps (`engine/tap/mod.rs`) runs your forward.
+//! 1. `ddp.forward(|m| ...)` (`ddp/wrapper/mod.rs`): a copy of the module whose trainable
+//!    parameters pass through taps (`engine/tap/mod.rs`; one step's passes in
+//!    `engine/tap/passes.rs`) runs your forward.
 //! 2. `ddp.backward(loss)`: rank 0's buffers start travelling (`ddp/buffers.rs`); burn's
 //!    backward reaches each tap, which hands the gradient to the reducer (`engine/reducer/mod.rs`, the
 //!    bucket bookkeeping); a full bucket is launched, in order, through the bucket reduction

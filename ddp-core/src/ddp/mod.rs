@@ -1,19 +1,17 @@
 //! DDP: the wrapper, its settings and its step, on the shared [`engine`](crate::engine).
 //!
-//! - [`DistributedDataParallel`]: construction sync, taps, buckets, `backward`, `no_sync`.
+//! - [`DistributedDataParallel`] (`wrapper/`): construction sync, `forward`, `backward`,
+//!   `no_sync`; beside it `step_on` (the closure step), `join` (uneven inputs, the per-step
+//!   round), `guard` (errors are final: abort the group, poison the wrapper) and `record` (the
+//!   step timeline file). The step's passes themselves (tap, backward, depth plan) are the
+//!   engine's `tap::TappedPasses`, shared with FSDP.
 //! - [`DdpConfig`]: bucket caps, buffer broadcast, timeline, collectives.
-//! - `join`: uneven inputs, the per-step round and [`join`](DistributedDataParallel::join).
-//! - `guard`: errors are final (abort the group, poison the wrapper).
-//! - `record`: writing the step timeline file.
 //! - `reduction_choice`: NCCL or the CPU transports for the buckets, and the reducer over them.
 //! - `buffers`: rank 0's running statistics reach every rank every step.
 //! - `timeline`: per-step statistics and the Chrome-trace timeline.
 
 mod buffers;
 mod config;
-mod guard;
-mod join;
-mod record;
 mod reduction_choice;
 pub(crate) mod timeline;
 mod wrapper;

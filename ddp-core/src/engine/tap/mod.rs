@@ -27,9 +27,11 @@
 //! Users only name [`TapBackend`] (in bounds such as `B: TapBackend`); the operations are behind
 //! a sealed supertrait.
 //!
-//! Automatic overlap (anchored taps, learning their depths with probes) is in `anchor`.
+//! Automatic overlap (anchored taps, learning their depths with probes) is in `anchor`; one
+//! step's passes (tap a copy, forward, backward, learn the plan) in `passes`.
 
 mod anchor;
+mod passes;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -47,6 +49,7 @@ pub(crate) use anchor::DepthPlan;
 use anchor::{Anchoring, ProbeTarget, anchor_at, probe_chain};
 use burn::module::{ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorPrimitive};
+pub(crate) use passes::{BackwardPass, TappedCopy, TappedPasses};
 
 /// Receives gradients from taps, identified by the parameter's index in DDP's parameter list.
 pub(crate) trait GradientSink<B: Backend>: Send + Sync {

@@ -3,7 +3,7 @@
 //! a rank with no batches left answers the others' steps from
 //! [`join`](DistributedDataParallel::join) until all have joined.
 
-use super::wrapper::DistributedDataParallel;
+use super::DistributedDataParallel;
 use crate::engine::tap::TapBackend;
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
@@ -96,7 +96,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                 "join needs DdpConfig::with_uneven_inputs(true) on every rank".into(),
             ));
         }
-        if !self.scopes.is_empty() {
+        if self.passes.forward_pending() {
             return Err(DdpError::Join(
                 "join was called after a forward whose backward never ran".into(),
             ));

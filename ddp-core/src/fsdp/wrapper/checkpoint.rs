@@ -9,16 +9,16 @@
 //! Loading reads the model and the state of the parameters this rank owns at the new world
 //! size, then, one unit at a time, every rank shares what it read and keeps its new chunk.
 
-use super::error::FsdpError;
-use super::layout::Layout;
-use super::state;
-use super::unit_reducer::UnitReducer;
-use super::wrapper::{FullyShardedDataParallel, ShardedParams, shard_module};
+use super::{FullyShardedDataParallel, ShardedParams, shard_module};
 use crate::checkpoint::sharded::{Held, Ownership, ShardedCheckpointer};
 use crate::checkpoint::{LoadOutcome, SavedCheckpoint, TrainingState};
 use crate::checkpoint::{all_gather_bytes, all_succeeded};
 use crate::engine::params::ParamTable;
 use crate::engine::tap::TapBackend;
+use crate::fsdp::error::FsdpError;
+use crate::fsdp::layout::Layout;
+use crate::fsdp::state;
+use crate::fsdp::unit_reducer::UnitReducer;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::record::AdaptorRecord;
@@ -227,8 +227,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             &table,
             self.reducer.comm().clone(),
         ));
-        self.kinds = std::sync::Arc::new(table.kinds());
-        self.depth_plan = None;
+        self.passes.relayout(table.kinds());
         self.relaid = false;
         let (module, shards) = shard_module(full, &layout, world, rank, &self.device);
         self.module = module;
@@ -244,7 +243,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
 }
 
 /// The slots of unit `u` with their parameter ids, in the order of the unit's flat buffer.
-fn unit_slots(layout: &Layout, u: usize) -> Vec<(ParamId, super::layout::Slot)> {
+fn unit_slots(layout: &Layout, u: usize) -> Vec<(ParamId, crate::fsdp::layout::Slot)> {
     let mut slots: Vec<_> = layout
         .slots
         .iter()
@@ -258,7 +257,7 @@ fn unit_slots(layout: &Layout, u: usize) -> Vec<(ParamId, super::layout::Slot)> 
 /// This rank's pieces of a unit's state: `[offset, record]` for each parameter of the unit
 /// whose state it read, as CBOR; `None` when it read none.
 fn owned_pieces<B: AutodiffBackend, O: SimpleOptimizer<B::InnerBackend>>(
-    slots: &[(ParamId, super::layout::Slot)],
+    slots: &[(ParamId, crate::fsdp::layout::Slot)],
     owned: &mut HashMap<ParamId, AdaptorRecord<O, B>>,
 ) -> Result<Option<Vec<u8>>, String> {
     let mut pieces = Vec::new();

@@ -2,7 +2,7 @@
 //! rank's reason) and poisons the wrapper, which then refuses every call
 //! ([`DdpError::Poisoned`]).
 
-use super::wrapper::DistributedDataParallel;
+use super::DistributedDataParallel;
 use crate::engine::tap::TapBackend;
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
@@ -30,7 +30,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             if self.pg.world_size() > 1 {
                 self.pg.abort(&reason);
             }
-            self.clear_scopes();
+            self.passes.forget();
             self.poisoned = Some(reason);
         }
         result

@@ -3,7 +3,7 @@
 //!
 //! [`DdpConfig::timeline_path`]: crate::DdpConfig::timeline_path
 
-use super::wrapper::DistributedDataParallel;
+use super::DistributedDataParallel;
 use crate::ddp::timeline::StepTimes;
 use crate::engine::tap::TapBackend;
 use crate::error::DdpError;

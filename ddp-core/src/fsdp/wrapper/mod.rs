@@ -1,6 +1,9 @@
 //! [`FullyShardedDataParallel`]: each rank keeps a `1/world` chunk of every unit's parameters;
 //! `forward` all-gathers them, `backward` reduce-scatters the gradients and releases them.
 
+mod backward;
+mod checkpoint;
+
 use super::config::FsdpConfig;
 use super::device::unit_collectives;
 use super::error::FsdpError;
@@ -8,7 +11,7 @@ use super::layout::{Layout, Slot};
 use super::unit_reducer::{FsdpStepStats, UnitComm, UnitReducer};
 use crate::engine::model_sync::{broadcast_module, verify_same_model};
 use crate::engine::params::{ParamKind, ParamTable};
-use crate::engine::tap::{DepthPlan, TapBackend, TapMapper, TapScope};
+use crate::engine::tap::{TapBackend, TappedCopy, TappedPasses};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -73,31 +76,28 @@ impl ShardedGradients {
 pub struct FullyShardedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     /// The model; its trainable parameters are empty placeholders except between `forward`
     /// and `backward`.
-    pub(super) module: M,
-    pub(super) layout: Layout,
+    module: M,
+    layout: Layout,
     /// The unit prefixes, to lay out a module loaded from a checkpoint (its `ParamId`s).
-    pub(super) prefixes: Vec<String>,
-    pub(super) shards: Option<ShardedParams<B>>,
-    pub(super) gathered: bool,
+    prefixes: Vec<String>,
+    shards: Option<ShardedParams<B>>,
+    gathered: bool,
     /// Which float tensors (in module order) are buffers (batch norm's running statistics):
     /// rank 0's travel to every rank after each backward, as DDP does.
-    pub(super) buffers: Vec<bool>,
-    pub(super) pg: ProcessGroup,
-    pub(super) device: B::Device,
+    buffers: Vec<bool>,
+    pg: ProcessGroup,
+    device: B::Device,
     poisoned: Option<String>,
     /// Receives the tapped gradients and starts each unit's reduce-scatter during backward.
-    pub(super) reducer: Arc<UnitReducer<B::InnerBackend>>,
-    /// Per float tensor (module order): trainable, frozen or buffer, for the taps.
-    pub(super) kinds: Arc<Vec<ParamKind>>,
-    /// The taps of the forwards since the last backward.
-    pub(super) scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
-    /// Where to anchor the taps (DDP's automatic overlap), once learned.
-    pub(super) depth_plan: Option<Arc<DepthPlan>>,
+    reducer: Arc<UnitReducer<B::InnerBackend>>,
+    /// The taps of the forwards since the last backward, anchored where the learned plan says
+    /// (DDP's automatic overlap, always on here).
+    passes: TappedPasses<B::InnerBackend>,
     /// Backwards so far: the taps of a forward carry it.
-    pub(super) generation: u64,
+    generation: u64,
     /// Whether the units' launch order was taken from rank 0's completion order.
-    pub(super) relaid: bool,
-    pub(super) last_stats: Option<FsdpStepStats>,
+    relaid: bool,
+    last_stats: Option<FsdpStepStats>,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for FullyShardedDataParallel<B, M> {
@@ -160,9 +160,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             device,
             poisoned: None,
             reducer,
-            kinds: Arc::new(table.kinds()),
-            scopes: Vec::new(),
-            depth_plan: None,
+            passes: TappedPasses::new(table.kinds(), true),
             generation: 0,
             relaid: false,
             last_stats: None,
@@ -180,17 +178,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         // Taps on the gathered parameters hand their gradients to the unit reducer; created at
         // each parameter's first use and anchored where the learned plan says (DDP's
         // automatic overlap), so a unit's gradients are complete right after its backward.
-        let scope = Arc::new(
-            TapScope::new(self.reducer.clone(), self.generation)
-                .with_plan(self.depth_plan.clone(), self.scopes.len()),
-        );
-        let tapped = self.module.clone().map(&mut TapMapper::<B>::new(
-            self.kinds.clone(),
-            scope.clone(),
-            true,
-        ));
-        self.scopes.push(scope);
-        Ok(f(&tapped))
+        Ok(self.passes.run(
+            self.module.clone(),
+            self.reducer.clone(),
+            self.generation,
+            TappedCopy::DroppedAfterForward,
+            f,
+        ))
     }
 
     /// Steps this rank's chunks with `optim` (built for [`ShardedParams`]) at learning rate
@@ -329,14 +323,14 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         Ok(flats)
     }
 
-    pub(super) fn release(&mut self) {
+    fn release(&mut self) {
         self.module = self.module.clone().map(&mut Release {
             slots: &self.layout.slots,
         });
         self.gathered = false;
     }
 
-    pub(super) fn check(&self) -> Result<(), FsdpError> {
+    fn check(&self) -> Result<(), FsdpError> {
         match &self.poisoned {
             Some(first) => Err(FsdpError::Poisoned {
                 first: first.clone(),
@@ -345,7 +339,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         }
     }
 
-    pub(super) fn poison(&mut self, e: FsdpError) -> FsdpError {
+    fn poison(&mut self, e: FsdpError) -> FsdpError {
         let reason = e.to_string();
         tracing::error!(%reason, "FSDP failed; aborting the process group");
         self.pg.abort(&reason);
@@ -360,7 +354,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
 
 /// This rank's chunk of every unit of `module` (whose trainable parameters are whole), and
 /// the module with them released.
-pub(super) fn shard_module<B: AutodiffBackend, M: AutodiffModule<B>>(
+fn shard_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: M,
     layout: &Layout,
     world: usize,
@@ -410,7 +404,7 @@ fn trainable_device<B: Backend, M: Module<B>>(module: &M, layout: &Layout) -> Op
     first.device
 }
 
-pub(super) fn poisoned_shards() -> FsdpError {
+fn poisoned_shards() -> FsdpError {
     FsdpError::Poisoned {
         first: "an optimizer step did not finish".into(),
     }

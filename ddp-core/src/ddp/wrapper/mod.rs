@@ -1,21 +1,24 @@
 //! [`DistributedDataParallel`]: N processes training one model as if it were one process with
 //! an N times larger batch.
 
+mod guard;
+mod join;
+mod record;
+mod step_on;
+
 use super::buffers::{BufferSync, PendingBuffers};
 use super::config::DdpConfig;
 use super::reduction_choice::{choose_reduction, make_reducer};
 use crate::ddp::timeline::{StepStats, StepTimes, Timeline};
-use crate::engine::boundary::{BoundaryFn, with_boundary};
 use crate::engine::hooks::CommHook;
 use crate::engine::model_sync::{broadcast_module, verify_same_model};
 use crate::engine::params::{ParamKind, ParamTable};
 use crate::engine::reducer::{BucketReduction, BucketTimes, Reducer};
-use crate::engine::tap::{DepthPlan, TapBackend, TapMapper, TapScope, with_probes};
+use crate::engine::tap::{BackwardPass, TapBackend, TappedCopy, TappedPasses};
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
-use burn::tensor::ops::FloatTensor;
 use ddp_comm::ProcessGroup;
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,26 +60,22 @@ use std::time::Instant;
 ///
 /// See the [crate docs](crate) for a complete training loop.
 pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
-    pub(super) module: Option<M>,
-    pub(super) pg: ProcessGroup,
-    pub(super) config: DdpConfig,
-    pub(super) table: ParamTable<B::InnerBackend>,
-    pub(super) kinds: Arc<Vec<ParamKind>>,
+    module: Option<M>,
+    pg: ProcessGroup,
+    config: DdpConfig,
+    table: ParamTable<B::InnerBackend>,
     /// How buckets are reduced; kept across `set_module` (a hook keeps its state).
-    pub(super) reduction: Arc<dyn BucketReduction<B::InnerBackend>>,
-    pub(super) hooked: bool,
-    pub(super) reducer: Arc<Reducer<B::InnerBackend>>,
-    pub(super) buffers: BufferSync,
-    /// The taps of the forwards since the last backward.
-    pub(super) scopes: Vec<Arc<TapScope<B::InnerBackend>>>,
-    /// Tap depths for [`DdpConfig::automatic_overlap`], once learned (`None`: the next
-    /// backward learns them).
-    pub(super) depth_plan: Option<Arc<DepthPlan>>,
-    pub(super) poisoned: Option<String>,
-    pub(super) forward_times: Option<(Instant, Instant)>,
-    pub(super) last_stats: Option<StepStats>,
-    pub(super) timeline: Option<Timeline>,
-    pub(super) step: u64,
+    reduction: Arc<dyn BucketReduction<B::InnerBackend>>,
+    hooked: bool,
+    reducer: Arc<Reducer<B::InnerBackend>>,
+    buffers: BufferSync,
+    /// The taps of the forwards since the last backward, and where to anchor them.
+    passes: TappedPasses<B::InnerBackend>,
+    poisoned: Option<String>,
+    forward_times: Option<(Instant, Instant)>,
+    last_stats: Option<StepStats>,
+    timeline: Option<Timeline>,
+    step: u64,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> std::fmt::Debug for DistributedDataParallel<B, M> {
@@ -127,15 +126,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         Ok(DistributedDataParallel {
             module: Some(module),
             buffers: BufferSync::new(&table, config.broadcast_buffers, pg.world_size()),
-            kinds: Arc::new(table.kinds()),
+            passes: TappedPasses::new(table.kinds(), config.automatic_overlap),
             table,
             pg,
             config,
             reduction,
             hooked: false,
             reducer,
-            scopes: Vec::new(),
-            depth_plan: None,
             poisoned: None,
             forward_times: None,
             last_stats: None,
@@ -144,7 +141,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         })
     }
 
-    pub(super) fn inner(&self) -> &M {
+    fn inner(&self) -> &M {
         // `module` is only `None` inside `optimizer_step`, which always puts it back.
         self.module
             .as_ref()
@@ -202,7 +199,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             &self.table,
             self.reduction.clone(),
         ));
-        self.clear_scopes();
+        self.passes.forget();
         self.buffers.mark_synced();
         self.module = Some(module);
         Ok(())
@@ -224,7 +221,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`HostStaging::PerBucket`]: crate::HostStaging::PerBucket
     pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
         self.check_usable()?;
-        if self.hooked || self.step > 0 || !self.scopes.is_empty() {
+        if self.hooked || self.step > 0 || self.passes.forward_pending() {
             return Err(DdpError::InvalidConfig(
                 "register_comm_hook: register one hook, before the first forward".into(),
             ));
@@ -269,28 +266,18 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             let module = self.module.take().expect("module present");
             self.module = Some(self.buffers.sync_now::<B, M>(&self.pg, module)?);
         }
-        // 2. A copy of the module whose trainable parameters pass through taps.
+        // 2. The user's forward on a copy of the module whose trainable parameters pass through
+        //    taps; it may update buffers (running statistics).
         let start = Instant::now();
         let generation = self.reducer.new_forward()?;
-        let lazy = self.config.automatic_overlap;
-        let plan = self.depth_plan.clone().filter(|_| lazy);
-        let scope = Arc::new(
-            TapScope::new(self.reducer.clone(), generation).with_plan(plan, self.scopes.len()),
+        let out = self.passes.run(
+            self.inner().clone(),
+            self.reducer.clone(),
+            generation,
+            TappedCopy::DroppedAfterForward,
+            f,
         );
-        let tapped = self.inner().clone().map(&mut TapMapper::<B>::new(
-            self.kinds.clone(),
-            scope.clone(),
-            lazy,
-        ));
-        let boundary_scope = scope.clone();
-        let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
-            Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
-            Err(other) => other,
-        });
-        // 3. The user's forward; it may update buffers (running statistics).
-        let out = with_boundary(boundary, || f(&tapped));
         self.buffers.mark_updated();
-        self.scopes.push(scope);
         self.forward_times = Some((start, Instant::now()));
         Ok(out)
     }
@@ -348,42 +335,19 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         // 2. Backward: each tap hands its gradient to the reducer; a full bucket starts its
         //    all-reduce at once (in bucket order). With automatic overlap and no plan yet, the
         //    taps are plain and probes learn where to anchor them from the next step on.
-        let lazy = self.config.automatic_overlap;
-        let loss_depth = B::depth(&loss.clone().into_primitive().tensor());
-        let learn = lazy && self.depth_plan.is_none();
-        let root = if learn {
-            // Zero times the probes: the loss's gradient, and so every other, is unchanged.
-            with_probes(loss, &self.scopes, loss_depth)
-        } else {
-            loss
-        };
-        let start = Instant::now();
-        drop(root.backward());
-        let end = Instant::now();
-        let early = self.scopes.iter().map(|s| s.early_gradients()).sum();
-        let anchored = self.scopes.iter().map(|s| s.anchored_taps()).sum();
-        if learn {
-            let plan = DepthPlan::learn(self.scopes.iter().map(|s| s.anchoring()), loss_depth);
-            tracing::debug!(anchors = plan.anchors(), "learned where to anchor the taps");
-            self.depth_plan = Some(Arc::new(plan));
-        } else if let Some(plan) = self.depth_plan.as_ref().filter(|_| lazy)
-            && !plan.held(self.scopes.iter().map(|s| s.anchoring()), loss_depth)
-        {
-            // Still correct (anchors only move when a tap runs), but the graph changed: learn
-            // again on the next backward.
-            tracing::debug!("the graph changed; learning tap depths again");
-            self.depth_plan = None;
-        }
-        self.clear_scopes();
+        let pass = self.passes.backward(loss);
         // 3. The remaining buckets; wait for all of them; averaged gradients.
-        let reduced = self.reducer.finish(&self.table, anchored > 0)?;
+        let reduced = self.reducer.finish(&self.table, pass.anchored_taps > 0)?;
         // 4. Every rank takes rank 0's buffers.
         self.land_buffers(buffers)?;
         let Some((grads, buckets)) = reduced else {
             return Ok(None);
         };
-        let forward = self.forward_times.take().unwrap_or((start, start));
-        self.conclude_step(forward, (start, end), buckets, early, anchored)?;
+        let forward = self
+            .forward_times
+            .take()
+            .unwrap_or((pass.start, pass.start));
+        self.conclude_step(forward, pass, buckets)?;
         Ok(Some(grads))
     }
 
@@ -392,20 +356,18 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     fn conclude_step(
         &mut self,
         forward: (Instant, Instant),
-        backward: (Instant, Instant),
+        pass: BackwardPass,
         buckets: BucketTimes,
-        early_gradients: usize,
-        anchored_taps: usize,
     ) -> Result<(), DdpError> {
         let times = StepTimes {
             forward,
-            backward,
+            backward: (pass.start, pass.end),
             finished: Instant::now(),
             buckets,
         };
         let mut stats = times.stats();
-        stats.early_gradients = early_gradients;
-        stats.anchored_taps = anchored_taps;
+        stats.early_gradients = pass.early_gradients;
+        stats.anchored_taps = pass.anchored_taps;
         tracing::trace!(
             buckets = stats.buckets,
             during_backward = stats.buckets_launched_during_backward,
@@ -416,186 +378,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.record(&times)
     }
 
-    /// Runs `f` on a tapped copy of **your** `module` and returns its output with the
-    /// gradients averaged over all ranks, keyed by `module`'s `ParamId`s. `f` does the forward
-    /// *and* its own plain `loss.backward()` (and may drop the gradients it gets): for training
-    /// loops that own the model and the optimizer and compute gradients themselves, such as
-    /// burn-train's `TrainStep::step`.
-    ///
-    /// The reducer is armed before `f` runs, so as burn's backward inside `f` reaches each
-    /// parameter, its gradient goes into its bucket and a full bucket's all-reduce starts while
-    /// backward goes on, exactly as with [`forward`](Self::forward) +
-    /// [`backward`](Self::backward) (same buckets, same order on every rank, the same
-    /// gradients bit for bit). [`layer_boundary`](crate::layer_boundary) in the model's forward
-    /// works inside `f`. The taps keep the gradients, so the ones `f`'s backward leaves on the
-    /// copy are empty: use the returned ones.
-    ///
-    /// Rules, each checked:
-    /// - `module` has the wrapped module's parameter layout (same float tensors in the same
-    ///   order, paths, shapes, dtypes, trainable or not, same tied parameters), else
-    ///   [`DdpError::ModelMismatch`] saying so. Its ids may differ from the wrapped module's.
-    /// - `f` runs one backward from a loss computed from the copy it is given, else
-    ///   [`DdpError::NoGradients`] (when none reached DDP).
-    /// - Every rank calls it at the same point, with the same `sync` flavour.
-    /// - No [`forward`](Self::forward) is waiting for its backward.
-    /// - Not with [`DdpConfig::uneven_inputs`] ([`join`](Self::join) steps the wrapped module,
-    ///   not yours): [`DdpError::InvalidConfig`].
-    ///
-    /// Keeping `module` the same on every rank is the caller's part: start from
-    /// [`module`](Self::module) (or rank 0's record) and apply the returned gradients with the
-    /// same optimizer everywhere. After the step rank 0's buffers (running statistics) are
-    /// written into `module` (they are shared between a module and its clones), as
-    /// [`backward`](Self::backward) does for the wrapped one; that broadcast runs after the
-    /// last bucket, since only then does every rank issue it at the same point.
-    ///
-    /// With [`DdpConfig::automatic_overlap`], a depth plan learned by an earlier
-    /// `forward`/`backward` is used; `step_on` cannot learn one (the loss stays inside `f`).
-    ///
-    /// # Collective
-    /// Every rank calls it once per step.
-    ///
-    /// # Errors
-    /// The above, and [`DdpError::Comm`]. All are final (see
-    /// [Errors are final](Self#errors-are-final)); a panic in `f` also poisons the wrapper and
-    /// aborts the group (peers fail at once) before it resumes unwinding.
-    pub fn step_on<O>(
-        &mut self,
-        module: &M,
-        f: impl FnOnce(&M) -> O,
-    ) -> Result<(O, GradientsParams), DdpError> {
-        self.check_usable()?;
-        let result = self.closure_step(module, true, f).and_then(|(out, grads)| {
-            let grads = grads.ok_or_else(|| {
-                DdpError::Internal("a synchronised step_on gave no gradients".into())
-            })?;
-            Ok((out, grads))
-        });
-        self.guard(result)
-    }
-
-    /// As [`step_on`](Self::step_on), but the gradients are accumulated locally without
-    /// communication (PyTorch's `no_sync`): the next synchronised step (`step_on` or
-    /// `backward`) adds its own and all-reduces the sum. To abandon a partial accumulation
-    /// (burn-train drops the micro-batches left at the end of an epoch), call
-    /// [`discard_no_sync_gradients`](Self::discard_no_sync_gradients) on every rank.
-    ///
-    /// # Errors
-    /// As [`step_on`](Self::step_on).
-    pub fn step_on_no_sync<O>(
-        &mut self,
-        module: &M,
-        f: impl FnOnce(&M) -> O,
-    ) -> Result<O, DdpError> {
-        self.check_usable()?;
-        let result = self.closure_step(module, false, f).map(|(out, _)| out);
-        self.guard(result)
-    }
-
-    /// Forgets the gradients accumulated by `no_sync` steps since the last synchronised step;
-    /// returns how many parameters had some. Local (no communication): every rank calls it at
-    /// the same point, or the ranks' next sums differ.
-    ///
-    /// # Errors
-    /// [`DdpError::Poisoned`]; [`DdpError::Internal`] if called between a
-    /// [`forward`](Self::forward) and its backward.
-    pub fn discard_no_sync_gradients(&mut self) -> Result<usize, DdpError> {
-        self.check_usable()?;
-        if !self.scopes.is_empty() {
-            return Err(DdpError::Internal(
-                "discard_no_sync_gradients between a forward and its backward".into(),
-            ));
-        }
-        self.reducer.discard_held()
-    }
-
-    /// `step_on`, top to bottom: check, tap, arm, run `f` (its backward feeds the buckets),
-    /// finish, buffers.
-    fn closure_step<O>(
-        &mut self,
-        module: &M,
-        sync: bool,
-        f: impl FnOnce(&M) -> O,
-    ) -> Result<(O, Option<GradientsParams>), DdpError> {
-        const WHAT: &str = "step_on";
-        if self.config.uneven_inputs {
-            return Err(DdpError::InvalidConfig(
-                "step_on does not support uneven_inputs (join would step the wrapped module, \
-                 not the caller's); use forward/backward/join, or give every rank the same \
-                 number of batches"
-                    .into(),
-            ));
-        }
-        if !self.scopes.is_empty() {
-            return Err(DdpError::InvalidConfig(
-                "step_on was called while a forward from `forward` waits for its backward; \
-                 finish that step with backward (or backward_no_sync) first"
-                    .into(),
-            ));
-        }
-        // 0. The caller's module must fit the buckets (checked locally; the wrapped layout was
-        //    compared across ranks at construction). Gradients are keyed by its ids.
-        let rekeyed = self.table.for_caller::<B, M>(module, WHAT)?;
-        // 1. Rank 0's buffers, if a forward left them unsynchronised.
-        if self.buffers.needs_sync() {
-            drop(self.buffers.sync_now::<B, M>(&self.pg, module.clone())?);
-        }
-        // 2. The tapped copy, then arm: every tap event of `f`'s backward is expected.
-        let generation = self.reducer.new_forward()?;
-        let lazy = self.config.automatic_overlap;
-        let plan = self.depth_plan.clone().filter(|_| lazy);
-        let scope = Arc::new(
-            TapScope::new(self.reducer.clone(), generation)
-                .copy_outlives_backward()
-                .with_plan(plan, 0),
-        );
-        let tapped = module.clone().map(&mut TapMapper::<B>::new(
-            self.kinds.clone(),
-            scope.clone(),
-            lazy,
-        ));
-        self.reducer.begin(sync, self.pg.world_size())?;
-        let boundary_scope = scope.clone();
-        let boundary: BoundaryFn = Box::new(move |t| match t.downcast::<FloatTensor<B>>() {
-            Ok(p) => Box::new(B::boundary(*p, &boundary_scope)),
-            Err(other) => other,
-        });
-        // 3. The caller's forward and backward; full buckets start their all-reduce meanwhile.
-        let start = Instant::now();
-        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            with_boundary(boundary, || f(&tapped))
-        }));
-        let end = Instant::now();
-        drop(tapped);
-        let early = scope.early_gradients();
-        let anchored = scope.anchored_taps();
-        scope.clear();
-        let out = match out {
-            Ok(out) => out,
-            Err(panic) => {
-                let _ = self.guard::<()>(Err(DdpError::Internal(
-                    "the closure passed to step_on panicked during its forward or backward".into(),
-                )));
-                std::panic::resume_unwind(panic);
-            }
-        };
-        // 4. The remaining buckets; wait for all of them; averaged gradients (caller's ids).
-        let table = rekeyed.as_ref().unwrap_or(&self.table);
-        let reduced = self.reducer.finish(table, anchored > 0)?;
-        // 5. Rank 0's buffers into the caller's module, after every bucket collective: the
-        //    buckets were issued from inside `f`, so only here is the point the same everywhere.
-        self.buffers.mark_updated();
-        match self.buffers.start::<B, M>(&self.pg, module, 0)? {
-            Some(pending) => drop(self.buffers.finish::<B, M>(pending, module.clone())?),
-            None => self.buffers.settle_local::<B, M>(module),
-        }
-        let Some((grads, buckets)) = reduced else {
-            return Ok((out, None));
-        };
-        self.conclude_step((start, start), (start, end), buckets, early, anchored)?;
-        Ok((out, Some(grads)))
-    }
-
-    pub(super) fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
+    fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
         match buffers {
             Some(pending) => {
                 let module = self.module.take().expect("module present");
@@ -625,12 +408,6 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             if let Err(e) = self.write_timeline() {
                 tracing::warn!(error = %e, "could not write the timeline");
             }
-        }
-    }
-
-    pub(super) fn clear_scopes(&mut self) {
-        for scope in self.scopes.drain(..) {
-            scope.clear();
         }
     }
 

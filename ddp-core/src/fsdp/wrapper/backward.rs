@@ -1,17 +1,16 @@
 //! [`FullyShardedDataParallel::backward`]: backward with each unit's reduce-scatter started as
 //! soon as the unit's gradients are complete (`unit_reducer.rs`), then the averaged chunks.
 
-use super::error::FsdpError;
-use super::unit_reducer::{FsdpStepStats, Launched};
-use super::wrapper::{FullyShardedDataParallel, ShardedGradients};
+use super::{FullyShardedDataParallel, ShardedGradients};
 use crate::engine::arrival_order::agree_on_rank0_order;
 use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::engine::tap::{DepthPlan, TapBackend, with_probes};
+use crate::engine::tap::TapBackend;
+use crate::fsdp::error::FsdpError;
+use crate::fsdp::unit_reducer::{FsdpStepStats, Launched};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use ddp_comm::ReduceOp;
-use std::sync::Arc;
 
 impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Back-propagates `loss`, releases the gathered parameters and reduce-scatters every
@@ -25,28 +24,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         if !self.gathered {
             return Err(self.poison(FsdpError::NoForward));
         }
-        self.reducer.begin(self.scopes.len(), self.generation);
-        let loss_depth = B::depth(&loss.clone().into_primitive().tensor());
-        let learn = self.depth_plan.is_none();
-        let root = if learn {
-            // Probes in every level learn where to anchor the taps from the next step on;
-            // zero times them leaves every gradient unchanged.
-            with_probes(loss, &self.scopes, loss_depth)
-        } else {
-            loss
-        };
-        drop(root.backward());
-        let anchored: usize = self.scopes.iter().map(|s| s.anchored_taps()).sum();
-        if learn {
-            let plan = DepthPlan::learn(self.scopes.iter().map(|s| s.anchoring()), loss_depth);
-            self.depth_plan = Some(Arc::new(plan));
-        } else if let Some(plan) = self.depth_plan.as_ref()
-            && !plan.held(self.scopes.iter().map(|s| s.anchoring()), loss_depth)
-        {
-            // The graph changed: learn again on the next backward.
-            self.depth_plan = None;
-        }
-        self.forget_forwards();
+        self.reducer
+            .begin(self.passes.pending_forwards(), self.generation);
+        // Probes learn where to anchor the taps the first time (and when the graph changes).
+        let anchored = self.passes.backward(loss).anchored_taps;
+        self.generation += 1;
         let finished = match self.reducer.finish() {
             Ok(f) => f,
             Err(reason) => return Err(self.poison(FsdpError::Gradients(reason))),
@@ -75,7 +57,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         let world = self.pg.world_size();
         let ids: Vec<ParamId> = match self.shards.as_ref() {
             Some(shards) => shards.ids(),
-            None => return Err(self.poison(super::wrapper::poisoned_shards())),
+            None => return Err(self.poison(super::poisoned_shards())),
         };
         let mut out = GradientsParams::new();
         let mut elements = 0;
@@ -132,9 +114,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// Forgets the taps of the forwards since the last backward; their gradients, should a
     /// backward of theirs come later, are ignored.
     pub(super) fn forget_forwards(&mut self) {
-        for scope in self.scopes.drain(..) {
-            scope.clear();
-        }
+        self.passes.forget();
         self.generation += 1;
     }
 
