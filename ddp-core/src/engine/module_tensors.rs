@@ -1,4 +1,4 @@
-//! The module as ZeRO sees it: every float tensor in module order (its id, its size, whether
+//! The module as the partitioned optimizers (ZeRO, sharded checkpoints) see it: every float tensor in module order (its id, its size, whether
 //! the optimizer steps it), and gradients narrowed to one rank's shard.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};

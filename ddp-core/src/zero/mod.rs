@@ -98,9 +98,8 @@ mod config;
 mod consolidate;
 mod device;
 mod error;
-pub(crate) mod module_tensors;
 mod optimizer;
-pub(crate) mod partition;
+mod sharded_checkpoint;
 mod stage2;
 mod stage2_device;
 

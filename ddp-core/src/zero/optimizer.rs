@@ -3,8 +3,6 @@
 use super::consolidate::{encode, gather_on_rank0};
 use super::device::shard_collectives;
 use super::error::ZeroError;
-use super::module_tensors::{TensorInfo, describe, keep_shard};
-use super::partition::Partition;
 use super::stage2::{
     DEFAULT_ZERO_BUCKET_BYTES, GradLayout, LocalGradientsHook, ZeroStage, all_gather_params,
     reduce_scatter_grads,
@@ -12,6 +10,8 @@ use super::stage2::{
 use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
+use crate::engine::module_tensors::{TensorInfo, describe, keep_shard};
+use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use crate::{Collectives, DistributedDataParallel, TapBackend};
 use burn::module::{AutodiffModule, ParamId};

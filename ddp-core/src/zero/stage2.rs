@@ -9,10 +9,10 @@
 //! largest shard, which the partition keeps within one tensor of `1/world` of the model.
 
 use super::error::ZeroError;
-use super::module_tensors::TensorInfo;
-use super::partition::Partition;
 use crate::engine::hooks::{CommHook, GradBucket, HookError};
 use crate::engine::model_sync::{read_values, write_values};
+use crate::engine::module_tensors::TensorInfo;
+use crate::engine::partition::Partition;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;

@@ -7,8 +7,8 @@
 //! decide what the optimizer sees; the flags' places in the blocks hold zeros.
 
 use super::error::ZeroError;
-use super::partition::Partition;
 use super::stage2::GradLayout;
+use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;

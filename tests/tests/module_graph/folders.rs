@@ -9,18 +9,9 @@ use super::cycles;
 use super::resolve::Edges;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// A circle between the units of one folder.
-pub struct FolderTie {
-    /// The folder, from the workspace root: `ddp-launch/src`.
-    pub folder: String,
-    /// Its units in the circle: `elastic/`, `plan.rs`.
-    pub units: BTreeSet<String>,
-    /// `folder-tie in c/src: elastic/ -> plan.rs (Plan: c/src/elastic/agent.rs -> c/src/plan.rs); ...`
-    pub line: String,
-}
-
-/// Every circle between the units of a folder, ordered by folder.
-pub fn folder_ties(edges: &Edges) -> Vec<FolderTie> {
+/// Every circle between the units of a folder, ordered by folder, one line each:
+/// `folder-tie in c/src: elastic/ -> plan.rs (Plan: c/src/elastic/agent.rs -> c/src/plan.rs); ...`
+pub fn folder_ties(edges: &Edges) -> Vec<String> {
     let files: BTreeSet<&str> = edges
         .keys()
         .flat_map(|(a, b)| [a.as_str(), b.as_str()])
@@ -57,14 +48,9 @@ pub fn folder_ties(edges: &Edges) -> Vec<FolderTie> {
     let mut ties = Vec::new();
     for (folder, unit_edges) in &levels {
         let folder = folder.trim_end_matches('/').to_string();
-        for (units, circle) in cycles::circle_components(unit_edges) {
+        for (_, circle) in cycles::circle_components(unit_edges) {
             let circle = circle.trim_start_matches("circle: ");
-            let line = format!("folder-tie in {folder}: {circle}");
-            ties.push(FolderTie {
-                folder: folder.clone(),
-                units,
-                line,
-            });
+            ties.push(format!("folder-tie in {folder}: {circle}"));
         }
     }
     ties

@@ -18,7 +18,6 @@ use super::ownership::Ownership;
 use super::safetensors;
 use super::save::ShardedCheckpointer;
 use super::search::find_latest_valid;
-use crate::zero::ZeroRedundancyOptimizer;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -76,33 +75,6 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         self.load_latest_with::<B, M, R>(device, model, Want::All, |record| {
-            *optim = optim.clone().load_record(record);
-        })
-    }
-
-    /// Restores the newest valid sharded checkpoint like [`load_latest`](Self::load_latest)
-    /// into a [`ZeroRedundancyOptimizer`]: each rank reads only the optimizer shards holding
-    /// the state of the parameters it owns at the current world size, which the optimizer
-    /// keeps at its next step.
-    ///
-    /// # Collective
-    /// Every rank calls it at the same point.
-    ///
-    /// # Errors
-    /// As [`load_latest`](Self::load_latest).
-    pub fn load_latest_zero<B, M, O, R>(
-        &self,
-        device: &B::Device,
-        model: &mut M,
-        optim: &mut ZeroRedundancyOptimizer<O, M, B>,
-    ) -> Result<LoadOutcome, ShardedCheckpointError>
-    where
-        B: AutodiffBackend,
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
-        R: Record<B> + Clone,
-    {
-        self.load_latest_with::<B, M, R>(device, model, Want::Owned, |record| {
             *optim = optim.clone().load_record(record);
         })
     }

@@ -1,11 +1,11 @@
 //! Which rank's shard holds which tensor: ZeRO's partition rule (largest trainable tensors
-//! first, each to the lightest rank; `zero/partition.rs`), so under ZeRO every rank writes the
+//! first, each to the lightest rank; `engine/partition.rs`), so under ZeRO every rank writes the
 //! parameters and optimizer state it already owns, and plain DDP replicas each write about
 //! `1/world` of the bytes. Tensors no optimizer steps (buffers, frozen parameters, integer and
 //! boolean tensors) go to rank 0.
 
-use crate::zero::module_tensors::describe;
-use crate::zero::partition::Partition;
+use crate::engine::module_tensors::describe;
+use crate::engine::partition::Partition;
 use burn::module::{AutodiffModule, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use std::collections::HashMap;

@@ -22,7 +22,6 @@ use super::manifest::{
 use super::ownership::Ownership;
 use super::safetensors;
 use super::search::check_not_backwards;
-use crate::zero::ZeroRedundancyOptimizer;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -142,31 +141,6 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         self.save_record::<B, M, R>(model, optim.to_record(), Held::Replicated, state)
-    }
-
-    /// Saves like [`save`](Self::save), with the optimizer state of a
-    /// [`ZeroRedundancyOptimizer`] of the same process group: each rank writes the state it
-    /// holds (its ZeRO shard), with no gathering.
-    ///
-    /// # Collective
-    /// Every rank calls it at the same point.
-    ///
-    /// # Errors
-    /// As [`save`](Self::save), plus [`ShardedCheckpointError::ForeignOptimizerState`] if the
-    /// optimizer's partition is not this world size's (another process group).
-    pub fn save_zero<B, M, O, R>(
-        &self,
-        model: &M,
-        optim: &ZeroRedundancyOptimizer<O, M, B>,
-        state: &TrainingState,
-    ) -> Result<SavedCheckpoint, ShardedCheckpointError>
-    where
-        B: AutodiffBackend,
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
-        R: Record<B> + Clone,
-    {
-        self.save_record::<B, M, R>(model, optim.local_state(), Held::Sharded, state)
     }
 
     /// Saves `model` and `record` (this rank's optimizer state, as `held` says).
