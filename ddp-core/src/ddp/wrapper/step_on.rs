@@ -32,7 +32,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     ///   [`DdpError::NoGradients`] (when none reached DDP).
     /// - Every rank calls it at the same point, with the same `sync` flavour.
     /// - No [`forward`](Self::forward) is waiting for its backward.
-    /// - Not with [`DdpConfig::uneven_inputs`] ([`join`](Self::join) steps the wrapped module,
+    /// - Not with [`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs) ([`join`](Self::join) steps the wrapped module,
     ///   not yours): [`DdpError::InvalidConfig`].
     ///
     /// Keeping `module` the same on every rank is the caller's part: start from
@@ -42,7 +42,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`backward`](Self::backward) does for the wrapped one; that broadcast runs after the
     /// last bucket, since only then does every rank issue it at the same point.
     ///
-    /// With [`DdpConfig::automatic_overlap`], a depth plan learned by an earlier
+    /// With [`DdpConfig::automatic_overlap`](crate::DdpConfig::automatic_overlap), a depth plan learned by an earlier
     /// `forward`/`backward` is used; `step_on` cannot learn one (the loss stays inside `f`).
     ///
     /// # Collective
