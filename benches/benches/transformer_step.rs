@@ -18,9 +18,10 @@
 //! parameters; `--d-model --layers --heads --seq-len --batch` set another shape) on its
 //! sequence-reversal batches (by default 32 sequences of 13 tokens), Adam. Plain steps
 //! (forward, backward, `GradientsParams::from_grads`, Adam) and DDP steps (the same through a
-//! world-1 `DistributedDataParallel`) are interleaved in rounds; every step ends with
-//! `Backend::sync`, so GPU times include the work queued by the step. Times are medians; compare
-//! the ratio within one run. The goal on a GPU (issue 23): DDP at most 1.03x plain, with at
+//! world-1 `DistributedDataParallel`) alternate step by step, each step starting at another
+//! row; every step ends with `Backend::sync`, so GPU times include the work queued by the step.
+//! Times are medians; a row's ratio to plain burn is the median of its per-step ratios, with a
+//! 95% interval (an interval reaching 1.00 means no slowdown is measurable at that many steps). The goal on a GPU (issue 23): DDP at most 1.03x plain, with at
 //! least 70% of all-reduce time hidden.
 //!
 //! A second DDP row runs the model with `layer_boundary` marks between its blocks, so buckets
@@ -28,7 +29,7 @@
 //! while backward was still going (the timeline's overlap fraction, mean over the steps).
 //! `--collectives nccl` forces the NCCL reduction at world size 1 (its launch and copy overhead).
 //! `--sharded` adds a ZeRO-2 row and an FSDP row (their reduce-scatters and all-gathers on the
-//! same collectives), interleaved in the same rounds.
+//! same collectives), alternating with the other rows.
 //!
 //! Two diagnostics for the GPU: each DDP row's `waited` column is the mean host time from the
 //! end of backward until every bucket was reduced (`StepStats::sync_after_backward`), and the
@@ -46,7 +47,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use ddp_benches::shape::ShapeArgs;
-use ddp_benches::{median, world_of_one};
+use ddp_benches::{median, median_ratio, world_of_one};
 use ddp_core::TapBackend;
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::zero::{ZeroConfig, ZeroRedundancyOptimizer, ZeroStage};
@@ -227,162 +228,140 @@ where
     } else {
         None
     };
-    let (mut plain, mut synced, mut wrapped, mut wrapped_marked) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut overlap, mut overlap_marked) = (Vec::new(), Vec::new());
-    let (mut waited, mut waited_marked) = (Vec::new(), Vec::new());
-    // The very first step of each configuration: kernel compilation and autotuning on a GPU.
-    let (mut first_plain, mut first_ddp, mut first_marked) = (None, None, None);
-    let rounds = 4;
-    let per_round = args.steps.div_ceil(rounds);
-    for round in 0..=rounds {
-        for s in 0..per_round {
-            let b = batch::<B>(bt, round * per_round + s, &device);
-            let t = Instant::now();
-            let l = loss(bt, plain_model.forward(b.inputs), b.targets);
-            let grads = GradientsParams::from_grads(l.backward(), &plain_model);
-            plain_model = plain_opt.step(0.002, plain_model, grads);
-            B::sync(&device)?;
-            first_plain.get_or_insert(t.elapsed());
-            if round > 0 {
-                plain.push(t.elapsed());
-            }
-        }
-        for s in 0..per_round {
-            let b = batch::<B>(bt, round * per_round + s, &device);
-            let t = Instant::now();
-            let l = loss(bt, synced_model.forward(b.inputs), b.targets);
-            let grads = GradientsParams::from_grads(l.backward(), &synced_model);
-            B::sync(&device)?;
-            synced_model = synced_opt.step(0.002, synced_model, grads);
-            B::sync(&device)?;
-            if round > 0 {
-                synced.push(t.elapsed());
-            }
-        }
-        for (ddp, opt, times, overlaps, waits, first) in [
-            (
-                &mut ddp,
-                &mut ddp_opt,
-                &mut wrapped,
-                &mut overlap,
-                &mut waited,
-                &mut first_ddp,
-            ),
-            (
-                &mut ddp_marked,
-                &mut marked_opt,
-                &mut wrapped_marked,
-                &mut overlap_marked,
-                &mut waited_marked,
-                &mut first_marked,
-            ),
-        ] {
-            for s in 0..per_round {
-                let b = batch::<B>(bt, round * per_round + s, &device);
-                let t = Instant::now();
-                let logits = ddp.forward(|m| m.forward(b.inputs))?;
-                let grads = ddp.backward(loss(bt, logits, b.targets))?;
-                ddp.optimizer_step(opt, 0.002, grads);
-                B::sync(&device)?;
-                first.get_or_insert(t.elapsed());
-                if round > 0 {
-                    times.push(t.elapsed());
-                    if let Some(stats) = ddp.last_step_stats() {
-                        overlaps.push(stats.overlap_fraction());
-                        waits.push(stats.sync_after_backward.as_secs_f64() * 1e3);
+    let (mut plain, mut synced) = (RowTimes::default(), RowTimes::default());
+    let (mut wrapped, mut wrapped_marked) = (RowTimes::default(), RowTimes::default());
+    // Rows alternate step by step, each step starting at another row, so that a slower stretch
+    // of the machine (load, clocks, another process) falls on every row alike; each row's ratio
+    // to plain burn is the median of its per-step ratios, with a distribution-free interval.
+    // The first quarter of the steps warm up (the first step of each row is its cold start).
+    let warmup = args.steps.div_ceil(4);
+    let rows = if sharded.is_some() { 6 } else { 4 };
+    for step in 0..warmup + args.steps {
+        let measured = step >= warmup;
+        for slot in 0..rows {
+            let b = batch::<B>(bt, step, &device);
+            match (slot + step) % rows {
+                0 => {
+                    let t = Instant::now();
+                    let l = loss(bt, plain_model.forward(b.inputs), b.targets);
+                    let grads = GradientsParams::from_grads(l.backward(), &plain_model);
+                    plain_model = plain_opt.step(0.002, plain_model, grads);
+                    B::sync(&device)?;
+                    plain.record(t, measured);
+                }
+                1 => {
+                    let t = Instant::now();
+                    let l = loss(bt, synced_model.forward(b.inputs), b.targets);
+                    let grads = GradientsParams::from_grads(l.backward(), &synced_model);
+                    B::sync(&device)?;
+                    synced_model = synced_opt.step(0.002, synced_model, grads);
+                    B::sync(&device)?;
+                    synced.record(t, measured);
+                }
+                2 => ddp_step(
+                    bt,
+                    b,
+                    &mut ddp,
+                    &mut ddp_opt,
+                    &mut wrapped,
+                    measured,
+                    &device,
+                )?,
+                3 => ddp_step(
+                    bt,
+                    b,
+                    &mut ddp_marked,
+                    &mut marked_opt,
+                    &mut wrapped_marked,
+                    measured,
+                    &device,
+                )?,
+                row => {
+                    if let Some(sharded) = sharded.as_mut() {
+                        if row == 4 {
+                            sharded.zero_step(bt, b, measured, &device)?;
+                        } else {
+                            sharded.fsdp_step(bt, b, measured, &device)?;
+                        }
                     }
                 }
             }
         }
-        if let Some(sharded) = sharded.as_mut() {
-            for s in 0..per_round {
-                let b = batch::<B>(bt, round * per_round + s, &device);
-                sharded.zero_step(bt, b, round > 0, &device)?;
-            }
-            for s in 0..per_round {
-                let b = batch::<B>(bt, round * per_round + s, &device);
-                sharded.fsdp_step(bt, b, round > 0, &device)?;
-            }
-        }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let p = median(plain);
-    let ms = |d: Option<std::time::Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+    let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
     println!(
         "# transformer step, world 1: TinyGpt {} ({:.2}M parameters)",
         args.shape.describe(),
         plain_model.num_params() as f64 / 1e6
     );
     println!(
-        "# backend {name}, collectives {:?}, buckets <= {} MiB, Adam, {} steps per row (median)",
-        args.collectives,
-        args.bucket_cap_mb,
-        rounds * per_round
+        "# backend {name}, collectives {:?}, buckets <= {} MiB, Adam, {} steps per row after {} \
+         of warm-up, rows alternating step by step; ms/step: median; / plain: median of the \
+         per-step ratios (95% interval in the last column)",
+        args.collectives, args.bucket_cap_mb, args.steps, warmup
     );
     println!(
-        "# {:<34} {:>10} {:>12} {:>18} {:>12} {:>14}",
-        "configuration", "ms/step", "/ plain", "comm overlapped", "waited ms", "first step ms"
+        "# {:<34} {:>10} {:>12} {:>18} {:>12} {:>14} {:>14}",
+        "configuration",
+        "ms/step",
+        "/ plain",
+        "comm overlapped",
+        "waited ms",
+        "first step ms",
+        "95% interval"
     );
     println!(
         "  {:<34} {:>10.2} {:>12} {:>18} {:>12} {:>14.1}",
         "plain burn",
-        p.as_secs_f64() * 1e3,
+        plain.median_ms(),
         "",
         "",
         "",
-        ms(first_plain)
+        ms(plain.first)
     );
-    let s = median(synced);
+    let (ratio, interval) = synced.ratio_to(&plain);
     println!(
-        "  {:<34} {:>10.2} {:>12.3}",
+        "  {:<34} {:>10.2} {:>12.3} {:>18} {:>12} {:>14.1} {:>14}",
         "plain burn, host sync before Adam",
-        s.as_secs_f64() * 1e3,
-        s.as_secs_f64() / p.as_secs_f64()
+        synced.median_ms(),
+        ratio,
+        "",
+        "",
+        ms(synced.first),
+        interval
     );
-    for (label, times, overlaps, waits, first) in [
-        ("DDP (world 1)", wrapped, overlap, waited, first_ddp),
-        (
-            "DDP, layer boundaries",
-            wrapped_marked,
-            overlap_marked,
-            waited_marked,
-            first_marked,
-        ),
+    for (label, row) in [
+        ("DDP (world 1)", &wrapped),
+        ("DDP, layer boundaries", &wrapped_marked),
     ] {
-        let d = median(times);
+        let (ratio, interval) = row.ratio_to(&plain);
         println!(
-            "  {:<34} {:>10.2} {:>12.3} {:>17.0}% {:>12.2} {:>14.1}",
+            "  {:<34} {:>10.2} {:>12.3} {:>17.0}% {:>12.2} {:>14.1} {:>14}",
             label,
-            d.as_secs_f64() * 1e3,
-            d.as_secs_f64() / p.as_secs_f64(),
-            100.0 * mean(&overlaps),
-            mean(&waits),
-            ms(first)
+            row.median_ms(),
+            ratio,
+            100.0 * mean(&row.overlaps),
+            mean(&row.waits),
+            ms(row.first),
+            interval
         );
     }
     if let Some(sharded) = sharded {
-        for (label, times, first) in [
-            (
-                "ZeRO-2 (DDP + ZeRO stage 2)",
-                sharded.zero.times,
-                sharded.zero.first,
-            ),
-            (
-                "FSDP (one unit per layer)",
-                sharded.fsdp_row.times,
-                sharded.fsdp_row.first,
-            ),
+        for (label, row) in [
+            ("ZeRO-2 (DDP + ZeRO stage 2)", &sharded.zero),
+            ("FSDP (one unit per layer)", &sharded.fsdp_row),
         ] {
-            let d = median(times);
+            let (ratio, interval) = row.ratio_to(&plain);
             println!(
-                "  {:<34} {:>10.2} {:>12.3} {:>18} {:>12} {:>14.1}",
+                "  {:<34} {:>10.2} {:>12.3} {:>18} {:>12} {:>14.1} {:>14}",
                 label,
-                d.as_secs_f64() * 1e3,
-                d.as_secs_f64() / p.as_secs_f64(),
+                row.median_ms(),
+                ratio,
                 "",
                 "",
-                ms(first)
+                ms(row.first),
+                interval
             );
         }
     }
@@ -390,21 +369,68 @@ where
     Ok(())
 }
 
-/// One row's step times: the very first step (the cold start) and the measured ones.
+/// One row's step times: the very first step (the cold start) and the measured ones, and for
+/// DDP rows each measured step's overlap and host wait.
 #[derive(Default)]
 struct RowTimes {
     first: Option<Duration>,
     times: Vec<Duration>,
+    overlaps: Vec<f64>,
+    waits: Vec<f64>,
 }
 
 impl RowTimes {
     /// A step that began at `start` and has just ended (after `Backend::sync`).
     fn record(&mut self, start: Instant, measured: bool) {
-        self.first.get_or_insert(start.elapsed());
+        let took = start.elapsed();
+        self.first.get_or_insert(took);
         if measured {
-            self.times.push(start.elapsed());
+            self.times.push(took);
         }
     }
+
+    fn median_ms(&self) -> f64 {
+        median(self.times.clone()).as_secs_f64() * 1e3
+    }
+
+    /// The median of this row's per-step ratios to `base`'s (the same steps) and its 95%
+    /// interval.
+    fn ratio_to(&self, base: &RowTimes) -> (f64, String) {
+        let ratios = self
+            .times
+            .iter()
+            .zip(&base.times)
+            .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64())
+            .collect();
+        median_ratio(ratios)
+    }
+}
+
+/// One DDP step into `row`, with its overlap and host wait.
+fn ddp_step<B: TapBackend>(
+    bt: Batching,
+    b: ReverseBatch<B>,
+    ddp: &mut DistributedDataParallel<B, TinyGpt<B>>,
+    opt: &mut Adam<TinyGpt<B>, B>,
+    row: &mut RowTimes,
+    measured: bool,
+    device: &B::Device,
+) -> Result<()>
+where
+    TinyGpt<B>: AutodiffModule<B>,
+{
+    let t = Instant::now();
+    let logits = ddp.forward(|m| m.forward(b.inputs))?;
+    let grads = ddp.backward(loss(bt, logits, b.targets))?;
+    ddp.optimizer_step(opt, 0.002, grads);
+    B::sync(device)?;
+    row.record(t, measured);
+    if measured && let Some(stats) = ddp.last_step_stats() {
+        row.overlaps.push(stats.overlap_fraction());
+        row.waits
+            .push(stats.sync_after_backward.as_secs_f64() * 1e3);
+    }
+    Ok(())
 }
 
 type Adam<M, B> = burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, M, B>;
