@@ -70,8 +70,10 @@ pub fn advice(facts: CpuFacts) -> Vec<String> {
     }
     if facts.cpu_avx512 && !facts.built_x86_v4 {
         lines.push(
-            "this CPU has AVX-512 but the binary was built without it: build with \
-             `--features ddp-core/x86-v4` (the binary then needs an x86-64-v4 CPU)"
+            "this CPU has AVX-512, which this build leaves unused: `--features ddp-core/x86-v4` \
+             turns on burn-flex's AVX-512 matrix multiply (the binary then needs an x86-64-v4 \
+             CPU); time a step with and without it before keeping it: on an AMD EPYC it made \
+             a matrix-multiply-bound step slower (the guide's performance chapter)"
                 .to_string(),
         );
     }
