@@ -11,4 +11,4 @@ mod verdict;
 pub use label::CollectiveLabel;
 pub use progress::{PeerProgress, RankProgress};
 pub(crate) use progress::{Progress, failed_key, key, with_own};
-pub use verdict::{FailureCause, StuckWork, WatchdogFailure};
+pub use verdict::{StuckWork, WatchdogCause, WatchdogFailure};

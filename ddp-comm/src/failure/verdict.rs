@@ -20,7 +20,7 @@ pub struct StuckWork {
 
 /// Why the watchdog failed the group.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FailureCause {
+pub enum WatchdogCause {
     /// An item was still incomplete after the timeout.
     Timeout(Duration),
     /// An error on this rank: an item's probe reported one (a CUDA error querying its event),
@@ -43,7 +43,7 @@ pub struct WatchdogFailure {
     /// The rank that reports.
     pub rank: usize,
     /// Why it failed.
-    pub cause: FailureCause,
+    pub cause: WatchdogCause,
     /// The collective the failure is about: the one that timed out or whose probe failed, the
     /// oldest in flight when the communicator or a peer failed; none for an error outside any
     /// collective ([`Watchdog::fail`](crate::watchdog::Watchdog::fail)).
@@ -57,7 +57,7 @@ impl WatchdogFailure {
     /// behind, when the peers' progress is unknown, and for a failure on this rank).
     pub fn ranks_behind(&self) -> Vec<usize> {
         match (&self.cause, &self.stuck, &self.peers) {
-            (FailureCause::Failed(_) | FailureCause::PeerFailed(_), _, _) => Vec::new(),
+            (WatchdogCause::Failed(_) | WatchdogCause::PeerFailed(_), _, _) => Vec::new(),
             (_, Some(stuck), PeerProgress::Known(peers)) => ranks_behind(peers, stuck.seq),
             _ => Vec::new(),
         }
@@ -88,20 +88,20 @@ impl WatchdogFailure {
                     write!(f, " ({} bytes)", s.bytes)?;
                 }
                 match &self.cause {
-                    FailureCause::Timeout(t) => write!(
+                    WatchdogCause::Timeout(t) => write!(
                         f,
                         " did not finish within the timeout of {t:?} (in flight for {:.1?})",
                         s.waited
                     )?,
-                    FailureCause::Failed(why) => {
+                    WatchdogCause::Failed(why) => {
                         write!(f, " failed after {:.1?}: {why}", s.waited)?
                     }
-                    FailureCause::AsyncError(why) => write!(
+                    WatchdogCause::AsyncError(why) => write!(
                         f,
                         " was in flight for {:.1?} when the communicator failed: {why}",
                         s.waited
                     )?,
-                    FailureCause::PeerFailed(why) => write!(
+                    WatchdogCause::PeerFailed(why) => write!(
                         f,
                         " was in flight for {:.1?} when another rank failed the group [{why}]",
                         s.waited
@@ -109,14 +109,14 @@ impl WatchdogFailure {
                 }
             }
             None => match &self.cause {
-                FailureCause::AsyncError(why) => {
+                WatchdogCause::AsyncError(why) => {
                     write!(f, "the communicator failed with nothing in flight: {why}")?
                 }
-                FailureCause::Failed(why) => write!(f, "failed: {why}")?,
-                FailureCause::PeerFailed(why) => {
+                WatchdogCause::Failed(why) => write!(f, "failed: {why}")?,
+                WatchdogCause::PeerFailed(why) => {
                     write!(f, "another rank failed the group [{why}]")?
                 }
-                FailureCause::Timeout(t) => write!(f, "timed out after {t:?}")?,
+                WatchdogCause::Timeout(t) => write!(f, "timed out after {t:?}")?,
             },
         }
         Ok(())
@@ -127,7 +127,7 @@ impl fmt::Display for WatchdogFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.write_headline(f)?;
         write!(f, "; the communicator was aborted. ")?;
-        if let FailureCause::PeerFailed(_) = &self.cause {
+        if let WatchdogCause::PeerFailed(_) = &self.cause {
             write!(
                 f,
                 "The cause is that rank's (in brackets; its own error says more)."
@@ -144,7 +144,7 @@ impl fmt::Display for WatchdogFailure {
             }
             return Ok(());
         }
-        if let FailureCause::Failed(_) = &self.cause {
+        if let WatchdogCause::Failed(_) = &self.cause {
             // Peers that have not reached this rank's collectives are waiting for it, not
             // behind it: naming them would send the reader to the wrong logs.
             return write!(
@@ -219,7 +219,7 @@ mod tests {
         WatchdogFailure {
             group: "world".into(),
             rank: 0,
-            cause: FailureCause::Timeout(Duration::from_secs(600)),
+            cause: WatchdogCause::Timeout(Duration::from_secs(600)),
             stuck: Some(StuckWork {
                 seq: 7,
                 label: CollectiveLabel::new("all_reduce").with_bucket(2),
@@ -263,7 +263,7 @@ mod tests {
             rank(0, Some(7)),
             rank(1, Some(5)),
         ]));
-        f.cause = FailureCause::Failed("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        f.cause = WatchdogCause::Failed("CUDA_ERROR_ILLEGAL_ADDRESS".into());
         assert!(f.ranks_behind().is_empty());
         let msg = f.to_string();
         assert!(
@@ -291,7 +291,7 @@ mod tests {
             rank(2, Some(7)),
         ]));
         f.rank = 2;
-        f.cause = FailureCause::PeerFailed("group 'world' rank 0: all_reduce #7 timed out".into());
+        f.cause = WatchdogCause::PeerFailed("group 'world' rank 0: all_reduce #7 timed out".into());
         assert!(f.ranks_behind().is_empty(), "the failure is rank 0's");
         let msg = f.to_string();
         assert!(

@@ -33,7 +33,7 @@
 //! The first rank to fail the group publishes its error under `watchdog/<group>/failed`; every
 //! other rank's watchdog checks that key every
 //! [`peer_check_interval`](WatchdogConfig::peer_check_interval) (1 s) and fails too
-//! ([`FailureCause::PeerFailed`], quoting it), instead of waiting for its own timeout.
+//! ([`WatchdogCause::PeerFailed`], quoting it), instead of waiting for its own timeout.
 //!
 //! # Completions after an abort
 //! An aborted NCCL collective's event completes too, over garbage. So nothing is marked done
@@ -67,8 +67,15 @@ mod probe;
 mod reporter;
 
 pub use crate::failure::{
-    CollectiveLabel, FailureCause, PeerProgress, RankProgress, StuckWork, WatchdogFailure,
+    CollectiveLabel, PeerProgress, RankProgress, StuckWork, WatchdogCause, WatchdogFailure,
 };
+
+/// Renamed [`WatchdogCause`] (the launcher's attempt failure is `ddp_launch::FailureCause`).
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed: use `ddp_comm::watchdog::WatchdogCause`"
+)]
+pub type FailureCause = WatchdogCause;
 #[cfg(feature = "cuda")]
 pub(crate) use bounded::{ABORT_WAIT, Bounded, run_bounded};
 pub use config::WatchdogConfig;

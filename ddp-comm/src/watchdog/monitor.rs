@@ -6,7 +6,7 @@ use super::probe::{AbortFn, AsyncErrorProbe, CompletionProbe};
 use super::reporter::{PeerFailure, Reporter, ReporterSpec};
 use crate::error::{CommError, Result};
 use crate::failure::{
-    CollectiveLabel, FailureCause, PeerProgress, Progress, StuckWork, WatchdogFailure, with_own,
+    CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, with_own,
 };
 use crate::store::Store;
 use std::collections::VecDeque;
@@ -112,7 +112,7 @@ impl Shared {
 
     /// The failure path: runs once per group, on whichever thread gets here first; a second
     /// caller waits for the first's result. The report names the [`Culprit`].
-    fn fail(&self, cause: FailureCause, culprit: Culprit) -> Arc<WatchdogFailure> {
+    fn fail(&self, cause: WatchdogCause, culprit: Culprit) -> Arc<WatchdogFailure> {
         let (stuck, own) = {
             let mut state = self.lock();
             if state.failing {
@@ -146,7 +146,7 @@ impl Shared {
                 });
             (stuck, state.progress())
         };
-        if !matches!(cause, FailureCause::PeerFailed(_)) {
+        if !matches!(cause, WatchdogCause::PeerFailed(_)) {
             // Tell the peers first, before this rank's abort can break their collectives and
             // make one of them look like the first to fail.
             let unread = PeerProgress::Unknown("not read yet".into());
@@ -171,7 +171,7 @@ impl Shared {
     /// This rank's error on failing `cause`.
     fn failure(
         &self,
-        cause: FailureCause,
+        cause: WatchdogCause,
         stuck: Option<StuckWork>,
         peers: PeerProgress,
     ) -> WatchdogFailure {
@@ -186,14 +186,14 @@ impl Shared {
 
     /// An error on this rank, outside any collective ([`Watchdog::fail`]).
     fn fail_here(&self, why: String) -> CommError {
-        CommError::Watchdog(self.fail(FailureCause::Failed(why), Culprit::None))
+        CommError::Watchdog(self.fail(WatchdogCause::Failed(why), Culprit::None))
     }
 
     /// The failure path after `failing` is set: aborts the communicator, reads the peers'
     /// progress and builds the report.
     fn abort_and_report(
         &self,
-        cause: FailureCause,
+        cause: WatchdogCause,
         stuck: Option<StuckWork>,
         own: Progress,
     ) -> Arc<WatchdogFailure> {
@@ -325,7 +325,7 @@ impl Watchdog {
     /// Fails the group now, from the calling thread (an error the caller saw that the
     /// watchdog cannot, e.g. a failed enqueue): aborts, reports and returns the error every
     /// waiter gets. Returns the earlier failure if the group already failed. The error is
-    /// this rank's own ([`FailureCause::Failed`]): it names no collective as stuck and no
+    /// this rank's own ([`WatchdogCause::Failed`]): it names no collective as stuck and no
     /// peer as behind.
     pub fn fail(&self, why: impl Into<String>) -> CommError {
         self.shared.fail_here(why.into())
@@ -518,14 +518,14 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(why) = peer {
-            shared.fail(FailureCause::PeerFailed(why), Culprit::Oldest);
+            shared.fail(WatchdogCause::PeerFailed(why), Culprit::Oldest);
             return;
         }
         if let Some(probe) = &async_error {
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(probe))
                 .unwrap_or_else(|_| Err("the async-error probe panicked".into()));
             if let Err(why) = outcome {
-                shared.fail(FailureCause::AsyncError(why), Culprit::Oldest);
+                shared.fail(WatchdogCause::AsyncError(why), Culprit::Oldest);
                 return;
             }
         }
@@ -537,13 +537,13 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
                 Ok(true) => finished.push(item.seq),
                 Ok(false) if item.issued_at.elapsed() >= timeout => {
                     drop(record(shared, &finished));
-                    shared.fail(FailureCause::Timeout(timeout), Culprit::Item(item.seq));
+                    shared.fail(WatchdogCause::Timeout(timeout), Culprit::Item(item.seq));
                     return;
                 }
                 Ok(false) => {}
                 Err(why) => {
                     drop(record(shared, &finished));
-                    shared.fail(FailureCause::Failed(why), Culprit::Item(item.seq));
+                    shared.fail(WatchdogCause::Failed(why), Culprit::Item(item.seq));
                     return;
                 }
             }

@@ -4,7 +4,7 @@
 //! Ranks are threads sharing one store; every wait is bounded by the harness, so a broken
 //! watchdog fails the test instead of hanging it.
 use ddp_comm::watchdog::{
-    AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe, FailureCause, Watchdog,
+    AbortFn, AsyncErrorProbe, CollectiveLabel, CompletionProbe, Watchdog, WatchdogCause,
     WatchdogConfig,
 };
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
@@ -140,7 +140,11 @@ fn should_name_the_rank_that_never_issued_the_stuck_collective() {
     assert_eq!(aborts.load(Ordering::SeqCst), 1, "abort runs exactly once");
     let f = watchdog_failure(&e);
     assert_eq!(f.ranks_behind(), vec![1], "{e}");
-    assert_eq!(f.cause, FailureCause::Timeout(timeout));
+    assert_eq!(f.cause, WatchdogCause::Timeout(timeout));
+    // The old name still compiles, deprecated, for one release.
+    #[allow(deprecated)]
+    let old: &ddp_comm::watchdog::FailureCause = &f.cause;
+    assert_eq!(old, &WatchdogCause::Timeout(timeout));
     let s = f.stuck.as_ref().expect("the stuck collective");
     assert_eq!(
         (s.seq, s.label.op, s.label.bucket, s.bytes),
@@ -306,7 +310,7 @@ fn should_abort_and_fail_when_the_async_error_probe_fires() {
     assert_eq!(aborts.load(Ordering::SeqCst), 1);
     assert!(matches!(
         watchdog_failure(&e).cause,
-        FailureCause::AsyncError(_)
+        WatchdogCause::AsyncError(_)
     ));
 }
 
@@ -547,7 +551,7 @@ fn should_fail_the_peers_promptly_quoting_the_failing_rank() {
     let e = bounded("rank 1's collective", move || in_flight.wait())
         .expect_err("rank 0 failed the group");
     let f = watchdog_failure(&e);
-    assert!(matches!(&f.cause, FailureCause::PeerFailed(_)), "{e}");
+    assert!(matches!(&f.cause, WatchdogCause::PeerFailed(_)), "{e}");
     assert!(f.ranks_behind().is_empty(), "{e}");
     let msg = f.to_string();
     let quoted = format!(
@@ -618,7 +622,7 @@ fn should_name_every_rank_behind_across_chunks_including_those_that_never_publis
     let e = bounded("waiting for the stuck collective", move || stuck.wait())
         .expect_err("a collective that never completes must fail");
     let f = watchdog_failure(&e);
-    assert_eq!(f.cause, FailureCause::Timeout(timeout));
+    assert_eq!(f.cause, WatchdogCause::Timeout(timeout));
     let want: Vec<usize> = (1..WORLD).filter(|r| !ahead.contains(r)).collect();
     let behind = f.ranks_behind();
     assert_eq!(behind.len(), want.len(), "{}", f.headline());
