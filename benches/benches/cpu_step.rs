@@ -15,7 +15,7 @@
 //! kernel).
 //!
 //! Allocators: glibc's defaults; glibc with the launcher's worker settings
-//! (`ddp_core::launch::ALLOCATOR_ENV`); glibc with transparent huge pages for its mmap'd chunks
+//! (`ddp_core::launcher::ALLOCATOR_ENV`); glibc with transparent huge pages for its mmap'd chunks
 //! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`); mimalloc; jemalloc. The last two are this
 //! binary's own global allocator (jemalloc with `--features jemalloc`), picked per child by
 //! `DDP_BENCH_ALLOCATOR` (see `ddp_benches::allocator::SwitchAllocator`). PyTorch's row runs `benches/pytorch/cpu_step.py` with the same shapes

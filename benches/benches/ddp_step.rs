@@ -37,7 +37,7 @@
 //! synchronised and no-sync steps, is what DDP's own buffers cost per step; the rest is burn's
 //! per-step tensors. `--allocators glibc,launcher,mimalloc` runs every table once per
 //! allocator, each in fresh processes: glibc's defaults, glibc with the settings the launcher
-//! gives its workers (`ddp_core::launch::ALLOCATOR_ENV`, the default row), mimalloc (what the
+//! gives its workers (`ddp_core::launcher::ALLOCATOR_ENV`, the default row), mimalloc (what the
 //! examples use); see `ddp_benches::allocator`.
 
 use anyhow::{Context, Result};

@@ -46,7 +46,7 @@ fn main() -> Result<()> {
         return worker();
     }
     let mut env = vec![(ddp_comm::TRANSPORT_ENV, "tcp")];
-    env.extend(ddp_core::launch::ALLOCATOR_ENV);
+    env.extend(ddp_core::launcher::ALLOCATOR_ENV);
     run_two_ranks(&env)
 }
 

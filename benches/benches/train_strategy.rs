@@ -342,13 +342,13 @@ fn main() -> Result<()> {
     if std::env::var("RANK").is_ok() {
         return worker(&args);
     }
-    let (allocator_key, _) = ddp_core::launch::ALLOCATOR_ENV[0];
+    let (allocator_key, _) = ddp_core::launcher::ALLOCATOR_ENV[0];
     if std::env::var_os(allocator_key).is_none() {
         // glibc reads its malloc settings at start-up: run again with the environment the
         // launcher gives its workers (the world-2 ranks inherit it).
         let status = Command::new(std::env::current_exe()?)
             .args(std::env::args_os().skip(1))
-            .envs(ddp_core::launch::ALLOCATOR_ENV)
+            .envs(ddp_core::launcher::ALLOCATOR_ENV)
             .status()
             .context("re-running with the launcher's allocator settings")?;
         std::process::exit(status.code().unwrap_or(1));

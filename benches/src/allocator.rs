@@ -11,7 +11,7 @@ pub const ALLOCATOR_VAR: &str = "DDP_BENCH_ALLOCATOR";
 const ALLOCATOR_VAR_C: &std::ffi::CStr = c"DDP_BENCH_ALLOCATOR";
 
 /// The allocator rows a bench can measure: `glibc` (its defaults), `launcher` (glibc with
-/// [`ddp_core::launch::ALLOCATOR_ENV`], what `ddp-run` gives its workers), `hugetlb` (glibc
+/// [`ddp_core::launcher::ALLOCATOR_ENV`], what `ddp-run` gives its workers), `hugetlb` (glibc
 /// with transparent huge pages for its mmap'd chunks), `mimalloc`, and `jemalloc` when built
 /// with the `jemalloc` feature.
 pub const ALLOCATOR_NAMES: &str = "glibc, launcher, hugetlb, mimalloc or jemalloc";
@@ -100,7 +100,7 @@ unsafe impl GlobalAlloc for SwitchAllocator {
 }
 
 /// The environment of one allocator row: set these on the child process, after removing
-/// [`ALLOCATOR_VAR`], `GLIBC_TUNABLES` and the keys of [`ddp_core::launch::ALLOCATOR_ENV`]
+/// [`ALLOCATOR_VAR`], `GLIBC_TUNABLES` and the keys of [`ddp_core::launcher::ALLOCATOR_ENV`]
 /// (see [`allocator_env_removed`]).
 ///
 /// # Errors
@@ -109,7 +109,7 @@ pub fn allocator_env(name: &str) -> Result<Vec<(String, String)>> {
     let own = |v: &str| vec![(ALLOCATOR_VAR.to_string(), v.to_string())];
     Ok(match name {
         "glibc" => vec![],
-        "launcher" => ddp_core::launch::ALLOCATOR_ENV
+        "launcher" => ddp_core::launcher::ALLOCATOR_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
@@ -130,7 +130,7 @@ pub fn allocator_env(name: &str) -> Result<Vec<(String, String)>> {
 /// before [`allocator_env`]'s are added.
 pub fn allocator_env_removed() -> Vec<&'static str> {
     let mut keys = vec![ALLOCATOR_VAR, "GLIBC_TUNABLES"];
-    keys.extend(ddp_core::launch::ALLOCATOR_ENV.iter().map(|(k, _)| *k));
+    keys.extend(ddp_core::launcher::ALLOCATOR_ENV.iter().map(|(k, _)| *k));
     keys
 }
 

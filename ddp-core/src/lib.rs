@@ -19,7 +19,7 @@
 //! | [`hooks`] | how a bucket is averaged: fp16/bf16 compression, PowerSGD, your own [`hooks::CommHook`] |
 //! | [`comm`] | process groups and collectives (the `ddp-comm` crate): [`comm::ProcessGroup`], [`comm::init_process_group`], the store, NCCL |
 //! | [`data`] | the sampler and loader (the `ddp-data` crate): [`data::DistributedSamplerConfig`], [`data::DistributedDataLoaderBuilder`], [`data::ExactShard`] |
-//! | [`launch`](mod@launch) | the launcher (the `ddp-launch` crate): [`launch::LaunchArgs`], [`launch::WorkerEnv`], the `ddp-run` binary |
+//! | [`launcher`] | the launcher (the `ddp-launch` crate): [`launcher::LaunchArgs`], [`launcher::WorkerEnv`], the `ddp-run` binary |
 //! | [`checkpoint`] | [`checkpoint::FullCheckpointer`] (rank 0 writes the whole model) and [`checkpoint::sharded::ShardedCheckpointer`] (every rank its shard) |
 //! | [`zero`] | [`zero::ZeroRedundancyOptimizer`]: ZeRO stages 1 and 2 |
 //! | [`fsdp`] | [`fsdp::FullyShardedDataParallel`]: fully sharded parameters (ZeRO stage 3, FSDP2's idea) |
@@ -38,7 +38,7 @@
 //! - [`checkpoint`]: [`checkpoint::FullCheckpointer`] writes model (safetensors), optimizer and
 //!   training state atomically on rank 0 after a barrier; every rank resumes from the latest
 //!   valid checkpoint, bitwise exactly on CPU.
-//! - [`launch`](mod@launch): [`launch()`] makes a training binary launch itself once per rank
+//! - [`launcher`]: [`launch()`] makes a training binary launch itself once per rank
 //!   (torchrun for `cargo run`), and the `ddp-run` binary is the torchrun-style CLI; both
 //!   supervise the workers, stop them all on a failure and restart the group with
 //!   `--max-restarts`.
@@ -197,7 +197,7 @@
 //! hand large freed buffers back to the kernel, so they page-fault in again every step. DDP,
 //! ZeRO and FSDP construction therefore raise glibc's mmap and trim thresholds once per process
 //! unless the environment sets them ([`cpu_fast_path::keep_freed_buffers`]; the launcher gives
-//! workers the same values, [`launch::ALLOCATOR_ENV`]). That is what reaches LibTorch, whose
+//! workers the same values, [`launcher::ALLOCATOR_ENV`]). That is what reaches LibTorch, whose
 //! tensors come from `malloc`; on Flex and NdArray use mimalloc as the global allocator too, as
 //! the examples do (README, "CPU step time"): [`use_fast_allocator!`] declares it, and each
 //! rank says at construction when it is missing ([`cpu_fast_path`]).
@@ -231,8 +231,15 @@ pub use ddp_comm as comm;
 /// The distributed sampler and data loader: the `ddp-data` crate.
 pub use ddp_data as data;
 /// The launcher (`ddp-run`, [`launch()`], the worker environment): the `ddp-launch` crate.
-pub use ddp_launch as launch;
+pub use ddp_launch as launcher;
 pub use ddp_launch::{init_from_env, launch};
+
+// The launcher module's first path, renamed `launcher` so that the documented `launch` is one
+// thing, the function; `ddp_core::launch::LaunchArgs` still compiles for one release. Hidden
+// rather than deprecated: `use ddp_core::launch;`, which imports the function, would import
+// this module too and warn about it.
+#[doc(hidden)]
+pub use ddp_launch as launch;
 
 // The old crate-root paths, deprecated (see `renamed.rs`); hidden from the docs, which show
 // each type at its one path.

@@ -1,5 +1,5 @@
 //! The crate-root paths of ddp-core 0.1's first layout, which moved into modules (one path per
-//! type: `ddp_core::comm::ProcessGroup`, `ddp_core::launch::LaunchArgs`, ...). Each old name is
+//! type: `ddp_core::comm::ProcessGroup`, `ddp_core::launcher::LaunchArgs`, ...). Each old name is
 //! kept here as a deprecated alias for one release, so a program written against the old paths
 //! still compiles and its warning names the new path. Traits and functions cannot be aliased
 //! this way: `SyncBatchNormBackend` is at `ddp_core::nn`, `init_process_group` at
@@ -84,29 +84,35 @@ pub type ExactShard = crate::data::ExactShard;
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::data::SamplerState`")]
 pub type SamplerState = crate::data::SamplerState;
 
-/// Moved to [`ddp_core::launch::LaunchArgs`](crate::launch::LaunchArgs).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::LaunchArgs`")]
-pub type LaunchArgs = crate::launch::LaunchArgs;
+/// Moved to [`ddp_core::launcher::LaunchArgs`](crate::launcher::LaunchArgs).
+#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchArgs`")]
+pub type LaunchArgs = crate::launcher::LaunchArgs;
 
-/// Moved to [`ddp_core::launch::LaunchError`](crate::launch::LaunchError).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::LaunchError`")]
-pub type LaunchError = crate::launch::LaunchError;
+/// Moved to [`ddp_core::launcher::LaunchError`](crate::launcher::LaunchError).
+#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchError`")]
+pub type LaunchError = crate::launcher::LaunchError;
 
-/// Moved to [`ddp_core::launch::LaunchPlan`](crate::launch::LaunchPlan).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::LaunchPlan`")]
-pub type LaunchPlan = crate::launch::LaunchPlan;
+/// Moved to [`ddp_core::launcher::LaunchPlan`](crate::launcher::LaunchPlan).
+#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchPlan`")]
+pub type LaunchPlan = crate::launcher::LaunchPlan;
 
-/// Moved to [`ddp_core::launch::NprocPerNode`](crate::launch::NprocPerNode).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::NprocPerNode`")]
-pub type NprocPerNode = crate::launch::NprocPerNode;
+/// Moved to [`ddp_core::launcher::NprocPerNode`](crate::launcher::NprocPerNode).
+#[deprecated(
+    since = "0.1.0",
+    note = "moved: use `ddp_core::launcher::NprocPerNode`"
+)]
+pub type NprocPerNode = crate::launcher::NprocPerNode;
 
-/// Moved to [`ddp_core::launch::WorkerContext`](crate::launch::WorkerContext).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::WorkerContext`")]
-pub type WorkerContext = crate::launch::WorkerContext;
+/// Moved to [`ddp_core::launcher::WorkerContext`](crate::launcher::WorkerContext).
+#[deprecated(
+    since = "0.1.0",
+    note = "moved: use `ddp_core::launcher::WorkerContext`"
+)]
+pub type WorkerContext = crate::launcher::WorkerContext;
 
-/// Moved to [`ddp_core::launch::WorkerEnv`](crate::launch::WorkerEnv).
-#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launch::WorkerEnv`")]
-pub type WorkerEnv = crate::launch::WorkerEnv;
+/// Moved to [`ddp_core::launcher::WorkerEnv`](crate::launcher::WorkerEnv).
+#[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::WorkerEnv`")]
+pub type WorkerEnv = crate::launcher::WorkerEnv;
 
 /// Moved to [`ddp_core::nn::SyncBatchNorm`](crate::nn::SyncBatchNorm).
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::nn::SyncBatchNorm`")]

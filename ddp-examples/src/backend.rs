@@ -163,7 +163,7 @@ pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
     fn train<B: ddp_core::TapBackend>(
         self,
-        ctx: ddp_core::launch::WorkerContext,
+        ctx: ddp_core::launcher::WorkerContext,
         device: B::Device,
     ) -> Result<()>;
 }
@@ -172,7 +172,7 @@ pub trait TrainOn {
 /// and turns the outcome into an exit code (the launcher's error printed with the program name).
 pub fn run(
     name: &str,
-    launch: &ddp_core::launch::LaunchArgs,
+    launch: &ddp_core::launcher::LaunchArgs,
     kind: BackendKind,
     job: impl TrainOn,
 ) -> std::process::ExitCode {

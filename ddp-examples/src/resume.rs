@@ -14,7 +14,7 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use ddp_core::checkpoint::{FullCheckpointer, LoadOutcome, TrainingState};
 use ddp_core::data::DistributedDataLoader;
-use ddp_core::launch::WorkerContext;
+use ddp_core::launcher::WorkerContext;
 
 /// Where training continues: the first epoch to run, the global step count so far, and the
 /// checkpoint's training state when resuming.

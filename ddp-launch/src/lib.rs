@@ -1,7 +1,7 @@
 //! # ddp-launch
 //!
 //! Starting and supervising data-parallel jobs: burn's `torchrun`. This crate does not depend on
-//! burn, so the `ddp-run` binary builds without it; ddp-core re-exports it as `ddp_core::launch`.
+//! burn, so the `ddp-run` binary builds without it; ddp-core re-exports it as `ddp_core::launcher` (and its `launch` function as `ddp_core::launch`).
 //!
 //! Two front ends share one supervisor:
 //!

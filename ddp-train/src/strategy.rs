@@ -47,7 +47,7 @@ use burn_train::{
     SupervisedLearningStrategy, SupervisedTraining, SupervisedTrainingEventProcessor, TrainLoader,
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
-use ddp_core::launch::progress::ProgressSetting;
+use ddp_core::launcher::progress::ProgressSetting;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
@@ -883,7 +883,7 @@ impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<
             let dashboard = uses_dashboard(
                 cfg!(feature = "tui"),
                 std::io::stdout().is_terminal(),
-                ddp_core::launch::progress::claim_report_pipe(),
+                ddp_core::launcher::progress::claim_report_pipe(),
                 ProgressSetting::from_env(),
             );
             if dashboard {

@@ -9,7 +9,7 @@ fn same<T>(_: Option<T>, _: Option<T>) {}
 
 #[test]
 fn the_old_crate_root_paths_name_the_types_at_their_new_paths() {
-    use ddp_core::{amp, checkpoint, comm, data, launch, metrics, nn, progress, zero};
+    use ddp_core::{amp, checkpoint, comm, data, launcher, metrics, nn, progress, zero};
     type Flex = burn::backend::Flex;
     same(None::<ddp_core::ProcessGroup>, None::<comm::ProcessGroup>);
     same(
@@ -42,15 +42,23 @@ fn the_old_crate_root_paths_name_the_types_at_their_new_paths() {
         None::<ddp_core::DistributedDataLoaderBuilder<Flex, u8, u8>>,
         None::<data::DistributedDataLoaderBuilder<Flex, u8, u8>>,
     );
-    same(None::<ddp_core::LaunchArgs>, None::<launch::LaunchArgs>);
-    same(None::<ddp_core::LaunchError>, None::<launch::LaunchError>);
-    same(None::<ddp_core::LaunchPlan>, None::<launch::LaunchPlan>);
-    same(None::<ddp_core::NprocPerNode>, None::<launch::NprocPerNode>);
+    same(None::<ddp_core::LaunchArgs>, None::<launcher::LaunchArgs>);
+    same(None::<ddp_core::LaunchError>, None::<launcher::LaunchError>);
+    same(None::<ddp_core::LaunchPlan>, None::<launcher::LaunchPlan>);
+    same(
+        None::<ddp_core::NprocPerNode>,
+        None::<launcher::NprocPerNode>,
+    );
     same(
         None::<ddp_core::WorkerContext>,
-        None::<launch::WorkerContext>,
+        None::<launcher::WorkerContext>,
     );
-    same(None::<ddp_core::WorkerEnv>, None::<launch::WorkerEnv>);
+    same(None::<ddp_core::WorkerEnv>, None::<launcher::WorkerEnv>);
+    // The launcher's first module path, `ddp_core::launch`, renamed `ddp_core::launcher`.
+    same(
+        None::<ddp_core::launch::LaunchArgs>,
+        None::<launcher::LaunchArgs>,
+    );
     same(
         None::<ddp_core::SyncBatchNorm<Flex>>,
         None::<nn::SyncBatchNorm<Flex>>,

@@ -20,7 +20,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use clap::Parser;
 use ddp_core::data::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard};
-use ddp_core::launch::{LaunchArgs, LaunchError, WorkerContext};
+use ddp_core::launcher::{LaunchArgs, LaunchError, WorkerContext};
 use ddp_core::metrics::EvalTotals;
 use ddp_core::{DdpConfig, DistributedDataParallel};
 

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 use burn::tensor::FloatDType;
 use clap::{Parser, ValueEnum};
-use ddp_core::launch::LaunchArgs;
+use ddp_core::launcher::LaunchArgs;
 use ddp_examples::backend::{BackendKind, CollectivesArg};
 use ddp_examples::models::GptShape;
 use ddp_examples::reverse::VOCAB;

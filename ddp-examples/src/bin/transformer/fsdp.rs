@@ -16,7 +16,7 @@ use ddp_core::TapBackend;
 use ddp_core::checkpoint::sharded::ShardedCheckpointer;
 use ddp_core::checkpoint::{CheckpointConfig, LoadOutcome, TrainingState};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
-use ddp_core::launch::WorkerContext;
+use ddp_core::launcher::WorkerContext;
 use ddp_core::progress::EpochProgress;
 use ddp_examples::models::TinyGpt;
 use ddp_examples::resume::StartFrom;
