@@ -27,7 +27,9 @@
 //! A second DDP row runs the model with `layer_boundary` marks between its blocks, so buckets
 //! launch during backward; each DDP row also shows the share of its all-reduce time that ran
 //! while backward was still going (the timeline's overlap fraction, mean over the steps).
-//! `--collectives nccl` forces the NCCL reduction at world size 1 (its launch and copy overhead).
+//! `--collectives nccl` forces the NCCL reduction at world size 1 (its launch and copy overhead);
+//! with it (or `stand-in`, the engine on the CPU) a row of the same DDP with the local reduction
+//! (taps and bookkeeping, no engine) shows what the engine itself costs per step.
 //! `--sharded` adds a ZeRO-2 row and an FSDP row (their reduce-scatters and all-gathers on the
 //! same collectives), alternating with the other rows.
 //!
@@ -223,6 +225,26 @@ where
         DistributedDataParallel::new(TinyGpt::<B>::new(marked, &device), pg2, config.clone())?;
     let mut ddp_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
     let mut marked_opt = AdamConfig::new().init::<B, TinyGpt<B>>();
+    // With the device engine forced (NCCL or its stand-in), the same DDP with the local
+    // reduction (at world 1: taps and the step's bookkeeping, no engine): DDP (world 1) minus
+    // this row is the engine's own per-step cost.
+    let engine = matches!(
+        args.collectives,
+        CollectivesArg::Nccl | CollectivesArg::StandIn
+    );
+    let mut local = if engine {
+        let (server, pg) = world_of_one()?;
+        let host = config.clone().with_collectives(CollectivesArg::Host.into());
+        let ddp = DistributedDataParallel::new(TinyGpt::<B>::new(shape, &device), pg, host)?;
+        Some((
+            server,
+            ddp,
+            AdamConfig::new().init::<B, TinyGpt<B>>(),
+            RowTimes::default(),
+        ))
+    } else {
+        None
+    };
     let mut sharded = if args.sharded {
         Some(Sharded::new(&config, shape, &device)?)
     } else {
@@ -235,7 +257,15 @@ where
     // to plain burn is the median of its per-step ratios, with a distribution-free interval.
     // The first quarter of the steps warm up (the first step of each row is its cold start).
     let warmup = args.steps.div_ceil(4);
-    let rows = if sharded.is_some() { 6 } else { 4 };
+    // 0 plain, 1 synced, 2 DDP, 3 DDP with boundaries, then the optional rows.
+    let mut optional = Vec::new();
+    if local.is_some() {
+        optional.push(Optional::Local);
+    }
+    if sharded.is_some() {
+        optional.extend([Optional::Zero, Optional::Fsdp]);
+    }
+    let rows = 4 + optional.len();
     for step in 0..warmup + args.steps {
         let measured = step >= warmup;
         for slot in 0..rows {
@@ -276,15 +306,18 @@ where
                     measured,
                     &device,
                 )?,
-                row => {
-                    if let Some(sharded) = sharded.as_mut() {
-                        if row == 4 {
-                            sharded.zero_step(bt, b, measured, &device)?;
-                        } else {
-                            sharded.fsdp_step(bt, b, measured, &device)?;
-                        }
+                row => match (optional[row - 4], local.as_mut(), sharded.as_mut()) {
+                    (Optional::Local, Some((_, ddp, opt, times)), _) => {
+                        ddp_step(bt, b, ddp, opt, times, measured, &device)?
                     }
-                }
+                    (Optional::Zero, _, Some(sharded)) => {
+                        sharded.zero_step(bt, b, measured, &device)?
+                    }
+                    (Optional::Fsdp, _, Some(sharded)) => {
+                        sharded.fsdp_step(bt, b, measured, &device)?
+                    }
+                    _ => unreachable!("optional rows exist only with their state"),
+                },
             }
         }
     }
@@ -331,10 +364,14 @@ where
         ms(synced.first),
         interval
     );
-    for (label, row) in [
+    let mut ddp_rows = vec![
         ("DDP (world 1)", &wrapped),
         ("DDP, layer boundaries", &wrapped_marked),
-    ] {
+    ];
+    if let Some((_, _, _, times)) = local.as_ref() {
+        ddp_rows.push(("DDP, local reduction (no engine)", times));
+    }
+    for (label, row) in ddp_rows {
         let (ratio, interval) = row.ratio_to(&plain);
         println!(
             "  {:<34} {:>10.2} {:>12.3} {:>17.0}% {:>12.2} {:>14.1} {:>14}",
@@ -367,6 +404,14 @@ where
     }
     println!("# goal on a GPU: DDP / plain <= 1.03, >= 70% of all-reduce time overlapped");
     Ok(())
+}
+
+/// The rows a run may add to the four it always has.
+#[derive(Clone, Copy, Debug)]
+enum Optional {
+    Local,
+    Zero,
+    Fsdp,
 }
 
 /// One row's step times: the very first step (the cold start) and the measured ones, and for
