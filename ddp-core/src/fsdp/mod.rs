@@ -7,10 +7,10 @@
 //!
 //! - `config.rs`: [`FsdpConfig`], the units (module path prefixes).
 //! - `layout.rs`: which unit each parameter belongs to and where it sits in the unit's buffer.
-//! - `wrapper/`: the wrapper (gather, reduce-scatter, step, the whole model on demand); its
-//!   `backward.rs` and `unit_reducer.rs` here: backward, with each unit's reduce-scatter started
-//!   as soon as its gradients are complete (the taps and the depth plan are the engine's, shared
-//!   with DDP); its `checkpoint.rs`: sharded checkpoints that reshard on load.
+//! - `wrapper/`: the wrapper (gather, reduce-scatter, step, the whole model on demand), with
+//!   `backward.rs` (each unit's reduce-scatter started as soon as its gradients are complete,
+//!   through `unit_reducer.rs` here; the taps and the depth plan are the engine's, shared with
+//!   DDP) and `checkpoint.rs` (sharded checkpoints that reshard on load).
 //! - `state.rs`: the optimizer state cut from chunks into parameters and joined back.
 //!
 //! ```no_run
