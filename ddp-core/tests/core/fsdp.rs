@@ -532,3 +532,53 @@ fn units_reduce_scatter_while_backward_runs(config: &FsdpConfig) {
         }
     }
 }
+
+/// `layer_boundary` marks are active under FSDP too (its forward runs through the engine's
+/// passes, as DDP's does): they change no value, and each step's units still reduce-scatter
+/// during backward as without them. (In the first step the units launch in module order, so
+/// a mark cannot start fc2's unit before fc1's; from the second step anchored taps do that
+/// without marks.)
+#[test]
+fn layer_boundaries_under_fsdp_change_no_value() {
+    let run = |marked: bool| {
+        run_ranks(2, move |pg| {
+            let rank = pg.rank();
+            let device = Default::default();
+            let mut fsdp = FullyShardedDataParallel::new(model(rank), pg, units()).unwrap();
+            let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+            let mut history = Vec::new();
+            for step in 0..4 {
+                let (x, y) = batch(&indices(step, 2, rank), &device);
+                let pred = fsdp
+                    .forward(|m| {
+                        let h = m.act.forward(m.fc1.forward(x));
+                        let h = if marked {
+                            ddp_core::layer_boundary(h)
+                        } else {
+                            h
+                        };
+                        m.fc2.forward(h)
+                    })
+                    .unwrap();
+                let grads = fsdp
+                    .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+                    .unwrap();
+                let during = fsdp.last_step_stats().unwrap().reduced_during_backward;
+                fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+                history.push((during, flat_params(&fsdp.full_module().unwrap())));
+            }
+            history
+        })
+    };
+    let (plain, marked) = (run(false), run(true));
+    for (r, (plain, marked)) in plain.iter().zip(&marked).enumerate() {
+        assert_eq!(
+            plain, marked,
+            "rank {r}: the marks changed a value or a launch"
+        );
+        assert!(
+            marked[2..].iter().all(|(during, _)| *during == 2),
+            "rank {r}: fc2 and fc1 reduce-scatter during backward from the third step: {marked:?}"
+        );
+    }
+}
