@@ -6,7 +6,9 @@
 //! replaces both halves: rank 0 alone writes, each file to a temporary name, fsynced, renamed
 //! into place and the directory fsynced, so a file under its final name is always complete;
 //! on resume rank 0 reads the three files and broadcasts their bytes, and every rank decodes
-//! the same records. Only rank 0 ever touches the directory.
+//! the same records. Only rank 0 ever touches the directory. Both halves are ddp-core's
+//! checkpoint storage layer ([`write_file_atomically`], [`read_on_rank0`]), the one under
+//! `FullCheckpointer` and `ShardedCheckpointer` too.
 //!
 //! The files keep burn-train's layout (`checkpoint/{model,optim,scheduler}-<epoch>.mpk`, named
 //! MessagePack at full precision, so resuming is bitwise), which
@@ -16,8 +18,8 @@ use crate::error::{DdpTrainError, Result};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{Checkpointer, CheckpointerError};
+use ddp_core::checkpoint::storage::{read_on_rank0, write_file_atomically};
 use ddp_core::comm::ProcessGroup;
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,8 +30,6 @@ pub(crate) type CheckpointRecorder = NamedMpkBytesRecorder<FullPrecisionSettings
 
 /// The extension of checkpoint files (that of burn's `NamedMpkFileRecorder`).
 const EXTENSION: &str = "mpk";
-/// Temporary files start with this (hidden, and skipped by `latest_checkpoint`).
-const TMP_PREFIX: &str = ".tmp-";
 
 /// The three kinds of file a burn-train checkpoint consists of, in the order they are sent.
 pub(crate) const KINDS: [&str; 3] = ["model", "optim", "scheduler"];
@@ -56,56 +56,6 @@ pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<Pat
         .chain(&[POSITION])
         .map(|kind| step_file_path(steps_dir, kind, epoch, step))
         .collect()
-}
-
-/// Writes a file atomically: `fill` writes a temporary file next to `path`, which is fsynced
-/// and renamed over `path`, then the directory is fsynced. A crash (or a failing `fill`) at any
-/// point leaves `path` as it was, never cut short; the temporary file is removed on failure
-/// (after a crash, the next start removes it: see [`remove_temporaries`]).
-pub(crate) fn write_atomically(
-    path: &Path,
-    fill: impl FnOnce(&mut File) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
-    let written = (|| {
-        let mut file = File::create(&tmp)?;
-        fill(&mut file)?;
-        file.flush()?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // The rename itself must reach the disk, or a power loss could bring back the old name.
-        File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-/// Removes temporary files a crash left in `checkpoint_dir` (best effort: they are ignored by
-/// readers anyway).
-pub(crate) fn remove_temporaries(checkpoint_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(checkpoint_dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
-            let path = entry.path();
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    tracing::debug!(path = %path.display(), "removed a leftover temporary checkpoint file")
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "could not remove a leftover temporary checkpoint file")
-                }
-            }
-        }
-    }
 }
 
 /// The first checkpoint write that failed, shared between the writer threads and the strategy
@@ -176,14 +126,20 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
                 });
                 CheckpointerError::Unknown(e.to_string())
             })?;
-        let written = std::fs::create_dir_all(&self.dir)
-            .and_then(|()| write_atomically(&path, |f| f.write_all(&bytes)));
-        written.map_err(|e| {
+        std::fs::create_dir_all(&self.dir).map_err(|e| {
             self.record_failure(DdpTrainError::Checkpoint {
                 path: path.clone(),
-                reason: format!("writing: {e}"),
+                reason: format!("creating its directory: {e}"),
             });
             CheckpointerError::IOError(e)
+        })?;
+        write_file_atomically(&path, |f| f.write_all(&bytes)).map_err(|e| {
+            let message = e.to_string();
+            self.record_failure(DdpTrainError::storage(format!(
+                "saving the {} record",
+                self.kind
+            ))(e));
+            CheckpointerError::Unknown(message)
         })?;
         tracing::debug!(path = %path.display(), bytes = bytes.len(), "checkpoint file written");
         Ok(())
@@ -211,78 +167,22 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
     }
 }
 
-/// The bytes of the files `paths` (a checkpoint's), read by rank 0 and broadcast, so the
-/// other ranks need not see its directory. `what` names the checkpoint in errors.
+/// The bytes of the files `paths` (a checkpoint's), read by rank 0 and broadcast
+/// ([`read_on_rank0`]), so the other ranks need not see its directory. `what` names the
+/// checkpoint in errors.
 ///
 /// # Collective
 /// Every rank calls it with the same number of paths.
 ///
 /// # Errors
-/// On rank 0, a file it cannot read; on the others, that rank 0 could not (with its reason
-/// in rank 0's log); a failed broadcast.
+/// On rank 0, a file it cannot read; on the others, that rank 0 could not (with its reason);
+/// a failed broadcast.
 pub(crate) fn fetch_from_rank0(
     pg: &ProcessGroup,
     paths: &[PathBuf],
     what: &str,
 ) -> Result<Vec<Vec<u8>>> {
-    let rank0 = pg.rank() == 0;
-    let mut files: Vec<Vec<u8>> = Vec::new();
-    let mut failure = None;
-    if rank0 {
-        for path in paths {
-            match std::fs::read(path) {
-                Ok(bytes) => files.push(bytes),
-                Err(e) => {
-                    failure = Some(DdpTrainError::Checkpoint {
-                        path: path.clone(),
-                        reason: format!("reading: {e}"),
-                    });
-                    break;
-                }
-            }
-        }
-    }
-    // Lengths first (-1: rank 0 failed), then the bytes in one broadcast.
-    let mut lengths = vec![-1i64; paths.len()];
-    if rank0 && failure.is_none() {
-        for (length, bytes) in lengths.iter_mut().zip(&files) {
-            *length = bytes.len() as i64;
-        }
-    }
-    let context = format!("receiving {what} from rank 0");
-    if pg.world_size() > 1 {
-        pg.broadcast(&mut lengths, 0)
-            .map_err(DdpTrainError::comm(context.clone()))?;
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if lengths.iter().any(|&l| l < 0) {
-        return Err(DdpTrainError::Resume(format!(
-            "rank 0 could not read {what} (its log says why)"
-        )));
-    }
-    if pg.world_size() > 1 {
-        let mut all: Vec<u8> = if rank0 {
-            files.concat()
-        } else {
-            vec![0; lengths.iter().map(|&l| l as usize).sum()]
-        };
-        pg.broadcast(&mut all, 0)
-            .map_err(DdpTrainError::comm(context))?;
-        if !rank0 {
-            let mut at = 0;
-            files = lengths
-                .iter()
-                .map(|&l| {
-                    let part = all[at..at + l as usize].to_vec();
-                    at += l as usize;
-                    part
-                })
-                .collect();
-        }
-    }
-    Ok(files)
+    read_on_rank0(pg, paths).map_err(DdpTrainError::storage(format!("resuming from {what}")))
 }
 
 /// Decodes one checkpoint file's bytes.
@@ -341,28 +241,7 @@ pub fn resume_epoch(pg: &ProcessGroup, dir: impl AsRef<Path>) -> Result<Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_write_that_fails_halfway_leaves_the_previous_file_whole() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("model-1.mpk");
-        write_atomically(&path, |f| f.write_all(b"the complete epoch-1 model")).expect("write");
-        // A crash mid-write, as a failing writer: half the bytes, then an error.
-        let failed = write_atomically(&path, |f| {
-            f.write_all(b"half of a ")?;
-            Err(std::io::Error::other("killed mid-write"))
-        });
-        assert!(failed.is_err());
-        assert_eq!(
-            std::fs::read(&path).expect("the old file"),
-            b"the complete epoch-1 model"
-        );
-        let names: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("listing")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["model-1.mpk"], "no temporary file left");
-    }
+    use ddp_core::checkpoint::storage::remove_temporary_files;
 
     #[test]
     fn leftover_temporaries_are_not_checkpoints_and_are_removed() {
@@ -372,14 +251,11 @@ mod tests {
         for kind in KINDS {
             std::fs::write(file_path(&ckpt, kind, 1), b"whole").expect("write");
             // Epoch 2 was being written when the process died.
-            std::fs::write(
-                ckpt.join(format!("{TMP_PREFIX}{kind}-2.mpk-1234")),
-                b"cut sh",
-            )
-            .expect("write");
+            std::fs::write(ckpt.join(format!(".tmp-{kind}-2.mpk-1234")), b"cut sh").expect("write");
         }
         assert_eq!(crate::latest_checkpoint(dir.path()).expect("read"), Some(1));
-        remove_temporaries(&ckpt);
+        assert_eq!(remove_temporary_files(&ckpt), 3);
         assert_eq!(std::fs::read_dir(&ckpt).expect("listing").count(), 3);
+        assert_eq!(crate::latest_checkpoint(dir.path()).expect("read"), Some(1));
     }
 }

@@ -1,5 +1,6 @@
 //! Errors of the DDP training strategy.
 
+use ddp_core::checkpoint::CheckpointError;
 use ddp_core::{DdpError, comm::CommError, data::DataError};
 
 /// What can go wrong while training with [`DdpStrategy`](crate::DdpStrategy) or loading with
@@ -74,6 +75,16 @@ pub enum DdpTrainError {
         /// What went wrong.
         reason: String,
     },
+    /// ddp-core's checkpoint storage layer failed to write a file atomically or to read
+    /// rank 0's files to every rank (the error names the file, or rank 0's failure).
+    #[error("{context}: {source}")]
+    CheckpointStorage {
+        /// What this rank was doing.
+        context: String,
+        /// The storage layer's error (boxed, as [`Ddp`](Self::Ddp)'s).
+        #[source]
+        source: Box<CheckpointError>,
+    },
     /// The ranks cannot resume together: they were given different epochs to resume from, or
     /// rank 0 could not provide the checkpoint.
     #[error("resuming: {0}")]
@@ -100,6 +111,17 @@ impl DdpTrainError {
     pub(crate) fn ddp(context: impl Into<String>) -> impl FnOnce(DdpError) -> Self {
         let context = context.into();
         move |source| DdpTrainError::Ddp {
+            context,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl DdpTrainError {
+    /// Wraps a [`CheckpointError`] of the storage layer with what this rank was doing.
+    pub(crate) fn storage(context: impl Into<String>) -> impl FnOnce(CheckpointError) -> Self {
+        let context = context.into();
+        move |source| DdpTrainError::CheckpointStorage {
             context,
             source: Box::new(source),
         }

@@ -11,7 +11,6 @@
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, POSITION, STEPS_DIR, step_file_path, step_files,
-    write_atomically,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -20,6 +19,7 @@ use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{AsyncCheckpointer, CheckpointingAction, CheckpointingStrategy};
 use burn_train::metric::store::EventStoreClient;
 use burn_train::{Interrupter, Learner, LearningCheckpointer};
+use ddp_core::checkpoint::storage::write_file_atomically;
 use ddp_core::comm::ProcessGroup;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -263,12 +263,8 @@ impl StepCheckpointer {
             return Err(e);
         }
         let path = step_file_path(&self.steps_dir, POSITION, epoch, step);
-        write_atomically(&path, |f| f.write_all(position.encode().as_bytes())).map_err(|e| {
-            DdpTrainError::Checkpoint {
-                path: path.clone(),
-                reason: format!("writing: {e}"),
-            }
-        })?;
+        write_file_atomically(&path, |f| f.write_all(position.encode().as_bytes()))
+            .map_err(DdpTrainError::storage("saving the loader position"))?;
         tracing::info!(
             epoch,
             step,

@@ -23,7 +23,7 @@
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, KINDS, STEPS_DIR, decode, fetch_from_rank0, file_path,
-    remove_temporaries, step_files,
+    step_files,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -47,6 +47,7 @@ use burn_train::{
     SupervisedLearningStrategy, SupervisedTraining, SupervisedTrainingEventProcessor, TrainLoader,
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
+use ddp_core::checkpoint::storage::remove_temporary_files;
 use ddp_core::launcher::progress::ProgressSetting;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
@@ -290,7 +291,7 @@ impl DdpStrategy {
                     );
                 }
                 let dir = dir.join("checkpoint");
-                remove_temporaries(&dir);
+                remove_temporary_files(&dir);
                 Some(atomic_checkpointer::<LC>(
                     &dir,
                     &failure,

@@ -10,10 +10,10 @@
 
 use super::error::CheckpointError;
 use super::full_checkpointer::FullCheckpointer;
-use super::naming::TMP_PREFIX;
 use super::sharded::ShardedCheckpointer;
-use super::sync::{broadcast_bytes, on_rank0};
-use super::writer::{rename, sync_dir, write_synced};
+use super::storage::durable::{rename, sync_dir, write_synced};
+use super::storage::naming::TMP_PREFIX;
+use super::storage::rank0::{broadcast_bytes, on_rank0};
 use ddp_comm::ProcessGroup;
 use std::path::Path;
 

@@ -3,15 +3,18 @@
 use super::codec::{encode_model, encode_optimizer};
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::lock::DirLock;
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
-use super::naming::{checkpoint_name, list_checkpoints};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
-use super::reader::{find_latest_valid, read_latest, read_one};
-use super::set_aside::{any_exists, set_aside_all};
+use super::reader::{find_latest_valid, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir};
-use super::writer::{check_not_backwards, prune, remove_newer_than, write_checkpoint};
+use super::storage::directory::{check_not_backwards, prune, read_latest, remove_newer_than};
+use super::storage::lock::DirLock;
+use super::storage::naming::{checkpoint_name, list_checkpoints};
+use super::storage::rank0::{
+    agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir,
+};
+use super::storage::set_aside::{any_exists, set_aside_all};
+use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
@@ -156,7 +159,7 @@ impl FullCheckpointer {
         let started = std::time::Instant::now();
         let dir = self.config.dir();
         // Before serialising anything: a save below a newer valid checkpoint is refused.
-        check_not_backwards(dir, state.global_step)?;
+        check_not_backwards(dir, state.global_step, read_one)?;
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
         let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let state_file = StateFile {

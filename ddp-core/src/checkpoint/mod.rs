@@ -153,20 +153,16 @@ mod canonical;
 mod codec;
 mod config;
 mod crash_point;
-mod durable;
 mod error;
 mod fresh_start;
 mod full_checkpointer;
-mod lock;
 mod manifest;
-mod naming;
 mod outcome;
 mod reader;
 mod restore;
-mod set_aside;
 pub mod sharded;
 mod state;
-mod sync;
+pub mod storage;
 mod writer;
 
 pub use config::{CheckpointConfig, run_config_hash};
@@ -175,14 +171,14 @@ pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 pub use fresh_start::FRESH_START_FILE;
 pub use full_checkpointer::FullCheckpointer;
-pub use lock::LOCK_FILE;
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
-pub use naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
-pub use set_aside::INVALID_SUFFIX;
-pub(crate) use sync::{all_gather_bytes, all_succeeded};
+pub use storage::lock::LOCK_FILE;
+pub use storage::naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
+pub(crate) use storage::rank0::{all_gather_bytes, all_succeeded};
+pub use storage::set_aside::INVALID_SUFFIX;
 
 pub use state::{FRAMEWORK_VERSION, TrainingState};

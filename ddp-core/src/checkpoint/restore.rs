@@ -11,7 +11,7 @@ use super::manifest::{
 use super::outcome::{CheckpointInfo, Resumed};
 use super::reader::{FoundCheckpoint, parse_state, read_one};
 use super::state::FRAMEWORK_VERSION;
-use super::sync::{all_succeeded, broadcast_bytes};
+use super::storage::rank0::{all_succeeded, broadcast_bytes};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;

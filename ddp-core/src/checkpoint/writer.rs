@@ -8,18 +8,22 @@
 //!    crash never leaves a half-deleted checkpoint under a checkpoint name).
 //!
 //! Before all this, a save below a newer valid checkpoint is refused
-//! ([`check_not_backwards`]): `latest` never moves backwards.
+//! ([`check_not_backwards`]): `latest` never moves backwards. Steps 3 and 4 and that check are
+//! the [storage layer's](super::storage::directory), shared with sharded checkpoints.
 //!
 //! A crash at any point leaves the previous checkpoint and the previous `latest` intact;
 //! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
+//!
+//! [`check_not_backwards`]: super::storage::directory::check_not_backwards
+//! [`clean_temporaries`]: super::storage::directory::clean_temporaries
 
 use super::crash_point::crash_point;
-pub(crate) use super::durable::{rename, sync_dir, write_synced};
 use super::error::CheckpointError;
-use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ReadFailure};
-use super::naming::{LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, read_dir};
-use super::set_aside::set_aside;
+use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::state::FRAMEWORK_VERSION;
+use super::storage::directory::write_latest;
+use super::storage::durable::{ensure_dir, remove_path, rename, sync_dir, write_synced};
+use super::storage::naming::{TMP_PREFIX, TRASH_PREFIX};
 use std::path::{Path, PathBuf};
 
 /// Writes `files` as checkpoint `name` in `dir` and points `latest` at it; returns the
@@ -107,154 +111,4 @@ fn fill_temporary(
     write_synced(&tmp.join(MANIFEST_FILE), &manifest_bytes)?;
     sync_dir(tmp)?;
     Ok(manifest)
-}
-
-/// Atomically makes `<dir>/latest` contain `name`.
-pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError> {
-    let tmp = dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{}", std::process::id()));
-    write_synced(&tmp, format!("{name}\n").as_bytes())?;
-    crash_point("before-latest");
-    rename(&tmp, &dir.join(LATEST_FILE))?;
-    sync_dir(dir)
-}
-
-/// Refuses a save at `step` while a newer *valid* checkpoint exists in `dir`: committing it
-/// would move `latest` backwards, below a checkpoint the reader then prefers anyway. Newer
-/// checkpoints that fail verification (corrupt) do not block the save; they are set aside
-/// (renamed, never deleted: see [`set_aside`]). A newer checkpoint that cannot be read (I/O
-/// error) fails the save: it may well be valid.
-pub(crate) fn check_not_backwards(dir: &Path, step: u64) -> Result<(), CheckpointError> {
-    let mut newer: Vec<(u64, String)> = list_checkpoints(dir)?
-        .into_iter()
-        .filter(|(s, _)| *s > step)
-        .collect();
-    newer.sort_by(|a, b| b.cmp(a));
-    for (_, name) in newer {
-        match super::reader::read_one(dir, &name) {
-            Ok(_) => {
-                return Err(CheckpointError::NewerCheckpointExists {
-                    step,
-                    newer: name,
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err(ReadFailure::Invalid(reason)) => {
-                set_aside(dir, &name, &reason)?;
-            }
-            Err(io) => return Err(io.into_error(&name, dir)),
-        }
-    }
-    Ok(())
-}
-
-/// Removes every checkpoint with a step above `step` (each renamed away first) and points
-/// `latest` at the newest remaining one (or removes it when none remains); returns the removed
-/// names, oldest first. The explicit way to rewind a run, since a save never moves `latest`
-/// below a newer valid checkpoint.
-pub(crate) fn remove_newer_than(dir: &Path, step: u64) -> Result<Vec<String>, CheckpointError> {
-    let mut all = list_checkpoints(dir)?;
-    all.sort();
-    let mut removed = Vec::new();
-    for (_, name) in all.iter().filter(|(s, _)| *s > step) {
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
-        rename(&dir.join(name), &trash)?;
-        remove_path(&trash)?;
-        removed.push(name.clone());
-    }
-    match all.iter().rfind(|(s, _)| *s <= step) {
-        Some((_, newest)) => write_latest(dir, newest)?,
-        None => match std::fs::remove_file(dir.join(LATEST_FILE)) {
-            Ok(()) => sync_dir(dir)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(CheckpointError::Remove {
-                    path: dir.join(LATEST_FILE),
-                    source,
-                });
-            }
-        },
-    }
-    if !removed.is_empty() {
-        sync_dir(dir)?;
-    }
-    Ok(removed)
-}
-
-/// Removes every checkpoint at or below the one just saved (`newest_step`) but the newest
-/// `keep`; returns the removed names. Checkpoints found invalid were set aside under another
-/// name before (at load, or by [`check_not_backwards`]), so they neither count nor go; one
-/// newer than `newest_step` is left alone (it can only have appeared since that check).
-pub(crate) fn prune(
-    dir: &Path,
-    keep: usize,
-    newest_step: u64,
-) -> Result<Vec<String>, CheckpointError> {
-    let mut names: Vec<(u64, String)> = list_checkpoints(dir)?;
-    names.sort_by(|a, b| b.cmp(a)); // newest first
-    let mut kept = 0usize;
-    let mut doomed = Vec::new();
-    for (step, name) in names {
-        if step > newest_step {
-            continue;
-        }
-        if kept < keep {
-            kept += 1;
-        } else {
-            doomed.push(name);
-        }
-    }
-    doomed.reverse(); // oldest first, as before
-    let mut removed = Vec::new();
-    for name in doomed {
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
-        rename(&dir.join(&name), &trash)?;
-        crash_point("during-prune");
-        remove_path(&trash)?;
-        removed.push(name);
-    }
-    if !removed.is_empty() {
-        sync_dir(dir)?;
-    }
-    Ok(removed)
-}
-
-/// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`); returns the paths.
-pub(crate) fn clean_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
-    let mut removed = Vec::new();
-    for entry in read_dir(dir)? {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
-            let path = entry.path();
-            remove_path(&path)?;
-            removed.push(path);
-        }
-    }
-    Ok(removed)
-}
-
-/// Creates `dir` (and parents) if needed, fsyncing the parent of a new directory.
-pub(crate) fn ensure_dir(dir: &Path) -> Result<(), CheckpointError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::CreateDir {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => sync_dir(parent),
-        None => Ok(()),
-    }
-}
-
-fn remove_path(path: &Path) -> Result<(), CheckpointError> {
-    let result = if path.is_dir() {
-        std::fs::remove_dir_all(path)
-    } else {
-        std::fs::remove_file(path)
-    };
-    result.map_err(|source| CheckpointError::Remove {
-        path: path.to_path_buf(),
-        source,
-    })
 }

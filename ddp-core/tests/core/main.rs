@@ -15,6 +15,7 @@ mod checkpoint_lock;
 mod checkpoint_rotation;
 mod checkpoint_set_aside;
 mod checkpoint_sharded;
+mod checkpoint_storage;
 mod checkpoint_world_size;
 mod ddp_buckets;
 mod ddp_equivalence;

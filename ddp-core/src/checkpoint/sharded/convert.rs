@@ -41,7 +41,7 @@ where
     O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
     R: Record<B>,
 {
-    if super::super::naming::parse_checkpoint_name(name).is_none() {
+    if super::super::storage::naming::parse_checkpoint_name(name).is_none() {
         return Err(CheckpointError::InvalidName {
             name: name.to_string(),
             reason: "a checkpoint name is step-<global step>",

@@ -7,17 +7,16 @@ use super::super::codec::decode_model;
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
-use super::super::set_aside::any_exists;
 use super::super::state::FRAMEWORK_VERSION;
-use super::super::sync::broadcast_bytes;
-use super::super::sync::{all_succeeded, on_rank0};
+use super::super::storage::directory::newest_valid;
+use super::super::storage::rank0::{all_succeeded, broadcast_bytes, on_rank0};
+use super::super::storage::set_aside::any_exists;
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
-use super::manifest::{ShardedManifest, read_manifest, read_verified};
+use super::manifest::{ShardedManifest, read_manifest, read_verified, verify_checkpoint};
 use super::ownership::Ownership;
 use super::safetensors;
 use super::save::ShardedCheckpointer;
-use super::search::find_latest_valid;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -122,7 +121,7 @@ impl ShardedCheckpointer {
         validate_name(name)?;
         let dir = self.config.dir().to_path_buf();
         on_rank0::<_, ShardedCheckpointError>(&self.pg, "verify the checkpoint", || {
-            super::manifest::verify_all(&dir.join(name))
+            verify_checkpoint(&dir, name)
                 .map(|_| ())
                 .map_err(|e| e.into_error(name, &dir).into())
         })?;
@@ -150,7 +149,8 @@ impl ShardedCheckpointer {
             || {
                 // Invalid ones are listed here and set aside (renamed, never deleted) by the
                 // next save's check that `latest` never moves backwards.
-                let (found, invalid) = find_latest_valid(&dir)?;
+                let search = newest_valid(&dir, verify_checkpoint)?;
+                let (found, invalid) = (search.found, search.invalid);
                 if found.is_none() && any_exists(&invalid) {
                     // As for rank-0 checkpoints: never start fresh over a run's checkpoints.
                     return Err(CheckpointError::NoValidCheckpoint {
@@ -160,7 +160,7 @@ impl ShardedCheckpointer {
                     .into());
                 }
                 let header = Header {
-                    name: found,
+                    name: found.map(|(name, _)| name),
                     invalid,
                 };
                 serde_json::to_vec(&header)

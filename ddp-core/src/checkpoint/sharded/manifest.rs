@@ -177,6 +177,13 @@ pub(super) fn read_verified(
     Ok(bytes)
 }
 
+/// Verifies sharded checkpoint `name` of `dir`: what the storage layer's search and "never
+/// backwards" check ask of this format. A checkpoint is valid when its manifest parses and
+/// every shard file has the size and sha256 the manifest lists.
+pub(super) fn verify_checkpoint(dir: &Path, name: &str) -> Result<ShardedManifest, ReadFailure> {
+    verify_all(&dir.join(name))
+}
+
 /// Reads the manifest of `dir` and verifies every shard file (size and sha256).
 pub(super) fn verify_all(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
     let manifest = read_manifest(dir)?;

@@ -107,13 +107,11 @@
 mod codec;
 mod convert;
 mod error;
-mod fs;
 mod load;
 mod manifest;
 mod ownership;
 mod safetensors;
 mod save;
-mod search;
 
 pub use convert::convert_to_full;
 pub use error::ShardedCheckpointError;

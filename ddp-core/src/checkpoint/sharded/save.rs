@@ -6,22 +6,22 @@ use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::CheckpointError;
 use super::super::manifest::FileEntry;
-use super::super::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::super::sync::{agree_on_step, all_gather_bytes, broadcast_bytes};
-use super::super::sync::{all_succeeded, on_rank0, prepare_dir};
-use super::super::writer::{prune, write_latest};
+use super::super::storage::directory::{check_not_backwards, prune, write_latest};
+use super::super::storage::durable::{fresh_dir, remove_path, rename, sync_dir, write_synced};
+use super::super::storage::lock::DirLock;
+use super::super::storage::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
+use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_bytes};
+use super::super::storage::rank0::{all_succeeded, on_rank0, prepare_dir};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
-use super::fs::{fresh_dir, remove_path, rename, sync_dir, write_synced};
 use super::manifest::{
     SHARDED_FORMAT_VERSION, SHARDED_MANIFEST_FILE, ShardEntry, ShardedManifest, TensorEntry,
-    model_shard_file, optimizer_shard_file,
+    model_shard_file, optimizer_shard_file, verify_checkpoint,
 };
 use super::ownership::Ownership;
 use super::safetensors;
-use super::search::check_not_backwards;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -58,7 +58,7 @@ pub struct ShardedCheckpointer {
     pub(super) pg: ProcessGroup,
     /// Rank 0's lock on the directory (one job per directory), held for this checkpointer's
     /// life.
-    _lock: Option<super::super::lock::DirLock>,
+    _lock: Option<DirLock>,
 }
 
 /// Whose optimizer state a rank passes to the save.
@@ -164,7 +164,7 @@ impl ShardedCheckpointer {
         let name = checkpoint_name(step);
         let staging = dir.join(format!("{TMP_PREFIX}{name}-sharded"));
         on_rank0::<_, ShardedCheckpointError>(&self.pg, "prepare the staging directory", || {
-            check_not_backwards(&dir, step)?;
+            check_not_backwards(&dir, step, verify_checkpoint)?;
             fresh_dir(&staging)?;
             Ok(())
         })?;

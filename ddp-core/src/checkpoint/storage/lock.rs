@@ -8,7 +8,7 @@
 //! dies, however it dies, so a killed job never leaves the directory locked; and nothing in the
 //! directory is removed (leftovers, `--fresh`) before the lock is held.
 
-use super::error::CheckpointError;
+use super::super::error::CheckpointError;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::Path;

@@ -7,8 +7,8 @@
 //! longer see it: retention counts valid checkpoints only, and a later save of the same step
 //! cannot replace it. Renaming it back resumes it.
 
+use super::super::error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 use super::durable::{rename, sync_dir};
-use super::error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 use std::path::Path;
 
 /// The suffix of a checkpoint set aside as invalid.

@@ -2,10 +2,12 @@
 //! how its part went, rank 0 broadcasting what it read, and every rank agreeing that all of
 //! them succeeded (so no rank trains on while another failed).
 
-use super::error::CheckpointError;
+use super::super::error::CheckpointError;
+use super::directory::clean_temporaries;
+use super::durable::ensure_dir;
 use super::lock::{DirLock, lock_dir};
-use super::writer::{clean_temporaries, ensure_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
+use std::path::{Path, PathBuf};
 
 /// Fails on every rank, identically, unless all ranks pass the same `step`.
 pub(crate) fn agree_on_step(pg: &ProcessGroup, step: u64) -> Result<(), CheckpointError> {
@@ -84,7 +86,7 @@ pub(crate) fn on_rank0<T, E: From<CheckpointError> + std::fmt::Display>(
 /// how it went. Rank 0 gets the lock, to keep for the checkpointer's life.
 pub(crate) fn prepare_dir(
     pg: &ProcessGroup,
-    dir: &std::path::Path,
+    dir: &Path,
     kind: &str,
 ) -> Result<Option<DirLock>, CheckpointError> {
     on_rank0(pg, "prepare the checkpoint directory", || {
@@ -145,4 +147,57 @@ pub(crate) fn all_gather_bytes(
             broadcast_bytes(pg, payload, root, "gathering per-rank state")
         })
         .collect()
+}
+
+/// Rank 0 reads the files at `paths` and every rank receives their bytes, in order: the other
+/// ranks need not see rank 0's filesystem. For checkpoint files read outside a checkpointer,
+/// such as ddp-train's burn-train files (a checkpointer verifies a whole checkpoint first).
+///
+/// # Collective
+/// Every rank calls it with the same number of paths (only rank 0's paths are read).
+///
+/// # Errors
+/// On rank 0, [`CheckpointError::Read`] naming the file it cannot read; on the others,
+/// [`CheckpointError::Rank0Failed`] with that message; [`CheckpointError::Comm`] when a
+/// broadcast fails.
+pub fn read_on_rank0(
+    pg: &ProcessGroup,
+    paths: &[PathBuf],
+) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let files = on_rank0(pg, "read the checkpoint files", || {
+        paths
+            .iter()
+            .map(|path| {
+                std::fs::read(path).map_err(|source| CheckpointError::Read {
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()
+    })?;
+    let mut lengths = vec![0i64; paths.len()];
+    if let Some(files) = &files {
+        for (length, bytes) in lengths.iter_mut().zip(files) {
+            *length = bytes.len() as i64;
+        }
+    }
+    let context = "receiving checkpoint files from rank 0";
+    pg.broadcast(&mut lengths, 0)
+        .map_err(CheckpointError::comm(context))?;
+    let all = broadcast_bytes(
+        pg,
+        files.map(|f| f.concat()).unwrap_or_default(),
+        0,
+        context,
+    )?;
+    let mut at = 0;
+    Ok(lengths
+        .iter()
+        .map(|&length| {
+            let end = (at + length.max(0) as usize).min(all.len());
+            let part = all[at..end].to_vec();
+            at = end;
+            part
+        })
+        .collect())
 }

@@ -3,7 +3,7 @@
 //! checkpoints in it. Shared by the writer and the reader, so that neither depends on the
 //! other for it.
 
-use super::error::CheckpointError;
+use super::super::error::CheckpointError;
 use std::path::Path;
 
 /// The pointer file naming the newest complete checkpoint.

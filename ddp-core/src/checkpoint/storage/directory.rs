@@ -1,0 +1,236 @@
+//! The checkpoint directory as a whole, for both formats (rank-0 and sharded): the `latest`
+//! pointer, the search for the newest valid checkpoint, the "never backwards" rule, keep-last-K
+//! pruning, rewinding, and the removal of an interrupted writer's leftovers. A format says only
+//! how one checkpoint is verified (the `verify` argument).
+//!
+//! The newest valid checkpoint wins: every checkpoint is tried, newest first, and `latest` is
+//! only a hint (a `latest` naming a missing checkpoint is reported as such). A complete
+//! checkpoint newer than `latest` was committed by its rename; the writer died before moving
+//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error
+//! stops it (see [`ReadFailure`]).
+
+use super::super::crash_point::crash_point;
+use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::manifest::ReadFailure;
+use super::durable::{remove_path, rename, sync_dir, write_synced};
+use super::naming::{
+    LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, parse_checkpoint_name, read_dir,
+};
+use super::set_aside::set_aside;
+use std::path::{Path, PathBuf};
+
+/// The name `<dir>/latest` holds, if it exists and names a checkpoint. `latest` is only a hint
+/// (the search tries every checkpoint), so one that names no checkpoint, UTF-8 or not, is
+/// ignored with a warning instead of failing the load.
+pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError> {
+    let path = dir.join(LATEST_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let name = text.trim();
+            if parse_checkpoint_name(name).is_some() {
+                Ok(Some(name.to_string()))
+            } else {
+                tracing::warn!(path = %path.display(), content = name, "ignoring a latest pointer that names no checkpoint");
+                Ok(None)
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(CheckpointError::Read { path, source }),
+    }
+}
+
+/// Atomically makes `<dir>/latest` contain `name`.
+pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError> {
+    let tmp = dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{}", std::process::id()));
+    write_synced(&tmp, format!("{name}\n").as_bytes())?;
+    crash_point("before-latest");
+    rename(&tmp, &dir.join(LATEST_FILE))?;
+    sync_dir(dir)
+}
+
+/// What the search for the newest valid checkpoint found.
+#[derive(Debug)]
+pub(crate) struct NewestValid<T> {
+    /// The checkpoint's name and what `verify` returned for it.
+    pub(crate) found: Option<(String, T)>,
+    /// Every invalid checkpoint tried before it, newest first.
+    pub(crate) invalid: Vec<InvalidCheckpoint>,
+}
+
+/// The newest checkpoint of `dir` that `verify(dir, name)` accepts, with what `verify`
+/// returned, and every invalid one tried before it (each with a warning).
+///
+/// # Errors
+/// Listing `dir` or reading `latest` fails, or `verify` meets an I/O error rather than
+/// corruption ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from older
+/// state than what is on disk.
+pub(crate) fn newest_valid<T>(
+    dir: &Path,
+    verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
+) -> Result<NewestValid<T>, CheckpointError> {
+    let mut all = list_checkpoints(dir)?;
+    let latest = read_latest(dir)?;
+    let latest_step = latest.as_deref().and_then(parse_checkpoint_name);
+    if let (Some(name), Some(step)) = (&latest, latest_step)
+        && !all.iter().any(|(_, n)| n == name)
+    {
+        // Tried (and reported as missing) in its place.
+        all.push((step, name.clone()));
+    }
+    all.sort_by(|a, b| b.cmp(a)); // newest first
+    let mut invalid = Vec::new();
+    for (step, name) in all {
+        if latest_step.is_some_and(|latest_step| step > latest_step) {
+            tracing::warn!(
+                checkpoint = %name,
+                latest = ?latest,
+                "checkpoint {name} is newer than `latest` (the writer stopped before moving the pointer); using it if valid"
+            );
+        }
+        match verify(dir, &name) {
+            Ok(found) => {
+                return Ok(NewestValid {
+                    found: Some((name, found)),
+                    invalid,
+                });
+            }
+            Err(ReadFailure::Invalid(reason)) => {
+                tracing::warn!(
+                    checkpoint = %name,
+                    dir = %dir.display(),
+                    %reason,
+                    "skipping invalid checkpoint {name}: {reason}; trying the previous one"
+                );
+                invalid.push(InvalidCheckpoint {
+                    name,
+                    reason,
+                    set_aside: None,
+                });
+            }
+            Err(io) => {
+                let err = io.into_error(&name, dir);
+                tracing::error!(checkpoint = %name, error = %err, "cannot read checkpoint {name}; not falling back");
+                return Err(err);
+            }
+        }
+    }
+    Ok(NewestValid {
+        found: None,
+        invalid,
+    })
+}
+
+/// Refuses a save at `step` while a checkpoint newer than it that `verify` accepts exists in
+/// `dir`: committing it would move `latest` backwards, below a checkpoint the reader then
+/// prefers anyway. Newer checkpoints that fail verification (corrupt) do not block the save;
+/// they are set aside (renamed, never deleted: see [`set_aside`]). A newer checkpoint that
+/// cannot be read (I/O error) fails the save: it may well be valid.
+pub(crate) fn check_not_backwards<T>(
+    dir: &Path,
+    step: u64,
+    verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
+) -> Result<(), CheckpointError> {
+    let mut newer: Vec<(u64, String)> = list_checkpoints(dir)?
+        .into_iter()
+        .filter(|(s, _)| *s > step)
+        .collect();
+    newer.sort_by(|a, b| b.cmp(a));
+    for (_, name) in newer {
+        match verify(dir, &name) {
+            Ok(_) => {
+                return Err(CheckpointError::NewerCheckpointExists {
+                    step,
+                    newer: name,
+                    dir: dir.to_path_buf(),
+                });
+            }
+            Err(ReadFailure::Invalid(reason)) => {
+                set_aside(dir, &name, &reason)?;
+            }
+            Err(io) => return Err(io.into_error(&name, dir)),
+        }
+    }
+    Ok(())
+}
+
+/// Removes every checkpoint with a step above `step` (each renamed away first) and points
+/// `latest` at the newest remaining one (or removes it when none remains); returns the removed
+/// names, oldest first. The explicit way to rewind a run, since a save never moves `latest`
+/// below a newer valid checkpoint.
+pub(crate) fn remove_newer_than(dir: &Path, step: u64) -> Result<Vec<String>, CheckpointError> {
+    let mut all = list_checkpoints(dir)?;
+    all.sort();
+    let mut removed = Vec::new();
+    for (_, name) in all.iter().filter(|(s, _)| *s > step) {
+        remove_checkpoint(dir, name)?;
+        removed.push(name.clone());
+    }
+    match all.iter().rfind(|(s, _)| *s <= step) {
+        Some((_, newest)) => write_latest(dir, newest)?,
+        None => match std::fs::remove_file(dir.join(LATEST_FILE)) {
+            Ok(()) => sync_dir(dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Remove {
+                    path: dir.join(LATEST_FILE),
+                    source,
+                });
+            }
+        },
+    }
+    if !removed.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
+/// Removes every checkpoint at or below the one just saved (`newest_step`) but the newest
+/// `keep`; returns the removed names. Checkpoints found invalid were set aside under another
+/// name before (at load, or by [`check_not_backwards`]), so they neither count nor go; one
+/// newer than `newest_step` is left alone (it can only have appeared since that check).
+pub(crate) fn prune(
+    dir: &Path,
+    keep: usize,
+    newest_step: u64,
+) -> Result<Vec<String>, CheckpointError> {
+    let mut names: Vec<(u64, String)> = list_checkpoints(dir)?;
+    names.sort_by(|a, b| b.cmp(a)); // newest first
+    let mut doomed: Vec<String> = names
+        .into_iter()
+        .filter(|(step, _)| *step <= newest_step)
+        .skip(keep)
+        .map(|(_, name)| name)
+        .collect();
+    doomed.reverse(); // oldest first
+    for name in &doomed {
+        remove_checkpoint(dir, name)?;
+    }
+    if !doomed.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(doomed)
+}
+
+/// Renames checkpoint `name` away, then deletes it: a crash never leaves a half-deleted
+/// checkpoint under a checkpoint name.
+fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
+    let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
+    rename(&dir.join(name), &trash)?;
+    crash_point("during-prune");
+    remove_path(&trash)
+}
+
+/// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`); returns the paths.
+pub(crate) fn clean_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let mut removed = Vec::new();
+    for entry in read_dir(dir)? {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
+            let path = entry.path();
+            remove_path(&path)?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
