@@ -2,10 +2,17 @@
 
 use super::error::CheckpointError;
 use super::manifest::sha256_hex;
-use serde::Serialize;
+use burn::config::Config;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Settings of a [`FullCheckpointer`](crate::checkpoint::FullCheckpointer).
+/// Settings of a [`FullCheckpointer`](crate::checkpoint::FullCheckpointer) or a
+/// [`ShardedCheckpointer`](crate::checkpoint::sharded::ShardedCheckpointer).
+///
+/// It is a burn [`Config`] like the other settings of this crate (`save`, `load`, JSON), with
+/// a hand-written builder instead of the derive's: `new` takes any path (`&str`, `PathBuf`),
+/// `with_keep_last(3)` takes the count rather than an `Option`, and
+/// [`with_run_config`](Self::with_run_config) hashes a value, which can fail.
 ///
 /// ```
 /// # use ddp_core::checkpoint::CheckpointConfig;
@@ -16,7 +23,7 @@ use std::path::{Path, PathBuf};
 /// assert_eq!(config.keep_last(), Some(3));
 /// # Ok::<(), ddp_core::checkpoint::CheckpointError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointConfig {
     dir: PathBuf,
     keep_last: Option<usize>,
@@ -152,6 +159,8 @@ impl CheckpointConfig {
     }
 }
 
+impl Config for CheckpointConfig {}
+
 /// `sha256:<hex>` of `value`'s JSON. Maps are serialised with sorted keys (serde_json's
 /// `Value`), so the hash does not depend on a `HashMap`'s iteration order.
 ///
@@ -203,6 +212,20 @@ mod tests {
         assert_eq!(ha, hb);
         assert_ne!(ha, hc);
         assert!(ha.starts_with("sha256:") && ha.len() == 7 + 64, "{ha}");
+    }
+
+    #[test]
+    fn saves_and_loads_as_a_burn_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("checkpoint.json");
+        let config = CheckpointConfig::new("runs/digits")
+            .with_keep_last(3)
+            .with_shared_filesystem(true)
+            .with_run_config(&[1, 2])
+            .expect("hash")
+            .with_strict_run_config(true);
+        config.save(&file).expect("save");
+        assert_eq!(CheckpointConfig::load(&file).expect("load"), config);
     }
 
     #[test]

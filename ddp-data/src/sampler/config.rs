@@ -2,7 +2,7 @@
 //! [`DistributedSamplerConfig::init`], is in `distributed.rs`: plain settings do not depend on
 //! the sampler they configure.
 
-use serde::{Deserialize, Serialize};
+use burn::config::Config;
 
 use crate::DataError;
 
@@ -19,53 +19,28 @@ use crate::DataError;
 /// assert_eq!(sampler.num_samples(), 250);
 /// # Ok::<(), ddp_data::DataError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// A burn [`Config`]: `new(num_replicas, rank)` (nothing is validated until
+/// [`init`](Self::init)), `with_shuffle`, `with_seed`, `with_drop_last`, and JSON `save`/`load`.
+#[derive(Config, Debug, PartialEq, Eq, Hash)]
 pub struct DistributedSamplerConfig {
     /// World size: the number of processes taking part in training.
     pub num_replicas: usize,
     /// This process's rank, in `0..num_replicas`.
     pub rank: usize,
     /// Shuffle the order every epoch (default `true`).
+    #[config(default = true)]
     pub shuffle: bool,
     /// Base seed of the shuffle; must be the same on every rank (default `0`).
+    #[config(default = 0)]
     pub seed: u64,
     /// Drop the tail so the dataset splits evenly instead of padding it with
     /// repeated indices (default `false`).
+    #[config(default = false)]
     pub drop_last: bool,
 }
 
 impl DistributedSamplerConfig {
-    /// A configuration for `rank` out of `num_replicas` with PyTorch's defaults.
-    ///
-    /// Nothing is validated until [`init`](Self::init).
-    pub fn new(num_replicas: usize, rank: usize) -> Self {
-        Self {
-            num_replicas,
-            rank,
-            shuffle: true,
-            seed: 0,
-            drop_last: false,
-        }
-    }
-
-    /// Sets whether the order is shuffled every epoch.
-    pub fn with_shuffle(mut self, shuffle: bool) -> Self {
-        self.shuffle = shuffle;
-        self
-    }
-
-    /// Sets the base seed of the shuffle.
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
-
-    /// Sets whether the tail is dropped instead of padded.
-    pub fn with_drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
-        self
-    }
-
     /// Checks the settings without building a sampler.
     ///
     /// # Errors
