@@ -5,7 +5,7 @@ use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
-use super::reader::{find_latest_valid, read_one};
+use super::reader::{find_checkpoint_to_resume, read_one};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::storage::directory::{check_not_backwards, prune, read_latest, remove_newer_than};
 use super::storage::lock::DirLock;
@@ -13,7 +13,6 @@ use super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::storage::rank0::{
     agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir,
 };
-use super::storage::set_aside::{any_exists, set_aside_all};
 use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -241,17 +240,7 @@ impl FullCheckpointer {
     {
         let dir = self.config.dir().to_path_buf();
         let search = on_rank0(&self.pg, "search for the latest checkpoint", || {
-            let mut search = find_latest_valid(&dir)?;
-            if search.found.is_none() && any_exists(&search.invalid) {
-                // Starting fresh would discard the run, and its first saves would push the
-                // invalid checkpoints out: stop and let the user decide.
-                return Err(CheckpointError::NoValidCheckpoint {
-                    dir: dir.clone(),
-                    invalid: search.invalid,
-                });
-            }
-            set_aside_all(&dir, &mut search.invalid)?;
-            Ok(search)
+            find_checkpoint_to_resume(&dir)
         })?;
         let (found, header) = match search {
             Some(search) => {

@@ -7,7 +7,7 @@ use super::error::CheckpointError;
 use super::error::{InvalidCheckpoint, InvalidReason};
 use super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
 use super::state::StateFile;
-use super::storage::directory::newest_valid;
+use super::storage::directory::newest_valid_to_resume;
 use super::storage::naming::parse_checkpoint_name;
 use std::path::Path;
 
@@ -25,15 +25,16 @@ pub(crate) struct Search {
     pub(crate) invalid: Vec<InvalidCheckpoint>,
 }
 
-/// Finds the newest valid checkpoint in `dir`, warning about (and listing) every invalid one
-/// tried before it.
+/// Finds the checkpoint to resume in `dir`: the newest valid one, every invalid one tried
+/// before it set aside (see [`newest_valid_to_resume`]).
 ///
 /// # Errors
-/// Listing `dir` or reading `latest` fails, or a checkpoint cannot be read for a reason other
-/// than corruption ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from
-/// older state than what is on disk.
-pub(crate) fn find_latest_valid(dir: &Path) -> Result<Search, CheckpointError> {
-    let search = newest_valid(dir, read_one)?;
+/// [`CheckpointError::NoValidCheckpoint`]; listing `dir` or reading `latest` fails, or a
+/// checkpoint cannot be read for a reason other than corruption
+/// ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from older state
+/// than what is on disk.
+pub(crate) fn find_checkpoint_to_resume(dir: &Path) -> Result<Search, CheckpointError> {
+    let search = newest_valid_to_resume(dir, read_one)?;
     Ok(Search {
         found: search.found.map(|(_, found)| found),
         invalid: search.invalid,

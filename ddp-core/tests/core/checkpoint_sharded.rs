@@ -12,8 +12,8 @@ use ddp_core::checkpoint::sharded::{
     model_shard_file, optimizer_shard_file,
 };
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, FullCheckpointer, InvalidReason, LATEST_FILE, LoadOutcome,
-    TrainingState, checkpoint_name,
+    CheckpointConfig, CheckpointError, FullCheckpointer, INVALID_SUFFIX, InvalidReason,
+    LATEST_FILE, LoadOutcome, TrainingState, checkpoint_name,
 };
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
@@ -380,6 +380,7 @@ fn a_missing_or_altered_shard_is_a_clear_error_and_the_previous_checkpoint_loads
             "{invalid:?}"
         );
     }
+    put_back_set_aside(dir.path(), &name2);
     let errors = run_ranks(2, |pg| {
         let (mut model, mut optim) = (other_model(), adam());
         sharded(dir.path(), &pg)
@@ -406,6 +407,7 @@ fn a_missing_or_altered_shard_is_a_clear_error_and_the_previous_checkpoint_loads
             "{invalid:?}"
         );
     }
+    put_back_set_aside(dir.path(), &name2);
     let errors = run_ranks(2, |pg| {
         let (mut model, mut optim) = (other_model(), adam());
         sharded(dir.path(), &pg)
@@ -428,6 +430,59 @@ fn a_missing_or_altered_shard_is_a_clear_error_and_the_previous_checkpoint_loads
             "{text}"
         );
     }
+}
+
+/// The fallback load set checkpoint `name` aside as `<name>.invalid` (renamed, not deleted);
+/// renames it back, the documented way to resume a repaired checkpoint.
+fn put_back_set_aside(dir: &Path, name: &str) {
+    let aside = dir.join(format!("{name}{INVALID_SUFFIX}"));
+    assert!(aside.is_dir(), "{name} was not set aside at the load");
+    assert!(!dir.join(name).exists());
+    std::fs::rename(&aside, dir.join(name)).expect("rename back");
+}
+
+#[test]
+fn an_invalid_checkpoint_skipped_at_load_is_set_aside_and_outlives_pruning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    save_two_steps(dir.path());
+    let name2 = checkpoint_name(2);
+    std::fs::remove_file(dir.path().join(&name2).join(model_shard_file(1, 2))).expect("remove");
+    run_ranks(2, |pg| {
+        let (mut model, mut optim) = (other_model(), adam());
+        let config = CheckpointConfig::new(dir.path()).with_keep_last(1);
+        let ckpt = ShardedCheckpointer::new(config, pg.clone()).expect("new");
+        let outcome = ckpt
+            .load_latest(&Default::default(), &mut model, &mut optim)
+            .expect("load");
+        let mut ddp = ddp(model, &pg);
+        let invalid = outcome.invalid().to_vec();
+        assert_eq!(
+            outcome.into_resumed().expect("resumed").state.global_step,
+            1
+        );
+        assert_eq!(invalid.len(), 1, "{invalid:?}");
+        assert_eq!(
+            invalid[0].set_aside.as_deref(),
+            Some(format!("{name2}{INVALID_SUFFIX}").as_str())
+        );
+        // Saves past the invalid checkpoint's step, keeping one: it neither counts nor goes.
+        for step in [3, 4] {
+            train(&mut ddp, &mut optim, 0..1);
+            ckpt.save(ddp.module(), &optim, &TrainingState::new(0, step))
+                .expect("save");
+        }
+    });
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [format!("{name2}{INVALID_SUFFIX}"), checkpoint_name(4)],
+        "the set-aside checkpoint survives keep_last(1)"
+    );
 }
 
 /// Set in the child process of the crash test: the checkpoint directory it saves into.

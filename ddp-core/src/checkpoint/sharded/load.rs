@@ -8,9 +8,8 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::state::FRAMEWORK_VERSION;
-use super::super::storage::directory::newest_valid;
+use super::super::storage::directory::newest_valid_to_resume;
 use super::super::storage::rank0::{all_succeeded, broadcast_bytes, on_rank0};
-use super::super::storage::set_aside::any_exists;
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::manifest::{ShardedManifest, read_manifest, read_verified, verify_checkpoint};
@@ -147,21 +146,12 @@ impl ShardedCheckpointer {
             &self.pg,
             "search for the latest sharded checkpoint",
             || {
-                // Invalid ones are listed here and set aside (renamed, never deleted) by the
-                // next save's check that `latest` never moves backwards.
-                let search = newest_valid(&dir, verify_checkpoint)?;
-                let (found, invalid) = (search.found, search.invalid);
-                if found.is_none() && any_exists(&invalid) {
-                    // As for rank-0 checkpoints: never start fresh over a run's checkpoints.
-                    return Err(CheckpointError::NoValidCheckpoint {
-                        dir: dir.clone(),
-                        invalid,
-                    }
-                    .into());
-                }
+                // As for rank-0 checkpoints: never fresh over a run's checkpoints, and the
+                // invalid ones tried are set aside (renamed, never deleted) before any pruning.
+                let search = newest_valid_to_resume(&dir, verify_checkpoint)?;
                 let header = Header {
-                    name: found.map(|(name, _)| name),
-                    invalid,
+                    name: search.found.map(|(name, _)| name),
+                    invalid: search.invalid,
                 };
                 serde_json::to_vec(&header)
                     .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())

@@ -16,7 +16,7 @@ use super::durable::{remove_path, rename, sync_dir, write_synced};
 use super::naming::{
     LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, parse_checkpoint_name, read_dir,
 };
-use super::set_aside::set_aside;
+use super::set_aside::{any_exists, set_aside, set_aside_all};
 use std::path::{Path, PathBuf};
 
 /// The name `<dir>/latest` holds, if it exists and names a checkpoint. `latest` is only a hint
@@ -119,6 +119,26 @@ pub(crate) fn newest_valid<T>(
         found: None,
         invalid,
     })
+}
+
+/// The search a load runs before resuming (rank 0), for both formats: [`newest_valid`], then
+/// the two rules of resuming. Never start fresh over a run's checkpoints: when checkpoints
+/// exist and none is valid, [`CheckpointError::NoValidCheckpoint`], and nothing is moved (the
+/// user decides). Otherwise every invalid checkpoint tried is set aside (renamed, never
+/// deleted), so that keep-last-K pruning neither counts nor removes it.
+pub(crate) fn newest_valid_to_resume<T>(
+    dir: &Path,
+    verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
+) -> Result<NewestValid<T>, CheckpointError> {
+    let mut search = newest_valid(dir, verify)?;
+    if search.found.is_none() && any_exists(&search.invalid) {
+        return Err(CheckpointError::NoValidCheckpoint {
+            dir: dir.to_path_buf(),
+            invalid: search.invalid,
+        });
+    }
+    set_aside_all(dir, &mut search.invalid)?;
+    Ok(search)
 }
 
 /// Refuses a save at `step` while a checkpoint newer than it that `verify` accepts exists in
