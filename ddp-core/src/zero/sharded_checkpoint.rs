@@ -1,10 +1,12 @@
 //! ZeRO's optimizer state in a [`ShardedCheckpointer`]'s checkpoints: each rank writes the
 //! state it holds (its shard, no gathering) and, on load, reads only the state of the
 //! parameters it owns at the current world size. The checkpointer knows only whose state a
-//! rank holds; this is where ZeRO says so.
+//! rank holds ([`ShardedOptimizerState`]); this is where ZeRO says so.
 
 use super::ZeroRedundancyOptimizer;
-use crate::checkpoint::sharded::{Held, ShardedCheckpointError, ShardedCheckpointer};
+use crate::checkpoint::sharded::{
+    ShardedCheckpointError, ShardedCheckpointer, ShardedOptimizerState, StateHolding,
+};
 use crate::checkpoint::{LoadOutcome, SavedCheckpoint, TrainingState};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
@@ -12,17 +14,40 @@ use burn::record::Record;
 use burn::tensor::backend::AutodiffBackend;
 use hashbrown::HashMap;
 
+/// ZeRO's optimizer holds its partition: saved with no gathering, loaded by reading only the
+/// shards holding this rank's parameters at the current world size (it keeps them at its next
+/// step).
+impl<O, M, B, R> ShardedOptimizerState<B, M> for ZeroRedundancyOptimizer<O, M, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
+    R: Record<B> + Clone,
+{
+    type Record = R;
+
+    fn holding(&self) -> StateHolding {
+        StateHolding::Partitioned
+    }
+
+    fn state_to_save(&self) -> HashMap<ParamId, R> {
+        self.local_state()
+    }
+
+    fn install_loaded(&mut self, state: HashMap<ParamId, R>) {
+        *self = self.clone().load_record(state);
+    }
+}
+
 impl ShardedCheckpointer {
-    /// Saves like [`save`](Self::save), with the optimizer state of a
-    /// [`ZeroRedundancyOptimizer`] of the same process group: each rank writes the state it
-    /// holds (its ZeRO shard), with no gathering.
-    ///
-    /// # Collective
-    /// Every rank calls it at the same point.
+    /// [`save_state`](Self::save_state) with a [`ZeroRedundancyOptimizer`].
     ///
     /// # Errors
-    /// As [`save`](Self::save), plus [`ShardedCheckpointError::ForeignOptimizerState`] if the
-    /// optimizer's partition is not this world size's (another process group).
+    /// As [`save_state`](Self::save_state).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use save_state, the one save of every optimizer state holder"
+    )]
     pub fn save_zero<B, M, O, R>(
         &self,
         model: &M,
@@ -35,19 +60,17 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B> + Clone,
     {
-        self.save_record::<B, M, R>(model, optim.local_state(), Held::Sharded, state)
+        self.save_state(model, optim, state)
     }
 
-    /// Restores the newest valid sharded checkpoint like [`load_latest`](Self::load_latest)
-    /// into a [`ZeroRedundancyOptimizer`]: each rank reads only the optimizer shards holding
-    /// the state of the parameters it owns at the current world size, which the optimizer
-    /// keeps at its next step.
-    ///
-    /// # Collective
-    /// Every rank calls it at the same point.
+    /// [`load_latest_state`](Self::load_latest_state) with a [`ZeroRedundancyOptimizer`].
     ///
     /// # Errors
-    /// As [`load_latest`](Self::load_latest).
+    /// As [`load_latest_state`](Self::load_latest_state).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use load_latest_state, the one load of every optimizer state holder"
+    )]
     pub fn load_latest_zero<B, M, O, R>(
         &self,
         device: &B::Device,
@@ -60,8 +83,6 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B> + Clone,
     {
-        self.load_latest_owned::<B, M, R>(device, model, |record| {
-            *optim = optim.clone().load_record(record);
-        })
+        self.load_latest_state(device, model, optim)
     }
 }

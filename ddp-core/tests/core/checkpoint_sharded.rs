@@ -241,6 +241,51 @@ fn saved_at_world_4_resumes_at_2_3_and_4_as_an_uninterrupted_run() {
 }
 
 #[test]
+fn a_burn_optimizer_through_the_state_trait_is_the_replicated_save_and_load() {
+    let (by_trait, by_save) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    run_ranks(2, |pg| {
+        let mut ddp = ddp(Mlp::seeded(&Default::default(), HIDDEN, SEED), &pg);
+        let mut optim = adam();
+        train(&mut ddp, &mut optim, 0..SAVE_AT);
+        let state = TrainingState::new(0, SAVE_AT as u64);
+        sharded(by_trait.path(), &pg)
+            .save_state(ddp.module(), &optim, &state)
+            .expect("save_state");
+        sharded(by_save.path(), &pg)
+            .save(ddp.module(), &optim, &state)
+            .expect("save");
+    });
+    let resume = |dir: &Path, through_trait: bool| {
+        run_ranks(3, |pg| {
+            let (mut model, mut optim) = (other_model(), adam());
+            let ckpt = sharded(dir, &pg);
+            let outcome = if through_trait {
+                ckpt.load_latest_state(&Default::default(), &mut model, &mut optim)
+            } else {
+                ckpt.load_latest(&Default::default(), &mut model, &mut optim)
+            };
+            assert_eq!(resumed_outcome(outcome.expect("load")), (2, SAVE_AT as u64));
+            // Replicated: every rank got every parameter's state back.
+            let entries = optim.to_record().len();
+            let mut ddp = ddp(model, &pg);
+            train(&mut ddp, &mut optim, SAVE_AT..STEPS);
+            (entries, flat_params(ddp.module()))
+        })
+    };
+    let (a, b) = (resume(by_trait.path(), true), resume(by_save.path(), false));
+    for (rank, ((entries_a, params_a), (entries_b, params_b))) in a.iter().zip(&b).enumerate() {
+        assert_eq!((*entries_a, *entries_b), (6, 6), "rank {rank}");
+        assert!(
+            bitwise(params_a, params_b),
+            "rank {rank}: the two paths differ"
+        );
+    }
+}
+
+#[test]
 fn zero_shards_resume_at_2_and_3_with_each_rank_reading_only_its_own_state() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full_dir = tempfile::tempdir().expect("tempdir");
@@ -250,7 +295,7 @@ fn zero_shards_resume_at_2_and_3_with_each_rank_reading_only_its_own_state() {
         train(&mut ddp, &mut optim, 0..SAVE_AT);
         let state = TrainingState::new(0, SAVE_AT as u64);
         sharded(dir.path(), &pg)
-            .save_zero(ddp.module(), &optim, &state)
+            .save_state(ddp.module(), &optim, &state)
             .expect("sharded save");
         optim
             .save_checkpoint(&full(full_dir.path(), &pg), ddp.module(), &state)
@@ -273,7 +318,7 @@ fn zero_shards_resume_at_2_and_3_with_each_rank_reading_only_its_own_state() {
                         .expect("load full")
                 } else {
                     sharded(dir.path(), &pg)
-                        .load_latest_zero(&device, &mut model, &mut optim)
+                        .load_latest_state(&device, &mut model, &mut optim)
                         .expect("load sharded")
                 };
                 assert_eq!(resumed_outcome(outcome), (4, SAVE_AT as u64));
@@ -567,7 +612,7 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
         let mut optim: Zero = ZeroRedundancyOptimizer::new(adam(), pg.clone());
         train(&mut ddp, &mut optim, 0..SAVE_AT);
         sharded(dir.path(), &pg)
-            .save_zero(ddp.module(), &optim, &TrainingState::new(0, SAVE_AT as u64))
+            .save_state(ddp.module(), &optim, &TrainingState::new(0, SAVE_AT as u64))
             .expect("sharded save");
         // The same state, gathered on rank 0 by ZeRO into a full checkpoint.
         optim

@@ -31,7 +31,7 @@ pub enum ShardedCheckpointError {
     #[error(
         "rank {rank} holds optimizer state for {count} parameter(s) it does not own under the \
          partition of world size {world_size}; save a replicated optimizer with save, a \
-         ZeroRedundancyOptimizer of the same process group with save_zero"
+         ZeroRedundancyOptimizer of the same process group with save_state"
     )]
     ForeignOptimizerState {
         /// This rank.

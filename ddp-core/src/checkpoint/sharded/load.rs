@@ -13,6 +13,7 @@ use super::super::storage::rank0::{all_succeeded, broadcast_bytes, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::manifest::{ShardedManifest, read_manifest, read_verified, verify_checkpoint};
+use super::optimizer_state::{ShardedOptimizerState, StateHolding};
 use super::ownership::Ownership;
 use super::safetensors;
 use super::save::ShardedCheckpointer;
@@ -24,15 +25,6 @@ use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
-
-/// Which optimizer state a rank needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
-    /// Every parameter's (a replicated optimizer).
-    All,
-    /// The parameters this rank owns at the current world size (ZeRO).
-    Owned,
-}
 
 /// What rank 0 tells the others after its search.
 #[derive(Debug, Serialize, Deserialize)]
@@ -72,26 +64,42 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
-        self.load_latest_with::<B, M, R>(device, model, Want::All, |record| {
+        self.load_latest_with::<B, M, R>(device, model, StateHolding::Replicated, |record| {
             *optim = optim.clone().load_record(record);
         })
     }
 
-    /// Restores the newest valid checkpoint into `model` and hands `install` the optimizer
-    /// state of the parameters this rank owns at the current world size (ZeRO's partition),
-    /// for optimizers that keep their state in another form (FSDP's chunks).
-    pub(crate) fn load_latest_owned<B, M, R>(
+    /// Restores the newest valid sharded checkpoint, saved at any world size and by any
+    /// holder, into `model` and `optim`, which gets the state its
+    /// [`holding`](ShardedOptimizerState::holding) asks for: every parameter's, or only that
+    /// of the parameters this rank owns at the current world size (each rank then reads only
+    /// the optimizer shards holding them). The one load of every holder, as
+    /// [`save_state`](Self::save_state) is the one save.
+    ///
+    /// Call it **before** wrapping the model (the module takes the saved `ParamId`s, to which
+    /// the optimizer state is keyed).
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`load_latest`](Self::load_latest). On error `model` and `optim` are unchanged on
+    /// every rank.
+    pub fn load_latest_state<B, M, S>(
         &self,
         device: &B::Device,
         model: &mut M,
-        install: impl FnOnce(HashMap<ParamId, R>),
+        optim: &mut S,
     ) -> Result<LoadOutcome, ShardedCheckpointError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
-        R: Record<B>,
+        S: ShardedOptimizerState<B, M>,
     {
-        self.load_latest_with::<B, M, R>(device, model, Want::Owned, install)
+        let holding = optim.holding();
+        self.load_latest_with::<B, M, S::Record>(device, model, holding, |record| {
+            optim.install_loaded(record)
+        })
     }
 
     /// Restores checkpoint `name` (e.g. `step-0000000120`) like
@@ -124,16 +132,23 @@ impl ShardedCheckpointer {
                 .map(|_| ())
                 .map_err(|e| e.into_error(name, &dir).into())
         })?;
-        self.restore::<B, M, R>(device, model, name, Vec::new(), Want::All, |record| {
-            *optim = optim.clone().load_record(record);
-        })
+        self.restore::<B, M, R>(
+            device,
+            model,
+            name,
+            Vec::new(),
+            StateHolding::Replicated,
+            |record| {
+                *optim = optim.clone().load_record(record);
+            },
+        )
     }
 
     fn load_latest_with<B, M, R>(
         &self,
         device: &B::Device,
         model: &mut M,
-        want: Want,
+        want: StateHolding,
         install: impl FnOnce(HashMap<ParamId, R>),
     ) -> Result<LoadOutcome, ShardedCheckpointError>
     where
@@ -190,7 +205,7 @@ impl ShardedCheckpointer {
         model: &mut M,
         name: &str,
         invalid: Vec<InvalidCheckpoint>,
-        want: Want,
+        want: StateHolding,
         install: impl FnOnce(HashMap<ParamId, R>),
     ) -> Result<Resumed, ShardedCheckpointError>
     where
@@ -208,8 +223,8 @@ impl ShardedCheckpointer {
             let mut m = model.clone();
             load_model::<B, M>(&mut m, device, &path, &manifest, rank)?;
             let needed = match want {
-                Want::All => None,
-                Want::Owned => {
+                StateHolding::Replicated => None,
+                StateHolding::Partitioned => {
                     let ownership = Ownership::of::<B, M>(&m, world);
                     Some(
                         manifest

@@ -2,13 +2,17 @@
 //! every rank writes its own shard of the model and of the optimizer state, and a load at
 //! **any** world size reads what it needs from whichever shards hold it.
 //!
-//! - [`ShardedCheckpointer::save`] (plain DDP: replicas hold identical state) and
-//!   [`ShardedCheckpointer::save_zero`] (a [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer)):
-//!   each rank writes about `1/world` of the bytes and nothing is gathered on rank 0.
-//! - [`ShardedCheckpointer::load_latest`] (a replicated optimizer gets every parameter's
-//!   state) and [`ShardedCheckpointer::load_latest_zero`] (each rank reads only the optimizer
-//!   shards holding the parameters it owns at the new world size). Saved at 4 ranks, a run
-//!   resumes at 1, 2, 3 or 8.
+//! - [`ShardedCheckpointer::save_state`]: each rank writes about `1/world` of the bytes and
+//!   nothing is gathered on rank 0, whatever holds the optimizer state: anything that
+//!   implements [`ShardedOptimizerState`] says whose state it holds ([`StateHolding`]):
+//!   burn's optimizers (replicated, plain DDP), a
+//!   [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer) and FSDP's state
+//!   (partitioned), or a user's own. [`ShardedCheckpointer::save`] takes any burn optimizer
+//!   as replicated.
+//! - [`ShardedCheckpointer::load_latest_state`]: a replicated holder gets every parameter's
+//!   state, a partitioned one only that of the parameters it owns at the new world size (each
+//!   rank reads only the optimizer shards holding them); [`ShardedCheckpointer::load_latest`]
+//!   for any burn optimizer. Saved at 4 ranks, a run resumes at 1, 2, 3 or 8.
 //! - [`convert_to_full`]: a sharded checkpoint as a rank-0 full checkpoint, which
 //!   [`FullCheckpointer::load_latest`](crate::checkpoint::FullCheckpointer::load_latest) reads (the rank-0
 //!   format is unchanged and keeps working; it does not read sharded checkpoints itself, so
@@ -91,12 +95,12 @@
 //! let mut model: Linear<B> = LinearConfig::new(4, 1).init(&device);
 //! let mut optim = ZeroRedundancyOptimizer::new(AdamConfig::new().init::<B, Linear<B>>(), pg.clone());
 //! let mut step = 0;
-//! if let LoadOutcome::Resumed(resumed) = ckpt.load_latest_zero(&device, &mut model, &mut optim)? {
+//! if let LoadOutcome::Resumed(resumed) = ckpt.load_latest_state(&device, &mut model, &mut optim)? {
 //!     step = resumed.state.global_step; // resharded from resumed.info.saved_world_size
 //! }
 //! let ddp = DistributedDataParallel::new(model, pg, DdpConfig::new())?;
 //! // ... train, then every rank:
-//! ckpt.save_zero(ddp.module(), &optim, &TrainingState::new(0, step))?;
+//! ckpt.save_state(ddp.module(), &optim, &TrainingState::new(0, step))?;
 //!
 //! // Offline, for tools that want one model file (and for the rank-0 FullCheckpointer):
 //! type Opt = OptimizerAdaptor<Adam, Linear<B>, B>;
@@ -109,6 +113,7 @@ mod convert;
 mod error;
 mod load;
 mod manifest;
+mod optimizer_state;
 mod ownership;
 mod safetensors;
 mod save;
@@ -119,8 +124,8 @@ pub use manifest::{
     SHARDED_FORMAT_VERSION, SHARDED_MANIFEST_FILE, ShardEntry, ShardedManifest, TensorEntry,
     model_shard_file, optimizer_shard_file,
 };
+pub use optimizer_state::{ShardedOptimizerState, StateHolding};
 pub(crate) use ownership::Ownership;
-pub(crate) use save::Held;
 #[cfg(any(test, feature = "test-hooks"))]
 pub use save::SHARDED_CRASH_POINTS;
 pub use save::ShardedCheckpointer;

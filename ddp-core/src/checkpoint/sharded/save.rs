@@ -20,6 +20,7 @@ use super::manifest::{
     SHARDED_FORMAT_VERSION, SHARDED_MANIFEST_FILE, ShardEntry, ShardedManifest, TensorEntry,
     model_shard_file, optimizer_shard_file, verify_checkpoint,
 };
+use super::optimizer_state::{ShardedOptimizerState, StateHolding};
 use super::ownership::Ownership;
 use super::safetensors;
 use burn::module::{AutodiffModule, ParamId};
@@ -59,15 +60,6 @@ pub struct ShardedCheckpointer {
     /// Rank 0's lock on the directory (one job per directory), held for this checkpointer's
     /// life.
     _lock: Option<DirLock>,
-}
-
-/// Whose optimizer state a rank passes to the save.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Held {
-    /// Every parameter's (plain DDP: replicas hold identical state): keep this rank's part.
-    Replicated,
-    /// This rank's ZeRO shard: it must all be this rank's.
-    Sharded,
 }
 
 /// What a rank tells the others after writing its shard.
@@ -140,15 +132,41 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
-        self.save_record::<B, M, R>(model, optim.to_record(), Held::Replicated, state)
+        self.save_record::<B, M, R>(model, optim.to_record(), StateHolding::Replicated, state)
+    }
+
+    /// Saves `model`, the optimizer state `optim` holds (replicated or partitioned, as it
+    /// says: see [`ShardedOptimizerState`]) and `state` as sharded checkpoint
+    /// `step-<global_step>`. The one save of every holder: DDP's burn optimizer, ZeRO's
+    /// optimizer, FSDP's state, or a user's own sharded optimizer.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point, with identical replicas.
+    ///
+    /// # Errors
+    /// As [`save`](Self::save), plus [`ShardedCheckpointError::ForeignOptimizerState`] when a
+    /// partitioned holder has state of parameters another rank owns at this world size (a
+    /// partition of another process group).
+    pub fn save_state<B, M, S>(
+        &self,
+        model: &M,
+        optim: &S,
+        state: &TrainingState,
+    ) -> Result<SavedCheckpoint, ShardedCheckpointError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        S: ShardedOptimizerState<B, M>,
+    {
+        self.save_record::<B, M, S::Record>(model, optim.state_to_save(), optim.holding(), state)
     }
 
     /// Saves `model` and `record` (this rank's optimizer state, as `held` says).
-    pub(crate) fn save_record<B, M, R>(
+    fn save_record<B, M, R>(
         &self,
         model: &M,
         record: HashMap<ParamId, R>,
-        held: Held,
+        held: StateHolding,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint, ShardedCheckpointError>
     where
@@ -230,7 +248,7 @@ impl ShardedCheckpointer {
         &self,
         model: &M,
         record: HashMap<ParamId, R>,
-        held: Held,
+        held: StateHolding,
         state: &TrainingState,
         staging: &Path,
     ) -> Result<ShardReport, ShardedCheckpointError>
@@ -245,7 +263,7 @@ impl ShardedCheckpointer {
             .keys()
             .filter(|id| !ownership.owns(rank, **id))
             .count();
-        if held == Held::Sharded && foreign > 0 {
+        if held == StateHolding::Partitioned && foreign > 0 {
             return Err(ShardedCheckpointError::ForeignOptimizerState {
                 rank,
                 count: foreign,

@@ -10,7 +10,9 @@
 //! size, then, one unit at a time, every rank shares what it read and keeps its new chunk.
 
 use super::{FullyShardedDataParallel, ShardedParams, shard_module};
-use crate::checkpoint::sharded::{Held, Ownership, ShardedCheckpointer};
+use crate::checkpoint::sharded::{
+    Ownership, ShardedCheckpointer, ShardedOptimizerState, StateHolding,
+};
 use crate::checkpoint::{LoadOutcome, SavedCheckpoint, TrainingState};
 use crate::checkpoint::{all_gather_bytes, all_succeeded};
 use crate::engine::params::ParamTable;
@@ -29,6 +31,33 @@ use hashbrown::HashMap;
 
 /// FSDP's optimizer: a burn optimizer (element-wise, see [`ShardedParams`]) over the chunks.
 type ChunkOptimizer<O, B> = OptimizerAdaptor<O, ShardedParams<B>, B>;
+
+/// FSDP's optimizer state as a sharded checkpoint holds it: per parameter, this rank's
+/// partition (cut out of the units' chunks before a save; dealt back into chunks after a load).
+struct UnitOwnedState<O: SimpleOptimizer<B::InnerBackend>, B: AutodiffBackend>(
+    Option<HashMap<ParamId, AdaptorRecord<O, B>>>,
+);
+
+impl<O, B, M> ShardedOptimizerState<B, M> for UnitOwnedState<O, B>
+where
+    O: SimpleOptimizer<B::InnerBackend>,
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    type Record = AdaptorRecord<O, B>;
+
+    fn holding(&self) -> StateHolding {
+        StateHolding::Partitioned
+    }
+
+    fn state_to_save(&self) -> HashMap<ParamId, Self::Record> {
+        self.0.clone().unwrap_or_default()
+    }
+
+    fn install_loaded(&mut self, state: HashMap<ParamId, Self::Record>) {
+        self.0 = Some(state);
+    }
+}
 
 /// What a rank sends for one unit: nothing (no optimizer state), its payload, or its failure.
 const HAS_STATE: u8 = 1;
@@ -126,12 +155,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
             mine,
             "cut the FSDP optimizer state into parameters",
         )?;
-        Ok(checkpointer.save_record::<B, M, AdaptorRecord<O, B>>(
-            &full,
-            mine,
-            Held::Sharded,
-            state,
-        )?)
+        Ok(checkpointer.save_state(&full, &UnitOwnedState::<O, B>(Some(mine)), state)?)
     }
 
     /// Restores the newest valid sharded checkpoint in `checkpointer`'s directory, saved by
@@ -157,13 +181,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     ) -> Result<LoadOutcome, FsdpError> {
         self.check()?;
         let mut full = self.full_module()?;
-        let mut owned: Option<HashMap<ParamId, AdaptorRecord<O, B>>> = None;
-        let outcome = checkpointer.load_latest_owned::<B, M, AdaptorRecord<O, B>>(
-            &self.device,
-            &mut full,
-            |record| owned = Some(record),
-        )?;
-        let Some(mut owned) = owned else {
+        let mut loaded = UnitOwnedState::<O, B>(None);
+        let outcome = checkpointer.load_latest_state(&self.device, &mut full, &mut loaded)?;
+        let Some(mut owned) = loaded.0 else {
             return Ok(outcome);
         };
         let (rank, world) = (self.pg.rank(), self.pg.world_size());
