@@ -9,7 +9,7 @@
 //! directory) keeps other jobs from writing in between.
 
 use super::error::CheckpointError;
-use super::full_checkpointer::FullCheckpointer;
+use super::full::FullCheckpointer;
 use super::sharded::ShardedCheckpointer;
 use super::storage::durable::{rename, sync_dir, write_synced};
 use super::storage::naming::TMP_PREFIX;
@@ -31,7 +31,7 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
-        record(&self.pg, self.config.dir(), launch_id)
+        record(self.process_group(), self.config().dir(), launch_id)
     }
 
     /// The launch id the last [`record_fresh_start`](Self::record_fresh_start) recorded, if
@@ -43,7 +43,7 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
-        recorded(&self.pg, self.config.dir())
+        recorded(self.process_group(), self.config().dir())
     }
 }
 

@@ -155,22 +155,19 @@ mod config;
 mod crash_point;
 mod error;
 mod fresh_start;
-mod full_checkpointer;
+mod full;
 mod manifest;
 mod outcome;
-mod reader;
-mod restore;
 pub mod sharded;
 mod state;
 pub mod storage;
-mod writer;
 
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
 pub use fresh_start::FRESH_START_FILE;
-pub use full_checkpointer::FullCheckpointer;
+pub use full::FullCheckpointer;
 pub use manifest::{
     CHECKPOINT_FILES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,

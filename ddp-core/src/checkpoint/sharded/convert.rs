@@ -3,9 +3,9 @@
 //! expect one `model.safetensors`.
 
 use super::super::error::CheckpointError;
+use super::super::full::write_checkpoint;
 use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::super::outcome::SavedCheckpoint;
-use super::super::writer::write_checkpoint;
 use super::codec::encode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::load::{load_optimizer, merged_model, param_ids_json};

@@ -1,18 +1,20 @@
-//! [`FullCheckpointer`]: collective save and resume.
+//! [`FullCheckpointer`]: collective save and resume of rank-0 checkpoints.
 
-use super::codec::{encode_model, encode_optimizer};
-use super::config::CheckpointConfig;
-use super::error::{CheckpointError, InvalidCheckpoint};
-use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
-use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
-use super::reader::{find_checkpoint_to_resume, read_one};
-use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::storage::directory::{check_not_backwards, prune, read_latest, remove_newer_than};
-use super::storage::lock::DirLock;
-use super::storage::naming::{checkpoint_name, list_checkpoints};
-use super::storage::rank0::{
+use super::super::codec::{encode_model, encode_optimizer};
+use super::super::config::CheckpointConfig;
+use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
+use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
+use super::super::storage::directory::{
+    check_not_backwards, prune, read_latest, remove_newer_than,
+};
+use super::super::storage::lock::DirLock;
+use super::super::storage::naming::{checkpoint_name, list_checkpoints};
+use super::super::storage::rank0::{
     agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir,
 };
+use super::reader::{find_checkpoint_to_resume, read_one};
 use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -22,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Saves and restores model, optimizer and [`TrainingState`] for every rank of a process
-/// group. See the [module docs](super) for a complete training loop.
+/// group. See the [module docs](crate::checkpoint) for a complete training loop.
 ///
 /// Every method except [`list`](Self::list) and [`latest`](Self::latest) is **collective**:
 /// all ranks call it at the same point, and an error on one rank is an error on all of them.

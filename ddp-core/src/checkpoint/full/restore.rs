@@ -2,16 +2,16 @@
 //! 0, or read from a shared filesystem), decoding them into copies of the model and optimizer,
 //! and committing only when every rank succeeded.
 
-use super::codec::{decode_model, decode_optimizer};
-use super::error::{CheckpointError, InvalidCheckpoint};
-use super::full_checkpointer::FullCheckpointer;
-use super::manifest::{
+use super::super::codec::{decode_model, decode_optimizer};
+use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::manifest::{
     CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
 };
-use super::outcome::{CheckpointInfo, Resumed};
+use super::super::outcome::{CheckpointInfo, Resumed};
+use super::super::state::FRAMEWORK_VERSION;
+use super::super::storage::rank0::{all_succeeded, broadcast_bytes};
+use super::checkpointer::FullCheckpointer;
 use super::reader::{FoundCheckpoint, parse_state, read_one};
-use super::state::FRAMEWORK_VERSION;
-use super::storage::rank0::{all_succeeded, broadcast_bytes};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;

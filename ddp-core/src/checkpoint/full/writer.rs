@@ -9,21 +9,21 @@
 //!
 //! Before all this, a save below a newer valid checkpoint is refused
 //! ([`check_not_backwards`]): `latest` never moves backwards. Steps 3 and 4 and that check are
-//! the [storage layer's](super::storage::directory), shared with sharded checkpoints.
+//! the [storage layer's](super::super::storage::directory), shared with sharded checkpoints.
 //!
 //! A crash at any point leaves the previous checkpoint and the previous `latest` intact;
 //! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
 //!
-//! [`check_not_backwards`]: super::storage::directory::check_not_backwards
-//! [`clean_temporaries`]: super::storage::directory::clean_temporaries
+//! [`check_not_backwards`]: super::super::storage::directory::check_not_backwards
+//! [`clean_temporaries`]: super::super::storage::directory::clean_temporaries
 
-use super::crash_point::crash_point;
-use super::error::CheckpointError;
-use super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
-use super::state::FRAMEWORK_VERSION;
-use super::storage::directory::write_latest;
-use super::storage::durable::{ensure_dir, remove_path, rename, sync_dir, write_synced};
-use super::storage::naming::{TMP_PREFIX, TRASH_PREFIX};
+use super::super::crash_point::crash_point;
+use super::super::error::CheckpointError;
+use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
+use super::super::state::FRAMEWORK_VERSION;
+use super::super::storage::directory::write_latest;
+use super::super::storage::durable::{ensure_dir, remove_path, rename, sync_dir, write_synced};
+use super::super::storage::naming::{TMP_PREFIX, TRASH_PREFIX};
 use std::path::{Path, PathBuf};
 
 /// Writes `files` as checkpoint `name` in `dir` and points `latest` at it; returns the

@@ -1,14 +1,14 @@
 //! Finding and verifying rank-0 checkpoints (rank 0, or every rank on a shared filesystem).
 //! What a valid checkpoint of this format is lives here ([`read_one`]); the newest-valid
-//! search itself is the [storage layer's](super::storage::directory), shared with sharded
+//! search itself is the [storage layer's](super::super::storage::directory), shared with sharded
 //! checkpoints.
 
-use super::error::CheckpointError;
-use super::error::{InvalidCheckpoint, InvalidReason};
-use super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
-use super::state::StateFile;
-use super::storage::directory::newest_valid_to_resume;
-use super::storage::naming::parse_checkpoint_name;
+use super::super::error::CheckpointError;
+use super::super::error::{InvalidCheckpoint, InvalidReason};
+use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
+use super::super::state::StateFile;
+use super::super::storage::directory::newest_valid_to_resume;
+use super::super::storage::naming::parse_checkpoint_name;
 use std::path::Path;
 
 /// A verified checkpoint read into memory.
