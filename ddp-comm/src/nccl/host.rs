@@ -101,22 +101,8 @@ impl NcclBackend {
             return Ok(());
         }
         self.thread().run_blocking("all_gather_host", move |s| {
-            let dev_send = upload(s, send)?;
-            let mut dev_recv = zeros(s, recv.len())?;
-            let count = dev_send.len();
-            // SAFETY: both buffers were just allocated on the group's stream, sized for the call
-            // (checked above), and the work is waited for.
-            unsafe {
-                s.queue_between(
-                    Call::AllGather,
-                    "all_gather",
-                    &dev_send,
-                    &mut dev_recv,
-                    count,
-                    wait,
-                )
-            }?;
-            download(s, &dev_recv, recv)
+            let count = send.len();
+            staged_between(s, Call::AllGather, "all_gather", send, recv, count)
         })
     }
 
@@ -139,22 +125,9 @@ impl NcclBackend {
             return Ok(());
         }
         self.thread().run_blocking("reduce_scatter_host", move |s| {
-            let dev_send = upload(s, send)?;
-            let mut dev_recv = zeros(s, recv.len())?;
-            let count = dev_recv.len();
-            // SAFETY: both buffers were just allocated on the group's stream, sized for the call
-            // (checked above), and the work is waited for.
-            unsafe {
-                s.queue_between(
-                    Call::ReduceScatter(op),
-                    "reduce_scatter",
-                    &dev_send,
-                    &mut dev_recv,
-                    count,
-                    wait,
-                )
-            }?;
-            download(s, &dev_recv, recv)
+            let count = recv.len();
+            let call = Call::ReduceScatter(op);
+            staged_between(s, call, "reduce_scatter", send, recv, count)
         })
     }
 }
@@ -167,6 +140,26 @@ fn all_reduce_and_wait<T: NcclElement>(
 ) -> Result<()> {
     // SAFETY: `dev` is on the group's device and stream, and the work is waited for.
     unsafe { s.queue_in_place(Call::AllReduce(op), "all_reduce", dev, wait) }
+}
+
+/// Runs a two-buffer collective (all-gather, reduce-scatter) on host slices: uploads `send`,
+/// queues `call` into a fresh device buffer of `recv.len()` elements with NCCL's per-rank
+/// `count`, waits for it and downloads the result into `recv`. The lengths were checked against
+/// the world size by the caller.
+fn staged_between<T: NcclElement>(
+    s: &mut CommState,
+    call: Call,
+    op: &'static str,
+    send: &[T],
+    recv: &mut [T],
+    count: usize,
+) -> Result<()> {
+    let dev_send = upload(s, send)?;
+    let mut dev_recv = zeros(s, recv.len())?;
+    // SAFETY: both buffers were just allocated on the group's stream, sized for the call
+    // (checked by the caller), and the work is waited for.
+    unsafe { s.queue_between(call, op, &dev_send, &mut dev_recv, count, wait) }?;
+    download(s, &dev_recv, recv)
 }
 
 /// Waits for a queued collective through the watchdog, until it finished on the GPU.
