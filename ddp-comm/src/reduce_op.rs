@@ -32,6 +32,12 @@ impl ReduceOp {
             op => op,
         }
     }
+
+    /// The divisor of the epilogue that follows the sum over `ranks` ranks: `Some(ranks)` for
+    /// `Avg`, `None` for every operator that needs none. Every transport divides by it.
+    pub(crate) fn avg_divisor(self, ranks: usize) -> Option<usize> {
+        (self == ReduceOp::Avg).then_some(ranks)
+    }
 }
 
 impl fmt::Display for ReduceOp {
