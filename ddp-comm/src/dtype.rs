@@ -3,26 +3,28 @@
 //! Collectives travel as bytes plus a [`DataType`] tag, so one transport implementation serves
 //! every element type; [`Element`] connects a Rust type to its tag.
 
+use crate::u8_enum::u8_enum;
 use std::fmt;
 
-/// The element type of a collective's buffer, carried in every frame's fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DataType {
-    /// `f32`
-    F32 = 1,
-    /// `f64`
-    F64 = 2,
-    /// `i32`
-    I32 = 3,
-    /// `i64`
-    I64 = 4,
-    /// `u8`
-    U8 = 5,
-    /// IEEE half precision (`half::f16`)
-    F16 = 6,
-    /// bfloat16 (`half::bf16`)
-    BF16 = 7,
+u8_enum! {
+    /// The element type of a collective's buffer, carried in every frame's fingerprint.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum DataType {
+        /// `f32`
+        F32 = 1,
+        /// `f64`
+        F64 = 2,
+        /// `i32`
+        I32 = 3,
+        /// `i64`
+        I64 = 4,
+        /// `u8`
+        U8 = 5,
+        /// IEEE half precision (`half::f16`)
+        F16 = 6,
+        /// bfloat16 (`half::bf16`)
+        BF16 = 7,
+    }
 }
 
 impl DataType {
@@ -42,19 +44,6 @@ impl DataType {
             self,
             DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
         )
-    }
-
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => DataType::F32,
-            2 => DataType::F64,
-            3 => DataType::I32,
-            4 => DataType::I64,
-            5 => DataType::U8,
-            6 => DataType::F16,
-            7 => DataType::BF16,
-            _ => return None,
-        })
     }
 }
 

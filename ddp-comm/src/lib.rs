@@ -133,6 +133,7 @@ mod reduce_op;
 pub mod stand_in;
 pub mod store;
 mod transport;
+mod u8_enum;
 pub mod watchdog;
 mod work;
 

@@ -1,45 +1,42 @@
 //! Reduction operators and the kernels that apply them to byte buffers.
 
 use crate::dtype::DataType;
+use crate::u8_enum::u8_enum;
 use half::{bf16, f16};
 use std::fmt;
 
-/// How `all_reduce`, `reduce` and `reduce_scatter` combine the ranks' values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum ReduceOp {
-    /// Element-wise sum.
-    #[default]
-    Sum = 1,
-    /// Element-wise mean: the sum divided by the number of ranks. Integer types use truncating
-    /// division, as NCCL does.
-    Avg = 2,
-    /// Element-wise minimum.
-    Min = 3,
-    /// Element-wise maximum.
-    Max = 4,
-    /// Element-wise product.
-    Product = 5,
+u8_enum! {
+    /// How `all_reduce`, `reduce` and `reduce_scatter` combine the ranks' values.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum ReduceOp {
+        /// Element-wise sum.
+        #[default]
+        Sum = 1,
+        /// Element-wise mean: the sum divided by the number of ranks. Integer types use
+        /// truncating division, as NCCL does.
+        Avg = 2,
+        /// Element-wise minimum.
+        Min = 3,
+        /// Element-wise maximum.
+        Max = 4,
+        /// Element-wise product.
+        Product = 5,
+    }
 }
 
 impl ReduceOp {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => ReduceOp::Sum,
-            2 => ReduceOp::Avg,
-            3 => ReduceOp::Min,
-            4 => ReduceOp::Max,
-            5 => ReduceOp::Product,
-            _ => return None,
-        })
-    }
-
     /// The operator applied pairwise while data moves; `Avg` sums and divides at the end.
     pub(crate) fn combine_op(self) -> ReduceOp {
         match self {
             ReduceOp::Avg => ReduceOp::Sum,
             op => op,
         }
+    }
+
+    /// The divisor of the epilogue that follows the sum over `ranks` ranks: `Some(ranks)` for
+    /// `Avg`, `None` for every operator that needs none. Every transport divides by it.
+    pub(crate) fn avg_divisor(self, ranks: usize) -> Option<usize> {
+        (self == ReduceOp::Avg).then_some(ranks)
     }
 }
 

@@ -16,6 +16,7 @@
 //! The claims (what the store protocol version is, or which group and rank a mesh peer is) are
 //! inside the MAC, so nobody can alter them in flight.
 
+use crate::u8_enum::u8_enum;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -36,20 +37,13 @@ pub(crate) const MAX_MESSAGE: usize = 1024;
 const RESPONDER_LABEL: &[u8] = b"ddp-comm hello v1: responder proof";
 const INITIATOR_LABEL: &[u8] = b"ddp-comm hello v1: initiator proof";
 
-/// What a connection is for; part of the MAC, so a store hello cannot open a mesh connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Store = 1,
-    Mesh = 2,
-}
-
-impl Kind {
-    fn from_u8(v: u8) -> Option<Kind> {
-        match v {
-            1 => Some(Kind::Store),
-            2 => Some(Kind::Mesh),
-            _ => None,
-        }
+u8_enum! {
+    /// What a connection is for; part of the MAC, so a store hello cannot open a mesh
+    /// connection.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Kind {
+        Store = 1,
+        Mesh = 2,
     }
 }
 

@@ -48,6 +48,12 @@ pub(crate) fn check_token(what: &str, token: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// How a config's `Debug` shows its job token: only whether there is one, since the token is
+/// a secret (the store's and the group's configs print it the same way).
+pub(crate) fn redacted_token(token: &[u8]) -> &'static str {
+    if token.is_empty() { "<none>" } else { "<set>" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

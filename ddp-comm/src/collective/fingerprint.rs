@@ -4,42 +4,27 @@
 use crate::dtype::DataType;
 use crate::error::CommError;
 use crate::reduce_op::ReduceOp;
+use crate::u8_enum::u8_enum;
 use std::fmt;
 
-/// Which collective (or point-to-point message) a frame belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum CollectiveKind {
-    AllReduce = 1,
-    Broadcast = 2,
-    AllGather = 3,
-    ReduceScatter = 4,
-    Reduce = 5,
-    Gather = 6,
-    Scatter = 7,
-    Barrier = 8,
-    SendRecv = 9,
-    AllToAll = 10,
+u8_enum! {
+    /// Which collective (or point-to-point message) a frame belongs to.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum CollectiveKind {
+        AllReduce = 1,
+        Broadcast = 2,
+        AllGather = 3,
+        ReduceScatter = 4,
+        Reduce = 5,
+        Gather = 6,
+        Scatter = 7,
+        Barrier = 8,
+        SendRecv = 9,
+        AllToAll = 10,
+    }
 }
 
 impl CollectiveKind {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        use CollectiveKind::*;
-        Some(match v {
-            1 => AllReduce,
-            2 => Broadcast,
-            3 => AllGather,
-            4 => ReduceScatter,
-            5 => Reduce,
-            6 => Gather,
-            7 => Scatter,
-            8 => Barrier,
-            9 => SendRecv,
-            10 => AllToAll,
-            _ => return None,
-        })
-    }
-
     pub(crate) fn name(self) -> &'static str {
         use CollectiveKind::*;
         match self {

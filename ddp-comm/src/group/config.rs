@@ -1,6 +1,6 @@
 //! [`ProcessGroupConfig`]: who this process is in the job, and the group's settings.
 
-use crate::auth::check_token;
+use crate::auth::{check_token, redacted_token};
 use crate::deadline::{check_timeout, parse_timeout_secs};
 use crate::error::{CommError, Result};
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
@@ -62,14 +62,7 @@ impl std::fmt::Debug for ProcessGroupConfig {
             .field("local_rank", &self.local_rank)
             .field("local_world_size", &self.local_world_size)
             .field("timeout", &self.timeout)
-            .field(
-                "token",
-                &if self.token.is_empty() {
-                    "<none>"
-                } else {
-                    "<set>"
-                },
-            )
+            .field("token", &redacted_token(&self.token))
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
             .field("transport", &self.transport)
             .field("host_id", &self.host_id)

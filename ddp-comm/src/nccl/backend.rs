@@ -181,23 +181,9 @@ impl NcclBackend {
     {
         self.check_device("all_reduce", buf.stream())?;
         self.inner.thread.run_blocking("all_reduce", move |s| {
-            let stream = s.stream.clone();
-            let count = buf.len();
-            // The guard records the buffer's use on the group's stream when dropped, after the
-            // collective was queued (as cudarc's own Comm does).
-            let (ptr, _record) = buf.device_ptr_mut(&stream);
-            let label = CollectiveLabel::new("all_reduce");
-            // SAFETY: the buffers are on the group's device and stream, sized for the call
-            // (checked above), and borrowed until the work is waited for or recorded.
-            let work = unsafe {
-                s.queue(
-                    Call::AllReduce(op),
-                    label,
-                    Buffers::of::<T>(ptr, ptr, count),
-                )
-            }?;
-            drop(work);
-            Ok(())
+            // SAFETY: the buffer is on the group's device and stream (checked above), and the
+            // watchdog supervises the work.
+            unsafe { s.queue_in_place(Call::AllReduce(op), "all_reduce", buf, |_queued| Ok(())) }
         })
     }
 
@@ -328,21 +314,11 @@ impl NcclBackend {
         self.check_device("broadcast", buf.stream())?;
         let root = self.check_root("broadcast", root)?;
         self.inner.thread.run_blocking("broadcast", move |s| {
-            let stream = s.stream.clone();
-            let count = buf.len();
-            let (ptr, _record) = buf.device_ptr_mut(&stream);
-            let label = CollectiveLabel::new("broadcast");
-            // SAFETY: the buffers are on the group's device and stream, sized for the call
-            // (checked above), and borrowed until the work is waited for or recorded.
-            let work = unsafe {
-                s.queue(
-                    Call::Broadcast { root },
-                    label,
-                    Buffers::of::<T>(ptr, ptr, count),
-                )
-            }?;
-            drop(work);
-            Ok(())
+            // SAFETY: the buffer is on the group's device and stream (checked above), and the
+            // watchdog supervises the work.
+            unsafe {
+                s.queue_in_place(Call::Broadcast { root }, "broadcast", buf, |_queued| Ok(()))
+            }
         })
     }
 
@@ -363,17 +339,19 @@ impl NcclBackend {
         self.check_device("all_gather", recv.stream())?;
         self.check_blocks("all_gather", send.len(), recv.len())?;
         self.inner.thread.run_blocking("all_gather", move |s| {
-            let stream = s.stream.clone();
             let count = send.len();
-            let (src, _record_src) = send.device_ptr(&stream);
-            let (dst, _record_dst) = recv.device_ptr_mut(&stream);
-            let label = CollectiveLabel::new("all_gather");
             // SAFETY: the buffers are on the group's device and stream, sized for the call
-            // (checked above), and borrowed until the work is waited for or recorded.
-            let work =
-                unsafe { s.queue(Call::AllGather, label, Buffers::of::<T>(src, dst, count)) }?;
-            drop(work);
-            Ok(())
+            // (checked above), and the watchdog supervises the work.
+            unsafe {
+                s.queue_between(
+                    Call::AllGather,
+                    "all_gather",
+                    send,
+                    recv,
+                    count,
+                    |_queued| Ok(()),
+                )
+            }
         })
     }
 
@@ -395,22 +373,13 @@ impl NcclBackend {
         self.check_device("reduce_scatter", recv.stream())?;
         self.check_blocks("reduce_scatter", recv.len(), send.len())?;
         self.inner.thread.run_blocking("reduce_scatter", move |s| {
-            let stream = s.stream.clone();
             let count = recv.len();
-            let (src, _record_src) = send.device_ptr(&stream);
-            let (dst, _record_dst) = recv.device_ptr_mut(&stream);
-            let label = CollectiveLabel::new("reduce_scatter");
             // SAFETY: the buffers are on the group's device and stream, sized for the call
-            // (checked above), and borrowed until the work is waited for or recorded.
-            let work = unsafe {
-                s.queue(
-                    Call::ReduceScatter(op),
-                    label,
-                    Buffers::of::<T>(src, dst, count),
-                )
-            }?;
-            drop(work);
-            Ok(())
+            // (checked above), and the watchdog supervises the work.
+            unsafe {
+                let call = Call::ReduceScatter(op);
+                s.queue_between(call, "reduce_scatter", send, recv, count, |_queued| Ok(()))
+            }
         })
     }
 
@@ -452,19 +421,10 @@ impl NcclBackend {
             let mut token = stream
                 .alloc_zeros::<f32>(1)
                 .map_err(s.cuda("allocating the barrier token"))?;
-            {
-                let (ptr, _record) = token.device_ptr_mut(&stream);
-                // SAFETY: the buffers are on the group's device and stream, sized for the call
-                // (checked above), and borrowed until the work is waited for or recorded.
-                let work = unsafe {
-                    s.queue(
-                        Call::AllReduce(ReduceOp::Sum),
-                        CollectiveLabel::new("barrier"),
-                        Buffers::of::<f32>(ptr, ptr, 1),
-                    )
-                }?;
-                drop(work);
-            }
+            let sum = Call::AllReduce(ReduceOp::Sum);
+            // SAFETY: the token was just allocated on the group's stream, and the drain below
+            // waits for the work.
+            unsafe { s.queue_in_place(sum, "barrier", &mut token, |_queued| Ok(())) }?;
             s.drain("synchronising after the barrier")
         })
     }

@@ -9,6 +9,7 @@ use super::work::NcclWork;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 use crate::watchdog::CollectiveLabel;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nccl::NcclType;
 use cudarc::nccl::sys::{self, ncclDataType_t};
 use std::ffi::{c_int, c_void};
@@ -108,5 +109,71 @@ impl CommState {
                 }
             }
         })
+    }
+
+    /// Queues `call` in place on `buf` (all-reduce, broadcast, the barrier), labelled `op`, and
+    /// hands the work to `then` while `buf` is still borrowed for the group's stream: the guard
+    /// records the buffer's use on that stream when dropped, after the collective was queued (as
+    /// cudarc's own Comm does). The device and host entry points all queue this way.
+    ///
+    /// # Safety
+    /// `buf` is on the group's device and stream and sized for `call`; `then` waits for the
+    /// work or lets the watchdog supervise it, so `buf` outlives the collective in stream order.
+    pub(crate) unsafe fn queue_in_place<T, B, X>(
+        &mut self,
+        call: Call,
+        op: &'static str,
+        buf: &mut B,
+        then: impl FnOnce(NcclWork) -> Result<X>,
+    ) -> Result<X>
+    where
+        T: NcclType,
+        B: DevicePtrMut<T>,
+    {
+        let stream = self.stream.clone();
+        let count = buf.len();
+        let (ptr, _record) = buf.device_ptr_mut(&stream);
+        // SAFETY: the caller's contract above.
+        let work = unsafe {
+            self.queue(
+                call,
+                CollectiveLabel::new(op),
+                Buffers::of::<T>(ptr, ptr, count),
+            )
+        }?;
+        then(work)
+    }
+
+    /// [`CommState::queue_in_place`] from `send` into `recv` (all-gather, reduce-scatter), with
+    /// NCCL's per-rank `count`.
+    ///
+    /// # Safety
+    /// As [`CommState::queue_in_place`], for both buffers.
+    pub(crate) unsafe fn queue_between<T, S, R, X>(
+        &mut self,
+        call: Call,
+        op: &'static str,
+        send: &S,
+        recv: &mut R,
+        count: usize,
+        then: impl FnOnce(NcclWork) -> Result<X>,
+    ) -> Result<X>
+    where
+        T: NcclType,
+        S: DevicePtr<T>,
+        R: DevicePtrMut<T>,
+    {
+        let stream = self.stream.clone();
+        let (src, _record_src) = send.device_ptr(&stream);
+        let (dst, _record_dst) = recv.device_ptr_mut(&stream);
+        // SAFETY: the caller's contract above.
+        let work = unsafe {
+            self.queue(
+                call,
+                CollectiveLabel::new(op),
+                Buffers::of::<T>(src, dst, count),
+            )
+        }?;
+        then(work)
     }
 }

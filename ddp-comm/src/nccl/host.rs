@@ -6,14 +6,14 @@
 //! timeout) and only then copies back, and returns when the result is in host memory.
 
 use super::backend::NcclBackend;
-use super::calls::{Buffers, Call};
+use super::calls::Call;
 use super::element::NcclElement;
 use super::thread::CommState;
+use super::work::NcclWork;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
-use crate::watchdog::CollectiveLabel;
 use crate::work::Work;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaSlice;
 
 impl NcclBackend {
     /// [`NcclBackend::all_reduce`] on a host slice.
@@ -80,22 +80,9 @@ impl NcclBackend {
             } else {
                 zeros(s, buf.len())?
             };
-            let stream = s.stream.clone();
-            let count = dev.len();
-            {
-                let (ptr, _record) = dev.device_ptr_mut(&stream);
-                let label = CollectiveLabel::new("broadcast");
-                // SAFETY: the buffers are on the group's device and stream, sized for the call
-                // (checked above), and borrowed until the work is waited for or recorded.
-                let work = unsafe {
-                    s.queue(
-                        Call::Broadcast { root: root_i32 },
-                        label,
-                        Buffers::of::<T>(ptr, ptr, count),
-                    )
-                }?;
-                work.watched.wait()?;
-            }
+            let call = Call::Broadcast { root: root_i32 };
+            // SAFETY: `dev` was just allocated on the group's stream, and the work is waited for.
+            unsafe { s.queue_in_place(call, "broadcast", &mut dev, wait) }?;
             download(s, &dev, buf)
         })
     }
@@ -114,21 +101,8 @@ impl NcclBackend {
             return Ok(());
         }
         self.thread().run_blocking("all_gather_host", move |s| {
-            let dev_send = upload(s, send)?;
-            let mut dev_recv = zeros(s, recv.len())?;
-            let stream = s.stream.clone();
-            let count = dev_send.len();
-            {
-                let (src, _record_src) = dev_send.device_ptr(&stream);
-                let (dst, _record_dst) = dev_recv.device_ptr_mut(&stream);
-                let label = CollectiveLabel::new("all_gather");
-                // SAFETY: the buffers are on the group's device and stream, sized for the call
-                // (checked above), and borrowed until the work is waited for or recorded.
-                let work =
-                    unsafe { s.queue(Call::AllGather, label, Buffers::of::<T>(src, dst, count)) }?;
-                work.watched.wait()?;
-            }
-            download(s, &dev_recv, recv)
+            let count = send.len();
+            staged_between(s, Call::AllGather, "all_gather", send, recv, count)
         })
     }
 
@@ -151,26 +125,9 @@ impl NcclBackend {
             return Ok(());
         }
         self.thread().run_blocking("reduce_scatter_host", move |s| {
-            let dev_send = upload(s, send)?;
-            let mut dev_recv = zeros(s, recv.len())?;
-            let stream = s.stream.clone();
-            let count = dev_recv.len();
-            {
-                let (src, _record_src) = dev_send.device_ptr(&stream);
-                let (dst, _record_dst) = dev_recv.device_ptr_mut(&stream);
-                let label = CollectiveLabel::new("reduce_scatter");
-                // SAFETY: the buffers are on the group's device and stream, sized for the call
-                // (checked above), and borrowed until the work is waited for or recorded.
-                let work = unsafe {
-                    s.queue(
-                        Call::ReduceScatter(op),
-                        label,
-                        Buffers::of::<T>(src, dst, count),
-                    )
-                }?;
-                work.watched.wait()?;
-            }
-            download(s, &dev_recv, recv)
+            let count = recv.len();
+            let call = Call::ReduceScatter(op);
+            staged_between(s, call, "reduce_scatter", send, recv, count)
         })
     }
 }
@@ -181,18 +138,32 @@ fn all_reduce_and_wait<T: NcclElement>(
     dev: &mut CudaSlice<T>,
     op: ReduceOp,
 ) -> Result<()> {
-    let stream = s.stream.clone();
-    let count = dev.len();
-    let (ptr, _record) = dev.device_ptr_mut(&stream);
-    // SAFETY: the buffers are on the group's device and stream, sized for the call
-    // (checked above), and borrowed until the work is waited for or recorded.
-    let work = unsafe {
-        s.queue(
-            Call::AllReduce(op),
-            CollectiveLabel::new("all_reduce"),
-            Buffers::of::<T>(ptr, ptr, count),
-        )
-    }?;
+    // SAFETY: `dev` is on the group's device and stream, and the work is waited for.
+    unsafe { s.queue_in_place(Call::AllReduce(op), "all_reduce", dev, wait) }
+}
+
+/// Runs a two-buffer collective (all-gather, reduce-scatter) on host slices: uploads `send`,
+/// queues `call` into a fresh device buffer of `recv.len()` elements with NCCL's per-rank
+/// `count`, waits for it and downloads the result into `recv`. The lengths were checked against
+/// the world size by the caller.
+fn staged_between<T: NcclElement>(
+    s: &mut CommState,
+    call: Call,
+    op: &'static str,
+    send: &[T],
+    recv: &mut [T],
+    count: usize,
+) -> Result<()> {
+    let dev_send = upload(s, send)?;
+    let mut dev_recv = zeros(s, recv.len())?;
+    // SAFETY: both buffers were just allocated on the group's stream, sized for the call
+    // (checked by the caller), and the work is waited for.
+    unsafe { s.queue_between(call, op, &dev_send, &mut dev_recv, count, wait) }?;
+    download(s, &dev_recv, recv)
+}
+
+/// Waits for a queued collective through the watchdog, until it finished on the GPU.
+fn wait(work: NcclWork) -> Result<()> {
     work.watched.wait()
 }
 

@@ -1,5 +1,6 @@
 //! Settings shared by the store server and its clients.
 
+use crate::auth::redacted_token;
 use std::time::Duration;
 
 /// Default timeout for blocking store calls and for connecting.
@@ -38,14 +39,7 @@ impl std::fmt::Debug for StoreConfig {
         // The token is a secret: print only whether there is one.
         f.debug_struct("StoreConfig")
             .field("timeout", &self.timeout)
-            .field(
-                "token",
-                &if self.token.is_empty() {
-                    "<none>"
-                } else {
-                    "<set>"
-                },
-            )
+            .field("token", &redacted_token(&self.token))
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("hello_timeout", &self.hello_timeout)
             .field("max_clients", &self.max_clients)

@@ -6,6 +6,7 @@
 //! and the bytes; numbers are little-endian. Every length is checked against what is left of the
 //! frame, and a frame is checked against the configured maximum before anything is allocated.
 
+use crate::u8_enum::u8_enum;
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
@@ -15,60 +16,32 @@ use std::time::Duration;
 /// malformed request and drop the connection, so mixed versions are refused at the hello.
 pub(crate) const VERSION: u16 = 3;
 
-/// Request opcodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Op {
-    Set = 2,
-    Get = 3,
-    Add = 4,
-    Wait = 5,
-    CompareSet = 6,
-    Delete = 7,
-    NumKeys = 8,
-    Check = 9,
-    MultiGet = 10,
-}
-
-impl Op {
-    pub(crate) fn from_u8(v: u8) -> Option<Op> {
-        Some(match v {
-            2 => Op::Set,
-            3 => Op::Get,
-            4 => Op::Add,
-            5 => Op::Wait,
-            6 => Op::CompareSet,
-            7 => Op::Delete,
-            8 => Op::NumKeys,
-            9 => Op::Check,
-            10 => Op::MultiGet,
-            _ => return None,
-        })
+u8_enum! {
+    /// Request opcodes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Op {
+        Set = 2,
+        Get = 3,
+        Add = 4,
+        Wait = 5,
+        CompareSet = 6,
+        Delete = 7,
+        NumKeys = 8,
+        Check = 9,
+        MultiGet = 10,
     }
 }
 
-/// Response status bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Status {
-    Ok = 0,
-    Timeout = 1,
-    Unauthorized = 2,
-    BadRequest = 3,
-    /// The reply would exceed the frame limit: `u64` reply body length, `u64` limit.
-    TooLarge = 4,
-}
-
-impl Status {
-    pub(crate) fn from_u8(v: u8) -> Option<Status> {
-        Some(match v {
-            0 => Status::Ok,
-            1 => Status::Timeout,
-            2 => Status::Unauthorized,
-            3 => Status::BadRequest,
-            4 => Status::TooLarge,
-            _ => return None,
-        })
+u8_enum! {
+    /// Response status bytes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Status {
+        Ok = 0,
+        Timeout = 1,
+        Unauthorized = 2,
+        BadRequest = 3,
+        /// The reply would exceed the frame limit: `u64` reply body length, `u64` limit.
+        TooLarge = 4,
     }
 }
 

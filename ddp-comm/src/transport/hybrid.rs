@@ -148,10 +148,6 @@ pub(crate) struct HybridTransport {
 }
 
 impl HybridTransport {
-    fn avg_divisor(&self, op: ReduceOp) -> Option<usize> {
-        (op == ReduceOp::Avg).then_some(self.n)
-    }
-
     /// Checks that every rank issues the same collective before one that runs over the full
     /// mesh: within the unit, then between the leaders.
     fn agree(&mut self, fp: &Fingerprint) -> Result<()> {
@@ -171,7 +167,7 @@ impl HybridTransport {
 
 impl Transport for HybridTransport {
     fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
-        let divide = self.avg_divisor(op);
+        let divide = op.avg_divisor(self.n);
         if self.single {
             return match self.shm.as_mut() {
                 Some(shm) => shm.reduce_to(fp, buf, op, divide, None),
@@ -204,7 +200,7 @@ impl Transport for HybridTransport {
             // Across hosts the leaders' TCP ring needs one flat buffer anyway.
             return parts.through_flat(|flat| self.all_reduce(fp, flat, op));
         }
-        let divide = self.avg_divisor(op);
+        let divide = op.avg_divisor(self.n);
         match self.shm.as_mut() {
             Some(shm) => shm.reduce_parts_to(fp, parts, op, divide, None),
             None => Ok(()),
@@ -251,7 +247,7 @@ impl Transport for HybridTransport {
         op: ReduceOp,
     ) -> Result<()> {
         if self.single {
-            let divide = self.avg_divisor(op);
+            let divide = op.avg_divisor(self.n);
             return match self.shm.as_mut() {
                 Some(shm) => shm.reduce_scatter(fp, input, output, op, divide),
                 None => self.tcp.reduce_scatter(fp, input, output, op),
@@ -269,7 +265,7 @@ impl Transport for HybridTransport {
         op: ReduceOp,
     ) -> Result<()> {
         if self.single {
-            let divide = self.avg_divisor(op);
+            let divide = op.avg_divisor(self.n);
             let root = self.slot_of[root];
             return match self.shm.as_mut() {
                 Some(shm) => shm.reduce_to(fp, buf, op, divide, Some(root)),

@@ -97,6 +97,25 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Blocks until `outcome` gives the answer, re-checking each time the state changes;
+    /// [`CommError::Destroyed`] once the watchdog has stopped without one. The wait of
+    /// [`Watchdog::wait_idle`] and of [`WatchedWork::wait`].
+    fn wait_until(&self, mut outcome: impl FnMut(&State) -> Option<Result<()>>) -> Result<()> {
+        let mut state = self.lock();
+        loop {
+            if let Some(result) = outcome(&state) {
+                return result;
+            }
+            if state.stopped {
+                return Err(CommError::Destroyed);
+            }
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     /// Waits until a failure that has started is recorded. Bounded: the failure path waits at
     /// most [`ABORT_WAIT`] for the abort and the report budget for the store, and records a
     /// failure on every path (a panic in it included).
@@ -344,23 +363,12 @@ impl Watchdog {
     /// # Errors
     /// [`CommError::Watchdog`] when the group failed.
     pub fn wait_idle(&self) -> Result<()> {
-        let mut state = self.shared.lock();
-        loop {
+        self.shared.wait_until(|state| {
             if let Some(e) = state.error() {
-                return Err(e);
+                return Some(Err(e));
             }
-            if state.inflight.iter().all(|i| i.done) && !state.failing {
-                return Ok(());
-            }
-            if state.stopped {
-                return Err(CommError::Destroyed);
-            }
-            state = self
-                .shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+            (state.inflight.iter().all(|i| i.done) && !state.failing).then_some(Ok(()))
+        })
     }
 
     /// The last issued sequence number (0: none yet).
@@ -454,23 +462,12 @@ impl WatchedWork {
     /// [`CommError::Watchdog`] when the group failed before the item completed;
     /// [`CommError::Destroyed`] when the watchdog was dropped first.
     pub fn wait(self) -> Result<()> {
-        let mut state = self.shared.lock();
-        loop {
+        self.shared.wait_until(|state| {
             if state.is_done(self.seq) {
-                return Ok(());
+                return Some(Ok(()));
             }
-            if let Some(e) = state.error() {
-                return Err(e);
-            }
-            if state.stopped {
-                return Err(CommError::Destroyed);
-            }
-            state = self
-                .shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+            state.error().map(Err)
+        })
     }
 }
 

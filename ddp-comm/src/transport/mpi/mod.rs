@@ -218,10 +218,6 @@ impl MpiTransport {
         bytes
     }
 
-    fn avg_divisor(&self, op: ReduceOp) -> Option<usize> {
-        (op == ReduceOp::Avg).then_some(self.n)
-    }
-
     /// Checks that every rank of the group runs the collective `fp` describes, with the same
     /// lengths, before any data moves: MPI would otherwise truncate, overrun, or pair chunk
     /// loops with the next collective. Every rank takes the same branch (they all see the same
@@ -358,7 +354,7 @@ impl Transport for MpiTransport {
             };
             check("MPI_Allreduce", rc)?;
         }
-        if let Some(d) = self.avg_divisor(op) {
+        if let Some(d) = op.avg_divisor(self.n) {
             divide_bytes(fp.dtype, buf, d);
         }
         Ok(())
@@ -420,7 +416,7 @@ impl Transport for MpiTransport {
             )
         };
         check("MPI_Reduce_scatter_block", rc)?;
-        if let Some(d) = self.avg_divisor(op) {
+        if let Some(d) = op.avg_divisor(self.n) {
             divide_bytes(fp.dtype, output, d);
         }
         Ok(())
@@ -462,7 +458,7 @@ impl Transport for MpiTransport {
             };
             check("MPI_Reduce", rc)?;
         }
-        if let (true, Some(d)) = (is_root, self.avg_divisor(op)) {
+        if let (true, Some(d)) = (is_root, op.avg_divisor(self.n)) {
             divide_bytes(fp.dtype, buf, d);
         }
         Ok(())

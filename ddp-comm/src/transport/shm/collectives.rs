@@ -28,6 +28,23 @@ impl ShmGroup {
         (self.chunk() / parts / esize).max(1)
     }
 
+    /// How reduce-scatter, scatter and all-to-all stream blocks of `m` bytes (whole elements of
+    /// `esize` bytes) through the staging buffers, each split into one part per slot: the bytes
+    /// of a part, and the byte range of every block that each step handles.
+    fn block_steps(
+        &self,
+        esize: usize,
+        m: usize,
+    ) -> (usize, impl Iterator<Item = Range<usize>> + use<>) {
+        let per = self.per_part(esize, self.n());
+        let total = m / esize;
+        let ranges = (0..steps(total, per)).map(move |s| {
+            let els = piece(s, per, total);
+            els.start * esize..els.end * esize
+        });
+        (per * esize, ranges)
+    }
+
     /// Begins a step and posts `range` of `buf` (this rank's input for it) in its staging
     /// buffer, gathered straight from the pieces.
     fn post_parts(
@@ -218,12 +235,9 @@ impl ShmGroup {
         let deadline = self.deadline();
         let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
         let m = output.len();
-        let per = self.per_part(e, n);
-        let sub = per * e;
+        let (sub, step_ranges) = self.block_steps(e, m);
         let combine = op.combine_op();
-        for s in 0..steps(m / e, per) {
-            let els = piece(s, per, m / e);
-            let r = els.start * e..els.end * e;
+        for r in step_ranges {
             let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
             let out = &mut output[r.clone()];
             let own = &input[me * m + r.start..me * m + r.end];
@@ -261,11 +275,8 @@ impl ShmGroup {
         let deadline = self.deadline();
         let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
         let m = output.len();
-        let per = self.per_part(e, n);
-        let sub = per * e;
-        for s in 0..steps(m / e, per) {
-            let els = piece(s, per, m / e);
-            let r = els.start * e..els.end * e;
+        let (sub, step_ranges) = self.block_steps(e, m);
+        for r in step_ranges {
             let k = self.begin(fp, deadline)?;
             if let Some(inp) = input.filter(|_| me == root) {
                 for q in (0..n).filter(|&q| q != me) {
@@ -301,12 +312,9 @@ impl ShmGroup {
         let deadline = self.deadline();
         let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
         let m = output.len() / n;
-        let per = self.per_part(e, n);
-        let sub = per * e;
+        let (sub, step_ranges) = self.block_steps(e, m);
         output[me * m..(me + 1) * m].copy_from_slice(&input[me * m..(me + 1) * m]);
-        for s in 0..steps(m / e, per) {
-            let els = piece(s, per, m / e);
-            let r = els.start * e..els.end * e;
+        for r in step_ranges {
             let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
             for q in (0..n).filter(|&q| q != me) {
                 self.seg.read(

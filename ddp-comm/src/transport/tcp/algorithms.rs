@@ -186,9 +186,9 @@ impl Transport for TcpTransport {
         let ctx = self.ctx(fp);
         let segs = self.byte_segments(fp, fp.count as usize);
         self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
-        if op == ReduceOp::Avg {
+        if let Some(d) = op.avg_divisor(n) {
             let own = &segs[(self.group_rank + 1) % n];
-            divide_bytes(fp.dtype, &mut buf[own.clone()], n);
+            divide_bytes(fp.dtype, &mut buf[own.clone()], d);
         }
         self.ring_all_gather(&ctx, buf, &segs, 1)
     }
@@ -236,8 +236,8 @@ impl Transport for TcpTransport {
         } else {
             output.copy_from_slice(&input[own]);
         }
-        if op == ReduceOp::Avg {
-            divide_bytes(fp.dtype, output, n);
+        if let Some(d) = op.avg_divisor(n) {
+            divide_bytes(fp.dtype, output, d);
         }
         Ok(())
     }
@@ -269,8 +269,8 @@ impl Transport for TcpTransport {
                     &mut Exchange::new(&[], Sink::copy(&mut buf[seg])),
                 )?;
             }
-            if op == ReduceOp::Avg {
-                divide_bytes(fp.dtype, buf, n);
+            if let Some(d) = op.avg_divisor(n) {
+                divide_bytes(fp.dtype, buf, d);
             }
         } else {
             // Work on a copy: PyTorch leaves non-root buffers unchanged.

@@ -235,40 +235,40 @@ enum Io {
 }
 
 fn send_some(conn: &Conn, buf: &[u8]) -> io::Result<Io> {
-    loop {
+    nonblocking(|| {
         // SAFETY: `buf` is a valid readable slice for its length; MSG_NOSIGNAL turns a write to a
         // closed socket into EPIPE instead of killing the process with SIGPIPE.
-        let n = unsafe {
+        unsafe {
             libc::send(
                 conn.stream.as_raw_fd(),
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_NOSIGNAL,
             )
-        };
-        if n >= 0 {
-            return Ok(Io::Done(n as usize));
         }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock => return Ok(Io::WouldBlock),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(e),
-        }
-    }
+    })
 }
 
 fn recv_some(conn: &Conn, buf: &mut [u8]) -> io::Result<Io> {
-    loop {
+    nonblocking(|| {
         // SAFETY: `buf` is a valid writable slice for its length.
-        let n = unsafe {
+        unsafe {
             libc::recv(
                 conn.stream.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 0,
             )
-        };
+        }
+    })
+}
+
+/// Runs one non-blocking socket call (`send` or `recv`, which report alike): the bytes it
+/// moved, [`Io::WouldBlock`] when the socket is not ready, or its error; retried when a signal
+/// interrupts it.
+fn nonblocking(mut call: impl FnMut() -> isize) -> io::Result<Io> {
+    loop {
+        let n = call();
         if n >= 0 {
             return Ok(Io::Done(n as usize));
         }

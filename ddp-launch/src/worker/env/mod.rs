@@ -159,6 +159,18 @@ pub(crate) mod tests {
         WorkerEnv::from_vars(&vars(pairs))
     }
 
+    /// A detected worker's place in the job, as each launcher's test checks it: rank, world
+    /// size, local rank, local world size, node rank.
+    pub(crate) fn placement(env: &WorkerEnv) -> (usize, usize, usize, usize, usize) {
+        (
+            env.rank,
+            env.world_size,
+            env.local_rank,
+            env.local_world_size,
+            env.node_rank,
+        )
+    }
+
     #[test]
     fn no_launcher_variables_means_not_a_worker() {
         assert_eq!(

@@ -66,7 +66,7 @@ pub(crate) fn open_mpi_port(job_id: &str) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::super::DERIVED_PORTS;
-    use super::super::tests::detect;
+    use super::super::tests::{detect, placement};
     use super::*;
     use ddp_comm::TOKEN_ENV;
 
@@ -83,16 +83,7 @@ mod tests {
         .expect("ok")
         .expect("worker");
         assert_eq!(env.launcher, LauncherKind::OpenMpi);
-        assert_eq!(
-            (
-                env.rank,
-                env.world_size,
-                env.local_rank,
-                env.local_world_size,
-                env.node_rank
-            ),
-            (3, 4, 1, 2, 1)
-        );
+        assert_eq!(placement(&env), (3, 4, 1, 2, 1));
         assert_eq!(
             (env.master_addr.as_str(), env.master_port),
             ("node0", DEFAULT_MASTER_PORT),

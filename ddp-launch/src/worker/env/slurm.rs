@@ -160,7 +160,7 @@ pub(crate) fn first_host(list: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::super::DERIVED_PORTS;
-    use super::super::tests::detect;
+    use super::super::tests::{detect, placement};
     use super::*;
     use ddp_comm::TOKEN_ENV;
 
@@ -182,16 +182,7 @@ mod tests {
         .expect("ok")
         .expect("worker");
         assert_eq!(env.launcher, LauncherKind::Slurm);
-        assert_eq!(
-            (
-                env.rank,
-                env.world_size,
-                env.local_rank,
-                env.local_world_size,
-                env.node_rank
-            ),
-            (5, 6, 1, 2, 2)
-        );
+        assert_eq!(placement(&env), (5, 6, 1, 2, 2));
         assert_eq!(env.master_addr, "gpu07");
         assert_eq!(env.master_port, slurm_port(12345, 0));
         assert!(DERIVED_PORTS.contains(&env.master_port));

@@ -38,7 +38,7 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::detect;
+    use super::super::tests::{detect, placement};
     use super::super::*;
     use crate::plan::{RESTART_COUNT_ENV, WORKER_ENV};
     use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
@@ -61,16 +61,7 @@ mod tests {
         .expect("ok")
         .expect("worker");
         assert_eq!(env.launcher, LauncherKind::DdpRun);
-        assert_eq!(
-            (
-                env.rank,
-                env.world_size,
-                env.local_rank,
-                env.local_world_size,
-                env.node_rank
-            ),
-            (3, 4, 1, 2, 1)
-        );
+        assert_eq!(placement(&env), (3, 4, 1, 2, 1));
         assert_eq!(
             (env.master_addr.as_str(), env.master_port),
             ("10.0.0.1", 1234)
