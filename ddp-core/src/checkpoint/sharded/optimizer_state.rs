@@ -32,6 +32,41 @@ pub enum StateHolding {
 ///
 /// The model type is part of the trait so that an optimizer of another module (FSDP's chunk
 /// optimizer, whose "parameters" are units) cannot be saved as the model's.
+///
+/// A holder of your own (burn's optimizer records are keyed by `hashbrown`'s `HashMap`, as in
+/// burn's `Optimizer::Record`):
+///
+/// ```
+/// use burn::module::{AutodiffModule, ParamId};
+/// use burn::optim::adaptor::OptimizerAdaptor;
+/// use burn::optim::record::AdaptorRecord;
+/// use burn::optim::{Adam, Optimizer};
+/// use burn::tensor::backend::AutodiffBackend;
+/// use ddp_core::checkpoint::sharded::{ShardedOptimizerState, StateHolding};
+/// use hashbrown::HashMap;
+///
+/// /// Adam with a warm-up of its own; every rank holds every parameter's state.
+/// struct WarmAdam<M: AutodiffModule<B>, B: AutodiffBackend> {
+///     adam: OptimizerAdaptor<Adam, M, B>,
+///     warmup_steps: usize,
+/// }
+///
+/// impl<M: AutodiffModule<B>, B: AutodiffBackend> ShardedOptimizerState<B, M> for WarmAdam<M, B> {
+///     type Record = AdaptorRecord<Adam, B>;
+///
+///     fn holding(&self) -> StateHolding {
+///         StateHolding::Replicated
+///     }
+///
+///     fn state_to_save(&self) -> HashMap<ParamId, Self::Record> {
+///         self.adam.to_record()
+///     }
+///
+///     fn install_loaded(&mut self, state: HashMap<ParamId, Self::Record>) {
+///         self.adam = self.adam.clone().load_record(state);
+///     }
+/// }
+/// ```
 pub trait ShardedOptimizerState<B: AutodiffBackend, M: AutodiffModule<B>> {
     /// The state of one parameter.
     type Record: Record<B>;

@@ -13,6 +13,27 @@
 //! - `rank0`: the collectives around the disk: rank 0 works and tells the others, every rank
 //!   agrees all succeeded, rank 0 reads and broadcasts ([`read_on_rank0`]).
 //!
+//! Files of your own next to a checkpoint (a tokenizer, a metrics log), written by rank 0
+//! and read back on every rank without a shared filesystem:
+//!
+//! ```no_run
+//! use ddp_core::checkpoint::storage::{read_on_rank0, write_file_atomically};
+//! use ddp_core::comm::ProcessGroup;
+//! use std::io::Write;
+//! use std::path::PathBuf;
+//!
+//! fn save_and_share(pg: &ProcessGroup, vocab: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+//!     let path = PathBuf::from("runs/digits/vocab.bin");
+//!     if pg.rank() == 0 {
+//!         // Complete under its final name, or the previous file: never cut short.
+//!         write_file_atomically(&path, |file| file.write_all(vocab))?;
+//!     }
+//!     pg.barrier()?;
+//!     // Collective: rank 0 reads, every rank receives the bytes.
+//!     Ok(read_on_rank0(pg, &[path])?.remove(0))
+//! }
+//! ```
+//!
 //! [`FullCheckpointer`]: super::FullCheckpointer
 //! [`ShardedCheckpointer`]: super::sharded::ShardedCheckpointer
 
