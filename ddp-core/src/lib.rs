@@ -232,7 +232,9 @@ pub use ddp_comm as comm;
 pub use ddp_data as data;
 /// The launcher (`ddp-run`, [`launch()`], the worker environment): the `ddp-launch` crate.
 pub use ddp_launch as launcher;
-pub use ddp_launch::{init_from_env, launch};
+pub use ddp_launch::init_from_env;
+#[cfg(feature = "launch")]
+pub use ddp_launch::launch;
 
 // The launcher module's first path, renamed `launcher` so that the documented `launch` is one
 // thing, the function; `ddp_core::launch::LaunchArgs` still compiles for one release. Hidden

@@ -84,6 +84,7 @@ pub type ExactShard = crate::data::ExactShard;
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::data::SamplerState`")]
 pub type SamplerState = crate::data::SamplerState;
 
+#[cfg(feature = "launch")]
 /// Moved to [`ddp_core::launcher::LaunchArgs`](crate::launcher::LaunchArgs).
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchArgs`")]
 pub type LaunchArgs = crate::launcher::LaunchArgs;
@@ -92,10 +93,12 @@ pub type LaunchArgs = crate::launcher::LaunchArgs;
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchError`")]
 pub type LaunchError = crate::launcher::LaunchError;
 
+#[cfg(feature = "launch")]
 /// Moved to [`ddp_core::launcher::LaunchPlan`](crate::launcher::LaunchPlan).
 #[deprecated(since = "0.1.0", note = "moved: use `ddp_core::launcher::LaunchPlan`")]
 pub type LaunchPlan = crate::launcher::LaunchPlan;
 
+#[cfg(feature = "launch")]
 /// Moved to [`ddp_core::launcher::NprocPerNode`](crate::launcher::NprocPerNode).
 #[deprecated(
     since = "0.1.0",

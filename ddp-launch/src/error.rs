@@ -312,6 +312,8 @@ impl LaunchError {
         }
     }
 
+    /// `train`'s own error in a worker of [`launch`](crate::launch), with its chain of causes.
+    #[cfg(feature = "supervisor")]
     pub(crate) fn training(rank: usize, source: Box<dyn StdError + Send + Sync>) -> Self {
         let mut message = source.to_string();
         let mut cause = source.source();
@@ -371,6 +373,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "supervisor")]
     fn training_error_message_carries_the_cause_chain_once() {
         #[derive(Debug, thiserror::Error)]
         #[error("loading checkpoint")]

@@ -1,7 +1,8 @@
 //! # ddp-launch
 //!
 //! Starting and supervising data-parallel jobs: burn's `torchrun`. This crate does not depend on
-//! burn, so the `ddp-run` binary builds without it; ddp-core re-exports it as `ddp_core::launcher` (and its `launch` function as `ddp_core::launch`).
+//! burn, so the `ddp-run` binary builds without it; ddp-core re-exports it as
+//! `ddp_core::launcher` (and its `launch` function as `ddp_core::launch`).
 //!
 //! Two front ends share one supervisor:
 //!
@@ -66,11 +67,14 @@
 //! ```
 //!
 //! # Layout
-//! By role, each a folder: `plan/` turns flags into a [`LaunchPlan`] (nothing started);
-//! `worker/` is what a training process runs ([`launch`], [`init_from_env`], the job
-//! environment); `rendezvous/` holds ports and joins the nodes; `supervise/` spawns, watches,
-//! blames and restarts the workers (static and elastic). The files at the root (`error`,
-//! `summary`, `signals`, ...) are shared by all four.
+//! By role, each a folder. The worker side builds on its own (without the `supervisor`
+//! feature): `worker/` is what a training process runs ([`init_from_env`], the job environment
+//! and the variables a launcher sets, [`WorkerContext`]), with `progress/` and the failure
+//! summary types at the root. The launcher side needs `supervisor`: `plan/` turns flags into a
+//! [`LaunchPlan`] (nothing started); `rendezvous/` holds ports and joins the nodes;
+//! `supervise/` spawns, watches, blames and restarts the workers (static and elastic);
+//! `entry.rs` is [`launch`], which runs one side or the other. The worker side never imports
+//! the launcher side.
 //!
 //! # Worker environment
 //! Every worker gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (node
@@ -154,6 +158,9 @@
 //! rounds in an etcd v3 cluster at `--rdzv-endpoint` instead, so any node may die.
 //!
 //! # Features
+//! - `supervisor` (default): the launcher side: `ddp-run`, [`launch`], [`LaunchArgs`],
+//!   [`LaunchPlan`]. Turn default features off for the worker side alone (what ddp-core depends
+//!   on without its `launch` feature): no flag parser, no supervisor.
 //! - `etcd`: the `etcd` rendezvous backend (the `etcd-client` crate, whose build needs
 //!   `protoc`). Without it, `--rdzv-backend etcd` is an error saying to build with it.
 //!
@@ -162,27 +169,42 @@
 #![warn(missing_docs)]
 
 mod error;
-mod node_sync;
-mod plan;
 pub mod progress;
-mod rendezvous;
 mod round_summary;
 mod signal_names;
-mod signals;
 mod summary;
-mod supervise;
 mod worker;
 
+// The launcher's side: planning, starting and supervising workers (`ddp-run`, [`launch`]).
+#[cfg(feature = "supervisor")]
+mod entry;
+#[cfg(feature = "supervisor")]
+mod node_sync;
+#[cfg(feature = "supervisor")]
+mod plan;
+#[cfg(feature = "supervisor")]
+mod rendezvous;
+#[cfg(feature = "supervisor")]
+mod signals;
+#[cfg(feature = "supervisor")]
+mod supervise;
+
 pub use error::LaunchError;
-pub use plan::args::{LaunchArgs, NprocPerNode};
-pub use plan::node_count::{NodeCount, RdzvBackend};
-pub use plan::{
-    ALLOCATOR_ENV, LaunchPlan, MasterPort, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
-};
 pub use round_summary::ElasticRound;
 pub use summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 pub use summary::{RootCause, Victim};
 pub use worker::context::WorkerContext;
+pub use worker::env::launcher_vars::{
+    ALLOCATOR_ENV, LAUNCH_ID_ENV, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
+};
 pub use worker::env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 pub use worker::init::init_from_env;
-pub use worker::launch;
+
+#[cfg(feature = "supervisor")]
+pub use entry::launch;
+#[cfg(feature = "supervisor")]
+pub use plan::args::{LaunchArgs, NprocPerNode};
+#[cfg(feature = "supervisor")]
+pub use plan::node_count::{NodeCount, RdzvBackend};
+#[cfg(feature = "supervisor")]
+pub use plan::{LaunchPlan, MasterPort};

@@ -9,7 +9,6 @@
 pub(crate) mod args;
 pub(crate) mod elastic_settings;
 pub(crate) mod node_count;
-pub(crate) mod process_env;
 pub(crate) mod worker_count;
 
 use crate::error::LaunchError;
@@ -17,6 +16,9 @@ use crate::plan::args::{LaunchArgs, NprocPerNode};
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::{NodeCount, RdzvBackend};
 use crate::plan::worker_count::{HostLimits, check_worker_count, process_limit};
+use crate::worker::env::launcher_vars::{
+    ALLOCATOR_ENV, LAUNCH_ID_ENV, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
+};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -25,40 +27,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Environment variable that marks a process as a worker started by this launcher.
-pub const WORKER_ENV: &str = "DDP_LAUNCH_WORKER";
-/// Environment variable holding the restart count (0 on the first attempt).
-pub const RESTART_COUNT_ENV: &str = "DDP_RESTART_COUNT";
-/// Environment variable holding the elastic rendezvous round the workers belong to (elastic
-/// jobs only; equal to [`RESTART_COUNT_ENV`] there, since every new round restarts them).
-pub const RDZV_ROUND_ENV: &str = "DDP_RDZV_ROUND";
-/// Environment variable naming this launch (the same on every attempt of it, different for
-/// every launch): lets a worker tell checkpoints written by this launch from an older run's
-/// (e.g. `--fresh` on a `--max-restarts` restart). Random per launch unless already set (set
-/// it to one value on every node of a multi-node job).
-pub const LAUNCH_ID_ENV: &str = "DDP_LAUNCH_ID";
-
 /// Thread-pool variables set per worker (to cores / local ranks) unless already set.
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
-
-/// glibc `malloc` settings every worker gets unless the user tunes the allocator already (any
-/// `MALLOC_*` variable above, `MALLOC_TOP_PAD_`, `MALLOC_ARENA_MAX`, `GLIBC_TUNABLES` or
-/// `LD_PRELOAD` set).
-///
-/// burn's CPU backends allocate activations and gradients afresh every step, and LibTorch's
-/// tensors come from `malloc` whatever Rust's global allocator is. With glibc's defaults, freed
-/// multi-MiB buffers go back to the kernel (`munmap`, heap trimming) and the next step
-/// page-faults them in again, zeroed: on the MLP of `ddp_step` (24 MiB of gradients) that is
-/// about 15,000 faults per step and a third of the step time. Serving blocks up to 1 GiB from
-/// the heap and keeping up to 1 GiB of freed heap mapped removes them (glibc 2.36 takes
-/// thresholds above the 32 MiB that its own adaptive threshold stops at). The same values as
-/// `ddp_core::cpu_fast_path::KEEP_BYTES`, which DDP sets in-process when nothing set these. The
-/// same role as `OMP_NUM_THREADS` in torchrun: a default for the workers, overridden by setting
-/// any of the variables (or preloading another allocator).
-pub const ALLOCATOR_ENV: [(&str, &str); 2] = [
-    ("MALLOC_MMAP_THRESHOLD_", "1073741824"),
-    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
-];
 
 /// Variables that mean the user chose allocator settings (or another allocator) themselves.
 const ALLOCATOR_USER_VARS: [&str; 6] = [
@@ -100,7 +70,7 @@ impl HostInfo {
     /// [`LaunchError::WorkerEnv`] naming a variable whose value is not valid UTF-8.
     pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vars = crate::plan::process_env::with_process_env(|lookup| {
+        let vars = crate::worker::env::process_env::with_process_env(|lookup| {
             Ok(std::iter::once(TOKEN_ENV)
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)

@@ -25,6 +25,8 @@ pub struct WorkerContext {
 }
 
 impl WorkerContext {
+    /// Only [`launch`](crate::launch) hands a context out.
+    #[cfg(feature = "supervisor")]
     pub(crate) fn new(env: WorkerEnv, group: ProcessGroup) -> Self {
         WorkerContext { env, group }
     }

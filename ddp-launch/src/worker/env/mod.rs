@@ -3,14 +3,16 @@
 //! `mpirun`. This module holds the shared reader and the choice of dialect; each dialect's
 //! variables are read in its own file (`torchrun.rs`, `slurm.rs`, `open_mpi.rs`).
 
+pub(crate) mod launcher_vars;
 mod open_mpi;
+pub(crate) mod process_env;
 mod slurm;
 mod torchrun;
 mod worker_env;
 
 use crate::error::LaunchError;
-use crate::plan::WORKER_ENV;
 use ddp_comm::TOKEN_ENV;
+use launcher_vars::WORKER_ENV;
 use open_mpi::OPEN_MPI_JOB_KEY_VAR;
 #[cfg(test)]
 pub(crate) use slurm::slurm_port;
@@ -21,11 +23,11 @@ pub(crate) use worker_env::DERIVED_PORTS;
 pub use worker_env::{DEFAULT_MASTER_PORT, LauncherKind, WorkerEnv};
 use worker_env::{Vars, derived_port, master_addr};
 
-use crate::plan::process_env::with_process_env;
+use process_env::with_process_env;
 
 impl WorkerEnv {
     /// Whether the group was restarted before this attempt (see
-    /// [`WorkerContext::is_restart`](super::WorkerContext::is_restart)).
+    /// [`WorkerContext::is_restart`](crate::WorkerContext::is_restart)).
     pub fn is_restart(&self) -> bool {
         self.restart_count > 0
     }

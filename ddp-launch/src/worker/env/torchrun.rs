@@ -40,7 +40,7 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
 mod tests {
     use super::super::tests::{detect, placement};
     use super::super::*;
-    use crate::plan::{RESTART_COUNT_ENV, WORKER_ENV};
+    use crate::worker::env::launcher_vars::{RESTART_COUNT_ENV, WORKER_ENV};
     use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
 
     #[test]

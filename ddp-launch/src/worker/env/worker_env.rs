@@ -3,7 +3,7 @@
 //! (`torchrun.rs`, `slurm.rs`, `open_mpi.rs`) build on these; `mod.rs` chooses among them.
 
 use crate::error::LaunchError;
-use crate::plan::RESTART_COUNT_ENV;
+use crate::worker::env::launcher_vars::RESTART_COUNT_ENV;
 use ddp_comm::{MAX_TIMEOUT, TIMEOUT_ENV, TOKEN_ENV};
 use std::num::{IntErrorKind, ParseIntError};
 use std::time::Duration;
