@@ -215,7 +215,6 @@ pub mod fsdp;
 pub mod kernel_cache;
 pub mod metrics;
 pub mod nn;
-pub mod progress;
 pub mod zero;
 
 pub use ddp::timeline::StepStats;
@@ -235,6 +234,9 @@ pub use ddp_launch as launcher;
 pub use ddp_launch::init_from_env;
 #[cfg(feature = "launch")]
 pub use ddp_launch::launch;
+/// Training progress: rank 0's per-epoch bar with the loss averaged across ranks
+/// ([`progress::EpochProgress`]), shown by rank 0 or by the launcher (ddp-launch's module).
+pub use ddp_launch::progress;
 
 // The launcher module's first path, renamed `launcher` so that the documented `launch` is one
 // thing, the function; `ddp_core::launch::LaunchArgs` still compiles for one release. Hidden

@@ -48,7 +48,7 @@ use burn_train::{
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::checkpoint::storage::remove_temporary_files;
-use ddp_core::launcher::progress::ProgressSetting;
+use ddp_core::progress::ProgressSetting;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
@@ -884,7 +884,7 @@ impl<LC: DdpComponents + 'static> DistributedTrainingExt for SupervisedTraining<
             let dashboard = uses_dashboard(
                 cfg!(feature = "tui"),
                 std::io::stdout().is_terminal(),
-                ddp_core::launcher::progress::claim_report_pipe(),
+                ddp_core::progress::claim_report_pipe(),
                 ProgressSetting::from_env(),
             );
             if dashboard {

@@ -1,26 +1,9 @@
-//! Training progress on rank 0: a bar per epoch with the loss averaged across ranks, samples per
-//! second for the whole job and an ETA; a plain log line every few seconds when stderr is not a
-//! terminal (CI logs, files). Other ranks stay quiet.
-//!
-//! # Under the launcher
-//! A worker's stderr is a pipe to the launcher, so rank 0 cannot draw a bar on it. When the
-//! launcher's own stderr is a terminal, it hands rank 0 a pipe for progress reports
-//! ([`PROGRESS_FD_ENV`](ddp_launch::progress::PROGRESS_FD_ENV)) and draws the bar itself, printing the workers' lines above it; with
-//! the launcher's stderr in a file or pipe, rank 0 prints lines as usual. The pipe protocol and
-//! the bar drawing are ddp-launch's ([`ddp_launch::progress`]); this module is the rank-0 side.
-//!
-//! `DDP_PROGRESS` ([`PROGRESS_ENV`](ddp_launch::progress::PROGRESS_ENV)) overrides the choice for the launcher and rank 0 alike:
-//! `auto` (the default: a bar on a terminal), `bar` (draw even when stderr is not a terminal,
-//! e.g. for a console that renders ANSI sequences), `lines`.
-//!
-//! # Collective
-//! [`EpochProgress::step`] all-reduces the loss (one small collective), so every rank calls it
-//! once per step.
+//! Rank 0's side: [`EpochProgress`] (a bar per epoch, the loss averaged across ranks) and
+//! [`ProgressDisplay`] (a bar for a loop rank 0 drives alone), drawn on rank 0's stderr, printed
+//! as lines, or reported to the launcher through `report.rs`'s pipe.
 
+use super::{Report, bar_style, report_channel, send, stderr_draws_bar, stderr_target};
 use ddp_comm::{CommError, ProcessGroup, ReduceOp};
-use ddp_launch::progress::{
-    Report, bar_style, report_channel, send, stderr_draws_bar, stderr_target,
-};
 use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::Write;
