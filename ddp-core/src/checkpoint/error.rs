@@ -1,5 +1,6 @@
-//! [`CheckpointError`]: every way saving or restoring a checkpoint can fail, and
-//! [`InvalidReason`]: why a checkpoint on disk failed verification.
+//! [`CheckpointError`]: every way saving or restoring a checkpoint can fail; in it,
+//! [`StorageError`]: the directory's reads, writes and lock, and [`InvalidReason`]: why a
+//! checkpoint on disk failed verification.
 
 use ddp_comm::CommError;
 use ddp_data::DataError;
@@ -129,12 +130,11 @@ impl std::fmt::Display for InvalidCheckpoint {
     }
 }
 
-/// Failures of the [`FullCheckpointer`](crate::checkpoint::FullCheckpointer). Collective operations fail on every
-/// rank: ranks other than 0 get [`Rank0Failed`](Self::Rank0Failed) or
-/// [`PeerFailed`](Self::PeerFailed) when another rank hit the actual error.
+/// Reading, writing or locking the checkpoint directory failed: the storage layer's errors
+/// (`checkpoint/storage/`), each naming its path. [`CheckpointError::Storage`] carries them.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum CheckpointError {
+pub enum StorageError {
     /// Another job holds the checkpoint directory (one job per directory).
     #[error(
         "checkpoint directory {dir} is in use by another job ({holder}); two jobs writing one \
@@ -156,25 +156,6 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
-    /// Checkpoints exist but none is valid: starting fresh would silently discard the run.
-    #[error(
-        "{dir} holds {} checkpoint(s) and none is valid: {}. Nothing was deleted. To resume one \
-         anyway, repair or restore the named file (the rest of that checkpoint is intact), or \
-         accept the file as it is by writing its size and sha256 into that checkpoint's \
-         manifest.json; to start over, move the checkpoints away or start with --fresh \
-         (FullCheckpointer::rewind_to(0))",
-        invalid.len(),
-        invalid.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-    )]
-    NoValidCheckpoint {
-        /// The checkpoint directory.
-        dir: PathBuf,
-        /// Every checkpoint tried, with why it is invalid.
-        invalid: Vec<InvalidCheckpoint>,
-    },
-    /// The configuration is invalid.
-    #[error("invalid checkpoint config: {0}")]
-    InvalidConfig(String),
     /// A directory could not be created.
     #[error("creating directory {path}: {source}")]
     CreateDir {
@@ -231,6 +212,37 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Failures of the [`FullCheckpointer`](crate::checkpoint::FullCheckpointer). Collective operations fail on every
+/// rank: ranks other than 0 get [`Rank0Failed`](Self::Rank0Failed) or
+/// [`PeerFailed`](Self::PeerFailed) when another rank hit the actual error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading, writing or locking the checkpoint directory failed (the storage layer's
+    /// errors, each naming its path).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Checkpoints exist but none is valid: starting fresh would silently discard the run.
+    #[error(
+        "{dir} holds {} checkpoint(s) and none is valid: {}. Nothing was deleted. To resume one \
+         anyway, repair or restore the named file (the rest of that checkpoint is intact), or \
+         accept the file as it is by writing its size and sha256 into that checkpoint's \
+         manifest.json; to start over, move the checkpoints away or start with --fresh \
+         (FullCheckpointer::rewind_to(0))",
+        invalid.len(),
+        invalid.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    NoValidCheckpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Every checkpoint tried, with why it is invalid.
+        invalid: Vec<InvalidCheckpoint>,
+    },
+    /// The configuration is invalid.
+    #[error("invalid checkpoint config: {0}")]
+    InvalidConfig(String),
     /// A value could not be converted to or from JSON.
     #[error("{what}: {source}")]
     Json {

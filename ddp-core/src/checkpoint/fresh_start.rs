@@ -8,7 +8,7 @@
 //! names its own launch; otherwise it starts over itself. The directory lock (one job per
 //! directory) keeps other jobs from writing in between.
 
-use super::error::CheckpointError;
+use super::error::{CheckpointError, StorageError};
 use super::full::FullCheckpointer;
 use super::sharded::ShardedCheckpointer;
 use super::storage::durable::{rename, sync_dir, write_synced};
@@ -81,7 +81,7 @@ fn record(pg: &ProcessGroup, dir: &Path, launch_id: &str) -> Result<(), Checkpoi
         ));
         write_synced(&tmp, format!("{launch_id}\n").as_bytes())?;
         rename(&tmp, &dir.join(FRESH_START_FILE))?;
-        sync_dir(&dir)
+        Ok::<_, CheckpointError>(sync_dir(&dir)?)
     })?;
     Ok(())
 }
@@ -92,10 +92,10 @@ fn recorded(pg: &ProcessGroup, dir: &Path) -> Result<Option<String>, CheckpointE
         match std::fs::read(&path) {
             Ok(bytes) => Ok(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(source) => Err(CheckpointError::Read {
+            Err(source) => Err(CheckpointError::from(StorageError::Read {
                 path: path.clone(),
                 source,
-            }),
+            })),
         }
     })?;
     let bytes = broadcast_bytes(

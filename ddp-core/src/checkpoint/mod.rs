@@ -11,7 +11,7 @@
 //!   the bad file; an empty directory is a fresh start ([`LoadOutcome::Fresh`], logged), but
 //!   checkpoints that are all invalid stop the load ([`CheckpointError::NoValidCheckpoint`]).
 //! - One job per directory: rank 0 locks `<dir>/lock` ([`LOCK_FILE`], `flock`) for the
-//!   checkpointer's life; a second job gets [`CheckpointError::DirLocked`] naming the holder.
+//!   checkpointer's life; a second job gets [`StorageError::DirLocked`] naming the holder.
 //!
 //! # On disk
 //!
@@ -165,7 +165,7 @@ pub mod storage;
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
-pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason};
+pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason, StorageError};
 pub use fresh_start::FRESH_START_FILE;
 pub use full::FullCheckpointer;
 pub use manifest::{

@@ -2,8 +2,8 @@
 //! rank 0 reads files and every rank gets their bytes; a file rank 0 cannot read fails every
 //! rank, naming it.
 use crate::common::*;
-use ddp_core::checkpoint::CheckpointError;
 use ddp_core::checkpoint::storage::{read_on_rank0, write_file_atomically};
+use ddp_core::checkpoint::{CheckpointError, StorageError};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -43,7 +43,7 @@ fn a_file_rank_0_cannot_read_fails_every_rank_naming_it() {
         read_on_rank0(&pg, &[present.clone(), missing.clone()]).expect_err("rank 0 cannot read")
     });
     match &errors[0] {
-        CheckpointError::Read { path, .. } => assert_eq!(path, &missing),
+        CheckpointError::Storage(StorageError::Read { path, .. }) => assert_eq!(path, &missing),
         other => panic!("rank 0: expected a read error, got {other:?}"),
     }
     match &errors[1] {

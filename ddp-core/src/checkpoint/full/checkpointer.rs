@@ -351,7 +351,7 @@ impl FullCheckpointer {
     /// The checkpoints in the directory, oldest first (rank-local; not verified).
     ///
     /// # Errors
-    /// [`CheckpointError::Read`].
+    /// [`StorageError::Read`].
     pub fn list(&self) -> Result<Vec<String>, CheckpointError> {
         let mut all = list_checkpoints(self.config.dir())?;
         all.sort();
@@ -361,7 +361,7 @@ impl FullCheckpointer {
     /// The checkpoint `latest` names (rank-local; not verified).
     ///
     /// # Errors
-    /// [`CheckpointError::Read`].
+    /// [`StorageError::Read`].
     pub fn latest(&self) -> Result<Option<String>, CheckpointError> {
         read_latest(self.config.dir())
     }

@@ -18,7 +18,7 @@
 //! [`clean_temporaries`]: super::super::storage::directory::clean_temporaries
 
 use super::super::crash_point::crash_point;
-use super::super::error::CheckpointError;
+use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::super::state::FRAMEWORK_VERSION;
 use super::super::storage::directory::write_latest;
@@ -40,7 +40,7 @@ pub(crate) fn write_checkpoint(
     if tmp.exists() {
         remove_path(&tmp)?;
     }
-    std::fs::create_dir(&tmp).map_err(|source| CheckpointError::CreateDir {
+    std::fs::create_dir(&tmp).map_err(|source| StorageError::CreateDir {
         path: tmp.clone(),
         source,
     })?;
@@ -69,7 +69,7 @@ pub(crate) fn write_checkpoint(
             // Put the replaced checkpoint back (best effort).
             let _ = std::fs::rename(trash, &target);
         }
-        return Err(e);
+        return Err(e.into());
     }
     crash_point("after-rename");
     sync_dir(dir)?;

@@ -1,7 +1,7 @@
 //! [`ShardedCheckpointError`]: what a sharded save or load can fail with beyond the errors
 //! the rank-0 checkpoints share ([`CheckpointError`]).
 
-use super::super::error::CheckpointError;
+use super::super::error::{CheckpointError, StorageError};
 use std::path::PathBuf;
 
 /// Why a sharded checkpoint could not be saved, loaded or converted.
@@ -57,4 +57,12 @@ pub enum ShardedCheckpointError {
         /// The tensor path or parameter id.
         what: String,
     },
+}
+
+/// The storage layer's errors reach a sharded save as they reach a rank-0 one: inside
+/// [`CheckpointError::Storage`], so one match arm sees both.
+impl From<StorageError> for ShardedCheckpointError {
+    fn from(e: StorageError) -> Self {
+        ShardedCheckpointError::Checkpoint(e.into())
+    }
 }

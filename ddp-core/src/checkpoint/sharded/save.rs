@@ -4,7 +4,7 @@
 
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
-use super::super::error::CheckpointError;
+use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
@@ -402,7 +402,9 @@ fn check_present(
         }
         Ok(_) => "not a file".to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such file".to_string(),
-        Err(source) => return Err(CheckpointError::Read { path, source }.into()),
+        Err(source) => {
+            return Err(CheckpointError::from(StorageError::Read { path, source }).into());
+        }
     };
     Err(ShardedCheckpointError::MissingShard { rank, path, found })
 }
@@ -423,7 +425,7 @@ fn install(dir: &Path, staging: &Path, name: &str) -> Result<PathBuf, Checkpoint
             // Put the replaced checkpoint back (best effort).
             let _ = std::fs::rename(trash, &target);
         }
-        return Err(e);
+        return Err(e.into());
     }
     sync_dir(dir)?;
     if let Some(trash) = trash

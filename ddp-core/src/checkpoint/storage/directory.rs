@@ -10,7 +10,7 @@
 //! stops it (see [`ReadFailure`]).
 
 use super::super::crash_point::crash_point;
-use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
 use super::super::manifest::ReadFailure;
 use super::durable::{remove_path, rename, sync_dir, write_synced};
 use super::naming::{
@@ -36,7 +36,7 @@ pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError>
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(CheckpointError::Read { path, source }),
+        Err(source) => Err(StorageError::Read { path, source }.into()),
     }
 }
 
@@ -46,7 +46,7 @@ pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError
     write_synced(&tmp, format!("{name}\n").as_bytes())?;
     crash_point("before-latest");
     rename(&tmp, &dir.join(LATEST_FILE))?;
-    sync_dir(dir)
+    Ok(sync_dir(dir)?)
 }
 
 /// What the search for the newest valid checkpoint found.
@@ -192,10 +192,11 @@ pub(crate) fn remove_newer_than(dir: &Path, step: u64) -> Result<Vec<String>, Ch
             Ok(()) => sync_dir(dir)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(CheckpointError::Remove {
+                return Err(StorageError::Remove {
                     path: dir.join(LATEST_FILE),
                     source,
-                });
+                }
+                .into());
             }
         },
     }
@@ -238,7 +239,7 @@ fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
     rename(&dir.join(name), &trash)?;
     crash_point("during-prune");
-    remove_path(&trash)
+    Ok(remove_path(&trash)?)
 }
 
 /// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`); returns the paths.

@@ -3,29 +3,29 @@
 //! replaced atomically. The rank-0 writer, the sharded commit, setting invalid checkpoints
 //! aside, the fresh-start record and ddp-train's burn-train files all write through these.
 
-use super::super::error::CheckpointError;
+use super::super::error::{CheckpointError, StorageError};
 use super::naming::TMP_PREFIX;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
 /// Writes `bytes` to a new file at `path` and fsyncs it.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let write = |source| CheckpointError::Write {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let write = |source| StorageError::Write {
         path: path.to_path_buf(),
         source,
     };
     let mut file = File::create(path).map_err(write)?;
     file.write_all(bytes).map_err(write)?;
-    file.sync_all().map_err(|source| CheckpointError::Sync {
+    file.sync_all().map_err(|source| StorageError::Sync {
         path: path.to_path_buf(),
         source,
     })
 }
 
 /// fsyncs a directory, making renames and new entries in it durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    let sync = |source| CheckpointError::Sync {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    let sync = |source| StorageError::Sync {
         path: dir.to_path_buf(),
         source,
     };
@@ -33,8 +33,8 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Renames `from` to `to`.
-pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {
-    std::fs::rename(from, to).map_err(|source| CheckpointError::Rename {
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), StorageError> {
+    std::fs::rename(from, to).map_err(|source| StorageError::Rename {
         from: from.to_path_buf(),
         to: to.to_path_buf(),
         source,
@@ -42,13 +42,13 @@ pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Removes a file or a directory tree.
-pub(crate) fn remove_path(path: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn remove_path(path: &Path) -> Result<(), StorageError> {
     let result = if path.is_dir() {
         std::fs::remove_dir_all(path)
     } else {
         std::fs::remove_file(path)
     };
-    result.map_err(|source| CheckpointError::Remove {
+    result.map_err(|source| StorageError::Remove {
         path: path.to_path_buf(),
         source,
     })
@@ -56,11 +56,11 @@ pub(crate) fn remove_path(path: &Path) -> Result<(), CheckpointError> {
 
 /// Creates the empty directory `dir`, removing what a failed attempt left there, and fsyncs
 /// its parent.
-pub(crate) fn fresh_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn fresh_dir(dir: &Path) -> Result<(), StorageError> {
     if dir.exists() {
         remove_path(dir)?;
     }
-    std::fs::create_dir(dir).map_err(|source| CheckpointError::CreateDir {
+    std::fs::create_dir(dir).map_err(|source| StorageError::CreateDir {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -68,18 +68,18 @@ pub(crate) fn fresh_dir(dir: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Creates `dir` (and parents) if needed, fsyncing the parent of a new directory.
-pub(crate) fn ensure_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn ensure_dir(dir: &Path) -> Result<(), StorageError> {
     if dir.is_dir() {
         return Ok(());
     }
-    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::CreateDir {
+    std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         path: dir.to_path_buf(),
         source,
     })?;
     sync_parent(dir)
 }
 
-fn sync_parent(dir: &Path) -> Result<(), CheckpointError> {
+fn sync_parent(dir: &Path) -> Result<(), StorageError> {
     match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(parent) => sync_dir(parent),
         None => Ok(()),
@@ -96,8 +96,8 @@ fn sync_parent(dir: &Path) -> Result<(), CheckpointError> {
 /// a checkpointer commits whole directories instead.
 ///
 /// # Errors
-/// [`CheckpointError::Write`] (also when `fill` fails), [`CheckpointError::Sync`],
-/// [`CheckpointError::Rename`], each naming the file.
+/// [`CheckpointError::Storage`] holding [`StorageError::Write`] (also when `fill` fails),
+/// [`StorageError::Sync`] or [`StorageError::Rename`], each naming the file.
 pub fn write_file_atomically(
     path: &Path,
     fill: impl FnOnce(&mut File) -> std::io::Result<()>,
@@ -112,14 +112,14 @@ pub fn write_file_atomically(
         .unwrap_or_default();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
     let written = (|| {
-        let write = |source| CheckpointError::Write {
+        let write = |source| StorageError::Write {
             path: path.to_path_buf(),
             source,
         };
         let mut file = File::create(&tmp).map_err(write)?;
         fill(&mut file).map_err(write)?;
         file.flush().map_err(write)?;
-        file.sync_all().map_err(|source| CheckpointError::Sync {
+        file.sync_all().map_err(|source| StorageError::Sync {
             path: tmp.clone(),
             source,
         })?;
@@ -130,7 +130,7 @@ pub fn write_file_atomically(
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
+    Ok(written?)
 }
 
 /// Removes the temporary files [`write_file_atomically`] left in `dir` when a crash cut it
@@ -173,7 +173,10 @@ mod tests {
             Err(std::io::Error::other("disk full"))
         })
         .expect_err("the fill fails");
-        assert!(matches!(err, CheckpointError::Write { .. }), "{err}");
+        assert!(
+            matches!(err, CheckpointError::Storage(StorageError::Write { .. })),
+            "{err}"
+        );
         assert!(err.to_string().contains("model-1.mpk"), "{err}");
         assert_eq!(std::fs::read(&path).expect("read"), b"first");
         let names: Vec<_> = std::fs::read_dir(dir.path())

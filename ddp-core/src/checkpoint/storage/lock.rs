@@ -8,7 +8,7 @@
 //! dies, however it dies, so a killed job never leaves the directory locked; and nothing in the
 //! directory is removed (leftovers, `--fresh`) before the lock is held.
 
-use super::super::error::CheckpointError;
+use super::super::error::StorageError;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::Path;
@@ -27,11 +27,11 @@ pub(crate) struct DirLock {
 /// Takes the lock of checkpoint directory `dir` (which exists) and records who holds it.
 ///
 /// # Errors
-/// [`CheckpointError::DirLocked`] naming the holder when another job holds it;
-/// [`CheckpointError::Lock`] when the lock file cannot be opened or locked.
-pub(crate) fn lock_dir(dir: &Path) -> Result<DirLock, CheckpointError> {
+/// [`StorageError::DirLocked`] naming the holder when another job holds it;
+/// [`StorageError::Lock`] when the lock file cannot be opened or locked.
+pub(crate) fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
     let path = dir.join(LOCK_FILE);
-    let fail = |source| CheckpointError::Lock {
+    let fail = |source| StorageError::Lock {
         path: path.clone(),
         source,
     };
@@ -49,7 +49,7 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<DirLock, CheckpointError> {
             // Best effort: the holder may be between taking the lock and writing its name.
             let _ = file.read_to_string(&mut holder);
             let holder = holder.trim();
-            return Err(CheckpointError::DirLocked {
+            return Err(StorageError::DirLocked {
                 dir: dir.to_path_buf(),
                 holder: if holder.is_empty() {
                     "unknown (it has not written its name yet)".into()

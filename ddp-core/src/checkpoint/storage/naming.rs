@@ -3,7 +3,7 @@
 //! checkpoints in it. Shared by the writer and the reader, so that neither depends on the
 //! other for it.
 
-use super::super::error::CheckpointError;
+use super::super::error::StorageError;
 use std::path::Path;
 
 /// The pointer file naming the newest complete checkpoint.
@@ -30,8 +30,8 @@ pub fn parse_checkpoint_name(name: &str) -> Option<u64> {
 /// The checkpoint directories in `dir` (complete or not), as `(step, name)`, unsorted.
 ///
 /// # Errors
-/// [`CheckpointError::Read`] if `dir` or an entry's metadata cannot be read.
-pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, CheckpointError> {
+/// [`StorageError::Read`] if `dir` or an entry's metadata cannot be read.
+pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, StorageError> {
     if !dir.exists() {
         return Ok(Vec::new());
     }
@@ -47,7 +47,7 @@ pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, Checkpo
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(CheckpointError::Read {
+                return Err(StorageError::Read {
                     path: entry.path(),
                     source,
                 });
@@ -58,8 +58,8 @@ pub(crate) fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, String)>, Checkpo
 }
 
 /// The entries of `dir`; an I/O error names `dir`.
-pub(super) fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>, CheckpointError> {
-    let read = |source| CheckpointError::Read {
+pub(super) fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>, StorageError> {
+    let read = |source| StorageError::Read {
         path: dir.to_path_buf(),
         source,
     };

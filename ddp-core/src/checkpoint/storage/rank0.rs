@@ -2,7 +2,7 @@
 //! how its part went, rank 0 broadcasting what it read, and every rank agreeing that all of
 //! them succeeded (so no rank trains on while another failed).
 
-use super::super::error::CheckpointError;
+use super::super::error::{CheckpointError, StorageError};
 use super::directory::clean_temporaries;
 use super::durable::ensure_dir;
 use super::lock::{DirLock, lock_dir};
@@ -157,7 +157,7 @@ pub(crate) fn all_gather_bytes(
 /// Every rank calls it with the same number of paths (only rank 0's paths are read).
 ///
 /// # Errors
-/// On rank 0, [`CheckpointError::Read`] naming the file it cannot read; on the others,
+/// On rank 0, [`StorageError::Read`] naming the file it cannot read; on the others,
 /// [`CheckpointError::Rank0Failed`] with that message; [`CheckpointError::Comm`] when a
 /// broadcast fails.
 pub fn read_on_rank0(
@@ -168,12 +168,13 @@ pub fn read_on_rank0(
         paths
             .iter()
             .map(|path| {
-                std::fs::read(path).map_err(|source| CheckpointError::Read {
+                std::fs::read(path).map_err(|source| StorageError::Read {
                     path: path.clone(),
                     source,
                 })
             })
-            .collect::<Result<Vec<_>, CheckpointError>>()
+            .collect::<Result<Vec<_>, StorageError>>()
+            .map_err(CheckpointError::from)
     })?;
     let mut lengths = vec![0i64; paths.len()];
     if let Some(files) = &files {

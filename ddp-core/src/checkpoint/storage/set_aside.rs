@@ -18,7 +18,7 @@ pub const INVALID_SUFFIX: &str = ".invalid";
 /// `reason`; returns the new name.
 ///
 /// # Errors
-/// [`CheckpointError::Rename`] / [`CheckpointError::Sync`].
+/// [`StorageError::Rename`] / [`StorageError::Sync`].
 pub(crate) fn set_aside(
     dir: &Path,
     name: &str,
