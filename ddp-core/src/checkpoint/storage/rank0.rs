@@ -183,21 +183,28 @@ pub fn read_on_rank0(
         }
     }
     let context = "receiving checkpoint files from rank 0";
+    // The lengths first, so that every rank sizes the one buffer all files arrive in.
     pg.broadcast(&mut lengths, 0)
         .map_err(CheckpointError::comm(context))?;
-    let all = broadcast_bytes(
-        pg,
-        files.map(|f| f.concat()).unwrap_or_default(),
-        0,
-        context,
-    )?;
-    let mut at = 0;
-    Ok(lengths
+    let sizes: Vec<usize> = lengths
         .iter()
-        .map(|&length| {
-            let end = (at + length.max(0) as usize).min(all.len());
-            let part = all[at..end].to_vec();
-            at = end;
+        .map(|&length| usize::try_from(length).unwrap_or(0))
+        .collect();
+    let total = sizes.iter().sum();
+    let mut all = match files {
+        Some(files) => files.concat(),
+        None => vec![0u8; total],
+    };
+    if total > 0 {
+        pg.broadcast(&mut all, 0)
+            .map_err(CheckpointError::comm(context))?;
+    }
+    let mut at = 0;
+    Ok(sizes
+        .iter()
+        .map(|&size| {
+            let part = all[at..at + size].to_vec();
+            at += size;
             part
         })
         .collect())
