@@ -25,7 +25,7 @@ use super::tcp::{MeshSpec, TcpTransport};
 use super::{AbortHandle, Parts, Transport, TransportKind};
 use crate::collective::Fingerprint;
 use crate::error::Result;
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::ReduceOp;
 use crate::store::Store;
 
 /// What a group needs to connect.
@@ -180,9 +180,7 @@ impl Transport for HybridTransport {
         }
         if let Some(leaders) = self.leaders.as_mut() {
             leaders.all_reduce(fp, buf, combine)?;
-            if let Some(d) = divide {
-                divide_bytes(fp.dtype, buf, d);
-            }
+            op.divide_if_avg(self.n, fp.dtype, buf);
         }
         if let Some(shm) = self.shm.as_mut() {
             shm.broadcast(fp, buf, 0)?;

@@ -27,7 +27,7 @@ mod types;
 use super::{AbortHandle, ConnectSpec, Connected, Transport};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::ReduceOp;
 use call::{CHUNK_ELEMENTS, check, count};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -354,9 +354,7 @@ impl Transport for MpiTransport {
             };
             check("MPI_Allreduce", rc)?;
         }
-        if let Some(d) = op.avg_divisor(self.n) {
-            divide_bytes(fp.dtype, buf, d);
-        }
+        op.divide_if_avg(self.n, fp.dtype, buf);
         Ok(())
     }
 
@@ -416,9 +414,7 @@ impl Transport for MpiTransport {
             )
         };
         check("MPI_Reduce_scatter_block", rc)?;
-        if let Some(d) = op.avg_divisor(self.n) {
-            divide_bytes(fp.dtype, output, d);
-        }
+        op.divide_if_avg(self.n, fp.dtype, output);
         Ok(())
     }
 
@@ -458,8 +454,8 @@ impl Transport for MpiTransport {
             };
             check("MPI_Reduce", rc)?;
         }
-        if let (true, Some(d)) = (is_root, op.avg_divisor(self.n)) {
-            divide_bytes(fp.dtype, buf, d);
+        if is_root {
+            op.divide_if_avg(self.n, fp.dtype, buf);
         }
         Ok(())
     }
