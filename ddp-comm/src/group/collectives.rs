@@ -51,6 +51,32 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// The root and the buffer only the root passes (gather's output, scatter's input): `root`
+    /// in range, and `len` (the buffer's length, `None` without one) `Some(expected)` on `root`
+    /// and `None` elsewhere.
+    fn check_root_buffer(
+        &self,
+        op: &'static str,
+        what: &str,
+        root: usize,
+        len: Option<usize>,
+        expected: usize,
+    ) -> Result<()> {
+        self.check_rank(op, "root", root)?;
+        match (len, self.rank() == root) {
+            (Some(len), true) => self.check_len(op, what, len, expected),
+            (None, false) => Ok(()),
+            (None, true) => Err(CommError::arg(
+                op,
+                format!("the root must pass an {what} buffer"),
+            )),
+            (Some(_), false) => Err(CommError::arg(
+                op,
+                format!("only the root ({root}) passes an {what} buffer"),
+            )),
+        }
+    }
+
     /// Runs one collective on the communication thread and waits for it. `check` is the
     /// caller's validation of its arguments (`Ok(())` when there is nothing to check): it runs
     /// there, in the collective's place, so a failed check fails the group and its peers hear
@@ -313,22 +339,13 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::Gather, T::DTYPE, input.len())
             .with_root(root);
-        let check = self.check_rank("gather", "root", root).and_then(|()| {
-            match (&output, self.rank() == root) {
-                (Some(o), true) => {
-                    self.check_len("gather", "output", o.len(), input.len() * self.world_size())
-                }
-                (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg(
-                    "gather",
-                    "the root must pass an output buffer",
-                )),
-                (Some(_), false) => Err(CommError::arg(
-                    "gather",
-                    format!("only the root ({root}) passes an output buffer"),
-                )),
-            }
-        });
+        let check = self.check_root_buffer(
+            "gather",
+            "output",
+            root,
+            output.as_deref().map(<[T]>::len),
+            input.len() * self.world_size(),
+        );
         let input = bytes(input);
         let output = output.map(bytes_mut);
         self.run_collective(fp, check, move |t| t.gather(&fp, input, output, root))
@@ -345,25 +362,13 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len())
             .with_root(root);
-        let check = self.check_rank("scatter", "root", root).and_then(|()| {
-            match (&input, self.rank() == root) {
-                (Some(i), true) => self.check_len(
-                    "scatter",
-                    "input",
-                    i.len(),
-                    output.len() * self.world_size(),
-                ),
-                (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg(
-                    "scatter",
-                    "the root must pass an input buffer",
-                )),
-                (Some(_), false) => Err(CommError::arg(
-                    "scatter",
-                    format!("only the root ({root}) passes an input buffer"),
-                )),
-            }
-        });
+        let check = self.check_root_buffer(
+            "scatter",
+            "input",
+            root,
+            input.map(<[T]>::len),
+            output.len() * self.world_size(),
+        );
         let input = input.map(bytes);
         let output = bytes_mut(output);
         self.run_collective(fp, check, move |t| t.scatter(&fp, input, output, root))
