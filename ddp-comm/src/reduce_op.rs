@@ -38,6 +38,15 @@ impl ReduceOp {
     pub(crate) fn avg_divisor(self, ranks: usize) -> Option<usize> {
         (self == ReduceOp::Avg).then_some(ranks)
     }
+
+    /// The `Avg` epilogue on `buf`, which holds the sum over `ranks` ranks: divides it by
+    /// `ranks` for `Avg` and leaves it alone for every other operator. One place, so every
+    /// transport that reduces with [`ReduceOp::combine_op`] finishes `Avg` the same way.
+    pub(crate) fn divide_if_avg(self, ranks: usize, dtype: DataType, buf: &mut [u8]) {
+        if let Some(d) = self.avg_divisor(ranks) {
+            divide_bytes(dtype, buf, d);
+        }
+    }
 }
 
 impl fmt::Display for ReduceOp {

@@ -77,10 +77,31 @@ mod tests {
         }
     }
 
+    /// Runs the `n - 1` steps of a ring symbolically over `state[rank][segment]`, for the two
+    /// tables the ring test keeps: at each step every rank checks that its left neighbour sends
+    /// the segment it expects by `schedule` (`reduce_scatter_step` or `all_gather_step`), and
+    /// takes it in with `receive(its own, the neighbour's as it was before the step)`.
+    fn run_ring<T: Clone>(
+        state: &mut [Vec<T>],
+        shift: usize,
+        schedule: fn(usize, usize, usize, usize) -> (usize, usize),
+        mut receive: impl FnMut(&mut T, T),
+    ) {
+        let n = state.len();
+        for step in 0..n.saturating_sub(1) {
+            let snapshot = state.to_vec();
+            for (r, segs) in state.iter_mut().enumerate() {
+                let left = (r + n - 1) % n;
+                let (send_l, _) = schedule(left, n, shift, step);
+                let (_, recv) = schedule(r, n, shift, step);
+                assert_eq!(send_l, recv, "left sends what right expects");
+                receive(&mut segs[recv], snapshot[left][recv].clone());
+            }
+        }
+    }
+
     /// Simulates the ring symbolically: each segment's set of contributing ranks.
     #[test]
-    // Ranks index several tables at once (their own and their left neighbour's): indices read best.
-    #[allow(clippy::needless_range_loop)]
     fn ring_schedule_reduces_every_segment_over_every_rank() {
         for n in 1usize..7 {
             for shift in 0..n {
@@ -88,16 +109,9 @@ mod tests {
                 let mut held: Vec<Vec<u64>> = (0..n)
                     .map(|r| (0..n).map(|_| 1u64 << r).collect())
                     .collect();
-                for step in 0..n.saturating_sub(1) {
-                    let snapshot = held.clone();
-                    for r in 0..n {
-                        let left = (r + n - 1) % n;
-                        let (send_l, _) = reduce_scatter_step(left, n, shift, step);
-                        let (_, recv) = reduce_scatter_step(r, n, shift, step);
-                        assert_eq!(send_l, recv, "left sends what right expects");
-                        held[r][recv] |= snapshot[left][recv];
-                    }
-                }
+                run_ring(&mut held, shift, reduce_scatter_step, |mine, sent| {
+                    *mine |= sent
+                });
                 let all = (1u64 << n) - 1;
                 for r in 0..n {
                     assert_eq!(
@@ -110,17 +124,10 @@ mod tests {
                 let mut full: Vec<Vec<bool>> = (0..n)
                     .map(|r| (0..n).map(|s| s == (r + shift) % n).collect())
                     .collect();
-                for step in 0..n.saturating_sub(1) {
-                    let snapshot = full.clone();
-                    for r in 0..n {
-                        let left = (r + n - 1) % n;
-                        let (send_l, _) = all_gather_step(left, n, shift, step);
-                        let (_, recv) = all_gather_step(r, n, shift, step);
-                        assert_eq!(send_l, recv);
-                        assert!(snapshot[left][recv], "left sends a segment it holds");
-                        full[r][recv] = true;
-                    }
-                }
+                run_ring(&mut full, shift, all_gather_step, |mine, sent| {
+                    assert!(sent, "left sends a segment it holds");
+                    *mine = true;
+                });
                 assert!(full.iter().all(|f| f.iter().all(|&x| x)));
             }
         }

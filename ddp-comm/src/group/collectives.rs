@@ -9,11 +9,11 @@
 //! connections, so the peers fail at once with this rank's message instead of waiting.
 
 use super::process_group::ProcessGroup;
-use crate::collective::CollectiveKind;
+use crate::collective::{CollectiveKind, Fingerprint};
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
-use crate::transport::Parts;
+use crate::transport::{Parts, Transport};
 use crate::work::Work;
 
 fn bytes<T: Element>(v: &[T]) -> &[u8] {
@@ -51,6 +51,66 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// The root and the buffer only the root passes (gather's output, scatter's input): `root`
+    /// in range, and `len` (the buffer's length, `None` without one) `Some(expected)` on `root`
+    /// and `None` elsewhere.
+    fn check_root_buffer(
+        &self,
+        op: &'static str,
+        what: &str,
+        root: usize,
+        len: Option<usize>,
+        expected: usize,
+    ) -> Result<()> {
+        self.check_rank(op, "root", root)?;
+        match (len, self.rank() == root) {
+            (Some(len), true) => self.check_len(op, what, len, expected),
+            (None, false) => Ok(()),
+            (None, true) => Err(CommError::arg(
+                op,
+                format!("the root must pass an {what} buffer"),
+            )),
+            (Some(_), false) => Err(CommError::arg(
+                op,
+                format!("only the root ({root}) passes an {what} buffer"),
+            )),
+        }
+    }
+
+    /// Runs one collective on the communication thread and waits for it. `check` is the
+    /// caller's validation of its arguments (`Ok(())` when there is nothing to check): it runs
+    /// there, in the collective's place, so a failed check fails the group and its peers hear
+    /// of it (see the module docs).
+    fn run_collective<'a>(
+        &self,
+        fp: Fingerprint,
+        check: Result<()>,
+        call: impl FnOnce(&mut dyn Transport) -> Result<()> + Send + 'a,
+    ) -> Result<()> {
+        self.inner.transport.run_blocking(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                call(t)
+            })
+        })
+    }
+
+    /// [`ProcessGroup::run_collective`] without waiting: `call` owns its buffers and returns
+    /// what [`Work::wait`] hands back.
+    fn submit_collective<R: Send + 'static>(
+        &self,
+        fp: Fingerprint,
+        check: Result<()>,
+        call: impl FnOnce(&mut dyn Transport) -> Result<R> + Send + 'static,
+    ) -> Work<R> {
+        self.inner.transport.submit(move |s| {
+            s.run(&fp, |t| {
+                check?;
+                call(t)
+            })
+        })
+    }
+
     /// Reduces `buf` across all ranks with `op`; every rank ends with the same result, bitwise.
     ///
     /// # Collective
@@ -65,9 +125,7 @@ impl ProcessGroup {
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len())
             .with_op(op);
         let buf = bytes_mut(buf);
-        self.inner
-            .transport
-            .run_blocking(move |s| s.run(&fp, |t| t.all_reduce(&fp, buf, op)))
+        self.run_collective(fp, Ok(()), move |t| t.all_reduce(&fp, buf, op))
     }
 
     /// [`ProcessGroup::all_reduce`] on the communication thread; `wait` returns the reduced buffer.
@@ -75,8 +133,8 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, buf.len())
             .with_op(op);
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| t.all_reduce(&fp, bytes_mut(&mut buf), op))?;
+        self.submit_collective(fp, Ok(()), move |t| {
+            t.all_reduce(&fp, bytes_mut(&mut buf), op)?;
             Ok(buf)
         })
     }
@@ -100,10 +158,8 @@ impl ProcessGroup {
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
             .with_op(op);
         let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
-            })
+        self.run_collective(fp, Ok(()), move |t| {
+            t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
         })
     }
 
@@ -118,11 +174,9 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::AllReduce, T::DTYPE, count)
             .with_op(op);
-        self.inner.transport.submit(move |s| {
+        self.submit_collective(fp, Ok(()), move |t| {
             let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| bytes_mut(b)).collect();
-            s.run(&fp, |t| {
-                t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)
-            })?;
+            t.all_reduce_parts(&fp, &mut Parts::new(&mut pieces), op)?;
             Ok(bufs)
         })
     }
@@ -137,12 +191,7 @@ impl ProcessGroup {
             .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
         let buf = bytes_mut(buf);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.broadcast(&fp, buf, root)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.broadcast(&fp, buf, root))
     }
 
     /// [`ProcessGroup::broadcast`] on the communication thread.
@@ -151,11 +200,8 @@ impl ProcessGroup {
             .fingerprint(CollectiveKind::Broadcast, T::DTYPE, buf.len())
             .with_root(root);
         let check = self.check_rank("broadcast", "root", root);
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.broadcast(&fp, bytes_mut(&mut buf), root)
-            })?;
+        self.submit_collective(fp, check, move |t| {
+            t.broadcast(&fp, bytes_mut(&mut buf), root)?;
             Ok(buf)
         })
     }
@@ -171,12 +217,7 @@ impl ProcessGroup {
             input.len() * self.world_size(),
         );
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.all_gather(&fp, input, output)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.all_gather(&fp, input, output))
     }
 
     /// [`ProcessGroup::all_gather`] on the communication thread; `wait` returns the gathered
@@ -184,10 +225,8 @@ impl ProcessGroup {
     pub fn all_gather_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
         let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
         let mut output = vec![T::zeroed(); input.len() * self.world_size()];
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                t.all_gather(&fp, bytes(&input), bytes_mut(&mut output))
-            })?;
+        self.submit_collective(fp, Ok(()), move |t| {
+            t.all_gather(&fp, bytes(&input), bytes_mut(&mut output))?;
             Ok(output)
         })
     }
@@ -210,12 +249,7 @@ impl ProcessGroup {
         let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
         let check = self.check_all_to_all(input.len(), output.len());
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.all_to_all(&fp, input, output)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.all_to_all(&fp, input, output))
     }
 
     /// [`ProcessGroup::all_to_all`] on the communication thread; `input.len()` must be a
@@ -225,11 +259,8 @@ impl ProcessGroup {
         let fp = self.fingerprint(CollectiveKind::AllToAll, T::DTYPE, input.len());
         let check = self.check_all_to_all(input.len(), input.len());
         let mut output = vec![T::zeroed(); input.len()];
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.all_to_all(&fp, bytes(&input), bytes_mut(&mut output))
-            })?;
+        self.submit_collective(fp, check, move |t| {
+            t.all_to_all(&fp, bytes(&input), bytes_mut(&mut output))?;
             Ok(output)
         })
     }
@@ -267,12 +298,7 @@ impl ProcessGroup {
             output.len() * self.world_size(),
         );
         let (input, output) = (bytes(input), bytes_mut(output));
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.reduce_scatter(&fp, input, output, op)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.reduce_scatter(&fp, input, output, op))
     }
 
     /// [`ProcessGroup::reduce_scatter`] on the communication thread; `input.len()` must be a
@@ -285,11 +311,8 @@ impl ProcessGroup {
             .with_op(op);
         let check = self.check_len("reduce_scatter", "input", input.len(), block * n);
         let mut output = vec![T::zeroed(); block];
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.reduce_scatter(&fp, bytes(&input), bytes_mut(&mut output), op)
-            })?;
+        self.submit_collective(fp, check, move |t| {
+            t.reduce_scatter(&fp, bytes(&input), bytes_mut(&mut output), op)?;
             Ok(output)
         })
     }
@@ -302,12 +325,7 @@ impl ProcessGroup {
             .with_root(root);
         let check = self.check_rank("reduce", "root", root);
         let buf = bytes_mut(buf);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.reduce(&fp, buf, root, op)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.reduce(&fp, buf, root, op))
     }
 
     /// Collects every rank's `input` on `root`: `output` must be `Some` with
@@ -321,30 +339,16 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::Gather, T::DTYPE, input.len())
             .with_root(root);
-        let check = self.check_rank("gather", "root", root).and_then(|()| {
-            match (&output, self.rank() == root) {
-                (Some(o), true) => {
-                    self.check_len("gather", "output", o.len(), input.len() * self.world_size())
-                }
-                (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg(
-                    "gather",
-                    "the root must pass an output buffer",
-                )),
-                (Some(_), false) => Err(CommError::arg(
-                    "gather",
-                    format!("only the root ({root}) passes an output buffer"),
-                )),
-            }
-        });
+        let check = self.check_root_buffer(
+            "gather",
+            "output",
+            root,
+            output.as_deref().map(<[T]>::len),
+            input.len() * self.world_size(),
+        );
         let input = bytes(input);
         let output = output.map(bytes_mut);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.gather(&fp, input, output, root)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.gather(&fp, input, output, root))
     }
 
     /// Splits `root`'s `input` (`world_size() * output.len()` elements) and gives rank `r` block
@@ -358,49 +362,28 @@ impl ProcessGroup {
         let fp = self
             .fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len())
             .with_root(root);
-        let check = self.check_rank("scatter", "root", root).and_then(|()| {
-            match (&input, self.rank() == root) {
-                (Some(i), true) => self.check_len(
-                    "scatter",
-                    "input",
-                    i.len(),
-                    output.len() * self.world_size(),
-                ),
-                (None, false) => Ok(()),
-                (None, true) => Err(CommError::arg(
-                    "scatter",
-                    "the root must pass an input buffer",
-                )),
-                (Some(_), false) => Err(CommError::arg(
-                    "scatter",
-                    format!("only the root ({root}) passes an input buffer"),
-                )),
-            }
-        });
+        let check = self.check_root_buffer(
+            "scatter",
+            "input",
+            root,
+            input.map(<[T]>::len),
+            output.len() * self.world_size(),
+        );
         let input = input.map(bytes);
         let output = bytes_mut(output);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.scatter(&fp, input, output, root)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.scatter(&fp, input, output, root))
     }
 
     /// Returns once every rank of the group has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
-        self.inner
-            .transport
-            .run_blocking(move |s| s.run(&fp, |t| t.barrier(&fp)))
+        self.run_collective(fp, Ok(()), move |t| t.barrier(&fp))
     }
 
     /// [`ProcessGroup::barrier`] on the communication thread.
     pub fn barrier_async(&self) -> Work<()> {
         let fp = self.fingerprint(CollectiveKind::Barrier, crate::DataType::U8, 1);
-        self.inner
-            .transport
-            .submit(move |s| s.run(&fp, |t| t.barrier(&fp)))
+        self.submit_collective(fp, Ok(()), move |t| t.barrier(&fp))
     }
 
     /// Sends `buf` to group rank `dst`, which must call [`ProcessGroup::recv`] with the same
@@ -411,34 +394,21 @@ impl ProcessGroup {
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
         let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
         let buf = bytes(buf);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.send(&fp, buf, dst)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.send(&fp, buf, dst))
     }
 
     /// Receives into `buf` from group rank `src`, matching its [`ProcessGroup::send`].
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
         let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
         let buf = bytes_mut(buf);
-        self.inner.transport.run_blocking(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.recv(&fp, buf, src)
-            })
-        })
+        self.run_collective(fp, check, move |t| t.recv(&fp, buf, src))
     }
 
     /// [`ProcessGroup::send`] on the communication thread.
     pub fn send_async<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
         let (fp, check) = self.p2p::<T>("send", "destination", dst, buf.len(), tag);
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.send(&fp, bytes(&buf), dst)
-            })?;
+        self.submit_collective(fp, check, move |t| {
+            t.send(&fp, bytes(&buf), dst)?;
             Ok(buf)
         })
     }
@@ -447,11 +417,8 @@ impl ProcessGroup {
     /// length).
     pub fn recv_async<T: Element>(&self, mut buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
         let (fp, check) = self.p2p::<T>("recv", "source", src, buf.len(), tag);
-        self.inner.transport.submit(move |s| {
-            s.run(&fp, |t| {
-                check?;
-                t.recv(&fp, bytes_mut(&mut buf), src)
-            })?;
+        self.submit_collective(fp, check, move |t| {
+            t.recv(&fp, bytes_mut(&mut buf), src)?;
             Ok(buf)
         })
     }
@@ -465,9 +432,9 @@ impl ProcessGroup {
         peer: usize,
         len: usize,
         tag: u32,
-    ) -> (crate::collective::Fingerprint, Result<()>) {
-        let fp = crate::collective::Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, len)
-            .with_root(tag as usize);
+    ) -> (Fingerprint, Result<()>) {
+        let fp =
+            Fingerprint::new(0, CollectiveKind::SendRecv, T::DTYPE, len).with_root(tag as usize);
         let check = self
             .check_rank(op, what, peer)
             .and_then(|()| self.check_not_self(op, peer));

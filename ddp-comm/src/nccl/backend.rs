@@ -335,24 +335,8 @@ impl NcclBackend {
         S: DevicePtr<T> + Sync,
         R: DevicePtrMut<T> + Send,
     {
-        self.check_device("all_gather", send.stream())?;
-        self.check_device("all_gather", recv.stream())?;
-        self.check_blocks("all_gather", send.len(), recv.len())?;
-        self.inner.thread.run_blocking("all_gather", move |s| {
-            let count = send.len();
-            // SAFETY: the buffers are on the group's device and stream, sized for the call
-            // (checked above), and the watchdog supervises the work.
-            unsafe {
-                s.queue_between(
-                    Call::AllGather,
-                    "all_gather",
-                    send,
-                    recv,
-                    count,
-                    |_queued| Ok(()),
-                )
-            }
-        })
+        let (block, whole) = (send.len(), recv.len());
+        self.run_between(Call::AllGather, "all_gather", send, recv, block, whole)
     }
 
     /// Reduces `send` (`world_size` blocks of `recv.len()`) across ranks with `op` and leaves
@@ -369,17 +353,35 @@ impl NcclBackend {
         S: DevicePtr<T> + Sync,
         R: DevicePtrMut<T> + Send,
     {
-        self.check_device("reduce_scatter", send.stream())?;
-        self.check_device("reduce_scatter", recv.stream())?;
-        self.check_blocks("reduce_scatter", recv.len(), send.len())?;
-        self.inner.thread.run_blocking("reduce_scatter", move |s| {
-            let count = recv.len();
+        let (block, whole) = (recv.len(), send.len());
+        let call = Call::ReduceScatter(op);
+        self.run_between(call, "reduce_scatter", send, recv, block, whole)
+    }
+
+    /// The collectives from `send` into `recv` on device buffers (all-gather, reduce-scatter):
+    /// checks that both buffers are on the group's device and that the one of `whole` elements
+    /// holds `world_size` blocks of `block` (NCCL's per-rank count), then queues `call`.
+    fn run_between<T, S, R>(
+        &self,
+        call: Call,
+        op: &'static str,
+        send: &S,
+        recv: &mut R,
+        block: usize,
+        whole: usize,
+    ) -> Result<()>
+    where
+        T: NcclElement,
+        S: DevicePtr<T> + Sync,
+        R: DevicePtrMut<T> + Send,
+    {
+        self.check_device(op, send.stream())?;
+        self.check_device(op, recv.stream())?;
+        self.check_blocks(op, block, whole)?;
+        self.inner.thread.run_blocking(op, move |s| {
             // SAFETY: the buffers are on the group's device and stream, sized for the call
             // (checked above), and the watchdog supervises the work.
-            unsafe {
-                let call = Call::ReduceScatter(op);
-                s.queue_between(call, "reduce_scatter", send, recv, count, |_queued| Ok(()))
-            }
+            unsafe { s.queue_between(call, op, send, recv, block, |_queued| Ok(())) }
         })
     }
 

@@ -25,7 +25,7 @@ use super::tcp::{MeshSpec, TcpTransport};
 use super::{AbortHandle, Parts, Transport, TransportKind};
 use crate::collective::Fingerprint;
 use crate::error::Result;
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::ReduceOp;
 use crate::store::Store;
 
 /// What a group needs to connect.
@@ -163,6 +163,29 @@ impl HybridTransport {
         }
         Ok(())
     }
+
+    /// Where a collective with no hierarchical form runs: in shared memory when the whole group
+    /// is one unit, else over the whole group's TCP mesh once every rank has agreed on it
+    /// ([`HybridTransport::agree`]). Ranks are group ranks on TCP and slots in shared memory
+    /// (the same numbers when the group is one unit).
+    fn flat(&mut self, fp: &Fingerprint) -> Result<Flat<'_>> {
+        if self.single {
+            if let Some(shm) = self.shm.as_mut() {
+                return Ok(Flat::Shm(shm));
+            }
+        } else {
+            self.agree(fp)?;
+        }
+        Ok(Flat::Tcp(&mut self.tcp))
+    }
+}
+
+/// What [`HybridTransport::flat`] chose to run a collective on.
+enum Flat<'a> {
+    /// The whole group is this unit: its shared memory.
+    Shm(&'a mut ShmGroup),
+    /// The whole group's TCP mesh, every rank having agreed on the collective.
+    Tcp(&'a mut TcpTransport),
 }
 
 impl Transport for HybridTransport {
@@ -180,9 +203,7 @@ impl Transport for HybridTransport {
         }
         if let Some(leaders) = self.leaders.as_mut() {
             leaders.all_reduce(fp, buf, combine)?;
-            if let Some(d) = divide {
-                divide_bytes(fp.dtype, buf, d);
-            }
+            op.divide_if_avg(self.n, fp.dtype, buf);
         }
         if let Some(shm) = self.shm.as_mut() {
             shm.broadcast(fp, buf, 0)?;
@@ -229,14 +250,10 @@ impl Transport for HybridTransport {
     }
 
     fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
-        if self.single {
-            return match self.shm.as_mut() {
-                Some(shm) => shm.gather_to(fp, input, Some(output), None),
-                None => self.tcp.all_gather(fp, input, output),
-            };
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.gather_to(fp, input, Some(output), None),
+            Flat::Tcp(tcp) => tcp.all_gather(fp, input, output),
         }
-        self.agree(fp)?;
-        self.tcp.all_gather(fp, input, output)
     }
 
     fn reduce_scatter(
@@ -246,15 +263,11 @@ impl Transport for HybridTransport {
         output: &mut [u8],
         op: ReduceOp,
     ) -> Result<()> {
-        if self.single {
-            let divide = op.avg_divisor(self.n);
-            return match self.shm.as_mut() {
-                Some(shm) => shm.reduce_scatter(fp, input, output, op, divide),
-                None => self.tcp.reduce_scatter(fp, input, output, op),
-            };
+        let divide = op.avg_divisor(self.n);
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.reduce_scatter(fp, input, output, op, divide),
+            Flat::Tcp(tcp) => tcp.reduce_scatter(fp, input, output, op),
         }
-        self.agree(fp)?;
-        self.tcp.reduce_scatter(fp, input, output, op)
     }
 
     fn reduce(
@@ -264,16 +277,11 @@ impl Transport for HybridTransport {
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        if self.single {
-            let divide = op.avg_divisor(self.n);
-            let root = self.slot_of[root];
-            return match self.shm.as_mut() {
-                Some(shm) => shm.reduce_to(fp, buf, op, divide, Some(root)),
-                None => self.tcp.reduce(fp, buf, root, op),
-            };
+        let (divide, slot) = (op.avg_divisor(self.n), self.slot_of[root]);
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.reduce_to(fp, buf, op, divide, Some(slot)),
+            Flat::Tcp(tcp) => tcp.reduce(fp, buf, root, op),
         }
-        self.agree(fp)?;
-        self.tcp.reduce(fp, buf, root, op)
     }
 
     fn gather(
@@ -283,15 +291,11 @@ impl Transport for HybridTransport {
         output: Option<&mut [u8]>,
         root: usize,
     ) -> Result<()> {
-        if self.single {
-            let root = self.slot_of[root];
-            return match self.shm.as_mut() {
-                Some(shm) => shm.gather_to(fp, input, output, Some(root)),
-                None => self.tcp.gather(fp, input, output, root),
-            };
+        let slot = self.slot_of[root];
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.gather_to(fp, input, output, Some(slot)),
+            Flat::Tcp(tcp) => tcp.gather(fp, input, output, root),
         }
-        self.agree(fp)?;
-        self.tcp.gather(fp, input, output, root)
     }
 
     fn scatter(
@@ -301,15 +305,11 @@ impl Transport for HybridTransport {
         output: &mut [u8],
         root: usize,
     ) -> Result<()> {
-        if self.single {
-            let root = self.slot_of[root];
-            return match self.shm.as_mut() {
-                Some(shm) => shm.scatter(fp, input, output, root),
-                None => self.tcp.scatter(fp, input, output, root),
-            };
+        let slot = self.slot_of[root];
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.scatter(fp, input, output, slot),
+            Flat::Tcp(tcp) => tcp.scatter(fp, input, output, root),
         }
-        self.agree(fp)?;
-        self.tcp.scatter(fp, input, output, root)
     }
 
     /// One unit: in shared memory, each rank reading its blocks straight out of the peers'
@@ -317,14 +317,10 @@ impl Transport for HybridTransport {
     /// the pairwise exchange over the group's TCP mesh, every pair of ranks directly (ranks of
     /// one host too, over loopback): correct, not hierarchical.
     fn all_to_all(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
-        if self.single {
-            return match self.shm.as_mut() {
-                Some(shm) => shm.all_to_all(fp, input, output),
-                None => self.tcp.all_to_all(fp, input, output),
-            };
+        match self.flat(fp)? {
+            Flat::Shm(shm) => shm.all_to_all(fp, input, output),
+            Flat::Tcp(tcp) => tcp.all_to_all(fp, input, output),
         }
-        self.agree(fp)?;
-        self.tcp.all_to_all(fp, input, output)
     }
 
     fn barrier(&mut self, fp: &Fingerprint) -> Result<()> {

@@ -332,6 +332,43 @@ fn out_of_range_root_is_an_error_not_a_panic() {
     }
 }
 
+/// Gather's output and scatter's input are passed by the root only, `world_size()` blocks long;
+/// a rank that gets this wrong is told which way.
+#[test]
+fn root_only_buffers_are_checked() {
+    type Misuse = dyn Fn(&ProcessGroup) -> Result<(), CommError> + Sync;
+    let cases: [(usize, &str, &Misuse); 5] = [
+        (0, "gather: the root must pass an output buffer", &|pg| {
+            pg.gather(&[1i32], None, 0)
+        }),
+        (
+            1,
+            "gather: only the root (0) passes an output buffer",
+            &|pg| pg.gather(&[1i32], Some(&mut [0i32; 2]), 0),
+        ),
+        (0, "gather: output has 3 elements, expected 2", &|pg| {
+            let mut out = [0i32; 3];
+            pg.gather(&[1i32], (pg.rank() == 0).then_some(&mut out[..]), 0)
+        }),
+        (0, "scatter: the root must pass an input buffer", &|pg| {
+            pg.scatter::<i32>(None, &mut [0], 0)
+        }),
+        (
+            1,
+            "scatter: only the root (0) passes an input buffer",
+            &|pg| pg.scatter(Some(&[1i32, 2][..]), &mut [0], 0),
+        ),
+    ];
+    for (rank, expected, misuse) in cases {
+        let results = run_world(2, Duration::from_secs(20), |pg| misuse(&pg));
+        let e = results[rank]
+            .as_ref()
+            .expect_err("a misused root-only buffer must fail")
+            .to_string();
+        assert!(e.contains(expected), "rank {rank}: {e}");
+    }
+}
+
 /// Strangers on a rank's rendezvous port (garbage, an oversized hello, a wrong proof) are
 /// rejected and the job goes on.
 #[test]

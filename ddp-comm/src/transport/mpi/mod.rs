@@ -27,7 +27,7 @@ mod types;
 use super::{AbortHandle, ConnectSpec, Connected, Transport};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::ReduceOp;
 use call::{CHUNK_ELEMENTS, check, count};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -218,6 +218,42 @@ impl MpiTransport {
         bytes
     }
 
+    /// The chunked reductions (all-reduce, reduce): checks fingerprints, then calls `reduce`
+    /// (an MPI reduction, returning its code, reported as `name`) on each piece of `buf` of at
+    /// most [`CHUNK_ELEMENTS`] elements (MPI counts in an `int`), with the piece's input in a
+    /// scratch copy of `buf` (MPI cannot reduce in place portably through rsmpi), its output in
+    /// `buf` itself, its element count, and the MPI type and operation.
+    fn reduce_in_chunks(
+        &mut self,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        op: ReduceOp,
+        name: &'static str,
+        mut reduce: impl FnMut(
+            *const c_void,
+            *mut c_void,
+            c_int,
+            ffi::MPI_Datatype,
+            ffi::MPI_Op,
+        ) -> c_int,
+    ) -> Result<()> {
+        self.agree(fp)?;
+        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
+        let size = fp.dtype.size_bytes();
+        let input = self.copy_to_scratch(buf).as_ptr();
+        for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
+            let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
+            let n = ((end - start) / size) as c_int;
+            // SAFETY: the scratch copy holds `buf.len()` bytes, so `start` is inside it.
+            let piece_input = unsafe { input.add(start) }.cast();
+            check(
+                name,
+                reduce(piece_input, recv_ptr(&mut buf[start..end]), n, dt, mop),
+            )?;
+        }
+        Ok(())
+    }
+
     /// Checks that every rank of the group runs the collective `fp` describes, with the same
     /// lengths, before any data moves: MPI would otherwise truncate, overrun, or pair chunk
     /// loops with the next collective. Every rank takes the same branch (they all see the same
@@ -333,30 +369,12 @@ impl MpiTransport {
 
 impl Transport for MpiTransport {
     fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
-        self.agree(fp)?;
-        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
-        let size = fp.dtype.size_bytes();
         let comm = self.comm.0;
-        let input = self.copy_to_scratch(buf).as_ptr();
-        for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
-            let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
-            let n = ((end - start) / size) as c_int;
-            // SAFETY: both ranges hold `n` elements; the scratch copy does not overlap `buf`.
-            let rc = unsafe {
-                ffi::MPI_Allreduce(
-                    input.add(start).cast(),
-                    recv_ptr(&mut buf[start..end]),
-                    n,
-                    dt,
-                    mop,
-                    comm,
-                )
-            };
-            check("MPI_Allreduce", rc)?;
-        }
-        if let Some(d) = op.avg_divisor(self.n) {
-            divide_bytes(fp.dtype, buf, d);
-        }
+        self.reduce_in_chunks(fp, buf, op, "MPI_Allreduce", |input, output, n, dt, mop| {
+            // SAFETY: `input` and `output` hold `n` elements each and do not overlap.
+            unsafe { ffi::MPI_Allreduce(input, output, n, dt, mop, comm) }
+        })?;
+        op.divide_if_avg(self.n, fp.dtype, buf);
         Ok(())
     }
 
@@ -416,9 +434,7 @@ impl Transport for MpiTransport {
             )
         };
         check("MPI_Reduce_scatter_block", rc)?;
-        if let Some(d) = op.avg_divisor(self.n) {
-            divide_bytes(fp.dtype, output, d);
-        }
+        op.divide_if_avg(self.n, fp.dtype, output);
         Ok(())
     }
 
@@ -429,37 +445,19 @@ impl Transport for MpiTransport {
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        self.agree(fp)?;
-        let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
-        let size = fp.dtype.size_bytes();
         let comm = self.comm.0;
-        let input = self.copy_to_scratch(buf).as_ptr();
+        self.reduce_in_chunks(fp, buf, op, "MPI_Reduce", |input, output, n, dt, mop| {
+            // SAFETY: `input` and `output` hold `n` elements each and do not overlap; only the
+            // root's `output` is written, so other ranks keep their input.
+            unsafe { ffi::MPI_Reduce(input, output, n, dt, mop, root as c_int, comm) }
+        })?;
         let mut rank: c_int = 0;
         // SAFETY: a valid communicator.
         check("MPI_Comm_rank", unsafe {
             ffi::MPI_Comm_rank(comm, &mut rank)
         })?;
-        let is_root = rank as usize == root;
-        for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
-            let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
-            let n = ((end - start) / size) as c_int;
-            // SAFETY: both ranges hold `n` elements; only the root's receive buffer is written,
-            // so other ranks keep their input.
-            let rc = unsafe {
-                ffi::MPI_Reduce(
-                    input.add(start).cast(),
-                    recv_ptr(&mut buf[start..end]),
-                    n,
-                    dt,
-                    mop,
-                    root as c_int,
-                    comm,
-                )
-            };
-            check("MPI_Reduce", rc)?;
-        }
-        if let (true, Some(d)) = (is_root, op.avg_divisor(self.n)) {
-            divide_bytes(fp.dtype, buf, d);
+        if rank as usize == root {
+            op.divide_if_avg(self.n, fp.dtype, buf);
         }
         Ok(())
     }

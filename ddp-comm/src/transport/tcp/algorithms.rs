@@ -17,7 +17,7 @@ use crate::collective::Fingerprint;
 use crate::collective::schedule::{all_gather_step, pairwise_step, reduce_scatter_step, segments};
 use crate::deadline::deadline_after;
 use crate::error::Result;
-use crate::reduce_op::{ReduceOp, divide_bytes};
+use crate::reduce_op::ReduceOp;
 use crate::transport::{AbortHandle, Transport};
 use std::net::Shutdown;
 use std::ops::Range;
@@ -186,10 +186,8 @@ impl Transport for TcpTransport {
         let ctx = self.ctx(fp);
         let segs = self.byte_segments(fp, fp.count as usize);
         self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
-        if let Some(d) = op.avg_divisor(n) {
-            let own = &segs[(self.group_rank + 1) % n];
-            divide_bytes(fp.dtype, &mut buf[own.clone()], d);
-        }
+        let own = segs[(self.group_rank + 1) % n].clone();
+        op.divide_if_avg(n, fp.dtype, &mut buf[own]);
         self.ring_all_gather(&ctx, buf, &segs, 1)
     }
 
@@ -236,9 +234,7 @@ impl Transport for TcpTransport {
         } else {
             output.copy_from_slice(&input[own]);
         }
-        if let Some(d) = op.avg_divisor(n) {
-            divide_bytes(fp.dtype, output, d);
-        }
+        op.divide_if_avg(n, fp.dtype, output);
         Ok(())
     }
 
@@ -269,9 +265,7 @@ impl Transport for TcpTransport {
                     &mut Exchange::new(&[], Sink::copy(&mut buf[seg])),
                 )?;
             }
-            if let Some(d) = op.avg_divisor(n) {
-                divide_bytes(fp.dtype, buf, d);
-            }
+            op.divide_if_avg(n, fp.dtype, buf);
         } else {
             // Work on a copy: PyTorch leaves non-root buffers unchanged.
             let mut work = aligned_copy(buf);
