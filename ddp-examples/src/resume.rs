@@ -59,8 +59,9 @@ impl StartFrom {
     /// # Errors
     /// `DDP_LAUNCH_ID` set to a value that is not valid UTF-8.
     pub fn new(fresh: bool, ctx: &WorkerContext) -> Result<Self> {
-        // Set by ddp-run for every attempt of a launch (ddp_launch::plan::LAUNCH_ID_ENV).
-        let launch = ddp_core::comm::env_var("DDP_LAUNCH_ID")?.filter(|id| !id.trim().is_empty());
+        // Set by ddp-run and launch() for every attempt of a launch.
+        let launch = ddp_core::comm::env_var(ddp_core::launcher::LAUNCH_ID_ENV)?
+            .filter(|id| !id.trim().is_empty());
         Ok(match (fresh, ctx.is_restart()) {
             (false, _) => StartFrom::Latest,
             (true, false) => StartFrom::Scratch { launch },
