@@ -24,7 +24,7 @@ use ddp_core::{
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, check_available};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::evaluate_digits;
+use ddp_examples::eval::{evaluate_digits, test_report};
 use ddp_examples::models::DigitsCnn;
 use std::process::ExitCode;
 
@@ -203,15 +203,14 @@ where
         model.forward(images)
     })?;
     if rank == 0 {
-        println!(
-            "digits_cnn: test accuracy {:.2}% on {} images (each counted once, {} test images), mean loss {:.4}, after {} epochs ({:.1}s of training on {world} rank(s))",
-            totals.accuracy().unwrap_or(0.0) * 100.0,
-            totals.count,
+        let report = test_report(
+            &totals,
             test_items.len(),
-            totals.mean_loss().unwrap_or(f64::NAN),
             args.epochs,
-            start.elapsed().as_secs_f64()
+            start.elapsed(),
+            world,
         );
+        println!("digits_cnn: {report}");
     }
     Ok(())
 }
