@@ -22,7 +22,7 @@ use ddp_core::{
     nn::{SyncBatchNormBackend, SyncBatchNormGroup},
     progress::EpochProgress,
 };
-use ddp_examples::backend::{BackendKind, CollectivesArg, check_available};
+use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::eval::{evaluate_digits, test_report};
 use ddp_examples::models::DigitsCnn;
@@ -71,65 +71,24 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = check_available(args.backend) {
-        eprintln!("digits_cnn: {e}");
-        return ExitCode::from(2);
-    }
-    let result = ddp_core::launch(&args.launch, |ctx| -> Result<()> {
-        match args.backend {
-            BackendKind::Flex => train::<burn::backend::Autodiff<burn::backend::Flex>>(
-                ctx,
-                &args,
-                Default::default(),
-            ),
-            #[cfg(feature = "ndarray")]
-            BackendKind::Ndarray => train::<burn::backend::Autodiff<burn::backend::NdArray>>(
-                ctx,
-                &args,
-                Default::default(),
-            ),
-            #[cfg(not(feature = "ndarray"))]
-            BackendKind::Ndarray => check_available(args.backend),
-            #[cfg(feature = "tch")]
-            BackendKind::Tch => train::<burn::backend::Autodiff<burn::backend::LibTorch>>(
-                ctx,
-                &args,
-                burn::backend::libtorch::LibTorchDevice::Cpu,
-            ),
-            #[cfg(not(feature = "tch"))]
-            BackendKind::Tch => check_available(args.backend),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => {
-                let device = ddp_examples::backend::prepare_gpu(
-                    "digits_cnn",
-                    args.backend,
-                    ctx.device_index(),
-                )?;
-                train::<burn::backend::Autodiff<ddp_examples::backend::CudaUnfused>>(
-                    ctx, &args, device,
-                )
-            }
-            #[cfg(feature = "cuda")]
-            BackendKind::CudaFused => {
-                let device = ddp_examples::backend::prepare_gpu(
-                    "digits_cnn",
-                    args.backend,
-                    ctx.device_index(),
-                )?;
-                train::<burn::backend::Autodiff<ddp_examples::backend::CudaFused>>(
-                    ctx, &args, device,
-                )
-            }
-            #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda | BackendKind::CudaFused => check_available(args.backend),
-        }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("digits_cnn: {e}");
-            ExitCode::from(e.exit_code().max(1))
-        }
+    run(
+        "digits_cnn",
+        &args.launch,
+        args.backend,
+        DigitsCnnJob(&args),
+    )
+}
+
+/// This program's training function, for [`run`] to call on the chosen backend.
+struct DigitsCnnJob<'a>(&'a Args);
+
+impl TrainOn for DigitsCnnJob<'_> {
+    fn train<B>(self, ctx: WorkerContext, device: B::Device) -> Result<()>
+    where
+        B: TapBackend + SyncBatchNormBackend,
+        B::InnerBackend: SyncBatchNormBackend,
+    {
+        train::<B>(ctx, self.0, device)
     }
 }
 
