@@ -158,14 +158,15 @@ pub fn prepare_gpu(
     cuda_device_for(name, local_rank)
 }
 
-/// A training function that works on any tapped backend; [`run`] picks the backend.
+/// A training function that works on any tapped backend; [`run`] picks the backend. Every
+/// backend [`run`] picks can also sum `SyncBatchNorm` statistics over ranks (in training and,
+/// on the inner backend, in evaluation), so a program's model may use `SyncBatchNorm`.
 pub trait TrainOn {
     /// Trains on backend `B`, on `device`, as the worker described by `ctx`.
-    fn train<B: ddp_core::TapBackend>(
-        self,
-        ctx: ddp_core::launcher::WorkerContext,
-        device: B::Device,
-    ) -> Result<()>;
+    fn train<B>(self, ctx: ddp_core::launcher::WorkerContext, device: B::Device) -> Result<()>
+    where
+        B: ddp_core::TapBackend + ddp_core::nn::SyncBatchNormBackend,
+        B::InnerBackend: ddp_core::nn::SyncBatchNormBackend;
 }
 
 /// The `main` of an example: launches the workers (or is one), trains on the chosen backend,

@@ -8,6 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 use ddp_core::{comm::ProcessGroup, data::ExactShard, metrics::EvalTotals};
+use std::time::Duration;
 
 use crate::digits::{DigitBatcher, DigitItem};
 
@@ -67,6 +68,25 @@ pub fn evaluate_digits<B: Backend>(
         totals.add(hits as u64, n, mean_loss * n as f64);
     }
     Ok(totals.all_reduce(pg)?)
+}
+
+/// Rank 0's line on the test set for the digits examples (after the program's name): the
+/// accuracy and mean loss of `totals` over `test_images` images, after `epochs` epochs and
+/// `training` of training on `world` ranks.
+pub fn test_report(
+    totals: &EvalTotals,
+    test_images: usize,
+    epochs: usize,
+    training: Duration,
+    world: usize,
+) -> String {
+    format!(
+        "test accuracy {:.2}% on {} images (each counted once, {test_images} test images), mean loss {:.4}, after {epochs} epochs ({:.1}s of training on {world} rank(s))",
+        totals.accuracy().unwrap_or(0.0) * 100.0,
+        totals.count,
+        totals.mean_loss().unwrap_or(f64::NAN),
+        training.as_secs_f64()
+    )
 }
 
 #[cfg(test)]

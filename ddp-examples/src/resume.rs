@@ -12,9 +12,27 @@ use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
-use ddp_core::checkpoint::{FullCheckpointer, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{
+    CheckpointConfig, CheckpointError, FullCheckpointer, LoadOutcome, TrainingState,
+};
 use ddp_core::data::DistributedDataLoader;
 use ddp_core::launcher::WorkerContext;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// The examples' checkpoint policy for `dir`: keep the last 3 checkpoints, and hash
+/// `run_config` (the settings whose change makes an old checkpoint suspicious) into each.
+///
+/// # Errors
+/// `run_config` does not serialise.
+pub fn checkpoint_config<T: Serialize>(
+    dir: impl Into<PathBuf>,
+    run_config: &T,
+) -> Result<CheckpointConfig> {
+    Ok(CheckpointConfig::new(dir)
+        .with_keep_last(3)
+        .with_run_config(run_config)?)
+}
 
 /// Where training continues: the first epoch to run, the global step count so far, and the
 /// checkpoint's training state when resuming.
@@ -77,6 +95,53 @@ impl StartFrom {
     pub fn is_scratch(&self) -> bool {
         matches!(self, StartFrom::Scratch { .. })
     }
+
+    /// Whether this attempt starts over, for either checkpointer: `Some(launch)` (the launch
+    /// id to record once the directory is cleared) for `--fresh` on the first attempt, and on
+    /// a restart whose launch did not get as far as recording its fresh start (`recorded`,
+    /// read only then: the directory may still hold an older run's checkpoints, which a
+    /// restart must not resume); `None` to resume. Rank 0 (`main`) says why on stderr as
+    /// program `name`.
+    ///
+    /// # Collective
+    /// Every rank calls it (`recorded` travels from rank 0).
+    ///
+    /// # Errors
+    /// `recorded`'s.
+    pub fn starting_over(
+        &self,
+        name: &str,
+        main: bool,
+        recorded: impl FnOnce() -> Result<Option<String>, CheckpointError>,
+    ) -> Result<Option<Option<String>>> {
+        match self {
+            StartFrom::Latest => Ok(None),
+            StartFrom::Scratch { launch } => Ok(Some(launch.clone())),
+            StartFrom::LatestAfterRestart { restart, launch } => {
+                let recorded =
+                    recorded().context("reading which launch last started the directory over")?;
+                if launch.is_some() && recorded == *launch {
+                    if main {
+                        eprintln!(
+                            "{name}: restart {restart} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
+                        );
+                    }
+                    Ok(None)
+                } else {
+                    if main {
+                        let why = match launch {
+                            Some(_) => "its first attempt stopped before it had started over",
+                            None => {
+                                "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's"
+                            }
+                        };
+                        eprintln!("{name}: restart {restart} of this launch: {why}");
+                    }
+                    Ok(Some(launch.clone()))
+                }
+            }
+        }
+    }
 }
 
 /// Loads the latest valid checkpoint, or starts over for [`StartFrom::Scratch`] (and for a
@@ -106,34 +171,7 @@ where
     O: Optimizer<M, B>,
 {
     let main = checkpoints.process_group().rank() == 0;
-    let launch = match start {
-        StartFrom::Latest => None,
-        StartFrom::Scratch { launch } => Some(launch),
-        StartFrom::LatestAfterRestart { restart, launch } => {
-            let recorded = checkpoints
-                .fresh_start_launch()
-                .context("reading which launch last started the directory over")?;
-            if launch.is_some() && recorded == launch {
-                if main {
-                    eprintln!(
-                        "{name}: restart {restart} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
-                    );
-                }
-                None
-            } else {
-                if main {
-                    let why = match launch {
-                        Some(_) => "its first attempt stopped before it had started over",
-                        None => {
-                            "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's"
-                        }
-                    };
-                    eprintln!("{name}: restart {restart} of this launch: {why}");
-                }
-                Some(launch)
-            }
-        }
-    };
+    let launch = start.starting_over(name, main, || checkpoints.fresh_start_launch())?;
     if let Some(launch) = launch {
         start_over(name, checkpoints, model, optim, loader, launch.as_deref())?;
         return Ok(StartPoint::default());

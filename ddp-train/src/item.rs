@@ -51,22 +51,29 @@ where
         .collect()
 }
 
-/// Encodes `(loss, output [n, c], targets [n, t])`: `[n, c, t, loss, output.., targets..]`.
-fn encode_triplet(
-    loss: Vec<f64>,
-    output: (&[usize], Vec<f64>),
-    targets: (usize, Vec<f64>),
-) -> Vec<f64> {
-    let n = output.0.first().copied().unwrap_or(0);
-    let c = output.0.get(1).copied().unwrap_or(1);
+/// Encodes `(loss, output [n, c], targets [n, t])` (`t` = 1 for labels `[n]`): `[n, c, t,
+/// loss, output.., targets..]`. The one encoding of burn-train's three output types.
+fn encode_triplet<B: Backend, const D: usize, K>(
+    loss: &Tensor<B, 1>,
+    output: &Tensor<B, 2>,
+    targets: &Tensor<B, D, K>,
+) -> Vec<f64>
+where
+    K: burn::tensor::TensorKind<B> + burn::tensor::BasicOps<B>,
+{
+    let dims = output.dims();
+    let n = dims.first().copied().unwrap_or(0);
+    let c = dims.get(1).copied().unwrap_or(1);
+    let targets = (targets.dims().get(1).copied().unwrap_or(1), values(targets));
+    let (loss, output) = (values(loss), values(output));
     let mean_loss = if loss.is_empty() {
         0.0
     } else {
         loss.iter().sum::<f64>() / loss.len() as f64
     };
-    let mut v = Vec::with_capacity(4 + output.1.len() + targets.1.len());
+    let mut v = Vec::with_capacity(4 + output.len() + targets.1.len());
     v.extend_from_slice(&[n as f64, c as f64, targets.0 as f64, mean_loss]);
-    v.extend(output.1);
+    v.extend(output);
     v.extend(targets.1);
     v
 }
@@ -81,6 +88,26 @@ struct Merged {
     loss: f64,
     output: Vec<f64>,
     targets: Vec<f64>,
+}
+
+impl Merged {
+    /// The merged loss, as burn-train's one-element loss tensor.
+    fn loss_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 1> {
+        Tensor::from_data(TensorData::new(vec![self.loss as f32], [1]), device)
+    }
+
+    /// The merged output rows, `[n, c]`.
+    fn output_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
+        Tensor::from_data(
+            TensorData::new(to_f32(&self.output), [self.n, self.c]),
+            device,
+        )
+    }
+
+    /// The merged targets as the integer labels they were encoded from.
+    fn int_targets(&self) -> Vec<i64> {
+        self.targets.iter().map(|&x| x as i64).collect()
+    }
 }
 
 fn merge_triplets(parts: &[Vec<f64>]) -> std::result::Result<Merged, String> {
@@ -128,21 +155,18 @@ impl<B: Backend> DistributedItem for ClassificationOutput<B> {
     type Backend = B;
 
     fn encode(&self) -> Vec<f64> {
-        let dims = self.output.dims();
-        encode_triplet(
-            values(&self.loss),
-            (&dims, values(&self.output)),
-            (1, values(&self.targets)),
-        )
+        encode_triplet(&self.loss, &self.output, &self.targets)
     }
 
     fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
         let m = merge_triplets(parts)?;
-        let targets: Vec<i64> = m.targets.iter().map(|&x| x as i64).collect();
         Ok(ClassificationOutput {
-            loss: Tensor::from_data(TensorData::new(vec![m.loss as f32], [1]), device),
-            output: Tensor::from_data(TensorData::new(to_f32(&m.output), [m.n, m.c]), device),
-            targets: Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [m.n]), device),
+            loss: m.loss_tensor(device),
+            output: m.output_tensor(device),
+            targets: Tensor::<B, 1, Int>::from_data(
+                TensorData::new(m.int_targets(), [m.n]),
+                device,
+            ),
         })
     }
 }
@@ -151,21 +175,18 @@ impl<B: Backend> DistributedItem for MultiLabelClassificationOutput<B> {
     type Backend = B;
 
     fn encode(&self) -> Vec<f64> {
-        let dims = self.output.dims();
-        encode_triplet(
-            values(&self.loss),
-            (&dims, values(&self.output)),
-            (self.targets.dims()[1], values(&self.targets)),
-        )
+        encode_triplet(&self.loss, &self.output, &self.targets)
     }
 
     fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
         let m = merge_triplets(parts)?;
-        let targets: Vec<i64> = m.targets.iter().map(|&x| x as i64).collect();
         Ok(MultiLabelClassificationOutput {
-            loss: Tensor::from_data(TensorData::new(vec![m.loss as f32], [1]), device),
-            output: Tensor::from_data(TensorData::new(to_f32(&m.output), [m.n, m.c]), device),
-            targets: Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [m.n, m.t]), device),
+            loss: m.loss_tensor(device),
+            output: m.output_tensor(device),
+            targets: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(m.int_targets(), [m.n, m.t]),
+                device,
+            ),
         })
     }
 }
@@ -174,19 +195,14 @@ impl<B: Backend> DistributedItem for RegressionOutput<B> {
     type Backend = B;
 
     fn encode(&self) -> Vec<f64> {
-        let dims = self.output.dims();
-        encode_triplet(
-            values(&self.loss),
-            (&dims, values(&self.output)),
-            (self.targets.dims()[1], values(&self.targets)),
-        )
+        encode_triplet(&self.loss, &self.output, &self.targets)
     }
 
     fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
         let m = merge_triplets(parts)?;
         Ok(RegressionOutput {
-            loss: Tensor::from_data(TensorData::new(vec![m.loss as f32], [1]), device),
-            output: Tensor::from_data(TensorData::new(to_f32(&m.output), [m.n, m.c]), device),
+            loss: m.loss_tensor(device),
+            output: m.output_tensor(device),
             targets: Tensor::from_data(TensorData::new(to_f32(&m.targets), [m.n, m.t]), device),
         })
     }

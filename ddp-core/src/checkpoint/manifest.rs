@@ -2,6 +2,7 @@
 //! size and sha256. A checkpoint is valid only if every listed file matches.
 
 use super::error::{CheckpointError, InvalidReason};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -43,6 +44,27 @@ impl FileEntry {
             sha256: sha256_hex(bytes),
         }
     }
+
+    /// Checks that `bytes` are this file's: its size, then its sha256. The one check of a
+    /// listed file, in either checkpoint format.
+    pub(crate) fn check(&self, bytes: &[u8]) -> Result<(), InvalidReason> {
+        if bytes.len() as u64 != self.size {
+            return Err(InvalidReason::SizeMismatch {
+                file: self.name.clone(),
+                expected: self.size,
+                found: bytes.len() as u64,
+            });
+        }
+        let found = sha256_hex(bytes);
+        if found != self.sha256 {
+            return Err(InvalidReason::HashMismatch {
+                file: self.name.clone(),
+                expected: self.sha256.clone(),
+                found,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The contents of `manifest.json`.
@@ -73,25 +95,9 @@ impl Manifest {
 
     /// Checks `bytes` against the entry for `name`.
     pub fn verify(&self, name: &str, bytes: &[u8]) -> Result<(), InvalidReason> {
-        let entry = self
-            .file(name)
-            .ok_or_else(|| InvalidReason::NotInManifest { file: name.into() })?;
-        if bytes.len() as u64 != entry.size {
-            return Err(InvalidReason::SizeMismatch {
-                file: name.into(),
-                expected: entry.size,
-                found: bytes.len() as u64,
-            });
-        }
-        let found = sha256_hex(bytes);
-        if found != entry.sha256 {
-            return Err(InvalidReason::HashMismatch {
-                file: name.into(),
-                expected: entry.sha256.clone(),
-                found,
-            });
-        }
-        Ok(())
+        self.file(name)
+            .ok_or_else(|| InvalidReason::NotInManifest { file: name.into() })?
+            .check(bytes)
     }
 }
 
@@ -160,20 +166,41 @@ impl ReadFailure {
 /// Reads the manifest of the checkpoint in `dir` and every file it must hold, checking sizes
 /// and hashes.
 pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, ReadFailure> {
+    let manifest: Manifest =
+        read_manifest_file(dir, MANIFEST_FILE, FORMAT_VERSION, |m: &Manifest| {
+            m.format_version
+        })?;
+    let mut files = BTreeMap::new();
+    for name in CHECKPOINT_FILES {
+        if manifest.file(name).is_none() {
+            return Err(InvalidReason::NotInManifest { file: name.into() }.into());
+        }
+        let bytes = read_file(dir, name)?;
+        manifest.verify(name, &bytes)?;
+        files.insert(name.to_string(), bytes);
+    }
+    Ok(VerifiedFiles { manifest, files })
+}
+
+/// Reads and parses manifest `file` of the checkpoint directory `dir`, of either format: the
+/// directory must exist, the manifest must be there, parse, and be of format `supported`
+/// (`format_version` reads it from the manifest).
+pub(crate) fn read_manifest_file<T: DeserializeOwned>(
+    dir: &Path,
+    file: &str,
+    supported: u32,
+    format_version: impl FnOnce(&T) -> u32,
+) -> Result<T, ReadFailure> {
+    let missing_dir = || -> ReadFailure {
+        InvalidReason::MissingDir {
+            path: dir.display().to_string(),
+        }
+        .into()
+    };
     match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(InvalidReason::MissingDir {
-                path: dir.display().to_string(),
-            }
-            .into());
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(InvalidReason::MissingDir {
-                path: dir.display().to_string(),
-            }
-            .into());
-        }
+        Ok(_) => return Err(missing_dir()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing_dir()),
         Err(source) => {
             return Err(ReadFailure::Io {
                 path: dir.to_path_buf(),
@@ -181,40 +208,31 @@ pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, ReadFailure> {
             });
         }
     }
-    let manifest_bytes = read(dir, MANIFEST_FILE).map_err(|e| match e {
+    let bytes = read_file(dir, file).map_err(|e| match e {
         ReadFailure::Invalid(InvalidReason::MissingFile { file }) => {
             InvalidReason::MissingManifest { file }.into()
         }
         other => other,
     })?;
-    let manifest: Manifest =
-        serde_json::from_slice(&manifest_bytes).map_err(|e| InvalidReason::BadManifest {
-            file: MANIFEST_FILE.into(),
-            error: e.to_string(),
-        })?;
-    if manifest.format_version != FORMAT_VERSION {
+    let manifest: T = serde_json::from_slice(&bytes).map_err(|e| InvalidReason::BadManifest {
+        file: file.into(),
+        error: e.to_string(),
+    })?;
+    let found = format_version(&manifest);
+    if found != supported {
         return Err(InvalidReason::UnsupportedFormat {
-            file: MANIFEST_FILE.into(),
-            found: manifest.format_version,
-            supported: FORMAT_VERSION,
+            file: file.into(),
+            found,
+            supported,
         }
         .into());
     }
-    let mut files = BTreeMap::new();
-    for name in CHECKPOINT_FILES {
-        if manifest.file(name).is_none() {
-            return Err(InvalidReason::NotInManifest { file: name.into() }.into());
-        }
-        let bytes = read(dir, name)?;
-        manifest.verify(name, &bytes)?;
-        files.insert(name.to_string(), bytes);
-    }
-    Ok(VerifiedFiles { manifest, files })
+    Ok(manifest)
 }
 
 /// Reads file `name` of the checkpoint in `dir`. Only a missing file is a property of the
 /// checkpoint (it was never completed); every other error is the filesystem's.
-fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ReadFailure> {
+pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>, ReadFailure> {
     let path = dir.join(name);
     super::crash_point::read_file(&path).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() }.into(),

@@ -149,6 +149,7 @@
 //! # Ok(()) }
 //! ```
 
+mod base;
 mod canonical;
 mod codec;
 mod config;

@@ -2,7 +2,7 @@
 //! [`CheckpointInfo`].
 
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::state::TrainingState;
+use super::state::{FRAMEWORK_VERSION, TrainingState};
 use burn::tensor::backend::Backend;
 use ddp_data::DistributedDataLoader;
 use std::path::PathBuf;
@@ -67,6 +67,33 @@ pub struct Resumed {
 }
 
 impl Resumed {
+    /// The outcome of a resume from checkpoint `info`, logged once for both formats (`kind`:
+    /// `checkpoint` or `sharded checkpoint`), with a warning when another ddp-core version
+    /// wrote it.
+    pub(crate) fn logged(
+        kind: &str,
+        info: CheckpointInfo,
+        state: TrainingState,
+        invalid: Vec<InvalidCheckpoint>,
+    ) -> Resumed {
+        let name = info.name.as_str();
+        if info.framework_version != FRAMEWORK_VERSION {
+            tracing::warn!(checkpoint = name, saved = %info.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
+        }
+        tracing::info!(
+            checkpoint = %info.path.display(),
+            epoch = state.epoch,
+            global_step = state.global_step,
+            skipped = invalid.len(),
+            "resumed from {kind} {name}"
+        );
+        Resumed {
+            info,
+            state,
+            invalid,
+        }
+    }
+
     /// Restores `loader` to the saved position: with the same world size, exactly; with
     /// another one, translated by global sample count when exact (ddp-data's rule: the samples
     /// consumed by all ranks together must be a multiple of the new world size, or the save

@@ -540,6 +540,15 @@ fn share_shards<B: AutodiffBackend, M: AutodiffModule<B>>(
     (module, Ok(()))
 }
 
+/// The module after a step through burn's `Optimizer`, whose `step` cannot return an error:
+/// `step` and `step_multi` log a failed step here.
+fn logging_failure<M>((module, result): (M, Result<(), ZeroError>)) -> M {
+    if let Err(e) = result {
+        tracing::error!(error = %e, "ZeRO step failed");
+    }
+    module
+}
+
 impl<O, M, B, R> Optimizer<M, B> for ZeroRedundancyOptimizer<O, M, B>
 where
     B: AutodiffBackend,
@@ -550,23 +559,15 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
+        logging_failure(self.step_shard(module, grads, |inner, module, grads| {
             inner.step(lr, module, grads)
-        });
-        if let Err(e) = result {
-            tracing::error!(error = %e, "ZeRO step failed");
-        }
-        module
+        }))
     }
 
     fn step_multi(&mut self, lr: f64, module: M, grads: MultiGradientsParams) -> M {
-        let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
+        logging_failure(self.step_shard(module, grads, |inner, module, grads| {
             inner.step_multi(lr, module, grads)
-        });
-        if let Err(e) = result {
-            tracing::error!(error = %e, "ZeRO step failed");
-        }
-        module
+        }))
     }
 
     /// The full state on rank 0 after [`consolidate_state`](Self::consolidate_state) (what

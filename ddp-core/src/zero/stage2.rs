@@ -13,7 +13,7 @@ use crate::engine::hooks::{CommHook, GradBucket, HookError};
 use crate::engine::model_sync::{read_values, write_values};
 use crate::engine::module_tensors::TensorInfo;
 use crate::engine::partition::Partition;
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
@@ -148,6 +148,33 @@ impl GradLayout {
     pub(crate) fn received(&self) -> usize {
         self.groups.iter().map(|g| g.block).sum()
     }
+
+    /// The place of tensor `index` (module order) if it is trained and in group `group`: the
+    /// tensors a visitor of one group acts on.
+    pub(super) fn slot_in_group(&self, index: usize, group: usize) -> Option<Slot> {
+        self.slots
+            .get(index)
+            .copied()
+            .flatten()
+            .filter(|slot| slot.group == group)
+    }
+}
+
+/// Stage 2 reduces f32 gradients only: the error for a gradient of parameter `parameter`
+/// that is not its `numel` f32 elements (`got` elements of `dtype`).
+pub(super) fn not_f32_gradient(
+    parameter: ParamId,
+    got: usize,
+    dtype: DType,
+    numel: usize,
+) -> ZeroError {
+    ZeroError::Unsupported {
+        parameter: parameter.to_string(),
+        reason: format!(
+            "ZeRO stage 2 reduces f32 gradients; got {got} {dtype:?} elements for a parameter \
+             of {numel} f32 elements"
+        ),
+    }
 }
 
 /// The group being filled while [`GradLayout::new`] walks the tensors.
@@ -278,10 +305,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
+        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
             return;
         };
-        if slot.group != self.group || self.error.is_some() {
+        if self.error.is_some() {
             return;
         }
         let n = self.plan.numels[index];
@@ -292,14 +319,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
         let values = match (data.dtype, data.as_slice::<f32>()) {
             (DType::F32, Ok(v)) if v.len() == n => v,
             (dtype, _) => {
-                self.error = Some(ZeroError::Unsupported {
-                    parameter: param.id.to_string(),
-                    reason: format!(
-                        "ZeRO stage 2 reduces f32 gradients; got {} {dtype:?} elements for a \
-                         parameter of {n} f32 elements",
-                        data.num_elements()
-                    ),
-                });
+                self.error = Some(not_f32_gradient(param.id, data.num_elements(), dtype, n));
                 return;
             }
         };
@@ -324,10 +344,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unpack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
+        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
             return;
         };
-        if slot.group != self.group || slot.owner != self.rank {
+        if slot.owner != self.rank {
             return;
         }
         let n = self.plan.numels[index];

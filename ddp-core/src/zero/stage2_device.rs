@@ -7,7 +7,7 @@
 //! decide what the optimizer sees; the flags' places in the blocks hold zeros.
 
 use super::error::ZeroError;
-use super::stage2::GradLayout;
+use super::stage2::{GradLayout, not_f32_gradient};
 use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
@@ -135,10 +135,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
-            return;
-        };
-        if slot.group != self.group || self.error.is_some() {
+        if self.plan.slot_in_group(index, self.group).is_none() || self.error.is_some() {
             return;
         }
         if self.device.is_none() {
@@ -149,15 +146,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
         };
         let n = self.plan.numels[index];
         if grad.dtype() != DType::F32 || grad.shape().num_elements() != n {
-            self.error = Some(ZeroError::Unsupported {
-                parameter: param.id.to_string(),
-                reason: format!(
-                    "ZeRO stage 2 reduces f32 gradients; got {} {:?} elements for a parameter \
-                     of {n} f32 elements",
-                    grad.shape().num_elements(),
-                    grad.dtype()
-                ),
-            });
+            self.error = Some(not_f32_gradient(
+                param.id,
+                grad.shape().num_elements(),
+                grad.dtype(),
+                n,
+            ));
             return;
         }
         self.taken[index] = Some(grad.reshape([n]));
@@ -179,10 +173,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let index = self.next;
         self.next += 1;
-        let Some(slot) = self.plan.slots.get(index).copied().flatten() else {
+        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
             return;
         };
-        if slot.group != self.group || slot.owner != self.rank || !self.present[index] {
+        if slot.owner != self.rank || !self.present[index] {
             return;
         }
         let n = self.plan.numels[index];

@@ -1,27 +1,21 @@
 //! [`FullCheckpointer`]: collective save and resume of rank-0 checkpoints.
 
+use super::super::base::{CheckpointerBase, ResumeHeader, SaveSummary};
 use super::super::codec::{encode_model, encode_optimizer};
 use super::super::config::CheckpointConfig;
-use super::super::error::{CheckpointError, InvalidCheckpoint};
+use super::super::error::CheckpointError;
 use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
-use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::super::storage::directory::{
-    check_not_backwards, prune, read_latest, remove_newer_than,
-};
-use super::super::storage::lock::DirLock;
+use super::super::state::TrainingState;
+use super::super::storage::directory::{check_not_backwards, read_latest, remove_newer_than};
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
-use super::super::storage::rank0::{
-    agree_on_step, all_gather_bytes, broadcast_bytes, on_rank0, prepare_dir,
-};
+use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json, on_rank0};
 use super::reader::{find_checkpoint_to_resume, read_one};
 use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use ddp_comm::ProcessGroup;
-use serde::{Deserialize, Serialize};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Saves and restores model, optimizer and [`TrainingState`] for every rank of a process
 /// group. See the [module docs](crate::checkpoint) for a complete training loop.
@@ -30,24 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// all ranks call it at the same point, and an error on one rank is an error on all of them.
 #[derive(Debug)]
 pub struct FullCheckpointer {
-    pub(super) config: CheckpointConfig,
-    pub(super) pg: ProcessGroup,
-    /// Rank 0's lock on the directory, held for this checkpointer's life.
-    _lock: Option<DirLock>,
-}
-
-/// What rank 0 tells the others after its search.
-#[derive(Debug, Serialize, Deserialize)]
-struct Header {
-    name: Option<String>,
-    invalid: Vec<InvalidCheckpoint>,
-}
-
-/// What rank 0 tells the others after a save.
-#[derive(Debug, Serialize, Deserialize)]
-struct SaveSummary {
-    bytes: u64,
-    removed: Vec<String>,
+    pub(super) base: CheckpointerBase,
 }
 
 impl FullCheckpointer {
@@ -60,23 +37,19 @@ impl FullCheckpointer {
     /// # Errors
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, CheckpointError> {
-        config.validate()?;
-        let lock = prepare_dir(&pg, config.dir(), "full")?;
         Ok(FullCheckpointer {
-            config,
-            pg,
-            _lock: lock,
+            base: CheckpointerBase::open(config, pg, "full")?,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &CheckpointConfig {
-        &self.config
+        &self.base.config
     }
 
     /// The process group.
     pub fn process_group(&self) -> &ProcessGroup {
-        &self.pg
+        &self.base.pg
     }
 
     /// Saves `model`, `optim` and `state` as checkpoint `step-<global_step>`: all ranks check
@@ -107,13 +80,13 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         let step = state.global_step;
-        agree_on_step(&self.pg, step)?;
+        agree_on_step(&self.base.pg, step)?;
         let mine = match &state.rank_rng {
             Some(v) => serde_json::to_vec(v)
                 .map_err(CheckpointError::json("serialising this rank's rng state"))?,
             None => Vec::new(),
         };
-        let rank_rngs = all_gather_bytes(&self.pg, mine)?
+        let rank_rngs = all_gather_bytes(&self.base.pg, mine)?
             .into_iter()
             .map(|b| {
                 (!b.is_empty())
@@ -122,26 +95,18 @@ impl FullCheckpointer {
             })
             .collect();
         let name = checkpoint_name(step);
-        let summary = on_rank0(&self.pg, "write the checkpoint", || {
+        let summary = on_rank0(&self.base.pg, "write the checkpoint", || {
             let summary = self.write::<B, M, O>(model, optim, state, rank_rngs, &name)?;
             serde_json::to_vec(&summary)
                 .map_err(CheckpointError::json("serialising the save summary"))
         })?;
-        let summary = broadcast_bytes(
-            &self.pg,
-            summary.unwrap_or_default(),
-            0,
+        let summary: SaveSummary = broadcast_json(
+            &self.base.pg,
+            summary,
             "sharing the save summary",
+            "decoding the save summary",
         )?;
-        let summary: SaveSummary = serde_json::from_slice(&summary)
-            .map_err(CheckpointError::json("decoding the save summary"))?;
-        Ok(SavedCheckpoint {
-            path: self.config.dir().join(&name),
-            name,
-            global_step: step,
-            bytes: summary.bytes,
-            removed: summary.removed,
-        })
+        Ok(summary.into_saved(self.base.config.dir(), name, step))
     }
 
     fn write<B, M, O>(
@@ -158,22 +123,12 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         let started = std::time::Instant::now();
-        let dir = self.config.dir();
+        let dir = self.base.config.dir();
         // Before serialising anything: a save below a newer valid checkpoint is refused.
         check_not_backwards(dir, state.global_step, read_one)?;
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
         let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
-        let state_file = StateFile {
-            training: state.clone(),
-            rank_rngs,
-            world_size: self.pg.world_size(),
-            run_config_hash: self.config.run_config_hash().map(str::to_string),
-            framework_version: FRAMEWORK_VERSION.to_string(),
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-        };
+        let state_file = self.base.state_file(state, rank_rngs);
         let state_bytes = serde_json::to_vec_pretty(&state_file)
             .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
         let files = [
@@ -183,14 +138,7 @@ impl FullCheckpointer {
             (PARAM_IDS_FILE, ids),
         ];
         let (path, manifest) = write_checkpoint(dir, name, state.global_step, &files)?;
-        let removed = match self.config.keep_last() {
-            Some(keep) => prune(dir, keep, state.global_step).unwrap_or_else(|e| {
-                // The new checkpoint is complete; failing to delete old ones is not fatal.
-                tracing::warn!(error = %e, "could not remove old checkpoints");
-                Vec::new()
-            }),
-            None => Vec::new(),
-        };
+        let removed = self.base.prune_after_save(state.global_step);
         tracing::info!(
             checkpoint = %path.display(),
             bytes = manifest.total_bytes(),
@@ -240,13 +188,13 @@ impl FullCheckpointer {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
-        let dir = self.config.dir().to_path_buf();
-        let search = on_rank0(&self.pg, "search for the latest checkpoint", || {
+        let dir = self.base.config.dir().to_path_buf();
+        let search = on_rank0(&self.base.pg, "search for the latest checkpoint", || {
             find_checkpoint_to_resume(&dir)
         })?;
         let (found, header) = match search {
             Some(search) => {
-                let header = Header {
+                let header = ResumeHeader {
                     name: search.found.as_ref().map(|f| f.name.clone()),
                     invalid: search.invalid,
                 };
@@ -254,7 +202,7 @@ impl FullCheckpointer {
             }
             None => (
                 None,
-                Header {
+                ResumeHeader {
                     name: None,
                     invalid: Vec::new(),
                 },
@@ -305,8 +253,8 @@ impl FullCheckpointer {
     {
         // On every rank, before any collective: every rank gets the same answer.
         validate_name(name)?;
-        let dir = self.config.dir().to_path_buf();
-        let found = on_rank0(&self.pg, "read the checkpoint", || {
+        let dir = self.base.config.dir().to_path_buf();
+        let found = on_rank0(&self.base.pg, "read the checkpoint", || {
             read_one(&dir, name).map_err(|e| e.into_error(name, &dir))
         })?;
         self.restore::<B, M, O>(device, model, optim, name, found, Vec::new())
@@ -325,9 +273,9 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
-        let dir = self.config.dir().to_path_buf();
+        let dir = self.base.config.dir().to_path_buf();
         let removed = on_rank0(
-            &self.pg,
+            &self.base.pg,
             "remove the checkpoints after the rewind point",
             || {
                 let removed = remove_newer_than(&dir, global_step)?;
@@ -338,14 +286,12 @@ impl FullCheckpointer {
                     .map_err(CheckpointError::json("serialising the removed names"))
             },
         )?;
-        let removed = broadcast_bytes(
-            &self.pg,
-            removed.unwrap_or_default(),
-            0,
+        broadcast_json(
+            &self.base.pg,
+            removed,
             "sharing the removed names",
-        )?;
-        serde_json::from_slice(&removed)
-            .map_err(CheckpointError::json("decoding the removed names"))
+            "decoding the removed names",
+        )
     }
 
     /// The checkpoints in the directory, oldest first (rank-local; not verified).
@@ -353,7 +299,7 @@ impl FullCheckpointer {
     /// # Errors
     /// [`StorageError::Read`].
     pub fn list(&self) -> Result<Vec<String>, CheckpointError> {
-        let mut all = list_checkpoints(self.config.dir())?;
+        let mut all = list_checkpoints(self.base.config.dir())?;
         all.sort();
         Ok(all.into_iter().map(|(_, name)| name).collect())
     }
@@ -363,18 +309,24 @@ impl FullCheckpointer {
     /// # Errors
     /// [`StorageError::Read`].
     pub fn latest(&self) -> Result<Option<String>, CheckpointError> {
-        read_latest(self.config.dir())
+        read_latest(self.base.config.dir())
     }
 
-    fn share_header(&self, header: Header) -> Result<Header, CheckpointError> {
-        let bytes = if self.pg.rank() == 0 {
-            serde_json::to_vec(&header)
-                .map_err(CheckpointError::json("serialising the resume header"))?
+    fn share_header(&self, header: ResumeHeader) -> Result<ResumeHeader, CheckpointError> {
+        let bytes = if self.base.pg.rank() == 0 {
+            Some(
+                serde_json::to_vec(&header)
+                    .map_err(CheckpointError::json("serialising the resume header"))?,
+            )
         } else {
-            Vec::new()
+            None
         };
-        let bytes = broadcast_bytes(&self.pg, bytes, 0, "sharing the resume header")?;
-        serde_json::from_slice(&bytes).map_err(CheckpointError::json("decoding the resume header"))
+        broadcast_json(
+            &self.base.pg,
+            bytes,
+            "sharing the resume header",
+            "decoding the resume header",
+        )
     }
 }
 

@@ -8,7 +8,6 @@ use super::super::manifest::{
     CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
 };
 use super::super::outcome::{CheckpointInfo, Resumed};
-use super::super::state::FRAMEWORK_VERSION;
 use super::super::storage::rank0::{all_succeeded, broadcast_bytes};
 use super::checkpointer::FullCheckpointer;
 use super::reader::{FoundCheckpoint, parse_state, read_one};
@@ -33,7 +32,7 @@ impl FullCheckpointer {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
-        let (rank, dir) = (self.pg.rank(), self.config.dir().to_path_buf());
+        let (rank, dir) = (self.base.pg.rank(), self.base.config.dir().to_path_buf());
         let files = self.distribute(name, found)?;
         let state = parse_state(files.get(STATE_FILE)).map_err(|reason| CheckpointError::Invalid {
             name: name.to_string(),
@@ -43,7 +42,8 @@ impl FullCheckpointer {
         // Decode into copies: on any rank's failure, every rank's model and optimizer stay as
         // they were.
         let decoded = state.and_then(|state| {
-            self.config
+            self.base
+                .config
                 .check_run_config(name, state.run_config_hash.as_deref())?;
             let (mut m, mut o) = (model.clone(), optim.clone());
             decode_model::<B, M>(
@@ -63,11 +63,11 @@ impl FullCheckpointer {
             )?;
             Ok((m, o, state))
         });
-        let (m, o, saved) = all_succeeded(&self.pg, decoded, "load the checkpoint")?;
+        let (m, o, saved) = all_succeeded(&self.base.pg, decoded, "load the checkpoint")?;
         *model = m;
         *optim = o;
 
-        let world_size = self.pg.world_size();
+        let world_size = self.base.pg.world_size();
         let mut state = saved.training;
         if saved.world_size == world_size {
             state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
@@ -90,21 +90,7 @@ impl FullCheckpointer {
             framework_version: saved.framework_version,
             bytes: files.manifest.total_bytes(),
         };
-        if info.framework_version != FRAMEWORK_VERSION {
-            tracing::warn!(checkpoint = name, saved = %info.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
-        }
-        tracing::info!(
-            checkpoint = %info.path.display(),
-            epoch = state.epoch,
-            global_step = state.global_step,
-            skipped = invalid.len(),
-            "resumed from checkpoint {name}"
-        );
-        Ok(Resumed {
-            info,
-            state,
-            invalid,
-        })
+        Ok(Resumed::logged("checkpoint", info, state, invalid))
     }
 
     /// Every rank gets checkpoint `name`'s files: rank 0 from `found`, the others by broadcast
@@ -114,8 +100,8 @@ impl FullCheckpointer {
         name: &str,
         found: Option<FoundCheckpoint>,
     ) -> Result<VerifiedFiles, CheckpointError> {
-        let dir = self.config.dir();
-        if self.config.shared_filesystem() {
+        let dir = self.base.config.dir();
+        if self.base.config.shared_filesystem() {
             let mine = match found {
                 Some(found) => Ok(found.files),
                 None => read_one(dir, name)
@@ -123,7 +109,7 @@ impl FullCheckpointer {
                     .map_err(|e| e.into_error(name, dir)),
             };
             return all_succeeded(
-                &self.pg,
+                &self.base.pg,
                 mine,
                 "read the checkpoint from the shared filesystem",
             );
@@ -134,7 +120,7 @@ impl FullCheckpointer {
                 .map_err(CheckpointError::json("serialising the manifest"))?,
             None => Vec::new(),
         };
-        let manifest = broadcast_bytes(&self.pg, manifest, 0, "broadcasting the manifest")?;
+        let manifest = broadcast_bytes(&self.base.pg, manifest, 0, "broadcasting the manifest")?;
         let manifest = serde_json::from_slice(&manifest)
             .map_err(CheckpointError::json("decoding the broadcast manifest"))?;
         let mut files = BTreeMap::new();
@@ -145,7 +131,7 @@ impl FullCheckpointer {
                 .unwrap_or_default();
             files.insert(
                 file.to_string(),
-                broadcast_bytes(&self.pg, bytes, 0, "broadcasting checkpoint files")?,
+                broadcast_bytes(&self.base.pg, bytes, 0, "broadcasting checkpoint files")?,
             );
         }
         Ok(VerifiedFiles { manifest, files })

@@ -3,13 +3,13 @@
 //! state it needs (all of them for a replicated optimizer; under ZeRO only those holding the
 //! parameters it owns at the new world size), verifying each file against the manifest.
 
+use super::super::base::ResumeHeader;
 use super::super::codec::decode_model;
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
-use super::super::state::FRAMEWORK_VERSION;
 use super::super::storage::directory::newest_valid_to_resume;
-use super::super::storage::rank0::{all_succeeded, broadcast_bytes, on_rank0};
+use super::super::storage::rank0::{all_succeeded, broadcast_json, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::manifest::{ShardedManifest, read_manifest, read_verified, verify_checkpoint};
@@ -22,16 +22,8 @@ use burn::optim::Optimizer;
 use burn::record::Record;
 use burn::tensor::backend::AutodiffBackend;
 use hashbrown::HashMap;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
-
-/// What rank 0 tells the others after its search.
-#[derive(Debug, Serialize, Deserialize)]
-struct Header {
-    name: Option<String>,
-    invalid: Vec<InvalidCheckpoint>,
-}
 
 impl ShardedCheckpointer {
     /// Restores the newest valid sharded checkpoint, saved at any world size, into `model`
@@ -126,8 +118,8 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         validate_name(name)?;
-        let dir = self.config.dir().to_path_buf();
-        on_rank0::<_, ShardedCheckpointError>(&self.pg, "verify the checkpoint", || {
+        let dir = self.base.config.dir().to_path_buf();
+        on_rank0::<_, ShardedCheckpointError>(&self.base.pg, "verify the checkpoint", || {
             verify_checkpoint(&dir, name)
                 .map(|_| ())
                 .map_err(|e| e.into_error(name, &dir).into())
@@ -156,15 +148,15 @@ impl ShardedCheckpointer {
         M: AutodiffModule<B>,
         R: Record<B>,
     {
-        let dir = self.config.dir().to_path_buf();
+        let dir = self.base.config.dir().to_path_buf();
         let header = on_rank0::<_, ShardedCheckpointError>(
-            &self.pg,
+            &self.base.pg,
             "search for the latest sharded checkpoint",
             || {
                 // As for rank-0 checkpoints: never fresh over a run's checkpoints, and the
                 // invalid ones tried are set aside (renamed, never deleted) before any pruning.
                 let search = newest_valid_to_resume(&dir, verify_checkpoint)?;
-                let header = Header {
+                let header = ResumeHeader {
                     name: search.found.map(|(name, _)| name),
                     invalid: search.invalid,
                 };
@@ -172,14 +164,12 @@ impl ShardedCheckpointer {
                     .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())
             },
         )?;
-        let header = broadcast_bytes(
-            &self.pg,
-            header.unwrap_or_default(),
-            0,
+        let header: ResumeHeader = broadcast_json(
+            &self.base.pg,
+            header,
             "sharing the resume header",
+            "decoding the resume header",
         )?;
-        let header: Header = serde_json::from_slice(&header)
-            .map_err(CheckpointError::json("decoding the resume header"))?;
         match header.name {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());
@@ -213,12 +203,13 @@ impl ShardedCheckpointer {
         M: AutodiffModule<B>,
         R: Record<B>,
     {
-        let (rank, world) = (self.pg.rank(), self.pg.world_size());
-        let dir = self.config.dir().to_path_buf();
+        let (rank, world) = (self.base.pg.rank(), self.base.pg.world_size());
+        let dir = self.base.config.dir().to_path_buf();
         let path = dir.join(name);
         let loaded = (|| {
             let manifest = read_manifest(&path).map_err(|e| e.into_error(name, &dir))?;
-            self.config
+            self.base
+                .config
                 .check_run_config(name, manifest.state.run_config_hash.as_deref())?;
             let mut m = model.clone();
             load_model::<B, M>(&mut m, device, &path, &manifest, rank)?;
@@ -240,7 +231,7 @@ impl ShardedCheckpointer {
             Ok((m, record, manifest))
         })();
         let (m, record, manifest) = all_succeeded::<_, ShardedCheckpointError>(
-            &self.pg,
+            &self.base.pg,
             loaded,
             "load the sharded checkpoint",
         )?;
@@ -260,9 +251,6 @@ impl ShardedCheckpointer {
                  per-rank rng states are dropped"
             );
         }
-        if saved.framework_version != FRAMEWORK_VERSION {
-            tracing::warn!(checkpoint = name, saved = %saved.framework_version, current = FRAMEWORK_VERSION, "checkpoint written by another ddp-core version");
-        }
         let info = CheckpointInfo {
             name: name.to_string(),
             path,
@@ -277,18 +265,7 @@ impl ShardedCheckpointer {
                 .map(|s| s.model.size + s.optimizer.size)
                 .sum(),
         };
-        tracing::info!(
-            checkpoint = %info.path.display(),
-            epoch = state.epoch,
-            global_step = state.global_step,
-            skipped = invalid.len(),
-            "resumed from sharded checkpoint {name}"
-        );
-        Ok(Resumed {
-            info,
-            state,
-            invalid,
-        })
+        Ok(Resumed::logged("sharded checkpoint", info, state, invalid))
     }
 }
 

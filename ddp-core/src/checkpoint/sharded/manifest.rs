@@ -4,7 +4,7 @@
 //! the directory a sharded checkpoint.
 
 use super::super::error::InvalidReason;
-use super::super::manifest::{FileEntry, ReadFailure, sha256_hex};
+use super::super::manifest::{FileEntry, ReadFailure, read_file, read_manifest_file};
 use super::super::state::StateFile;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -101,36 +101,12 @@ impl ShardedManifest {
 
 /// Reads and parses the manifest of the checkpoint directory `dir` (not the shards).
 pub(super) fn read_manifest(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
-    match std::fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => return Err(missing_dir(dir)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing_dir(dir)),
-        Err(source) => {
-            return Err(ReadFailure::Io {
-                path: dir.to_path_buf(),
-                source,
-            });
-        }
-    }
-    let bytes = read(dir, SHARDED_MANIFEST_FILE).map_err(|e| match e {
-        ReadFailure::Invalid(InvalidReason::MissingFile { file }) => {
-            InvalidReason::MissingManifest { file }.into()
-        }
-        other => other,
-    })?;
-    let manifest: ShardedManifest =
-        serde_json::from_slice(&bytes).map_err(|e| InvalidReason::BadManifest {
-            file: SHARDED_MANIFEST_FILE.into(),
-            error: e.to_string(),
-        })?;
-    if manifest.format_version != SHARDED_FORMAT_VERSION {
-        return Err(InvalidReason::UnsupportedFormat {
-            file: SHARDED_MANIFEST_FILE.into(),
-            found: manifest.format_version,
-            supported: SHARDED_FORMAT_VERSION,
-        }
-        .into());
-    }
+    let manifest = read_manifest_file(
+        dir,
+        SHARDED_MANIFEST_FILE,
+        SHARDED_FORMAT_VERSION,
+        |m: &ShardedManifest| m.format_version,
+    )?;
     if manifest.shards.len() != manifest.world_size
         || manifest.shards.iter().enumerate().any(|(r, s)| s.rank != r)
     {
@@ -156,24 +132,8 @@ pub(super) fn read_verified(
     let entry = manifest
         .file(name)
         .ok_or_else(|| InvalidReason::NotInManifest { file: name.into() })?;
-    let bytes = read(dir, name)?;
-    if bytes.len() as u64 != entry.size {
-        return Err(InvalidReason::SizeMismatch {
-            file: name.into(),
-            expected: entry.size,
-            found: bytes.len() as u64,
-        }
-        .into());
-    }
-    let found = sha256_hex(&bytes);
-    if found != entry.sha256 {
-        return Err(InvalidReason::HashMismatch {
-            file: name.into(),
-            expected: entry.sha256.clone(),
-            found,
-        }
-        .into());
-    }
+    let bytes = read_file(dir, name)?;
+    entry.check(&bytes)?;
     Ok(bytes)
 }
 
@@ -193,20 +153,4 @@ pub(super) fn verify_all(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
         }
     }
     Ok(manifest)
-}
-
-fn missing_dir(dir: &Path) -> ReadFailure {
-    InvalidReason::MissingDir {
-        path: dir.display().to_string(),
-    }
-    .into()
-}
-
-/// Only a missing file is a property of the checkpoint; any other error is the filesystem's.
-fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ReadFailure> {
-    let path = dir.join(name);
-    super::super::crash_point::read_file(&path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => InvalidReason::MissingFile { file: name.into() }.into(),
-        _ => ReadFailure::Io { path, source },
-    })
 }

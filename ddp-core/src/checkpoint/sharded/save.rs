@@ -2,18 +2,18 @@
 //! directory, then rank 0 checks that every shard is there, writes the manifest and commits
 //! by renaming the directory (see the [module docs](super) for the protocol).
 
+use super::super::base::{CheckpointerBase, SaveSummary};
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
-use super::super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::super::storage::directory::{check_not_backwards, prune, write_latest};
+use super::super::state::{FRAMEWORK_VERSION, TrainingState};
+use super::super::storage::directory::{check_not_backwards, write_latest};
 use super::super::storage::durable::{fresh_dir, remove_path, rename, sync_dir, write_synced};
-use super::super::storage::lock::DirLock;
 use super::super::storage::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
-use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_bytes};
-use super::super::storage::rank0::{all_succeeded, on_rank0, prepare_dir};
+use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json};
+use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
 use super::manifest::{
@@ -32,7 +32,6 @@ use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Test-only crash points of a sharded save (with the `test-hooks` feature), in the order a
 /// save passes them, for [`TEST_CRASH_AT_ENV`](super::super::TEST_CRASH_AT_ENV):
@@ -55,11 +54,7 @@ pub const SHARDED_CRASH_POINTS: &[&str] = &[
 /// Every method is **collective**: all ranks call it at the same point.
 #[derive(Debug)]
 pub struct ShardedCheckpointer {
-    pub(super) config: CheckpointConfig,
-    pub(super) pg: ProcessGroup,
-    /// Rank 0's lock on the directory (one job per directory), held for this checkpointer's
-    /// life.
-    _lock: Option<DirLock>,
+    pub(super) base: CheckpointerBase,
 }
 
 /// What a rank tells the others after writing its shard.
@@ -69,13 +64,6 @@ struct ShardReport {
     optimizer: FileEntry,
     tensors: BTreeMap<String, TensorEntry>,
     rank_rng: Option<serde_json::Value>,
-}
-
-/// What rank 0 tells the others after the commit.
-#[derive(Debug, Serialize, Deserialize)]
-struct SaveSummary {
-    bytes: u64,
-    removed: Vec<String>,
 }
 
 impl ShardedCheckpointer {
@@ -88,23 +76,19 @@ impl ShardedCheckpointer {
     /// # Errors
     /// [`CheckpointError::InvalidConfig`]; I/O errors of rank 0 (on every rank).
     pub fn new(config: CheckpointConfig, pg: ProcessGroup) -> Result<Self, ShardedCheckpointError> {
-        config.validate()?;
-        let lock = prepare_dir(&pg, config.dir(), "sharded")?;
         Ok(ShardedCheckpointer {
-            config,
-            pg,
-            _lock: lock,
+            base: CheckpointerBase::open(config, pg, "sharded")?,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &CheckpointConfig {
-        &self.config
+        &self.base.config
     }
 
     /// The process group.
     pub fn process_group(&self) -> &ProcessGroup {
-        &self.pg
+        &self.base.pg
     }
 
     /// Saves `model`, a replicated optimizer (plain DDP: every rank holds every parameter's
@@ -175,21 +159,25 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         let started = std::time::Instant::now();
-        let (rank, world) = (self.pg.rank(), self.pg.world_size());
+        let (rank, world) = (self.base.pg.rank(), self.base.pg.world_size());
         let step = state.global_step;
-        agree_on_step(&self.pg, step)?;
-        let dir = self.config.dir().to_path_buf();
+        agree_on_step(&self.base.pg, step)?;
+        let dir = self.base.config.dir().to_path_buf();
         let name = checkpoint_name(step);
         let staging = dir.join(format!("{TMP_PREFIX}{name}-sharded"));
-        on_rank0::<_, ShardedCheckpointError>(&self.pg, "prepare the staging directory", || {
-            check_not_backwards(&dir, step, verify_checkpoint)?;
-            fresh_dir(&staging)?;
-            Ok(())
-        })?;
+        on_rank0::<_, ShardedCheckpointError>(
+            &self.base.pg,
+            "prepare the staging directory",
+            || {
+                check_not_backwards(&dir, step, verify_checkpoint)?;
+                fresh_dir(&staging)?;
+                Ok(())
+            },
+        )?;
 
         let written = self.write_shard::<B, M, R>(model, record, held, state, &staging);
         let written =
-            all_succeeded::<_, ShardedCheckpointError>(&self.pg, written, "write its shard");
+            all_succeeded::<_, ShardedCheckpointError>(&self.base.pg, written, "write its shard");
         let report = match written {
             Ok(report) => report,
             Err(e) => {
@@ -203,10 +191,10 @@ impl ShardedCheckpointer {
         let report = serde_json::to_vec(&report).map_err(CheckpointError::json(
             "serialising this rank's shard report",
         ))?;
-        let reports = all_gather_bytes(&self.pg, report)?;
+        let reports = all_gather_bytes(&self.base.pg, report)?;
 
         let summary = on_rank0::<_, ShardedCheckpointError>(
-            &self.pg,
+            &self.base.pg,
             "commit the sharded checkpoint",
             || {
                 let committed = self.commit(&staging, &name, state, reports);
@@ -218,14 +206,12 @@ impl ShardedCheckpointer {
                     .map_err(|e| CheckpointError::json("serialising the save summary")(e).into())
             },
         )?;
-        let summary = broadcast_bytes(
-            &self.pg,
-            summary.unwrap_or_default(),
-            0,
+        let summary: SaveSummary = broadcast_json(
+            &self.base.pg,
+            summary,
             "sharing the save summary",
+            "decoding the save summary",
         )?;
-        let summary: SaveSummary = serde_json::from_slice(&summary)
-            .map_err(CheckpointError::json("decoding the save summary"))?;
         tracing::info!(
             checkpoint = %dir.join(&name).display(),
             rank,
@@ -234,13 +220,7 @@ impl ShardedCheckpointer {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "saved sharded checkpoint {name}"
         );
-        Ok(SavedCheckpoint {
-            path: dir.join(&name),
-            name,
-            global_step: step,
-            bytes: summary.bytes,
-            removed: summary.removed,
-        })
+        Ok(summary.into_saved(&dir, name, step))
     }
 
     /// Writes and fsyncs this rank's two shard files into `staging`.
@@ -257,7 +237,7 @@ impl ShardedCheckpointer {
         M: AutodiffModule<B>,
         R: Record<B>,
     {
-        let (rank, world) = (self.pg.rank(), self.pg.world_size());
+        let (rank, world) = (self.base.pg.rank(), self.base.pg.world_size());
         let ownership = Ownership::of::<B, M>(model, world);
         let foreign = record
             .keys()
@@ -318,7 +298,7 @@ impl ShardedCheckpointer {
         state: &TrainingState,
         reports: Vec<Vec<u8>>,
     ) -> Result<SaveSummary, ShardedCheckpointError> {
-        let dir = self.config.dir();
+        let dir = self.base.config.dir();
         let mut shards = Vec::with_capacity(reports.len());
         let mut tensors = BTreeMap::new();
         let mut rank_rngs = Vec::with_capacity(reports.len());
@@ -352,17 +332,7 @@ impl ShardedCheckpointer {
             framework_version: FRAMEWORK_VERSION.to_string(),
             shards,
             tensors,
-            state: StateFile {
-                training: state.clone(),
-                rank_rngs,
-                world_size: self.pg.world_size(),
-                run_config_hash: self.config.run_config_hash().map(str::to_string),
-                framework_version: FRAMEWORK_VERSION.to_string(),
-                created_unix_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0),
-            },
+            state: self.base.state_file(state, rank_rngs),
         };
         let bytes = serde_json::to_vec_pretty(&manifest)
             .map_err(CheckpointError::json("serialising the sharded manifest"))?;
@@ -372,17 +342,9 @@ impl ShardedCheckpointer {
         install(dir, staging, name)?;
         crash_point("sharded-after-rename");
         write_latest(dir, name)?;
-        let removed = match self.config.keep_last() {
-            Some(keep) => prune(dir, keep, state.global_step).unwrap_or_else(|e| {
-                // The new checkpoint is committed; failing to delete old ones is not fatal.
-                tracing::warn!(error = %e, "could not remove old checkpoints");
-                Vec::new()
-            }),
-            None => Vec::new(),
-        };
         Ok(SaveSummary {
             bytes: manifest.total_bytes(),
-            removed,
+            removed: self.base.prune_after_save(state.global_step),
         })
     }
 }

@@ -7,6 +7,7 @@ use super::directory::clean_temporaries;
 use super::durable::ensure_dir;
 use super::lock::{DirLock, lock_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
+use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 
 /// Fails on every rank, identically, unless all ranks pass the same `step`.
@@ -49,6 +50,19 @@ pub(crate) fn broadcast_bytes(
             .map_err(CheckpointError::comm(context))?;
     }
     Ok(buf)
+}
+
+/// Every rank gets the JSON value rank 0 holds (`rank0_json`, `None` on the others): what
+/// rank 0 learnt alone (a save summary, the checkpoint to resume) becomes every rank's answer.
+/// `sharing` and `decoding` say what is being done, for the errors.
+pub(crate) fn broadcast_json<T: DeserializeOwned>(
+    pg: &ProcessGroup,
+    rank0_json: Option<Vec<u8>>,
+    sharing: &'static str,
+    decoding: &'static str,
+) -> Result<T, CheckpointError> {
+    let bytes = broadcast_bytes(pg, rank0_json.unwrap_or_default(), 0, sharing)?;
+    serde_json::from_slice(&bytes).map_err(CheckpointError::json(decoding))
 }
 
 /// Runs `work` on rank 0 only and shares how it went: rank 0 gets its result (`Some`), the

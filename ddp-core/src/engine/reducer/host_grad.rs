@@ -1,7 +1,20 @@
 //! [`HostGrad`]: a gradient in host memory, in its parameter's own dtype.
 
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, TensorData};
 use ddp_comm::{Element, bf16, f16};
+
+/// Reads float tensor `t` into host memory, blocking (on a GPU, until the device has produced
+/// it): the one device read of the host reductions, of a gradient or of a whole bucket. The
+/// error says why it failed, for the caller to name what it was reading.
+pub(crate) fn read_to_host<I: Backend>(t: FloatTensor<I>) -> Result<TensorData, String> {
+    match burn::tensor::try_read_sync(I::float_into_data(t)) {
+        Some(Ok(data)) => Ok(data),
+        Some(Err(e)) => Err(format!("{e:?}")),
+        None => Err("this platform cannot block on the read".into()),
+    }
+}
 
 /// A gradient read from the device into host memory, in the parameter's dtype: f64 models are
 /// reduced in f64, half-precision models in half precision.

@@ -15,7 +15,7 @@
 //!   [`CommHook`](crate::hooks::CommHook) (fp16/bf16 compression, PowerSGD) on a thread of its
 //!   own.
 
-use super::host_grad::{HostElement, HostGrad};
+use super::host_grad::{HostElement, HostGrad, read_to_host};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -134,15 +134,8 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
             path: slot.path.clone(),
             reason,
         };
-        let data = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => return Err(fail(format!("reading it from the device: {e:?}"))),
-            None => {
-                return Err(fail(
-                    "reading it from the device: this platform cannot block on the read".into(),
-                ));
-            }
-        };
+        let data = read_to_host::<I>(grad)
+            .map_err(|e| fail(format!("reading it from the device: {e}")))?;
         let g = HostGrad::from_data(data).map_err(fail)?;
         if g.len() != slot.numel() {
             return Err(fail(format!(

@@ -7,7 +7,7 @@
 //! written back in one copy, and each gradient is a slice of that device buffer.
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
-use super::host_grad::{HostElement, HostGrad};
+use super::host_grad::{HostElement, HostGrad, read_to_host};
 use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
@@ -38,16 +38,8 @@ impl<I: Backend> BucketReduction<I> for StagedReduction {
             .ok_or_else(|| DdpError::Internal("bucket reduction: empty bucket".into()))?;
         let (bucket, layout) = flatten(slots, grads)?;
         // The one device-to-host copy of this bucket.
-        let data = match burn::tensor::try_read_sync(I::float_into_data(bucket)) {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => return Err(fail(first, format!("reading its bucket: {e:?}"))),
-            None => {
-                return Err(fail(
-                    first,
-                    "reading its bucket: this platform cannot block on the read".into(),
-                ));
-            }
-        };
+        let data = read_to_host::<I>(bucket)
+            .map_err(|e| fail(first, format!("reading its bucket: {e}")))?;
         let host = HostGrad::from_data(data).map_err(|r| fail(first, r))?;
         Ok(match host {
             HostGrad::F32(v) => start::<I, f32>(&self.pg, v, layout),

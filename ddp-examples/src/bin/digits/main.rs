@@ -12,7 +12,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use clap::Parser;
 use ddp_core::TapBackend;
-use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
+use ddp_core::checkpoint::{FullCheckpointer, TrainingState};
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
@@ -21,9 +21,9 @@ use ddp_core::{
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::evaluate_digits;
+use ddp_examples::eval::{evaluate_digits, test_report};
 use ddp_examples::models::DigitsMlp;
-use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
+use ddp_examples::resume::{StartFrom, StartPoint, checkpoint_config, resume_or_start};
 use ddp_examples::warm_up::StepClock;
 use std::process::ExitCode;
 
@@ -121,9 +121,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         hidden: args.hidden,
     };
     let checkpoints = FullCheckpointer::new(
-        CheckpointConfig::new(&args.checkpoint_dir)
-            .with_keep_last(3)
-            .with_run_config(&run_config)?,
+        checkpoint_config(&args.checkpoint_dir, &run_config)?,
         pg.clone(),
     )?;
     // Resume by default; load before wrapping in DDP (the restored module carries the saved
@@ -180,15 +178,14 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         model.forward(images)
     })?;
     if rank == 0 {
-        println!(
-            "digits: test accuracy {:.2}% on {} images (each counted once, {} test images), mean loss {:.4}, after {} epochs ({:.1}s of training on {world} rank(s))",
-            totals.accuracy().unwrap_or(0.0) * 100.0,
-            totals.count,
+        let report = test_report(
+            &totals,
             test_items.len(),
-            totals.mean_loss().unwrap_or(f64::NAN),
             args.epochs,
-            start.elapsed().as_secs_f64()
+            start.elapsed(),
+            world,
         );
+        println!("digits: {report}");
         println!("digits: {}", clock.summary());
     }
     if rank == 0 {

@@ -22,9 +22,9 @@ use ddp_core::{
     nn::{SyncBatchNormBackend, SyncBatchNormGroup},
     progress::EpochProgress,
 };
-use ddp_examples::backend::{BackendKind, CollectivesArg, check_available};
+use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::evaluate_digits;
+use ddp_examples::eval::{evaluate_digits, test_report};
 use ddp_examples::models::DigitsCnn;
 use std::process::ExitCode;
 
@@ -71,65 +71,24 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = check_available(args.backend) {
-        eprintln!("digits_cnn: {e}");
-        return ExitCode::from(2);
-    }
-    let result = ddp_core::launch(&args.launch, |ctx| -> Result<()> {
-        match args.backend {
-            BackendKind::Flex => train::<burn::backend::Autodiff<burn::backend::Flex>>(
-                ctx,
-                &args,
-                Default::default(),
-            ),
-            #[cfg(feature = "ndarray")]
-            BackendKind::Ndarray => train::<burn::backend::Autodiff<burn::backend::NdArray>>(
-                ctx,
-                &args,
-                Default::default(),
-            ),
-            #[cfg(not(feature = "ndarray"))]
-            BackendKind::Ndarray => check_available(args.backend),
-            #[cfg(feature = "tch")]
-            BackendKind::Tch => train::<burn::backend::Autodiff<burn::backend::LibTorch>>(
-                ctx,
-                &args,
-                burn::backend::libtorch::LibTorchDevice::Cpu,
-            ),
-            #[cfg(not(feature = "tch"))]
-            BackendKind::Tch => check_available(args.backend),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => {
-                let device = ddp_examples::backend::prepare_gpu(
-                    "digits_cnn",
-                    args.backend,
-                    ctx.device_index(),
-                )?;
-                train::<burn::backend::Autodiff<ddp_examples::backend::CudaUnfused>>(
-                    ctx, &args, device,
-                )
-            }
-            #[cfg(feature = "cuda")]
-            BackendKind::CudaFused => {
-                let device = ddp_examples::backend::prepare_gpu(
-                    "digits_cnn",
-                    args.backend,
-                    ctx.device_index(),
-                )?;
-                train::<burn::backend::Autodiff<ddp_examples::backend::CudaFused>>(
-                    ctx, &args, device,
-                )
-            }
-            #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda | BackendKind::CudaFused => check_available(args.backend),
-        }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("digits_cnn: {e}");
-            ExitCode::from(e.exit_code().max(1))
-        }
+    run(
+        "digits_cnn",
+        &args.launch,
+        args.backend,
+        DigitsCnnJob(&args),
+    )
+}
+
+/// This program's training function, for [`run`] to call on the chosen backend.
+struct DigitsCnnJob<'a>(&'a Args);
+
+impl TrainOn for DigitsCnnJob<'_> {
+    fn train<B>(self, ctx: WorkerContext, device: B::Device) -> Result<()>
+    where
+        B: TapBackend + SyncBatchNormBackend,
+        B::InnerBackend: SyncBatchNormBackend,
+    {
+        train::<B>(ctx, self.0, device)
     }
 }
 
@@ -203,15 +162,14 @@ where
         model.forward(images)
     })?;
     if rank == 0 {
-        println!(
-            "digits_cnn: test accuracy {:.2}% on {} images (each counted once, {} test images), mean loss {:.4}, after {} epochs ({:.1}s of training on {world} rank(s))",
-            totals.accuracy().unwrap_or(0.0) * 100.0,
-            totals.count,
+        let report = test_report(
+            &totals,
             test_items.len(),
-            totals.mean_loss().unwrap_or(f64::NAN),
             args.epochs,
-            start.elapsed().as_secs_f64()
+            start.elapsed(),
+            world,
         );
+        println!("digits_cnn: {report}");
     }
     Ok(())
 }

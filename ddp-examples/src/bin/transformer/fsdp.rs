@@ -14,12 +14,12 @@ use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use ddp_core::TapBackend;
 use ddp_core::checkpoint::sharded::ShardedCheckpointer;
-use ddp_core::checkpoint::{CheckpointConfig, LoadOutcome, TrainingState};
+use ddp_core::checkpoint::{LoadOutcome, TrainingState};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::launcher::WorkerContext;
 use ddp_core::progress::EpochProgress;
 use ddp_examples::models::TinyGpt;
-use ddp_examples::resume::StartFrom;
+use ddp_examples::resume::{StartFrom, checkpoint_config};
 
 /// Trains with every unit sharded, then reports the token accuracy of the whole model.
 pub fn train_fully_sharded<B: TapBackend>(
@@ -54,13 +54,12 @@ pub fn train_fully_sharded<B: TapBackend>(
     let dir = std::path::Path::new(&args.checkpoint_dir).join("sharded");
     // Rank 0 locks the directory in `new` (one job per directory) before --fresh removes
     // anything: another job's checkpoints are never touched.
-    let checkpoints = ShardedCheckpointer::new(
-        CheckpointConfig::new(&dir)
-            .with_keep_last(3)
-            .with_run_config(&RunConfig::of(args))?,
-        pg.clone(),
-    )?;
-    let fresh = starts_over(&start_from, &checkpoints, rank)?;
+    let checkpoints =
+        ShardedCheckpointer::new(checkpoint_config(&dir, &RunConfig::of(args))?, pg.clone())?;
+    let start_over = start_from.starting_over("transformer", rank == 0, || {
+        checkpoints.fresh_start_launch()
+    })?;
+    let fresh = start_over.is_some();
     if fresh && rank == 0 {
         eprintln!(
             "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
@@ -68,9 +67,7 @@ pub fn train_fully_sharded<B: TapBackend>(
         );
         remove_checkpoints(&dir)?;
     }
-    if let (true, StartFrom::Scratch { launch } | StartFrom::LatestAfterRestart { launch, .. }) =
-        (fresh, &start_from)
-    {
+    if let Some(launch) = &start_over {
         // Only now: a restart before this point starts over again instead of resuming.
         checkpoints
             .record_fresh_start(launch.as_deref().unwrap_or_default())
@@ -145,42 +142,6 @@ pub fn train_fully_sharded<B: TapBackend>(
         println!("transformer: checkpoint: {}", path.display());
     }
     Ok(())
-}
-
-/// Whether this attempt starts over: `--fresh` on a launch's first attempt, and on a restart
-/// whose launch did not get as far as recording its fresh start (then the directory may still
-/// hold an older run's checkpoints, which a restart must not resume).
-///
-/// # Collective
-/// Every rank calls it (the record travels from rank 0).
-fn starts_over(
-    start_from: &StartFrom,
-    checkpoints: &ShardedCheckpointer,
-    rank: usize,
-) -> Result<bool> {
-    match start_from {
-        StartFrom::Latest => Ok(false),
-        StartFrom::Scratch { .. } => Ok(true),
-        StartFrom::LatestAfterRestart { restart, launch } => {
-            let recorded = checkpoints
-                .fresh_start_launch()
-                .context("reading which launch last started the directory over")?;
-            let ours = launch.is_some() && recorded == *launch;
-            if rank == 0 {
-                eprintln!(
-                    "transformer: restart {restart} of this launch: {}",
-                    match (ours, launch) {
-                        (true, _) =>
-                            "resuming its checkpoints (--fresh applied to the first attempt only)",
-                        (false, Some(_)) => "its first attempt stopped before it had started over",
-                        (false, None) =>
-                            "DDP_LAUNCH_ID is not set, so no checkpoint can be shown to be this launch's",
-                    }
-                );
-            }
-            Ok(!ours)
-        }
-    }
 }
 
 /// Removes the checkpoints (`step-*`, set-aside ones included) and `latest` of `dir` for

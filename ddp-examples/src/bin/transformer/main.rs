@@ -15,7 +15,7 @@ use clap::Parser;
 use data::{scored_loss, token_accuracy, train_loader};
 use ddp_core::TapBackend;
 use ddp_core::amp::{GradScaler, GradScalerConfig, GradScalerState, autocast};
-use ddp_core::checkpoint::{CheckpointConfig, FullCheckpointer, TrainingState};
+use ddp_core::checkpoint::{FullCheckpointer, TrainingState};
 use ddp_core::hooks::PowerSgdConfig;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
@@ -26,7 +26,7 @@ use ddp_core::{
 };
 use ddp_examples::backend::{TrainOn, run};
 use ddp_examples::models::TinyGpt;
-use ddp_examples::resume::{StartFrom, StartPoint, resume_or_start};
+use ddp_examples::resume::{StartFrom, StartPoint, checkpoint_config, resume_or_start};
 use ddp_examples::warm_up::StepClock;
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
@@ -103,9 +103,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
 
     let mut optim = make_optim(&pg);
     let checkpoints = FullCheckpointer::new(
-        CheckpointConfig::new(&args.checkpoint_dir)
-            .with_keep_last(3)
-            .with_run_config(&RunConfig::of(args))?,
+        checkpoint_config(&args.checkpoint_dir, &RunConfig::of(args))?,
         pg.clone(),
     )?;
     let StartPoint {
