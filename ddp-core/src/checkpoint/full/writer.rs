@@ -21,9 +21,9 @@ use super::super::crash_point::crash_point;
 use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::super::state::FRAMEWORK_VERSION;
-use super::super::storage::directory::write_latest;
-use super::super::storage::durable::{ensure_dir, remove_path, rename, sync_dir, write_synced};
-use super::super::storage::naming::{TMP_PREFIX, TRASH_PREFIX};
+use super::super::storage::directory::{install_checkpoint, write_latest};
+use super::super::storage::durable::{ensure_dir, remove_path, sync_dir, write_synced};
+use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
 /// Writes `files` as checkpoint `name` in `dir` and points `latest` at it; returns the
@@ -54,34 +54,11 @@ pub(crate) fn write_checkpoint(
     };
 
     crash_point("before-rename");
-    let target = dir.join(name);
-    let trash = if target.exists() {
-        // Same step saved again: move the old one aside; `latest` may name it for a moment,
-        // and a reader then falls back to the previous checkpoint.
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{pid}"));
-        rename(&target, &trash)?;
-        Some(trash)
-    } else {
-        None
-    };
-    if let Err(e) = rename(&tmp, &target) {
-        if let Some(trash) = &trash {
-            // Put the replaced checkpoint back (best effort).
-            let _ = std::fs::rename(trash, &target);
-        }
-        return Err(e.into());
-    }
+    let installed = install_checkpoint(dir, &tmp, name)?;
     crash_point("after-rename");
-    sync_dir(dir)?;
     write_latest(dir, name)?;
     crash_point("after-latest");
-    if let Some(trash) = trash
-        && let Err(e) = remove_path(&trash)
-    {
-        // The new checkpoint is committed; the leftover goes at the next start.
-        tracing::warn!(error = %e, "could not remove the replaced checkpoint");
-    }
-    Ok((target, manifest))
+    Ok((installed.remove_replaced(), manifest))
 }
 
 /// Writes `files` and then the manifest into the temporary directory `tmp`, fsyncing each file

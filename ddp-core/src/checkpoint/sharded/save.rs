@@ -9,9 +9,9 @@ use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, TrainingState};
-use super::super::storage::directory::{check_not_backwards, write_latest};
-use super::super::storage::durable::{fresh_dir, remove_path, rename, sync_dir, write_synced};
-use super::super::storage::naming::{TMP_PREFIX, TRASH_PREFIX, checkpoint_name};
+use super::super::storage::directory::{check_not_backwards, install_checkpoint, write_latest};
+use super::super::storage::durable::{fresh_dir, remove_path, sync_dir, write_synced};
+use super::super::storage::naming::{TMP_PREFIX, checkpoint_name};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json};
 use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
@@ -31,7 +31,7 @@ use ddp_comm::ProcessGroup;
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Test-only crash points of a sharded save (with the `test-hooks` feature), in the order a
 /// save passes them, for [`TEST_CRASH_AT_ENV`](super::super::TEST_CRASH_AT_ENV):
@@ -339,7 +339,7 @@ impl ShardedCheckpointer {
         write_synced(&staging.join(SHARDED_MANIFEST_FILE), &bytes)?;
         sync_dir(staging)?;
         crash_point("sharded-before-rename");
-        install(dir, staging, name)?;
+        install_checkpoint(dir, staging, name)?.remove_replaced();
         crash_point("sharded-after-rename");
         write_latest(dir, name)?;
         Ok(SaveSummary {
@@ -369,33 +369,6 @@ fn check_present(
         }
     };
     Err(ShardedCheckpointError::MissingShard { rank, path, found })
-}
-
-/// Renames `staging` to `<dir>/<name>` (moving a checkpoint of the same name aside first) and
-/// fsyncs `dir`: the commit.
-fn install(dir: &Path, staging: &Path, name: &str) -> Result<PathBuf, CheckpointError> {
-    let target = dir.join(name);
-    let trash = if target.exists() {
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
-        rename(&target, &trash)?;
-        Some(trash)
-    } else {
-        None
-    };
-    if let Err(e) = rename(staging, &target) {
-        if let Some(trash) = &trash {
-            // Put the replaced checkpoint back (best effort).
-            let _ = std::fs::rename(trash, &target);
-        }
-        return Err(e.into());
-    }
-    sync_dir(dir)?;
-    if let Some(trash) = trash
-        && let Err(e) = remove_path(&trash)
-    {
-        tracing::warn!(error = %e, "could not remove the replaced checkpoint");
-    }
-    Ok(target)
 }
 
 #[cfg(test)]

@@ -233,6 +233,57 @@ pub(crate) fn prune(
     Ok(doomed)
 }
 
+/// A checkpoint put in place by [`install_checkpoint`]: where it is, and the checkpoint of the
+/// same name it replaced, kept aside until the caller no longer needs a way back.
+pub(crate) struct Installed {
+    pub(crate) path: PathBuf,
+    replaced: Option<PathBuf>,
+}
+
+impl Installed {
+    /// Deletes the replaced checkpoint, if any (best effort: the new one is committed, and the
+    /// next start removes a leftover); returns the new checkpoint's path.
+    pub(crate) fn remove_replaced(self) -> PathBuf {
+        if let Some(trash) = self.replaced
+            && let Err(e) = remove_path(&trash)
+        {
+            tracing::warn!(error = %e, "could not remove the replaced checkpoint");
+        }
+        self.path
+    }
+}
+
+/// The commit of a checkpoint written whole in `staging`: renames it to `<dir>/<name>` and
+/// fsyncs `dir`. A checkpoint of the same name (the same step saved again) is moved aside first
+/// and put back if the rename fails; `latest` may name the moved one for a moment, and a reader
+/// then falls back to the previous checkpoint.
+pub(crate) fn install_checkpoint(
+    dir: &Path,
+    staging: &Path,
+    name: &str,
+) -> Result<Installed, StorageError> {
+    let target = dir.join(name);
+    let replaced = if target.exists() {
+        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
+        rename(&target, &trash)?;
+        Some(trash)
+    } else {
+        None
+    };
+    if let Err(e) = rename(staging, &target) {
+        if let Some(trash) = &replaced {
+            // Put the replaced checkpoint back (best effort).
+            let _ = std::fs::rename(trash, &target);
+        }
+        return Err(e);
+    }
+    sync_dir(dir)?;
+    Ok(Installed {
+        path: target,
+        replaced,
+    })
+}
+
 /// Renames checkpoint `name` away, then deletes it: a crash never leaves a half-deleted
 /// checkpoint under a checkpoint name.
 fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
