@@ -297,7 +297,7 @@ impl FullCheckpointer {
     /// The checkpoints in the directory, oldest first (rank-local; not verified).
     ///
     /// # Errors
-    /// [`StorageError::Read`].
+    /// [`CheckpointError::Storage`] with [`StorageError::Read`](crate::checkpoint::StorageError::Read).
     pub fn list(&self) -> Result<Vec<String>, CheckpointError> {
         let mut all = list_checkpoints(self.base.config.dir())?;
         all.sort();
@@ -307,7 +307,7 @@ impl FullCheckpointer {
     /// The checkpoint `latest` names (rank-local; not verified).
     ///
     /// # Errors
-    /// [`StorageError::Read`].
+    /// [`CheckpointError::Storage`] with [`StorageError::Read`](crate::checkpoint::StorageError::Read).
     pub fn latest(&self) -> Result<Option<String>, CheckpointError> {
         read_latest(self.base.config.dir())
     }
