@@ -13,6 +13,7 @@
 use super::device::{PendingChunk, UnitCollectives};
 use super::layout::Layout;
 use crate::engine::params::{ParamKind, ParamTable};
+use crate::engine::reducer::read_to_host;
 use crate::engine::tap::GradientSink;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -318,11 +319,8 @@ impl<I: Backend> GradientSink<I> for UnitReducer<I> {
             return;
         }
         // Read on the backward thread, outside the lock (a GPU read waits for the device).
-        let values = match burn::tensor::try_read_sync(I::float_into_data(grad)) {
-            Some(Ok(d)) => d.into_vec::<f32>().map_err(|e| format!("{e:?}")),
-            Some(Err(e)) => Err(format!("{e:?}")),
-            None => Err("this platform cannot block on a device read".into()),
-        };
+        let values =
+            read_to_host::<I>(grad).and_then(|d| d.into_vec::<f32>().map_err(|e| format!("{e:?}")));
         let mut s = self.lock();
         if !Self::expected(&mut s, param_index, generation) {
             return;

@@ -236,7 +236,7 @@ pub(crate) fn prune(
 /// A checkpoint put in place by [`install_checkpoint`]: where it is, and the checkpoint of the
 /// same name it replaced, kept aside until the caller no longer needs a way back.
 pub(crate) struct Installed {
-    pub(crate) path: PathBuf,
+    path: PathBuf,
     replaced: Option<PathBuf>,
 }
 

@@ -32,6 +32,7 @@ pub(crate) use device::{
 #[cfg(feature = "cuda")]
 pub(crate) use device::{NcclDevice, NcclReduction, nccl_can_run};
 pub(crate) use hook_reduction::HookReduction;
+pub(crate) use host_grad::read_to_host;
 pub(crate) use reduction::{BucketReduction, HostReduction, LocalReduction, Slot};
 pub(crate) use staged_reduction::StagedReduction;
 

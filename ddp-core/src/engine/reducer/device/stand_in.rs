@@ -9,7 +9,7 @@
 //! never completed, as a slow or hung kernel would.
 
 use super::{DeviceWork, ReductionDevice, internal};
-use crate::engine::reducer::host_grad::HostGrad;
+use crate::engine::reducer::host_grad::{HostGrad, read_to_host};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -143,9 +143,8 @@ impl ReductionDevice for StandInDevice {
             path: path.to_string(),
             reason,
         };
-        let data = burn::tensor::try_read_sync(I::float_into_data(flat))
-            .ok_or_else(|| gradient("the backend cannot read a bucket synchronously".into()))?
-            .map_err(|e| gradient(format!("reading the bucket: {e:?}")))?;
+        let data =
+            read_to_host::<I>(flat).map_err(|e| gradient(format!("reading the bucket: {e}")))?;
         if data.dtype != dtype || data.num_elements() != len {
             return Err(internal(format!(
                 "the flat bucket has {} elements of {:?}, expected {len} of {dtype:?}",
