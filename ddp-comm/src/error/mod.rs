@@ -189,6 +189,17 @@ impl CommError {
         }
     }
 
+    /// Checks that `rank` is one of `world_size` ranks; `what` names the setting.
+    pub(crate) fn check_rank(what: &str, rank: usize, world_size: usize) -> Result<(), Self> {
+        if rank >= world_size {
+            return Err(CommError::config(
+                what,
+                format!("rank {rank} is outside 0..{world_size} (the world size is {world_size})"),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn arg(op: &'static str, reason: impl Into<String>) -> Self {
         CommError::InvalidArgument {
             op,

@@ -193,15 +193,7 @@ impl ProcessGroupConfig {
         if self.world_size == 0 {
             return Err(CommError::config("WORLD_SIZE", "must be at least 1, got 0"));
         }
-        if self.rank >= self.world_size {
-            return Err(CommError::config(
-                "RANK",
-                format!(
-                    "rank {} is outside 0..{} (WORLD_SIZE is {})",
-                    self.rank, self.world_size, self.world_size
-                ),
-            ));
-        }
+        CommError::check_rank("RANK", self.rank, self.world_size)?;
         if self.local_world_size == 0 || self.local_world_size > self.world_size {
             return Err(CommError::config(
                 "LOCAL_WORLD_SIZE",
@@ -274,7 +266,7 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string();
-        assert_eq!(err, "RANK: rank 4 is outside 0..4 (WORLD_SIZE is 4)");
+        assert_eq!(err, "RANK: rank 4 is outside 0..4 (the world size is 4)");
     }
 
     #[test]

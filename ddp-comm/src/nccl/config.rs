@@ -68,15 +68,7 @@ impl NcclBackendConfig {
                 format!("{} is not between 1 and 2^31-1", self.world_size),
             ));
         }
-        if self.rank >= self.world_size {
-            return Err(CommError::config(
-                "nccl rank",
-                format!(
-                    "rank {} is out of range for world size {}",
-                    self.rank, self.world_size
-                ),
-            ));
-        }
+        CommError::check_rank("nccl rank", self.rank, self.world_size)?;
         check_timeout("nccl timeout", self.timeout)?;
         if self.name.is_empty() {
             return Err(CommError::config(
@@ -95,11 +87,7 @@ mod tests {
     #[test]
     fn rank_outside_world_is_rejected() {
         let e = NcclBackendConfig::new(2, 2, 0).validate().unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("rank 2 is out of range for world size 2"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("rank 2 is outside 0..2"), "{e}");
         assert!(NcclBackendConfig::new(0, 0, 0).validate().is_err());
         assert!(
             NcclBackendConfig::new(0, 1, 0)

@@ -82,15 +82,7 @@ impl WatchdogConfig {
                 "the group name is empty; give the group a name",
             ));
         }
-        if self.rank >= self.world_size {
-            return Err(CommError::config(
-                "watchdog rank",
-                format!(
-                    "rank {} is out of range for world size {}",
-                    self.rank, self.world_size
-                ),
-            ));
-        }
+        CommError::check_rank("watchdog rank", self.rank, self.world_size)?;
         check_timeout("watchdog timeout", self.timeout)?;
         for (what, d) in [
             ("watchdog poll interval", self.poll_interval),
@@ -120,7 +112,7 @@ mod tests {
         let e = WatchdogConfig::new("g", 2, 2, Duration::from_secs(1))
             .validate()
             .unwrap_err();
-        assert!(e.to_string().contains("rank 2 is out of range"), "{e}");
+        assert!(e.to_string().contains("rank 2 is outside 0..2"), "{e}");
         assert!(
             ok.clone()
                 .with_poll_interval(Duration::ZERO)

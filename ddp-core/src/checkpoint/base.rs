@@ -7,9 +7,9 @@ use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
 use super::outcome::SavedCheckpoint;
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
-use super::storage::directory::prune;
+use super::storage::directory::{prune, remove_newer_than};
 use super::storage::lock::DirLock;
-use super::storage::rank0::prepare_dir;
+use super::storage::rank0::{broadcast_json, on_rank0, prepare_dir};
 use ddp_comm::ProcessGroup;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -59,6 +59,30 @@ impl CheckpointerBase {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
         }
+    }
+
+    /// Every rank: rank 0 deletes every checkpoint above `global_step` and points `latest`
+    /// at the newest one left; returns the deleted names (see `FullCheckpointer::rewind_to`).
+    pub(crate) fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
+        let dir = self.config.dir().to_path_buf();
+        let removed = on_rank0(
+            &self.pg,
+            "remove the checkpoints after the rewind point",
+            || {
+                let removed = remove_newer_than(&dir, global_step)?;
+                if !removed.is_empty() {
+                    tracing::warn!(dir = %dir.display(), removed = ?removed, "rewound to step {global_step}: removed newer checkpoints");
+                }
+                serde_json::to_vec(&removed)
+                    .map_err(CheckpointError::json("serialising the removed names"))
+            },
+        )?;
+        broadcast_json(
+            &self.pg,
+            removed,
+            "sharing the removed names",
+            "decoding the removed names",
+        )
     }
 
     /// Rank 0, after the checkpoint of `global_step` is complete: removes the checkpoints

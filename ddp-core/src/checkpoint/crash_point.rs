@@ -28,6 +28,10 @@ pub const TEST_CRASH_AT_ENV: &str = "DDP_CHECKPOINT_TEST_CRASH_AT";
 /// - `before-latest`: the new `latest` is written to a temporary file, not yet renamed;
 /// - `after-latest`: `latest` names the new checkpoint;
 /// - `during-prune`: an old checkpoint was renamed away for removal, not yet removed.
+///
+/// One more point, `replacing`, is passed only when a step that has a checkpoint is saved
+/// again (between `before-rename` and `after-rename`): the old checkpoint is moved aside, the
+/// new one not yet renamed into place.
 #[cfg(any(test, feature = "test-hooks"))]
 pub const CRASH_POINTS: &[&str] = &[
     "before-files",

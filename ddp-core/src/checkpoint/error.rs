@@ -230,7 +230,7 @@ pub enum CheckpointError {
          anyway, repair or restore the named file (the rest of that checkpoint is intact), or \
          accept the file as it is by writing its size and sha256 into that checkpoint's \
          manifest.json; to start over, move the checkpoints away or start with --fresh \
-         (FullCheckpointer::rewind_to(0))",
+         (the checkpointer's rewind_to(0))",
         invalid.len(),
         invalid.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
@@ -311,10 +311,11 @@ pub enum CheckpointError {
     /// after resuming from an older checkpoint with [`FullCheckpointer::load`](crate::checkpoint::FullCheckpointer::load)).
     /// Refused so that newer valid checkpoints are never hidden behind `latest` and never
     /// left out of pruning; [`FullCheckpointer::rewind_to`](crate::checkpoint::FullCheckpointer::rewind_to)
-    /// rewinds a run deliberately.
+    /// and [`ShardedCheckpointer::rewind_to`](crate::checkpoint::sharded::ShardedCheckpointer::rewind_to)
+    /// rewind a run deliberately.
     #[error(
         "refusing to save step {step} in {dir}: checkpoint {newer} is newer and valid, and `latest` never moves backwards; \
-         resume from it, or rewind deliberately with FullCheckpointer::rewind_to"
+         resume from it, or rewind deliberately with the checkpointer's rewind_to"
     )]
     NewerCheckpointExists {
         /// The step being saved.

@@ -663,3 +663,37 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
     .expect_err("not a checkpoint name");
     assert!(err.to_string().contains("../elsewhere"), "{err}");
 }
+
+/// A copy of step 2 under a newer name is not resumed as that step: its manifest names step 2.
+/// It is skipped (set aside), step 2 loads, and `rewind_to` removes the checkpoints above a step.
+#[test]
+fn a_renamed_sharded_checkpoint_is_skipped_and_rewind_to_removes_newer_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    save_two_steps(dir.path());
+    let fake = dir.path().join("step-0000099999");
+    std::fs::create_dir(&fake).expect("mkdir");
+    for entry in std::fs::read_dir(dir.path().join(checkpoint_name(2))).expect("read_dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), fake.join(entry.file_name())).expect("copy");
+    }
+    for (step, skipped, _) in load_latest_at_2(dir.path()) {
+        assert_eq!(step, 2);
+        assert!(
+            matches!(skipped.as_slice(), [(name, InvalidReason::NameMismatch { .. })] if name == "step-0000099999"),
+            "{skipped:?}"
+        );
+    }
+    let removed = run_ranks(2, |pg| {
+        sharded(dir.path(), &pg).rewind_to(1).expect("rewind")
+    });
+    for r in &removed {
+        assert_eq!(
+            r,
+            &vec![checkpoint_name(2)],
+            "rank 0's answer on every rank"
+        );
+    }
+    for (step, skipped, _) in load_latest_at_2(dir.path()) {
+        assert_eq!(step, 1, "{skipped:?}");
+    }
+}

@@ -51,6 +51,19 @@ fn train_uneven(
     micro: usize,
     base: &DdpConfig,
 ) -> Vec<(Vec<f32>, usize)> {
+    train_uneven_dangling(initial, batches, micro, base, 0)
+}
+
+/// [`train_uneven`], where each rank with fewer batches than the longest also runs `dangling`
+/// `backward_no_sync` micro-batches of a step it never finishes before it joins.
+fn train_uneven_dangling(
+    initial: &Mlp<B>,
+    batches: &[usize],
+    micro: usize,
+    base: &DdpConfig,
+    dangling: usize,
+) -> Vec<(Vec<f32>, usize)> {
+    let longest = *batches.iter().max().unwrap();
     let world = batches.len();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -69,6 +82,13 @@ fn train_uneven(
                     let grads = ddp.backward(loss).unwrap();
                     ddp.optimizer_step(&mut adam, LR, grads);
                 }
+            }
+        }
+        if batches[rank] < longest {
+            for k in 0..dangling {
+                let idx = samples(rank, batches[rank], k);
+                let loss = ddp.forward(|m| loss_of(m, &idx)).unwrap();
+                ddp.backward_no_sync(loss).unwrap();
             }
         }
         let answered = ddp.join(&mut adam, LR).unwrap();
@@ -174,6 +194,29 @@ fn ranks_with_3_5_and_7_batches_train_like_one_process_averaging_the_ranks_with_
 #[test]
 fn join_works_with_gradient_accumulation() {
     check_uneven(&[2, 4], 2);
+}
+
+#[test]
+fn a_rank_that_joins_mid_accumulation_contributes_none_of_it() {
+    // Rank 1 runs one backward_no_sync of a third step, then joins: those gradients must not
+    // reach rank 0's third step (the reference averages that step over rank 0 alone).
+    let batches = [3, 2];
+    let initial = model(16);
+    let got = train_uneven_dangling(&initial, &batches, 2, &DdpConfig::new(), 1);
+    let want = reference(&initial, &batches, 2);
+    assert_eq!(
+        bits(&got[1].0),
+        bits(&got[0].0),
+        "rank 1 differs from rank 0"
+    );
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = got[0]
+        .0
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
+    assert!(diff < 1e-5, "max scaled diff {diff}");
 }
 
 #[test]
@@ -481,4 +524,104 @@ fn powersgd_keeps_replicas_identical_and_sends_far_fewer_bytes() {
     let compressed = powersgd[0].1 - per_step * start as u64;
     let ratio = (per_step * (steps - start) as u64) as f64 / compressed as f64;
     assert!(ratio >= 3.0, "PowerSGD sent only {ratio:.1}x fewer bytes");
+}
+
+/// A bf16 layer under an f32 one: DDP buckets their gradients apart (one bucket per dtype).
+#[derive(burn::module::Module, Debug)]
+struct MixedDtypes<B: burn::tensor::backend::Backend> {
+    low: burn::nn::Linear<B>,
+    high: burn::nn::Linear<B>,
+}
+
+/// Makes every float parameter a bf16 leaf.
+struct ToBf16;
+
+impl burn::module::ModuleMapper<B> for ToBf16 {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<B, D>>,
+    ) -> burn::module::Param<Tensor<B, D>> {
+        param.map(|t| {
+            t.cast(burn::tensor::FloatDType::BF16)
+                .detach()
+                .require_grad()
+        })
+    }
+}
+
+/// An exact average that takes its time on rank 0, as a slow hook or a busy thread would.
+struct SlowOnRank0;
+
+impl CommHook for SlowOnRank0 {
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        if pg.rank() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        pg.all_reduce(bucket.buffer_mut(), ReduceOp::Avg)?;
+        Ok(())
+    }
+}
+
+/// With a hook, f32 buckets are reduced on the hook's thread and the bf16 bucket on the
+/// backward thread. On rank 1 the hook runs its f32 all-reduce at once while backward still
+/// works through a long chain; on rank 0 the hook is slow and backward is quick. The bf16
+/// bucket's collective must still follow the hook's on both ranks, or the group sees two orders.
+#[test]
+fn a_hook_and_a_bucket_of_another_dtype_reach_the_group_in_one_order() {
+    use burn::module::Module;
+    use burn::nn::LinearConfig;
+    use burn::tensor::FloatDType;
+    let device = Default::default();
+    let initial = MixedDtypes::<B> {
+        low: LinearConfig::new(6, 8).init(&device).map(&mut ToBf16),
+        high: LinearConfig::new(8, 3).init(&device),
+    };
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new())?;
+        ddp.register_comm_hook(SlowOnRank0)?;
+        let mut sgd = burn::optim::SgdConfig::new().init::<B, MixedDtypes<B>>();
+        for step in 0..3 {
+            let (x, y) = batch(&samples(rank, step, 0), &Default::default());
+            let loss = ddp.forward(|m| {
+                let mut h = m
+                    .low
+                    .forward(x.cast(FloatDType::BF16))
+                    .cast(FloatDType::F32);
+                if rank == 1 {
+                    // Long for backward to walk back through: rank 1's bf16 gradient comes late.
+                    for _ in 0..300 {
+                        h = h.clone() * 0.5 + h * 0.5;
+                    }
+                }
+                MseLoss::new().forward(m.high.forward(h), y, Reduction::Mean)
+            })?;
+            let grads = ddp.backward(loss)?;
+            ddp.optimizer_step(&mut sgd, LR, grads);
+        }
+        Ok::<_, DdpError>(flat_params(ddp.module()))
+    });
+    let params: Vec<Vec<f32>> = results
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: {e}")))
+        .collect();
+    assert_eq!(bits(&params[1]), bits(&params[0]), "the replicas differ");
+}
+
+/// Registering replaces the reducer: gradients a `backward_no_sync` accumulated would be lost.
+#[test]
+fn a_hook_registered_after_a_no_sync_backward_is_refused() {
+    let initial = model(8);
+    run_ranks(1, |pg| {
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        let loss = ddp.forward(|m| loss_of(m, &samples(0, 0, 0))).unwrap();
+        ddp.backward_no_sync(loss).unwrap();
+        let err = ddp.register_comm_hook(Fp16CompressHook).unwrap_err();
+        assert!(matches!(err, DdpError::InvalidConfig(_)), "{err}");
+        assert!(
+            err.to_string().contains("before the first forward"),
+            "{err}"
+        );
+    });
 }

@@ -169,3 +169,38 @@ fn sigkill_at_every_phase_of_a_save_loses_nothing() {
         );
     }
 }
+
+/// Saving a step that already has a checkpoint moves the old one aside before the new one
+/// takes its name. A crash between the two renames must not lose the step, even when it is the
+/// only checkpoint (keep last 1): the next start puts the old one back.
+#[test]
+fn sigkill_while_the_same_step_is_saved_again_keeps_that_step() {
+    let writer = writer_binary();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_step(&writer, dir.path(), 1, None);
+    write_step(&writer, dir.path(), 1, Some("replacing"));
+    assert!(
+        !dir.path().join(checkpoint_name(1)).exists(),
+        "the crash left step 1 moved aside"
+    );
+
+    let (name, note, params) = resume(dir.path());
+    assert_eq!(name, checkpoint_name(1));
+    assert_eq!(note.as_deref(), Some("written by step 1"));
+    assert!(!params.is_empty() && params.iter().all(|v| v.to_bits() == 1f32.to_bits()));
+    for prefix in [".tmp-", ".trash-", ".replaced-"] {
+        assert_eq!(
+            entries_with_prefix(dir.path(), prefix),
+            Vec::<String>::new(),
+            "no {prefix} leftover after the next start"
+        );
+    }
+
+    // Saving the same step again completes, and replaces nothing else.
+    write_step(&writer, dir.path(), 1, None);
+    assert_eq!(latest(dir.path()), checkpoint_name(1));
+    assert_eq!(
+        entries_with_prefix(dir.path(), ".replaced-"),
+        Vec::<String>::new()
+    );
+}

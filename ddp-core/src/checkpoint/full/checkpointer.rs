@@ -7,7 +7,7 @@ use super::super::error::CheckpointError;
 use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
-use super::super::storage::directory::{check_not_backwards, read_latest, remove_newer_than};
+use super::super::storage::directory::{check_not_backwards, read_latest};
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json, on_rank0};
 use super::reader::{find_checkpoint_to_resume, read_one};
@@ -273,25 +273,7 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
-        let dir = self.base.config.dir().to_path_buf();
-        let removed = on_rank0(
-            &self.base.pg,
-            "remove the checkpoints after the rewind point",
-            || {
-                let removed = remove_newer_than(&dir, global_step)?;
-                if !removed.is_empty() {
-                    tracing::warn!(dir = %dir.display(), removed = ?removed, "rewound to step {global_step}: removed newer checkpoints");
-                }
-                serde_json::to_vec(&removed)
-                    .map_err(CheckpointError::json("serialising the removed names"))
-            },
-        )?;
-        broadcast_json(
-            &self.base.pg,
-            removed,
-            "sharing the removed names",
-            "decoding the removed names",
-        )
+        self.base.rewind_to(global_step)
     }
 
     /// The checkpoints in the directory, oldest first (rank-local; not verified).

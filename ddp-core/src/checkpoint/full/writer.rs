@@ -3,6 +3,8 @@
 //! 1. Every file goes into `<dir>/.tmp-<name>-<pid>/` and is fsynced; the manifest (sizes and
 //!    sha256 of the others) is written last; then the temporary directory is fsynced.
 //! 2. It is renamed to `<dir>/<name>` and `<dir>` is fsynced: the checkpoint now exists whole.
+//!    A checkpoint already there (the same step saved again) is first moved aside to
+//!    `.replaced-<name>-<pid>`, and removed once the new one has its name.
 //! 3. `<dir>/latest` is replaced atomically (temporary file, fsync, rename, fsync `<dir>`).
 //! 4. Only then are checkpoints beyond keep-last-K removed (each renamed away first, so a
 //!    crash never leaves a half-deleted checkpoint under a checkpoint name).
@@ -12,17 +14,18 @@
 //! the [storage layer's](super::super::storage::directory), shared with sharded checkpoints.
 //!
 //! A crash at any point leaves the previous checkpoint and the previous `latest` intact;
-//! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start.
+//! leftovers (`.tmp-*`, `.trash-*`) are removed by [`clean_temporaries`] at the next start,
+//! which also puts back a `.replaced-*` checkpoint whose name nothing took.
 //!
 //! [`check_not_backwards`]: super::super::storage::directory::check_not_backwards
 //! [`clean_temporaries`]: super::super::storage::directory::clean_temporaries
 
 use super::super::crash_point::crash_point;
-use super::super::error::{CheckpointError, StorageError};
+use super::super::error::CheckpointError;
 use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::super::state::FRAMEWORK_VERSION;
 use super::super::storage::directory::{install_checkpoint, write_latest};
-use super::super::storage::durable::{ensure_dir, remove_path, sync_dir, write_synced};
+use super::super::storage::durable::{ensure_dir, fresh_dir, sync_dir, write_synced};
 use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
@@ -37,13 +40,7 @@ pub(crate) fn write_checkpoint(
     ensure_dir(dir)?;
     let pid = std::process::id();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}-{pid}"));
-    if tmp.exists() {
-        remove_path(&tmp)?;
-    }
-    std::fs::create_dir(&tmp).map_err(|source| StorageError::CreateDir {
-        path: tmp.clone(),
-        source,
-    })?;
+    fresh_dir(&tmp)?;
     let manifest = match fill_temporary(&tmp, name, global_step, files) {
         Ok(manifest) => manifest,
         Err(e) => {

@@ -9,7 +9,7 @@ use super::super::outcome::SavedCheckpoint;
 use super::codec::encode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::load::{load_optimizer, merged_model, param_ids_json};
-use super::manifest::verify_all;
+use super::manifest::verify_checkpoint;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -49,7 +49,8 @@ where
         .into());
     }
     let path = sharded_dir.join(name);
-    let manifest = verify_all(&path).map_err(|e| e.into_error(name, sharded_dir))?;
+    let manifest =
+        verify_checkpoint(sharded_dir, name).map_err(|e| e.into_error(name, sharded_dir))?;
     let model = merged_model(&path, &manifest)?;
     let ids = param_ids_json(&manifest)?;
     let record = load_optimizer::<B, R>(device, &path, &manifest, None)?;

@@ -6,6 +6,7 @@
 use super::super::error::InvalidReason;
 use super::super::manifest::{FileEntry, ReadFailure, read_file, read_manifest_file};
 use super::super::state::StateFile;
+use super::super::storage::naming::parse_checkpoint_name;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -138,15 +139,27 @@ pub(super) fn read_verified(
 }
 
 /// Verifies sharded checkpoint `name` of `dir`: what the storage layer's search and "never
-/// backwards" check ask of this format. A checkpoint is valid when its manifest parses and
-/// every shard file has the size and sha256 the manifest lists.
+/// backwards" check ask of this format. A checkpoint is valid when its manifest parses, names
+/// the step its directory does (a copied or renamed checkpoint would resume as another step),
+/// and every shard file has the size and sha256 the manifest lists.
 pub(super) fn verify_checkpoint(dir: &Path, name: &str) -> Result<ShardedManifest, ReadFailure> {
-    verify_all(&dir.join(name))
+    let path = dir.join(name);
+    let manifest = read_manifest(&path)?;
+    if let Some(step) = parse_checkpoint_name(name)
+        && (manifest.global_step != step || manifest.name != name)
+    {
+        return Err(InvalidReason::NameMismatch {
+            dir_name: name.to_string(),
+            manifest_name: manifest.name.clone(),
+            manifest_step: manifest.global_step,
+        }
+        .into());
+    }
+    verify_shards(&path, manifest)
 }
 
-/// Reads the manifest of `dir` and verifies every shard file (size and sha256).
-pub(super) fn verify_all(dir: &Path) -> Result<ShardedManifest, ReadFailure> {
-    let manifest = read_manifest(dir)?;
+/// Verifies every shard file of the checkpoint in `dir` (size and sha256) against `manifest`.
+fn verify_shards(dir: &Path, manifest: ShardedManifest) -> Result<ShardedManifest, ReadFailure> {
     for shard in &manifest.shards {
         for file in [&shard.model, &shard.optimizer] {
             read_verified(dir, &manifest, &file.name)?;

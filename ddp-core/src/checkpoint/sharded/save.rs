@@ -91,6 +91,22 @@ impl ShardedCheckpointer {
         &self.base.pg
     }
 
+    /// Deletes every checkpoint above `global_step` and points `latest` at the newest one
+    /// left; returns the deleted names. As [`FullCheckpointer::rewind_to`]: the explicit way
+    /// to rewind a run, or to start a fresh one over an old one, since a save never moves
+    /// `latest` below a newer valid checkpoint. Set-aside invalid checkpoints stay.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point; rank 0 deletes.
+    ///
+    /// # Errors
+    /// Rank 0's I/O errors (on every rank).
+    ///
+    /// [`FullCheckpointer::rewind_to`]: crate::checkpoint::FullCheckpointer::rewind_to
+    pub fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, ShardedCheckpointError> {
+        Ok(self.base.rewind_to(global_step)?)
+    }
+
     /// Saves `model`, a replicated optimizer (plain DDP: every rank holds every parameter's
     /// state) and `state` as checkpoint `step-<global_step>`: each rank writes the tensors and
     /// optimizer state of its part of the partition (about `1/world` of the bytes), then rank

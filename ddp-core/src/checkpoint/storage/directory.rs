@@ -14,7 +14,8 @@ use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
 use super::super::manifest::ReadFailure;
 use super::durable::{remove_path, rename, sync_dir, write_synced};
 use super::naming::{
-    LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, parse_checkpoint_name, read_dir,
+    LATEST_FILE, REPLACED_PREFIX, TMP_PREFIX, TRASH_PREFIX, list_checkpoints,
+    parse_checkpoint_name, read_dir,
 };
 use super::set_aside::{any_exists, set_aside, set_aside_all};
 use std::path::{Path, PathBuf};
@@ -255,8 +256,9 @@ impl Installed {
 
 /// The commit of a checkpoint written whole in `staging`: renames it to `<dir>/<name>` and
 /// fsyncs `dir`. A checkpoint of the same name (the same step saved again) is moved aside first
-/// and put back if the rename fails; `latest` may name the moved one for a moment, and a reader
-/// then falls back to the previous checkpoint.
+/// (to `.replaced-<name>-<pid>`) and put back if the rename fails, or by the next start's
+/// [`clean_temporaries`] if the process dies between the two renames: the step's committed
+/// checkpoint is never lost, even when it is the only one.
 pub(crate) fn install_checkpoint(
     dir: &Path,
     staging: &Path,
@@ -264,9 +266,10 @@ pub(crate) fn install_checkpoint(
 ) -> Result<Installed, StorageError> {
     let target = dir.join(name);
     let replaced = if target.exists() {
-        let trash = dir.join(format!("{TRASH_PREFIX}{name}-{}", std::process::id()));
-        rename(&target, &trash)?;
-        Some(trash)
+        let aside = dir.join(format!("{REPLACED_PREFIX}{name}-{}", std::process::id()));
+        rename(&target, &aside)?;
+        crash_point("replacing");
+        Some(aside)
     } else {
         None
     };
@@ -293,16 +296,37 @@ fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     Ok(remove_path(&trash)?)
 }
 
-/// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`); returns the paths.
+/// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`) and puts back a
+/// checkpoint that a crash left moved aside (`.replaced-*`, see [`install_checkpoint`]) when
+/// nothing took its name; returns the paths removed.
 pub(crate) fn clean_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     let mut removed = Vec::new();
     for entry in read_dir(dir)? {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
-            let path = entry.path();
-            remove_path(&path)?;
-            removed.push(path);
+        let path = entry.path();
+        if let Some(original) = replaced_checkpoint_name(&name) {
+            let target = dir.join(original);
+            if !target.exists() {
+                rename(&path, &target)?;
+                sync_dir(dir)?;
+                tracing::warn!(
+                    checkpoint = %target.display(),
+                    "a save of the same step was interrupted: its committed checkpoint is put back"
+                );
+                continue;
+            }
+        } else if !name.starts_with(TMP_PREFIX) && !name.starts_with(TRASH_PREFIX) {
+            continue;
         }
+        remove_path(&path)?;
+        removed.push(path);
     }
     Ok(removed)
+}
+
+/// The checkpoint name in `.replaced-<name>-<pid>`, if `entry` is one.
+fn replaced_checkpoint_name(entry: &str) -> Option<&str> {
+    let (name, pid) = entry.strip_prefix(REPLACED_PREFIX)?.rsplit_once('-')?;
+    let is_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (is_pid && parse_checkpoint_name(name).is_some()).then_some(name)
 }

@@ -10,8 +10,11 @@ use std::path::Path;
 pub const LATEST_FILE: &str = "latest";
 /// Prefix of directories and files being written.
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
-/// Prefix of checkpoints being deleted or replaced.
+/// Prefix of checkpoints being deleted.
 pub(crate) const TRASH_PREFIX: &str = ".trash-";
+/// Prefix of a committed checkpoint moved aside while the same step is saved again
+/// (`.replaced-<name>-<pid>`): the next start puts it back if the new one never took its name.
+pub(crate) const REPLACED_PREFIX: &str = ".replaced-";
 
 /// The directory name of the checkpoint taken at `global_step`.
 pub fn checkpoint_name(global_step: u64) -> String {

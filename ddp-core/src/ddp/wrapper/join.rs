@@ -66,6 +66,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// states stay identical on every rank: a checkpoint written by rank 0 afterwards is
     /// everyone's. Buffers come from the first rank still training.
     ///
+    /// Gradients this rank accumulated with `backward_no_sync` after its last synchronised
+    /// step belong to a step it never finishes: they are dropped, with a warning, and this rank
+    /// sends zeros like any joined rank (as PyTorch's `Join`).
+    ///
     /// Every rank calls `join` once after its last step (the last ones to finish return at
     /// once). Until every rank has joined, make no other collective call (checkpoint saves,
     /// evaluation) in the training loop: save after `join`.
@@ -100,6 +104,14 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             return Err(DdpError::Join(
                 "join was called after a forward whose backward never ran".into(),
             ));
+        }
+        let dropped = self.reducer.discard_held()?;
+        if dropped > 0 {
+            tracing::warn!(
+                parameters = dropped,
+                "join: dropping the gradients accumulated by backward_no_sync since this rank's \
+                 last synchronised step; a joined rank contributes zeros"
+            );
         }
         let mut answered = 0;
         loop {

@@ -221,7 +221,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`HostStaging::PerBucket`]: crate::HostStaging::PerBucket
     pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
         self.check_usable()?;
-        if self.hooked || self.step > 0 || self.passes.forward_pending() {
+        if self.hooked
+            || self.step > 0
+            || self.passes.forward_pending()
+            || self.reducer.holds_gradients()
+        {
             return Err(DdpError::InvalidConfig(
                 "register_comm_hook: register one hook, before the first forward".into(),
             ));

@@ -3,7 +3,9 @@
 //! The hook runs on its own thread, one bucket after another in launch order, so backward keeps
 //! going while it communicates, and every rank issues the hook's collectives in the same
 //! order. The reducer waits for every bucket before its own control collectives, so those
-//! never interleave with the hook's.
+//! never interleave with the hook's. A bucket of another dtype goes through [`HostReduction`]
+//! from the backward thread only after the hook has finished every bucket before it, so the
+//! two threads' collectives reach the group in the same order on every rank.
 
 use super::host_grad::HostGrad;
 use super::reduction::{BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot};
@@ -12,8 +14,16 @@ use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 use ddp_comm::{ProcessGroup, WorkTiming};
-use std::sync::mpsc;
-use std::time::Instant;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+/// What the hook's thread is given, in launch order.
+enum Work {
+    /// An f32 bucket for the hook.
+    Bucket(Job),
+    /// Answered once every bucket before it is reduced.
+    Fence(mpsc::Sender<()>),
+}
 
 struct Job {
     bucket: GradBucket,
@@ -24,7 +34,10 @@ struct Job {
 /// f32 buckets go through the hook; buckets of other dtypes through [`HostReduction`].
 pub(crate) struct HookReduction {
     host: HostReduction,
-    jobs: mpsc::Sender<Job>,
+    work: mpsc::Sender<Work>,
+    hook: Arc<str>,
+    /// How long a bucket may take in the hook: the process group's timeout.
+    timeout: Duration,
 }
 
 impl HookReduction {
@@ -33,17 +46,25 @@ impl HookReduction {
         host: HostReduction,
         mut hook: Box<dyn CommHook>,
     ) -> Result<HookReduction, DdpError> {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (work, rx) = mpsc::channel::<Work>();
         let pg: ProcessGroup = host.pg.clone();
+        let name: Arc<str> = hook.name().into();
+        let timeout = pg.timeout();
         std::thread::Builder::new()
             .name(format!("ddp-hook-{}", pg.rank()))
             .spawn(move || {
-                for Job {
-                    mut bucket,
-                    queued,
-                    reply,
-                } in rx
-                {
+                for work in rx {
+                    let Job {
+                        mut bucket,
+                        queued,
+                        reply,
+                    } = match work {
+                        Work::Bucket(job) => job,
+                        Work::Fence(done) => {
+                            let _ = done.send(());
+                            continue;
+                        }
+                    };
                     let index = bucket.index();
                     let started = Instant::now();
                     let result = hook.reduce(&mut bucket, &pg).map(|()| bucket);
@@ -63,7 +84,52 @@ impl HookReduction {
                 }
             })
             .map_err(|e| DdpError::Internal(format!("starting the hook thread: {e}")))?;
-        Ok(HookReduction { host, jobs })
+        Ok(HookReduction {
+            host,
+            work,
+            hook: name,
+            timeout,
+        })
+    }
+
+    /// Waits until the hook has reduced every bucket launched before bucket `index`.
+    fn drain_before(&self, index: usize) -> Result<(), DdpError> {
+        let (done, reduced) = mpsc::channel();
+        self.work
+            .send(Work::Fence(done))
+            .map_err(|_| self.thread_ended(index))?;
+        match reduced.recv_timeout(self.timeout) {
+            Ok(()) => Ok(()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                Err(hook_timeout(&self.hook, index, self.timeout))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.thread_ended(index)),
+        }
+    }
+
+    fn thread_ended(&self, bucket: usize) -> DdpError {
+        hook_thread_ended(&self.hook, bucket)
+    }
+}
+
+/// The hook's thread is gone (it panicked): the bucket cannot be reduced.
+fn hook_thread_ended(hook: &str, bucket: usize) -> DdpError {
+    DdpError::CommHook {
+        hook: hook.to_string(),
+        bucket,
+        source: "the hook's thread ended (the hook panicked; its message is in the log)".into(),
+    }
+}
+
+fn hook_timeout(hook: &str, bucket: usize, timeout: Duration) -> DdpError {
+    DdpError::CommHook {
+        hook: hook.to_string(),
+        bucket,
+        source: format!(
+            "not reduced within {timeout:?} (the process group's timeout): the hook or a peer \
+             is stuck"
+        )
+        .into(),
     }
 }
 
@@ -87,6 +153,8 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
         if slots.first().map(|s| s.dtype) != Some(DType::F32) {
+            // Its collective goes on the group from this thread: after the hook's, in order.
+            self.drain_before(bucket.0)?;
             return self.host.launch(bucket, slots, grads);
         }
         let total: usize = slots.iter().map(|s| s.numel()).sum();
@@ -116,23 +184,36 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
             queued: Instant::now(),
             reply,
         };
-        self.jobs
-            .send(job)
-            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))?;
-        Ok(Box::new(HookPending { result }))
+        self.work
+            .send(Work::Bucket(job))
+            .map_err(|_| self.thread_ended(index))?;
+        Ok(Box::new(HookPending {
+            result,
+            hook: self.hook.clone(),
+            bucket: index,
+            timeout: self.timeout,
+        }))
     }
 }
 
 struct HookPending {
     result: mpsc::Receiver<(Result<GradBucket, DdpError>, WorkTiming)>,
+    hook: Arc<str>,
+    bucket: usize,
+    timeout: Duration,
 }
 
 impl<I: Backend> PendingBucket<I> for HookPending {
     fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         let (bucket, timing) = self
             .result
-            .recv()
-            .map_err(|_| DdpError::Internal("the communication hook's thread ended".into()))?;
+            .recv_timeout(self.timeout)
+            .map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => {
+                    hook_timeout(&self.hook, self.bucket, self.timeout)
+                }
+                mpsc::RecvTimeoutError::Disconnected => hook_thread_ended(&self.hook, self.bucket),
+            })?;
         let bucket = bucket?;
         let buffer = bucket.into_buffer();
         let mut at = 0;

@@ -339,6 +339,11 @@ impl<I: Backend> Reducer<I> {
         Ok(Some((grads, std::mem::take(&mut s.times))))
     }
 
+    /// Whether `no_sync` backwards accumulated gradients that no synchronised one reduced yet.
+    pub(crate) fn holds_gradients(&self) -> bool {
+        self.lock().held.iter().any(Option::is_some)
+    }
+
     /// Drops the gradients accumulated by `no_sync` backwards since the last synchronised one
     /// (a partial accumulation the caller abandons), so they cannot leak into the next step.
     ///

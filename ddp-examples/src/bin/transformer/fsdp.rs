@@ -60,12 +60,18 @@ pub fn train_fully_sharded<B: TapBackend>(
         checkpoints.fresh_start_launch()
     })?;
     let fresh = start_over.is_some();
-    if fresh && rank == 0 {
-        eprintln!(
-            "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
-            dir.display()
-        );
-        remove_checkpoints(&dir)?;
+    if fresh {
+        if rank == 0 {
+            eprintln!(
+                "transformer: --fresh: starting over (removing the sharded checkpoints in {})",
+                dir.display()
+            );
+        }
+        // Every checkpoint above step 0 (the runs here save from step 1 on); checkpoints
+        // set aside as invalid stay, as always.
+        checkpoints
+            .rewind_to(0)
+            .context("removing the older run's checkpoints for --fresh")?;
     }
     if let Some(launch) = &start_over {
         // Only now: a restart before this point starts over again instead of resuming.
@@ -73,8 +79,6 @@ pub fn train_fully_sharded<B: TapBackend>(
             .record_fresh_start(launch.as_deref().unwrap_or_default())
             .context("recording the fresh start")?;
     }
-    // The other ranks touch the directory only in the first save, a collective rank 0 joins
-    // after the removal.
     let (start_epoch, mut step) = if fresh {
         (0, 0)
     } else {
@@ -140,28 +144,6 @@ pub fn train_fully_sharded<B: TapBackend>(
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());
-    }
-    Ok(())
-}
-
-/// Removes the checkpoints (`step-*`, set-aside ones included) and `latest` of `dir` for
-/// `--fresh`; the lock file stays (rank 0 holds it).
-fn remove_checkpoints(dir: &std::path::Path) -> Result<()> {
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("listing {} for --fresh", dir.display()))?;
-    for entry in entries {
-        let entry = entry.with_context(|| format!("listing {} for --fresh", dir.display()))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let path = entry.path();
-        let removed = if name.starts_with("step-") {
-            std::fs::remove_dir_all(&path)
-        } else if name == "latest" {
-            std::fs::remove_file(&path)
-        } else {
-            continue;
-        };
-        removed.with_context(|| format!("removing {} for --fresh", path.display()))?;
     }
     Ok(())
 }
