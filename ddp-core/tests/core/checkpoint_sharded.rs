@@ -662,6 +662,57 @@ fn a_sharded_checkpoint_converts_to_a_full_one_the_checkpointer_loads() {
     )
     .expect_err("not a checkpoint name");
     assert!(err.to_string().contains("../elsewhere"), "{err}");
+
+    // The target is a checkpoint directory like any other: a job using it holds its lock, and
+    // `latest` never moves below a newer valid checkpoint there.
+    let older = checkpoint_name(SAVE_AT as u64 - 1);
+    copy_dir(&dir.path().join(&name), &dir.path().join(&older));
+    let mut renamed = manifest(dir.path(), SAVE_AT - 1);
+    renamed.name = older.clone();
+    renamed.global_step -= 1;
+    std::fs::write(
+        dir.path().join(&older).join(SHARDED_MANIFEST_FILE),
+        serde_json::to_vec_pretty(&renamed).expect("serialise"),
+    )
+    .expect("write manifest");
+    let convert_older = || {
+        convert_to_full::<B, Mlp<B>, MlpAdam, _>(
+            dir.path(),
+            &older,
+            full_dir.path(),
+            &Default::default(),
+        )
+    };
+    match convert_older().expect_err("below the converted step") {
+        ShardedCheckpointError::Checkpoint(CheckpointError::NewerCheckpointExists {
+            newer,
+            ..
+        }) => assert_eq!(newer, name),
+        other => panic!("expected NewerCheckpointExists, got {other}"),
+    }
+    run_ranks(1, |pg| {
+        let _job = full(full_dir.path(), &pg);
+        let err = convert_to_full::<B, Mlp<B>, MlpAdam, _>(
+            dir.path(),
+            &name,
+            full_dir.path(),
+            &Default::default(),
+        )
+        .expect_err("the directory is in use");
+        assert!(
+            err.to_string().contains("in use") || err.to_string().contains("lock"),
+            "{err}"
+        );
+    });
+}
+
+/// Copies the files of directory `from` into a new directory `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
 }
 
 /// A copy of step 2 under a newer name is not resumed as that step: its manifest names step 2.

@@ -15,4 +15,5 @@ mod restore;
 mod writer;
 
 pub use checkpointer::FullCheckpointer;
+pub(crate) use reader::read_one;
 pub(crate) use writer::write_checkpoint;

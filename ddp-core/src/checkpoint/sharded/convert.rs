@@ -3,9 +3,13 @@
 //! expect one `model.safetensors`.
 
 use super::super::error::CheckpointError;
-use super::super::full::write_checkpoint;
+use super::super::full::{read_one, write_checkpoint};
 use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
 use super::super::outcome::SavedCheckpoint;
+use super::super::storage::directory::check_not_backwards;
+use super::super::storage::durable::ensure_dir;
+use super::super::storage::lock::lock_dir;
+use super::super::storage::naming::parse_checkpoint_name;
 use super::codec::encode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::load::{load_optimizer, merged_model, param_ids_json};
@@ -28,6 +32,8 @@ use std::path::Path;
 ///
 /// # Errors
 /// [`CheckpointError::Invalid`] naming the bad shard, [`CheckpointError::InvalidName`],
+/// [`CheckpointError::NewerCheckpointExists`] when `full_dir` holds a newer valid checkpoint,
+/// [`StorageError::DirLocked`](super::super::StorageError::DirLocked) while a job uses `full_dir`,
 /// [`ShardedCheckpointError::OptimizerState`] (another optimizer type), I/O errors.
 pub fn convert_to_full<B, M, O, R>(
     sharded_dir: &Path,
@@ -41,13 +47,19 @@ where
     O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
     R: Record<B>,
 {
-    if super::super::storage::naming::parse_checkpoint_name(name).is_none() {
+    if parse_checkpoint_name(name).is_none() {
         return Err(CheckpointError::InvalidName {
             name: name.to_string(),
             reason: "a checkpoint name is step-<global step>",
         }
         .into());
     }
+    // The target directory is a checkpoint directory like any other: one job at a time (a run
+    // writing there holds its lock), and `latest` never moves below a newer valid checkpoint.
+    ensure_dir(full_dir)?;
+    let _lock = lock_dir(full_dir)?;
+    let step = parse_checkpoint_name(name).unwrap_or_default();
+    check_not_backwards(full_dir, step, read_one)?;
     let path = sharded_dir.join(name);
     let manifest =
         verify_checkpoint(sharded_dir, name).map_err(|e| e.into_error(name, sharded_dir))?;
