@@ -37,7 +37,7 @@ enum Mode {
     /// All-reduce in a loop forever, printing `step <n>` (the test stops a rank with SIGSTOP).
     Loop,
     /// Elastic jobs: write `round<R>-rank<K>.world` (world size, node rank, pid, launcher pid)
-    /// to --pid-dir,
+    /// and `round<R>-rank<K>.launch` (`DDP_LAUNCH_ID`) to --pid-dir,
     /// then all-reduce in a loop until the file `stop` appears there (rank 0 looks, every rank
     /// learns it from the all-reduce, so all stop at the same step), then succeed.
     Elastic,
@@ -129,7 +129,7 @@ fn env(ctx: &WorkerContext) -> anyhow::Result<()> {
     println!(
         "ENV rank={} local_rank={} world_size={} local_world_size={} group_rank={} master_addr={} master_port={} \
          restart={} torchelastic_restart={} token_len={} omp={} rayon={} worker={} ctx_rank={} ctx_local_rank={} \
-         ctx_world_size={} ctx_device={} ctx_restart={} launcher={:?}",
+         ctx_world_size={} ctx_device={} ctx_restart={} launch_id={} launcher={:?}",
         var("RANK"),
         var("LOCAL_RANK"),
         var("WORLD_SIZE"),
@@ -148,6 +148,7 @@ fn env(ctx: &WorkerContext) -> anyhow::Result<()> {
         ctx.world_size(),
         ctx.device_index(),
         ctx.restart_count(),
+        var("DDP_LAUNCH_ID"),
         ctx.launcher(),
     );
     let sum = all_reduce_ranks(ctx)?;
@@ -221,10 +222,13 @@ fn elastic(ctx: &WorkerContext, args: &Args) -> anyhow::Result<()> {
         std::env::var("GROUP_RANK").unwrap_or_default(),
         std::process::id()
     );
-    let name = format!("round{round}-rank{}.world", ctx.rank());
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, record)?;
-    std::fs::rename(&tmp, dir.join(name))?;
+    let launch_id = std::env::var("DDP_LAUNCH_ID").unwrap_or_default();
+    for (ext, text) in [("launch", launch_id), ("world", record)] {
+        let name = format!("round{round}-rank{}.{ext}", ctx.rank());
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, dir.join(name))?;
+    }
     for step in 0u64.. {
         let stop = ctx.rank() == 0 && dir.join("stop").exists();
         let mut flag = [f32::from(u8::from(stop))];

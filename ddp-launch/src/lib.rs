@@ -141,7 +141,10 @@
 //! host for the workers' store (so firewalls must let the nodes reach node 0's ephemeral ports,
 //! and the workers' peer-to-peer ports, as with torchrun). Nodes must agree on `--nnodes`,
 //! `--nproc-per-node` and `--max-restarts` (checked); a failure on one node stops and restarts
-//! (or stops for good) every node.
+//! (or stops for good) every node. Every node's workers get node 0's `DDP_LAUNCH_ID`. A node
+//! whose workers all succeeded waits up to `--join-timeout` for the others to finish, then (as
+//! torchrun's exit barrier) warns naming those it did not hear from and exits successfully;
+//! node 0 keeps serving the rendezvous while other nodes still run (a signal stops that wait).
 //!
 //! # Elastic jobs
 //! `--nnodes MIN:MAX --rdzv-endpoint HOST:PORT` (the same command on every node, no

@@ -11,11 +11,18 @@
 //! 2. every node joins the attempt and waits for all `N` (up to `--join-timeout`);
 //! 3. the nodes run their workers; the first node whose worker fails (or that is interrupted)
 //!    publishes the failure, and the others stop their workers when they see it;
-//! 4. a node whose workers all succeeded waits for every node to report success (or a failure).
+//! 4. a node whose workers all succeeded waits for every node to report success (or a failure),
+//!    up to `--join-timeout`; past it, like torchrun's exit barrier, it warns naming the nodes
+//!    it did not hear from and ends successfully.
 //!
 //! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
-//! abort key so the others do not restart.
+//! abort key so the others do not restart. Every node's workers get node 0's
+//! [`LAUNCH_ID_ENV`](crate::LAUNCH_ID_ENV), published with its settings.
+//!
+//! Node 0 keeps the rendezvous up after its own workers succeeded while other nodes still run
+//! theirs (have neither finished nor failed) and are connected: closing it would make their
+//! launchers stop healthy workers. A signal ends that wait at once.
 
 pub(crate) mod port_holder;
 pub(crate) mod store_connect;
@@ -37,6 +44,10 @@ const POLL: Duration = Duration::from_millis(250);
 const CLOSE_WAIT: Duration = Duration::from_secs(30);
 const ABORT_KEY: &str = "abort";
 const CONFIG_KEY: &str = "config";
+/// Node 0's launch id, set before [`CONFIG_KEY`] (so a node that read the settings finds it).
+const LAUNCH_ID_KEY: &str = "launch_id";
+/// How often a waiting launcher that hosts the rendezvous looks at who is still connected.
+const CLIENTS_POLL: Duration = Duration::from_millis(50);
 /// Where a node that cannot join (its settings differ from node 0's) says why, before it
 /// exits: the first refusal wins, and every node waiting for it stops with that reason instead
 /// of waiting out `--join-timeout` for a node that will never come.
@@ -136,6 +147,54 @@ pub(crate) struct Rendezvous {
     next_poll: Instant,
     /// The workers' port of the previous attempt (node 0 picks another).
     last_port: Option<u16>,
+    /// The attempt whose workers all succeeded on this node, once [`finish`](Self::finish)
+    /// was called for it.
+    finished: Option<u32>,
+    /// The job's launch id: node 0's.
+    launch_id: String,
+}
+
+/// How a wait for the other launchers to disconnect from a hosted store ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientsLeft {
+    /// At most the clients to keep remain.
+    Left,
+    /// The time limit passed first.
+    TimedOut,
+    /// This signal arrived first.
+    Interrupted(i32),
+}
+
+/// Waits until at most `keep` clients remain connected to `server`, `timeout` passes, or
+/// `interrupted` returns a signal (checked as often as the clients).
+pub(crate) fn wait_for_clients_to_leave(
+    server: &StoreServer,
+    keep: usize,
+    timeout: Duration,
+    mut interrupted: impl FnMut() -> Option<i32>,
+) -> ClientsLeft {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(sig) = interrupted() {
+            return ClientsLeft::Interrupted(sig);
+        }
+        if server.num_clients() <= keep {
+            return ClientsLeft::Left;
+        }
+        if Instant::now() >= deadline {
+            return ClientsLeft::TimedOut;
+        }
+        std::thread::sleep(CLIENTS_POLL);
+    }
+}
+
+/// `"node 1"`, `"nodes 1, 3"`.
+fn node_list(nodes: &[usize]) -> String {
+    let list: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+    match nodes.len() {
+        1 => format!("node {}", list[0]),
+        _ => format!("nodes {}", list.join(", ")),
+    }
 }
 
 impl Rendezvous {
@@ -190,6 +249,8 @@ impl Rendezvous {
             bind_host: host,
             next_poll: Instant::now(),
             last_port: None,
+            finished: None,
+            launch_id: plan.launch_id.clone(),
         };
         rdzv.check_config(plan, signals)?;
         tracing::info!(node_rank = plan.node_rank, nnodes = plan.nnodes, %addr, "joined the rendezvous");
@@ -208,7 +269,13 @@ impl Rendezvous {
         self.error(format!("lost contact with node 0's launcher: {e}"))
     }
 
-    /// Node 0 publishes its settings; the others compare theirs.
+    /// The job's launch id (node 0's), for every node's workers.
+    pub(crate) fn launch_id(&self) -> &str {
+        &self.launch_id
+    }
+
+    /// Node 0 publishes its settings and launch id; the others compare theirs and adopt its
+    /// launch id.
     fn check_config(
         &mut self,
         plan: &LaunchPlan,
@@ -219,6 +286,9 @@ impl Rendezvous {
             plan.nnodes, plan.nproc_per_node, plan.max_restarts
         );
         if self.node_rank == 0 {
+            self.store
+                .set(LAUNCH_ID_KEY, self.launch_id.as_bytes())
+                .map_err(|e| self.lost(e))?;
             return self
                 .store
                 .set(CONFIG_KEY, mine.as_bytes())
@@ -238,6 +308,11 @@ impl Rendezvous {
                 "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings"
             )));
         }
+        let id = self
+            .store
+            .get_timeout(LAUNCH_ID_KEY, Duration::from_secs(5))
+            .map_err(|e| self.lost(e))?;
+        self.launch_id = String::from_utf8_lossy(&id).into_owned();
         Ok(())
     }
 
@@ -293,6 +368,7 @@ impl Rendezvous {
         attempt: u32,
         signals: &SignalGuard,
     ) -> Result<u16, LaunchError> {
+        self.finished = None;
         let port_key = Self::key(attempt, "port");
         if self.node_rank == 0 {
             let port = free_port(self.bind_host, self.last_port)?;
@@ -408,13 +484,20 @@ impl Rendezvous {
     }
 
     /// After this node's workers all succeeded: waits until every node succeeded (`None`) or
-    /// one failed (its cause).
+    /// one failed (its cause). Like torchrun's exit barrier, a wait that cannot end so (the
+    /// others did not finish within `--join-timeout`, or node 0 is gone) only warns, naming the
+    /// nodes not heard from: this node's work is done, so it ends successfully.
     pub(crate) fn finish(
         &mut self,
         attempt: u32,
         signals: &SignalGuard,
     ) -> Result<Option<FailureCause>, LaunchError> {
+        self.finished = Some(attempt);
         let key = Self::key(attempt, "finished");
+        // This node's own key first: once the count is complete, every node's key is there.
+        self.store
+            .set(&Self::finished_key(attempt, self.node_rank), b"1")
+            .map_err(|e| self.lost(e))?;
         self.store.add(&key, 1).map_err(|e| self.lost(e))?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
@@ -423,9 +506,11 @@ impl Rendezvous {
                 Ok(n) if n >= self.nnodes as i64 => return Ok(None),
                 Ok(_) => {}
                 Err(e) => {
-                    return Ok(Some(FailureCause::LostRendezvous {
-                        reason: e.to_string(),
-                    }));
+                    tracing::warn!(
+                        "this node's workers all succeeded, but it lost node 0's launcher at {} while waiting for the other nodes to finish attempt {attempt} ({e}); not waiting for them",
+                        self.addr
+                    );
+                    return Ok(None);
                 }
             }
             self.next_poll = Instant::now();
@@ -433,28 +518,114 @@ impl Rendezvous {
                 return Ok(Some(cause));
             }
             if Instant::now() >= deadline {
-                return Err(self.error(format!(
-                    "the other nodes did not finish attempt {attempt} within {:?} of this one",
+                let missing = match self.unfinished(attempt) {
+                    Ok(nodes) if !nodes.is_empty() => node_list(&nodes),
+                    Ok(_) => "the other nodes".to_string(),
+                    Err(e) => format!("the other nodes (which ones is unreadable: {e})"),
+                };
+                tracing::warn!(
+                    "this node's workers all succeeded, but it did not hear from {missing} that attempt {attempt} finished within {:?} (--join-timeout); not waiting for them",
                     self.join_timeout
-                )));
+                );
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Leaves the job. Node 0 keeps the rendezvous up until the others have disconnected (at
-    /// most 30 s), so they can read the outcome.
-    pub(crate) fn close(self) {
+    /// The key node `node_rank` sets once its workers of `attempt` all succeeded.
+    fn finished_key(attempt: u32, node_rank: usize) -> String {
+        Self::key(attempt, &format!("finished/{node_rank}"))
+    }
+
+    /// The nodes that have not reported their workers of `attempt` all succeeded.
+    fn unfinished(&self, attempt: u32) -> Result<Vec<usize>, CommError> {
+        let keys: Vec<String> = (0..self.nnodes)
+            .map(|k| Self::finished_key(attempt, k))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = self.store.multi_get(&refs)?;
+        Ok(values
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// On node 0 once its workers of the last attempt succeeded: keeps serving the rendezvous
+    /// while some node has neither finished nor failed and other launchers are connected, so
+    /// their healthy workers are not stopped for a lost rendezvous. A signal ends the wait
+    /// (returned).
+    fn serve_running_nodes(&self, server: &StoreServer, signals: &SignalGuard) -> Option<i32> {
+        let attempt = self.finished?;
+        let failed = Self::key(attempt, "failed");
+        let mut said: Option<Vec<usize>> = None;
+        loop {
+            if let Some(sig) = signals.take() {
+                return Some(sig);
+            }
+            // This launcher's own connection is one of the clients.
+            if server.num_clients() <= 1 {
+                return None;
+            }
+            let running = match (
+                self.store.check(&[failed.as_str()]),
+                self.unfinished(attempt),
+            ) {
+                (Ok(false), Ok(running)) if !running.is_empty() => running,
+                _ => return None,
+            };
+            if said.as_ref() != Some(&running) {
+                tracing::info!(
+                    "this node hosts the rendezvous and {} still running attempt {attempt}: serving it until they finish or fail (a signal stops this now, and stops their workers)",
+                    match running.len() {
+                        1 => format!("{} is", node_list(&running)),
+                        _ => format!("{} are", node_list(&running)),
+                    }
+                );
+                said = Some(running);
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Leaves the job. Node 0 first keeps the rendezvous up while other nodes still run the
+    /// attempt its own workers finished (see [`serve_running_nodes`](Self::serve_running_nodes)),
+    /// then until the others have disconnected (at most 30 s), so they can read the outcome.
+    /// A signal ends either wait at once.
+    pub(crate) fn close(self, signals: &SignalGuard) {
+        let interrupted = match &self.server {
+            Some(server) => self.serve_running_nodes(server, signals),
+            None => None,
+        };
         let Rendezvous { store, server, .. } = self;
         drop(store);
-        if let Some(server) = server {
-            if !server.wait_for_clients(0, CLOSE_WAIT) {
-                tracing::warn!(
-                    "other nodes still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
-                );
+        let Some(server) = server else { return };
+        let left = match interrupted {
+            Some(sig) => ClientsLeft::Interrupted(sig),
+            None => {
+                let clients = server.num_clients();
+                if clients > 0 {
+                    tracing::info!(
+                        clients,
+                        "this node hosts the rendezvous: waiting (at most {CLOSE_WAIT:?}) for the other nodes' launchers to leave"
+                    );
+                }
+                wait_for_clients_to_leave(&server, 0, CLOSE_WAIT, || signals.take())
             }
-            drop(server);
+        };
+        match left {
+            ClientsLeft::Left => {}
+            ClientsLeft::TimedOut => tracing::warn!(
+                "other nodes still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
+            ),
+            ClientsLeft::Interrupted(sig) => tracing::info!(
+                "interrupted by {} while the other nodes' launchers were connected; closing the rendezvous now",
+                signal_name(sig)
+            ),
         }
+        drop(server);
     }
 }
 
@@ -495,5 +666,46 @@ mod tests {
         assert_eq!(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
         assert_eq!(bind_host("fe80::1"), "::");
         assert_eq!(bind_host("node0"), "0.0.0.0");
+    }
+
+    /// Closing a hosted rendezvous waits for the other launchers to leave, but a signal ends
+    /// the wait at once (it used to be swallowed for up to 30 s).
+    #[test]
+    fn a_signal_ends_the_wait_for_connected_launchers() {
+        let config = StoreConfig::new()
+            .with_token(b"unit-test-token")
+            .with_timeout(Duration::from_secs(60));
+        let server = StoreServer::bind("127.0.0.1:0", config.clone()).expect("server");
+        assert_eq!(
+            wait_for_clients_to_leave(&server, 0, Duration::from_secs(600), || None),
+            ClientsLeft::Left
+        );
+        let client = Store::connect(&server.local_addr().to_string(), config).expect("client");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while server.num_clients() == 0 {
+            assert!(Instant::now() < deadline, "the client never counted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            wait_for_clients_to_leave(&server, 0, Duration::from_millis(100), || None),
+            ClientsLeft::TimedOut
+        );
+        let mut checks = 0;
+        let left = wait_for_clients_to_leave(&server, 0, Duration::from_secs(600), || {
+            checks += 1;
+            (checks > 2).then_some(libc::SIGINT)
+        });
+        assert_eq!(left, ClientsLeft::Interrupted(libc::SIGINT));
+        drop(client);
+        assert_eq!(
+            wait_for_clients_to_leave(&server, 0, Duration::from_secs(120), || None),
+            ClientsLeft::Left
+        );
+    }
+
+    #[test]
+    fn node_lists_read_naturally() {
+        assert_eq!(node_list(&[1]), "node 1");
+        assert_eq!(node_list(&[1, 3]), "nodes 1, 3");
     }
 }

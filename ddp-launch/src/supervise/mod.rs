@@ -43,7 +43,8 @@ use std::time::{Duration, Instant};
 
 /// How often the supervisor checks for signals while waiting for workers.
 const TICK: Duration = Duration::from_millis(50);
-/// How long to wait for workers to be reaped after SIGKILL.
+/// How long to wait for workers (and, before them, the processes they left behind) to be
+/// reaped after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(30);
 /// How long a worker that reported a communication failure may take to exit on its own before
 /// the launcher stops the job: its group is unusable, but as the host of the workers' store
@@ -67,10 +68,22 @@ pub(crate) fn run_fixed(plan: &LaunchPlan, signals: &SignalGuard) -> Result<(), 
     } else {
         None
     };
+    // Every node's workers get node 0's launch id.
+    let adopted;
+    let plan = match &rdzv {
+        Some(r) if r.launch_id() != plan.launch_id => {
+            adopted = LaunchPlan {
+                launch_id: r.launch_id().to_string(),
+                ..plan.clone()
+            };
+            &adopted
+        }
+        _ => plan,
+    };
     let console = Console::from_env();
     let result = run_attempts(plan, signals, &console, rdzv.as_mut());
     if let Some(rdzv) = rdzv {
-        rdzv.close();
+        rdzv.close(signals);
     }
     result
 }
@@ -223,7 +236,7 @@ impl Group {
         }
         self.kill_all();
         let pids: Vec<u32> = self.workers.iter().map(|w| w.pid).collect();
-        let orphans = kill_orphans(&pids, &self.keep);
+        let orphans = kill_orphans(&pids, &self.keep, KILL_WAIT);
         if orphans > 0 {
             tracing::info!(orphans, "killed processes the workers left behind");
         }

@@ -23,6 +23,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// A worker's exit, sent by its waiter thread.
 #[derive(Debug)]
@@ -394,40 +395,75 @@ pub(crate) fn own_children() -> Vec<u32> {
 /// reparented to it. Repeats while killing them orphans more (their own children). Each pid is
 /// ours until we reap it, so it cannot be reused in between; workers are never reaped here
 /// (their waiters do that).
-pub(crate) fn kill_orphans(workers: &[u32], keep: &[u32]) -> usize {
+///
+/// Waits at most `wait` in all for the killed ones to die (past it, each round looks once): a
+/// process stuck in the kernel (state `D`: a hung NFS mount, a wedged device) dies only when it
+/// leaves it, and must not hold the launcher. Those still alive then are logged and left, never
+/// signalled or waited for again.
+pub(crate) fn kill_orphans(workers: &[u32], keep: &[u32], wait: Duration) -> usize {
+    let deadline = Instant::now() + wait;
     let mut killed = 0;
+    // Killed but not reaped in time: still our children, but not to be killed or waited again.
+    let mut stuck: Vec<u32> = Vec::new();
     // Each round reaps one generation; a bounded number of rounds keeps a fork bomb finite.
     for _ in 0..64 {
-        let orphans: Vec<u32> = own_children()
+        let orphans: Vec<libc::pid_t> = own_children()
             .into_iter()
-            .filter(|p| !workers.contains(p) && !keep.contains(p))
+            .filter(|p| !workers.contains(p) && !keep.contains(p) && !stuck.contains(p))
+            .filter_map(|p| libc::pid_t::try_from(p).ok())
             .collect();
         if orphans.is_empty() {
             break;
         }
-        for pid in orphans {
-            let Ok(pid) = libc::pid_t::try_from(pid) else {
-                continue;
-            };
+        for &pid in &orphans {
             tracing::warn!(pid, "killing a process a worker left behind");
             // SAFETY: `pid` is our child and not yet reaped, so it is that process.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            let mut status = 0;
-            // SAFETY: reaping our own child by pid.
-            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-            {}
-            killed += 1;
+        }
+        killed += orphans.len();
+        let survivors = reap_until(&orphans, deadline);
+        if !survivors.is_empty() {
+            tracing::warn!(
+                pids = ?survivors,
+                "processes a worker left behind survived SIGKILL for {wait:?} (stuck in the kernel?); not waiting for them"
+            );
+            stuck.extend(survivors.iter().filter_map(|&p| u32::try_from(p).ok()));
         }
     }
     killed
 }
 
+/// Reaps the children `pids` as they exit, polling (never blocking) until all are reaped or
+/// `deadline` passes; returns those not reaped.
+fn reap_until(pids: &[libc::pid_t], deadline: Instant) -> Vec<libc::pid_t> {
+    let mut left = pids.to_vec();
+    loop {
+        left.retain(|&pid| {
+            let mut status = 0;
+            loop {
+                // SAFETY: polling our own child by pid; WNOHANG never blocks.
+                let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if rc < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // 0: still running; the pid: reaped; -1 (ECHILD): not ours to wait for.
+                return rc == 0;
+            }
+        });
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(REAP_POLL);
+    }
+}
+
+/// How often [`kill_orphans`] looks for the processes it killed to have exited.
+const REAP_POLL: Duration = Duration::from_millis(10);
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::LaunchArgs;
-    use std::time::Duration;
 
     /// The state letter of `pid` in /proc (`Z`: zombie), or `None` once it is gone.
     fn proc_state(pid: u32) -> Option<char> {
@@ -472,5 +508,39 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_ne!(proc_state(worker.pid), Some('Z'), "reaped after release");
+    }
+
+    /// `reap_until(pids, now + wait)` on another thread; `None` if it did not return within
+    /// minutes (what a blocking `waitpid` on a process that does not die would do).
+    fn reap_in_thread(pids: Vec<libc::pid_t>, wait: Duration) -> Option<Vec<libc::pid_t>> {
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(reap_until(&pids, Instant::now() + wait));
+        });
+        rx.recv_timeout(Duration::from_secs(300)).ok()
+    }
+
+    /// The orphans' reaping never blocks on a process that does not die (one stuck in the
+    /// kernel outlives SIGKILL; a process never signalled stands in for it here): it gives up
+    /// at its deadline and names it. One that dies is reaped.
+    #[test]
+    fn reaping_gives_up_on_a_process_that_does_not_die_and_reaps_one_that_does() {
+        let mut dying = Command::new("sleep").arg("1000").spawn().expect("spawn");
+        let mut alive = Command::new("sleep").arg("1000").spawn().expect("spawn");
+        let pid = |c: &std::process::Child| libc::pid_t::try_from(c.id()).expect("pid");
+        let (dying_pid, alive_pid) = (pid(&dying), pid(&alive));
+        // SAFETY: signalling our own, unreaped child.
+        unsafe { libc::kill(dying_pid, libc::SIGKILL) };
+        let reaped = reap_in_thread(vec![dying_pid], Duration::from_secs(120));
+        let gave_up = reap_in_thread(vec![alive_pid], Duration::from_millis(200));
+        let _ = alive.kill();
+        let _ = alive.wait();
+        assert_eq!(reaped, Some(Vec::new()), "the killed process is reaped");
+        assert!(dying.try_wait().is_err(), "already reaped, so not waitable");
+        assert_eq!(
+            gave_up,
+            Some(vec![alive_pid]),
+            "gives up on the live one at its deadline"
+        );
     }
 }

@@ -154,6 +154,26 @@ impl ElasticJob {
         out
     }
 
+    /// The `DDP_LAUNCH_ID` of every worker that ever ran (a `.launch` file per `.world`
+    /// record), by file name.
+    pub(crate) fn launch_ids(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.dir.path()).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "launch") {
+                let id = std::fs::read_to_string(&path).expect("read launch id");
+                let name = path
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((name, id));
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// Waits until every rank of `round` started with world size `world`; returns their
     /// records by rank. A round of another size fails the test.
     pub(crate) fn wait_round(&mut self, round: u32, world: usize) -> Vec<Record> {
@@ -316,6 +336,13 @@ pub(crate) fn kill_a_node_then_grow_back(
     for out in &outs {
         assert_succeeded(out);
     }
+    // Every launcher, the late one too, gave its workers the first launcher's launch id.
+    let ids = job.launch_ids();
+    assert_eq!(ids.len(), workers.len(), "{ids:?}");
+    assert!(
+        ids.iter().all(|(_, id)| !id.is_empty() && *id == ids[0].1),
+        "{ids:?}"
+    );
     let rounds = rounds_printed(&outs[0]);
     println!("rounds from the summary:\n{}", rounds.join("\n"));
     assert_eq!(rounds.len(), 3, "{}", outs[0].all());

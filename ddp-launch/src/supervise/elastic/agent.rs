@@ -98,10 +98,16 @@ pub(crate) fn run_elastic(
         settings,
         node_id,
         &config,
+        &plan.launch_id,
         plan.max_restarts,
         plan.join_timeout,
     )?;
-    let mut result = agent_loop(plan, &mut rounds, signals, console);
+    // Every node's workers get the launch id of the first node to join.
+    let plan = LaunchPlan {
+        launch_id: rounds.launch_id().to_string(),
+        ..plan.clone()
+    };
+    let mut result = agent_loop(&plan, &mut rounds, signals, console);
     let history = rounds.history();
     eprint!(
         "ddp launcher: elastic job rounds (node {}):\n{}",
@@ -112,7 +118,7 @@ pub(crate) fn run_elastic(
         summary.rounds = history;
         eprint!("{}", summary.report());
     }
-    rounds.close();
+    rounds.close(signals);
     result
 }
 

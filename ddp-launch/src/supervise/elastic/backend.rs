@@ -5,6 +5,7 @@
 //! (`store_backend`), or an etcd cluster, with no single point of failure in the job
 //! (`etcd_backend`, feature `etcd`: heartbeats are keys with a lease).
 
+use crate::signals::SignalGuard;
 use std::fmt;
 
 /// A failed operation on the rendezvous service: it is unreachable, or refused the request.
@@ -50,6 +51,7 @@ pub(crate) trait RendezvousBackend: Send {
     fn advertised_host(&self) -> String;
 
     /// Leaves the rendezvous: stops the heartbeat, and a backend hosted by this node keeps the
-    /// service up until the other nodes have left (bounded).
-    fn close(self: Box<Self>);
+    /// service up until the other nodes have left (bounded; a signal in `signals` ends the
+    /// wait at once).
+    fn close(self: Box<Self>, signals: &SignalGuard);
 }

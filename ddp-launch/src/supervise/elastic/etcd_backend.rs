@@ -277,7 +277,7 @@ impl RendezvousBackend for EtcdBackend {
         self.advertised_host.clone()
     }
 
-    fn close(self: Box<Self>) {
+    fn close(self: Box<Self>, _signals: &SignalGuard) {
         if let Some(heartbeat) = &self.heartbeat {
             heartbeat.task.abort();
             // Gone at once, rather than after the TTL: the others need not wait for it.

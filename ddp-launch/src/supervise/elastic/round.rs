@@ -4,6 +4,7 @@
 //!
 //! Keys (scoped to the job):
 //! - `config`: the first launcher's settings; the others must match;
+//! - `launch_id`: the first launcher's launch id, which every launcher's workers get;
 //! - `current`: the open or running round; `complete` / `abort`: the job's end;
 //! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/closed` (member
 //!   count, first writer wins), `r/<n>/restarts` (failed rounds before it), `r/<n>/master`
@@ -106,6 +107,8 @@ pub(crate) struct Rounds {
     next_poll: Instant,
     /// The rounds this node took part in, for the summary if the rendezvous is lost.
     local_history: Vec<ElasticRound>,
+    /// The job's launch id: the first launcher's.
+    launch_id: String,
 }
 
 fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
@@ -114,12 +117,14 @@ fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
 
 impl Rounds {
     /// Checks that this node runs with the same settings as the first one (`settings` is what
-    /// every node must agree on), and starts the heartbeat.
+    /// every node must agree on), adopts the first one's launch id (this node's `launch_id` if
+    /// it is the first), and starts the heartbeat.
     pub(crate) fn new(
         mut backend: Box<dyn RendezvousBackend>,
         settings: ElasticSettings,
         node_id: String,
         config: &str,
+        launch_id: &str,
         max_restarts: u32,
         join_timeout: Duration,
     ) -> Result<Rounds, LaunchError> {
@@ -132,6 +137,7 @@ impl Rounds {
             join_timeout,
             next_poll: Instant::now(),
             local_history: Vec::new(),
+            launch_id: launch_id.to_string(),
         };
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
@@ -141,6 +147,11 @@ impl Rounds {
                 rounds.stale_job_hint()
             )));
         }
+        let first = rounds
+            .backend
+            .set_once("launch_id", launch_id.as_bytes())
+            .map_err(|e| rounds.lost(e))?;
+        rounds.launch_id = String::from_utf8_lossy(&first).into_owned();
         rounds
             .backend
             .set_once("current", b"0")
@@ -159,6 +170,11 @@ impl Rounds {
 
     pub(crate) fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// The job's launch id (the first launcher's), for this node's workers.
+    pub(crate) fn launch_id(&self) -> &str {
+        &self.launch_id
     }
 
     /// For a node that finds the job over or set up otherwise: with etcd, the state of a
@@ -660,9 +676,9 @@ impl Rounds {
         Ok(rounds)
     }
 
-    /// Leaves the rendezvous.
-    pub(crate) fn close(self) {
-        self.backend.close();
+    /// Leaves the rendezvous; a signal cuts short a wait for the others to leave.
+    pub(crate) fn close(self, signals: &SignalGuard) {
+        self.backend.close(signals);
     }
 }
 

@@ -10,6 +10,7 @@ use super::backend::{BackendError, RendezvousBackend};
 use crate::error::LaunchError;
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::rendezvous::store_connect::connect_with_retry;
+use crate::rendezvous::{ClientsLeft, wait_for_clients_to_leave};
 use crate::signals::SignalGuard;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::collections::HashMap;
@@ -190,7 +191,7 @@ impl RendezvousBackend for StoreBackend {
         self.advertised_host.clone()
     }
 
-    fn close(self: Box<Self>) {
+    fn close(self: Box<Self>, signals: &SignalGuard) {
         let StoreBackend {
             store,
             server,
@@ -202,17 +203,23 @@ impl RendezvousBackend for StoreBackend {
             let _ = hb.thread.join();
         }
         drop(store);
-        if let Some(server) = server {
-            if server.num_clients() > 0 {
-                eprintln!(
-                    "ddp launcher: this node hosts the rendezvous; waiting (at most {CLOSE_WAIT:?}) for the other nodes' launchers to leave"
-                );
-            }
-            if !server.wait_for_clients(0, CLOSE_WAIT) {
-                tracing::warn!(
-                    "other launchers still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
-                );
-            }
+        let Some(server) = server else { return };
+        let clients = server.num_clients();
+        if clients > 0 {
+            tracing::info!(
+                clients,
+                "this node hosts the rendezvous: waiting (at most {CLOSE_WAIT:?}) for the other nodes' launchers to leave (a signal stops the wait)"
+            );
+        }
+        match wait_for_clients_to_leave(&server, 0, CLOSE_WAIT, || signals.take()) {
+            ClientsLeft::Left => {}
+            ClientsLeft::TimedOut => tracing::warn!(
+                "other launchers still connected to the rendezvous after {CLOSE_WAIT:?}; closing it"
+            ),
+            ClientsLeft::Interrupted(sig) => tracing::info!(
+                "interrupted by {} while other launchers were connected; closing the rendezvous now",
+                crate::signal_names::signal_name(sig)
+            ),
         }
     }
 }

@@ -1,0 +1,218 @@
+//! Static multi-node jobs on one host: two `ddp-run --nnodes 2` launchers, node 0 and node 1,
+//! meeting over loopback (no namespaces, no root). Node 1 may run another program than node 0:
+//! the nodes only check `--nnodes`, `--nproc-per-node` and `--max-restarts`.
+use crate::launch_common::*;
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `--join-timeout`: both launchers start at once, so node 1 joins well within it even on a
+/// loaded machine; it is also how long a node whose workers succeeded waits for the others.
+const JOIN_TIMEOUT: &str = "15";
+/// How long to wait for a launcher to print something or exit (generous: a loaded machine).
+const WAIT: Duration = Duration::from_secs(180);
+
+fn free_port() -> u16 {
+    TcpListener::bind("0.0.0.0:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// `ddp-run` as node `node_rank` of a 2-node job at `127.0.0.1:port`, with `nproc` workers
+/// running `program`, logging at info.
+fn node(node_rank: usize, port: u16, nproc: usize, program: &[&str]) -> Command {
+    let mut cmd = ddp_run();
+    cmd.env("DDP_JOB_TOKEN", "loopback-secret")
+        .env("RUST_LOG", "ddp_launch=info,warn")
+        .args([
+            "--nnodes",
+            "2",
+            "--node-rank",
+            &node_rank.to_string(),
+            "--nproc-per-node",
+            &nproc.to_string(),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port.to_string(),
+            "--join-timeout",
+            JOIN_TIMEOUT,
+            "--grace-period",
+            "2",
+            "--",
+        ])
+        .args(program);
+    cmd
+}
+
+/// The `launch_id=` of every `ENV` line a launcher printed, by rank.
+fn launch_ids(out: &Finished) -> HashMap<String, String> {
+    out.stdout
+        .lines()
+        .filter_map(|l| l.split_once("]: ENV "))
+        .map(|(prefix, fields)| {
+            let id = fields
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("launch_id="))
+                .unwrap_or_else(|| panic!("no launch_id in {fields}"));
+            (prefix.to_string(), id.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_node_of_a_static_job_gives_its_workers_node_0s_launch_id() {
+    let port = free_port();
+    let worker = worker_path();
+    let worker = worker.to_str().expect("utf-8 path");
+    let program = [worker, "--mode", "env"];
+    // Each launcher draws an id of its own; node 1 must adopt node 0's.
+    let node0 = start(node(0, port, 2, &program));
+    let node1 = start(node(1, port, 2, &program));
+    let (out0, out1) = (node0.finish(), node1.finish());
+    assert!(out0.status.success(), "node 0:\n{}", out0.all());
+    assert!(out1.status.success(), "node 1:\n{}", out1.all());
+    let mut ids = launch_ids(&out0);
+    ids.extend(launch_ids(&out1));
+    assert_eq!(
+        ids.len(),
+        4,
+        "an ENV line per rank\nnode 0:\n{}\nnode 1:\n{}",
+        out0.all(),
+        out1.all()
+    );
+    let node0_id = &ids["[rank 0"];
+    assert!(node0_id.len() >= 16 && node0_id != "<unset>", "{ids:?}");
+    assert!(ids.values().all(|id| id == node0_id), "{ids:?}");
+}
+
+/// A launcher whose stderr goes to a file the test can read while it runs.
+struct Logged {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Logged {
+    fn start(mut cmd: Command, log: PathBuf) -> Logged {
+        let file = std::fs::File::create(&log).expect("log file");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file));
+        Logged {
+            child: cmd.spawn().expect("spawn"),
+            log,
+        }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the launcher printed `text`, failing if it exits first.
+    #[track_caller]
+    fn wait_for(&mut self, text: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.text().contains(text) {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!(
+                    "exited ({status}) before printing {text:?}:\n{}",
+                    self.text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} not printed within {WAIT:?}:\n{}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the launcher to exit; its exit code.
+    #[track_caller]
+    fn exit_code(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {WAIT:?}:\n{}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        // After a failed assertion; its workers die with it (PR_SET_PDEATHSIG).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Node 0's workers succeed at once (`true`); node 1's run until the file `stop` exists. Node 0
+/// waits `--join-timeout` for node 1, warns naming it, and keeps serving the rendezvous until
+/// node 1 finishes; returns (node 0, node 1, the stop file) once node 0 says so.
+fn node_0_waits_for_a_running_node_1(dir: &Path) -> (Logged, Logged, PathBuf) {
+    let port = free_port();
+    let stop = dir.join("stop");
+    let stop_arg = stop.to_str().expect("utf-8 path");
+    let mut node0 = Logged::start(node(0, port, 1, &["true"]), dir.join("node0.log"));
+    let node1 = Logged::start(
+        node(
+            1,
+            port,
+            1,
+            &[
+                "sh",
+                "-c",
+                "until [ -e \"$0\" ]; do sleep 0.1; done",
+                stop_arg,
+            ],
+        ),
+        dir.join("node1.log"),
+    );
+    node0.wait_for(&format!(
+        "this node's workers all succeeded, but it did not hear from node 1 that attempt 0 finished within {JOIN_TIMEOUT}s"
+    ));
+    node0.wait_for("node 1 is still running attempt 0: serving it until they finish or fail");
+    (node0, node1, stop)
+}
+
+#[test]
+fn a_node_whose_workers_succeeded_keeps_serving_a_running_node_and_both_succeed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut node0, mut node1, stop) = node_0_waits_for_a_running_node_1(dir.path());
+    std::fs::write(&stop, b"").expect("stop file");
+    assert_eq!(node1.exit_code(), Some(0), "node 1:\n{}", node1.text());
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    let log1 = node1.text();
+    assert!(!log1.contains("unreachable"), "node 1:\n{log1}");
+}
+
+#[test]
+fn a_signal_ends_node_0s_wait_for_a_running_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut node0, mut node1, stop) = node_0_waits_for_a_running_node_1(dir.path());
+    let pid = libc::pid_t::try_from(node0.child.id()).expect("pid");
+    // SAFETY: signalling the launcher this test started.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    // Its workers had succeeded: the signal only cut the wait short.
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    let log0 = node0.text();
+    assert!(
+        log0.contains("interrupted by SIGINT while the other nodes' launchers were connected"),
+        "node 0:\n{log0}"
+    );
+    // Node 1 lost its rendezvous and stops; then nothing is left running.
+    std::fs::write(&stop, b"").expect("stop file");
+    let _ = node1.exit_code();
+}
