@@ -18,7 +18,7 @@ use crate::error::{DdpTrainError, Result};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{Checkpointer, CheckpointerError};
-use ddp_core::checkpoint::storage::{read_on_rank0, write_file_atomically};
+use ddp_core::checkpoint::storage::{ensure_dir, read_on_rank0, write_file_atomically};
 use ddp_core::comm::ProcessGroup;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -126,12 +126,12 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for AtomicFileCheckpointer {
                 });
                 CheckpointerError::Unknown(e.to_string())
             })?;
-        std::fs::create_dir_all(&self.dir).map_err(|e| {
+        ensure_dir(&self.dir).map_err(|e| {
             self.record_failure(DdpTrainError::Checkpoint {
                 path: path.clone(),
                 reason: format!("creating its directory: {e}"),
             });
-            CheckpointerError::IOError(e)
+            CheckpointerError::Unknown(e.to_string())
         })?;
         write_file_atomically(&path, |f| f.write_all(&bytes)).map_err(|e| {
             let message = e.to_string();

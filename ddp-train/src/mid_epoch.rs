@@ -19,7 +19,7 @@ use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{AsyncCheckpointer, CheckpointingAction, CheckpointingStrategy};
 use burn_train::metric::store::EventStoreClient;
 use burn_train::{Interrupter, Learner, LearningCheckpointer};
-use ddp_core::checkpoint::storage::write_file_atomically;
+use ddp_core::checkpoint::storage::{ensure_dir, write_file_atomically};
 use ddp_core::comm::ProcessGroup;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -111,14 +111,29 @@ pub(crate) fn latest_step_checkpoint(dir: &Path) -> Result<Option<(usize, usize)
         let Some(point) = parse_position_name(&entry.file_name().to_string_lossy()) else {
             continue;
         };
-        let complete = step_files(&steps_dir, point.0, point.1)
-            .iter()
-            .all(|p| p.is_file());
+        // An I/O error (EIO, ESTALE) is an error, not an incomplete point: resuming from an
+        // older one would silently redo steps, and its next save would delete this one.
+        let mut complete = true;
+        for file in step_files(&steps_dir, point.0, point.1) {
+            complete &= is_file(&file)?;
+        }
         if complete && latest < Some(point) {
             latest = Some(point);
         }
     }
     Ok(latest)
+}
+
+/// Whether `path` is a file; a missing one is not, any other error is returned.
+fn is_file(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(meta) => Ok(meta.is_file()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(DdpTrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// `position-<epoch>-<step>.txt` -> `(epoch, step)`.
@@ -237,7 +252,7 @@ impl StepCheckpointer {
         position: LoaderPosition,
     ) -> Result<()> {
         let (epoch, step) = (position.epoch, position.step);
-        std::fs::create_dir_all(&self.steps_dir).map_err(|e| DdpTrainError::Checkpoint {
+        ensure_dir(&self.steps_dir).map_err(|e| DdpTrainError::Checkpoint {
             path: self.steps_dir.clone(),
             reason: format!("creating the directory: {e}"),
         })?;
@@ -316,6 +331,29 @@ mod tests {
         assert_eq!(
             latest_step_checkpoint(dir.path()).expect("read"),
             Some((2, 20))
+        );
+    }
+
+    #[test]
+    fn a_step_file_that_cannot_be_read_is_an_error_not_an_older_point() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let steps = dir.path().join("checkpoint").join(STEPS_DIR);
+        std::fs::create_dir_all(&steps).expect("dir");
+        for step in [20, 40] {
+            for path in step_files(&steps, 2, step) {
+                std::fs::write(path, b"whole").expect("write");
+            }
+        }
+        // One file of the newer point cannot be looked at (a link to itself: ELOOP, as EIO or
+        // ESTALE would be): resuming from step 20 would redo steps and its next save would
+        // delete step 40.
+        let broken = step_files(&steps, 2, 40)[0].clone();
+        std::fs::remove_file(&broken).expect("remove");
+        std::os::unix::fs::symlink(&broken, &broken).expect("symlink");
+        let error = latest_step_checkpoint(dir.path()).expect_err("an I/O error");
+        assert!(
+            error.to_string().contains(&*broken.to_string_lossy()),
+            "{error}"
         );
     }
 

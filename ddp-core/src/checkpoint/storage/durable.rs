@@ -67,16 +67,26 @@ pub(crate) fn fresh_dir(dir: &Path) -> Result<(), StorageError> {
     sync_parent(dir)
 }
 
-/// Creates `dir` (and parents) if needed, fsyncing the parent of a new directory.
-pub(crate) fn ensure_dir(dir: &Path) -> Result<(), StorageError> {
+/// Creates `dir` and its missing parents, fsyncing the parent of each directory it creates,
+/// so that none of them (and no file later written and fsynced in them) can vanish after a
+/// power loss. An existing `dir` is left as it is.
+///
+/// # Errors
+/// [`StorageError::CreateDir`] or [`StorageError::Sync`], naming the path.
+pub fn ensure_dir(dir: &Path) -> Result<(), StorageError> {
     if dir.is_dir() {
         return Ok(());
     }
+    let created: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .collect();
     std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         path: dir.to_path_buf(),
         source,
     })?;
-    sync_parent(dir)
+    // Deepest first: each new directory's entry, in its parent.
+    created.into_iter().try_for_each(sync_parent)
 }
 
 fn sync_parent(dir: &Path) -> Result<(), StorageError> {
@@ -162,6 +172,21 @@ pub fn remove_temporary_files(dir: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ensure_dir_creates_every_missing_level_and_leaves_an_existing_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let deep = dir.path().join("a").join("b").join("c");
+        ensure_dir(&deep).expect("create");
+        assert!(deep.is_dir());
+        std::fs::write(deep.join("keep"), b"x").expect("write");
+        ensure_dir(&deep).expect("again");
+        assert!(deep.join("keep").is_file());
+        let file = dir.path().join("a").join("file");
+        std::fs::write(&file, b"x").expect("write");
+        let err = ensure_dir(&file.join("below")).expect_err("below a file");
+        assert!(err.to_string().contains("file"), "{err}");
+    }
 
     #[test]
     fn a_fill_that_fails_halfway_leaves_the_previous_file_whole_and_no_temporary() {

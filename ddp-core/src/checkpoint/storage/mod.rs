@@ -44,5 +44,5 @@ pub(crate) mod naming;
 pub(crate) mod rank0;
 pub(crate) mod set_aside;
 
-pub use durable::{remove_temporary_files, write_file_atomically};
+pub use durable::{ensure_dir, remove_temporary_files, write_file_atomically};
 pub use rank0::read_on_rank0;
