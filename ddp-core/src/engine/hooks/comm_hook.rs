@@ -82,7 +82,10 @@ impl GradBucket {
         }
     }
 
-    /// The bucket's position in this step (0 is reduced first), stable between layout rebuilds.
+    /// The bucket's position in this step (0 is reduced first). Bucket `i` holds the same
+    /// parameters step after step, except when DDP lays the buckets out again (in arrival
+    /// order, once, in the first steps): a hook that keeps state per bucket checks
+    /// [`parameters`](Self::parameters) too, as [`PowerSgdHook`](super::PowerSgdHook) does.
     pub fn index(&self) -> usize {
         self.index
     }

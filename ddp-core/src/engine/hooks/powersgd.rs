@@ -67,6 +67,7 @@ impl PowerSgdConfig {
             iter: 0,
             error: HashMap::new(),
             q_memory: HashMap::new(),
+            layouts: HashMap::new(),
         })
     }
 }
@@ -82,6 +83,8 @@ pub struct PowerSgdHook {
     error: HashMap<usize, Vec<f32>>,
     /// Per bucket: the last Q of every compressed matrix, transposed (r×m), concatenated.
     q_memory: HashMap<usize, Vec<f32>>,
+    /// Per bucket: the parameters (path, offset) its error and Q belong to.
+    layouts: HashMap<usize, Vec<(String, usize)>>,
 }
 
 /// A compressed matrix: its range in the bucket, its shape and the rank used.
@@ -123,7 +126,24 @@ impl PowerSgdHook {
         (matrices, plain)
     }
 
+    /// Drops bucket `index`'s error and Q when it holds other parameters than when they were
+    /// kept (DDP laid the buckets out again): they would land on the wrong parameters. Every
+    /// rank sees the same layouts, so the ranks stay in step.
+    fn forget_if_relaid(&mut self, bucket: &GradBucket) {
+        let layout: Vec<(String, usize)> = bucket
+            .parameters()
+            .iter()
+            .map(|p| (p.path.clone(), p.offset))
+            .collect();
+        if self.layouts.get(&bucket.index()) != Some(&layout) {
+            self.error.remove(&bucket.index());
+            self.q_memory.remove(&bucket.index());
+            self.layouts.insert(bucket.index(), layout);
+        }
+    }
+
     fn compress(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        self.forget_if_relaid(bucket);
         let index = bucket.index();
         let len = bucket.buffer().len();
         let eps = self.config.orthogonalization_epsilon;
@@ -246,4 +266,52 @@ fn normal(rng: &mut ChaCha8Rng) -> f32 {
     let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
     let u2: f64 = rng.random();
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::hooks::BucketParam;
+    use ddp_comm::{ProcessGroupConfig, Store, StoreConfig, StoreServer};
+
+    fn bucket(path: &str, values: &[f32]) -> GradBucket {
+        let params = vec![BucketParam {
+            path: path.into(),
+            shape: vec![4, 4],
+            offset: 0,
+        }];
+        GradBucket::new(0, 1, values.to_vec(), params)
+    }
+
+    /// Bucket 0 holds `a` until DDP lays the buckets out again, then `b` of the same size: the
+    /// error `a` left must not be added to `b`'s gradient.
+    #[test]
+    fn a_bucket_laid_out_again_starts_without_the_old_parameters_error() {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
+        let store =
+            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
+        let mut hook = PowerSgdConfig::new()
+            .with_start_iter(2)
+            .with_warm_start(false)
+            .init()
+            .expect("hook");
+        let grad: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        for _ in 0..3 {
+            hook.reduce(&mut bucket("a", &grad), &pg).expect("reduce");
+        }
+        assert!(
+            hook.error[&0].iter().any(|e| *e != 0.0),
+            "rank 1 leaves an error"
+        );
+        let mut relaid = bucket("b", &grad);
+        hook.reduce(&mut relaid, &pg).expect("reduce");
+        // The new error is what this step's approximation missed of `grad` alone.
+        let missed: Vec<f32> = grad
+            .iter()
+            .zip(relaid.buffer())
+            .map(|(g, o)| g - o)
+            .collect();
+        assert_eq!(hook.error[&0], missed);
+    }
 }
