@@ -748,3 +748,84 @@ fn misuse_is_a_clear_error_naming_the_rule() {
         }
     }
 }
+
+/// An op whose backward panics, as burn's does when the device runs out of memory.
+#[derive(Debug)]
+struct PanicsInBackward;
+
+impl<Bk: Backend> burn::backend::autodiff::ops::Backward<Bk, 1> for PanicsInBackward {
+    type State = ();
+
+    fn backward(
+        self,
+        _ops: burn::backend::autodiff::ops::Ops<(), 1>,
+        _grads: &mut burn::backend::autodiff::grads::Gradients,
+        _checkpointer: &mut burn::backend::autodiff::checkpoint::base::Checkpointer,
+    ) {
+        panic!("injected: out of device memory");
+    }
+}
+
+/// `x`, through [`PanicsInBackward`].
+fn panics_in_backward(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+    use burn::backend::autodiff::ops::{Backward, OpsKind};
+    use burn::tensor::TensorPrimitive;
+    let x = x.into_primitive().tensor();
+    let prep = <PanicsInBackward as Backward<burn::backend::Flex, 1>>::prepare::<NoCheckpointing>(
+        PanicsInBackward,
+        [x.node.clone()],
+    );
+    let out = match prep.compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((), x.primitive),
+        OpsKind::UnTracked(prep) => prep.finish(x.primitive),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// burn's backward panics on rank 0 (a caller that catches panics goes on): its peer fails at
+/// once quoting the panic, instead of waiting out the timeout for buckets that never come, and
+/// rank 0's wrapper refuses every later call.
+#[test]
+fn a_panic_in_backward_fails_the_peer_at_once_and_poisons_the_wrapper() {
+    let initial = Mlp::<B>::seeded(&Default::default(), 8, 3);
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        let (x, y) = batch(&[rank, rank + 2], &device);
+        let pred = ddp
+            .forward(|m| {
+                let out = m.forward(x, false);
+                if rank == 0 {
+                    panics_in_backward(out)
+                } else {
+                    out
+                }
+            })
+            .unwrap();
+        let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+        if rank == 1 {
+            return ddp.backward(loss).err();
+        }
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ddp.backward(loss).err()));
+        assert!(caught.is_err(), "the panic goes on to the caller");
+        let (x, _) = batch(&[0], &device);
+        ddp.forward(|m| m.forward(x, false)).err()
+    });
+    match &results[0] {
+        Some(DdpError::Poisoned { first }) => {
+            assert!(first.contains("out of device memory"), "{first}")
+        }
+        other => panic!("rank 0's next call must be refused, got {other:?}"),
+    }
+    let peer = results[1]
+        .as_ref()
+        .expect("rank 1's backward must fail")
+        .to_string();
+    assert!(
+        peer.contains("out of device memory"),
+        "rank 1 must quote rank 0's panic: {peer}"
+    );
+}

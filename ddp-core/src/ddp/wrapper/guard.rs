@@ -35,4 +35,31 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         result
     }
+
+    /// Runs `f`, a part of a step that runs burn's backward; a panic in it (out of device
+    /// memory, a kernel's assertion) is made final like an error before it unwinds on: the
+    /// peers fail at once with this reason instead of waiting for the timeout, and a caller
+    /// that catches the panic finds the wrapper poisoned, with nothing of the half-done step
+    /// left to leak into the next one.
+    pub(super) fn guard_panics<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut Self) -> Result<T, DdpError>,
+    ) -> Result<T, DdpError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
+            Ok(result) => self.guard(result),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                let _ = self.guard::<()>(Err(DdpError::Internal(format!(
+                    "{what} panicked on rank {}: {message}",
+                    self.pg.rank()
+                ))));
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
 }

@@ -297,17 +297,21 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`DdpError::BackwardWithoutForward`], [`DdpError::BackwardOutsideDdp`],
     /// [`DdpError::StaleForward`], [`DdpError::NoGradients`] for misuse. All are final (see
     /// [Errors are final](Self#errors-are-final)).
+    ///
+    /// # Panics
+    /// When burn's backward panics (out of device memory, say). The panic is final as an error
+    /// is: before it unwinds on, the peers are told (they fail at once, quoting it) and the
+    /// wrapper is poisoned, so a caller that catches it gets [`DdpError::Poisoned`] next.
     pub fn backward<const D: usize>(
         &mut self,
         loss: Tensor<B, D>,
     ) -> Result<GradientsParams, DdpError> {
         self.check_usable()?;
-        let result = self.step(loss, true).and_then(|grads| {
-            grads.ok_or_else(|| {
+        self.guard_panics("backward", |ddp| {
+            ddp.step(loss, true)?.ok_or_else(|| {
                 DdpError::Internal("a synchronised backward gave no gradients".into())
             })
-        });
-        self.guard(result)
+        })
     }
 
     /// Runs backward from `loss` and accumulates the gradients locally, without communication
@@ -318,8 +322,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// As [`backward`](Self::backward).
     pub fn backward_no_sync<const D: usize>(&mut self, loss: Tensor<B, D>) -> Result<(), DdpError> {
         self.check_usable()?;
-        let result = self.step(loss, false).map(drop);
-        self.guard(result)
+        self.guard_panics("backward_no_sync", |ddp| ddp.step(loss, false).map(drop))
     }
 
     /// One backward, top to bottom.
