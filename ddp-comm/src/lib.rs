@@ -141,7 +141,7 @@ pub use auth::MAX_TOKEN_BYTES;
 pub use deadline::MAX_TIMEOUT;
 pub use dtype::{DataType, Element};
 pub use env::env_var;
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, panic_message};
 pub use group::{FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 pub use half::{bf16, f16};
 pub use init::{InitMethod, init_process_group};

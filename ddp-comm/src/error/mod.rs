@@ -218,3 +218,14 @@ impl CommError {
         }
     }
 }
+
+/// The text of a caught panic's payload (`&str` or `String`, as `panic!` makes them), for the
+/// error that replaces the panic: a thread or a step that panicked fails with a reason the
+/// peers can quote.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -297,11 +297,7 @@ fn run_catching<R>(
     match std::panic::catch_unwind(AssertUnwindSafe(|| job(s))) {
         Ok(r) => r,
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = crate::error::panic_message(&*panic);
             Err(s.fail(CommError::Aborted(format!(
                 "communication thread panicked: {msg}"
             ))))

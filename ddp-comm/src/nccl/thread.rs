@@ -18,7 +18,7 @@ use super::clock::{GpuClock, timed_event};
 use super::raw_comm::RawComm;
 use super::work::{EventProbe, NcclWork};
 use crate::error::NcclError;
-use crate::error::{CommError, Result};
+use crate::error::{CommError, Result, panic_message};
 use crate::store::Store;
 use crate::watchdog::{CollectiveLabel, Watchdog, WatchdogConfig, WatchdogFailer};
 use crate::work::{Job, JobThread, Work, serve};
@@ -307,12 +307,4 @@ fn serve_then_close(jobs: Receiver<Job<CommState>>, state: CommState) {
             comm.abort();
         }
     }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }

@@ -172,13 +172,7 @@ pub(crate) fn check_uneven_with(batches: &[usize], micro: usize, base: &DdpConfi
     }
     // Largest difference relative to the largest weight: the reference sums the ranks' losses
     // in another order, and a weight near zero can differ relatively by more after Adam.
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let diff = got[0]
-        .0
-        .iter()
-        .zip(&want)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale;
+    let diff = max_scaled_diff(&got[0].0, &want);
     assert!(
         diff < 1e-5,
         "uneven inputs {batches:?}: max scaled diff {diff}"
@@ -209,13 +203,7 @@ fn a_rank_that_joins_mid_accumulation_contributes_none_of_it() {
         bits(&got[0].0),
         "rank 1 differs from rank 0"
     );
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let diff = got[0]
-        .0
-        .iter()
-        .zip(&want)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale;
+    let diff = max_scaled_diff(&got[0].0, &want);
     assert!(diff < 1e-5, "max scaled diff {diff}");
 }
 

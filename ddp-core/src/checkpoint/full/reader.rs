@@ -5,10 +5,9 @@
 
 use super::super::error::CheckpointError;
 use super::super::error::{InvalidCheckpoint, InvalidReason};
-use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
+use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, check_name, read_verified};
 use super::super::state::StateFile;
 use super::super::storage::directory::newest_valid_to_resume;
-use super::super::storage::naming::parse_checkpoint_name;
 use std::path::Path;
 
 /// A verified checkpoint read into memory.
@@ -47,16 +46,7 @@ pub(crate) fn find_checkpoint_to_resume(dir: &Path) -> Result<Search, Checkpoint
 pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFailure> {
     let files = read_verified(&dir.join(name))?;
     let manifest = &files.manifest;
-    if let Some(step) = parse_checkpoint_name(name)
-        && (manifest.global_step != step || manifest.name != name)
-    {
-        return Err(InvalidReason::NameMismatch {
-            dir_name: name.to_string(),
-            manifest_name: manifest.name.clone(),
-            manifest_step: manifest.global_step,
-        }
-        .into());
-    }
+    check_name(name, &manifest.name, manifest.global_step)?;
     // A state file that passes the hash check but does not parse (another format) is as
     // unusable as a corrupted one.
     parse_state(files.get(STATE_FILE))?;

@@ -4,9 +4,8 @@
 //! the directory a sharded checkpoint.
 
 use super::super::error::InvalidReason;
-use super::super::manifest::{FileEntry, ReadFailure, read_file, read_manifest_file};
+use super::super::manifest::{FileEntry, ReadFailure, check_name, read_file, read_manifest_file};
 use super::super::state::StateFile;
-use super::super::storage::naming::parse_checkpoint_name;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -145,16 +144,7 @@ pub(super) fn read_verified(
 pub(super) fn verify_checkpoint(dir: &Path, name: &str) -> Result<ShardedManifest, ReadFailure> {
     let path = dir.join(name);
     let manifest = read_manifest(&path)?;
-    if let Some(step) = parse_checkpoint_name(name)
-        && (manifest.global_step != step || manifest.name != name)
-    {
-        return Err(InvalidReason::NameMismatch {
-            dir_name: name.to_string(),
-            manifest_name: manifest.name.clone(),
-            manifest_step: manifest.global_step,
-        }
-        .into());
-    }
+    check_name(name, &manifest.name, manifest.global_step)?;
     verify_shards(&path, manifest)
 }
 

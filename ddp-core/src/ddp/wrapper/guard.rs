@@ -49,11 +49,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
             Ok(result) => self.guard(result),
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".into());
+                let message = ddp_comm::panic_message(&*panic);
                 let _ = self.guard::<()>(Err(DdpError::Internal(format!(
                     "{what} panicked on rank {}: {message}",
                     self.pg.rank()
