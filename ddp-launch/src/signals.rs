@@ -91,12 +91,18 @@ impl Drop for SignalGuard {
     }
 }
 
+/// Held by a unit test while it has a guard installed: the handlers are process-wide and the
+/// tests run in parallel.
+#[cfg(test)]
+pub(crate) static TEST_GUARD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn only_one_guard_at_a_time_and_handlers_see_raised_signals() {
+        let _lock = TEST_GUARD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let guard = SignalGuard::install().expect("install");
         let second = SignalGuard::install();
         assert!(matches!(second, Err(LaunchError::Signals { .. })));

@@ -33,11 +33,18 @@ impl Endpoint {
     /// The first address the host resolves to. Every node takes the first: hosting on one of
     /// several addresses and connecting to another would split the job. `Err`: why not.
     pub(crate) fn resolve(&self) -> Result<SocketAddr, String> {
-        (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve the host: {e}"))?
+        self.resolve_all()?
+            .into_iter()
             .next()
             .ok_or_else(|| "the host resolves to no address".to_string())
+    }
+
+    /// Every address the host resolves to, in the resolver's order.
+    pub(crate) fn resolve_all(&self) -> Result<Vec<SocketAddr>, String> {
+        Ok((self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve the host: {e}"))?
+            .collect())
     }
 
     /// `host:port`, `[v6]:port`.

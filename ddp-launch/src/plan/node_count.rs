@@ -64,7 +64,7 @@ pub enum RdzvBackend {
     /// the rendezvous on `--master-addr:--master-port`. The job never changes size.
     Static,
     /// Rounds over a store hosted by the first launcher that binds `--rdzv-endpoint` (it must
-    /// be an address of that launcher's host). Nodes get their ranks in join order; a node that
+    /// be an address of that launcher's host; the port is bound on every interface). Nodes get their ranks in join order; a node that
     /// fails or arrives makes the others re-form the job. The hosting launcher is a single
     /// point of failure: if its node dies the job cannot re-form.
     C10d,

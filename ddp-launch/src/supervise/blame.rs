@@ -74,15 +74,20 @@ pub(crate) struct FailureDir {
 }
 
 impl FailureDir {
-    /// Creates `ddp-run-<pid>-<attempt>-<random>` (mode 0700) under the temporary directory,
-    /// after removing those that launchers no longer running left there (see
-    /// [`remove_stale`]).
+    /// Creates `ddp-run-<host>-<pid>-<attempt>-<random>` (mode 0700) under the temporary
+    /// directory, after removing those that launchers of this host no longer running left there
+    /// (see [`remove_stale`]). `<host>` is [`host_marker`]: the temporary directory may be shared
+    /// with other hosts or PID namespaces, where `<pid>` means another process.
     pub(crate) fn create(restart_count: u32) -> Result<FailureDir, LaunchError> {
         use std::os::unix::fs::DirBuilderExt;
         let temp = std::env::temp_dir();
-        remove_stale(&temp);
+        let marker = host_marker();
+        if let Some(marker) = marker {
+            remove_stale(&temp, marker);
+        }
         let name = format!(
-            "ddp-run-{}-{restart_count}-{:016x}",
+            "ddp-run-{}-{}-{restart_count}-{:016x}",
+            marker.unwrap_or(UNKNOWN_HOST),
             std::process::id(),
             rand::random::<u64>()
         );
@@ -129,12 +134,82 @@ impl Drop for FailureDir {
     }
 }
 
-/// Removes the failure directories in `temp` of launchers that are gone: a launcher killed with
-/// SIGKILL cannot remove its own, and each would stay behind, empty, until reboot. Only this
-/// user's directories whose launcher pid no longer exists are touched; anything unexpected is
-/// left alone.
-fn remove_stale(temp: &Path) {
+/// The marker of a launcher whose host could not be told (no boot id, no host name): no
+/// launcher removes such a directory as stale.
+const UNKNOWN_HOST: &str = "unknown";
+
+/// What tells this host's failure directories from those of other hosts (or containers) that
+/// share the temporary directory (shared scratch, or `/tmp` shared between PID namespaces):
+/// only a launcher with the same marker can judge from a pid whether their launcher is gone.
+///
+/// On Linux the boot id (`/proc/sys/kernel/random/boot_id`, random per boot of the kernel, so
+/// per host) and the inode of this PID namespace (`/proc/self/ns/pid`: containers on one kernel
+/// each have their own pids), as `<boot id hex>.<namespace>`. Elsewhere (no `/proc`) the host
+/// name, with anything but ASCII letters, digits and `.` replaced by `_`. `None` when neither
+/// can be read. Never contains `-` (the name's separator).
+fn host_marker() -> Option<&'static str> {
+    static MARKER: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    MARKER
+        .get_or_init(|| {
+            let namespace = std::fs::read_link("/proc/self/ns/pid")
+                .ok()
+                .and_then(|link| {
+                    let digits: String = link
+                        .to_string_lossy()
+                        .chars()
+                        .filter(char::is_ascii_digit)
+                        .collect();
+                    (!digits.is_empty()).then_some(digits)
+                });
+            let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|id| id.trim().replace('-', ""))
+                .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+            let host = boot_id.or_else(|| hostname().map(|h| sanitise_host(&h)))?;
+            Some(match namespace {
+                Some(ns) => format!("{host}.{ns}"),
+                None => host,
+            })
+        })
+        .as_deref()
+}
+
+/// This host's name, if it has one.
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    (ok && !name.is_empty()).then_some(name)
+}
+
+/// `host` with only ASCII letters, digits and `.` (others become `_`), at most 64 of them.
+fn sanitise_host(host: &str) -> String {
+    host.chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Removes the failure directories in `temp` of launchers of this host that are gone: a
+/// launcher killed with SIGKILL cannot remove its own, and each would stay behind, empty, until
+/// reboot. Only this user's directories that carry this host's `marker` and whose launcher pid
+/// no longer exists are touched: another host's (or container's) pids mean nothing here, so
+/// its directories are left alone, and so are directories in the format of earlier launchers
+/// (`ddp-run-<pid>-<attempt>-<random>`, no marker: their host cannot be told). Anything
+/// unexpected is left alone too.
+fn remove_stale(temp: &Path, marker: &str) {
     use std::os::unix::fs::MetadataExt;
+    if marker == UNKNOWN_HOST {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(temp) else {
         return;
     };
@@ -142,9 +217,12 @@ fn remove_stale(temp: &Path) {
     let me = unsafe { libc::geteuid() };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(launcher_pid) else {
+        let Some((host, pid)) = name.to_str().and_then(launcher_of) else {
             continue;
         };
+        if host != marker {
+            continue;
+        }
         let path = entry.path();
         let mine = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == me);
         if !mine || pid_exists(pid) {
@@ -161,17 +239,20 @@ fn remove_stale(temp: &Path) {
     }
 }
 
-/// The launcher pid in a failure directory's name `ddp-run-<pid>-<attempt>-<random>`.
-fn launcher_pid(name: &str) -> Option<i32> {
+/// The host marker and launcher pid in a failure directory's name
+/// `ddp-run-<host>-<pid>-<attempt>-<random>`.
+fn launcher_of(name: &str) -> Option<(&str, i32)> {
     let mut parts = name.strip_prefix("ddp-run-")?.split('-');
+    let host = parts.next()?;
     let pid = parts.next()?.parse().ok()?;
     let attempt = parts.next()?;
     let random = parts.next()?;
-    let well_formed = attempt.parse::<u32>().is_ok()
+    let well_formed = !host.is_empty()
+        && attempt.parse::<u32>().is_ok()
         && random.len() == 16
         && random.bytes().all(|b| b.is_ascii_hexdigit())
         && parts.next().is_none();
-    (well_formed && pid > 0).then_some(pid)
+    (well_formed && pid > 0).then_some((host, pid))
 }
 
 /// Whether a process `pid` exists (also when it belongs to another user).
@@ -262,16 +343,102 @@ mod tests {
     }
 
     #[test]
-    fn only_well_formed_names_give_a_launcher_pid() {
-        assert_eq!(launcher_pid("ddp-run-123-0-00000000deadbeef"), Some(123));
+    fn only_well_formed_names_give_a_host_and_launcher_pid() {
+        assert_eq!(
+            launcher_of("ddp-run-abc.4026531836-123-0-00000000deadbeef"),
+            Some(("abc.4026531836", 123))
+        );
         for bad in [
-            "ddp-run-123-0-deadbeef",
-            "ddp-run-x-0-00000000deadbeef",
-            "ddp-run-0-0-00000000deadbeef",
-            "ddp-run-123-0-00000000deadbeef-x",
-            "other-123-0-00000000deadbeef",
+            // The format of earlier launchers, without a host marker.
+            "ddp-run-123-0-00000000deadbeef",
+            "ddp-run-h-123-0-deadbeef",
+            "ddp-run-h-x-0-00000000deadbeef",
+            "ddp-run-h-0-0-00000000deadbeef",
+            "ddp-run--123-0-00000000deadbeef",
+            "ddp-run-h-123-0-00000000deadbeef-x",
+            "other-h-123-0-00000000deadbeef",
         ] {
-            assert_eq!(launcher_pid(bad), None, "{bad}");
+            assert_eq!(launcher_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_markers_never_split_the_name() {
+        if let Some(marker) = host_marker() {
+            assert!(!marker.is_empty() && !marker.contains('-'), "{marker}");
+            assert_ne!(marker, UNKNOWN_HOST);
+        }
+        assert_eq!(sanitise_host("node-0.example"), "node_0.example");
+        assert_eq!(sanitise_host(&"x".repeat(300)).len(), 64);
+    }
+
+    /// A pid no process has: one that exited and was reaped.
+    fn dead_pid() -> i32 {
+        loop {
+            let mut child = std::process::Command::new("true").spawn().expect("spawn");
+            let pid = child.id() as i32;
+            child.wait().expect("wait");
+            if !pid_exists(pid) {
+                return pid;
+            }
+        }
+    }
+
+    /// Only this host's directories of dead launchers go: another host's pid means nothing
+    /// here (shared scratch, or /tmp shared between containers), and a directory of an earlier
+    /// launcher carries no host at all.
+    #[test]
+    fn only_this_hosts_dead_launchers_directories_are_removed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dead = dead_pid();
+        let live = std::process::id();
+        let ours_dead = tmp
+            .path()
+            .join(format!("ddp-run-thishost.1-{dead}-0-00000000deadbeef"));
+        let ours_live = tmp
+            .path()
+            .join(format!("ddp-run-thishost.1-{live}-0-00000000cafef00d"));
+        let other_host = tmp
+            .path()
+            .join(format!("ddp-run-otherhost.1-{dead}-0-00000000deadbeef"));
+        let other_namespace = tmp
+            .path()
+            .join(format!("ddp-run-thishost.2-{dead}-0-00000000deadbeef"));
+        let old_format = tmp
+            .path()
+            .join(format!("ddp-run-{dead}-0-00000000deadbeef"));
+        let unknown = tmp
+            .path()
+            .join(format!("ddp-run-{UNKNOWN_HOST}-{dead}-0-00000000deadbeef"));
+        let all = [
+            &ours_dead,
+            &ours_live,
+            &other_host,
+            &other_namespace,
+            &old_format,
+            &unknown,
+        ];
+        for d in all {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        remove_stale(tmp.path(), UNKNOWN_HOST);
+        assert!(
+            all.iter().all(|d| d.exists()),
+            "no host known: nothing goes"
+        );
+        remove_stale(tmp.path(), "thishost.1");
+        assert!(
+            !ours_dead.exists(),
+            "this host's dead launcher's directory stays"
+        );
+        for d in [
+            &ours_live,
+            &other_host,
+            &other_namespace,
+            &old_format,
+            &unknown,
+        ] {
+            assert!(d.exists(), "{} was removed", d.display());
         }
     }
 
@@ -279,6 +446,13 @@ mod tests {
     fn the_directory_holds_one_file_per_rank_and_is_removed() {
         let dir = FailureDir::create(7).expect("dir");
         let path = dir.path.clone();
+        let name = path.file_name().and_then(|n| n.to_str()).expect("name");
+        let marker = host_marker().unwrap_or(UNKNOWN_HOST);
+        assert_eq!(
+            launcher_of(name),
+            Some((marker, std::process::id() as i32)),
+            "{name}"
+        );
         std::fs::write(dir.file_for(1), "blame 0\nlost rank 0\n").expect("write");
         std::fs::write(dir.file_for(2), "not a report").expect("write");
         let reports = dir.read(0..3);

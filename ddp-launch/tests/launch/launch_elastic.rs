@@ -567,6 +567,46 @@ fn a_node_with_other_settings_is_refused() {
     assert!(!Path::new(&job.dir.path().join("round0-rank0.world")).exists());
 }
 
+/// A c10d endpoint that resolves to a loopback address of the host (as the machine's own name
+/// does on Debian and Ubuntu: 127.0.1.1) is hosted on every interface, so the other hosts reach
+/// it; and since other hosts cannot reach it through that address, the launcher says so.
+#[test]
+fn the_c10d_host_listens_on_every_interface_and_warns_of_a_loopback_endpoint() {
+    let port = free_port();
+    let mut cmd = ddp_run();
+    cmd.args(["--nnodes", "2:3", "--rdzv-endpoint"])
+        .arg(format!("127.0.1.1:{port}"))
+        .args(["--join-timeout", "120", "--", "true"])
+        .env("DDP_JOB_TOKEN", "t")
+        .env("RUST_LOG", "warn");
+    let mut launcher = start(cmd);
+    // Reached on another address of the host than the endpoint's: it listens on all of them.
+    let deadline = Instant::now() + ROUND_DEADLINE;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            launcher.child.try_wait().expect("try_wait").is_none(),
+            "the launcher exited before listening"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the launcher never listened on 127.0.0.1:{port} (endpoint 127.0.1.1:{port})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: the launcher this test started; it still runs (waiting for a second node).
+    unsafe { libc::kill(launcher.child.id() as i32, libc::SIGTERM) };
+    let out = launcher.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        out.all()
+    );
+    out.assert_stderr_has(&format!(
+        "--rdzv-endpoint 127.0.1.1:{port} is a loopback address (127.0.1.1): nodes on other hosts cannot reach the rendezvous through it"
+    ));
+}
+
 #[cfg(not(feature = "etcd"))]
 #[test]
 fn etcd_without_its_feature_says_how_to_build_it() {

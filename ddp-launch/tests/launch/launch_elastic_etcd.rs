@@ -110,8 +110,9 @@ fn etcd_a_frozen_node_is_dropped_when_its_lease_expires() {
     assert_all_gone(&workers);
 }
 
-/// A finished job's state stays in etcd: a launcher that comes later with the same job id
-/// says the job is over and how to start a new one.
+/// A finished job's state stays in etcd: a launcher that comes later with the same job id (as
+/// when the same command runs again) fails, saying the job is over and how to start a new one,
+/// rather than succeeding with nothing run.
 #[test]
 #[ignore = "needs etcd (etcd-server) and protoc: run by .ci/run"]
 fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
@@ -123,11 +124,18 @@ fn etcd_a_finished_job_id_is_reported_to_a_later_launcher() {
     for out in job.finish(&agents) {
         assert_succeeded(&out);
     }
+    let records = job.records().len();
     let out = run(job.command(&["--max-restarts", "3"]));
-    assert_eq!(out.status.code(), Some(0), "{}", out.all());
+    assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has(&format!(
-        "the job completed while this node waited for a place (--rdzv-id {JOB_ID} names an earlier job in etcd, if it is not this one: give a new job a new --rdzv-id)"
+        "job id '{JOB_ID}' already completed before this node joined (a job's state stays in etcd after it ends), so this node ran nothing: to run a job again, pass a new --rdzv-id"
     ));
+    assert!(
+        !out.stderr.contains("completed while this node waited"),
+        "{}",
+        out.all()
+    );
+    assert_eq!(job.records().len(), records, "no worker may start");
     assert_all_gone(&workers);
 }
 

@@ -43,18 +43,44 @@ fn impossible_pid() -> u64 {
     max.trim().parse::<u64>().expect("a number") + 1
 }
 
+/// What the launcher puts in its failure directories' names to mark them as this host's (see
+/// `host_marker` in supervise/blame.rs): the boot id and the PID namespace on Linux.
+fn host_marker() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot_id");
+    let ns = std::fs::read_link("/proc/self/ns/pid").expect("pid namespace");
+    let ns: String = ns
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    format!("{}.{ns}", boot.trim().replace('-', ""))
+}
+
+/// The directories a SIGKILLed launcher of this host leaves are removed; those of other hosts
+/// sharing the temporary directory (whose pids mean nothing here), and those of earlier
+/// launchers (no host in the name), stay.
 #[test]
 fn failure_dirs_of_dead_launchers_are_removed_at_the_next_start() {
     let tmp = tempfile::tempdir().expect("tempdir");
+    let marker = host_marker();
+    let dead_pid = impossible_pid();
     // What a SIGKILLed launcher leaves, and what a running one (this test process) owns.
     let dead = tmp
         .path()
-        .join(format!("ddp-run-{}-0-00000000deadbeef", impossible_pid()));
-    let live = tmp
+        .join(format!("ddp-run-{marker}-{dead_pid}-0-00000000deadbeef"));
+    let live = tmp.path().join(format!(
+        "ddp-run-{marker}-{}-0-00000000cafef00d",
+        std::process::id()
+    ));
+    // Another host's launcher, whose pid does not exist here; and an earlier launcher's.
+    let other_host = tmp.path().join(format!(
+        "ddp-run-0123456789abcdef0123456789abcdef.1-{dead_pid}-0-00000000deadbeef"
+    ));
+    let old_format = tmp
         .path()
-        .join(format!("ddp-run-{}-0-00000000cafef00d", std::process::id()));
+        .join(format!("ddp-run-{dead_pid}-0-00000000deadbeef"));
     let unrelated = tmp.path().join("ddp-run-notes");
-    for d in [&dead, &live, &unrelated] {
+    for d in [&dead, &live, &other_host, &old_format, &unrelated] {
         std::fs::create_dir(d).expect("mkdir");
     }
     let mut cmd = ddp_run();
@@ -69,11 +95,16 @@ fn failure_dirs_of_dead_launchers_are_removed_at_the_next_start() {
         out.all()
     );
     assert!(live.exists(), "a live launcher's directory was removed");
+    assert!(other_host.exists(), "another host's directory was removed");
+    assert!(
+        old_format.exists(),
+        "an earlier launcher's directory was removed"
+    );
     assert!(unrelated.exists(), "a directory not ours was removed");
     // The launcher removed its own too.
     let left: Vec<_> = std::fs::read_dir(tmp.path())
         .expect("read tmp")
         .map(|e| e.expect("entry").file_name())
         .collect();
-    assert_eq!(left.len(), 2, "{left:?}");
+    assert_eq!(left.len(), 4, "{left:?}");
 }

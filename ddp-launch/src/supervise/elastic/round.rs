@@ -109,6 +109,10 @@ pub(crate) struct Rounds {
     local_history: Vec<ElasticRound>,
     /// The job's launch id: the first launcher's.
     launch_id: String,
+    /// Whether this node has seen the job unfinished: a round open to join, or closed and not
+    /// ended. A node that never did finds a job that completed before it came (see
+    /// [`Rounds::join`]).
+    saw_job_running: bool,
 }
 
 fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
@@ -138,6 +142,7 @@ impl Rounds {
             next_poll: Instant::now(),
             local_history: Vec::new(),
             launch_id: launch_id.to_string(),
+            saw_job_running: false,
         };
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
@@ -251,6 +256,13 @@ impl Rounds {
     }
 
     /// Joins the next round this node can be part of, waiting for it to close.
+    ///
+    /// A node that finds the job completed before it ever saw it unfinished (took part in no
+    /// round, and never found one open or running) fails: the job ran before it came, so its
+    /// job id names an earlier job (with etcd, whose keys outlive the job, the usual cause is
+    /// running the same command again with the default `--rdzv-id none`). A node that saw the
+    /// job unfinished and then finds it completed (it waited for a place) gets
+    /// [`Joined::JobOver`] with `Ok`.
     pub(crate) fn join(&mut self, signals: &SignalGuard) -> Result<Joined, LaunchError> {
         let mut asked_in: Option<u32> = None;
         loop {
@@ -258,6 +270,9 @@ impl Rounds {
                 return Err(LaunchError::Interrupted { signal });
             }
             if let Some(over) = self.job_over()? {
+                if over.is_ok() && !self.saw_job_running && self.local_history.is_empty() {
+                    return Err(self.completed_before_joining());
+                }
                 return Ok(Joined::JobOver(over));
             }
             let r = self.current()?;
@@ -267,6 +282,7 @@ impl Rounds {
                     self.advance(r, &end)?;
                     continue;
                 }
+                self.saw_job_running = true;
                 if members < self.settings.nodes.max && asked_in != Some(r) {
                     tracing::info!(round = r, "round running without this node; asking to join");
                     self.backend
@@ -277,6 +293,7 @@ impl Rounds {
                 std::thread::sleep(POLL);
                 continue;
             }
+            self.saw_job_running = true;
             let index = self
                 .backend
                 .add(&format!("r/{r}/join"), 1)
@@ -298,6 +315,19 @@ impl Rounds {
             }
             // Too late for round r: wait for the next (asking in if there is room).
         }
+    }
+
+    /// The error of a node that found the job completed before it ever saw it running.
+    fn completed_before_joining(&self) -> LaunchError {
+        let job = &self.settings.job_id;
+        self.error(match self.settings.backend {
+            RdzvBackend::Etcd => format!(
+                "job id '{job}' already completed before this node joined (a job's state stays in etcd after it ends), so this node ran nothing: to run a job again, pass a new --rdzv-id"
+            ),
+            _ => format!(
+                "job id '{job}' already completed before this node joined (its hosting launcher is shutting down), so this node ran nothing: to run a job again, start its nodes anew (with a new --rdzv-id if the old launchers are still running)"
+            ),
+        })
     }
 
     /// Opens the round after `r`, which ended with `end`; or gives up the job when a failure
@@ -685,6 +715,208 @@ impl Rounds {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::elastic_settings::Endpoint;
+    use crate::plan::node_count::NodeCount;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    /// A rendezvous service in memory, shared by the test and the node under test.
+    #[derive(Clone, Default)]
+    struct Memory(Arc<Mutex<HashMap<String, Vec<u8>>>>);
+
+    impl Memory {
+        fn set(&self, key: &str, value: &str) {
+            let mut map = self.0.lock().expect("lock");
+            map.insert(key.into(), value.as_bytes().to_vec());
+        }
+
+        fn value(&self, key: &str) -> Option<String> {
+            let map = self.0.lock().expect("lock");
+            map.get(key)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        }
+    }
+
+    impl RendezvousBackend for Memory {
+        fn add(&mut self, key: &str, delta: i64) -> Result<i64, BackendError> {
+            let mut map = self.0.lock().expect("lock");
+            let value = map.get(key).and_then(|v| num::<i64>(v)).unwrap_or(0) + delta;
+            map.insert(key.into(), value.to_string().into_bytes());
+            Ok(value)
+        }
+
+        fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
+            let mut map = self.0.lock().expect("lock");
+            Ok(map
+                .entry(key.into())
+                .or_insert_with(|| value.to_vec())
+                .clone())
+        }
+
+        fn compare_set(
+            &mut self,
+            key: &str,
+            expected: &[u8],
+            desired: &[u8],
+        ) -> Result<Vec<u8>, BackendError> {
+            let mut map = self.0.lock().expect("lock");
+            if map.get(key).map_or(expected.is_empty(), |v| v == expected) {
+                map.insert(key.into(), desired.to_vec());
+            }
+            Ok(map.get(key).cloned().unwrap_or_default())
+        }
+
+        fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, BackendError> {
+            Ok(self.0.lock().expect("lock").get(key).cloned())
+        }
+
+        fn start_heartbeat(&mut self, _node_id: &str) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        fn dead_nodes(&mut self, _node_ids: &[String]) -> Result<Vec<String>, BackendError> {
+            Ok(Vec::new())
+        }
+
+        fn advertised_host(&self) -> String {
+            "127.0.0.1".into()
+        }
+
+        fn close(self: Box<Self>, _signals: &SignalGuard) {}
+    }
+
+    const CONFIG: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
+
+    /// A job whose round 0 runs with one node (`other:1`), of at most two.
+    fn running_job() -> Memory {
+        let memory = Memory::default();
+        for (key, value) in [
+            ("config", CONFIG),
+            ("launch_id", "earlier"),
+            ("current", "0"),
+            ("r/0/restarts", "0"),
+            ("r/0/join", "1"),
+            ("r/0/node/1", "other:1"),
+            ("r/0/closed", "1"),
+        ] {
+            memory.set(key, value);
+        }
+        memory
+    }
+
+    fn complete(memory: &Memory) {
+        memory.set("r/0/end", &RoundEnd::Completed.encode());
+        memory.set("complete", "1");
+    }
+
+    /// A node joining the job in `memory`.
+    fn node(memory: &Memory, backend: RdzvBackend) -> Rounds {
+        let settings = ElasticSettings {
+            nodes: NodeCount { min: 1, max: 2 },
+            backend,
+            endpoint: Endpoint {
+                host: "127.0.0.1".into(),
+                port: 2379,
+            },
+            job_id: "none".into(),
+            last_call: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(60),
+        };
+        Rounds::new(
+            Box::new(memory.clone()),
+            settings,
+            "late:2".into(),
+            CONFIG,
+            "mine",
+            0,
+            Duration::from_secs(600),
+        )
+        .unwrap_or_else(|e| panic!("joining: {e}"))
+    }
+
+    fn with_signals<T>(f: impl FnOnce(&SignalGuard) -> T) -> T {
+        let _lock = crate::signals::TEST_GUARD_LOCK
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let signals = SignalGuard::install().expect("signals");
+        f(&signals)
+    }
+
+    /// Running the same command again against the same etcd (the default job id `none`) finds
+    /// the earlier job completed: an error saying so, not a success that ran nothing.
+    #[test]
+    fn a_node_that_finds_its_job_id_completed_before_it_came_fails() {
+        for backend in [RdzvBackend::Etcd, RdzvBackend::C10d] {
+            let memory = running_job();
+            complete(&memory);
+            let mut rounds = node(&memory, backend);
+            let err = match with_signals(|s| rounds.join(s)) {
+                Err(e) => e,
+                Ok(_) => panic!("{backend}: joined a completed job"),
+            };
+            assert_eq!(err.exit_code(), 1, "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("job id 'none' already completed before this node joined"),
+                "{text}"
+            );
+            if backend == RdzvBackend::Etcd {
+                assert!(text.contains("pass a new --rdzv-id"), "{text}");
+            }
+        }
+        // The node that completed the last round died before it marked the job complete: the
+        // newcomer marks it, and fails the same way.
+        let memory = running_job();
+        memory.set("r/0/end", &RoundEnd::Completed.encode());
+        let mut rounds = node(&memory, RdzvBackend::Etcd);
+        let err = with_signals(|s| rounds.join(s)).err().expect("an error");
+        assert!(err.to_string().contains("already completed"), "{err}");
+        assert_eq!(memory.value("complete").as_deref(), Some("1"));
+    }
+
+    /// A node that waited for a place while the job ran, and then saw it complete, ends
+    /// successfully as before; so does a node that took part in a round of the job.
+    #[test]
+    fn a_node_that_saw_the_job_run_ends_with_it() {
+        let memory = running_job();
+        let mut rounds = node(&memory, RdzvBackend::Etcd);
+        let completer = {
+            let memory = memory.clone();
+            std::thread::spawn(move || {
+                // The node asked to join the running round: it saw the job unfinished.
+                let deadline = Instant::now() + Duration::from_secs(300);
+                while memory.value("r/0/waiting").is_none() {
+                    assert!(Instant::now() < deadline, "the node never asked to join");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                complete(&memory);
+            })
+        };
+        let joined = with_signals(|s| rounds.join(s));
+        completer.join().expect("completer");
+        assert!(
+            matches!(joined, Ok(Joined::JobOver(Ok(())))),
+            "{:?}",
+            joined.err()
+        );
+
+        let memory = running_job();
+        let mut rounds = node(&memory, RdzvBackend::Etcd);
+        rounds.local_history.push(ElasticRound {
+            round: 0,
+            nodes: vec!["late:2".into()],
+            end: None,
+            failure: false,
+            left: Vec::new(),
+        });
+        complete(&memory);
+        let joined = with_signals(|s| rounds.join(s));
+        assert!(
+            matches!(joined, Ok(Joined::JobOver(Ok(())))),
+            "{:?}",
+            joined.err()
+        );
+    }
 
     #[test]
     fn round_ends_survive_the_store_and_say_what_happened() {

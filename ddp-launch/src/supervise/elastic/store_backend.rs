@@ -1,5 +1,8 @@
 //! The `c10d` backend: the elastic rendezvous over ddp-comm's [`Store`], hosted by the first
-//! launcher that can bind `--rdzv-endpoint` (an address of its own host); the others connect.
+//! launcher on the host of `--rdzv-endpoint` to bind its port; the others connect. The host
+//! binds the port on every interface (as torchrun's c10d backend does), not only on the
+//! address the endpoint resolves to: on Debian and Ubuntu `/etc/hosts` maps the machine's own
+//! name to 127.0.1.1, which the other hosts cannot reach.
 //!
 //! Heartbeats are counters: each launcher bumps `hb/<node id>` from a thread of its own, and a
 //! node whose counter this launcher has not seen change for the heartbeat timeout is dead.
@@ -8,13 +11,13 @@
 
 use super::backend::{BackendError, RendezvousBackend};
 use crate::error::LaunchError;
-use crate::plan::elastic_settings::ElasticSettings;
+use crate::plan::elastic_settings::{ElasticSettings, Endpoint};
 use crate::rendezvous::store_connect::connect_with_retry;
-use crate::rendezvous::{ClientsLeft, wait_for_clients_to_leave};
+use crate::rendezvous::{ClientsLeft, bind_host, wait_for_clients_to_leave};
 use crate::signals::SignalGuard;
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -47,9 +50,43 @@ fn store_err(e: CommError) -> BackendError {
     BackendError(e.to_string())
 }
 
+/// Where this launcher hosts the store for the endpoint address `addr`: the wildcard address
+/// of its family ([`bind_host`]) on its port when `addr` is an address of this machine
+/// (loopback, or bindable here); `None` when it is another host's.
+fn hosting_address(addr: SocketAddr) -> Option<SocketAddr> {
+    let mut probe = addr;
+    probe.set_port(0);
+    let ip = addr.ip();
+    let own = ip.is_loopback() || ip.is_unspecified() || TcpListener::bind(probe).is_ok();
+    let wildcard: IpAddr = bind_host(&ip.to_string()).parse().ok()?;
+    own.then_some(SocketAddr::new(wildcard, addr.port()))
+}
+
+/// The warning for an endpoint that resolves (`addrs`) to loopback addresses only while nodes
+/// of other hosts may take part (`max_nodes` > 1): they cannot reach it through that name.
+fn loopback_warning(endpoint: &Endpoint, addrs: &[SocketAddr], max_nodes: usize) -> Option<String> {
+    let first = addrs.first()?;
+    if max_nodes <= 1 || !addrs.iter().all(|a| a.ip().is_loopback()) {
+        return None;
+    }
+    let loopback = first.ip();
+    let fine = "(fine if every node runs on this host)";
+    Some(if endpoint.host.parse::<IpAddr>().is_ok() {
+        format!(
+            "--rdzv-endpoint {endpoint} is a loopback address ({loopback}): nodes on other hosts cannot reach the rendezvous through it; pass an address of this host that they reach {fine}"
+        )
+    } else {
+        format!(
+            "--rdzv-endpoint {endpoint} resolves to {loopback} on this host, a loopback address: nodes on other hosts cannot reach the rendezvous (nor this node's workers) through that name; fix /etc/hosts so that {} names an address the other nodes reach (Debian and Ubuntu map the machine's own name to 127.0.1.1), or pass that address {fine}",
+            endpoint.host
+        )
+    })
+}
+
 impl StoreBackend {
-    /// Hosts the store if `--rdzv-endpoint` is an address of this host that nobody serves yet,
-    /// then connects to it (retrying until `join_timeout`, stopping on a signal).
+    /// Hosts the store if `--rdzv-endpoint` is an address of this host and nobody serves its
+    /// port yet (on every interface, see [`hosting_address`]), then connects to it (retrying
+    /// until `join_timeout`, stopping on a signal).
     ///
     /// The host's store holds its `config` (the settings every node must share) before it
     /// serves anyone: the host's settings are the job's, and a node with others is refused,
@@ -64,13 +101,26 @@ impl StoreBackend {
     ) -> Result<StoreBackend, LaunchError> {
         let err = |reason: String| settings.rendezvous_error(node_id, reason);
         let addr = settings.endpoint.resolve().map_err(err)?;
+        if settings.nodes.max > 1 {
+            let addrs = settings.endpoint.resolve_all().unwrap_or_default();
+            if let Some(warning) = loopback_warning(&settings.endpoint, &addrs, settings.nodes.max)
+            {
+                tracing::warn!("{warning}");
+            }
+        }
         let store_config = StoreConfig::new()
             .with_token(token.as_bytes())
             .with_timeout(REQUEST_TIMEOUT);
         let prefix = format!("elastic/{}/", settings.job_id);
-        let server = match TcpListener::bind(addr) {
+        let hosting = hosting_address(addr);
+        let listener = match hosting {
+            // Another host's address: that host's launcher serves it.
+            None => Err(std::io::ErrorKind::AddrNotAvailable.into()),
+            Some(bind) => TcpListener::bind(bind),
+        };
+        let server = match listener {
             Ok(listener) => {
-                tracing::info!(%addr, "hosting the c10d rendezvous store");
+                tracing::info!(%addr, bound = ?hosting, "hosting the c10d rendezvous store");
                 let seed = (
                     format!("{prefix}config").into_bytes(),
                     config.as_bytes().to_vec(),
@@ -80,7 +130,8 @@ impl StoreBackend {
                         .map_err(|e| err(format!("cannot host the store: {e}")))?,
                 )
             }
-            // In use: another launcher on this host serves it. Not available: another host's.
+            // In use: another launcher on this host serves it (or something else holds the
+            // port, which the connection then tells). Not available: another host's.
             Err(e) => {
                 tracing::debug!(%addr, %e, "not hosting the rendezvous store");
                 None
@@ -221,5 +272,70 @@ impl RendezvousBackend for StoreBackend {
                 crate::signal_names::signal_name(sig)
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(host: &str) -> Endpoint {
+        Endpoint {
+            host: host.into(),
+            port: 29400,
+        }
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
+    /// An address of this machine is hosted on every interface (Debian's 127.0.1.1 for the
+    /// machine's own name included); another host's is not hosted here.
+    #[test]
+    fn own_addresses_are_hosted_on_the_wildcard_address() {
+        assert_eq!(
+            hosting_address(addr("127.0.1.1:29400")),
+            Some(addr("0.0.0.0:29400"))
+        );
+        assert_eq!(
+            hosting_address(addr("127.0.0.1:29400")),
+            Some(addr("0.0.0.0:29400"))
+        );
+        assert_eq!(
+            hosting_address(addr("[::1]:29400")),
+            Some(addr("[::]:29400"))
+        );
+        // TEST-NET-1: documentation only, on no interface.
+        assert_eq!(hosting_address(addr("192.0.2.1:29400")), None);
+    }
+
+    #[test]
+    fn a_name_of_loopback_only_is_a_warning_when_other_hosts_may_join() {
+        let loopback = [addr("127.0.1.1:29400")];
+        let warning = loopback_warning(&endpoint("node0"), &loopback, 2).expect("a warning");
+        for part in [
+            "--rdzv-endpoint node0:29400 resolves to 127.0.1.1",
+            "a loopback address",
+            "nodes on other hosts cannot reach the rendezvous",
+            "fix /etc/hosts",
+            "or pass that address",
+        ] {
+            assert!(warning.contains(part), "{part:?} not in {warning}");
+        }
+        let literal = loopback_warning(&endpoint("127.0.0.1"), &[addr("127.0.0.1:29400")], 3)
+            .expect("a warning");
+        assert!(
+            literal.starts_with("--rdzv-endpoint 127.0.0.1:29400 is a loopback address (127.0.0.1): nodes on other hosts cannot reach"),
+            "{literal}"
+        );
+        // One node at most, or a name with a routable address too: nothing to say.
+        assert_eq!(loopback_warning(&endpoint("node0"), &loopback, 1), None);
+        let mixed = [addr("127.0.1.1:29400"), addr("10.0.0.1:29400")];
+        assert_eq!(loopback_warning(&endpoint("node0"), &mixed, 2), None);
+        assert_eq!(
+            loopback_warning(&endpoint("node0"), &[addr("10.0.0.1:29400")], 2),
+            None
+        );
     }
 }
