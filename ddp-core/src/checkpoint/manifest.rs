@@ -2,7 +2,6 @@
 //! size and sha256. A checkpoint is valid only if every listed file matches.
 
 use super::error::{CheckpointError, InvalidReason};
-use super::storage::naming::parse_checkpoint_name;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -229,26 +228,6 @@ pub(crate) fn read_manifest_file<T: DeserializeOwned>(
         .into());
     }
     Ok(manifest)
-}
-
-/// Checks that a checkpoint directory named like a checkpoint (`step-N`) holds the checkpoint
-/// its manifest names, of either format: a renamed or copied one would otherwise be resumed as
-/// newer (or older) than it is, and block every save below its name.
-pub(crate) fn check_name(
-    dir_name: &str,
-    manifest_name: &str,
-    manifest_step: u64,
-) -> Result<(), InvalidReason> {
-    match parse_checkpoint_name(dir_name) {
-        Some(step) if manifest_step != step || manifest_name != dir_name => {
-            Err(InvalidReason::NameMismatch {
-                dir_name: dir_name.to_string(),
-                manifest_name: manifest_name.to_string(),
-                manifest_step,
-            })
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Reads file `name` of the checkpoint in `dir`. Only a missing file is a property of the

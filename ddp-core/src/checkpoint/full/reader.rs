@@ -5,9 +5,10 @@
 
 use super::super::error::CheckpointError;
 use super::super::error::{InvalidCheckpoint, InvalidReason};
-use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, check_name, read_verified};
+use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
 use super::super::state::StateFile;
 use super::super::storage::directory::newest_valid_to_resume;
+use super::super::storage::naming::check_name;
 use std::path::Path;
 
 /// A verified checkpoint read into memory.

@@ -4,8 +4,9 @@
 //! the directory a sharded checkpoint.
 
 use super::super::error::InvalidReason;
-use super::super::manifest::{FileEntry, ReadFailure, check_name, read_file, read_manifest_file};
+use super::super::manifest::{FileEntry, ReadFailure, read_file, read_manifest_file};
 use super::super::state::StateFile;
+use super::super::storage::naming::check_name;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;

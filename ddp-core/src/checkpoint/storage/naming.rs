@@ -3,7 +3,7 @@
 //! checkpoints in it. Shared by the writer and the reader, so that neither depends on the
 //! other for it.
 
-use super::super::error::StorageError;
+use super::super::error::{InvalidReason, StorageError};
 use std::path::Path;
 
 /// The pointer file naming the newest complete checkpoint.
@@ -28,6 +28,26 @@ pub fn parse_checkpoint_name(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// Checks that a checkpoint directory named like a checkpoint (`step-N`) holds the checkpoint
+/// its manifest names, of either format: a renamed or copied one would otherwise be resumed as
+/// newer (or older) than it is, and block every save below its name.
+pub(crate) fn check_name(
+    dir_name: &str,
+    manifest_name: &str,
+    manifest_step: u64,
+) -> Result<(), InvalidReason> {
+    match parse_checkpoint_name(dir_name) {
+        Some(step) if manifest_step != step || manifest_name != dir_name => {
+            Err(InvalidReason::NameMismatch {
+                dir_name: dir_name.to_string(),
+                manifest_name: manifest_name.to_string(),
+                manifest_step,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The checkpoint directories in `dir` (complete or not), as `(step, name)`, unsorted.
