@@ -3,7 +3,7 @@
 //! of every round, and stop together once the test creates the file `stop`). Nodes are killed,
 //! frozen and added while the job runs; the job must re-form at the new size each time.
 use crate::launch_common::*;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,13 +40,6 @@ pub(crate) struct ElasticJob {
 }
 
 /// A port nobody listens on now.
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 impl ElasticJob {
     /// A `c10d` job: the first launcher hosts the rendezvous on a free port.
     fn new() -> ElasticJob {

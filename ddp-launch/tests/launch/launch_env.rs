@@ -2,7 +2,6 @@
 //! the `launch()` API, and when started by Slurm, Open MPI or torchrun-style variables.
 use crate::launch_common::*;
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::process::Command;
 
 /// The `ENV key=value ...` line of each rank, keyed by rank, from the launcher's stdout.
@@ -36,14 +35,6 @@ fn env_lines(stdout: &str) -> HashMap<usize, HashMap<String, String>> {
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// Checks the environment of a 2-rank single-node job and that its all_reduce worked.

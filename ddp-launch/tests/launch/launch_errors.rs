@@ -206,14 +206,6 @@ fn two_node_args(node_rank: usize, port: u16, extra: &[&str]) -> Command {
     cmd
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("0.0.0.0:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 #[test]
 fn taken_rendezvous_port_on_node_0_is_reported() {
     let taken = TcpListener::bind("0.0.0.0:0").expect("bind");

@@ -3,7 +3,6 @@
 //! the nodes only check `--nnodes`, `--nproc-per-node` and `--max-restarts`.
 use crate::launch_common::*;
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,14 +12,6 @@ use std::time::{Duration, Instant};
 const JOIN_TIMEOUT: &str = "15";
 /// How long to wait for a launcher to print something or exit (generous: a loaded machine).
 const WAIT: Duration = Duration::from_secs(180);
-
-fn free_port() -> u16 {
-    TcpListener::bind("0.0.0.0:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// `ddp-run` as node `node_rank` of a 2-node job at `127.0.0.1:port`, with `nproc` workers
 /// running `program`, logging at info.

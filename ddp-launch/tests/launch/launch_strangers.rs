@@ -2,7 +2,7 @@
 //! store always logged one, but a worker had no subscriber, so it went nowhere).
 use crate::launch_common::*;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// What the store logs for it (at warn).
@@ -12,10 +12,7 @@ const WARNING: &str = "WARN store: rejected a connection";
 fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = tempfile::tempdir().expect("tempdir");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let mut cmd = ddp_run();
     cmd.args(["--nproc-per-node", "1", "--master-port", &port.to_string()])
         .arg("--log-dir")

@@ -2,6 +2,7 @@
 //! tests, on a temporary data directory and free ports of 127.0.0.1, killed on drop. Its log
 //! is printed when a test fails while it runs, and is in the panic message when it cannot start.
 
+use super::free_port;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -17,13 +18,6 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     /// The client port (`--rdzv-endpoint 127.0.0.1:<port>`).
     pub port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
 }
 
 /// `text` in base64, as etcd's JSON gateway wants keys.

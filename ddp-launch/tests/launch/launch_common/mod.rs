@@ -13,6 +13,14 @@ use std::time::{Duration, Instant};
 /// Generous: the machine running the tests may be loaded.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// A TCP port free on every interface now (the OS picks it), for a test's rendezvous or store.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
 /// The `ddp-run` binary built for these tests.
 pub fn ddp_run() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-run"));
