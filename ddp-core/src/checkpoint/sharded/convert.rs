@@ -47,18 +47,17 @@ where
     O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
     R: Record<B>,
 {
-    if parse_checkpoint_name(name).is_none() {
+    let Some(step) = parse_checkpoint_name(name) else {
         return Err(CheckpointError::InvalidName {
             name: name.to_string(),
             reason: "a checkpoint name is step-<global step>",
         }
         .into());
-    }
+    };
     // The target directory is a checkpoint directory like any other: one job at a time (a run
     // writing there holds its lock), and `latest` never moves below a newer valid checkpoint.
     ensure_dir(full_dir)?;
     let _lock = lock_dir(full_dir)?;
-    let step = parse_checkpoint_name(name).unwrap_or_default();
     check_not_backwards(full_dir, step, read_one)?;
     let path = sharded_dir.join(name);
     let manifest =

@@ -130,14 +130,18 @@ impl PowerSgdHook {
     /// kept (DDP laid the buckets out again): they would land on the wrong parameters. Every
     /// rank sees the same layouts, so the ranks stay in step.
     fn forget_if_relaid(&mut self, bucket: &GradBucket) {
-        let layout: Vec<(String, usize)> = bucket
-            .parameters()
-            .iter()
-            .map(|p| (p.path.clone(), p.offset))
-            .collect();
-        if self.layouts.get(&bucket.index()) != Some(&layout) {
+        let params = bucket.parameters();
+        let same = self.layouts.get(&bucket.index()).is_some_and(|kept| {
+            kept.len() == params.len()
+                && kept
+                    .iter()
+                    .zip(params)
+                    .all(|((path, offset), p)| *path == p.path && *offset == p.offset)
+        });
+        if !same {
             self.error.remove(&bucket.index());
             self.q_memory.remove(&bucket.index());
+            let layout = params.iter().map(|p| (p.path.clone(), p.offset)).collect();
             self.layouts.insert(bucket.index(), layout);
         }
     }

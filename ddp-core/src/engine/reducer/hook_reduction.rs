@@ -97,18 +97,14 @@ impl HookReduction {
         let (done, reduced) = mpsc::channel();
         self.work
             .send(Work::Fence(done))
-            .map_err(|_| self.thread_ended(index))?;
+            .map_err(|_| hook_thread_ended(&self.hook, index))?;
         match reduced.recv_timeout(self.timeout) {
             Ok(()) => Ok(()),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 Err(hook_timeout(&self.hook, index, self.timeout))
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.thread_ended(index)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(hook_thread_ended(&self.hook, index)),
         }
-    }
-
-    fn thread_ended(&self, bucket: usize) -> DdpError {
-        hook_thread_ended(&self.hook, bucket)
     }
 }
 
@@ -186,7 +182,7 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
         };
         self.work
             .send(Work::Bucket(job))
-            .map_err(|_| self.thread_ended(index))?;
+            .map_err(|_| hook_thread_ended(&self.hook, index))?;
         Ok(Box::new(HookPending {
             result,
             hook: self.hook.clone(),
