@@ -5,6 +5,7 @@
 //! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --max-bytes 64M
 //! cargo bench -p ddp-benches --bench collectives -- --transport shm,tcp --ops all_reduce
 //! cargo bench -p ddp-benches --features mpi --bench collectives -- --transport shm,tcp,mpi
+//! cargo bench -p ddp-benches --bench collectives -- --busy 2   # beside 2 CPU-bound threads
 //! cargo bench -p ddp-benches --bench collectives -- --world 2 --ops all_reduce --transport shm,tcp \
 //!     --csv docs/charts/data/allreduce_bandwidth.csv   # the guide's bandwidth chart
 //! ```
@@ -59,6 +60,11 @@ struct Args {
     /// Also write the rows to this CSV file (replaced), for `docs/charts/draw.py`.
     #[arg(long, value_name = "PATH")]
     csv: Option<std::path::PathBuf>,
+    /// Threads in this (launching) process that spin on the CPU for the whole run, standing in
+    /// for other work on the host (a data loader, another job, a compile): how the collectives
+    /// hold up when the ranks compete for CPUs. Compare with `--busy 0` in the same session.
+    #[arg(long, default_value_t = 0)]
+    busy: usize,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -77,8 +83,9 @@ fn main() -> Result<()> {
     let args = Args::parse();
     println!("# ddp-comm collective benchmark (ranks on this host; TCP over loopback)");
     println!(
-        "# host: {} cores; each rank: 1 process, 1 communication thread",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        "# host: {} cores; each rank: 1 process, 1 communication thread; {} busy threads beside them (--busy)",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        args.busy
     );
     let mut csv = args.csv.as_deref().map(csv_start).transpose()?;
     for &mib in &[1usize, 16, 64] {
@@ -89,6 +96,7 @@ fn main() -> Result<()> {
         }
     }
     drop(csv);
+    let _busy = BusyThreads::start(args.busy);
     for transport in &args.transport {
         transport.parse::<ddp_comm::TransportKind>()?;
         for &n in &args.world {
@@ -161,6 +169,39 @@ fn memcpy_gbps(bytes: usize) -> f64 {
         std::hint::black_box(&mut dst);
     }
     (bytes * iters) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// `--busy`: threads that spin until dropped.
+struct BusyThreads {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyThreads {
+    fn start(n: usize) -> BusyThreads {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                })
+            })
+            .collect();
+        BusyThreads { stop, threads }
+    }
+}
+
+impl Drop for BusyThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 fn run_world(n: usize, transport: &str) -> Result<()> {

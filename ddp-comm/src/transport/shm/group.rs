@@ -5,6 +5,7 @@
 //! the errors; `collectives.rs` says what each collective copies and reduces in its steps.
 
 use super::host::ProcId;
+use super::patience::{Patience, Spin};
 use super::segment_layout::{
     FP_BYTES, H_EPOCH, H_WAITERS, Layout, S_CONSUMED, S_PID, S_POSTED, S_REDUCED, S_START, S_STATE,
     STATE_ABORTED, STATE_CLOSED, STATE_OPEN,
@@ -19,37 +20,6 @@ use std::time::{Duration, Instant};
 
 /// How long a blocked rank sleeps before it checks that the ranks it waits for are alive.
 const POLL: Duration = Duration::from_millis(100);
-/// How long a waiting rank keeps checking before it sleeps on the futex.
-const DEFAULT_SPIN: Duration = Duration::from_micros(100);
-/// Environment variable overriding that time, in microseconds (tuning only).
-pub(crate) const SPIN_ENV: &str = "DDP_SHM_SPIN_US";
-/// Environment variable: `0` makes waiting ranks spin on the CPU between checks instead of
-/// yielding it (tuning only).
-pub(crate) const YIELD_ENV: &str = "DDP_SHM_YIELD";
-
-/// How a rank waits before it sleeps on the futex.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Patience {
-    spin: Duration,
-    /// Yield the CPU between checks (`sched_yield`) instead of spinning: as fast when every
-    /// rank has a CPU, and much faster when ranks outnumber CPUs, because the rank we wait for
-    /// may be waiting for ours.
-    yield_cpu: bool,
-}
-
-impl Patience {
-    /// [`SPIN_ENV`] and [`YIELD_ENV`], else the defaults.
-    ///
-    /// # Errors
-    /// Either is set to something that is not a whole number (an error on every rank that has
-    /// it, rather than a silent fallback on one).
-    pub(super) fn from_env() -> Result<Patience> {
-        Ok(Patience {
-            spin: crate::env::env_u64(SPIN_ENV)?.map_or(DEFAULT_SPIN, Duration::from_micros),
-            yield_cpu: crate::env::env_u64(YIELD_ENV)? != Some(0),
-        })
-    }
-}
 
 // `post` writes three words per fingerprint record.
 const _: () = assert!(FP_BYTES >= 24);
@@ -331,23 +301,17 @@ impl ShmGroup {
         if self.lagging(c, target).is_none() {
             return Ok(());
         }
-        let spin_end = deadline_after(self.patience.spin);
+        let spin_end = self.patience.spin_end(Instant::now());
         let mut late;
         loop {
-            if self.patience.yield_cpu {
-                std::thread::yield_now();
-            } else {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-            }
+            let next = self.patience.pause();
             match self.lagging(c, target) {
                 None => return Ok(()),
                 Some(q) => late = q,
             }
             self.check_open(late, fp)?;
             self.check_group(fp)?;
-            if Instant::now() >= spin_end {
+            if next == Spin::Sleep || Instant::now() >= spin_end {
                 break;
             }
         }

@@ -50,7 +50,8 @@
 //!
 //! # Waiting
 //! A rank keeps checking for 100 µs, yielding its CPU between checks (so a rank it waits for
-//! on an oversubscribed host can run), then sleeps on the epoch futex (registering in
+//! on an oversubscribed host can run; see `patience.rs` for why it stops yielding while other
+//! processes take the CPU from it), then sleeps on the epoch futex (registering in
 //! `waiters`, so publishers only make the wake system call when somebody sleeps). Every 100 ms
 //! of sleep it checks that the ranks it waits for are alive (`/proc/<pid>/stat`: gone, a
 //! zombie, or a different start time means dead). A closed or aborted slot, a dead process,
@@ -71,6 +72,7 @@
 mod collectives;
 mod group;
 pub(crate) mod host;
+mod patience;
 mod segment_layout;
 mod setup;
 mod sys;

@@ -12,8 +12,9 @@
 //! ends. Every rank reads every report, so all reach the same decision: hosts where shared
 //! memory failed fall back to TCP (`auto`) or fail the group (`shm`).
 
-use super::group::{Patience, ShmGroup};
+use super::group::ShmGroup;
 use super::host::{ProcId, SEGMENT_PREFIX, SHM_DIR, pid_ns, remove_stale_segments};
+use super::patience::Patience;
 use super::segment_layout::{HEADER_BYTES, Header, Layout, PAGE};
 use super::sys::Segment;
 use crate::deadline::deadline_after;
