@@ -410,6 +410,11 @@ where
         if let Err(e) = &result {
             let reason = e.to_string();
             tracing::error!(rank = self.pg.rank(), error = %reason, "ZeRO failed; aborting the process group");
+            // The device communicator first, as DDP does: peers waiting in one of its
+            // collectives fail with this reason, which the process group's abort cannot reach.
+            if let Some(Some(comm)) = &self.shard_comm {
+                comm.abort(&reason);
+            }
             if self.pg.world_size() > 1 {
                 self.pg.abort(&reason);
             }

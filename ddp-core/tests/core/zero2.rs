@@ -578,6 +578,50 @@ fn stage2_a_peer_that_fails_mid_step_fails_the_reduce_scatter_with_its_reason() 
     );
 }
 
+/// On the device path a rank's own failure before a reduce-scatter (here: a gradient of the
+/// wrong size on rank 1 only) must fail its peers at once with its reason: they wait in the
+/// device communicator, which the process group's abort does not reach, so the optimizer
+/// aborts that communicator too.
+#[test]
+fn stage2_on_the_stand_in_a_rank_that_fails_before_the_reduce_scatter_fails_its_peer() {
+    let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED));
+    // Rank 1 stays alive until rank 0 has its answer, as a process that handles its error
+    // would: its closing connections must not be what tells rank 0.
+    let both_answered = std::sync::Barrier::new(2);
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let config = DdpConfig::new().with_collectives(Collectives::StandIn);
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, config).unwrap();
+        let mut zero = ZeroRedundancyOptimizer::stage2(adam::<Mlp<B>>(), &mut ddp).unwrap();
+        let (x, y) = batch(&contiguous_shard(0, 2, rank), &Default::default());
+        let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
+        let mut grads = ddp
+            .backward(MseLoss::new().forward(pred, y, Reduction::Mean))
+            .unwrap();
+        let module = ddp.module().clone();
+        if rank == 1 {
+            let id = module.fc1.weight.id;
+            grads.remove::<Inner, 2>(id);
+            grads.register::<Inner, 1>(id, Tensor::zeros([3], &Default::default()));
+        }
+        let outcome = zero.try_step(LR, module, grads).err();
+        both_answered.wait();
+        outcome
+    });
+    let own = results[1]
+        .as_ref()
+        .expect("rank 1 fails on its own gradient");
+    let peer = results[0].as_ref().expect("rank 0 fails with it");
+    assert!(
+        !matches!(peer, ZeroError::Poisoned { .. }),
+        "rank 0's first step failed as poisoned: {peer}"
+    );
+    assert!(
+        peer.to_string().contains("got 3 F32 elements"),
+        "rank 0 does not quote rank 1's reason: {peer}\n(rank 1: {own})"
+    );
+}
+
 #[test]
 fn local_gradients_hook_leaves_each_rank_its_own_gradient() {
     let init = record_bytes(&Mlp::<B>::seeded(&Default::default(), HIDDEN, SEED + 3));

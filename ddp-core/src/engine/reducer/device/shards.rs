@@ -35,6 +35,10 @@ pub(crate) trait ShardCollectives<I: Backend>: Send + Sync {
 
     /// Every rank's `send` (the same length on each), rank `r`'s at `r * send.len()`.
     fn all_gather(&self, send: Tensor<I, 1>) -> Result<Tensor<I, 1>, ShardError>;
+
+    /// Fails the communicator from any thread, so that peers waiting in one of its collectives
+    /// fail at once with `reason` (the process group's abort does not reach them).
+    fn abort(&self, reason: &str);
 }
 
 /// [`ShardCollectives`] over a [`ReductionDevice`].
@@ -127,5 +131,9 @@ impl<I: Backend, D: ReductionDevice> ShardCollectives<I> for DeviceShards<D> {
     fn all_gather(&self, send: Tensor<I, 1>) -> Result<Tensor<I, 1>, ShardError> {
         let len = send.dims()[0] * self.world;
         self.run(Op::AllGather, send, len)
+    }
+
+    fn abort(&self, reason: &str) {
+        self.device.abort(reason);
     }
 }
