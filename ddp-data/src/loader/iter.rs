@@ -120,6 +120,12 @@ where
         }
     }
 
+    /// The position at the end of the epoch: every sample of this rank's, including a tail
+    /// that `drop_last` leaves out of the batches.
+    fn epoch_end(&self) -> usize {
+        self.loader.batch_sampler().sampler().num_samples()
+    }
+
     /// Queues batches on the pool until `prefetch` are ahead of the consumer.
     fn fill_window(&mut self) {
         let (Some(parallel), Some(pool)) = (self.parallel.as_mut(), self.loader.pool()) else {
@@ -128,7 +134,7 @@ where
         let limit = self
             .ranges
             .len()
-            .min(self.next_yield + self.loader.prefetch());
+            .min(self.next_yield.saturating_add(self.loader.prefetch()));
         while parallel.next_submit < limit {
             let seq = parallel.next_submit;
             let job = Job {
@@ -190,6 +196,12 @@ where
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.finished || self.next_yield >= self.ranges.len() {
+            if !self.finished {
+                // Every batch was yielded: the epoch is complete, even where `drop_last`
+                // left a tail that no batch covers.
+                self.loader
+                    .record_progress(self.generation, self.epoch_end());
+            }
             self.finished = true;
             return None;
         }
@@ -197,6 +209,11 @@ where
         let result = self.take(seq);
         self.next_yield += 1;
         match &result {
+            // The last batch completes the epoch, so that a state saved right after it counts
+            // as an epoch boundary (it resumes at any world size).
+            Ok(_) if self.next_yield == self.ranges.len() => self
+                .loader
+                .record_progress(self.generation, self.epoch_end()),
             Ok(_) => self
                 .loader
                 .record_progress(self.generation, self.ranges[seq].end),

@@ -23,8 +23,10 @@ use crate::DataError;
 /// 3. Rank `r` takes positions `r, r + num_replicas, r + 2 * num_replicas, ...`.
 ///
 /// Each rank yields [`num_samples`](Self::num_samples) indices per epoch.
-/// Call [`set_epoch`](Self::set_epoch) before each epoch, as in PyTorch, or
-/// every epoch repeats the same order.
+/// Call [`set_epoch`](Self::set_epoch) before each epoch, as in PyTorch. Without
+/// it every [`iter`](Self::iter) repeats the same order, and once the caller
+/// has [`advance`](Self::advance)d to the end of the epoch, `iter` yields
+/// nothing until the next `set_epoch`.
 ///
 /// The sampler also tracks a *position*: how many of this epoch's indices
 /// the caller has consumed. [`iter`](Self::iter) starts there, the caller

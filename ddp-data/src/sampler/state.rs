@@ -60,14 +60,12 @@ pub struct SamplerState {
     /// this world size's ranks started dealing it out (always
     /// `< num_replicas`). Only [`resharded_for`](Self::resharded_for) makes
     /// it nonzero, and [`set_epoch`](crate::DistributedSampler::set_epoch) to
-    /// a new epoch resets it. Absent in states saved before it existed (and
-    /// not written while 0), which therefore load unchanged.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    /// a new epoch resets it. Absent in states saved before it existed,
+    /// which therefore load unchanged (as 0). Always written: formats without
+    /// field names (bincode, MessagePack as arrays) cannot tell a skipped
+    /// field from the next value.
+    #[serde(default)]
     pub offset: usize,
-}
-
-fn is_zero(value: &usize) -> bool {
-    *value == 0
 }
 
 impl SamplerState {

@@ -67,3 +67,20 @@ fn loading_without_workers_fetches_only_the_requested_batch() {
     iter.next().unwrap().unwrap();
     assert_eq!(fetched.load(Ordering::SeqCst), 5);
 }
+
+/// `prefetch(usize::MAX)` is "as far ahead as there are batches", not an overflow.
+#[test]
+fn an_unbounded_prefetch_loads_every_batch_without_overflowing() {
+    let loader = DistributedDataLoaderBuilder::new(crate::common::Collect)
+        .batch_size(100)
+        .num_workers(2)
+        .prefetch(usize::MAX)
+        .build(
+            crate::common::IndexDataset(1000),
+            DistributedSamplerConfig::new(1, 0),
+        )
+        .unwrap();
+    let batches = crate::common::collect_epoch(&loader);
+    assert_eq!(batches.len(), 10);
+    assert_eq!(batches.concat().len(), 1000);
+}

@@ -103,6 +103,52 @@ fn state_saved_at_end_of_epoch_resumes_with_next_epoch() {
     assert_eq!(rest, full[epoch0.len()..], "epoch 0 is not replayed");
 }
 
+/// With `drop_last`, the tail that no batch covers is part of the epoch all the same: a state
+/// saved after the last batch is an epoch boundary, which resumes at any world size (here 3
+/// ranks from 4: 896 samples consumed would not divide among 3 ranks mid-epoch).
+#[test]
+fn with_drop_last_a_state_saved_after_the_last_batch_is_an_epoch_boundary() {
+    for workers in [0, 2] {
+        let mut loader = DistributedDataLoaderBuilder::new(Collect)
+            .batch_size(32)
+            .drop_last(true)
+            .num_workers(workers)
+            .build(IndexDataset(1000), config(4, 0))
+            .unwrap();
+        loader.set_epoch(0);
+        assert_eq!(collect_epoch(&loader).len(), 7); // 250 samples: 7 batches, 26 left out
+        let state = loader.state();
+        assert!(state.is_epoch_complete(), "{state:?} ({workers} workers)");
+        for (world, rank) in [(3, 2), (1, 0), (4, 3)] {
+            let mut resumed = DistributedDataLoaderBuilder::new(Collect)
+                .batch_size(32)
+                .drop_last(true)
+                .num_workers(workers)
+                .resume_from(state.clone())
+                .build(IndexDataset(1000), config(world, rank))
+                .unwrap_or_else(|e| panic!("resuming on {world} ranks: {e}"));
+            assert_eq!(resumed.remaining(), 0, "epoch 0 is over on {world} ranks");
+            resumed.set_epoch(1);
+            assert_eq!(
+                collect_epoch(&resumed),
+                uninterrupted_drop_last(world, rank, 1),
+                "epoch 1 on {world} ranks"
+            );
+        }
+    }
+}
+
+/// Epoch `epoch` of `IndexDataset(1000)` in batches of 32 with `drop_last`.
+fn uninterrupted_drop_last(world: usize, rank: usize, epoch: u64) -> Vec<Vec<usize>> {
+    let mut loader = DistributedDataLoaderBuilder::new(Collect)
+        .batch_size(32)
+        .drop_last(true)
+        .build(IndexDataset(1000), config(world, rank))
+        .unwrap();
+    loader.set_epoch(epoch);
+    collect_epoch(&loader)
+}
+
 #[test]
 fn state_saved_right_after_set_epoch_resumes_at_the_start_of_that_epoch() {
     let mut loader = index_loader(40, config(2, 0), 5, 0);
