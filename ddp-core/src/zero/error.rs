@@ -51,6 +51,18 @@ pub enum ZeroError {
         /// Why.
         reason: String,
     },
+    /// A trained parameter appears twice in the module (tied weights, such as an embedding
+    /// shared with the output layer). ZeRO gives each tensor one owner; a tied parameter would
+    /// get two, each stepping it, and the consolidated state would hold it twice.
+    #[error(
+        "ZeRO: parameter '{path}' is tied (the same parameter appears twice in the module): the \
+         sharded optimizer needs each trained parameter once; train tied weights with \
+         DistributedDataParallel and an unsharded optimizer"
+    )]
+    TiedParameter {
+        /// The module path of the second appearance.
+        path: String,
+    },
     /// Setting stage 2 up on the DDP wrapper failed (registering its hook).
     #[error("ZeRO stage 2: registering the local-gradients hook on DDP: {0}")]
     Setup(#[source] DdpError),

@@ -5,6 +5,11 @@
 //! rank holds those of its own shard, about `1/world` of them. DDP still averages every
 //! gradient; each rank then steps only the parameters it owns and broadcasts them.
 //!
+//! Tied parameters (one parameter in two places of the module, such as an embedding shared
+//! with the output layer) are refused at the first step with [`ZeroError::TiedParameter`],
+//! naming the second place: each tensor gets one owner, and a tied one would get two. Train
+//! tied weights with plain DDP and an unsharded optimizer.
+//!
 //! - `partition.rs`: who owns which parameter (by size, largest first).
 //! - `module_tensors.rs`: the module's tensors and the gradients of one shard.
 //! - `optimizer.rs`: the wrapper (step, broadcast, checkpoints).

@@ -10,7 +10,7 @@ use super::stage2::{
 use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::engine::module_tensors::{TensorInfo, describe, keep_shard};
+use crate::engine::module_tensors::{TensorInfo, describe, first_tied, keep_shard};
 use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use crate::{Collectives, DistributedDataParallel, TapBackend};
@@ -226,8 +226,8 @@ where
     ///
     /// # Errors
     /// [`ZeroError::Broadcast`] (stage 1), [`ZeroError::ReduceGradients`],
-    /// [`ZeroError::GatherParameters`], [`ZeroError::Unsupported`] (stage 2; the process group
-    /// is then aborted), [`ZeroError::Poisoned`].
+    /// [`ZeroError::GatherParameters`], [`ZeroError::Unsupported`] (stage 2),
+    /// [`ZeroError::TiedParameter`] (the process group is then aborted), [`ZeroError::Poisoned`].
     pub fn try_step(&mut self, lr: f64, module: M, grads: GradientsParams) -> Result<M, ZeroError> {
         let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
             inner.step(lr, module, grads)
@@ -243,10 +243,12 @@ where
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// [`ZeroError::Consolidate`] (the process group is then aborted), [`ZeroError::Poisoned`].
+    /// [`ZeroError::Consolidate`], [`ZeroError::TiedParameter`] (the process group is then
+    /// aborted), [`ZeroError::Poisoned`].
     pub fn consolidate_state(&mut self, module: &M) -> Result<(), ZeroError> {
         self.check_usable()?;
-        let device = self.settle(module);
+        let settled = self.settle(module);
+        let device = self.guard(settled)?;
         let mine = self.inner.to_record();
         let result = match device {
             Some(device) => gather_on_rank0::<B, R>(&self.pg, mine, &device),
@@ -280,10 +282,17 @@ where
 
     /// Partitions `module` (again if its layout changed) and splits a pending full record.
     /// Returns the device of the module's first tensor.
-    fn settle(&mut self, module: &M) -> Option<B::Device> {
+    ///
+    /// # Errors
+    /// [`ZeroError::TiedParameter`]: the partition gives each tensor of the module one owner,
+    /// and a parameter that appears twice would get two.
+    fn settle(&mut self, module: &M) -> Result<Option<B::Device>, ZeroError> {
         let (layout, device) = describe::<B, M>(module);
         let changed = self.plan.as_ref().map(|p| &p.layout) != Some(&layout);
         let had_plan = self.plan.is_some();
+        if changed && let Some(path) = first_tied::<B, M>(module) {
+            return Err(ZeroError::TiedParameter { path });
+        }
         if changed {
             let sizes: Vec<Option<usize>> = layout
                 .iter()
@@ -321,7 +330,7 @@ where
                 self.inner = self.inner.clone().load_record(record);
             }
         }
-        device
+        Ok(device)
     }
 
     /// The common part of `step` and `step_multi`: `grads` narrowed to this rank's shard
@@ -337,7 +346,11 @@ where
         if let Err(e) = self.check_usable() {
             return (module, Err(e));
         }
-        let device = self.settle(&module);
+        let settled = self.settle(&module);
+        let device = match self.guard(settled) {
+            Ok(device) => device,
+            Err(e) => return (module, Err(e)),
+        };
         self.consolidated = None;
         let Some(plan) = self.plan.clone() else {
             return (module, Ok(()));

@@ -399,3 +399,40 @@ fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_opt
         "a step after a failure must be refused: {second:?}"
     );
 }
+
+/// One parameter in two places: `b` is `a`.
+#[derive(Module, Debug)]
+struct Tied<B: Backend> {
+    a: Linear<B>,
+    b: Linear<B>,
+}
+
+/// A tied parameter would get two owners (each stepping it, and the consolidated state holding
+/// it twice, which failed the first checkpoint save); it is refused at the first step, on
+/// every rank, naming where it appears again.
+#[test]
+fn a_tied_parameter_is_refused_at_the_first_step_naming_it() {
+    let errors = run_ranks(2, |pg| {
+        let device = Default::default();
+        let a = LinearConfig::new(4, 4).init::<B>(&device);
+        let model = Tied { b: a.clone(), a };
+        let mut ddp = DistributedDataParallel::new(model, pg, DdpConfig::new()).unwrap();
+        let mut zero = ZeroRedundancyOptimizer::new(adam(), ddp.process_group().clone());
+        let x = Tensor::<B, 2>::ones([2, 4], &device);
+        let pred = ddp.forward(|m| m.b.forward(m.a.forward(x))).unwrap();
+        let grads = ddp.backward(pred.sum()).unwrap();
+        let first = zero.try_step(LR, ddp.module().clone(), grads);
+        let later = zero.consolidate_state(ddp.module());
+        (first.err(), later.err())
+    });
+    for (rank, (first, later)) in errors.into_iter().enumerate() {
+        match first {
+            Some(ZeroError::TiedParameter { path }) => assert_eq!(path, "b.weight"),
+            other => panic!("rank {rank}: expected a tied-parameter error, got {other:?}"),
+        }
+        assert!(
+            matches!(later, Some(ZeroError::Poisoned { .. })),
+            "rank {rank}: {later:?}"
+        );
+    }
+}
