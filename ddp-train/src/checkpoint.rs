@@ -62,6 +62,50 @@ pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<Pat
 /// (burn's asynchronous checkpointer only stops training on an error; this keeps the reason).
 pub(crate) type FailureSlot = Arc<Mutex<Option<DdpTrainError>>>;
 
+/// Ends the run alike on every rank once rank 0's writes have finished: `failed` is rank 0's
+/// failed write (the others pass `None`), and every rank returns an error with its reason.
+/// Without this a failed last write, or one that stopped training through the interrupter,
+/// failed rank 0 alone while the others reported success.
+///
+/// # Collective
+/// Every rank calls it at the same point.
+///
+/// # Errors
+/// Rank 0's failure (on rank 0 itself, the error as it was); a failed broadcast.
+pub(crate) fn rank0_failure_on_every_rank(
+    pg: &ProcessGroup,
+    failed: Option<DdpTrainError>,
+) -> Result<()> {
+    if pg.world_size() == 1 {
+        return failed.map_or(Ok(()), Err);
+    }
+    let mut reason = match (&failed, pg.rank()) {
+        (Some(e), 0) => e.to_string().into_bytes(),
+        _ => Vec::new(),
+    };
+    // The reason's length plus one (0: no failure), then its bytes.
+    let mut len = [i64::try_from(reason.len()).map_or(i64::MAX, |n| n + 1)];
+    if pg.rank() == 0 && failed.is_none() {
+        len[0] = 0;
+    }
+    let comm =
+        |what: &str| DdpTrainError::comm(format!("receiving {what} of rank 0's checkpoint writes"));
+    pg.broadcast(&mut len, 0).map_err(comm("the outcome"))?;
+    if len[0] <= 0 {
+        return Ok(());
+    }
+    if pg.rank() != 0 {
+        reason = vec![0; usize::try_from(len[0] - 1).unwrap_or(0)];
+    }
+    pg.broadcast(&mut reason, 0).map_err(comm("the failure"))?;
+    Err(failed.unwrap_or_else(|| {
+        DdpTrainError::Failed(format!(
+            "rank 0 could not write a checkpoint: {}",
+            String::from_utf8_lossy(&reason)
+        ))
+    }))
+}
+
 /// One kind of file (model, optimizer or scheduler) of rank 0's checkpoints, written
 /// atomically. Used through burn's `AsyncCheckpointer`, so writes overlap the next epoch.
 pub(crate) struct AtomicFileCheckpointer {

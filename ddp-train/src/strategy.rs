@@ -23,7 +23,7 @@
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, KINDS, STEPS_DIR, decode, fetch_from_rank0, file_path,
-    step_files,
+    rank0_failure_on_every_rank, step_files,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -377,12 +377,11 @@ impl DdpStrategy {
                 break;
             }
         }
-        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them).
+        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them);
+        // a failed one fails every rank.
         drop(own_checkpointer);
-        match lock_failure(&failure).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let failed = lock_failure(&failure).take();
+        rank0_failure_on_every_rank(pg, failed)
     }
 
     /// Where the run resumes: the strategy's [`ResumePoint`] (see

@@ -615,12 +615,14 @@ fn the_loader_gives_each_rank_its_shard_and_reshuffles_every_epoch() {
     assert_eq!(eval, vec![vec![0, 2, 4, 6], vec![1, 3, 5]]);
 }
 
-/// Trains with this rank's `batch_per_rank` and `hidden` units, returning the run's outcome.
+/// Trains with this rank's `batch_per_rank` and `hidden` units for two epochs, returning the
+/// run's outcome; with `rank0_checkpoints`, rank 0 writes its checkpoints in `dir`.
 fn outcome(
     pg: ProcessGroup,
     dir: &Path,
     batch_per_rank: usize,
     hidden: usize,
+    rank0_checkpoints: bool,
 ) -> ddp_train::Result<DdpReport> {
     let (world, rank) = (pg.world_size(), pg.rank());
     let (train_items, test_items) = data();
@@ -638,7 +640,10 @@ fn outcome(
         world,
         rank,
     )?;
-    let strategy = DdpStrategy::new(pg);
+    let mut strategy = DdpStrategy::new(pg);
+    if rank0_checkpoints {
+        strategy = strategy.with_checkpoints(dir);
+    }
     let model = Classifier::<B> {
         mlp: DigitsMlp::new(hidden, &Default::default()),
     };
@@ -657,7 +662,7 @@ fn ranks_with_different_numbers_of_batches_fail_together_instead_of_hanging() {
     let dir = tempfile::tempdir().expect("tempdir");
     let results = run_ranks(2, |pg| {
         let batch = if pg.rank() == 0 { 16 } else { 32 };
-        outcome(pg, dir.path(), batch, 32)
+        outcome(pg, dir.path(), batch, 32, false)
     });
     for (rank, r) in results.iter().enumerate() {
         let err = r
@@ -678,12 +683,34 @@ fn ranks_with_different_numbers_of_batches_fail_together_instead_of_hanging() {
     );
 }
 
+/// Rank 0 cannot write its checkpoints (`checkpoint` is a file there): the run fails on every
+/// rank, with rank 0's reason, not on rank 0 alone while the others report success.
+#[test]
+fn a_checkpoint_rank0_cannot_write_fails_the_run_on_every_rank() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    std::fs::write(dirs[0].path().join("checkpoint"), b"not a directory").expect("file");
+    let results = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        outcome(pg, &dir, 16, 32, true)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        let err = r
+            .as_ref()
+            .expect_err("a failed checkpoint write must fail every rank")
+            .to_string();
+        assert!(err.contains("checkpoint"), "rank {rank}: {err}");
+    }
+}
+
 #[test]
 fn ranks_with_different_models_fail_before_training() {
     let dir = tempfile::tempdir().expect("tempdir");
     let results = run_ranks(2, |pg| {
         let hidden = if pg.rank() == 0 { 32 } else { 64 };
-        outcome(pg, dir.path(), 16, hidden)
+        outcome(pg, dir.path(), 16, hidden, false)
     });
     for (rank, r) in results.iter().enumerate() {
         match r {
