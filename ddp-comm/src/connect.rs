@@ -5,10 +5,15 @@
 //!   deadline.
 //! - [`raise_backlog`]: listeners (the store's, each rank's) that a thousand peers can reach
 //!   at once.
+//! - [`EventLoop`]: such a listener served by a tokio event loop on its own thread.
 
+use crate::error::{CommError, Result};
+use std::future::Future;
 use std::io;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 /// Listen backlog asked for (the kernel caps it at `net.core.somaxconn`).
 const BACKLOG: libc::c_int = 4096;
@@ -22,6 +27,80 @@ pub(crate) fn raise_backlog(listener: &TcpListener) {
     let rc = unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) };
     if rc != 0 {
         tracing::debug!(error = %io::Error::last_os_error(), "could not raise a listen backlog");
+    }
+}
+
+/// A listener served by a single-threaded tokio runtime on its own thread; dropping it stops the
+/// loop and joins the thread. The store server and each rank's mesh listener both run one, so
+/// they share how it is set up and torn down.
+#[derive(Debug)]
+pub(crate) struct EventLoop {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EventLoop {
+    /// Makes `listener` non-blocking with a raised backlog, and runs `serve(listener, stop)` on
+    /// a thread named `thread_name`; `serve`'s future should end when `stop` fires. When it
+    /// ends, the runtime is dropped with every task still on it, closing their sockets. Returns
+    /// the listener's address too.
+    ///
+    /// # Errors
+    /// I/O errors configuring the listener or starting the loop, prefixed with `what`
+    /// ("store", "rendezvous").
+    pub(crate) fn start<F>(
+        listener: TcpListener,
+        what: &str,
+        thread_name: &str,
+        serve: impl FnOnce(tokio::net::TcpListener, oneshot::Receiver<()>) -> F + Send + 'static,
+    ) -> Result<(SocketAddr, EventLoop)>
+    where
+        F: Future<Output = ()>,
+    {
+        let ctx = |step: &str| format!("{what}: {step}");
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CommError::io(ctx("reading the listener's address"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| CommError::io(ctx("configuring the listener"), e))?;
+        raise_backlog(&listener);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| CommError::io(ctx("starting the event loop"), e))?;
+        let listener = {
+            let _in_runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| CommError::io(ctx("registering the listener"), e))?
+        };
+        let (stop, stopped) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name(thread_name.into())
+            .spawn(move || {
+                runtime.block_on(serve(listener, stopped));
+                // Dropping the runtime drops every task still running, closing its socket.
+                drop(runtime);
+            })
+            .map_err(|e| CommError::io(ctx("starting the event loop's thread"), e))?;
+        let event_loop = EventLoop {
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        Ok((addr, event_loop))
+    }
+}
+
+impl Drop for EventLoop {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            // The loop may already be gone (its thread panicked); then there is nothing to stop.
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

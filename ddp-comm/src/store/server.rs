@@ -19,21 +19,22 @@ use super::config::StoreConfig;
 use super::session::{Served, serve};
 use super::state::State;
 use crate::auth::PendingHellos;
+use crate::connect::EventLoop;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// A running store server. Dropping it disconnects every client and stops its thread.
 pub struct StoreServer {
+    /// Kept for its drop, which stops and joins the loop; first, so that happens before the
+    /// rest is dropped.
+    _running: EventLoop,
     addr: SocketAddr,
     served: Arc<Served>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for StoreServer {
@@ -80,45 +81,21 @@ impl StoreServer {
         entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     ) -> Result<StoreServer> {
         crate::auth::check_token("store token", &config.token)?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| CommError::io("store: reading the listener's address", e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| CommError::io("store: configuring the listener", e))?;
-        crate::connect::raise_backlog(&listener);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| CommError::io("store: starting the event loop", e))?;
-        let listener = {
-            let _in_runtime = runtime.enter();
-            tokio::net::TcpListener::from_std(listener)
-                .map_err(|e| CommError::io("store: registering the listener", e))?
-        };
         let served = Arc::new(Served {
             state: State::with_entries(entries.into_iter().collect()),
             config,
             clients: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
         });
-        let (stop, stopped) = oneshot::channel();
         let s = served.clone();
-        let thread = std::thread::Builder::new()
-            .name("ddp-store".into())
-            .spawn(move || {
-                runtime.block_on(accept_loop(listener, s, stopped));
-                // Dropping the runtime drops every client task, closing its socket.
-                drop(runtime);
-            })
-            .map_err(|e| CommError::io("store: starting the event loop's thread", e))?;
+        let (local, running) = EventLoop::start(listener, "store", "ddp-store", |l, stop| {
+            accept_loop(l, s, stop)
+        })?;
         tracing::debug!(%local, "store server listening");
         Ok(StoreServer {
+            _running: running,
             addr: local,
             served,
-            stop: Some(stop),
-            thread: Some(thread),
         })
     }
 
@@ -149,18 +126,6 @@ impl StoreServer {
             std::thread::sleep(Duration::from_millis(10));
         }
         true
-    }
-}
-
-impl Drop for StoreServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            // The loop may already be gone (its thread panicked); then there is nothing to stop.
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

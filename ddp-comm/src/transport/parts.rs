@@ -77,8 +77,8 @@ impl<'a, 'b> Parts<'a, 'b> {
     /// Runs `f` on a flat, 8-byte aligned copy of the concatenation (so typed views of it are
     /// aligned for every element type), then copies the result back into the pieces.
     pub(crate) fn through_flat<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let mut words = vec![0u64; self.len.div_ceil(8)];
-        let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..self.len];
+        let mut words = Vec::new();
+        let flat = super::aligned_bytes(&mut words, self.len);
         let len = self.len;
         self.for_each(0..len, |off, piece| {
             flat[off..off + piece.len()].copy_from_slice(piece)

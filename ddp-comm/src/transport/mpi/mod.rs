@@ -24,7 +24,7 @@ mod call;
 mod runtime;
 mod types;
 
-use super::{AbortHandle, ConnectSpec, Connected, Transport};
+use super::{AbortHandle, ConnectSpec, Connected, Transport, aligned_copy};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
@@ -209,15 +209,6 @@ fn recv_ptr(buf: &mut [u8]) -> *mut c_void {
 }
 
 impl MpiTransport {
-    /// `buf` copied into the aligned scratch buffer, returned as bytes.
-    fn copy_to_scratch(&mut self, buf: &[u8]) -> &[u8] {
-        self.scratch.clear();
-        self.scratch.resize(buf.len().div_ceil(8), 0);
-        let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.scratch)[..buf.len()];
-        bytes.copy_from_slice(buf);
-        bytes
-    }
-
     /// The chunked reductions (all-reduce, reduce): checks fingerprints, then calls `reduce`
     /// (an MPI reduction, returning its code, reported as `name`) on each piece of `buf` of at
     /// most [`CHUNK_ELEMENTS`] elements (MPI counts in an `int`), with the piece's input in a
@@ -240,7 +231,7 @@ impl MpiTransport {
         self.agree(fp)?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
         let size = fp.dtype.size_bytes();
-        let input = self.copy_to_scratch(buf).as_ptr();
+        let input = aligned_copy(&mut self.scratch, buf).as_ptr();
         for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
             let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
             let n = ((end - start) / size) as c_int;

@@ -13,12 +13,12 @@
 //! channel.
 
 use crate::auth::{HelloSlot, Kind, PendingHellos, StrangerLog, event_loop, warn_stranger};
+use crate::connect::EventLoop;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -47,10 +47,11 @@ pub(crate) struct Expect {
 /// The running listener. Dropping it stops the event loop and closes every pending hello.
 #[derive(Debug)]
 pub(crate) struct Acceptor {
+    /// Kept for its drop, which stops and joins the loop; first, so that happens before
+    /// `arrived` is dropped.
+    _running: EventLoop,
     addr: SocketAddr,
     arrived: mpsc::Receiver<Arrival>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Acceptor {
@@ -63,39 +64,15 @@ impl Acceptor {
             addr: format!("{ip}:0"),
             source,
         })?;
-        let ctx = |what: &str| format!("rendezvous: {what}");
-        let addr = listener
-            .local_addr()
-            .map_err(|e| CommError::io(ctx("reading the listener's address"), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| CommError::io(ctx("configuring the listener"), e))?;
-        crate::connect::raise_backlog(&listener);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| CommError::io(ctx("starting the listener's event loop"), e))?;
-        let listener = {
-            let _in_runtime = runtime.enter();
-            tokio::net::TcpListener::from_std(listener)
-                .map_err(|e| CommError::io(ctx("registering the listener"), e))?
-        };
         let (tx, arrived) = mpsc::channel();
-        let (stop, stopped) = oneshot::channel();
-        let thread = std::thread::Builder::new()
-            .name("ddp-comm-accept".into())
-            .spawn(move || {
-                runtime.block_on(accept_loop(listener, Arc::new(expect), tx, stopped));
-                // Dropping the runtime drops every hello still running, closing its socket.
-                drop(runtime);
-            })
-            .map_err(|e| CommError::io(ctx("starting the listener's thread"), e))?;
+        let (addr, running) =
+            EventLoop::start(listener, "rendezvous", "ddp-comm-accept", |l, stop| {
+                accept_loop(l, Arc::new(expect), tx, stop)
+            })?;
         Ok(Acceptor {
+            _running: running,
             addr,
             arrived,
-            stop: Some(stop),
-            thread: Some(thread),
         })
     }
 
@@ -107,17 +84,6 @@ impl Acceptor {
     /// The next admitted peer, waiting at most `wait`.
     pub(crate) fn next(&self, wait: Duration) -> Option<Arrival> {
         self.arrived.recv_timeout(wait).ok()
-    }
-}
-
-impl Drop for Acceptor {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

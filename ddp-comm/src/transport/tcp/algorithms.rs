@@ -18,7 +18,7 @@ use crate::collective::schedule::{all_gather_step, pairwise_step, reduce_scatter
 use crate::deadline::deadline_after;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
-use crate::transport::{AbortHandle, Transport};
+use crate::transport::{AbortHandle, Transport, aligned_copy};
 use std::net::Shutdown;
 use std::ops::Range;
 use std::time::Duration;
@@ -227,8 +227,8 @@ impl Transport for TcpTransport {
         let own = blocks[self.group_rank].clone();
         if n > 1 {
             let ctx = self.ctx(fp);
-            let mut work = aligned_copy(input);
-            let work_bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..input.len()];
+            let mut work = Vec::new();
+            let work_bytes = aligned_copy(&mut work, input);
             self.ring_reduce_scatter(&ctx, work_bytes, &blocks, 0, op)?;
             output.copy_from_slice(&work_bytes[own]);
         } else {
@@ -268,8 +268,8 @@ impl Transport for TcpTransport {
             op.divide_if_avg(n, fp.dtype, buf);
         } else {
             // Work on a copy: PyTorch leaves non-root buffers unchanged.
-            let mut work = aligned_copy(buf);
-            let work_bytes: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..buf.len()];
+            let mut work = Vec::new();
+            let work_bytes = aligned_copy(&mut work, buf);
             self.ring_reduce_scatter(&ctx, work_bytes, &segs, 1, op)?;
             run_step(
                 &ctx,
@@ -431,11 +431,4 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.abort();
     }
-}
-
-/// Copies bytes into a `u64`-backed buffer so any element type can be reduced in it.
-fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
-    let mut v = vec![0u64; bytes.len().div_ceil(8)];
-    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
-    v
 }
