@@ -234,6 +234,10 @@ where
             Split::Train(sampler) => (self.dataset.clone(), sampler.clone()),
             Split::Eval { world, rank } => {
                 let shard = ExactShard::new(self.dataset.len(), *world, *rank)?;
+                if shard.is_empty() {
+                    // An evaluation set smaller than the world: this rank has no batches.
+                    return Ok(());
+                }
                 let view = ShardView {
                     inner: self.dataset.clone(),
                     indices: shard.indices().collect(),

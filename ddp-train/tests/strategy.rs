@@ -3,6 +3,9 @@
 //! sampler, no timing assertions.
 
 use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::DataLoader;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::SgdConfig;
@@ -552,19 +555,18 @@ fn early_stopping_decided_by_rank0_stops_every_rank_in_the_same_epoch() {
     );
 }
 
+/// Batches of sample indices.
+#[derive(Clone)]
+struct Ids;
+
+impl Batcher<Flex, usize, Vec<usize>> for Ids {
+    fn batch(&self, items: Vec<usize>, _device: &burn::tensor::Device<Flex>) -> Vec<usize> {
+        items
+    }
+}
+
 #[test]
 fn the_loader_gives_each_rank_its_shard_and_reshuffles_every_epoch() {
-    use burn::data::dataloader::DataLoader;
-    use burn::data::dataloader::batcher::Batcher;
-    use burn::data::dataset::InMemDataset;
-
-    #[derive(Clone)]
-    struct Ids;
-    impl Batcher<Flex, usize, Vec<usize>> for Ids {
-        fn batch(&self, items: Vec<usize>, _device: &burn::tensor::Device<Flex>) -> Vec<usize> {
-            items
-        }
-    }
     let epoch_of = |rank: usize, loader: &DistributedLoader<Flex, usize, Vec<usize>>| {
         let _ = rank;
         loader.iter().flatten().collect::<Vec<usize>>()
@@ -613,6 +615,34 @@ fn the_loader_gives_each_rank_its_shard_and_reshuffles_every_epoch() {
         })
         .collect();
     assert_eq!(eval, vec![vec![0, 2, 4, 6], vec![1, 3, 5]]);
+}
+
+/// An evaluation set smaller than the world leaves the last ranks without batches: an empty
+/// epoch there, not a loading error that aborts the process group.
+#[test]
+fn an_eval_set_smaller_than_the_world_gives_the_last_ranks_empty_epochs() {
+    let outcomes = run_ranks(1, |pg| {
+        (0..4)
+            .map(|rank| {
+                let l = DistributedLoader::<Flex, _, _>::eval(
+                    InMemDataset::new((0..3).collect::<Vec<usize>>()),
+                    Ids,
+                    2,
+                    4,
+                    rank,
+                )
+                .expect("eval loader")
+                .with_abort_group(pg.clone());
+                let items: Vec<usize> = l.iter().flatten().collect();
+                (items, pg.barrier().map_err(|e| e.to_string()))
+            })
+            .collect::<Vec<_>>()
+    });
+    for (rank, (items, group)) in outcomes[0].iter().enumerate() {
+        let expected: Vec<usize> = (rank..3).step_by(4).collect();
+        assert_eq!(items, &expected, "rank {rank}");
+        assert!(group.is_ok(), "rank {rank} aborted the group: {group:?}");
+    }
 }
 
 /// Trains with this rank's `batch_per_rank` and `hidden` units for two epochs, returning the
