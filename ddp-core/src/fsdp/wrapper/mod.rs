@@ -169,6 +169,17 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
 
     /// Gathers every unit's parameters (if this step has not yet) and runs `f` on the whole
     /// model. Several forwards before one backward gather once.
+    ///
+    /// # Collective
+    /// The first forward after a backward or a step all-gathers the parameters: every rank calls
+    /// it at the same point. An evaluation on one rank only (`if rank == 0 { fsdp.forward(..) }`)
+    /// waits there for the others until the process group's timeout. Evaluate on every rank
+    /// (each on its own shard of the data), or call [`full_module`](Self::full_module) on every
+    /// rank and evaluate its copy on one.
+    ///
+    /// # Errors
+    /// [`FsdpError::Poisoned`] after an earlier failure; a failed all-gather (the process
+    /// group is then aborted).
     pub fn forward<T>(&mut self, f: impl FnOnce(&M) -> T) -> Result<T, FsdpError> {
         self.check()?;
         if !self.gathered {
