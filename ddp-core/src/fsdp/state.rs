@@ -196,8 +196,12 @@ fn join_at(parts: &[Value], sizes: &[usize], len: usize, at: &str) -> Result<Val
         other => {
             if parts.iter().any(|p| p != other) {
                 return Err(format!(
-                    "the optimizer state at '{at}' is not the same on every rank, so it is \
-                     not element by element; FSDP needs an element-wise optimizer"
+                    "the optimizer state at '{at}' differs between the pieces of one unit's \
+                     chunk (its parameters, or the ranks holding them), so it is not element by \
+                     element. FSDP steps a unit's parameters together: they need an \
+                     element-wise optimizer and the same step count (a DDP or ZeRO checkpoint \
+                     in which some of them got no gradient on some steps has fewer steps for \
+                     those; give them a unit of their own, or resume that run with DDP)"
                 ));
             }
             Ok(other.clone())

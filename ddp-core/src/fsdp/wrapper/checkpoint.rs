@@ -166,6 +166,11 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// [`ShardedCheckpointer::load_latest`] does. The data loader position and epoch are in
     /// the outcome's [`TrainingState`].
     ///
+    /// A unit's parameters are stepped together, so a DDP or ZeRO checkpoint loads only where
+    /// every parameter of a unit was stepped the same number of times: one in which some
+    /// parameter got no gradient on some steps (an unused branch) is refused with an error
+    /// that says so.
+    ///
     /// # Collective
     /// Every rank calls it at the same point, before training resumes.
     ///
@@ -320,7 +325,9 @@ fn in_offset_order(parts: Vec<Value>, count: usize) -> Result<Vec<Value>, String
     if pieces.len() != count {
         return Err(format!(
             "the checkpoint holds optimizer state for {} of its {count} parameters; a unit's \
-             parameters are stepped together, so all or none must have state",
+             parameters are stepped together, so all or none must have state (a parameter that \
+             never got a gradient in the run that saved it has none: give it a unit of its own, \
+             or resume that run with DDP)",
             pieces.len()
         ));
     }
