@@ -322,6 +322,6 @@ mod tests {
         assert!(err.contains("not one value per element"), "{err}");
         let steps = [record(1, &[1.0], &[1], 7), record(1, &[2.0], &[1], 8)];
         let err = join(&steps, &[1, 1], 2).unwrap_err();
-        assert!(err.contains("not the same on every rank"), "{err}");
+        assert!(err.contains("the same step count"), "{err}");
     }
 }
