@@ -103,7 +103,9 @@ pub enum DdpError {
     /// [`join`](crate::DistributedDataParallel::join) found ranks that disagree on the step.
     #[error("uneven inputs: {0}")]
     Join(String),
-    /// Writing the timeline failed.
+    /// Writing the timeline failed. The wrapper no longer returns it: a timeline file that
+    /// cannot be written turns the timeline off with a warning instead. Kept so that code
+    /// matching it still compiles.
     #[error("writing the timeline to {path}: {source}")]
     Timeline {
         /// The trace file.
