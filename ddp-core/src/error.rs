@@ -42,6 +42,20 @@ pub enum DdpError {
         /// How many tapped gradients arrived.
         count: usize,
     },
+    /// The loss used parameters of the wrapped module directly (through `ddp.module()`, or a
+    /// clone of it) rather than through `ddp.forward`: DDP never sees their gradients, so
+    /// they would not be averaged, nor applied at all.
+    #[error(
+        "the loss used {} parameter(s) of the wrapped module outside `ddp.forward` ({}): their \
+         gradients do not reach DDP and would be dropped; compute every term of the loss from \
+         the model that `ddp.forward(|model| ...)` hands you (a regularisation term too)",
+        params.len(),
+        params.join(", ")
+    )]
+    UsedOutsideForward {
+        /// The parameters' paths in the module.
+        params: Vec<String>,
+    },
     /// The loss was computed from the output of a forward that an earlier backward already
     /// consumed.
     #[error(
@@ -103,7 +117,9 @@ pub enum DdpError {
     /// [`join`](crate::DistributedDataParallel::join) found ranks that disagree on the step.
     #[error("uneven inputs: {0}")]
     Join(String),
-    /// Writing the timeline failed.
+    /// Writing the timeline failed. The wrapper no longer returns it: a timeline file that
+    /// cannot be written turns the timeline off with a warning instead. Kept so that code
+    /// matching it still compiles.
     #[error("writing the timeline to {path}: {source}")]
     Timeline {
         /// The trace file.

@@ -48,7 +48,7 @@ pub struct ProcessGroupConfig {
     /// ranks with equal ids use shared memory with each other. They must really share
     /// `/dev/shm` and a pid namespace. `None` detects it.
     pub host_id: Option<String>,
-    /// Bytes of each rank's staging buffers in shared memory (two per rank; larger tensors
+    /// Bytes of each rank's staging buffers in shared memory (three per rank; larger tensors
     /// stream through them). `None`: `DDP_SHM_BUFFER_BYTES`, else 512 KiB. The value of the
     /// lowest rank on each host is used there.
     pub shm_buffer_bytes: Option<usize>,

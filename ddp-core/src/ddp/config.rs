@@ -56,6 +56,7 @@ pub struct DdpConfig {
     #[config(default = false)]
     pub uneven_inputs: bool,
     /// Write a Chrome trace (chrome://tracing, Perfetto) of the steps to this file on rank 0.
+    /// A file that cannot be written turns the timeline off with a warning; training goes on.
     pub timeline_path: Option<String>,
     /// How many steps the timeline records.
     #[config(default = 20)]

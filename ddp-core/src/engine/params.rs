@@ -121,6 +121,47 @@ impl<I: Backend> ParamTable<I> {
     }
 }
 
+impl<I: Backend> ParamTable<I> {
+    /// The paths of this table's trainable parameters that hold a gradient in `grads`, burn's
+    /// gradients of a backward through the taps. A tap takes its parameter's gradient and
+    /// passes nothing on, so a trainable parameter has one there only when the loss used the
+    /// wrapped `module` itself (`ddp.module()`, a clone of it) instead of the tapped copy.
+    pub(crate) fn used_outside_taps<B, M>(&self, module: &M, grads: &B::Gradients) -> Vec<String>
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        M: AutodiffModule<B>,
+    {
+        let mut visit = UsedOutside::<B> {
+            table: &self.entries,
+            grads,
+            next: 0,
+            found: Vec::new(),
+        };
+        module.visit(&mut visit);
+        visit.found
+    }
+}
+
+struct UsedOutside<'a, B: AutodiffBackend> {
+    table: &'a [ParamEntry<B::InnerBackend>],
+    grads: &'a B::Gradients,
+    next: usize,
+    found: Vec<String>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for UsedOutside<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let index = self.next;
+        self.next += 1;
+        let Some(entry) = self.table.get(index) else {
+            return;
+        };
+        if entry.kind == ParamKind::Trainable && param.val().grad(self.grads).is_some() {
+            self.found.push(entry.path.clone());
+        }
+    }
+}
+
 /// Applies pending `RunningState` updates (burn keeps each forward's update in a per-thread map
 /// until the value is read with `value_sync` or recorded): `into_record` syncs, and a clone
 /// shares the state, so recording a clone flushes the module itself.

@@ -44,4 +44,11 @@ pub enum SyncBatchNormError {
          value per channel"
     )]
     EmptyGlobalBatch,
+    /// Every rank together had one value per channel: its variance is 0, so the output would be
+    /// `beta` whatever the input, and no gradient would reach the input (PyTorch refuses it too).
+    #[error(
+        "SyncBatchNorm: the global batch holds one value per channel (over every rank); training \
+         needs more than one: use larger batches, or evaluation mode"
+    )]
+    OneValuePerChannel,
 }

@@ -148,7 +148,8 @@ impl<B: SyncBatchNormBackend> SyncBatchNorm<B> {
     /// ranks included).
     ///
     /// # Errors
-    /// A bad input shape, a failed all-reduce, or a global batch with no sample.
+    /// A bad input shape, a failed all-reduce, or a global batch with no sample or with only
+    /// one value per channel (every rank fails alike: the count is all-reduced).
     pub fn try_forward<const D: usize>(
         &self,
         input: Tensor<B, D>,
@@ -225,6 +226,9 @@ impl<B: SyncBatchNormBackend> SyncBatchNorm<B> {
         let total_value: f32 = sums.clone().narrow(0, channels, 1).into_scalar().elem();
         if total_value <= 0.0 {
             return Err(SyncBatchNormError::EmptyGlobalBatch);
+        }
+        if total_value <= 1.0 {
+            return Err(SyncBatchNormError::OneValuePerChannel);
         }
         let mean = sums.narrow(0, 0, channels).div_scalar(total_value);
 

@@ -282,3 +282,28 @@ fn forward_outside_ddp_is_reported_not_silently_zero() {
     let e = results[0].as_ref().expect("must be an error");
     assert!(e.contains("ddp.forward"), "{e}");
 }
+
+/// A loss term computed from the wrapped module itself (an L2 penalty on `ddp.module()`'s
+/// weight, a layer applied outside the forward closure) would get no gradient through DDP and
+/// silently not train: it is an error naming the parameters, on every rank.
+#[test]
+fn a_loss_term_from_the_wrapped_module_itself_is_an_error_naming_it() {
+    let results = run_ranks(2, |pg| {
+        let device = Default::default();
+        let mut ddp =
+            DistributedDataParallel::new(Mlp::<B>::new(&device, 4), pg, DdpConfig::new()).unwrap();
+        let (x, y) = batch(&[0, 1], &device);
+        let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
+        let penalty = ddp.module().fc1.weight.val().powf_scalar(2.0).sum();
+        let loss = MseLoss::new().forward(pred, y, Reduction::Mean) + penalty.mul_scalar(1e-3);
+        ddp.backward(loss).err()
+    });
+    for (rank, e) in results.iter().enumerate() {
+        match e {
+            Some(ddp_core::DdpError::UsedOutsideForward { params }) => {
+                assert_eq!(params, &["fc1.weight"], "rank {rank}")
+            }
+            other => panic!("rank {rank}: expected UsedOutsideForward, got {other:?}"),
+        }
+    }
+}

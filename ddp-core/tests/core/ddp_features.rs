@@ -193,6 +193,34 @@ fn timeline_writes_a_chrome_trace_with_every_phase() {
     assert!((0.0..=1.0).contains(&stats[0].overlap_fraction()));
 }
 
+/// A timeline file that cannot be written (its directory does not exist) is a warning that
+/// turns the timeline off, not an error that ends training and aborts the peers.
+#[test]
+fn an_unwritable_timeline_turns_itself_off_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no such directory").join("trace.json");
+    let config = small_buckets().with_timeline_path(Some(path.display().to_string()));
+    let outcomes = run_ranks(2, |pg| {
+        let device = Default::default();
+        let mut ddp =
+            DistributedDataParallel::new(Deep::<B>::new(&device), pg, config.clone()).unwrap();
+        let mut sgd = SgdConfig::new().init::<B, Deep<B>>();
+        (0..2)
+            .map(|step| {
+                let (x, y) = batch(&[step, step + 1], &device);
+                let pred = ddp.forward(|m| m.forward(x, true))?;
+                let grads = ddp.backward(MseLoss::new().forward(pred, y, Reduction::Mean))?;
+                ddp.optimizer_step(&mut sgd, 0.1, grads);
+                Ok(())
+            })
+            .collect::<Result<Vec<()>, ddp_core::DdpError>>()
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        assert!(outcome.is_ok(), "rank {rank}: {outcome:?}");
+    }
+    assert!(!path.exists());
+}
+
 /// A weight used twice (tied): its gradient must be the sum of both uses.
 #[derive(Module, Debug)]
 struct Tied<B: Backend> {

@@ -246,6 +246,13 @@ fn bad_input_is_an_error() {
     let wrong_channels = Tensor::<B, 2>::zeros([4, C + 1], &device);
     let err = layer.try_forward(wrong_channels).unwrap_err();
     assert!(err.to_string().contains("4 channels"), "{err}");
+    // One value per channel in training: a variance of 0 (PyTorch refuses it too).
+    let one = Tensor::<B, 2>::ones([1, C], &device);
+    let err = layer.try_forward(one).unwrap_err();
+    assert!(
+        matches!(err, ddp_core::nn::SyncBatchNormError::OneValuePerChannel),
+        "{err}"
+    );
 }
 
 /// conv -> SyncBatchNorm (or BatchNorm) -> relu -> linear, on 1x4x4 images.

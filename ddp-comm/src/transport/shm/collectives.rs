@@ -8,7 +8,7 @@ use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
-use crate::transport::Parts;
+use crate::transport::{Parts, aligned_bytes};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -131,14 +131,15 @@ impl ShmGroup {
                     // In rank order, as slot 0 does, so a sum never depends on which rank
                     // reduces it (and so on how a bucket is cut into slices).
                     let sources: Vec<usize> = (0..n).map(|q| self.buf(q, k) + own.start).collect();
-                    let mut acc = std::mem::take(&mut self.scratch);
-                    acc.resize(own.len(), 0);
-                    self.seg.read(sources[0], &mut acc);
+                    // Word-backed, so typed views of it are aligned for every dtype.
+                    let mut words = std::mem::take(&mut self.scratch);
+                    let acc = aligned_bytes(&mut words, own.len());
+                    self.seg.read(sources[0], acc);
                     for &src in &sources[1..] {
-                        self.seg.combine_into(src, &mut acc, fp.dtype, combine);
+                        self.seg.combine_into(src, acc, fp.dtype, combine);
                     }
-                    self.seg.write(mine + own.start, &acc);
-                    self.scratch = acc;
+                    self.seg.write(mine + own.start, acc);
+                    self.scratch = words;
                 }
                 if let Some(d) = divide {
                     self.seg.divide(mine + own.start, own.len(), fp.dtype, d);

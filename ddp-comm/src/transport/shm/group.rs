@@ -62,8 +62,9 @@ pub(crate) struct ShmGroup {
     /// The next step number to begin.
     step: u64,
     timeout: Duration,
-    /// Where a slice is summed in rank order (see `collectives.rs`), reused between steps.
-    pub(super) scratch: Vec<u8>,
+    /// Where a slice is summed in rank order (see `collectives.rs`), reused between steps; in
+    /// words, so that it is aligned for every element type.
+    pub(super) scratch: Vec<u64>,
 }
 
 impl ShmGroup {

@@ -21,7 +21,7 @@ use crate::reduce_op::ReduceOp;
 use crate::transport::{AbortHandle, Transport, aligned_copy};
 use std::net::Shutdown;
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes of the scratch buffer that received data is reduced from: small enough to stay in cache.
 const SCRATCH_BYTES: usize = 256 << 10;
@@ -58,11 +58,18 @@ impl TcpTransport {
         self.ranks.len()
     }
 
+    /// The context of a collective that starts now: its deadline is one timeout away.
     fn ctx<'a>(&self, fp: &'a Fingerprint) -> Ctx<'a> {
+        self.ctx_until(fp, deadline_after(self.timeout))
+    }
+
+    /// The context of a collective whose deadline is already running (it connected its peers
+    /// first, within the same timeout).
+    fn ctx_until<'a>(&self, fp: &'a Fingerprint, deadline: Instant) -> Ctx<'a> {
         Ctx {
             fp,
             my_rank: self.ranks[self.group_rank],
-            deadline: deadline_after(self.timeout),
+            deadline,
             timeout: self.timeout,
         }
     }
@@ -73,12 +80,12 @@ impl TcpTransport {
 
     /// Connects, if not yet done, the ranks a collective rooted at `root` talks to directly:
     /// every other rank on the root, the root elsewhere.
-    fn ensure_rooted(&mut self, root: usize, op: &str) -> Result<()> {
+    fn ensure_rooted(&mut self, root: usize, op: &str, deadline: Instant) -> Result<()> {
         if self.group_rank == root {
             let others: Vec<usize> = (0..self.n()).filter(|&p| p != root).collect();
-            self.mesh.ensure(&others, op)
+            self.mesh.ensure(&others, op, deadline)
         } else {
-            self.mesh.ensure(&[root], op)
+            self.mesh.ensure(&[root], op, deadline)
         }
     }
 
@@ -249,8 +256,9 @@ impl Transport for TcpTransport {
         if n == 1 {
             return Ok(());
         }
-        self.ensure_rooted(root, "reduce")?;
-        let ctx = self.ctx(fp);
+        let deadline = deadline_after(self.timeout);
+        self.ensure_rooted(root, "reduce", deadline)?;
+        let ctx = self.ctx_until(fp, deadline);
         let segs = self.byte_segments(fp, fp.count as usize);
         let me = self.group_rank;
         let own = segs[(me + 1) % n].clone();
@@ -289,14 +297,15 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
+        let deadline = deadline_after(self.timeout);
         if self.n() > 1 {
-            self.ensure_rooted(root, "gather")?;
+            self.ensure_rooted(root, "gather", deadline)?;
         }
         match output {
             Some(out) => {
                 let blocks = self.blocks(input.len());
                 out[blocks[me].clone()].copy_from_slice(input);
-                let ctx = self.ctx(fp);
+                let ctx = self.ctx_until(fp, deadline);
                 for peer in (0..self.n()).filter(|&p| p != me) {
                     let rx = Sink::copy(&mut out[blocks[peer].clone()]);
                     run_step(
@@ -309,7 +318,7 @@ impl Transport for TcpTransport {
                 Ok(())
             }
             None => {
-                let ctx = self.ctx(fp);
+                let ctx = self.ctx_until(fp, deadline);
                 run_step(
                     &ctx,
                     Some(self.conn(root)),
@@ -328,10 +337,11 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
+        let deadline = deadline_after(self.timeout);
         if self.n() > 1 {
-            self.ensure_rooted(root, "scatter")?;
+            self.ensure_rooted(root, "scatter", deadline)?;
         }
-        let ctx = self.ctx(fp);
+        let ctx = self.ctx_until(fp, deadline);
         match input {
             Some(inp) => {
                 let blocks = self.blocks(output.len());
@@ -364,8 +374,9 @@ impl Transport for TcpTransport {
             return Ok(());
         }
         let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
-        self.mesh.ensure(&others, "all_to_all")?;
-        let ctx = self.ctx(fp);
+        let deadline = deadline_after(self.timeout);
+        self.mesh.ensure(&others, "all_to_all", deadline)?;
+        let ctx = self.ctx_until(fp, deadline);
         for step in 1..n {
             let (to, from) = pairwise_step(me, n, step);
             let rx = Sink::copy(&mut output[blocks[from].clone()]);
@@ -385,12 +396,13 @@ impl Transport for TcpTransport {
     }
 
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
-        self.mesh.ensure(&[dst], "send")?;
+        let deadline = deadline_after(self.timeout);
+        self.mesh.ensure(&[dst], "send", deadline)?;
         let fp = Fingerprint {
             seq: self.send_seq[dst],
             ..*fp
         };
-        let ctx = self.ctx(&fp);
+        let ctx = self.ctx_until(&fp, deadline);
         run_step(
             &ctx,
             Some(self.conn(dst)),
@@ -402,12 +414,13 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
-        self.mesh.ensure(&[src], "recv")?;
+        let deadline = deadline_after(self.timeout);
+        self.mesh.ensure(&[src], "recv", deadline)?;
         let fp = Fingerprint {
             seq: self.recv_seq[src],
             ..*fp
         };
-        let ctx = self.ctx(&fp);
+        let ctx = self.ctx_until(&fp, deadline);
         let mut step = Exchange::new(&[], Sink::copy(buf));
         debug_assert_eq!(step.rx_len(), fp.count as usize * fp.dtype.size_bytes());
         run_step(&ctx, None, Some(self.conn(src)), &mut step)?;

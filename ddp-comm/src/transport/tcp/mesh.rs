@@ -105,7 +105,7 @@ impl Mesh {
             .set(&format!("addr/{me}"), addr.to_string().as_bytes())?;
         mesh.acceptor = Some(acceptor);
         let ring = mesh.ring_neighbours();
-        mesh.ensure(&ring, "rendezvous")?;
+        mesh.ensure(&ring, "rendezvous", deadline_after(mesh.timeout))?;
         tracing::debug!(rank = spec.ranks[me], %addr, "tcp ring neighbours connected");
         Ok(mesh)
     }
@@ -126,12 +126,12 @@ impl Mesh {
 
     /// Connects every rank of `peers` that is not connected yet: to lower ranks we connect,
     /// from higher ranks we wait (taking in whoever else arrives meanwhile). `op` names what
-    /// needed them, for errors.
+    /// needed them, for errors; `deadline` is the collective's own, so that connecting counts
+    /// against its one timeout.
     ///
     /// # Errors
-    /// A peer not connected before the timeout (named), unreachable, or refusing us.
-    pub(crate) fn ensure(&mut self, peers: &[usize], op: &str) -> Result<()> {
-        let deadline = deadline_after(self.timeout);
+    /// A peer not connected before the deadline (named), unreachable, or refusing us.
+    pub(crate) fn ensure(&mut self, peers: &[usize], op: &str, deadline: Instant) -> Result<()> {
         for &p in peers {
             if p < self.me && self.conns[p].is_none() {
                 let stream = self.connect_peer(p, deadline)?;

@@ -72,7 +72,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     ///
     /// Every rank calls `join` once after its last step (the last ones to finish return at
     /// once). Until every rank has joined, make no other collective call (checkpoint saves,
-    /// evaluation) in the training loop: save after `join`.
+    /// evaluation, `SyncBatchNorm` in training, `GradScaler::step`) in the training loop: save
+    /// after `join`.
+    ///
+    /// Each answered step is `optimizer_step(optimizer, lr, grads)` with this `lr`: the
+    /// replicas stay identical only when the training ranks' steps are exactly that. A
+    /// learning-rate schedule, gradient clipping or loss scaling on the training ranks is not
+    /// repeated here, and this rank's model drifts from theirs.
     ///
     /// # Errors
     /// [`DdpError::InvalidConfig`] without [`DdpConfig::uneven_inputs`]; [`DdpError::Join`]

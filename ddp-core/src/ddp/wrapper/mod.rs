@@ -295,6 +295,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// # Errors
     /// [`DdpError::Comm`] when a peer fails (naming it and its reason);
     /// [`DdpError::BackwardWithoutForward`], [`DdpError::BackwardOutsideDdp`],
+    /// [`DdpError::UsedOutsideForward`],
     /// [`DdpError::StaleForward`], [`DdpError::NoGradients`] for misuse. All are final (see
     /// [Errors are final](Self#errors-are-final)).
     ///
@@ -342,11 +343,16 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         // 2. Backward: each tap hands its gradient to the reducer; a full bucket starts its
         //    all-reduce at once (in bucket order). With automatic overlap and no plan yet, the
         //    taps are plain and probes learn where to anchor them from the next step on.
-        let pass = self.passes.backward(loss);
+        let (pass, leftover) = self.passes.backward(loss);
         // 3. The remaining buckets; wait for all of them; averaged gradients.
         let reduced = self.reducer.finish(&self.table, pass.anchored_taps > 0)?;
         // 4. Every rank takes rank 0's buffers.
         self.land_buffers(buffers)?;
+        // 5. A loss term computed from the wrapped module itself left gradients DDP never saw.
+        let outside = self.table.used_outside_taps::<B, M>(self.inner(), &leftover);
+        if !outside.is_empty() {
+            return Err(DdpError::UsedOutsideForward { params: outside });
+        }
         let Some((grads, buckets)) = reduced else {
             return Ok(None);
         };
@@ -354,7 +360,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             .forward_times
             .take()
             .unwrap_or((pass.start, pass.start));
-        self.conclude_step(forward, pass, buckets)?;
+        self.conclude_step(forward, pass, buckets);
         Ok(Some(grads))
     }
 
@@ -365,7 +371,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         forward: (Instant, Instant),
         pass: BackwardPass,
         buckets: BucketTimes,
-    ) -> Result<(), DdpError> {
+    ) {
         let times = StepTimes {
             forward,
             backward: (pass.start, pass.end),
@@ -382,7 +388,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         );
         self.last_stats = Some(stats);
         self.step += 1;
-        self.record(&times)
+        self.record(&times);
     }
 
     fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
@@ -412,9 +418,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             .filter(|_| self.step as usize <= self.config.timeline_steps)
         {
             t.record_optimizer(self.step, start, Instant::now());
-            if let Err(e) = self.write_timeline() {
-                tracing::warn!(error = %e, "could not write the timeline");
-            }
+            self.write_timeline();
         }
     }
 

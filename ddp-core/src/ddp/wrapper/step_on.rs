@@ -169,7 +169,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let Some((grads, buckets)) = reduced else {
             return Ok((out, None));
         };
-        self.conclude_step((start, start), pass, buckets)?;
+        self.conclude_step((start, start), pass, buckets);
         Ok((out, Some(grads)))
     }
 }

@@ -110,7 +110,15 @@ impl<I: Backend> TappedPasses<I> {
     /// Back-propagates `loss` through the pending forwards, then learns the depth plan (the
     /// first time, with probes that leave every gradient unchanged) or checks that it still
     /// holds, and forgets the taps.
-    pub(crate) fn backward<B, const D: usize>(&mut self, loss: Tensor<B, D>) -> BackwardPass
+    ///
+    /// Also returns burn's gradients of what the taps did not take: the gradients of tensors
+    /// the loss used directly (see [`ParamTable::used_outside_taps`]).
+    ///
+    /// [`ParamTable::used_outside_taps`]: crate::engine::params::ParamTable::used_outside_taps
+    pub(crate) fn backward<B, const D: usize>(
+        &mut self,
+        loss: Tensor<B, D>,
+    ) -> (BackwardPass, B::Gradients)
     where
         B: TapBackend<InnerBackend = I>,
     {
@@ -123,7 +131,7 @@ impl<I: Backend> TappedPasses<I> {
             loss
         };
         let start = Instant::now();
-        drop(root.backward());
+        let leftover = root.backward();
         let end = Instant::now();
         let anchorings = || self.scopes.iter().map(|s| s.anchoring());
         if learn {
@@ -138,7 +146,7 @@ impl<I: Backend> TappedPasses<I> {
             tracing::debug!("the graph changed; learning tap depths again");
             self.depth_plan = None;
         }
-        self.conclude(start, end)
+        (self.conclude(start, end), leftover)
     }
 
     /// The end of a pass whose backward ran inside the caller's closure (`step_on`): the plan

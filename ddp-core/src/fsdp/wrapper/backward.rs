@@ -27,7 +27,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         self.reducer
             .begin(self.passes.pending_forwards(), self.generation);
         // Probes learn where to anchor the taps the first time (and when the graph changes).
-        let anchored = self.passes.backward(loss).anchored_taps;
+        let anchored = self.passes.backward(loss).0.anchored_taps;
         self.generation += 1;
         let finished = match self.reducer.finish() {
             Ok(f) => f,
