@@ -5,7 +5,6 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use std::collections::HashSet;
 
 /// One float tensor of the module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,42 +43,6 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Describe<B> {
             bytes: value.shape().num_elements() * value.dtype().size(),
             trainable: value.is_require_grad(),
         });
-    }
-}
-
-/// The path of the first trained tensor whose parameter already appeared earlier in `module`
-/// (a tied parameter, such as an embedding shared with the output layer), if there is one.
-pub(crate) fn first_tied<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Option<String> {
-    let mut visit = FindTied::<B> {
-        path: Vec::new(),
-        seen: HashSet::new(),
-        found: None,
-        _backend: std::marker::PhantomData,
-    };
-    module.visit(&mut visit);
-    visit.found
-}
-
-struct FindTied<B> {
-    path: Vec<String>,
-    seen: HashSet<ParamId>,
-    found: Option<String>,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for FindTied<B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if !self.seen.insert(param.id) && self.found.is_none() && param.val().is_require_grad() {
-            self.found = Some(self.path.join("."));
-        }
     }
 }
 

@@ -344,6 +344,30 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for See<B> {
     }
 }
 
+/// Every float tensor of `module` in module order, seen cheaply (no lazy initialisation
+/// beyond reading values, no flush).
+fn see<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Vec<Seen> {
+    let mut see = See::<B> {
+        path: Vec::new(),
+        seen: Vec::new(),
+        _backend: std::marker::PhantomData,
+    };
+    module.visit(&mut see);
+    see.seen
+}
+
+/// The path of the first trained tensor whose parameter already appeared earlier in `module`
+/// (a tied parameter, such as an embedding shared with the output layer), if there is one.
+pub(crate) fn first_tied_trainable<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+) -> Option<String> {
+    let mut ids = std::collections::HashSet::new();
+    see::<B, M>(module)
+        .into_iter()
+        .find(|s| !ids.insert(s.id) && s.trainable)
+        .map(|s| s.path)
+}
+
 impl<I: Backend> ParamTable<I> {
     /// Checks that `module` (a caller's copy of the wrapped model) has this table's layout, and
     /// returns this table keyed by `module`'s `ParamId`s, or `None` when they are this table's.
@@ -361,13 +385,7 @@ impl<I: Backend> ParamTable<I> {
         B: AutodiffBackend<InnerBackend = I>,
         M: AutodiffModule<B>,
     {
-        let mut see = See::<B> {
-            path: Vec::new(),
-            seen: Vec::new(),
-            _backend: std::marker::PhantomData,
-        };
-        module.visit(&mut see);
-        let seen = see.seen;
+        let seen = see::<B, M>(module);
         let rule = "it must have the wrapped module's parameter layout: the same float tensors in \
                     the same order (paths, shapes, dtypes, trainable or not) and the same tied \
                     parameters";

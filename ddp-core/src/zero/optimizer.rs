@@ -10,7 +10,8 @@ use super::stage2::{
 use super::stage2_device;
 use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
 use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
-use crate::engine::module_tensors::{TensorInfo, describe, first_tied, keep_shard};
+use crate::engine::module_tensors::{TensorInfo, describe, keep_shard};
+use crate::engine::params::first_tied_trainable;
 use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use crate::{Collectives, DistributedDataParallel, TapBackend};
@@ -290,7 +291,7 @@ where
         let (layout, device) = describe::<B, M>(module);
         let changed = self.plan.as_ref().map(|p| &p.layout) != Some(&layout);
         let had_plan = self.plan.is_some();
-        if changed && let Some(path) = first_tied::<B, M>(module) {
+        if changed && let Some(path) = first_tied_trainable::<B, M>(module) {
             return Err(ZeroError::TiedParameter { path });
         }
         if changed {

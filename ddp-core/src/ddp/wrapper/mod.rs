@@ -349,7 +349,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         // 4. Every rank takes rank 0's buffers.
         self.land_buffers(buffers)?;
         // 5. A loss term computed from the wrapped module itself left gradients DDP never saw.
-        let outside = self.table.used_outside_taps::<B, M>(self.inner(), &leftover);
+        let outside = self
+            .table
+            .used_outside_taps::<B, M>(self.inner(), &leftover);
         if !outside.is_empty() {
             return Err(DdpError::UsedOutsideForward { params: outside });
         }
