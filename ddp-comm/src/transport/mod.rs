@@ -8,12 +8,14 @@
 //!   within each host, TCP between hosts, hierarchical all-reduce. [`connect`] decides which
 //!   transport a group gets ([`TransportKind`], `DDP_TRANSPORT`).
 //! - `mpi` (feature `mpi`): MPI's collectives, for jobs started by `mpirun` or `srun`.
+//! - `aligned`: the byte buffers they reduce in place through typed views.
 //!
 //! Every transport implements [`Transport`], which works on byte buffers tagged by a
 //! [`Fingerprint`]; the typed, user-facing API lives in [`crate::group`]. A transport is owned by
 //! its group's communication thread, which calls it in issue order.
 
 mod abort;
+pub(crate) mod aligned;
 pub(crate) mod hybrid;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
@@ -164,22 +166,6 @@ pub(crate) trait Transport: Send {
     /// # Errors
     /// Duplicating a socket failed (out of file descriptors).
     fn abort_handle(&self) -> Result<AbortHandle>;
-}
-
-/// `words` resized to hold `len` bytes, as those bytes: `u64`-backed, so the view is 8-byte
-/// aligned and typed views of it are aligned for every element type. The one place the
-/// transports get such buffers (TCP's working copies, MPI's scratch input, flattened parts).
-pub(crate) fn aligned_bytes(words: &mut Vec<u64>, len: usize) -> &mut [u8] {
-    words.clear();
-    words.resize(len.div_ceil(8), 0);
-    &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..len]
-}
-
-/// [`aligned_bytes`] holding a copy of `bytes`, for reducing in place without touching them.
-pub(crate) fn aligned_copy<'a>(words: &'a mut Vec<u64>, bytes: &[u8]) -> &'a mut [u8] {
-    let copy = aligned_bytes(words, bytes.len());
-    copy.copy_from_slice(bytes);
-    copy
 }
 
 #[cfg(test)]

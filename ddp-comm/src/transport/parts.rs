@@ -78,7 +78,7 @@ impl<'a, 'b> Parts<'a, 'b> {
     /// aligned for every element type), then copies the result back into the pieces.
     pub(crate) fn through_flat<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut words = Vec::new();
-        let flat = super::aligned_bytes(&mut words, self.len);
+        let flat = super::aligned::aligned_bytes(&mut words, self.len);
         let len = self.len;
         self.for_each(0..len, |off, piece| {
             flat[off..off + piece.len()].copy_from_slice(piece)

@@ -24,7 +24,8 @@ mod call;
 mod runtime;
 mod types;
 
-use super::{AbortHandle, ConnectSpec, Connected, Transport, aligned_copy};
+use super::aligned::aligned_copy;
+use super::{AbortHandle, ConnectSpec, Connected, Transport};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;

@@ -8,7 +8,8 @@ use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;
 use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
-use crate::transport::{Parts, aligned_bytes};
+use crate::transport::Parts;
+use crate::transport::aligned::aligned_bytes;
 use std::ops::Range;
 use std::time::Instant;
 

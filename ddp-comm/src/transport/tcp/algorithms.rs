@@ -18,7 +18,8 @@ use crate::collective::schedule::{all_gather_step, pairwise_step, reduce_scatter
 use crate::deadline::deadline_after;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
-use crate::transport::{AbortHandle, Transport, aligned_copy};
+use crate::transport::aligned::aligned_copy;
+use crate::transport::{AbortHandle, Transport};
 use std::net::Shutdown;
 use std::ops::Range;
 use std::time::{Duration, Instant};
