@@ -234,8 +234,9 @@ where
             Split::Train(sampler) => (self.dataset.clone(), sampler.clone()),
             Split::Eval { world, rank } => {
                 let shard = ExactShard::new(self.dataset.len(), *world, *rank)?;
-                if shard.is_empty() {
-                    // An evaluation set smaller than the world: this rank has no batches.
+                if shard.is_empty() && !self.dataset.is_empty() {
+                    // An evaluation set smaller than the world: this rank has no batches. (An
+                    // empty set is still the loader's error below, on every rank.)
                     return Ok(());
                 }
                 let view = ShardView {

@@ -393,9 +393,9 @@ impl ProcessGroup {
     /// involved call them, in matching order.
     ///
     /// They do run in the group's one queue, in issue order with its collectives, and a send
-    /// blocks that queue until the peer takes the data. So two ranks must not both send first
-    /// and receive second (a swap of large messages waits until the timeout): let one of them
-    /// receive first. And a receive posted early with `recv_async` waits in the queue ahead of
+    /// of more than the network buffers hold blocks that queue until the peer takes the data.
+    /// So two ranks must not both send first and receive second (a swap of large messages
+    /// waits until the timeout): let one of them receive first. And a receive posted early with `recv_async` waits in the queue ahead of
     /// this rank's later collectives: post it where the sender sends, in the same order
     /// relative to the collectives on both ranks.
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {

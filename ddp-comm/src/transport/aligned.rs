@@ -5,8 +5,11 @@
 /// aligned and typed views of it are aligned for every element type. The one place the
 /// transports get such buffers (TCP's working copies, MPI's scratch input, flattened parts,
 /// the shared-memory rank-order sum).
+///
+/// The bytes hold whatever the buffer held before (zeros where it grew): every caller
+/// overwrites all `len` of them, and a reused buffer (a chunk of every all-reduce) is not
+/// zeroed each time for nothing.
 pub(crate) fn aligned_bytes(words: &mut Vec<u64>, len: usize) -> &mut [u8] {
-    words.clear();
     words.resize(len.div_ceil(8), 0);
     &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..len]
 }

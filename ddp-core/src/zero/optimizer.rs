@@ -228,7 +228,8 @@ where
     /// # Errors
     /// [`ZeroError::Broadcast`] (stage 1), [`ZeroError::ReduceGradients`],
     /// [`ZeroError::GatherParameters`], [`ZeroError::Unsupported`] (stage 2),
-    /// [`ZeroError::TiedParameter`] (the process group is then aborted), [`ZeroError::Poisoned`].
+    /// [`ZeroError::TiedParameter`]; after any of these the process group is aborted.
+    /// [`ZeroError::Poisoned`] after an earlier failure.
     pub fn try_step(&mut self, lr: f64, module: M, grads: GradientsParams) -> Result<M, ZeroError> {
         let (module, result) = self.step_shard(module, grads, |inner, module, grads| {
             inner.step(lr, module, grads)
@@ -244,8 +245,8 @@ where
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// [`ZeroError::Consolidate`], [`ZeroError::TiedParameter`] (the process group is then
-    /// aborted), [`ZeroError::Poisoned`].
+    /// [`ZeroError::Consolidate`], [`ZeroError::TiedParameter`]; after either the process group
+    /// is aborted. [`ZeroError::Poisoned`] after an earlier failure.
     pub fn consolidate_state(&mut self, module: &M) -> Result<(), ZeroError> {
         self.check_usable()?;
         let settled = self.settle(module);

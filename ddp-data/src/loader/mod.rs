@@ -131,7 +131,9 @@ impl<B: Backend, I, O> DistributedDataLoader<B, I, O> {
     }
 
     /// The resumable state: the epoch and the samples of it this rank has
-    /// consumed. Can be called while iterating.
+    /// consumed (after the epoch's last batch, all of them: a tail that
+    /// `drop_last` leaves out counts as consumed). Can be called while
+    /// iterating.
     pub fn state(&self) -> SamplerState {
         SamplerState {
             position: self.lock_cursor().position,
