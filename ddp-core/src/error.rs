@@ -42,6 +42,19 @@ pub enum DdpError {
         /// How many tapped gradients arrived.
         count: usize,
     },
+    /// Gradients reached this wrapper during another wrapper's backward: that wrapper's loss
+    /// used this wrapper's `forward` output (two wrapped models in one graph).
+    #[error(
+        "{count} gradient(s) reached this DDP wrapper during another DDP or FSDP wrapper's \
+         backward: that wrapper's loss used this wrapper's `forward` output, and nothing averages \
+         or applies those gradients. If that loss does not train this model (a GAN's generator \
+         step through the wrapped discriminator), compute it from `ddp.module()`, which has no \
+         taps; if one loss trains both models, wrap them in one module and one DDP"
+    )]
+    BackwardOfAnotherWrapper {
+        /// How many tapped gradients arrived.
+        count: usize,
+    },
     /// The loss used parameters of the wrapped module directly (through `ddp.module()`, or a
     /// clone of it) rather than through `ddp.forward`: DDP never sees their gradients, so
     /// they would not be averaged, nor applied at all.
@@ -57,10 +70,12 @@ pub enum DdpError {
         params: Vec<String>,
     },
     /// The loss was computed from the output of a forward that an earlier backward already
-    /// consumed.
+    /// consumed, or that an `optimizer_step` since has made stale (its gradients belong to the
+    /// old weights).
     #[error(
-        "the gradient of '{path}' comes from a forward of an earlier step: every backward must \
-         use outputs of the `ddp.forward` calls made since the previous backward"
+        "the gradient of '{path}' comes from a forward made before the previous backward or \
+         optimizer_step: every backward must use outputs of the `ddp.forward` calls made since \
+         both (a gradient of the old weights would be applied to the new ones)"
     )]
     StaleForward {
         /// The parameter whose stale gradient arrived.

@@ -79,29 +79,21 @@ pub(crate) fn rank0_failure_on_every_rank(
     if pg.world_size() == 1 {
         return failed.map_or(Ok(()), Err);
     }
-    let mut reason = match (&failed, pg.rank()) {
-        (Some(e), 0) => e.to_string().into_bytes(),
+    // Rank 0's reason (never empty: it starts with a marker), or nothing when it succeeded.
+    let reason = match (&failed, pg.rank()) {
+        (Some(e), 0) => format!("!{e}").into_bytes(),
         _ => Vec::new(),
     };
-    // The reason's length plus one (0: no failure), then its bytes.
-    let mut len = [i64::try_from(reason.len()).map_or(i64::MAX, |n| n + 1)];
-    if pg.rank() == 0 && failed.is_none() {
-        len[0] = 0;
-    }
-    let comm =
-        |what: &str| DdpTrainError::comm(format!("receiving {what} of rank 0's checkpoint writes"));
-    pg.broadcast(&mut len, 0).map_err(comm("the outcome"))?;
-    if len[0] <= 0 {
+    let reason = pg.broadcast_bytes(reason, 0).map_err(DdpTrainError::comm(
+        "receiving the outcome of rank 0's checkpoint writes",
+    ))?;
+    let Some(reason) = reason.strip_prefix(b"!") else {
         return Ok(());
-    }
-    if pg.rank() != 0 {
-        reason = vec![0; usize::try_from(len[0] - 1).unwrap_or(0)];
-    }
-    pg.broadcast(&mut reason, 0).map_err(comm("the failure"))?;
+    };
     Err(failed.unwrap_or_else(|| {
         DdpTrainError::Failed(format!(
             "rank 0 could not write a checkpoint: {}",
-            String::from_utf8_lossy(&reason)
+            String::from_utf8_lossy(reason)
         ))
     }))
 }

@@ -1,6 +1,7 @@
 //! Process groups: the user-facing collectives.
 //!
-//! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups.
+//! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups;
+//!   [`ProcessGroup::broadcast_bytes`] for a payload only the root knows the length of.
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
 //! - [`Work`]: the handle of an asynchronous collective.
 //! - `ProcessGroup::nccl` (feature `cuda`): the group's NCCL backend, for device buffers.
@@ -21,6 +22,7 @@ mod config;
 mod nccl_backend;
 #[cfg(feature = "cuda")]
 mod nccl_slot;
+mod payload;
 mod process_group;
 mod transport_thread;
 

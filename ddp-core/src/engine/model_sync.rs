@@ -9,23 +9,14 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use ddp_comm::{ProcessGroup, ReduceOp};
 
-/// Sends `bytes` from `root` to every rank (length first, then the bytes).
+/// [`ProcessGroup::broadcast_bytes`], with DDP's error.
 pub(crate) fn broadcast_bytes(
     pg: &ProcessGroup,
     bytes: Vec<u8>,
     root: usize,
 ) -> Result<Vec<u8>, DdpError> {
-    let mut len = [bytes.len() as i64];
-    pg.broadcast(&mut len, root)
-        .map_err(DdpError::comm("broadcasting a length"))?;
-    let mut buf = if pg.rank() == root {
-        bytes
-    } else {
-        vec![0u8; len[0].max(0) as usize]
-    };
-    pg.broadcast(&mut buf, root)
-        .map_err(DdpError::comm("broadcasting bytes"))?;
-    Ok(buf)
+    pg.broadcast_bytes(bytes, root)
+        .map_err(DdpError::comm("broadcasting bytes"))
 }
 
 /// Fails on every rank, with the same message, if any rank's parameter list differs from rank

@@ -693,62 +693,6 @@ fn two_forwards_feeding_one_loss_count_every_tap_once() {
     assert!(diff < 1e-5, "two forwards, one backward: off by {diff}");
 }
 
-fn misuse(
-    world: usize,
-    body: impl Fn(&mut DistributedDataParallel<B, Mlp<B>>) -> DdpError + Sync,
-) -> Vec<String> {
-    run_ranks(world, |pg| {
-        let device = Default::default();
-        let mut ddp =
-            DistributedDataParallel::new(Mlp::<B>::new(&device, 8), pg, DdpConfig::new()).unwrap();
-        body(&mut ddp).to_string()
-    })
-}
-
-#[test]
-fn misuse_is_a_clear_error_naming_the_rule() {
-    for world in [1, 2] {
-        let device = Default::default();
-        // A plain `loss.backward()` on DDP's output.
-        for e in misuse(world, |ddp| {
-            let (x, y) = batch(&[0, 1], &device);
-            let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
-            drop(MseLoss::new().forward(pred, y, Reduction::Mean).backward());
-            ddp.forward(|m| m.fc1.weight.val()).unwrap_err()
-        }) {
-            assert!(
-                e.contains("instead of `loss.backward()`"),
-                "world {world}: {e}"
-            );
-        }
-        // Backward without forward.
-        for e in misuse(world, |ddp| {
-            ddp.backward(Tensor::<B, 1>::ones([1], &device).require_grad())
-                .unwrap_err()
-        }) {
-            assert!(e.contains("backward without forward"), "world {world}: {e}");
-        }
-        // A loss from a forward that an earlier backward consumed.
-        for e in misuse(world, |ddp| {
-            let (x, y) = batch(&[0, 1], &device);
-            let old = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
-            let old_loss = MseLoss::new().forward(old, y.clone(), Reduction::Mean);
-            let pred = ddp.forward(|m| m.forward(x, false)).unwrap();
-            ddp.backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
-                .unwrap();
-            let (x2, y2) = batch(&[2], &device);
-            let pred = ddp.forward(|m| m.forward(x2, false)).unwrap();
-            let stale = old_loss + MseLoss::new().forward(pred, y2, Reduction::Mean);
-            ddp.backward(stale).unwrap_err()
-        }) {
-            assert!(
-                e.contains("comes from a forward of an earlier step"),
-                "world {world}: {e}"
-            );
-        }
-    }
-}
-
 /// An op whose backward panics, as burn's does when the device runs out of memory.
 #[derive(Debug)]
 struct PanicsInBackward;

@@ -21,6 +21,7 @@ mod ddp_buckets;
 mod ddp_equivalence;
 mod ddp_features;
 mod ddp_join_hooks;
+mod ddp_misuse;
 mod ddp_semantics;
 mod ddp_step_on;
 mod device_stand_in;

@@ -29,27 +29,15 @@ pub(crate) fn agree_on_step(pg: &ProcessGroup, step: u64) -> Result<(), Checkpoi
     }
 }
 
-/// Sends `bytes` from `root` to every rank (length first); other ranks' `bytes` are ignored.
+/// [`ProcessGroup::broadcast_bytes`], with the checkpoint's error; `context` says what moves.
 pub(crate) fn broadcast_bytes(
     pg: &ProcessGroup,
     bytes: Vec<u8>,
     root: usize,
     context: &'static str,
 ) -> Result<Vec<u8>, CheckpointError> {
-    let mut len = [bytes.len() as i64];
-    pg.broadcast(&mut len, root)
-        .map_err(CheckpointError::comm(context))?;
-    let len = usize::try_from(len[0]).unwrap_or(0);
-    let mut buf = if pg.rank() == root {
-        bytes
-    } else {
-        vec![0u8; len]
-    };
-    if len > 0 {
-        pg.broadcast(&mut buf, root)
-            .map_err(CheckpointError::comm(context))?;
-    }
-    Ok(buf)
+    pg.broadcast_bytes(bytes, root)
+        .map_err(CheckpointError::comm(context))
 }
 
 /// Every rank gets the JSON value rank 0 holds (`rank0_json`, `None` on the others): what

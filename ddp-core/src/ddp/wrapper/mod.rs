@@ -256,7 +256,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// Every rank calls it the same number of times (it may broadcast buffers from rank 0).
     ///
     /// # Errors
-    /// [`DdpError::BackwardOutsideDdp`] after a plain `loss.backward()`; [`DdpError::Comm`].
+    /// [`DdpError::BackwardOutsideDdp`] after a plain `loss.backward()`;
+    /// [`DdpError::BackwardOfAnotherWrapper`] after another wrapper's backward went through this
+    /// one's forward output; [`DdpError::Comm`].
     /// Both are final (see [Errors are final](Self#errors-are-final)).
     pub fn forward<O>(&mut self, f: impl FnOnce(&M) -> O) -> Result<O, DdpError> {
         self.check_usable()?;
@@ -295,6 +297,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// # Errors
     /// [`DdpError::Comm`] when a peer fails (naming it and its reason);
     /// [`DdpError::BackwardWithoutForward`], [`DdpError::BackwardOutsideDdp`],
+    /// [`DdpError::BackwardOfAnotherWrapper`],
     /// [`DdpError::UsedOutsideForward`],
     /// [`DdpError::StaleForward`], [`DdpError::NoGradients`] for misuse. All are final (see
     /// [Errors are final](Self#errors-are-final)).
@@ -405,6 +408,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
+    ///
+    /// Outputs of `forward` calls made before it can no longer be back-propagated: their
+    /// gradients belong to the old weights, so such a `backward` fails with
+    /// [`DdpError::StaleForward`]. Run the next forward after the step.
     pub fn optimizer_step<O: Optimizer<M, B>>(
         &mut self,
         optimizer: &mut O,
@@ -414,6 +421,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let start = Instant::now();
         let module = self.module.take().expect("module present");
         self.module = Some(optimizer.step(lr, module, grads));
+        self.reducer.weights_changed();
         if let Some(t) = self
             .timeline
             .as_mut()

@@ -3,7 +3,7 @@
 //! module instead of the wrapped one.
 
 use super::DistributedDataParallel;
-use crate::engine::tap::{TapBackend, TappedCopy};
+use crate::engine::tap::{InWrapperBackward, TapBackend, TappedCopy};
 use crate::error::DdpError;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
@@ -144,7 +144,12 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             self.reducer.clone(),
             generation,
             TappedCopy::AliveThroughBackward,
-            |tapped| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tapped))),
+            |tapped| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let _inside = InWrapperBackward::enter();
+                    f(tapped)
+                }))
+            },
         );
         let pass = self.passes.conclude(start, Instant::now());
         let out = match out {

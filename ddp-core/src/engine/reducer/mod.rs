@@ -39,7 +39,7 @@ pub(crate) use staged_reduction::StagedReduction;
 use crate::engine::arrival_order::{OrderError, agree_on_rank0_order};
 use crate::engine::bucket::{BucketCaps, BucketLayout};
 use crate::engine::params::{ParamKind, ParamTable};
-use crate::engine::tap::GradientSink;
+use crate::engine::tap::{GradientSink, InWrapperBackward};
 use crate::error::DdpError;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;
@@ -92,7 +92,10 @@ struct State<I: Backend> {
     generation: u64,
     forwards: usize,
     events: usize,
+    /// Tap events between backwards, from a plain `loss.backward()`.
     stray_events: usize,
+    /// Tap events between backwards, during another wrapper's backward.
+    foreign_events: usize,
     arrival: Vec<usize>,
     rebuilt: bool,
     /// Whether buckets were laid out again from a backward whose taps were anchored
@@ -153,6 +156,7 @@ impl<I: Backend> Reducer<I> {
             forwards: 0,
             events: 0,
             stray_events: 0,
+            foreign_events: 0,
             arrival: Vec::with_capacity(n),
             rebuilt: false,
             relaid_anchored: false,
@@ -204,6 +208,13 @@ impl<I: Backend> Reducer<I> {
         take_stray(&mut s)?;
         s.forwards += 1;
         Ok(s.generation)
+    }
+
+    /// The weights changed (an optimizer step): the outputs of forwards made before it may no
+    /// longer be back-propagated, since their gradients belong to the old weights (a later
+    /// backward of one fails with [`DdpError::StaleForward`]).
+    pub(crate) fn weights_changed(&self) {
+        self.lock().generation += 1;
     }
 
     /// Arms the reducer for one backward; `active` ranks are still training (the others have
@@ -454,7 +465,11 @@ impl<I: Backend> Reducer<I> {
             return Ok(()); // buffers and frozen parameters have no taps; nothing to do
         };
         let Phase::Backward { sync, .. } = s.phase else {
-            s.stray_events += 1;
+            if InWrapperBackward::active() {
+                s.foreign_events += 1;
+            } else {
+                s.stray_events += 1;
+            }
             return Ok(());
         };
         let info = &self.slots[slot];
@@ -513,8 +528,10 @@ impl<I: Backend> GradientSink<I> for Reducer<I> {
 }
 
 fn take_stray<I: Backend>(s: &mut State<I>) -> Result<(), DdpError> {
+    let foreign = std::mem::take(&mut s.foreign_events);
     match std::mem::take(&mut s.stray_events) {
-        0 => Ok(()),
+        0 if foreign == 0 => Ok(()),
+        0 => Err(DdpError::BackwardOfAnotherWrapper { count: foreign }),
         count => Err(DdpError::BackwardOutsideDdp { count }),
     }
 }

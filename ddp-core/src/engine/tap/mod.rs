@@ -31,6 +31,7 @@
 //! step's passes (tap a copy, forward, backward, learn the plan) in `passes`.
 
 mod anchor;
+mod in_backward;
 mod passes;
 
 use burn::backend::Autodiff;
@@ -49,6 +50,7 @@ pub(crate) use anchor::DepthPlan;
 use anchor::{Anchoring, ProbeTarget, anchor_at, probe_chain};
 use burn::module::{ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorPrimitive};
+pub(crate) use in_backward::InWrapperBackward;
 pub(crate) use passes::{BackwardPass, TappedCopy, TappedPasses};
 
 /// Receives gradients from taps, identified by the parameter's index in DDP's parameter list.

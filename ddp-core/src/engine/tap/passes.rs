@@ -3,7 +3,9 @@
 //! back-propagate (with probes while the depth plan is being learned), learn or check the plan,
 //! and forget the taps.
 
-use super::{DepthPlan, GradientSink, TapBackend, TapMapper, TapScope, with_probes};
+use super::{
+    DepthPlan, GradientSink, InWrapperBackward, TapBackend, TapMapper, TapScope, with_probes,
+};
 use crate::engine::boundary::{BoundaryFn, with_boundary};
 use crate::engine::params::ParamKind;
 use burn::module::AutodiffModule;
@@ -131,7 +133,9 @@ impl<I: Backend> TappedPasses<I> {
             loss
         };
         let start = Instant::now();
+        let inside = InWrapperBackward::enter();
         let leftover = root.backward();
+        drop(inside);
         let end = Instant::now();
         let anchorings = || self.scopes.iter().map(|s| s.anchoring());
         if learn {
