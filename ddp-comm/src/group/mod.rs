@@ -3,6 +3,8 @@
 //! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups.
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
 //! - [`Work`]: the handle of an asynchronous collective.
+//! - `generation`: which init on its store a world group is, so that groups created again over
+//!   one store never read an earlier init's keys.
 //! - `ProcessGroup::nccl` (feature `cuda`): the group's NCCL backend, for device buffers.
 //!
 //! # Threads
@@ -17,6 +19,7 @@
 mod abort;
 mod collectives;
 mod config;
+mod generation;
 #[cfg(feature = "cuda")]
 mod nccl_backend;
 #[cfg(feature = "cuda")]
