@@ -88,6 +88,10 @@
 //!   not proved the token gets one total deadline for its hello, and at most 64 wait at once.
 //! - **Shutdown.** Dropping a group joins its thread, closes its sockets and marks its
 //!   shared-memory slot closed (peers still waiting for it fail at once).
+//! - **Re-initialisation.** A store may outlive its groups: each init of the world group over
+//!   one store ([`ProcessGroup::generation`]), and each start of a [`Watchdog`](watchdog::Watchdog)
+//!   under one name, gets store keys of its own, so it never reads an earlier one's addresses or
+//!   failures. Every rank creates its groups on a store in the same order.
 //!
 //! ## Example: ranks as threads
 //! ```

@@ -10,5 +10,5 @@ mod verdict;
 
 pub use label::CollectiveLabel;
 pub use progress::{PeerProgress, RankProgress};
-pub(crate) use progress::{Progress, failed_key, key, with_own};
+pub(crate) use progress::{Progress, failed_key, key, scope, starts_key, with_own};
 pub use verdict::{StuckWork, WatchdogCause, WatchdogFailure};

@@ -1,14 +1,31 @@
 //! How a rank's progress travels through the store, and what the peers' progress says about a
 //! stuck collective.
 
-/// The store key of `rank`'s progress in `group`.
-pub(crate) fn key(group: &str, rank: usize) -> String {
-    format!("watchdog/{group}/{rank}")
+/// The store namespace of one run of `group`'s watchdog: `watchdog/<group>/` for the first run
+/// on a store, `watchdog@<n>/<group>/` for the `n`-th, so that a watchdog started again under
+/// the same name never reads an earlier run's progress or failure (no first run's key starts
+/// with `watchdog@`).
+pub(crate) fn scope(group: &str, generation: u64) -> String {
+    if generation <= 1 {
+        format!("watchdog/{group}/")
+    } else {
+        format!("watchdog@{generation}/{group}/")
+    }
 }
 
-/// The store key where the first rank whose watchdog failed `group` says why.
-pub(crate) fn failed_key(group: &str) -> String {
-    format!("watchdog/{group}/failed")
+/// The store counter of `rank`'s runs of `group`'s watchdog (its generations).
+pub(crate) fn starts_key(group: &str, rank: usize) -> String {
+    format!("watchdog@starts/{group}/{rank}")
+}
+
+/// The store key of `rank`'s progress in a run's [`scope`].
+pub(crate) fn key(scope: &str, rank: usize) -> String {
+    format!("{scope}{rank}")
+}
+
+/// The store key where the first rank whose watchdog failed a run's [`scope`] says why.
+pub(crate) fn failed_key(scope: &str) -> String {
+    format!("{scope}failed")
 }
 
 /// Last issued and last completed sequence numbers (0: none yet).
@@ -125,6 +142,9 @@ mod tests {
         ];
         assert_eq!(ranks_behind(&peers, 7), vec![1, 2]);
         assert_eq!(ranks_finished(&peers, 7), vec![3]);
-        assert_eq!(key("world", 3), "watchdog/world/3");
+        assert_eq!(key(&scope("world", 1), 3), "watchdog/world/3");
+        assert_eq!(failed_key(&scope("world", 1)), "watchdog/world/failed");
+        assert_eq!(key(&scope("world", 2), 3), "watchdog@2/world/3");
+        assert_eq!(failed_key(&scope("a/b", 7)), "watchdog@7/a/b/failed");
     }
 }

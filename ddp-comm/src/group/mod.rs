@@ -4,6 +4,8 @@
 //!   [`ProcessGroup::broadcast_bytes`] for a payload only the root knows the length of.
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
 //! - [`Work`]: the handle of an asynchronous collective.
+//! - `generation`: which init on its store a world group is, so that groups created again over
+//!   one store never read an earlier init's keys.
 //! - `ProcessGroup::nccl` (feature `cuda`): the group's NCCL backend, for device buffers.
 //!
 //! # Threads
@@ -18,6 +20,7 @@
 mod abort;
 mod collectives;
 mod config;
+mod generation;
 #[cfg(feature = "cuda")]
 mod nccl_backend;
 #[cfg(feature = "cuda")]

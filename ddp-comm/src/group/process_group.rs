@@ -1,6 +1,7 @@
 //! [`ProcessGroup`]: a set of ranks that run collectives together.
 
 use super::config::ProcessGroupConfig;
+use super::generation;
 use super::transport_thread::TransportThread;
 use crate::collective::{CollectiveKind, Fingerprint};
 use crate::dtype::DataType;
@@ -29,6 +30,14 @@ use std::time::Duration;
 /// that carries the reason, instead of waiting for the timeout, and every later call on this
 /// rank returns [`CommError::Aborted`].
 ///
+/// # Creating groups again on one store
+/// A store may outlive its groups (destroy the group, create a new one over the same store, as
+/// PyTorch users do with `destroy_process_group` and `init_process_group` over one `TCPStore`).
+/// Each init of the world group on a store is a new [generation](ProcessGroup::generation):
+/// its keys, and its subgroups', never meet an earlier init's. Rank 0 begins each generation
+/// and the other ranks join the newest one begun since their last, so every rank must create
+/// its world groups on a store in the same order.
+///
 /// # Shutdown
 /// Dropping the last clone lets queued collectives finish, closes every connection and joins the
 /// communication thread. On the rank that hosts the store, it then waits (up to the timeout) for
@@ -54,6 +63,8 @@ pub(crate) struct Inner {
     subgroups: AtomicU64,
     /// The job's random nonce (agreed through the store), part of every group id.
     job_nonce: Vec<u8>,
+    /// Which init of the world group on its store this group belongs to (1: the first).
+    generation: u64,
     /// The NCCL backend ([`ProcessGroup::nccl`]); dropped before the store it met through.
     #[cfg(feature = "cuda")]
     pub(crate) nccl: super::nccl_slot::NcclSlot,
@@ -69,12 +80,13 @@ impl Drop for Inner {
     }
 }
 
-/// Where a group comes from: the whole job (with the store rank 0 may host, and the job's
-/// nonce), or a parent group it is a subgroup of.
+/// Where a group comes from: the whole job (with the store rank 0 may host, the job's nonce
+/// and the init's generation), or a parent group it is a subgroup of.
 enum Lineage {
     World {
         server: Option<HostedStore>,
         job_nonce: Vec<u8>,
+        generation: u64,
     },
     Sub(Arc<Inner>),
 }
@@ -109,7 +121,9 @@ impl std::fmt::Debug for ProcessGroup {
 
 impl ProcessGroup {
     /// Joins the whole job through an already connected store (the launcher's, a test's, or
-    /// one created by hand). Every rank calls it with the same `world_size`.
+    /// one created by hand). Every rank calls it with the same `world_size`. Calling it again
+    /// over the same store, after the earlier groups are gone, makes a new group that shares no
+    /// keys with them (see [Creating groups again on one store](ProcessGroup#creating-groups-again-on-one-store)).
     ///
     /// # Errors
     /// Invalid config, or rendezvous failures (timeouts naming the missing ranks, rejected token).
@@ -128,14 +142,20 @@ impl ProcessGroup {
         config.require_token_if_exposed(&format!("rank {}", config.rank), mesh_ip)?;
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
-        let job_nonce = job_nonce(&store)?;
+        // Everything below, the nonce included, lives in this init's namespace of the store.
+        let generation = generation::join(&store, config.rank, config.timeout)?;
+        let job_nonce = job_nonce(&generation.store)?;
         Self::connect(
             "world".into(),
-            store,
+            generation.store,
             ranks,
             group_rank,
             config,
-            Lineage::World { server, job_nonce },
+            Lineage::World {
+                server,
+                job_nonce,
+                generation: generation.number,
+            },
         )
     }
 
@@ -147,11 +167,15 @@ impl ProcessGroup {
         config: ProcessGroupConfig,
         lineage: Lineage,
     ) -> Result<ProcessGroup> {
-        let (server, parent, job_nonce) = match lineage {
-            Lineage::World { server, job_nonce } => (server, None, job_nonce),
+        let (server, parent, job_nonce, generation) = match lineage {
+            Lineage::World {
+                server,
+                job_nonce,
+                generation,
+            } => (server, None, job_nonce, generation),
             Lineage::Sub(parent) => {
-                let nonce = parent.job_nonce.clone();
-                (None, Some(parent), nonce)
+                let (nonce, generation) = (parent.job_nonce.clone(), parent.generation);
+                (None, Some(parent), nonce, generation)
             }
         };
         let store = root_store.with_prefix(&format!("pg/{name}/"));
@@ -160,7 +184,7 @@ impl ProcessGroup {
                 store: &store,
                 ranks: &ranks,
                 group_rank,
-                group_id: group_id(&job_nonce, &name),
+                group_id: group_id(&job_nonce, generation, &name),
                 token: &config.token,
                 timeout: config.timeout,
                 socket_buffer_bytes: config.socket_buffer_bytes,
@@ -182,7 +206,7 @@ impl ProcessGroup {
             config.rank,
             format!("ddp-comm-{}", config.rank),
         )?;
-        tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), backend, "process group ready");
+        tracing::info!(group = %name, rank = config.rank, world_size = ranks.len(), backend, generation, "process group ready");
         Ok(ProcessGroup {
             inner: Arc::new(Inner {
                 transport,
@@ -198,6 +222,7 @@ impl ProcessGroup {
                 payload: AtomicU64::new(0),
                 subgroups: AtomicU64::new(0),
                 job_nonce,
+                generation,
                 #[cfg(feature = "cuda")]
                 nccl: Default::default(),
                 _parent: parent,
@@ -249,6 +274,13 @@ impl ProcessGroup {
     /// The group's name (`world`, or `world/sub0:0,2` for subgroups).
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Which init of the world group on its store this group belongs to: 1 for the first, `n`
+    /// for the `n`-th (see [Creating groups again on one store](ProcessGroup#creating-groups-again-on-one-store)).
+    /// A subgroup has its world group's.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation
     }
 
     /// The store namespace of this group, for user-level coordination.
@@ -390,24 +422,27 @@ impl ProcessGroup {
     }
 }
 
-/// The store key of the job's nonce.
+/// The store key of the job's nonce, in the init's namespace (see `generation`).
 const JOB_NONCE_KEY: &str = "job/nonce";
 
 /// The job's random nonce: the first rank to get here sets it, every rank reads the same.
-/// A stranger who knows a group's name still cannot tell its id without it.
+/// A stranger who knows a group's name still cannot tell its id without it. Each init on a
+/// store (generation) draws its own.
 fn job_nonce(store: &Store) -> Result<Vec<u8>> {
     let candidate: [u8; 16] = rand::random();
     let hex: String = candidate.iter().map(|b| format!("{b:02x}")).collect();
     store.compare_set(JOB_NONCE_KEY, b"", hex.as_bytes())
 }
 
-/// A group's id: the job's nonce and the group's name, hashed (SHA-256, first 8 bytes), so two
-/// groups, or one group of two jobs, never share an id.
-fn group_id(job_nonce: &[u8], name: &str) -> u64 {
+/// A group's id: the job's nonce, the init's generation and the group's name, hashed (SHA-256,
+/// first 8 bytes), so two groups, one group of two jobs, or of two inits on one store, never
+/// share an id.
+fn group_id(job_nonce: &[u8], generation: u64, name: &str) -> u64 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::new()
         .chain_update((job_nonce.len() as u64).to_le_bytes())
         .chain_update(job_nonce)
+        .chain_update(generation.to_le_bytes())
         .chain_update(name.as_bytes())
         .finalize();
     let mut id = [0u8; 8];

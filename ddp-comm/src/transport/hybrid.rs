@@ -33,7 +33,8 @@ use crate::store::Store;
 pub(crate) struct ConnectSpec<'a> {
     /// The TCP transport; its store is the group's namespace.
     pub(crate) mesh: MeshSpec<'a>,
-    /// The job's root store namespace.
+    /// The root store namespace of this init of the job (its generation's, see
+    /// `group::generation`).
     pub(crate) root_store: &'a Store,
     pub(crate) transport: TransportKind,
     /// Overrides the detected host id.

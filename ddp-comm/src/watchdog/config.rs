@@ -8,7 +8,8 @@ use std::time::Duration;
 /// `WatchdogConfig::new("world", rank, world_size, Duration::from_secs(600))`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchdogConfig {
-    /// The supervised group's name, part of the store keys (`watchdog/<group>/<rank>`).
+    /// The supervised group's name, part of the store keys (`watchdog/<group>/<rank>` on its
+    /// first start on a store; see [`Watchdog::generation`](super::Watchdog::generation)).
     pub group: String,
     /// This process's rank in the group.
     pub rank: usize,

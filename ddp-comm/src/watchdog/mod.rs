@@ -35,6 +35,14 @@
 //! [`peer_check_interval`](WatchdogConfig::peer_check_interval) (1 s) and fails too
 //! ([`WatchdogCause::PeerFailed`], quoting it), instead of waiting for its own timeout.
 //!
+//! # Starting again on one store
+//! The keys above are those of a group's first watchdog on a store. Each rank counts its starts
+//! of a group's watchdog on a store (`watchdog@starts/<group>/<rank>`); the `n`-th start
+//! ([`Watchdog::generation`]) uses `watchdog@<n>/<group>/` instead of `watchdog/<group>/`, so a
+//! watchdog started again under the same name never quotes the old run's failure or reads its
+//! progress. Every rank starts a group's watchdogs on a store equally often. (A process group's
+//! NCCL watchdog meets through the group's own store, new with each group.)
+//!
 //! # Completions after an abort
 //! An aborted NCCL collective's event completes too, over garbage. So nothing is marked done
 //! once the failure path has started, and [`WatchedWork::finish_observed`] (a waiter that saw

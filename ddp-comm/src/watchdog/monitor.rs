@@ -6,7 +6,8 @@ use super::probe::{AbortFn, AsyncErrorProbe, CompletionProbe};
 use super::reporter::{PeerFailure, Reporter, ReporterSpec};
 use crate::error::{CommError, Result};
 use crate::failure::{
-    CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, with_own,
+    CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, scope,
+    starts_key, with_own,
 };
 use crate::store::Store;
 use std::collections::VecDeque;
@@ -75,6 +76,8 @@ impl State {
 
 struct Shared {
     config: WatchdogConfig,
+    /// Which run of the group's watchdog on the store this is (1: the first).
+    generation: u64,
     state: Mutex<State>,
     changed: Condvar,
     abort: Mutex<Option<AbortFn>>,
@@ -257,6 +260,11 @@ impl Watchdog {
     /// `store` (for progress), and starts the polling thread. `abort` is called at most once,
     /// when the group fails; `async_error`, if any, is polled with the items.
     ///
+    /// Each start of a group's watchdog on a store is a new run (its
+    /// [generation](Watchdog::generation)) with keys of its own, so that a watchdog started
+    /// again under the same name never quotes an earlier run's failure. Each rank counts its
+    /// own starts: every rank must start the group's watchdogs on a store equally often.
+    ///
     /// # Errors
     /// An invalid config; a store that cannot be reached; a thread that cannot be started.
     pub fn start(
@@ -266,10 +274,12 @@ impl Watchdog {
         async_error: Option<AsyncErrorProbe>,
     ) -> Result<Watchdog> {
         config.validate()?;
+        let generation = run_number(store, &config)?;
         let peer_failure = PeerFailure::default();
         let reporter = Reporter::start(ReporterSpec {
             store: store.duplicate()?,
             group: config.group.clone(),
+            scope: scope(&config.group, generation),
             rank: config.rank,
             world_size: config.world_size,
             interval: config.publish_interval,
@@ -279,6 +289,7 @@ impl Watchdog {
         .map_err(|e| CommError::io("starting the watchdog's store thread", e))?;
         let shared = Arc::new(Shared {
             config,
+            generation,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             abort: Mutex::new(Some(abort)),
@@ -385,6 +396,25 @@ impl Watchdog {
     pub fn config(&self) -> &WatchdogConfig {
         &self.shared.config
     }
+
+    /// Which start of its group's watchdog on this rank and store this is: 1 for the first,
+    /// whose keys are `watchdog/<group>/...`; the `n`-th uses `watchdog@<n>/<group>/...`.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation
+    }
+}
+
+/// Counts this start of `config`'s group watchdog on this rank (see [`Watchdog::start`]).
+fn run_number(store: &Store, config: &WatchdogConfig) -> Result<u64> {
+    let key = starts_key(&config.group, config.rank);
+    let n = store.add(&key, 1)?;
+    u64::try_from(n)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| CommError::StoreProtocol {
+            op: "add",
+            reason: format!("{key} is {n}, not a count of watchdog starts"),
+        })
 }
 
 /// See [`Watchdog::failer`].

@@ -20,7 +20,7 @@ enum Message {
         own: Progress,
         reply: SyncSender<PeerProgress>,
     },
-    /// This rank failed the group: why, for `watchdog/<group>/failed` (unless a peer was first).
+    /// This rank failed the group: why, for `<scope>failed` (unless a peer was first).
     Failed(String),
 }
 
@@ -39,10 +39,12 @@ pub(crate) struct Reporter {
 pub(crate) struct ReporterSpec {
     pub(crate) store: Store,
     pub(crate) group: String,
+    /// The run's key namespace (`failure::scope`): `watchdog/<group>/` on a first run.
+    pub(crate) scope: String,
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
     pub(crate) interval: Duration,
-    /// How often `watchdog/<group>/failed` is checked.
+    /// How often `<scope>failed` is checked.
     pub(crate) peer_check: Duration,
     pub(crate) peer_failure: PeerFailure,
 }
@@ -87,8 +89,8 @@ impl Reporter {
 }
 
 fn run(spec: ReporterSpec, rx: Receiver<Message>) {
-    let own_key = key(&spec.group, spec.rank);
-    let failed = failed_key(&spec.group);
+    let own_key = key(&spec.scope, spec.rank);
+    let failed = failed_key(&spec.scope);
     // Until a failure of the group is known (a peer's, or this rank's own).
     let mut watch_peers = true;
     let mut next_peer_check = Instant::now() + spec.peer_check;
@@ -186,13 +188,13 @@ fn read_all(spec: &ReporterSpec) -> PeerProgress {
     let mut peers = Vec::with_capacity(spec.world_size);
     for start in (0..spec.world_size).step_by(READ_CHUNK) {
         let ranks = start..spec.world_size.min(start + READ_CHUNK);
-        let keys: Vec<String> = ranks.clone().map(|r| key(&spec.group, r)).collect();
+        let keys: Vec<String> = ranks.clone().map(|r| key(&spec.scope, r)).collect();
         let names: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = match spec.store.multi_get(&names) {
             Ok(values) => values,
             Err(e) => {
                 let (first, last) = (ranks.start, ranks.end - 1);
-                let k = key(&spec.group, first);
+                let k = key(&spec.scope, first);
                 return PeerProgress::Unknown(format!(
                     "reading the progress of ranks {first} to {last} ('{k}', ...): {e}"
                 ));

@@ -14,6 +14,7 @@ mod hello_is_mutual;
 mod mesh_flood;
 mod mesh_strangers;
 mod mpi_selection;
+mod reinit_on_one_store;
 mod shm_setup;
 mod stand_in;
 mod store_contract;

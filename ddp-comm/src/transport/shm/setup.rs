@@ -44,7 +44,7 @@ const MAX_CHUNK: usize = 256 << 20;
 pub(crate) struct SetupSpec<'a> {
     /// The group's store namespace.
     pub(crate) store: &'a Store,
-    /// The job's root namespace (for the job id).
+    /// The root namespace of this init of the job (for the job id).
     pub(crate) root_store: &'a Store,
     /// Global rank of each group rank.
     pub(crate) ranks: &'a [usize],

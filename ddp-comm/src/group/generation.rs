@@ -1,0 +1,146 @@
+//! Which init on its store a world group belongs to: its *generation*.
+//!
+//! A store can outlive a group: a test, or a user who destroys the group and creates a new one
+//! over the same store (PyTorch's `destroy_process_group` then `init_process_group` over one
+//! `TCPStore`). Every key an init writes (each rank's listening address, the shared-memory
+//! hello and segment names, failure reports, the job nonce, the subgroups' keys) lives in its
+//! generation's namespace, so a new init never reads an earlier one's: a dead listener's
+//! address would make the rendezvous time out.
+//!
+//! - Generation 1 uses the store as it is: the keys every job has always had on its own fresh
+//!   store (`pg/world/...`, `job/nonce`, `shm/job_id`).
+//! - Generation `n > 1` puts all of them under `pg/gen/<n>/`, which no group's keys can reach
+//!   (those are all under `pg/world`).
+//!
+//! # Agreement
+//! Rank 0 leads: each of its inits opens the next generation (`pg/init/count`, then
+//! `pg/init/begun/<n>`). Every other rank waits for a generation opened after the last one it
+//! joined (`pg/init/joined/<rank>`) and joins the newest. Had every rank counted its own inits
+//! instead, a rank whose init failed before it met the others (its peers never came) would
+//! stay one generation ahead of them for good; following rank 0 heals at the next init.
+//! Every rank creates its world groups on a store in the same order, as c10d requires.
+
+use crate::error::{CommError, Result};
+use crate::store::Store;
+use std::time::Duration;
+
+/// How many inits rank 0 has begun on the store.
+const COUNT_KEY: &str = "pg/init/count";
+
+/// Set by rank 0 as it begins generation `n`, for the other ranks to wait on.
+fn begun_key(n: u64) -> String {
+    format!("pg/init/begun/{n}")
+}
+
+/// The last generation `rank` joined (decimal text).
+fn joined_key(rank: usize) -> String {
+    format!("pg/init/joined/{rank}")
+}
+
+/// One init's generation and the store namespace its keys live in.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    /// 1 for the first init on the store.
+    pub(crate) number: u64,
+    /// The store the init's keys go to (the store itself for generation 1).
+    pub(crate) store: Store,
+}
+
+/// Agrees on the generation of this init of the world group with the other ranks (see the
+/// [module docs](self)).
+///
+/// # Errors
+/// Store failures; on ranks other than 0, [`CommError::Timeout`] naming rank 0 when it does not
+/// begin a new init within `timeout`.
+pub(crate) fn join(store: &Store, rank: usize, timeout: Duration) -> Result<Generation> {
+    let number = if rank == 0 {
+        open(store)?
+    } else {
+        follow(store, rank, timeout)?
+    };
+    tracing::debug!(
+        rank,
+        generation = number,
+        "joining this store's init of the world group"
+    );
+    let store = if number == 1 {
+        store.clone()
+    } else {
+        store.with_prefix(&format!("pg/gen/{number}/"))
+    };
+    Ok(Generation { number, store })
+}
+
+/// Rank 0's part: opens the next generation.
+fn open(store: &Store) -> Result<u64> {
+    let n = count(store.add(COUNT_KEY, 1)?)?;
+    store.set(&begun_key(n), b"begun")?;
+    Ok(n)
+}
+
+/// Another rank's part: waits for rank 0 to open a generation after the last one this rank
+/// joined, and joins the newest (an older one was abandoned by rank 0).
+fn follow(store: &Store, rank: usize, timeout: Duration) -> Result<u64> {
+    let joined = joined_key(rank);
+    let last = match store.multi_get(&[joined.as_str()])?.pop().flatten() {
+        Some(text) => parse_generation(&joined, &text)?,
+        None => 0,
+    };
+    let next = last + 1;
+    store
+        .wait(&[begun_key(next).as_str()], timeout)
+        .map_err(|e| match e {
+            CommError::StoreTimeout { .. } => CommError::Timeout {
+                op: "rendezvous".into(),
+                peer: 0,
+                timeout,
+                detail: format!(
+                    " to begin init #{next} of the world group on this store (every rank must \
+                     create its world groups on a store in the same order)"
+                ),
+            },
+            other => other,
+        })?;
+    let n = count(store.add(COUNT_KEY, 0)?)?;
+    store.set(&joined, n.to_string().as_bytes())?;
+    Ok(n)
+}
+
+/// The generation count the store returned, which rank 0 has bumped at least once.
+fn count(value: i64) -> Result<u64> {
+    u64::try_from(value)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| CommError::StoreProtocol {
+            op: "add",
+            reason: format!("{COUNT_KEY} is {value}, not a count of inits"),
+        })
+}
+
+fn parse_generation(key: &str, text: &[u8]) -> Result<u64> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| CommError::StoreProtocol {
+            op: "get",
+            reason: format!(
+                "{key} holds '{}', not a generation number",
+                String::from_utf8_lossy(text)
+            ),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_generations_must_be_positive_numbers() {
+        assert_eq!(count(3).ok(), Some(3));
+        assert!(count(0).is_err());
+        assert!(count(-1).is_err());
+        assert_eq!(parse_generation("k", b"12").ok(), Some(12));
+        let e = parse_generation("pg/init/joined/1", b"x").unwrap_err();
+        assert!(e.to_string().contains("pg/init/joined/1 holds 'x'"), "{e}");
+    }
+}
