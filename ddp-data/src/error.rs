@@ -1,5 +1,7 @@
 //! The crate's single error type.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 /// Everything that can go wrong when configuring a sampler, restoring its
@@ -116,6 +118,40 @@ pub enum DataError {
         message: String,
     },
 
+    /// The loader's timeout was zero, which would fail every batch.
+    #[error(
+        "the data loader timeout is 0; set a positive timeout, or leave it unset to wait for batches without limit"
+    )]
+    ZeroTimeout,
+
+    /// A timeout was set on a loader without worker threads, where it cannot apply.
+    #[error(
+        "a data loader timeout of {timeout:?} was set with num_workers 0; a timeout only applies to worker threads (a batch loaded on the iterating thread cannot be interrupted): set num_workers to at least 1, or remove the timeout"
+    )]
+    TimeoutWithoutWorkers {
+        /// The timeout that was requested.
+        timeout: Duration,
+    },
+
+    /// No batch arrived from the workers within the loader's timeout.
+    ///
+    /// The worker stays blocked in the dataset or batcher (a thread cannot be
+    /// killed); see [`DistributedDataLoaderBuilder::timeout`](crate::DistributedDataLoaderBuilder::timeout).
+    #[error(
+        "data loader timed out after {timeout:?} waiting for batch {batch} of epoch {epoch} (dataset indices {}): a dataset `get` or the batcher is stuck or too slow on these samples; fix it, or raise the loader's timeout",
+        list_indices(indices)
+    )]
+    Timeout {
+        /// The loader's timeout.
+        timeout: Duration,
+        /// The epoch being iterated.
+        epoch: u64,
+        /// Index of the batch (counted from the start of the epoch) that did not arrive.
+        batch: usize,
+        /// The dataset indices of that batch.
+        indices: Vec<usize>,
+    },
+
     /// The worker thread pool could not be created.
     #[error("could not start {num_workers} data loader worker threads: {message}")]
     ThreadPool {
@@ -124,4 +160,47 @@ pub enum DataError {
         /// The reason given by the operating system or rayon.
         message: String,
     },
+}
+
+/// Most indices a message lists; a large batch's are summarised.
+const LISTED_INDICES: usize = 16;
+
+/// `[3, 8, 1]`, or the first [`LISTED_INDICES`] and a count, so that a large
+/// batch does not flood the log.
+fn list_indices(indices: &[usize]) -> String {
+    if indices.len() <= LISTED_INDICES {
+        return format!("{indices:?}");
+    }
+    let shown: Vec<String> = indices[..LISTED_INDICES]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    format!("[{}, ... ({} in all)]", shown.join(", "), indices.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_message_lists_few_indices_and_summarises_many() {
+        let error = |indices: Vec<usize>| DataError::Timeout {
+            timeout: Duration::from_millis(1500),
+            epoch: 3,
+            batch: 7,
+            indices,
+        };
+        let short = error(vec![4, 9]).to_string();
+        assert!(
+            short.contains("1.5s") && short.contains("batch 7 of epoch 3"),
+            "{short}"
+        );
+        assert!(short.contains("[4, 9]"), "{short}");
+        let long = error((100..140).collect()).to_string();
+        assert!(
+            long.contains("[100, 101,") && long.contains("115, ... (40 in all)]"),
+            "{long}"
+        );
+        assert!(!long.contains("116"), "{long}");
+    }
 }

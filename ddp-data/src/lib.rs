@@ -23,7 +23,9 @@
 //!   epoch not consumed yet (plus PyTorch-style padding of the remainder).
 //!
 //! Errors are reported as [`DataError`]; the library does not panic on bad
-//! input, and a panicking dataset or batcher surfaces as an error item.
+//! input, and a panicking dataset or batcher surfaces as an error item (a
+//! stuck one too, with a
+//! [`timeout`](DistributedDataLoaderBuilder::timeout)).
 //!
 //! # Example
 //!

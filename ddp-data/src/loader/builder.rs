@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
@@ -17,6 +18,7 @@ use crate::{BatchSampler, DataError, DistributedSamplerConfig, SamplerState};
 /// # use burn::data::{dataloader::batcher::Batcher, dataset::InMemDataset};
 /// # use burn::backend::Flex;
 /// # use ddp_data::{DistributedDataLoaderBuilder, DistributedSamplerConfig};
+/// # use std::time::Duration;
 /// # #[derive(Clone)]
 /// # struct Collect;
 /// # impl Batcher<Flex, u32, Vec<u32>> for Collect {
@@ -27,6 +29,7 @@ use crate::{BatchSampler, DataError, DistributedSamplerConfig, SamplerState};
 ///     .batch_size(8)
 ///     .num_workers(2)
 ///     .prefetch(4)
+///     .timeout(Duration::from_secs(120))
 ///     .drop_last(false)
 ///     .build(dataset, DistributedSamplerConfig::new(2, 0).with_seed(7))?;
 /// assert_eq!(loader.len(), 7); // 50 samples on rank 0 -> 6 full batches + 1 short
@@ -38,6 +41,7 @@ pub struct DistributedDataLoaderBuilder<B: Backend, I, O> {
     drop_last: bool,
     num_workers: usize,
     prefetch: Option<usize>,
+    timeout: Option<Duration>,
     device: Option<B::Device>,
     resume: Option<SamplerState>,
 }
@@ -60,6 +64,7 @@ where
             drop_last: false,
             num_workers: 0,
             prefetch: None,
+            timeout: None,
             device: None,
             resume: None,
         }
@@ -93,6 +98,27 @@ where
         self
     }
 
+    /// Ends the iteration with [`DataError::Timeout`] when the next batch has
+    /// not come from the workers after waiting this long (PyTorch's
+    /// `DataLoader(timeout=...)`). Unset by default: then a dataset `get` or
+    /// batcher that never returns blocks this rank, and with it every peer at
+    /// the next collective, with no hint of the cause.
+    ///
+    /// The clock runs only while [`next`](Iterator::next) waits for a batch,
+    /// so a long training step does not count. As in PyTorch it needs workers
+    /// (a batch loaded on the iterating thread cannot be interrupted): `build`
+    /// refuses it with `num_workers(0)`, and refuses a zero timeout.
+    ///
+    /// Rust cannot kill a thread: the worker stuck in the dataset stays blocked
+    /// until it returns, and is never joined, so dropping the iterator or the
+    /// loader does not wait for it. Until it returns the loader has one worker
+    /// fewer (with all stuck, later iterations time out too). The timed-out
+    /// batch is not counted as consumed by [`DistributedDataLoader::state`].
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
     /// The device batches are created on (default: `B::Device::default()`).
     pub fn set_device(mut self, device: B::Device) -> Self {
         self.device = Some(device);
@@ -112,7 +138,8 @@ where
     ///
     /// Invalid sampler settings or an empty dataset (see
     /// [`DistributedSamplerConfig::validate`]), [`DataError::ZeroBatchSize`],
-    /// [`DataError::ZeroPrefetch`], [`DataError::ThreadPool`], and any error
+    /// [`DataError::ZeroPrefetch`], [`DataError::ZeroTimeout`],
+    /// [`DataError::TimeoutWithoutWorkers`], [`DataError::ThreadPool`], and any error
     /// of [`DistributedDataLoader::load_state`] for a
     /// [`resume_from`](Self::resume_from) state.
     pub fn build<D>(
@@ -132,6 +159,13 @@ where
                 num_workers: self.num_workers,
             });
         }
+        match self.timeout {
+            Some(Duration::ZERO) => return Err(DataError::ZeroTimeout),
+            Some(timeout) if self.num_workers == 0 => {
+                return Err(DataError::TimeoutWithoutWorkers { timeout });
+            }
+            _ => {}
+        }
         let pool = (self.num_workers > 0)
             .then(|| build_pool(self.num_workers))
             .transpose()?;
@@ -146,6 +180,7 @@ where
             batches,
             num_workers: self.num_workers,
             prefetch,
+            timeout: self.timeout,
             pool,
             cursor: Mutex::new(Cursor::default()),
         };
@@ -159,6 +194,7 @@ where
             batches = loader.len(),
             num_workers = loader.num_workers,
             prefetch,
+            timeout = ?self.timeout,
             "built distributed data loader"
         );
         Ok(loader)
@@ -188,6 +224,7 @@ impl<B: Backend, I, O> fmt::Debug for DistributedDataLoaderBuilder<B, I, O> {
             .field("drop_last", &self.drop_last)
             .field("num_workers", &self.num_workers)
             .field("prefetch", &self.prefetch)
+            .field("timeout", &self.timeout)
             .field("device", &self.device)
             .field("resume", &self.resume)
             .finish_non_exhaustive()

@@ -1,15 +1,14 @@
 //! The iterator over one epoch's batches.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 
 use super::DistributedDataLoader;
-use super::worker::{Finished, Job, Reply};
+use super::parallel::{Parallel, Received};
+use super::worker::{Job, Reply};
 use crate::DataError;
 
 /// Yields the batches of the current epoch in a fixed order, whatever the
@@ -18,7 +17,9 @@ use crate::DataError;
 ///
 /// With workers, up to `prefetch` batches are loaded ahead of the consumer;
 /// results that finish early wait until their turn. Dropping the iterator
-/// early stops queued batches from being loaded.
+/// early stops queued batches from being loaded; it never waits for a batch
+/// being loaded (so it returns at once even after a
+/// [timeout](super::DistributedDataLoaderBuilder::timeout)).
 ///
 /// The loader's [`state`](DistributedDataLoader::state) counts a batch as
 /// consumed once it has been returned by [`next`](Iterator::next).
@@ -32,16 +33,6 @@ pub struct DistributedDataLoaderIter<'a, B: Backend, I, O> {
     next_yield: usize,
     finished: bool,
     parallel: Option<Parallel<O>>,
-}
-
-/// Bookkeeping of the worker pipeline.
-struct Parallel<O> {
-    tx: mpsc::Sender<Finished<O>>,
-    rx: mpsc::Receiver<Finished<O>>,
-    /// Results that arrived before their turn.
-    early: HashMap<usize, Result<O, DataError>>,
-    next_submit: usize,
-    cancelled: Arc<AtomicBool>,
 }
 
 /// `iter()` lives with the iterator it makes: the loader does not depend on its iterator.
@@ -83,16 +74,7 @@ where
     ) -> Self {
         let batches = loader.batch_sampler();
         let ranges: Vec<Range<usize>> = batches.ranges_from(start).collect();
-        let parallel = loader.pool().map(|_| {
-            let (tx, rx) = mpsc::channel();
-            Parallel {
-                tx,
-                rx,
-                early: HashMap::new(),
-                next_submit: 0,
-                cancelled: Arc::new(AtomicBool::new(false)),
-            }
-        });
+        let parallel = loader.pool().map(|_| Parallel::new());
         tracing::debug!(
             epoch = batches.sampler().epoch(),
             start,
@@ -158,31 +140,35 @@ where
     /// The result of batch `seq`, loaded inline or awaited from the pool.
     fn take(&mut self, seq: usize) -> Result<O, DataError> {
         self.fill_window();
+        let batch = self.first_batch + seq;
         let Some(parallel) = self.parallel.as_mut() else {
             let indices = self
                 .loader
                 .batch_sampler()
                 .indices_in(self.ranges[seq].clone());
-            return self.loader.source().load(&indices, self.first_batch + seq);
+            return self.loader.source().load(&indices, batch);
         };
-        loop {
-            if let Some(result) = parallel.early.remove(&seq) {
-                return result;
-            }
-            // Every queued job sends exactly one result (see `Reply`), and we
-            // hold a sender, so this only fails if the pool is gone.
-            match parallel.rx.recv() {
-                Ok((done, result)) => {
-                    parallel.early.insert(done, result);
-                }
-                Err(_) => {
-                    return Err(DataError::WorkerPanicked {
-                        batch: self.first_batch + seq,
-                        message: "the worker pool shut down".to_owned(),
-                    });
-                }
-            }
+        match parallel.wait_for(seq, self.loader.timeout()) {
+            Received::Batch(result) => result,
+            Received::Disconnected => Err(DataError::WorkerPanicked {
+                batch,
+                message: "the worker pool shut down".to_owned(),
+            }),
+            Received::TimedOut => Err(self.timed_out(seq)),
         }
+    }
+
+    /// The error for batch `seq` not arriving in time, logged with its context.
+    fn timed_out(&self, seq: usize) -> DataError {
+        let batches = self.loader.batch_sampler();
+        let error = DataError::Timeout {
+            timeout: self.loader.timeout().unwrap_or_default(),
+            epoch: batches.sampler().epoch(),
+            batch: self.first_batch + seq,
+            indices: batches.indices_in(self.ranges[seq].clone()),
+        };
+        tracing::error!(%error, "data loader timed out; its worker is left blocked");
+        error
     }
 }
 
@@ -217,10 +203,11 @@ where
             Ok(_) => self
                 .loader
                 .record_progress(self.generation, self.ranges[seq].end),
+            // Not recorded: the failed (or timed-out) batch is not consumed.
             Err(_) => {
                 self.finished = true;
                 if let Some(parallel) = &self.parallel {
-                    parallel.cancelled.store(true, Ordering::Relaxed);
+                    parallel.cancel();
                 }
             }
         }
@@ -234,9 +221,11 @@ where
 }
 
 impl<B: Backend, I, O> Drop for DistributedDataLoaderIter<'_, B, I, O> {
+    /// Cancels queued batches, without waiting for one being loaded.
     fn drop(&mut self) {
+        // Never joins: a worker stuck after a timeout would make this hang.
         if let Some(parallel) = &self.parallel {
-            parallel.cancelled.store(true, Ordering::Relaxed);
+            parallel.cancel();
         }
     }
 }

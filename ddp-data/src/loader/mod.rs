@@ -4,6 +4,7 @@
 
 mod builder;
 mod iter;
+mod parallel;
 mod worker;
 
 pub use builder::DistributedDataLoaderBuilder;
@@ -11,6 +12,7 @@ pub use iter::DistributedDataLoaderIter;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use burn::tensor::backend::Backend;
 
@@ -22,7 +24,8 @@ use worker::Source;
 /// Build it with [`DistributedDataLoaderBuilder`]. Each epoch, call
 /// [`set_epoch`](Self::set_epoch) and iterate [`iter`](Self::iter); every item
 /// is a `Result`, because a dataset can fail to produce an item and a
-/// batcher can panic (both reported as [`DataError`], never a hang).
+/// batcher can panic (both reported as [`DataError`], never a hang), and a
+/// batch can take longer than the [`timeout`](DistributedDataLoaderBuilder::timeout).
 ///
 /// Batches come in the same order, with the same contents, for any number
 /// of workers. The order is fixed by the [`DistributedSampler`](crate::DistributedSampler)
@@ -49,6 +52,9 @@ pub struct DistributedDataLoader<B: Backend, I, O> {
     batches: BatchSampler,
     num_workers: usize,
     prefetch: usize,
+    timeout: Option<Duration>,
+    /// Dropping a rayon pool does not join its threads, so a worker stuck
+    /// after a timeout never blocks the loader's drop.
     pool: Option<rayon::ThreadPool>,
     cursor: Mutex<Cursor>,
 }
@@ -181,6 +187,12 @@ impl<B: Backend, I, O> DistributedDataLoader<B, I, O> {
         self.prefetch
     }
 
+    /// How long the iterator waits for a batch from the workers
+    /// (see [`DistributedDataLoaderBuilder::timeout`]); `None`: without limit.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
     /// Samples this rank yields per epoch.
     pub fn num_samples(&self) -> usize {
         self.batches.sampler().num_samples()
@@ -208,6 +220,7 @@ impl<B: Backend, I, O> fmt::Debug for DistributedDataLoader<B, I, O> {
             .field("batches", &self.batches)
             .field("num_workers", &self.num_workers)
             .field("prefetch", &self.prefetch)
+            .field("timeout", &self.timeout)
             .field("device", &self.source.device)
             .field("state", &self.state())
             .finish_non_exhaustive()

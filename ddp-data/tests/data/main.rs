@@ -7,6 +7,7 @@ mod common;
 mod errors;
 mod loader_determinism;
 mod loader_prefetch;
+mod loader_timeout;
 mod reshard;
 mod resume;
 mod sampler_properties;
