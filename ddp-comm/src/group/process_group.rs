@@ -140,6 +140,21 @@ impl ProcessGroup {
         // Every rank listens on the interface it reaches the store through (see the mesh).
         let mesh_ip = store.local_addr()?.ip();
         config.require_token_if_exposed(&format!("rank {}", config.rank), mesh_ip)?;
+        if mesh_ip.is_loopback() && config.local_world_size < config.world_size {
+            // Not an error: tests simulate several hosts on one. On real hosts the peers
+            // elsewhere time out connecting to this rank, and this line says why.
+            tracing::warn!(
+                rank = config.rank,
+                %mesh_ip,
+                "this rank reaches the store through a loopback address, so it listens there, \
+                 but the job spans several hosts (LOCAL_WORLD_SIZE {} < WORLD_SIZE {}): ranks \
+                 on other hosts cannot reach it. Set MASTER_ADDR to an address every host \
+                 reaches; if it is this host's name, fix /etc/hosts (Debian and Ubuntu map it \
+                 to 127.0.1.1)",
+                config.local_world_size,
+                config.world_size
+            );
+        }
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
         // Everything below, the nonce included, lives in this init's namespace of the store.

@@ -273,8 +273,9 @@ impl Mesh {
             let mut s = connect_retrying(addr, deadline, &self.live).map_err(|e| {
                 CommError::io(
                     format!(
-                        "rendezvous: could not connect to rank {global} at {addr} within {:?}",
-                        self.timeout
+                        "rendezvous: could not connect to rank {global} at {addr} within {:?}{}",
+                        self.timeout,
+                        loopback_hint(addr)
                     ),
                     e,
                 )
@@ -359,5 +360,31 @@ fn set_buffer_sizes(stream: &TcpStream, bytes: usize) {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             );
         }
+    }
+}
+
+/// Why a peer's loopback address may be unreachable: it is on another host, whose name
+/// resolves to loopback there (Debian's 127.0.1.1), so it listens where only its host reaches.
+fn loopback_hint(addr: SocketAddr) -> &'static str {
+    if addr.ip().is_loopback() {
+        " (a loopback address: if that rank runs on another host, it reached the store through \
+         loopback there; set MASTER_ADDR to an address every host reaches, or fix that host's \
+         /etc/hosts, which on Debian and Ubuntu maps the host's name to 127.0.1.1)"
+    } else {
+        ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_hint;
+
+    #[test]
+    fn only_a_loopback_address_gets_the_etc_hosts_hint() {
+        let debian: std::net::SocketAddr =
+            "127.0.1.1:29500".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(loopback_hint(debian).contains("127.0.1.1"));
+        let lan: std::net::SocketAddr = "10.0.0.7:29500".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loopback_hint(lan), "");
     }
 }

@@ -61,6 +61,9 @@ struct Args {
     /// Data loader worker threads per rank.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Seconds a worker may take to deliver a batch before this rank fails (with workers).
+    #[arg(long, default_value_t = 60)]
+    loader_timeout_secs: u64,
     /// Which burn backend to train on.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
@@ -125,7 +128,12 @@ where
     let mut loader = DistributedDataLoaderBuilder::new(DigitBatcher)
         .batch_size(args.batch_size)
         .num_workers(args.workers)
-        .set_device(device.clone())
+        .set_device(device.clone());
+    if args.workers > 0 {
+        // A stuck `get` fails this rank naming its batch, instead of hanging every peer.
+        loader = loader.timeout(std::time::Duration::from_secs(args.loader_timeout_secs));
+    }
+    let mut loader = loader
         .build(DigitDataset(train_items), sampler)
         .context("building the data loader")?;
 
