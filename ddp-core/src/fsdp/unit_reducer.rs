@@ -14,7 +14,8 @@ use super::device::{PendingChunk, UnitCollectives};
 use super::layout::Layout;
 use crate::engine::params::{ParamKind, ParamTable};
 use crate::engine::reducer::read_to_host;
-use crate::engine::tap::GradientSink;
+use crate::engine::tap::{GradientSink, InWrapperBackward};
+use crate::fsdp::error::FsdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
@@ -83,6 +84,9 @@ struct State<I: Backend> {
     during_backward: usize,
     /// The first failure (a gradient that could not be read); reported by `finish`.
     error: Option<String>,
+    /// Tap events outside a backward: from a plain `loss.backward()`, and during another
+    /// wrapper's backward; reported by [`UnitReducer::take_strays`].
+    strays: (usize, usize),
     /// Launch order of the units.
     order: Vec<usize>,
 }
@@ -147,6 +151,7 @@ impl<I: Backend> UnitReducer<I> {
             state: Mutex::new(State {
                 armed: false,
                 generation: 0,
+                strays: (0, 0),
                 forwards: 0,
                 flats: Vec::new(),
                 grads: Vec::new(),
@@ -176,6 +181,21 @@ impl<I: Backend> UnitReducer<I> {
 
     fn lock(&self) -> MutexGuard<'_, State<I>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The tap events that arrived outside a backward since the last call, as an error.
+    pub(super) fn take_strays(&self) -> Result<(), FsdpError> {
+        match std::mem::take(&mut self.lock().strays) {
+            (0, 0) => Ok(()),
+            (0, count) => Err(FsdpError::StrayGradients {
+                count,
+                other_wrapper: true,
+            }),
+            (count, _) => Err(FsdpError::StrayGradients {
+                count,
+                other_wrapper: false,
+            }),
+        }
     }
 
     /// Arms the reducer for a backward over `forwards` forwards of generation `generation`.
@@ -363,8 +383,22 @@ impl<I: Backend> UnitReducer<I> {
     /// Whether a gradient event of `param_index` for backward `generation` is one this
     /// backward waits for (one too many is recorded as the error).
     fn expected(s: &mut State<I>, param_index: usize, generation: u64) -> bool {
-        if !s.armed || s.generation != generation {
-            // A backward outside `FullyShardedDataParallel::backward`, or of an old forward.
+        if !s.armed {
+            // A backward outside `FullyShardedDataParallel::backward`.
+            if InWrapperBackward::active() {
+                s.strays.1 += 1;
+            } else {
+                s.strays.0 += 1;
+            }
+            return false;
+        }
+        if s.generation != generation {
+            s.error.get_or_insert(
+                "a gradient comes from a forward made before the previous backward or \
+                 optimizer_step: every backward must use outputs of the `fsdp.forward` calls \
+                 made since both"
+                    .into(),
+            );
             return false;
         }
         if s.events_left[param_index] == 0 {

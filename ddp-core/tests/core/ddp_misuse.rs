@@ -1,11 +1,13 @@
-//! Misuse of the DDP wrapper is a clear error that names the rule, on every rank: a plain
-//! `loss.backward()`, a backward without forward, a stale forward (from before a backward or an
-//! optimizer step), and two wrapped models in one loss graph (a GAN).
+//! Misuse of the DDP and FSDP wrappers is a clear error that names the rule, on every rank: a
+//! plain `loss.backward()`, a backward without forward, a stale forward (from before a backward
+//! or an optimizer step), and two wrapped models in one loss graph (a GAN).
 use crate::common::*;
 use burn::nn::LinearConfig;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::SgdConfig;
 use burn::tensor::Tensor;
+use ddp_core::comm::ProcessGroup;
+use ddp_core::fsdp::{FsdpConfig, FsdpError, FullyShardedDataParallel, ShardedParams};
 use ddp_core::{DdpConfig, DdpError, DistributedDataParallel};
 
 fn misuse(
@@ -167,4 +169,69 @@ fn a_generator_loss_through_a_wrapped_discriminator_is_an_error_naming_the_fix()
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// One misuse of an FSDP-wrapped [`Mlp`] on one rank: the error it ends in.
+type FsdpBody<'a> =
+    dyn Fn(&mut FullyShardedDataParallel<B, Mlp<B>>, ProcessGroup) -> FsdpError + Sync + 'a;
+
+/// FSDP as DDP: a plain `loss.backward()` on its output, a stale forward in its backward, and
+/// another wrapper's backward through its output are errors naming the rule (they were dropped
+/// without a word).
+#[test]
+fn fsdp_misuse_is_a_clear_error_naming_the_rule() {
+    let device = Default::default();
+    let units = || FsdpConfig::new().with_units(["fc1", "fc2"]);
+    let fsdp_misuse = |body: &FsdpBody<'_>| {
+        run_ranks(2, |pg| {
+            let model = Mlp::<B>::seeded(&device, 8, 5);
+            let mut fsdp = FullyShardedDataParallel::new(model, pg.clone(), units()).unwrap();
+            body(&mut fsdp, pg).to_string()
+        })
+    };
+    for e in fsdp_misuse(&|fsdp, _| {
+        let (x, y) = batch(&[0, 1], &device);
+        let pred = fsdp.forward(|m| m.forward(x.clone(), false)).unwrap();
+        drop(MseLoss::new().forward(pred, y, Reduction::Mean).backward());
+        fsdp.forward(|m| m.forward(x, false)).unwrap_err()
+    }) {
+        assert!(e.contains("instead of `loss.backward()`"), "{e}");
+    }
+    for e in fsdp_misuse(&|fsdp, _| {
+        let mut sgd = SgdConfig::new().init::<B, ShardedParams<B>>();
+        let (x, y) = batch(&[0, 1], &device);
+        let pred = fsdp.forward(|m| m.forward(x.clone(), false)).unwrap();
+        let old_loss = MseLoss::new().forward(pred, y.clone(), Reduction::Mean);
+        let pred = fsdp.forward(|m| m.forward(x.clone(), false)).unwrap();
+        let grads = fsdp
+            .backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
+            .unwrap();
+        fsdp.optimizer_step(&mut sgd, 0.1, grads).unwrap();
+        let pred = fsdp.forward(|m| m.forward(x, false)).unwrap();
+        let stale = old_loss + MseLoss::new().forward(pred, y, Reduction::Mean);
+        fsdp.backward(stale).unwrap_err()
+    }) {
+        assert!(
+            e.contains("made before the previous backward or optimizer_step"),
+            "{e}"
+        );
+    }
+    // A DDP generator whose loss goes through the FSDP discriminator's `forward`.
+    for e in fsdp_misuse(&|critic, pg| {
+        let mut g =
+            DistributedDataParallel::new(Mlp::<B>::seeded(&device, 8, 3), pg, DdpConfig::new())
+                .unwrap();
+        let (x, _) = batch(&[0, 1], &device);
+        let fake = g.forward(|m| m.forward(x.clone(), false)).unwrap();
+        // The critic is an Mlp too: 6 inputs, so the 3 generated values are padded twice.
+        let fake = Tensor::cat(vec![fake.clone(), fake], 1);
+        let score = critic.forward(|m| m.forward(fake, false)).unwrap();
+        g.backward(score.mean()).unwrap();
+        critic.forward(|m| m.forward(x, false)).unwrap_err()
+    }) {
+        assert!(
+            e.contains("during another DDP or FSDP wrapper's backward"),
+            "{e}"
+        );
+    }
 }
