@@ -18,3 +18,4 @@ mod launch_orphans;
 mod launch_progress;
 mod launch_strangers;
 mod launch_strict_env;
+mod launch_torchrun;

@@ -1,7 +1,7 @@
 //! The environment of `ddp-run` / [`launch`](crate::launch) and of torchrun (or a user setting
 //! `RANK` and `WORLD_SIZE` by hand): the job's own variable names.
 
-use super::{DEFAULT_MASTER_PORT, LauncherKind, Vars, WorkerEnv, master_addr};
+use super::{DEFAULT_MASTER_PORT, LauncherKind, Vars, WorkerEnv, derived_port, master_addr};
 use crate::error::LaunchError;
 
 /// The worker that torchrun-style variables describe; `ours` when `DDP_LAUNCH_WORKER=1` (the
@@ -29,10 +29,43 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
         local_world_size,
         node_rank,
         master_addr: master_addr(v, local_world_size, world_size, name)?,
-        master_port: v.port()?.unwrap_or(DEFAULT_MASTER_PORT),
+        master_port: store_port(v, ours, restart_count)?,
         restart_count,
         job_token,
         timeout,
+    })
+}
+
+/// The port of this job's store. torchrun's agent hosts a store of its own on `MASTER_PORT`
+/// and tells workers to use it (`TORCHELASTIC_USE_AGENT_STORE=True`, torch 2.x, with static
+/// and c10d rendezvous alike); ours speaks another protocol, so under torchrun it takes a port
+/// every worker derives alike from torchrun's values (in
+/// [`DERIVED_PORTS`](super::DERIVED_PORTS), new for each restart), instead of failing to bind.
+fn store_port(v: &Vars<'_>, ours: bool, restart_count: u32) -> Result<u16, LaunchError> {
+    let master_port = v.port()?.unwrap_or(DEFAULT_MASTER_PORT);
+    let agent_store = v
+        .get("TORCHELASTIC_USE_AGENT_STORE")
+        .is_some_and(|s| s.eq_ignore_ascii_case("true") || s == "1");
+    if ours || !agent_store {
+        return Ok(master_port);
+    }
+    let run_id = v.get("TORCHELASTIC_RUN_ID").unwrap_or_default();
+    let spread = fnv1a(run_id.as_bytes())
+        ^ u64::from(master_port).wrapping_mul(7919)
+        ^ u64::from(restart_count).wrapping_mul(104_729);
+    let port = derived_port(spread);
+    tracing::info!(
+        master_port,
+        store_port = port,
+        "torchrun's agent holds MASTER_PORT for its own store; this job's store takes a derived port"
+    );
+    Ok(port)
+}
+
+/// FNV-1a: a hash every process computes alike (std's hasher is seeded per process).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
@@ -99,6 +132,31 @@ mod tests {
             ("127.0.0.1", DEFAULT_MASTER_PORT)
         );
         assert_eq!(env.restart_count, 1);
+    }
+
+    #[test]
+    fn under_torchrun_s_agent_store_the_job_s_store_takes_a_port_every_worker_derives_alike() {
+        let torchrun = |rank: &str, restart: &str| {
+            detect(&[
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_PORT", "29500"),
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("TORCHELASTIC_RESTART_COUNT", restart),
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ])
+            .expect("ok")
+            .expect("worker")
+            .master_port
+        };
+        let port = torchrun("0", "0");
+        assert_ne!(port, 29500, "torchrun's agent holds MASTER_PORT");
+        assert!(super::super::DERIVED_PORTS.contains(&port), "{port}");
+        assert_eq!(torchrun("1", "0"), port, "every rank derives the same port");
+        assert_ne!(torchrun("0", "1"), port, "a restart takes a new one");
+        // The ddp launcher's workers, and torchrun without an agent store, use MASTER_PORT.
+        let plain = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]);
+        assert_eq!(plain.expect("ok").expect("worker").master_port, 29500);
     }
 
     #[test]

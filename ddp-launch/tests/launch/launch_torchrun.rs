@@ -1,0 +1,29 @@
+//! A program built on `launch()`, started by PyTorch's own torchrun (`--no-python`): torchrun's
+//! agent holds MASTER_PORT for its own store, so ours takes a port every worker derives alike,
+//! and the workers form a group. Needs torchrun: `DDP_TORCHRUN` names it (`.ci/run` points it
+//! at its PyTorch environment).
+use crate::launch_common::*;
+use std::process::Command;
+
+#[test]
+#[ignore = "needs PyTorch's torchrun (DDP_TORCHRUN=/path/to/torchrun): run by .ci/run"]
+fn torchrun_starts_workers_that_form_a_group() {
+    let torchrun = std::env::var_os("DDP_TORCHRUN").expect("DDP_TORCHRUN names torchrun");
+    let master_port = free_port().to_string();
+    let mut cmd = Command::new(torchrun);
+    ddp_test_support::remove_job_env(&mut cmd);
+    cmd.args(["--nproc-per-node", "2", "--master-port", &master_port])
+        .arg("--no-python")
+        .arg(worker_path())
+        .args(["--mode", "env"]);
+    let out = run(cmd);
+    // `--mode env` all-reduces the ranks and fails unless the sum is right.
+    assert!(out.status.success(), "{}", out.all());
+    let ranks = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("ENV rank="))
+        .count();
+    assert_eq!(ranks, 2, "one ENV line per rank: {}", out.all());
+    assert!(out.stdout.contains("launcher=Torchrun"), "{}", out.all());
+}
