@@ -30,7 +30,8 @@ pub enum DdpError {
     /// `backward` was called without a `ddp.forward` since the last backward.
     #[error(
         "backward without forward: call `ddp.forward(|model| ...)` before every \
-         `ddp.backward(loss)`"
+         `ddp.backward(loss)` (a forward made before the last optimizer_step does not count: \
+         its gradients belong to the old weights)"
     )]
     BackwardWithoutForward,
     /// Gradients reached DDP outside `ddp.backward`, from a plain `loss.backward()`.

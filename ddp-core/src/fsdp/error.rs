@@ -90,15 +90,6 @@ pub enum FsdpError {
          before each `backward`"
     )]
     NoForward,
-    /// Tapped gradients arrived outside `backward`: from a plain `loss.backward()`, or from
-    /// another wrapper's backward whose loss went through this wrapper's `forward` output.
-    #[error("{}", stray_message(*count, *other_wrapper))]
-    StrayGradients {
-        /// How many tapped gradients arrived.
-        count: usize,
-        /// Whether they came during another DDP or FSDP wrapper's backward.
-        other_wrapper: bool,
-    },
     /// An earlier call failed; the process group was aborted.
     #[error(
         "FSDP is unusable after an earlier error (the process group was aborted): {first}; \
@@ -113,22 +104,5 @@ pub enum FsdpError {
 impl From<CheckpointError> for FsdpError {
     fn from(e: CheckpointError) -> Self {
         FsdpError::Checkpoint(e.into())
-    }
-}
-
-fn stray_message(count: usize, other_wrapper: bool) -> String {
-    if other_wrapper {
-        format!(
-            "FSDP: {count} gradient(s) reached this FSDP wrapper during another DDP or FSDP \
-             wrapper's backward: that wrapper's loss used this wrapper's `forward` output, and \
-             nothing reduces or applies those gradients. If that loss does not train this model \
-             (a GAN's generator step through the wrapped discriminator), compute it from \
-             `full_module()`; if one loss trains both models, wrap them in one module"
-        )
-    } else {
-        format!(
-            "FSDP: {count} gradient(s) reached FSDP outside `fsdp.backward`: call \
-             `fsdp.backward(loss)` instead of `loss.backward()` on the output of `fsdp.forward`"
-        )
     }
 }

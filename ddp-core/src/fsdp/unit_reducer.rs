@@ -15,7 +15,6 @@ use super::layout::Layout;
 use crate::engine::params::{ParamKind, ParamTable};
 use crate::engine::reducer::read_to_host;
 use crate::engine::tap::{GradientSink, InWrapperBackward};
-use crate::fsdp::error::FsdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
@@ -85,7 +84,7 @@ struct State<I: Backend> {
     /// The first failure (a gradient that could not be read); reported by `finish`.
     error: Option<String>,
     /// Tap events outside a backward: from a plain `loss.backward()`, and during another
-    /// wrapper's backward; reported by [`UnitReducer::take_strays`].
+    /// wrapper's backward; reported by [`UnitReducer::warn_strays`].
     strays: (usize, usize),
     /// Launch order of the units.
     order: Vec<usize>,
@@ -183,18 +182,22 @@ impl<I: Backend> UnitReducer<I> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The tap events that arrived outside a backward since the last call, as an error.
-    pub(super) fn take_strays(&self) -> Result<(), FsdpError> {
+    /// Says, once per call, that tap events arrived outside a backward since the last call.
+    /// Not an error (DDP's is): FSDP's gradients only come from `fsdp.backward`, so nothing
+    /// trains silently without it, and a plain backward for input gradients (an adversarial
+    /// example, a saliency map) or another wrapper's backward through this one's output (a
+    /// GAN's generator step) is legitimate; only the parameters' gradients are dropped.
+    pub(super) fn warn_strays(&self) {
         match std::mem::take(&mut self.lock().strays) {
-            (0, 0) => Ok(()),
-            (0, count) => Err(FsdpError::StrayGradients {
-                count,
-                other_wrapper: true,
-            }),
-            (count, _) => Err(FsdpError::StrayGradients {
-                count,
-                other_wrapper: false,
-            }),
+            (0, 0) => {}
+            (plain, other) => tracing::warn!(
+                plain_backward = plain,
+                other_wrapper = other,
+                "FSDP: gradients of its parameters arrived outside `fsdp.backward` (a plain \
+                 `loss.backward()`, or another DDP or FSDP wrapper's backward through this \
+                 wrapper's `forward` output) and were dropped: only `fsdp.backward` reduces \
+                 them"
+            ),
         }
     }
 

@@ -409,9 +409,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
 
     /// Applies `optimizer` with `grads` (from [`backward`](Self::backward)) to the module.
     ///
-    /// Outputs of `forward` calls made before it can no longer be back-propagated: their
-    /// gradients belong to the old weights, so such a `backward` fails with
-    /// [`DdpError::StaleForward`]. Run the next forward after the step.
+    /// Outputs of `forward` calls made before it (an evaluation between `backward` and the
+    /// step) can no longer be back-propagated: their gradients belong to the old weights, so
+    /// such a `backward` fails ([`DdpError::StaleForward`]). Run the next forward after the
+    /// step.
     pub fn optimizer_step<O: Optimizer<M, B>>(
         &mut self,
         optimizer: &mut O,
@@ -422,6 +423,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         let module = self.module.take().expect("module present");
         self.module = Some(optimizer.step(lr, module, grads));
         self.reducer.weights_changed();
+        self.passes.forget();
         if let Some(t) = self
             .timeline
             .as_mut()

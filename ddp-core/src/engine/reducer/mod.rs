@@ -210,11 +210,14 @@ impl<I: Backend> Reducer<I> {
         Ok(s.generation)
     }
 
-    /// The weights changed (an optimizer step): the outputs of forwards made before it may no
-    /// longer be back-propagated, since their gradients belong to the old weights (a later
-    /// backward of one fails with [`DdpError::StaleForward`]).
+    /// The weights changed (an optimizer step): the forwards made before it (an evaluation
+    /// between backward and step) no longer count, since their gradients belong to the old
+    /// weights; a later backward of one fails ([`DdpError::StaleForward`], or
+    /// [`DdpError::BackwardWithoutForward`] when no forward came after the step).
     pub(crate) fn weights_changed(&self) {
-        self.lock().generation += 1;
+        let mut s = self.lock();
+        s.generation += 1;
+        s.forwards = 0;
     }
 
     /// Arms the reducer for one backward; `active` ranks are still training (the others have

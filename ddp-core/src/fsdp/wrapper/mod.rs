@@ -182,9 +182,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
     /// group is then aborted).
     pub fn forward<T>(&mut self, f: impl FnOnce(&M) -> T) -> Result<T, FsdpError> {
         self.check()?;
-        if let Err(e) = self.reducer.take_strays() {
-            return Err(self.poison(e));
-        }
+        self.reducer.warn_strays();
         if !self.gathered {
             self.module = self.gathered_module()?;
             self.gathered = true;

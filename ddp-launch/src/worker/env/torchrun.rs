@@ -29,7 +29,7 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
         local_world_size,
         node_rank,
         master_addr: master_addr(v, local_world_size, world_size, name)?,
-        master_port: store_port(v, ours, restart_count)?,
+        master_port: store_port(v, ours)?,
         restart_count,
         job_token,
         timeout,
@@ -39,9 +39,10 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
 /// The port of this job's store. torchrun's agent hosts a store of its own on `MASTER_PORT`
 /// and tells workers to use it (`TORCHELASTIC_USE_AGENT_STORE=True`, torch 2.x, with static
 /// and c10d rendezvous alike); ours speaks another protocol, so under torchrun it takes a port
-/// every worker derives alike from torchrun's values (in
-/// [`DERIVED_PORTS`](super::DERIVED_PORTS), new for each restart), instead of failing to bind.
-fn store_port(v: &Vars<'_>, ours: bool, restart_count: u32) -> Result<u16, LaunchError> {
+/// derived from `MASTER_PORT` alone (in [`DERIVED_PORTS`](super::DERIVED_PORTS)), instead of
+/// failing to bind. Only `MASTER_PORT` is sure to be the same on every node: torchrun's
+/// agents do not agree on restart counts, nor check that their run ids match.
+fn store_port(v: &Vars<'_>, ours: bool) -> Result<u16, LaunchError> {
     let master_port = v.port()?.unwrap_or(DEFAULT_MASTER_PORT);
     let agent_store = v
         .get("TORCHELASTIC_USE_AGENT_STORE")
@@ -49,24 +50,17 @@ fn store_port(v: &Vars<'_>, ours: bool, restart_count: u32) -> Result<u16, Launc
     if ours || !agent_store {
         return Ok(master_port);
     }
-    let run_id = v.get("TORCHELASTIC_RUN_ID").unwrap_or_default();
-    let spread = fnv1a(run_id.as_bytes())
-        ^ u64::from(master_port).wrapping_mul(7919)
-        ^ u64::from(restart_count).wrapping_mul(104_729);
-    let port = derived_port(spread);
+    let spread = u64::from(master_port).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let port = match derived_port(spread) {
+        taken if taken == master_port => derived_port(spread.wrapping_add(1)),
+        port => port,
+    };
     tracing::info!(
         master_port,
         store_port = port,
         "torchrun's agent holds MASTER_PORT for its own store; this job's store takes a derived port"
     );
     Ok(port)
-}
-
-/// FNV-1a: a hash every process computes alike (std's hasher is seeded per process).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -153,7 +147,11 @@ mod tests {
         assert_ne!(port, 29500, "torchrun's agent holds MASTER_PORT");
         assert!(super::super::DERIVED_PORTS.contains(&port), "{port}");
         assert_eq!(torchrun("1", "0"), port, "every rank derives the same port");
-        assert_ne!(torchrun("0", "1"), port, "a restart takes a new one");
+        assert_eq!(
+            torchrun("1", "1"),
+            port,
+            "also one whose agent counted a restart"
+        );
         // The ddp launcher's workers, and torchrun without an agent store, use MASTER_PORT.
         let plain = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]);
         assert_eq!(plain.expect("ok").expect("worker").master_port, 29500);
