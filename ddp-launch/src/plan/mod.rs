@@ -58,8 +58,8 @@ pub(crate) struct HostInfo {
     pub(crate) cores: usize,
     /// The user's process limit (`RLIMIT_NPROC`), where it applies to the launcher.
     pub(crate) process_limit: Option<u64>,
-    /// Environment variables (only [`TOKEN_ENV`], the thread variables and the allocator
-    /// variables are read).
+    /// Environment variables (only [`TOKEN_ENV`], [`LAUNCH_ID_ENV`], the thread variables and
+    /// the allocator variables are read).
     pub(crate) vars: HashMap<String, String>,
 }
 
@@ -71,7 +71,10 @@ impl HostInfo {
     pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let vars = crate::worker::env::process_env::with_process_env(|lookup| {
-            Ok(std::iter::once(TOKEN_ENV)
+            // LAUNCH_ID_ENV: a launch id already set is kept, so a wrapper (or a re-run that
+            // should count as the same launch) can choose it.
+            Ok([TOKEN_ENV, LAUNCH_ID_ENV]
+                .into_iter()
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)
                 .filter_map(|k| lookup(k).map(|v| (k.to_string(), v)))
