@@ -8,7 +8,7 @@ use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
-use crate::plan::{LaunchPlan, MasterPort};
+use crate::plan::{LaunchPlan, MasterPort, RoundInfo};
 use crate::rendezvous::{bind_host, free_port};
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
@@ -173,7 +173,10 @@ fn agent_loop(
                 round_plan.node_rank = round.node_rank;
                 round_plan.master_addr = master.host.clone();
                 round_plan.master_port = MasterPort::Fixed(master.port);
-                round_plan.rdzv_round = Some(round.number);
+                round_plan.rdzv_round = Some(RoundInfo {
+                    number: round.number,
+                    restarts_before: round.restarts_before,
+                });
                 eprintln!(
                     "ddp launcher: round {} with {} node(s), world size {}: this node ({}) is node {}, ranks {}..{}",
                     round.number,
