@@ -174,6 +174,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod note;
 pub mod progress;
 mod round_summary;
 mod signal_names;

@@ -24,6 +24,7 @@ pub(crate) mod output;
 pub(crate) mod run;
 pub(crate) mod spawn;
 
+use crate::note::{note, noteln};
 use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
 use crate::plan::LaunchPlan;
@@ -138,7 +139,7 @@ fn run_attempts(
             },
             Outcome::Failed(summary) => summary,
         };
-        eprint!("{}", summary.report());
+        note!("{}", summary.report());
         let lost = matches!(summary.cause, FailureCause::LostRendezvous { .. });
         let aborted = rdzv.as_deref().is_some_and(Rendezvous::aborted);
         if let Some(signal) = signals.take() {
@@ -147,7 +148,7 @@ fn run_attempts(
         }
         if restart_count < plan.max_restarts && !lost && !aborted {
             restart_count += 1;
-            eprintln!(
+            noteln!(
                 "ddp launcher: restarting every worker (restart {restart_count} of {})",
                 plan.max_restarts
             );

@@ -4,6 +4,7 @@
 
 mod launch_common;
 
+mod launch_broken_stderr;
 mod launch_elastic;
 #[cfg(feature = "etcd")]
 mod launch_elastic_etcd;

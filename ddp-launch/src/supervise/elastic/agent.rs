@@ -1,6 +1,7 @@
 //! The agent loop of an elastic job: join a round, run this node's workers in it, learn how it
 //! ended, and go again until the job completes, fails for good, or this node is interrupted.
 
+use crate::note::{note, noteln};
 use super::backend::RendezvousBackend;
 use super::round::{Joined, Round, RoundEnd, Rounds};
 use super::store_backend::StoreBackend;
@@ -109,14 +110,14 @@ pub(crate) fn run_elastic(
     };
     let mut result = agent_loop(&plan, &mut rounds, signals, console);
     let history = rounds.history();
-    eprint!(
+    note!(
         "ddp launcher: elastic job rounds (node {}):\n{}",
         rounds.node_id(),
         rounds_lines(&history)
     );
     if let Err(LaunchError::WorkerFailed(summary)) = &mut result {
         summary.rounds = history;
-        eprint!("{}", summary.report());
+        note!("{}", summary.report());
     }
     rounds.close(signals);
     result
@@ -145,7 +146,7 @@ fn agent_loop(
         let round = match rounds.join(signals)? {
             Joined::Round(round) => round,
             Joined::JobOver(Ok(())) => {
-                eprintln!(
+                noteln!(
                     "ddp launcher: the job completed while this node waited for a place{}",
                     rounds.stale_job_hint()
                 );
@@ -177,7 +178,7 @@ fn agent_loop(
                     number: round.number,
                     restarts_before: round.restarts_before,
                 });
-                eprintln!(
+                noteln!(
                     "ddp launcher: round {} with {} node(s), world size {}: this node ({}) is node {}, ranks {}..{}",
                     round.number,
                     round.members.len(),
@@ -210,7 +211,7 @@ fn agent_loop(
                             return Err(LaunchError::WorkerFailed(Box::new(summary)));
                         }
                         if let FailureCause::Rank(_) = summary.cause {
-                            eprint!("{}", summary.report());
+                            note!("{}", summary.report());
                         }
                         rounds.wait_end(&round, signals)?
                     }
@@ -232,13 +233,13 @@ fn agent_loop(
                     },
                 ));
             }
-            RoundEnd::Failure(why) => eprintln!(
+            RoundEnd::Failure(why) => noteln!(
                 "ddp launcher: round {} ended in a failure ({why}); re-forming the job (restart {} of {})",
                 round.number,
                 round.restarts_before + 1,
                 plan.max_restarts
             ),
-            RoundEnd::NodeJoined(why) => eprintln!(
+            RoundEnd::NodeJoined(why) => noteln!(
                 "ddp launcher: round {} ended: {why}; re-forming the job",
                 round.number
             ),
