@@ -446,7 +446,10 @@ impl LaunchPlan {
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", master_port.to_string()),
             (RESTART_COUNT_ENV, restart_count.to_string()),
-            ("TORCHELASTIC_RESTART_COUNT", torchelastic_restarts.to_string()),
+            (
+                "TORCHELASTIC_RESTART_COUNT",
+                torchelastic_restarts.to_string(),
+            ),
             ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts.to_string()),
             ("TORCHELASTIC_RUN_ID", self.run_id.clone()),
             // torchrun's single worker role, which spans every rank.

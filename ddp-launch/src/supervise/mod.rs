@@ -24,9 +24,9 @@ pub(crate) mod output;
 pub(crate) mod run;
 pub(crate) mod spawn;
 
-use crate::note::{note, noteln};
 use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
+use crate::note::{note, noteln};
 use crate::plan::LaunchPlan;
 use crate::rendezvous::{Rendezvous, single_node_port};
 use crate::signal_names::signal_name;
