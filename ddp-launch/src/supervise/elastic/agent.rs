@@ -1,15 +1,16 @@
 //! The agent loop of an elastic job: join a round, run this node's workers in it, learn how it
 //! ended, and go again until the job completes, fails for good, or this node is interrupted.
 
-use crate::note::{note, noteln};
 use super::backend::RendezvousBackend;
 use super::round::{Joined, Round, RoundEnd, Rounds};
 use super::store_backend::StoreBackend;
 use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
+use crate::note::{note, noteln};
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
 use crate::plan::{LaunchPlan, MasterPort, RoundInfo};
+use crate::rendezvous::node_claim::host_pid;
 use crate::rendezvous::{bind_host, free_port};
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
@@ -17,21 +18,6 @@ use crate::summary::{FailureCause, FailureSummary};
 use crate::supervise::live::Console;
 use crate::supervise::{Outcome, attempt_log_dir, run_attempt};
 use std::sync::Arc;
-
-/// This launcher's id in the rendezvous: `host:pid`, unique while it runs and never reused by
-/// a launcher started again on the same host.
-fn node_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let host = if ok {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_string()
-    };
-    format!("{host}:{}", std::process::id())
-}
 
 /// One round seen from the supervisor: failures go to the round, the round's end comes back.
 struct RoundSync<'a> {
@@ -57,7 +43,8 @@ pub(crate) fn run_elastic(
     console: &Arc<Console>,
 ) -> Result<(), LaunchError> {
     let settings = settings.clone();
-    let node_id = node_id();
+    // `host:pid`: unique while it runs.
+    let node_id = host_pid();
     // What every node must agree on (the node count range, the workers per node, restarts).
     let config = format!(
         "--nnodes {} --nproc-per-node {} --max-restarts {}",
