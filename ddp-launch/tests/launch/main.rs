@@ -13,6 +13,7 @@ mod launch_errors;
 mod launch_failures;
 mod launch_first_failure;
 mod launch_limits;
+mod launch_log_dir;
 mod launch_loopback_nodes;
 mod launch_multinode;
 mod launch_orphans;
