@@ -80,7 +80,9 @@
 //! Every worker gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (node
 //! rank), `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `DDP_RESTART_COUNT` (elastic jobs
 //! also `DDP_RDZV_ROUND`; and torchrun's
-//! `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_MAX_RESTARTS`), `DDP_JOB_TOKEN`,
+//! `TORCHELASTIC_RESTART_COUNT` (elastic jobs: failed rounds only, as torchrun counts),
+//! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_RUN_ID` (`--rdzv-id`, default `none`),
+//! `ROLE_NAME=default`, `ROLE_RANK`, `ROLE_WORLD_SIZE`), `DDP_JOB_TOKEN`,
 //! `DDP_LAUNCH_WORKER=1`, and `OMP_NUM_THREADS`/`RAYON_NUM_THREADS` = cores / local ranks unless
 //! already set. On glibc Linux they also get [`ALLOCATOR_ENV`] (keep freed buffers of up to
 //! 1 GiB mapped, so burn's per-step allocations stop page-faulting) unless any `MALLOC_*`
@@ -172,6 +174,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod note;
 pub mod progress;
 mod round_summary;
 mod signal_names;

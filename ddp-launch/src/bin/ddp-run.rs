@@ -9,7 +9,7 @@
 use clap::Parser;
 use ddp_launch::{LaunchArgs, LaunchPlan};
 use std::ffi::OsString;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 /// Start PROGRAM once per rank with the data-parallel worker environment (RANK, LOCAL_RANK,
@@ -39,19 +39,23 @@ fn main() -> ExitCode {
     let mut command = cli.command.into_iter();
     let Some(program) = command.next() else {
         // clap enforces `required`; keep a clear message rather than a panic anyway.
-        eprintln!(
-            "ddp-run: error: no program given (usage: ddp-run [OPTIONS] -- PROGRAM [ARGS]...)"
-        );
+        note("ddp-run: error: no program given (usage: ddp-run [OPTIONS] -- PROGRAM [ARGS]...)");
         return ExitCode::from(2);
     };
     let result = LaunchPlan::new(&cli.launch, program, command).and_then(|plan| plan.run());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ddp-run: error: {e}");
+            note(&format!("ddp-run: error: {e}"));
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `eprintln!` without its panic on a closed stderr (`ddp-run ... 2>&1 | head`): the exit code
+/// must still be the job's.
+fn note(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 fn init_tracing() {
@@ -63,5 +67,8 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        // On by default, and it reports a failed write with `eprintln!`, which panics on a
+        // closed stderr: a log line that cannot be written is dropped instead.
+        .log_internal_errors(false)
         .try_init();
 }

@@ -126,7 +126,8 @@ pub struct LaunchArgs {
     #[arg(long, help_heading = HEADING, value_name = "N", default_value_t = 0, env = "DDP_MAX_RESTARTS")]
     pub max_restarts: u32,
 
-    /// Also write each rank's output to DIR/attempt_A/rank_R.log (A: restart count, R: rank)
+    /// Also write each rank's output to DIR/LAUNCH/attempt_A/rank_R.log (LAUNCH: this launch's
+    /// DDP_LAUNCH_ID, A: restart count, R: rank), so launches do not overwrite each other's
     #[arg(long, help_heading = HEADING, value_name = "DIR", env = "DDP_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
 

@@ -58,8 +58,8 @@ pub(crate) struct HostInfo {
     pub(crate) cores: usize,
     /// The user's process limit (`RLIMIT_NPROC`), where it applies to the launcher.
     pub(crate) process_limit: Option<u64>,
-    /// Environment variables (only [`TOKEN_ENV`], the thread variables and the allocator
-    /// variables are read).
+    /// Environment variables (only [`TOKEN_ENV`], [`LAUNCH_ID_ENV`], the thread variables and
+    /// the allocator variables are read).
     pub(crate) vars: HashMap<String, String>,
 }
 
@@ -71,7 +71,10 @@ impl HostInfo {
     pub(crate) fn current() -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let vars = crate::worker::env::process_env::with_process_env(|lookup| {
-            Ok(std::iter::once(TOKEN_ENV)
+            // LAUNCH_ID_ENV: a launch id already set is kept, so a wrapper (or a re-run that
+            // should count as the same launch) can choose it.
+            Ok([TOKEN_ENV, LAUNCH_ID_ENV]
+                .into_iter()
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)
                 .filter_map(|k| lookup(k).map(|v| (k.to_string(), v)))
@@ -140,7 +143,19 @@ pub struct LaunchPlan {
     /// runs a copy of the plan with the round's node count, node rank and master.
     pub(crate) elastic: Option<ElasticSettings>,
     /// The round a per-round copy of an elastic plan runs (set in the workers' environment).
-    pub(crate) rdzv_round: Option<u32>,
+    pub(crate) rdzv_round: Option<RoundInfo>,
+    /// torchrun's `TORCHELASTIC_RUN_ID`: `--rdzv-id`, or "none" as torchrun's default.
+    pub(crate) run_id: String,
+}
+
+/// The elastic round a per-round copy of a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RoundInfo {
+    /// The round's number (`DDP_RDZV_ROUND`).
+    pub(crate) number: u32,
+    /// Rounds that ended in a failure before it: torchrun's `TORCHELASTIC_RESTART_COUNT`, which
+    /// counts failure restarts only, not the re-forming when a node joins.
+    pub(crate) restarts_before: u32,
 }
 
 impl std::fmt::Debug for LaunchPlan {
@@ -258,6 +273,16 @@ impl LaunchPlan {
             backend => Some(ElasticSettings::validate(args, nodes, backend)?),
         };
         let nnodes = nodes.max;
+        let run_id = match &elastic {
+            Some(e) => e.job_id.clone(),
+            None => args
+                .rdzv_id
+                .as_deref()
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .unwrap_or("none")
+                .to_string(),
+        };
         let node_rank = args.node_rank.unwrap_or(0);
         if args.standalone && elastic.is_none() {
             let conflict = |flag: String| Err(LaunchError::StandaloneConflict { flag });
@@ -341,6 +366,7 @@ impl LaunchPlan {
             thread_env,
             elastic,
             rdzv_round: None,
+            run_id,
         })
     }
 
@@ -406,6 +432,9 @@ impl LaunchPlan {
         restart_count: u32,
         master_port: u16,
     ) -> Vec<(String, String)> {
+        let torchelastic_restarts = self
+            .rdzv_round
+            .map_or(restart_count, |round| round.restarts_before);
         let mut env: Vec<(String, String)> = [
             (WORKER_ENV, "1".to_string()),
             ("RANK", self.global_rank(local_rank).to_string()),
@@ -417,8 +446,16 @@ impl LaunchPlan {
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", master_port.to_string()),
             (RESTART_COUNT_ENV, restart_count.to_string()),
-            ("TORCHELASTIC_RESTART_COUNT", restart_count.to_string()),
+            (
+                "TORCHELASTIC_RESTART_COUNT",
+                torchelastic_restarts.to_string(),
+            ),
             ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts.to_string()),
+            ("TORCHELASTIC_RUN_ID", self.run_id.clone()),
+            // torchrun's single worker role, which spans every rank.
+            ("ROLE_NAME", "default".to_string()),
+            ("ROLE_RANK", self.global_rank(local_rank).to_string()),
+            ("ROLE_WORLD_SIZE", self.world_size().to_string()),
             (TOKEN_ENV, self.job_token.clone()),
             (LAUNCH_ID_ENV, self.launch_id.clone()),
         ]
@@ -426,7 +463,7 @@ impl LaunchPlan {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         if let Some(round) = self.rdzv_round {
-            env.push((RDZV_ROUND_ENV.to_string(), round.to_string()));
+            env.push((RDZV_ROUND_ENV.to_string(), round.number.to_string()));
         }
         env.extend(self.thread_env.iter().cloned());
         env
@@ -579,8 +616,16 @@ mod tests {
         assert_eq!(env[RESTART_COUNT_ENV], "2");
         assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "2");
         assert_eq!(env["TORCHELASTIC_MAX_RESTARTS"], "3");
+        // torchrun's single role, and its run id (`torch.distributed.is_torchelastic_launched()`
+        // looks for it): "none" unless --rdzv-id names one.
+        assert_eq!(env["TORCHELASTIC_RUN_ID"], "none");
+        assert_eq!(env["ROLE_NAME"], "default");
+        assert_eq!(env["ROLE_RANK"], "1");
+        assert_eq!(env["ROLE_WORLD_SIZE"], "2");
         // Every rank of one plan shares the token.
         assert_eq!(env_of(&p, 0)[TOKEN_ENV], env[TOKEN_ENV]);
+        let named = plan(&LaunchArgs::new().with_rdzv_id("job7")).expect("valid");
+        assert_eq!(env_of(&named, 0)["TORCHELASTIC_RUN_ID"], "job7");
     }
 
     #[test]
@@ -791,11 +836,16 @@ mod tests {
         assert_eq!(p.elastic_nodes(), Some((2, 3)));
         assert!(!p.is_multi_node(), "static rendezvous only");
         let mut round = p.clone();
-        round.rdzv_round = Some(4);
-        assert_eq!(
-            env_of(&round, 0).get(RDZV_ROUND_ENV).map(String::as_str),
-            Some("4")
-        );
+        round.rdzv_round = Some(RoundInfo {
+            number: 4,
+            restarts_before: 1,
+        });
+        let env: HashMap<_, _> = round.worker_env(0, 4, 4242).into_iter().collect();
+        assert_eq!(env[RDZV_ROUND_ENV], "4");
+        assert_eq!(env[RESTART_COUNT_ENV], "4");
+        // torchrun counts failure restarts only: rounds re-formed for a joining node do not.
+        assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "1");
+        assert_eq!(env["TORCHELASTIC_RUN_ID"], "none", "the default --rdzv-id");
         assert!(!env_of(&p, 0).contains_key(RDZV_ROUND_ENV));
         // N:N with the c10d backend is elastic too (ranks by join order, re-forming on failure).
         let fixed = LaunchArgs::new()

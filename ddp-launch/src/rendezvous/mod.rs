@@ -17,13 +17,16 @@
 //!
 //! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
-//! abort key so the others do not restart. Every node's workers get node 0's
+//! abort key so the others do not restart. Each launcher claims its node rank when it joins
+//! ([`node_claim`]): a second launcher with the same `--node-rank` stops every node. Every
+//! node's workers get node 0's
 //! [`LAUNCH_ID_ENV`](crate::LAUNCH_ID_ENV), published with its settings.
 //!
 //! Node 0 keeps the rendezvous up after its own workers succeeded while other nodes still run
 //! theirs (have neither finished nor failed) and are connected: closing it would make their
 //! launchers stop healthy workers. A signal ends that wait at once.
 
+pub(crate) mod node_claim;
 pub(crate) mod port_holder;
 pub(crate) mod store_connect;
 
@@ -253,6 +256,7 @@ impl Rendezvous {
             launch_id: plan.launch_id.clone(),
         };
         rdzv.check_config(plan, signals)?;
+        rdzv.claim_node_rank(&node_claim::claimant_id())?;
         tracing::info!(node_rank = plan.node_rank, nnodes = plan.nnodes, %addr, "joined the rendezvous");
         Ok(rdzv)
     }

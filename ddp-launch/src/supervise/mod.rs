@@ -26,6 +26,7 @@ pub(crate) mod spawn;
 
 use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
+use crate::note::{note, noteln};
 use crate::plan::LaunchPlan;
 use crate::rendezvous::{Rendezvous, single_node_port};
 use crate::signal_names::signal_name;
@@ -138,7 +139,7 @@ fn run_attempts(
             },
             Outcome::Failed(summary) => summary,
         };
-        eprint!("{}", summary.report());
+        note!("{}", summary.report());
         let lost = matches!(summary.cause, FailureCause::LostRendezvous { .. });
         let aborted = rdzv.as_deref().is_some_and(Rendezvous::aborted);
         if let Some(signal) = signals.take() {
@@ -147,7 +148,7 @@ fn run_attempts(
         }
         if restart_count < plan.max_restarts && !lost && !aborted {
             restart_count += 1;
-            eprintln!(
+            noteln!(
                 "ddp launcher: restarting every worker (restart {restart_count} of {})",
                 plan.max_restarts
             );
@@ -157,7 +158,10 @@ fn run_attempts(
     }
 }
 
-/// `--log-dir/attempt_<n>`, created.
+/// `--log-dir/<launch id>/attempt_<n>`, created. A directory per launch (torchrun's
+/// `log_dir/<run id>_<random>`), so a later launch with the same `--log-dir` does not overwrite
+/// this one's logs; every node of a job shares the launch id, so on a shared file system a job's
+/// logs sit together.
 pub(crate) fn attempt_log_dir(
     plan: &LaunchPlan,
     restart_count: u32,
@@ -165,12 +169,34 @@ pub(crate) fn attempt_log_dir(
     let Some(dir) = &plan.log_dir else {
         return Ok(None);
     };
-    let path = dir.join(format!("attempt_{restart_count}"));
+    let path = dir
+        .join(path_component(&plan.launch_id))
+        .join(format!("attempt_{restart_count}"));
     std::fs::create_dir_all(&path).map_err(|source| LaunchError::LogDir {
         path: path.clone(),
         source,
     })?;
+    tracing::info!(
+        "workers' output of attempt {restart_count} also goes to {}/rank_<R>.log",
+        path.display()
+    );
     Ok(Some(path))
+}
+
+/// `id` as one file name: a launch id set in the environment may hold anything, and `/` or
+/// `..` would put the logs outside `--log-dir`.
+fn path_component(id: &str) -> String {
+    let safe: String = id
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' | '.' => c,
+            _ => '_',
+        })
+        .collect();
+    match safe.as_str() {
+        "" | "." | ".." => safe.replace('.', "_") + "_",
+        _ => safe,
+    }
 }
 
 /// The workers of one attempt and how far each got.
@@ -519,4 +545,20 @@ pub(crate) fn run_attempt(
         root_cause,
         rounds: Vec::new(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_component;
+
+    #[test]
+    fn a_launch_id_becomes_one_file_name_inside_the_log_dir() {
+        assert_eq!(path_component("6fddd67a54b8"), "6fddd67a54b8");
+        assert_eq!(path_component("job-7.run_2"), "job-7.run_2");
+        assert_eq!(path_component("/etc/x"), "_etc_x");
+        assert_eq!(path_component(".."), "___");
+        assert_eq!(path_component("."), "__");
+        assert_eq!(path_component(""), "_");
+        assert_eq!(path_component("a b\u{e9}"), "a_b_");
+    }
 }

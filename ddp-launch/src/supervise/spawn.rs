@@ -122,7 +122,7 @@ fn wait_exited_keep_zombie(pid: u32) -> io::Result<ExitStatus> {
 /// Where one attempt's workers write: their logs (with `--log-dir`) and failure reports.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttemptFiles<'a> {
-    /// `--log-dir/attempt_<n>`, if logging to files.
+    /// `--log-dir/<launch id>/attempt_<n>`, if logging to files.
     pub(crate) log_dir: Option<&'a std::path::Path>,
     /// The failure reports (see [`crate::supervise::blame`]).
     pub(crate) failures: &'a FailureDir,
@@ -220,7 +220,9 @@ pub(crate) fn spawn_worker(
     let log = match files.log_dir {
         Some(dir) => {
             let path = dir.join(format!("rank_{rank}.log"));
-            match File::create(&path) {
+            // Appended to, not truncated: a launch id set again on purpose in the launcher's
+            // environment must not wipe that launch's earlier logs.
+            match File::options().create(true).append(true).open(&path) {
                 Ok(f) => {
                     worker.log_file = Some(path);
                     Some(Arc::new(Mutex::new(f)))

@@ -8,12 +8,13 @@
 //! `blame none`: its own failure); the launcher then finds the peers' reports blaming this
 //! rank and names it as the first failure.
 
+use crate::note::noteln;
 use std::io::Write;
 
 /// Prints `error` on stderr and records it as this rank's own failure, unless a communication
 /// failure was recorded first (that one names the rank to blame, and wins).
 pub(crate) fn report_own_failure(error: &dyn std::fmt::Display) {
-    eprintln!("ddp worker: {error}; closing the process group");
+    noteln!("ddp worker: {error}; closing the process group");
     let Some(path) = std::env::var_os(ddp_comm::FAILURE_FILE_ENV) else {
         return;
     };

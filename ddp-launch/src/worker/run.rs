@@ -43,5 +43,7 @@ fn default_worker_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
+        // Its default reports a failed write with `eprintln!`, a panic on a closed stderr.
+        .log_internal_errors(false)
         .try_init();
 }

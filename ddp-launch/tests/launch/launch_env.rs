@@ -216,3 +216,14 @@ fn torchrun_environment_makes_a_worker_even_with_launch_flags() {
         out.all()
     );
 }
+
+#[test]
+fn launch_id_set_in_the_launchers_environment_reaches_the_workers() {
+    let mut cmd = ddp_run();
+    cmd.env("DDP_LAUNCH_ID", "from-env")
+        .args(["--nproc-per-node", "1", "--", "sh", "-c"])
+        .arg("echo ID=$DDP_LAUNCH_ID");
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", out.all());
+    assert!(out.stdout.contains("ID=from-env\n"), "{}", out.all());
+}

@@ -81,6 +81,8 @@ fn max_restarts_recovers_from_a_failure_on_the_first_attempt_with_a_fresh_port()
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = tempfile::tempdir().expect("tempdir");
     let mut cmd = worker();
+    // Names the logs' directory: `--log-dir/<launch id>/attempt_<n>`.
+    cmd.env("DDP_LAUNCH_ID", "fail-once");
     cmd.args([
         "--nproc-per-node",
         "2",
@@ -130,7 +132,7 @@ fn max_restarts_recovers_from_a_failure_on_the_first_attempt_with_a_fresh_port()
     let log = |attempt: u32, rank: u32| {
         std::fs::read_to_string(
             logs.path()
-                .join(format!("attempt_{attempt}/rank_{rank}.log")),
+                .join(format!("fail-once/attempt_{attempt}/rank_{rank}.log")),
         )
         .expect("log file")
     };

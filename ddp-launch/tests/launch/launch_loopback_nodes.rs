@@ -16,12 +16,17 @@ const WAIT: Duration = Duration::from_secs(180);
 /// `ddp-run` as node `node_rank` of a 2-node job at `127.0.0.1:port`, with `nproc` workers
 /// running `program`, logging at info.
 fn node(node_rank: usize, port: u16, nproc: usize, program: &[&str]) -> Command {
+    node_of(2, node_rank, port, nproc, program)
+}
+
+/// [`node`] of an `nnodes`-node job.
+fn node_of(nnodes: usize, node_rank: usize, port: u16, nproc: usize, program: &[&str]) -> Command {
     let mut cmd = ddp_run();
     cmd.env("DDP_JOB_TOKEN", "loopback-secret")
         .env("RUST_LOG", "ddp_launch=info,warn")
         .args([
             "--nnodes",
-            "2",
+            &nnodes.to_string(),
             "--node-rank",
             &node_rank.to_string(),
             "--nproc-per-node",
@@ -79,6 +84,35 @@ fn every_node_of_a_static_job_gives_its_workers_node_0s_launch_id() {
     let node0_id = &ids["[rank 0"];
     assert!(node0_id.len() >= 16 && node0_id != "<unset>", "{ids:?}");
     assert!(ids.values().all(|id| id == node0_id), "{ids:?}");
+}
+
+#[test]
+fn two_launchers_with_the_same_node_rank_are_refused_and_every_node_stops() {
+    let port = free_port();
+    // Were the duplicate let in, the three launchers would make up the three nodes and start
+    // workers with duplicate ranks, which would run until killed.
+    let program = ["sleep", "600"];
+    let ranks = [0, 1, 1];
+    let launchers: Vec<Running> = ranks
+        .into_iter()
+        .map(|rank| start(node_of(3, rank, port, 1, &program)))
+        .collect();
+    let pids: Vec<u32> = launchers.iter().map(|l| l.child.id()).collect();
+    let outs: Vec<Finished> = launchers.into_iter().map(Running::finish).collect();
+    for (out, rank) in outs.iter().zip(ranks) {
+        assert_eq!(out.status.code(), Some(1), "node {rank}:\n{}", out.all());
+        out.assert_stderr_has("node 1 cannot join: --node-rank 1 is already held by launcher ");
+        assert!(!out.stderr.contains("starting workers"), "{}", out.all());
+    }
+    // Both claimants are named (host:pid:nonce): the one that came first and the one refused.
+    let refusal = outs[0]
+        .stderr
+        .lines()
+        .find(|l| l.contains("is already held by launcher"))
+        .expect("refusal line");
+    for pid in &pids[1..] {
+        assert!(refusal.contains(&format!(":{pid}:")), "{pid}: {refusal}");
+    }
 }
 
 /// A launcher whose stderr goes to a file the test can read while it runs.

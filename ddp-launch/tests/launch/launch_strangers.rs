@@ -14,7 +14,8 @@ fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
     let logs = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let mut cmd = ddp_run();
-    cmd.args(["--nproc-per-node", "1", "--master-port", &port.to_string()])
+    cmd.env("DDP_LAUNCH_ID", "strangers")
+        .args(["--nproc-per-node", "1", "--master-port", &port.to_string()])
         .arg("--log-dir")
         .arg(logs.path())
         .arg("--")
@@ -37,7 +38,7 @@ fn garbage_on_rank_0s_store_port_is_logged_by_rank_0() {
         .expect("shutdown");
     let _ = stranger.read_to_end(&mut Vec::new());
 
-    let log = logs.path().join("attempt_0/rank_0.log");
+    let log = logs.path().join("strangers/attempt_0/rank_0.log");
     let deadline = Instant::now() + DEADLINE;
     let logged = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();

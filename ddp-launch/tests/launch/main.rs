@@ -4,6 +4,7 @@
 
 mod launch_common;
 
+mod launch_broken_stderr;
 mod launch_elastic;
 #[cfg(feature = "etcd")]
 mod launch_elastic_etcd;
@@ -12,6 +13,7 @@ mod launch_errors;
 mod launch_failures;
 mod launch_first_failure;
 mod launch_limits;
+mod launch_log_dir;
 mod launch_loopback_nodes;
 mod launch_multinode;
 mod launch_orphans;

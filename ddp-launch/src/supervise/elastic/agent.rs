@@ -6,9 +6,11 @@ use super::round::{Joined, Round, RoundEnd, Rounds};
 use super::store_backend::StoreBackend;
 use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
+use crate::note::{note, noteln};
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
-use crate::plan::{LaunchPlan, MasterPort};
+use crate::plan::{LaunchPlan, MasterPort, RoundInfo};
+use crate::rendezvous::node_claim::host_pid;
 use crate::rendezvous::{bind_host, free_port};
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
@@ -16,21 +18,6 @@ use crate::summary::{FailureCause, FailureSummary};
 use crate::supervise::live::Console;
 use crate::supervise::{Outcome, attempt_log_dir, run_attempt};
 use std::sync::Arc;
-
-/// This launcher's id in the rendezvous: `host:pid`, unique while it runs and never reused by
-/// a launcher started again on the same host.
-fn node_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let host = if ok {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_string()
-    };
-    format!("{host}:{}", std::process::id())
-}
 
 /// One round seen from the supervisor: failures go to the round, the round's end comes back.
 struct RoundSync<'a> {
@@ -56,7 +43,8 @@ pub(crate) fn run_elastic(
     console: &Arc<Console>,
 ) -> Result<(), LaunchError> {
     let settings = settings.clone();
-    let node_id = node_id();
+    // `host:pid`: unique while it runs.
+    let node_id = host_pid();
     // What every node must agree on (the node count range, the workers per node, restarts).
     let config = format!(
         "--nnodes {} --nproc-per-node {} --max-restarts {}",
@@ -109,14 +97,14 @@ pub(crate) fn run_elastic(
     };
     let mut result = agent_loop(&plan, &mut rounds, signals, console);
     let history = rounds.history();
-    eprint!(
+    note!(
         "ddp launcher: elastic job rounds (node {}):\n{}",
         rounds.node_id(),
         rounds_lines(&history)
     );
     if let Err(LaunchError::WorkerFailed(summary)) = &mut result {
         summary.rounds = history;
-        eprint!("{}", summary.report());
+        note!("{}", summary.report());
     }
     rounds.close(signals);
     result
@@ -145,7 +133,7 @@ fn agent_loop(
         let round = match rounds.join(signals)? {
             Joined::Round(round) => round,
             Joined::JobOver(Ok(())) => {
-                eprintln!(
+                noteln!(
                     "ddp launcher: the job completed while this node waited for a place{}",
                     rounds.stale_job_hint()
                 );
@@ -173,8 +161,11 @@ fn agent_loop(
                 round_plan.node_rank = round.node_rank;
                 round_plan.master_addr = master.host.clone();
                 round_plan.master_port = MasterPort::Fixed(master.port);
-                round_plan.rdzv_round = Some(round.number);
-                eprintln!(
+                round_plan.rdzv_round = Some(RoundInfo {
+                    number: round.number,
+                    restarts_before: round.restarts_before,
+                });
+                noteln!(
                     "ddp launcher: round {} with {} node(s), world size {}: this node ({}) is node {}, ranks {}..{}",
                     round.number,
                     round.members.len(),
@@ -207,7 +198,7 @@ fn agent_loop(
                             return Err(LaunchError::WorkerFailed(Box::new(summary)));
                         }
                         if let FailureCause::Rank(_) = summary.cause {
-                            eprint!("{}", summary.report());
+                            note!("{}", summary.report());
                         }
                         rounds.wait_end(&round, signals)?
                     }
@@ -229,13 +220,13 @@ fn agent_loop(
                     },
                 ));
             }
-            RoundEnd::Failure(why) => eprintln!(
+            RoundEnd::Failure(why) => noteln!(
                 "ddp launcher: round {} ended in a failure ({why}); re-forming the job (restart {} of {})",
                 round.number,
                 round.restarts_before + 1,
                 plan.max_restarts
             ),
-            RoundEnd::NodeJoined(why) => eprintln!(
+            RoundEnd::NodeJoined(why) => noteln!(
                 "ddp launcher: round {} ended: {why}; re-forming the job",
                 round.number
             ),
