@@ -18,6 +18,8 @@
 //! joined (`pg/init/joined/<rank>`) and joins the newest. Had every rank counted its own inits
 //! instead, a rank whose init failed before it met the others (its peers never came) would
 //! stay one generation ahead of them for good; following rank 0 heals at the next init.
+//! When rank 0's init fails it marks that generation abandoned (`pg/init/abandoned/<n>`), so a
+//! rank that arrives before rank 0 tries again waits for the next generation instead.
 //! Every rank creates its world groups on a store in the same order, as c10d requires.
 
 use crate::error::{CommError, Result};
@@ -30,6 +32,11 @@ const COUNT_KEY: &str = "pg/init/count";
 /// Set by rank 0 as it begins generation `n`, for the other ranks to wait on.
 fn begun_key(n: u64) -> String {
     format!("pg/init/begun/{n}")
+}
+
+/// Set by rank 0 when its init of generation `n` failed: nobody may join it any more.
+fn abandoned_key(n: u64) -> String {
+    format!("pg/init/abandoned/{n}")
 }
 
 /// The last generation `rank` joined (decimal text).
@@ -86,7 +93,19 @@ fn follow(store: &Store, rank: usize, timeout: Duration) -> Result<u64> {
         Some(text) => parse_generation(&joined, &text)?,
         None => 0,
     };
-    let next = last + 1;
+    wait_begun(store, last + 1, timeout)?;
+    let mut n = count(store.add(COUNT_KEY, 0)?)?;
+    // Rank 0 may have left the newest generation (its init failed) before opening the next.
+    while store.check(&[abandoned_key(n).as_str()])? {
+        wait_begun(store, n + 1, timeout)?;
+        n = count(store.add(COUNT_KEY, 0)?)?;
+    }
+    store.set(&joined, n.to_string().as_bytes())?;
+    Ok(n)
+}
+
+/// Waits for rank 0 to begin generation `next`.
+fn wait_begun(store: &Store, next: u64, timeout: Duration) -> Result<()> {
     store
         .wait(&[begun_key(next).as_str()], timeout)
         .map_err(|e| match e {
@@ -101,9 +120,16 @@ fn follow(store: &Store, rank: usize, timeout: Duration) -> Result<u64> {
             },
             other => other,
         })?;
-    let n = count(store.add(COUNT_KEY, 0)?)?;
-    store.set(&joined, n.to_string().as_bytes())?;
-    Ok(n)
+    Ok(())
+}
+
+/// Rank 0's part when its init of generation `n` failed: marks it abandoned, so that a rank
+/// arriving later waits for the next one instead of meeting nobody there. Best effort: the
+/// store may be what failed.
+pub(crate) fn abandon(store: &Store, n: u64) {
+    if let Err(e) = store.set(&abandoned_key(n), b"abandoned") {
+        tracing::debug!(generation = n, error = %e, "could not mark the failed init abandoned");
+    }
 }
 
 /// The generation count the store returned, which rank 0 has bumped at least once.

@@ -159,19 +159,26 @@ impl ProcessGroup {
         let group_rank = config.rank;
         // Everything below, the nonce included, lives in this init's namespace of the store.
         let generation = generation::join(&store, config.rank, config.timeout)?;
-        let job_nonce = job_nonce(&generation.store)?;
-        Self::connect(
-            "world".into(),
-            generation.store,
-            ranks,
-            group_rank,
-            config,
-            Lineage::World {
-                server,
-                job_nonce,
-                generation: generation.number,
-            },
-        )
+        let number = generation.number;
+        let joined = job_nonce(&generation.store).and_then(|job_nonce| {
+            Self::connect(
+                "world".into(),
+                generation.store,
+                ranks,
+                group_rank,
+                config,
+                Lineage::World {
+                    server,
+                    job_nonce,
+                    generation: number,
+                },
+            )
+        });
+        if joined.is_err() && group_rank == 0 {
+            // Ranks that arrive later must not join a generation rank 0 has left.
+            generation::abandon(&store, number);
+        }
+        joined
     }
 
     fn connect(

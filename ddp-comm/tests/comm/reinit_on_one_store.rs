@@ -110,7 +110,8 @@ fn a_rank_whose_init_failed_alone_meets_the_others_next_time() {
 }
 
 /// Rank 0 tries alone and fails (rank 1 never came), then tries again; rank 1, which never
-/// tried, joins rank 0's second init (the newest), not the abandoned first.
+/// tried, joins rank 0's second init (the newest), not the abandoned first: whether it comes
+/// after rank 0 has begun its second init or before.
 #[test]
 fn a_rank_that_missed_an_abandoned_init_joins_the_newest() {
     let server = server();
@@ -139,6 +140,40 @@ fn a_rank_that_missed_an_abandoned_init_joins_the_newest() {
     });
     for (rank, sum) in sums.into_iter().enumerate() {
         assert_eq!(sum.unwrap_or_else(|e| panic!("rank {rank}: {e}")), 3);
+    }
+}
+
+/// As above, with rank 1 arriving first: it finds rank 0's first init begun, but abandoned,
+/// and waits for the next instead of joining it (where nobody would ever meet it).
+#[test]
+fn a_rank_arriving_before_rank_0_retries_does_not_join_the_abandoned_init() {
+    let server = server();
+    let addr = server.local_addr().to_string();
+    let config = |rank, timeout| Setup::Tcp.config(rank, 2, timeout);
+    let e = ProcessGroup::with_store(
+        connect(&addr).expect("connect"),
+        config(0, Duration::from_millis(300)),
+    )
+    .expect_err("rank 1 never comes");
+    assert_eq!(e.peer(), Some(1), "{e}");
+    let sums = std::thread::scope(|s| {
+        let addr = &addr;
+        let join = |rank| -> Result<(u64, i32), CommError> {
+            let pg = ProcessGroup::with_store(connect(addr)?, config(rank, TIMEOUT))?;
+            let mut v = vec![rank as i32 + 1];
+            pg.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((pg.generation(), v[0]))
+        };
+        let rank1 = s.spawn(move || join(1));
+        // Give rank 1 the head start that makes it read the store before rank 0's retry (the
+        // outcome must be the same without it).
+        std::thread::sleep(Duration::from_millis(300));
+        let rank0 = s.spawn(move || join(0));
+        [rank0, rank1].map(|h| h.join().expect("rank thread panicked"))
+    });
+    for (rank, outcome) in sums.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome, (2, 3), "rank {rank}: (generation, sum)");
     }
 }
 
