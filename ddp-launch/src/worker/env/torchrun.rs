@@ -14,8 +14,14 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
     };
     let rank: usize = v.required("RANK", name)?;
     let world_size: usize = v.required("WORLD_SIZE", name)?;
-    let local_rank = v.number("LOCAL_RANK")?.unwrap_or(rank);
-    let local_world_size = v.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+    let local_world_size = match v.number("LOCAL_WORLD_SIZE")? {
+        Some(n) => n,
+        None => one_host_or_error(v, world_size, name)?,
+    };
+    // torchrun places ranks node by node.
+    let local_rank = v
+        .number("LOCAL_RANK")?
+        .unwrap_or(rank % local_world_size.max(1));
     let node_rank = match v.number("GROUP_RANK")? {
         Some(n) => n,
         None => rank / local_world_size.max(1),
@@ -34,6 +40,31 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
         job_token,
         timeout,
     })
+}
+
+/// The local world size when `LOCAL_WORLD_SIZE` is not set: the whole world, on one host. Not
+/// when `MASTER_ADDR` names another host (Kubeflow's PyTorchJob and hand-written scripts set
+/// only `RANK`, `WORLD_SIZE` and `MASTER_ADDR`): a guess would put every rank's device index
+/// at its global rank, so that is an error naming the variables.
+fn one_host_or_error(v: &Vars<'_>, world_size: usize, name: &str) -> Result<usize, LaunchError> {
+    let Some(addr) = v.get("MASTER_ADDR") else {
+        return Ok(world_size);
+    };
+    let loopback = addr.eq_ignore_ascii_case("localhost")
+        || addr
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback || world_size == 1 {
+        return Ok(world_size);
+    }
+    Err(LaunchError::worker_env(
+        "LOCAL_WORLD_SIZE",
+        format!(
+            "is not set, and MASTER_ADDR is {addr}, not loopback, so the {world_size} ranks may \
+             run on several hosts: set LOCAL_RANK and LOCAL_WORLD_SIZE for each process ({name} \
+             sets the others; for one process per host, LOCAL_RANK=0 LOCAL_WORLD_SIZE=1)"
+        ),
+    ))
 }
 
 /// The port of this job's store. torchrun's agent hosts a store of its own on `MASTER_PORT`
@@ -155,6 +186,44 @@ mod tests {
         // The ddp launcher's workers, and torchrun without an agent store, use MASTER_PORT.
         let plain = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]);
         assert_eq!(plain.expect("ok").expect("worker").master_port, 29500);
+    }
+
+    #[test]
+    fn local_placement_is_derived_from_the_local_world_size_or_asked_for() {
+        // LOCAL_RANK follows from LOCAL_WORLD_SIZE, node by node, as torchrun places ranks.
+        let env = detect(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+            (TOKEN_ENV, "secret"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!((env.local_rank, env.node_rank), (1, 1));
+        // Neither, with rank 0 on another host (Kubeflow's PyTorchJob): an error naming them.
+        let e = detect(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "node0"),
+            (TOKEN_ENV, "secret"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("LOCAL_WORLD_SIZE: is not set, and MASTER_ADDR is node0"),
+            "{e}"
+        );
+        assert!(e.contains("LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"), "{e}");
+        // On loopback, one host: the whole world is local.
+        let env = detect(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "127.0.0.1"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!((env.local_rank, env.local_world_size), (3, 4));
     }
 
     #[test]
