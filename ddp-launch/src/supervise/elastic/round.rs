@@ -419,7 +419,9 @@ impl Rounds {
                     .map_err(|e| self.lost(e))?;
                 continue;
             }
-            if Instant::now() >= deadline {
+            // Once enough nodes joined, the last call closes the round: the join timeout is
+            // for a round that cannot start.
+            if Instant::now() >= deadline && joined < nodes.min {
                 return Err(self.error(format!(
                     "only {joined} of at least {} nodes joined round {r} within {:?} (--join-timeout)",
                     nodes.min, self.join_timeout
@@ -811,6 +813,11 @@ mod tests {
 
     /// A node joining the job in `memory`.
     fn node(memory: &Memory, backend: RdzvBackend) -> Rounds {
+        node_waiting(memory, backend, Duration::from_secs(600))
+    }
+
+    /// [`node`] with a `join_timeout` of its own.
+    fn node_waiting(memory: &Memory, backend: RdzvBackend, join_timeout: Duration) -> Rounds {
         let settings = ElasticSettings {
             nodes: NodeCount { min: 1, max: 2 },
             backend,
@@ -829,7 +836,7 @@ mod tests {
             CONFIG,
             "mine",
             0,
-            Duration::from_secs(600),
+            join_timeout,
         )
         .unwrap_or_else(|e| panic!("joining: {e}"))
     }
@@ -916,6 +923,28 @@ mod tests {
             "{:?}",
             joined.err()
         );
+    }
+
+    /// A join timeout shorter than the last call: once the minimum joined, the last call
+    /// closes the round; the timeout no longer fails the node ("only 1 of at least 1").
+    #[test]
+    fn a_round_with_its_minimum_waits_out_the_last_call_past_the_join_timeout() {
+        let memory = Memory::default();
+        for (key, value) in [
+            ("config", CONFIG),
+            ("launch_id", "earlier"),
+            ("current", "0"),
+            ("r/0/restarts", "0"),
+        ] {
+            memory.set(key, value);
+        }
+        let mut rounds = node_waiting(&memory, RdzvBackend::C10d, Duration::from_millis(100));
+        let joined = with_signals(|s| rounds.join(s));
+        match joined {
+            Ok(Joined::Round(round)) => assert_eq!(round.members, ["late:2"]),
+            Ok(_) => panic!("the job is not over"),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[test]
