@@ -65,6 +65,23 @@ fn misuse_is_a_clear_error_naming_the_rule() {
     }
 }
 
+/// One step on `x`, `y`, with a forward after its backward, before its `optimizer_step`
+/// (whose output it returns).
+fn forward_then_step(
+    ddp: &mut DistributedDataParallel<B, Mlp<B>>,
+    x: &Tensor<B, 2>,
+    y: &Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
+    let pred = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
+    let grads = ddp
+        .backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
+        .unwrap();
+    let early = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
+    ddp.optimizer_step(&mut sgd, 0.1, grads);
+    early
+}
+
 /// The forward before an `optimizer_step` is stale: its gradients belong to the old weights.
 /// A forward discarded before the step does not make the next step's backward fail.
 #[test]
@@ -72,14 +89,8 @@ fn a_forward_made_before_the_optimizer_step_cannot_be_back_propagated_after_it()
     for world in [1, 2] {
         let device = Default::default();
         for e in misuse(world, |ddp| {
-            let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
             let (x, y) = batch(&[0, 1], &device);
-            let pred = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
-            let grads = ddp
-                .backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
-                .unwrap();
-            let early = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
-            ddp.optimizer_step(&mut sgd, 0.1, grads);
+            let early = forward_then_step(ddp, &x, &y);
             ddp.backward(MseLoss::new().forward(early, y, Reduction::Mean))
                 .unwrap_err()
         }) {
@@ -90,14 +101,8 @@ fn a_forward_made_before_the_optimizer_step_cannot_be_back_propagated_after_it()
         }
         // With a forward after the step too, the early one's gradients are named stale.
         for e in misuse(world, |ddp| {
-            let mut sgd = SgdConfig::new().init::<B, Mlp<B>>();
             let (x, y) = batch(&[0, 1], &device);
-            let pred = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
-            let grads = ddp
-                .backward(MseLoss::new().forward(pred, y.clone(), Reduction::Mean))
-                .unwrap();
-            let early = ddp.forward(|m| m.forward(x.clone(), false)).unwrap();
-            ddp.optimizer_step(&mut sgd, 0.1, grads);
+            let early = forward_then_step(ddp, &x, &y);
             let late = ddp.forward(|m| m.forward(x, false)).unwrap();
             let loss = MseLoss::new().forward(early + late, y, Reduction::Mean);
             ddp.backward(loss).unwrap_err()

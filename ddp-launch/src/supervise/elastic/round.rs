@@ -790,13 +790,24 @@ mod tests {
     const CONFIG: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
 
     /// A job whose round 0 runs with one node (`other:1`), of at most two.
-    fn running_job() -> Memory {
+    /// A job whose round 0 is open, nobody in it yet.
+    fn new_job() -> Memory {
         let memory = Memory::default();
         for (key, value) in [
             ("config", CONFIG),
             ("launch_id", "earlier"),
             ("current", "0"),
             ("r/0/restarts", "0"),
+        ] {
+            memory.set(key, value);
+        }
+        memory
+    }
+
+    /// A job whose round 0 runs with another node.
+    fn running_job() -> Memory {
+        let memory = new_job();
+        for (key, value) in [
             ("r/0/join", "1"),
             ("r/0/node/1", "other:1"),
             ("r/0/closed", "1"),
@@ -929,15 +940,7 @@ mod tests {
     /// closes the round; the timeout no longer fails the node ("only 1 of at least 1").
     #[test]
     fn a_round_with_its_minimum_waits_out_the_last_call_past_the_join_timeout() {
-        let memory = Memory::default();
-        for (key, value) in [
-            ("config", CONFIG),
-            ("launch_id", "earlier"),
-            ("current", "0"),
-            ("r/0/restarts", "0"),
-        ] {
-            memory.set(key, value);
-        }
+        let memory = new_job();
         let mut rounds = node_waiting(&memory, RdzvBackend::C10d, Duration::from_millis(100));
         let joined = with_signals(|s| rounds.join(s));
         match joined {
