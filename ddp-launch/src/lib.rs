@@ -174,6 +174,7 @@
 #![warn(missing_docs)]
 
 mod error;
+#[cfg(feature = "supervisor")]
 mod note;
 pub mod progress;
 mod round_summary;
@@ -184,6 +185,8 @@ mod worker;
 // The launcher's side: planning, starting and supervising workers (`ddp-run`, [`launch`]).
 #[cfg(feature = "supervisor")]
 mod entry;
+#[cfg(feature = "supervisor")]
+mod launcher_id;
 #[cfg(feature = "supervisor")]
 mod node_sync;
 #[cfg(feature = "supervisor")]

@@ -26,7 +26,7 @@
 //! theirs (have neither finished nor failed) and are connected: closing it would make their
 //! launchers stop healthy workers. A signal ends that wait at once.
 
-pub(crate) mod node_claim;
+mod node_claim;
 pub(crate) mod port_holder;
 pub(crate) mod store_connect;
 
@@ -256,7 +256,7 @@ impl Rendezvous {
             launch_id: plan.launch_id.clone(),
         };
         rdzv.check_config(plan, signals)?;
-        rdzv.claim_node_rank(&node_claim::claimant_id())?;
+        rdzv.claim_node_rank()?;
         tracing::info!(node_rank = plan.node_rank, nnodes = plan.nnodes, %addr, "joined the rendezvous");
         Ok(rdzv)
     }

@@ -13,32 +13,14 @@
 
 use super::{REFUSED_KEY, Rendezvous};
 use crate::error::LaunchError;
-
-/// `host:pid`: unique among the launchers running now.
-pub(crate) fn host_pid() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let host = if ok {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_string()
-    };
-    format!("{host}:{}", std::process::id())
-}
-
-/// `host:pid:nonce`: the nonce tells apart two launchers whose pids match (two hosts of the
-/// same name, or a pid reused).
-pub(crate) fn claimant_id() -> String {
-    format!("{}:{:08x}", host_pid(), rand::random::<u32>())
-}
+use crate::launcher_id::claimant_id;
 
 impl Rendezvous {
-    /// Claims this node's rank for `claimant` (`compare_set`, so exactly one launcher wins a
-    /// rank; claiming again with the same id succeeds). On a clash, publishes the refusal for
-    /// every launcher and returns it.
-    pub(super) fn claim_node_rank(&self, claimant: &str) -> Result<(), LaunchError> {
+    /// Claims this node's rank for this launcher (`compare_set`, so exactly one launcher wins
+    /// a rank). On a clash, publishes the refusal for every launcher and returns it.
+    pub(super) fn claim_node_rank(&self) -> Result<(), LaunchError> {
+        let claimant = claimant_id();
+        let claimant = claimant.as_str();
         let key = format!("node/{}", self.node_rank);
         let holder = self
             .store
