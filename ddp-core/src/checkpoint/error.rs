@@ -33,8 +33,9 @@ pub enum InvalidReason {
         /// The parser's message.
         error: String,
     },
-    /// The manifest was written by an incompatible checkpoint format.
-    #[error("manifest {file} has format version {found}, this build reads version {supported}")]
+    /// The manifest was written by another checkpoint format. Not corruption: a load stops
+    /// on it ([`CheckpointError::Incompatible`]) instead of skipping it.
+    #[error("{file} says checkpoint format v{found}; this build reads v{supported}")]
     UnsupportedFormat {
         /// The manifest's file name.
         file: String,
@@ -96,8 +97,9 @@ pub enum InvalidReason {
         /// The step the manifest records.
         manifest_step: u64,
     },
-    /// The training state passed the hash check but cannot be parsed (written by an
-    /// incompatible version).
+    /// The training state passed the hash check but cannot be parsed: it was written that way,
+    /// by a version with another state schema. Not corruption: a load stops on it
+    /// ([`CheckpointError::Incompatible`]) instead of skipping it.
     #[error("file {file} does not parse: {error}")]
     BadState {
         /// The file's name.
@@ -333,6 +335,26 @@ pub enum CheckpointError {
         name: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// An intact checkpoint that another version wrote (another manifest format, or a
+    /// training state of another schema). Not skipped for an older checkpoint, nor set aside:
+    /// resuming older state because of a build mismatch would silently discard training.
+    #[error(
+        "checkpoint {name} in {dir} was written by another version (ddp-core {written_by}): \
+         {reason}. It is intact, not corrupt, so it was neither skipped for an older checkpoint \
+         nor set aside. To resume it, upgrade to a build that reads it; to resume an older \
+         checkpoint instead, move it out of {dir} deliberately"
+    )]
+    Incompatible {
+        /// The checkpoint's directory name.
+        name: String,
+        /// The checkpoint root directory.
+        dir: PathBuf,
+        /// What this build cannot read ([`InvalidReason::UnsupportedFormat`] or
+        /// [`InvalidReason::BadState`]).
+        reason: InvalidReason,
+        /// The ddp-core version the manifest names (`unknown` when it names none).
+        written_by: String,
     },
     /// The requested checkpoint failed verification.
     #[error("checkpoint {name} in {dir} is invalid: {reason}")]

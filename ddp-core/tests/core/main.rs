@@ -16,6 +16,7 @@ mod checkpoint_rotation;
 mod checkpoint_set_aside;
 mod checkpoint_sharded;
 mod checkpoint_storage;
+mod checkpoint_versions;
 mod checkpoint_world_size;
 mod ddp_buckets;
 mod ddp_equivalence;

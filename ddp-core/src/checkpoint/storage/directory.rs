@@ -6,8 +6,8 @@
 //! The newest valid checkpoint wins: every checkpoint is tried, newest first, and `latest` is
 //! only a hint (a `latest` naming a missing checkpoint is reported as such). A complete
 //! checkpoint newer than `latest` was committed by its rename; the writer died before moving
-//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error
-//! stops it (see [`ReadFailure`]).
+//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error,
+//! or an intact checkpoint of another version, stops it (see [`ReadFailure`]).
 
 use super::super::crash_point::crash_point;
 use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
@@ -64,8 +64,9 @@ pub(crate) struct NewestValid<T> {
 ///
 /// # Errors
 /// Listing `dir` or reading `latest` fails, or `verify` meets an I/O error rather than
-/// corruption ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from older
-/// state than what is on disk.
+/// corruption ([`CheckpointError::ReadCheckpoint`]) or a checkpoint another version wrote
+/// ([`CheckpointError::Incompatible`]): falling back then would resume from older state than
+/// what is on disk.
 pub(crate) fn newest_valid<T>(
     dir: &Path,
     verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
@@ -146,7 +147,8 @@ pub(crate) fn newest_valid_to_resume<T>(
 /// `dir`: committing it would move `latest` backwards, below a checkpoint the reader then
 /// prefers anyway. Newer checkpoints that fail verification (corrupt) do not block the save;
 /// they are set aside (renamed, never deleted: see [`set_aside`]). A newer checkpoint that
-/// cannot be read (I/O error) fails the save: it may well be valid.
+/// cannot be read (I/O error) or that another version wrote fails the save: it may well be
+/// valid.
 pub(crate) fn check_not_backwards<T>(
     dir: &Path,
     step: u64,
