@@ -6,8 +6,9 @@
 //!   ([`write_file_atomically`]).
 //! - `naming`: the layout of a checkpoint directory (`step-<N>`, `latest`, leftovers).
 //! - `directory`: the directory as a whole: `latest`, the newest-valid search, "never
-//!   backwards", pruning, rewinding, leftovers; a format passes only how to verify one
-//!   checkpoint.
+//!   backwards", pruning, rewinding; a format passes only how to verify one checkpoint.
+//! - `install`: committing a checkpoint under its name (also over the same step), and the
+//!   leftovers of an interrupted or failed save.
 //! - `lock`: one job per directory.
 //! - `set_aside`: invalid checkpoints are renamed, never deleted.
 //! - `rank0`: the collectives around the disk: rank 0 works and tells the others, every rank
@@ -39,6 +40,7 @@
 
 pub(crate) mod directory;
 pub(crate) mod durable;
+pub(crate) mod install;
 pub(crate) mod lock;
 pub(crate) mod naming;
 pub(crate) mod rank0;
