@@ -356,6 +356,31 @@ pub enum CheckpointError {
         /// The ddp-core version the manifest names (`unknown` when it names none).
         written_by: String,
     },
+    /// Another rank's checkpoint directory holds a complete checkpoint newer than the one rank 0
+    /// resumes (or rank 0 resumes none): the ranks do not share the directory, and rank 0 (after
+    /// an elastic restart, maybe another host than the one that wrote it) would resume older
+    /// state, or start over, without a word.
+    #[error(
+        "rank {rank} holds checkpoint {name} (step {step}) in its directory {dir}, newer than \
+         what rank 0 would resume from {rank0_dir} ({}). Checkpoints must be on a file system \
+         that every host that can become rank 0 shares (or copy {name} into rank 0's directory \
+         before restarting); not resuming",
+        .resumed.as_deref().unwrap_or("no checkpoint: a fresh start")
+    )]
+    NewerCheckpointElsewhere {
+        /// The rank holding the newer checkpoint (the newest one, if several do).
+        rank: usize,
+        /// The checkpoint's name.
+        name: String,
+        /// Its global step.
+        step: u64,
+        /// That rank's checkpoint directory, on its host.
+        dir: PathBuf,
+        /// Rank 0's checkpoint directory.
+        rank0_dir: PathBuf,
+        /// The checkpoint rank 0 would resume, if any.
+        resumed: Option<String>,
+    },
     /// The requested checkpoint failed verification.
     #[error("checkpoint {name} in {dir} is invalid: {reason}")]
     Invalid {

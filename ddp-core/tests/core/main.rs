@@ -8,6 +8,7 @@ mod common;
 mod amp;
 mod checkpoint_collective;
 mod checkpoint_corruption;
+mod checkpoint_elsewhere;
 mod checkpoint_exact_resume;
 mod checkpoint_interop;
 mod checkpoint_io_errors;
