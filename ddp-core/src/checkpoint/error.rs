@@ -35,7 +35,10 @@ pub enum InvalidReason {
     },
     /// The manifest was written by another checkpoint format. Not corruption: a load stops
     /// on it ([`CheckpointError::Incompatible`]) instead of skipping it.
-    #[error("{file} says checkpoint format v{found}; this build reads v{supported}")]
+    #[error(
+        "{file} says checkpoint format v{found} (written by ddp-core {written_by}); this build \
+         reads v{supported}"
+    )]
     UnsupportedFormat {
         /// The manifest's file name.
         file: String,
@@ -43,6 +46,9 @@ pub enum InvalidReason {
         found: u32,
         /// The version this build reads.
         supported: u32,
+        /// The ddp-core version the manifest names (`unknown` when it names none).
+        #[serde(default)]
+        written_by: String,
     },
     /// The manifest does not list a file every checkpoint has.
     #[error("manifest does not list {file}")]
@@ -104,7 +110,7 @@ pub enum InvalidReason {
     BadState {
         /// The file's name.
         file: String,
-        /// The parser's message.
+        /// The parser's message, and the ddp-core version the checkpoint's manifest names.
         error: String,
     },
 }
@@ -340,8 +346,7 @@ pub enum CheckpointError {
     /// training state of another schema). Not skipped for an older checkpoint, nor set aside:
     /// resuming older state because of a build mismatch would silently discard training.
     #[error(
-        "checkpoint {name} in {dir} was written by another version (ddp-core {written_by}): \
-         {reason}. It is intact, not corrupt, so it was neither skipped for an older checkpoint \
+        "checkpoint {name} in {dir} was written by another version: {reason}. It is intact, not corrupt, so it was neither skipped for an older checkpoint \
          nor set aside. To resume it, upgrade to a build that reads it; to resume an older \
          checkpoint instead, move it out of {dir} deliberately"
     )]
@@ -351,10 +356,8 @@ pub enum CheckpointError {
         /// The checkpoint root directory.
         dir: PathBuf,
         /// What this build cannot read ([`InvalidReason::UnsupportedFormat`] or
-        /// [`InvalidReason::BadState`]).
-        reason: InvalidReason,
-        /// The ddp-core version the manifest names (`unknown` when it names none).
-        written_by: String,
+        /// [`InvalidReason::BadState`]); boxed to keep every `Result` of this error small.
+        reason: Box<InvalidReason>,
     },
     /// Another rank's checkpoint directory holds a complete checkpoint newer than the one rank 0
     /// resumes (or rank 0 resumes none): the ranks do not share the directory, and rank 0 (after

@@ -134,12 +134,8 @@ pub(crate) enum ReadFailure {
     Invalid(InvalidReason),
     /// Intact, but written by another version: another manifest format, or a training state
     /// that passed its hash check and still does not parse.
-    Incompatible {
-        /// [`InvalidReason::UnsupportedFormat`] or [`InvalidReason::BadState`].
-        reason: InvalidReason,
-        /// The ddp-core version the manifest names, if it names one.
-        written_by: Option<String>,
-    },
+    /// [`InvalidReason::UnsupportedFormat`] or [`InvalidReason::BadState`].
+    Incompatible(InvalidReason),
     /// Any other I/O error reading `path`.
     Io {
         /// The file or directory being read.
@@ -164,11 +160,10 @@ impl ReadFailure {
                 dir: dir.to_path_buf(),
                 reason,
             },
-            ReadFailure::Incompatible { reason, written_by } => CheckpointError::Incompatible {
+            ReadFailure::Incompatible(reason) => CheckpointError::Incompatible {
                 name: name.to_string(),
                 dir: dir.to_path_buf(),
-                reason,
-                written_by: written_by.unwrap_or_else(|| "unknown".into()),
+                reason: Box::new(reason),
             },
             ReadFailure::Io { path, source } => CheckpointError::ReadCheckpoint {
                 name: name.to_string(),
@@ -235,14 +230,14 @@ pub(crate) fn read_manifest_file<T: DeserializeOwned>(
     if let Ok(probe) = serde_json::from_slice::<VersionProbe>(&bytes)
         && probe.format_version != supported
     {
-        return Err(ReadFailure::Incompatible {
-            reason: InvalidReason::UnsupportedFormat {
+        return Err(ReadFailure::Incompatible(
+            InvalidReason::UnsupportedFormat {
                 file: file.into(),
                 found: probe.format_version,
                 supported,
+                written_by: probe.framework_version.unwrap_or_else(|| "unknown".into()),
             },
-            written_by: probe.framework_version,
-        });
+        ));
     }
     let manifest: T = serde_json::from_slice(&bytes).map_err(|e| InvalidReason::BadManifest {
         file: file.into(),

@@ -52,19 +52,19 @@ pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFa
     // The hash check covers the state file: one that passes it and does not parse was
     // written that way, by a version with another state schema. Version skew, not corruption:
     // falling back would resume older state only because of the build.
-    parse_state(files.get(STATE_FILE)).map_err(|reason| ReadFailure::Incompatible {
-        reason,
-        written_by: Some(manifest.framework_version.clone()),
-    })?;
+    parse_state(files.get(STATE_FILE), &manifest.framework_version)
+        .map_err(ReadFailure::Incompatible)?;
     Ok(FoundCheckpoint {
         name: name.to_string(),
         files,
     })
 }
 
-pub(crate) fn parse_state(bytes: &[u8]) -> Result<StateFile, InvalidReason> {
+/// Parses `training_state.json` (`bytes`) of a checkpoint the ddp-core version `written_by`
+/// wrote.
+pub(crate) fn parse_state(bytes: &[u8], written_by: &str) -> Result<StateFile, InvalidReason> {
     serde_json::from_slice(bytes).map_err(|e| InvalidReason::BadState {
         file: STATE_FILE.into(),
-        error: e.to_string(),
+        error: format!("{e} (written by ddp-core {written_by})"),
     })
 }
