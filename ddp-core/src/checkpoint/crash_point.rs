@@ -7,10 +7,12 @@
 //!   [`TEST_CRASH_AT_ENV`] to one of [`CRASH_POINTS`]. The kill is a real SIGKILL: no
 //!   destructor, flush or unwinding runs, as when the machine or the OOM killer stops a job;
 //! - injected read errors ([`inject_read_error`]), so tests can show that an I/O error while
-//!   loading (EIO, ESTALE on NFS) fails the load instead of passing for corruption.
+//!   loading (EIO, ESTALE on NFS) fails the load instead of passing for corruption;
+//! - injected write errors ([`inject_write_error`]), so tests can show what a failed write
+//!   (ENOSPC) leaves behind.
 //!
-//! Without the hooks, [`crash_point`] is an empty inline function and [`read_file`] is
-//! `std::fs::read`.
+//! Without the hooks, [`crash_point`] is an empty inline function, [`read_file`] is
+//! `std::fs::read` and [`write_fault`] is `None`.
 
 use std::path::Path;
 
@@ -64,38 +66,80 @@ pub(crate) fn crash_point(point: &str) {
 #[inline(always)]
 pub(crate) fn crash_point(_point: &str) {}
 
-/// Paths whose reads fail, with the errno they fail with.
+/// Paths whose reads or writes fail, with the errno they fail with.
 #[cfg(any(test, feature = "test-hooks"))]
-static READ_FAULTS: std::sync::Mutex<Vec<(std::path::PathBuf, i32)>> =
-    std::sync::Mutex::new(Vec::new());
+type Faults = std::sync::Mutex<Vec<(std::path::PathBuf, i32)>>;
+#[cfg(any(test, feature = "test-hooks"))]
+static READ_FAULTS: Faults = std::sync::Mutex::new(Vec::new());
+#[cfg(any(test, feature = "test-hooks"))]
+static WRITE_FAULTS: Faults = std::sync::Mutex::new(Vec::new());
+
+#[cfg(any(test, feature = "test-hooks"))]
+fn set_fault(faults: &Faults, path: std::path::PathBuf, errno: Option<i32>) {
+    let mut faults = faults.lock().unwrap_or_else(|p| p.into_inner());
+    faults.retain(|(p, _)| *p != path);
+    if let Some(errno) = errno {
+        faults.push((path, errno));
+    }
+}
+
+#[cfg(any(test, feature = "test-hooks"))]
+fn fault(faults: &Faults, path: &Path) -> Option<std::io::Error> {
+    let faults = faults.lock().unwrap_or_else(|p| p.into_inner());
+    faults
+        .iter()
+        .find(|(p, _)| p == path)
+        .map(|(_, errno)| std::io::Error::from_raw_os_error(*errno))
+}
 
 /// Makes every checkpoint read of the file `path` fail with OS error `errno` (e.g.
 /// `libc::EIO`) until [`clear_read_error`]. Only with the `test-hooks` feature.
 #[cfg(any(test, feature = "test-hooks"))]
 pub fn inject_read_error(path: impl Into<std::path::PathBuf>, errno: i32) {
-    let path = path.into();
-    let mut faults = READ_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    faults.retain(|(p, _)| *p != path);
-    faults.push((path, errno));
+    set_fault(&READ_FAULTS, path.into(), Some(errno));
 }
 
 /// Undoes [`inject_read_error`] for `path`.
 #[cfg(any(test, feature = "test-hooks"))]
 pub fn clear_read_error(path: impl AsRef<Path>) {
-    let mut faults = READ_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    faults.retain(|(p, _)| p != path.as_ref());
+    set_fault(&READ_FAULTS, path.as_ref().to_path_buf(), None);
+}
+
+/// Makes every checkpoint write of the file `path` fail with OS error `errno` (e.g.
+/// `libc::ENOSPC`) until [`clear_write_error`]. For `latest`, replaced atomically, `path` is
+/// `<dir>/latest` and the write of its temporary file fails, as on a full disk. Only with the
+/// `test-hooks` feature.
+#[cfg(any(test, feature = "test-hooks"))]
+pub fn inject_write_error(path: impl Into<std::path::PathBuf>, errno: i32) {
+    set_fault(&WRITE_FAULTS, path.into(), Some(errno));
+}
+
+/// Undoes [`inject_write_error`] for `path`.
+#[cfg(any(test, feature = "test-hooks"))]
+pub fn clear_write_error(path: impl AsRef<Path>) {
+    set_fault(&WRITE_FAULTS, path.as_ref().to_path_buf(), None);
 }
 
 /// Reads a checkpoint file: `std::fs::read`, or an injected error.
 pub(crate) fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
     #[cfg(any(test, feature = "test-hooks"))]
-    {
-        let faults = READ_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, errno)) = faults.iter().find(|(p, _)| p == path) {
-            return Err(std::io::Error::from_raw_os_error(*errno));
-        }
+    if let Some(e) = fault(&READ_FAULTS, path) {
+        return Err(e);
     }
     std::fs::read(path)
+}
+
+/// The error injected for writes of `path`, if any ([`inject_write_error`]).
+#[cfg(any(test, feature = "test-hooks"))]
+pub(crate) fn write_fault(path: &Path) -> Option<std::io::Error> {
+    fault(&WRITE_FAULTS, path)
+}
+
+/// Without the `test-hooks` feature: no write fails on purpose.
+#[cfg(not(any(test, feature = "test-hooks")))]
+#[inline(always)]
+pub(crate) fn write_fault(_path: &Path) -> Option<std::io::Error> {
+    None
 }
 
 #[cfg(test)]

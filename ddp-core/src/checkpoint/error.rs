@@ -33,8 +33,12 @@ pub enum InvalidReason {
         /// The parser's message.
         error: String,
     },
-    /// The manifest was written by an incompatible checkpoint format.
-    #[error("manifest {file} has format version {found}, this build reads version {supported}")]
+    /// The manifest was written by another checkpoint format. Not corruption: a load stops
+    /// on it ([`CheckpointError::Incompatible`]) instead of skipping it.
+    #[error(
+        "{file} says checkpoint format v{found} (written by ddp-core {written_by}); this build \
+         reads v{supported}"
+    )]
     UnsupportedFormat {
         /// The manifest's file name.
         file: String,
@@ -42,6 +46,9 @@ pub enum InvalidReason {
         found: u32,
         /// The version this build reads.
         supported: u32,
+        /// The ddp-core version the manifest names (`unknown` when it names none).
+        #[serde(default)]
+        written_by: String,
     },
     /// The manifest does not list a file every checkpoint has.
     #[error("manifest does not list {file}")]
@@ -96,13 +103,14 @@ pub enum InvalidReason {
         /// The step the manifest records.
         manifest_step: u64,
     },
-    /// The training state passed the hash check but cannot be parsed (written by an
-    /// incompatible version).
+    /// The training state passed the hash check but cannot be parsed: it was written that way,
+    /// by a version with another state schema. Not corruption: a load stops on it
+    /// ([`CheckpointError::Incompatible`]) instead of skipping it.
     #[error("file {file} does not parse: {error}")]
     BadState {
         /// The file's name.
         file: String,
-        /// The parser's message.
+        /// The parser's message, and the ddp-core version the checkpoint's manifest names.
         error: String,
     },
 }
@@ -333,6 +341,48 @@ pub enum CheckpointError {
         name: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// An intact checkpoint that another version wrote (another manifest format, or a
+    /// training state of another schema). Not skipped for an older checkpoint, nor set aside:
+    /// resuming older state because of a build mismatch would silently discard training.
+    #[error(
+        "checkpoint {name} in {dir} was written by another version: {reason}. It is intact, not corrupt, so it was neither skipped for an older checkpoint \
+         nor set aside. To resume it, upgrade to a build that reads it; to resume an older \
+         checkpoint instead, move it out of {dir} deliberately"
+    )]
+    Incompatible {
+        /// The checkpoint's directory name.
+        name: String,
+        /// The checkpoint root directory.
+        dir: PathBuf,
+        /// What this build cannot read ([`InvalidReason::UnsupportedFormat`] or
+        /// [`InvalidReason::BadState`]); boxed to keep every `Result` of this error small.
+        reason: Box<InvalidReason>,
+    },
+    /// Another rank's checkpoint directory holds a complete checkpoint newer than the one rank 0
+    /// resumes (or rank 0 resumes none): the ranks do not share the directory, and rank 0 (after
+    /// an elastic restart, maybe another host than the one that wrote it) would resume older
+    /// state, or start over, without a word.
+    #[error(
+        "rank {rank} holds checkpoint {name} (step {step}) in its directory {dir}, newer than \
+         what rank 0 would resume from {rank0_dir} ({}). Checkpoints must be on a file system \
+         that every host that can become rank 0 shares (or copy {name} into rank 0's directory \
+         before restarting); not resuming",
+        .resumed.as_deref().unwrap_or("no checkpoint: a fresh start")
+    )]
+    NewerCheckpointElsewhere {
+        /// The rank holding the newer checkpoint (the newest one, if several do).
+        rank: usize,
+        /// The checkpoint's name.
+        name: String,
+        /// Its global step.
+        step: u64,
+        /// That rank's checkpoint directory, on its host.
+        dir: PathBuf,
+        /// Rank 0's checkpoint directory.
+        rank0_dir: PathBuf,
+        /// The checkpoint rank 0 would resume, if any.
+        resumed: Option<String>,
     },
     /// The requested checkpoint failed verification.
     #[error("checkpoint {name} in {dir} is invalid: {reason}")]

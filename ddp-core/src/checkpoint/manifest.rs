@@ -124,12 +124,18 @@ impl VerifiedFiles {
 }
 
 /// Why a checkpoint could not be read: it is corrupt or incomplete (a reader may fall back to
-/// an older one), or the filesystem failed (it must not: a transient EIO or ESTALE would
-/// otherwise make a good checkpoint look bad and move the run backwards).
+/// an older one), or the filesystem failed, or another version wrote it (it must not: a
+/// transient EIO or ESTALE, or a job restarted on an older build, would otherwise make a good
+/// checkpoint look bad and move the run backwards).
 #[derive(Debug)]
 pub(crate) enum ReadFailure {
-    /// Genuinely invalid: bad checksum or size, bad format, missing by design (incomplete).
+    /// Genuinely invalid: bad checksum or size, an unreadable manifest, missing by design
+    /// (incomplete).
     Invalid(InvalidReason),
+    /// Intact, but written by another version: another manifest format, or a training state
+    /// that passed its hash check and still does not parse.
+    /// [`InvalidReason::UnsupportedFormat`] or [`InvalidReason::BadState`].
+    Incompatible(InvalidReason),
     /// Any other I/O error reading `path`.
     Io {
         /// The file or directory being read.
@@ -153,6 +159,11 @@ impl ReadFailure {
                 name: name.to_string(),
                 dir: dir.to_path_buf(),
                 reason,
+            },
+            ReadFailure::Incompatible(reason) => CheckpointError::Incompatible {
+                name: name.to_string(),
+                dir: dir.to_path_buf(),
+                reason: Box::new(reason),
             },
             ReadFailure::Io { path, source } => CheckpointError::ReadCheckpoint {
                 name: name.to_string(),
@@ -214,20 +225,35 @@ pub(crate) fn read_manifest_file<T: DeserializeOwned>(
         }
         other => other,
     })?;
+    // The version first, from the two fields every format keeps: a newer format's manifest
+    // may not parse as this one's, and must still read as a version, not as corruption.
+    if let Ok(probe) = serde_json::from_slice::<VersionProbe>(&bytes)
+        && probe.format_version != supported
+    {
+        return Err(ReadFailure::Incompatible(
+            InvalidReason::UnsupportedFormat {
+                file: file.into(),
+                found: probe.format_version,
+                supported,
+                written_by: probe.framework_version.unwrap_or_else(|| "unknown".into()),
+            },
+        ));
+    }
     let manifest: T = serde_json::from_slice(&bytes).map_err(|e| InvalidReason::BadManifest {
         file: file.into(),
         error: e.to_string(),
     })?;
-    let found = format_version(&manifest);
-    if found != supported {
-        return Err(InvalidReason::UnsupportedFormat {
-            file: file.into(),
-            found,
-            supported,
-        }
-        .into());
-    }
+    debug_assert_eq!(format_version(&manifest), supported);
     Ok(manifest)
+}
+
+/// What every manifest format is expected to keep: its version, and the version of ddp-core
+/// that wrote it.
+#[derive(Deserialize)]
+struct VersionProbe {
+    format_version: u32,
+    #[serde(default)]
+    framework_version: Option<String>,
 }
 
 /// Reads file `name` of the checkpoint in `dir`. Only a missing file is a property of the

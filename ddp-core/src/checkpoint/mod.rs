@@ -165,7 +165,10 @@ pub mod storage;
 
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
-pub use crash_point::{CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, inject_read_error};
+pub use crash_point::{
+    CRASH_POINTS, TEST_CRASH_AT_ENV, clear_read_error, clear_write_error, inject_read_error,
+    inject_write_error,
+};
 pub use error::{CheckpointError, InvalidCheckpoint, InvalidReason, StorageError};
 pub use fresh_start::FRESH_START_FILE;
 pub use full::FullCheckpointer;

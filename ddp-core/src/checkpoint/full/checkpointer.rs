@@ -4,10 +4,13 @@ use super::super::base::{CheckpointerBase, ResumeHeader, SaveSummary};
 use super::super::codec::{encode_model, encode_optimizer};
 use super::super::config::CheckpointConfig;
 use super::super::error::CheckpointError;
-use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::super::manifest::{
+    MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE,
+};
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
+use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json, on_rank0};
 use super::reader::{find_checkpoint_to_resume, read_one};
@@ -175,6 +178,10 @@ impl FullCheckpointer {
     /// [`CheckpointError::LoadModel`] / [`CheckpointError::LoadOptimizer`] when the checkpoint
     /// does not fit (on error `model` and `optim` are unchanged),
     /// [`CheckpointError::RunConfigMismatch`] (strict mode), I/O and communication errors;
+    /// [`CheckpointError::NewerCheckpointElsewhere`] when another rank's directory holds a
+    /// newer checkpoint than rank 0's (every rank lists its own: no shared filesystem);
+    /// [`CheckpointError::Incompatible`] when the newest checkpoint was written by another
+    /// version;
     /// [`CheckpointError::NoValidCheckpoint`] when checkpoints exist and none is valid (nothing
     /// is renamed or deleted then: the caller decides).
     pub fn load_latest<B, M, O>(
@@ -209,6 +216,13 @@ impl FullCheckpointer {
             ),
         };
         let header = self.share_header(header)?;
+        check_no_newer_elsewhere(
+            &self.base.pg,
+            &dir,
+            MANIFEST_FILE,
+            header.name.as_deref(),
+            &header.invalid,
+        )?;
         match header.name.clone() {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid checkpoint in {}: starting fresh", dir.display());

@@ -31,8 +31,9 @@ pub(crate) struct Search {
 /// # Errors
 /// [`CheckpointError::NoValidCheckpoint`]; listing `dir` or reading `latest` fails, or a
 /// checkpoint cannot be read for a reason other than corruption
-/// ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from older state
-/// than what is on disk.
+/// ([`CheckpointError::ReadCheckpoint`]), or another version wrote it
+/// ([`CheckpointError::Incompatible`]): falling back then would resume from older state than
+/// what is on disk.
 pub(crate) fn find_checkpoint_to_resume(dir: &Path) -> Result<Search, CheckpointError> {
     let search = newest_valid_to_resume(dir, read_one)?;
     Ok(Search {
@@ -48,18 +49,22 @@ pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFa
     let files = read_verified(&dir.join(name))?;
     let manifest = &files.manifest;
     check_name(name, &manifest.name, manifest.global_step)?;
-    // A state file that passes the hash check but does not parse (another format) is as
-    // unusable as a corrupted one.
-    parse_state(files.get(STATE_FILE))?;
+    // The hash check covers the state file: one that passes it and does not parse was
+    // written that way, by a version with another state schema. Version skew, not corruption:
+    // falling back would resume older state only because of the build.
+    parse_state(files.get(STATE_FILE), &manifest.framework_version)
+        .map_err(ReadFailure::Incompatible)?;
     Ok(FoundCheckpoint {
         name: name.to_string(),
         files,
     })
 }
 
-pub(crate) fn parse_state(bytes: &[u8]) -> Result<StateFile, InvalidReason> {
+/// Parses `training_state.json` (`bytes`) of a checkpoint the ddp-core version `written_by`
+/// wrote.
+pub(crate) fn parse_state(bytes: &[u8], written_by: &str) -> Result<StateFile, InvalidReason> {
     serde_json::from_slice(bytes).map_err(|e| InvalidReason::BadState {
         file: STATE_FILE.into(),
-        error: e.to_string(),
+        error: format!("{e} (written by ddp-core {written_by})"),
     })
 }

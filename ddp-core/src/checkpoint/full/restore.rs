@@ -34,10 +34,13 @@ impl FullCheckpointer {
     {
         let (rank, dir) = (self.base.pg.rank(), self.base.config.dir().to_path_buf());
         let files = self.distribute(name, found)?;
-        let state = parse_state(files.get(STATE_FILE)).map_err(|reason| CheckpointError::Invalid {
-            name: name.to_string(),
-            dir: dir.clone(),
-            reason,
+        let written_by = files.manifest.framework_version.as_str();
+        let state = parse_state(files.get(STATE_FILE), written_by).map_err(|reason| {
+            CheckpointError::Incompatible {
+                name: name.to_string(),
+                dir: dir.clone(),
+                reason: Box::new(reason),
+            }
         });
         // Decode into copies: on any rank's failure, every rank's model and optimizer stay as
         // they were.

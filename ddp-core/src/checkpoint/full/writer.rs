@@ -4,7 +4,9 @@
 //!    sha256 of the others) is written last; then the temporary directory is fsynced.
 //! 2. It is renamed to `<dir>/<name>` and `<dir>` is fsynced: the checkpoint now exists whole.
 //!    A checkpoint already there (the same step saved again) is first moved aside to
-//!    `.replaced-<name>-<pid>`, and removed once the new one has its name.
+//!    `.replaced-<name>-<pid>`, and removed once the new one has its name and `<dir>` is fsynced
+//!    (also when step 3 then fails: the newest valid checkpoint is resumed whatever `latest`
+//!    says, and a leftover copy would block the next save of the step).
 //! 3. `<dir>/latest` is replaced atomically (temporary file, fsync, rename, fsync `<dir>`).
 //! 4. Only then are checkpoints beyond keep-last-K removed (each renamed away first, so a
 //!    crash never leaves a half-deleted checkpoint under a checkpoint name).
@@ -18,14 +20,15 @@
 //! which also puts back a `.replaced-*` checkpoint whose name nothing took.
 //!
 //! [`check_not_backwards`]: super::super::storage::directory::check_not_backwards
-//! [`clean_temporaries`]: super::super::storage::directory::clean_temporaries
+//! [`clean_temporaries`]: super::super::storage::install::clean_temporaries
 
 use super::super::crash_point::crash_point;
 use super::super::error::CheckpointError;
 use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use super::super::state::FRAMEWORK_VERSION;
-use super::super::storage::directory::{install_checkpoint, write_latest};
+use super::super::storage::directory::write_latest;
 use super::super::storage::durable::{ensure_dir, fresh_dir, sync_dir, write_synced};
+use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
@@ -51,8 +54,17 @@ pub(crate) fn write_checkpoint(
     };
 
     crash_point("before-rename");
-    let installed = install_checkpoint(dir, &tmp, name)?;
+    let installed = match install_checkpoint(dir, &tmp, name) {
+        Ok(installed) => installed,
+        Err(e) => {
+            // Best effort (the next start removes it): gone already if the rename happened.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e.into());
+        }
+    };
     crash_point("after-rename");
+    // On failure `installed` is dropped, which removes the copy it replaced: the new
+    // checkpoint is durable, and the search resumes it whatever `latest` says.
     write_latest(dir, name)?;
     crash_point("after-latest");
     Ok((installed.remove_replaced(), manifest))

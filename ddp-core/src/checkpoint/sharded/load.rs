@@ -9,10 +9,13 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::storage::directory::newest_valid_to_resume;
+use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::rank0::{all_succeeded, broadcast_json, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
-use super::manifest::{ShardedManifest, read_manifest, read_verified, verify_checkpoint};
+use super::manifest::{
+    SHARDED_MANIFEST_FILE, ShardedManifest, read_manifest, read_verified, verify_checkpoint,
+};
 use super::optimizer_state::{ShardedOptimizerState, StateHolding};
 use super::ownership::Ownership;
 use super::safetensors;
@@ -42,7 +45,9 @@ impl ShardedCheckpointer {
     /// # Errors
     /// [`CheckpointError::LoadModel`] when the checkpoint does not fit the model,
     /// [`CheckpointError::Invalid`] when a rank cannot read a shard rank 0 verified (no shared
-    /// filesystem), [`ShardedCheckpointError::OptimizerState`], I/O and communication errors.
+    /// filesystem), [`ShardedCheckpointError::OptimizerState`],
+    /// [`CheckpointError::NewerCheckpointElsewhere`] when another rank's directory holds a
+    /// newer checkpoint than rank 0's, I/O and communication errors.
     /// On error `model` and `optim` are unchanged on every rank.
     pub fn load_latest<B, M, O, R>(
         &self,
@@ -169,6 +174,13 @@ impl ShardedCheckpointer {
             header,
             "sharing the resume header",
             "decoding the resume header",
+        )?;
+        check_no_newer_elsewhere(
+            &self.base.pg,
+            &dir,
+            SHARDED_MANIFEST_FILE,
+            header.name.as_deref(),
+            &header.invalid,
         )?;
         match header.name {
             None => {

@@ -6,19 +6,18 @@
 //! The newest valid checkpoint wins: every checkpoint is tried, newest first, and `latest` is
 //! only a hint (a `latest` naming a missing checkpoint is reported as such). A complete
 //! checkpoint newer than `latest` was committed by its rename; the writer died before moving
-//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error
-//! stops it (see [`ReadFailure`]).
+//! the pointer. Only genuine corruption moves the search to an older checkpoint: an I/O error,
+//! or an intact checkpoint of another version, stops it (see [`ReadFailure`]).
 
-use super::super::crash_point::crash_point;
+use super::super::crash_point::{crash_point, write_fault};
 use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
 use super::super::manifest::ReadFailure;
 use super::durable::{remove_path, rename, sync_dir, write_synced};
 use super::naming::{
-    LATEST_FILE, REPLACED_PREFIX, TMP_PREFIX, TRASH_PREFIX, list_checkpoints,
-    parse_checkpoint_name, read_dir,
+    LATEST_FILE, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, parse_checkpoint_name,
 };
 use super::set_aside::{any_exists, set_aside, set_aside_all};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The name `<dir>/latest` holds, if it exists and names a checkpoint. `latest` is only a hint
 /// (the search tries every checkpoint), so one that names no checkpoint, UTF-8 or not, is
@@ -44,7 +43,14 @@ pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError>
 /// Atomically makes `<dir>/latest` contain `name`.
 pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     let tmp = dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{}", std::process::id()));
-    write_synced(&tmp, format!("{name}\n").as_bytes())?;
+    if let Some(source) = write_fault(&dir.join(LATEST_FILE)) {
+        return Err(StorageError::Write { path: tmp, source }.into());
+    }
+    if let Err(e) = write_synced(&tmp, format!("{name}\n").as_bytes()) {
+        // Best effort (the next start removes it): a full disk may have left part of it.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.into());
+    }
     crash_point("before-latest");
     rename(&tmp, &dir.join(LATEST_FILE))?;
     Ok(sync_dir(dir)?)
@@ -64,8 +70,9 @@ pub(crate) struct NewestValid<T> {
 ///
 /// # Errors
 /// Listing `dir` or reading `latest` fails, or `verify` meets an I/O error rather than
-/// corruption ([`CheckpointError::ReadCheckpoint`]): falling back then would resume from older
-/// state than what is on disk.
+/// corruption ([`CheckpointError::ReadCheckpoint`]) or a checkpoint another version wrote
+/// ([`CheckpointError::Incompatible`]): falling back then would resume from older state than
+/// what is on disk.
 pub(crate) fn newest_valid<T>(
     dir: &Path,
     verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
@@ -146,7 +153,8 @@ pub(crate) fn newest_valid_to_resume<T>(
 /// `dir`: committing it would move `latest` backwards, below a checkpoint the reader then
 /// prefers anyway. Newer checkpoints that fail verification (corrupt) do not block the save;
 /// they are set aside (renamed, never deleted: see [`set_aside`]). A newer checkpoint that
-/// cannot be read (I/O error) fails the save: it may well be valid.
+/// cannot be read (I/O error) or that another version wrote fails the save: it may well be
+/// valid.
 pub(crate) fn check_not_backwards<T>(
     dir: &Path,
     step: u64,
@@ -234,59 +242,6 @@ pub(crate) fn prune(
     Ok(doomed)
 }
 
-/// A checkpoint put in place by [`install_checkpoint`]: where it is, and the checkpoint of the
-/// same name it replaced, kept aside until the caller no longer needs a way back.
-pub(crate) struct Installed {
-    path: PathBuf,
-    replaced: Option<PathBuf>,
-}
-
-impl Installed {
-    /// Deletes the replaced checkpoint, if any (best effort: the new one is committed, and the
-    /// next start removes a leftover); returns the new checkpoint's path.
-    pub(crate) fn remove_replaced(self) -> PathBuf {
-        if let Some(trash) = self.replaced
-            && let Err(e) = remove_path(&trash)
-        {
-            tracing::warn!(error = %e, "could not remove the replaced checkpoint");
-        }
-        self.path
-    }
-}
-
-/// The commit of a checkpoint written whole in `staging`: renames it to `<dir>/<name>` and
-/// fsyncs `dir`. A checkpoint of the same name (the same step saved again) is moved aside first
-/// (to `.replaced-<name>-<pid>`) and put back if the rename fails, or by the next start's
-/// [`clean_temporaries`] if the process dies between the two renames: the step's committed
-/// checkpoint is never lost, even when it is the only one.
-pub(crate) fn install_checkpoint(
-    dir: &Path,
-    staging: &Path,
-    name: &str,
-) -> Result<Installed, StorageError> {
-    let target = dir.join(name);
-    let replaced = if target.exists() {
-        let aside = dir.join(format!("{REPLACED_PREFIX}{name}-{}", std::process::id()));
-        rename(&target, &aside)?;
-        crash_point("replacing");
-        Some(aside)
-    } else {
-        None
-    };
-    if let Err(e) = rename(staging, &target) {
-        if let Some(trash) = &replaced {
-            // Put the replaced checkpoint back (best effort).
-            let _ = std::fs::rename(trash, &target);
-        }
-        return Err(e);
-    }
-    sync_dir(dir)?;
-    Ok(Installed {
-        path: target,
-        replaced,
-    })
-}
-
 /// Renames checkpoint `name` away, then deletes it: a crash never leaves a half-deleted
 /// checkpoint under a checkpoint name.
 fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
@@ -294,39 +249,4 @@ fn remove_checkpoint(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     rename(&dir.join(name), &trash)?;
     crash_point("during-prune");
     Ok(remove_path(&trash)?)
-}
-
-/// Removes what an interrupted writer left behind (`.tmp-*`, `.trash-*`) and puts back a
-/// checkpoint that a crash left moved aside (`.replaced-*`, see [`install_checkpoint`]) when
-/// nothing took its name; returns the paths removed.
-pub(crate) fn clean_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
-    let mut removed = Vec::new();
-    for entry in read_dir(dir)? {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
-        if let Some(original) = replaced_checkpoint_name(&name) {
-            let target = dir.join(original);
-            if !target.exists() {
-                rename(&path, &target)?;
-                sync_dir(dir)?;
-                tracing::warn!(
-                    checkpoint = %target.display(),
-                    "a save of the same step was interrupted: its committed checkpoint is put back"
-                );
-                continue;
-            }
-        } else if !name.starts_with(TMP_PREFIX) && !name.starts_with(TRASH_PREFIX) {
-            continue;
-        }
-        remove_path(&path)?;
-        removed.push(path);
-    }
-    Ok(removed)
-}
-
-/// The checkpoint name in `.replaced-<name>-<pid>`, if `entry` is one.
-fn replaced_checkpoint_name(entry: &str) -> Option<&str> {
-    let (name, pid) = entry.strip_prefix(REPLACED_PREFIX)?.rsplit_once('-')?;
-    let is_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
-    (is_pid && parse_checkpoint_name(name).is_some()).then_some(name)
 }

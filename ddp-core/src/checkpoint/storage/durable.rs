@@ -15,6 +15,9 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StorageError
         path: path.to_path_buf(),
         source,
     };
+    if let Some(source) = super::super::crash_point::write_fault(path) {
+        return Err(write(source));
+    }
     let mut file = File::create(path).map_err(write)?;
     file.write_all(bytes).map_err(write)?;
     file.sync_all().map_err(|source| StorageError::Sync {

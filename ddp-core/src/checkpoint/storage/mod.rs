@@ -6,9 +6,12 @@
 //!   ([`write_file_atomically`]).
 //! - `naming`: the layout of a checkpoint directory (`step-<N>`, `latest`, leftovers).
 //! - `directory`: the directory as a whole: `latest`, the newest-valid search, "never
-//!   backwards", pruning, rewinding, leftovers; a format passes only how to verify one
-//!   checkpoint.
+//!   backwards", pruning, rewinding; a format passes only how to verify one checkpoint.
+//! - `install`: committing a checkpoint under its name (also over the same step), and the
+//!   leftovers of an interrupted or failed save.
 //! - `lock`: one job per directory.
+//! - `elsewhere`: after rank 0's search, a newer checkpoint in another rank's directory (no
+//!   shared filesystem) stops the load instead of being silently passed over.
 //! - `set_aside`: invalid checkpoints are renamed, never deleted.
 //! - `rank0`: the collectives around the disk: rank 0 works and tells the others, every rank
 //!   agrees all succeeded, rank 0 reads and broadcasts ([`read_on_rank0`]).
@@ -39,6 +42,8 @@
 
 pub(crate) mod directory;
 pub(crate) mod durable;
+pub(crate) mod elsewhere;
+pub(crate) mod install;
 pub(crate) mod lock;
 pub(crate) mod naming;
 pub(crate) mod rank0;

@@ -3,8 +3,8 @@
 //! them succeeded (so no rank trains on while another failed).
 
 use super::super::error::{CheckpointError, StorageError};
-use super::directory::clean_temporaries;
 use super::durable::ensure_dir;
+use super::install::clean_temporaries;
 use super::lock::{DirLock, lock_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
 use serde::de::DeserializeOwned;
