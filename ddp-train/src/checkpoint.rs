@@ -19,6 +19,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorde
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{Checkpointer, CheckpointerError};
 use ddp_core::checkpoint::storage::{ensure_dir, read_on_rank0, write_file_atomically};
+use ddp_core::checkpoint::{DirLock, lock_dir};
 use ddp_core::comm::ProcessGroup;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,20 @@ pub(crate) fn step_files(steps_dir: &Path, epoch: usize, step: usize) -> Vec<Pat
         .chain(&[POSITION])
         .map(|kind| step_file_path(steps_dir, kind, epoch, step))
         .collect()
+}
+
+/// Takes the lock of the checkpoint directory `dir` (created if missing) for rank 0: two jobs
+/// writing one directory would delete each other's files and resume each other's epochs (see
+/// [`ddp_core::checkpoint::lock_dir`]).
+///
+/// # Errors
+/// Another job holds the lock (named: host, pid, start); the directory cannot be created or
+/// locked.
+pub(crate) fn lock_checkpoint_dir(dir: &Path) -> Result<DirLock> {
+    let storage = DdpTrainError::storage("locking the checkpoint directory");
+    ensure_dir(dir)
+        .and_then(|()| lock_dir(dir))
+        .map_err(|e| storage(e.into()))
 }
 
 /// The first checkpoint write that failed, shared between the writer threads and the strategy

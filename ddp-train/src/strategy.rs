@@ -23,7 +23,7 @@
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, KINDS, STEPS_DIR, decode, fetch_from_rank0, file_path,
-    rank0_failure_on_every_rank, step_files,
+    lock_checkpoint_dir, rank0_failure_on_every_rank, step_files,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -166,6 +166,9 @@ impl DdpStrategy {
     /// burn-train's default (the last two and the one with the lowest validation loss). Files
     /// are full precision, so a resumed run is bitwise the uninterrupted one. For checkpoints
     /// inside epochs too, add [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
+    /// Rank 0 locks `dir` for the whole run (`dir/lock`, as ddp-core's checkpointers do): a
+    /// second job on the same `dir` fails at once, naming the first, instead of deleting its
+    /// files.
     pub fn with_checkpoints(mut self, dir: impl AsRef<Path>) -> Self {
         self.checkpoints = Some(dir.as_ref().to_path_buf());
         self
@@ -276,6 +279,12 @@ impl DdpStrategy {
                     .into(),
             ));
         }
+        // One job per checkpoint directory: rank 0 holds its lock for the whole run, before
+        // anything there is read or removed (a failure here aborts the other ranks).
+        let _dir_lock = match &self.checkpoints {
+            Some(dir) if rank0 => Some(lock_checkpoint_dir(dir)?),
+            _ => None,
+        };
         let resumed = self.resume(components, learner)?;
         self.lock().report.resumed_from = resumed.map(|(point, _)| point);
         let mut step_checkpointer = match (&self.checkpoints, self.every_n_steps) {

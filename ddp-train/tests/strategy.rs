@@ -735,6 +735,30 @@ fn a_checkpoint_rank0_cannot_write_fails_the_run_on_every_rank() {
     }
 }
 
+/// Another job holds the checkpoint directory (here: this test, through ddp-core's lock):
+/// the run fails on every rank naming the holder, before anything there is read or removed.
+#[test]
+fn a_checkpoint_directory_another_job_holds_fails_the_run_on_every_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let leftover = dir.path().join("checkpoint").join(".tmp-model-1.mpk-999");
+    std::fs::create_dir_all(leftover.parent().expect("parent")).expect("dir");
+    std::fs::write(&leftover, b"the other job's write in progress").expect("file");
+    let held = ddp_core::checkpoint::lock_dir(dir.path()).expect("the other job's lock");
+    let results = run_ranks(2, |pg| outcome(pg, dir.path(), 16, 32, true));
+    for (rank, r) in results.iter().enumerate() {
+        let err = r
+            .as_ref()
+            .expect_err("a locked directory must fail every rank")
+            .to_string();
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "rank {rank}: {err}"
+        );
+    }
+    assert!(leftover.exists(), "the other job's file was removed");
+    drop(held);
+}
+
 #[test]
 fn ranks_with_different_models_fail_before_training() {
     let dir = tempfile::tempdir().expect("tempdir");

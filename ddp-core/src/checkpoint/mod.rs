@@ -177,7 +177,7 @@ pub use manifest::{
     OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, sha256_hex,
 };
 pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
-pub use storage::lock::LOCK_FILE;
+pub use storage::lock::{DirLock, LOCK_FILE, lock_dir};
 pub use storage::naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub(crate) use storage::rank0::{all_gather_bytes, all_succeeded};
 pub use storage::set_aside::INVALID_SUFFIX;

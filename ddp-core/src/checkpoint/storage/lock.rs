@@ -19,17 +19,19 @@ pub const LOCK_FILE: &str = "lock";
 
 /// The held lock; dropping it (or the process ending) releases it.
 #[derive(Debug)]
-pub(crate) struct DirLock {
+pub struct DirLock {
     /// Kept open: the lock lives as long as this descriptor.
     _file: File,
 }
 
-/// Takes the lock of checkpoint directory `dir` (which exists) and records who holds it.
+/// Takes the lock of checkpoint directory `dir` (which exists) and records who holds it. The
+/// checkpointers take it themselves; a trainer that writes a directory of its own (ddp-train's
+/// `DdpStrategy::with_checkpoints`) takes it on rank 0 for the whole run.
 ///
 /// # Errors
 /// [`StorageError::DirLocked`] naming the holder when another job holds it;
 /// [`StorageError::Lock`] when the lock file cannot be opened or locked.
-pub(crate) fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
+pub fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
     let path = dir.join(LOCK_FILE);
     let fail = |source| StorageError::Lock {
         path: path.clone(),
