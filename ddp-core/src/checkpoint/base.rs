@@ -34,7 +34,7 @@ impl CheckpointerBase {
         kind: &str,
     ) -> Result<Self, CheckpointError> {
         config.validate()?;
-        let lock = prepare_dir(&pg, config.dir(), kind)?;
+        let lock = prepare_dir(&pg, config.dir(), kind, config.dir_lock())?;
         Ok(CheckpointerBase {
             config,
             pg,

@@ -30,6 +30,13 @@ pub struct CheckpointConfig {
     shared_filesystem: bool,
     run_config_hash: Option<String>,
     strict_run_config: bool,
+    /// Settings saved before the option existed load with the lock on.
+    #[serde(default = "lock_on")]
+    dir_lock: bool,
+}
+
+fn lock_on() -> bool {
+    true
 }
 
 impl CheckpointConfig {
@@ -43,6 +50,7 @@ impl CheckpointConfig {
             shared_filesystem: false,
             run_config_hash: None,
             strict_run_config: false,
+            dir_lock: true,
         }
     }
 
@@ -87,6 +95,23 @@ impl CheckpointConfig {
     pub fn with_strict_run_config(mut self, strict: bool) -> Self {
         self.strict_run_config = strict;
         self
+    }
+
+    /// With `false`, rank 0 does not lock the directory (`dir/lock`, one job per directory).
+    /// Only for file systems without locks (a Lustre client mounted without `-o flock`, where
+    /// opening a checkpointer fails with [`StorageError::LockUnsupported`]), and only when you
+    /// make sure yourself that one job at a time writes the directory: two jobs on it delete
+    /// each other's checkpoints.
+    ///
+    /// [`StorageError::LockUnsupported`]: crate::checkpoint::StorageError::LockUnsupported
+    pub fn with_dir_lock(mut self, lock: bool) -> Self {
+        self.dir_lock = lock;
+        self
+    }
+
+    /// Whether rank 0 locks the directory (the default).
+    pub fn dir_lock(&self) -> bool {
+        self.dir_lock
     }
 
     /// The checkpoint root directory.

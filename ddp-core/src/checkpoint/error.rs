@@ -164,6 +164,20 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
+    /// The directory's file system has no locks (`flock`).
+    #[error(
+        "locking {path} (one job per checkpoint directory): the file system has no locks \
+         ({source}); mount it with locks on (a Lustre client: `-o flock`), or turn the lock off \
+         with CheckpointConfig::with_dir_lock(false) if you make sure yourself that one job at \
+         a time writes the directory"
+    )]
+    LockUnsupported {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A directory could not be created.
     #[error("creating directory {path}: {source}")]
     CreateDir {

@@ -45,3 +45,28 @@ fn a_second_job_on_the_same_directory_is_refused_naming_the_holder() {
         );
     });
 }
+
+/// `with_dir_lock(false)` (a file system without locks): the checkpointer opens without taking
+/// the lock, so it opens beside a holder; the lock stays the default, and survives a JSON
+/// round trip of the settings.
+#[test]
+fn without_the_directory_lock_a_checkpointer_opens_beside_a_holder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let held = ddp_core::checkpoint::lock_dir(dir.path()).expect("another job's lock");
+    run_ranks(2, |pg| {
+        let unlocked = CheckpointConfig::new(dir.path()).with_dir_lock(false);
+        let ckpt = FullCheckpointer::new(unlocked, pg).expect("opens without the lock");
+        save_random(&ckpt, TrainingState::new(0, 3));
+    });
+    let locked = CheckpointConfig::new(dir.path());
+    assert!(locked.dir_lock(), "the lock is the default");
+    let json = serde_json::to_string(&locked).expect("json");
+    let without_field = json.replace(",\"dir_lock\":true", "");
+    assert_ne!(json, without_field, "{json}");
+    let old: CheckpointConfig = serde_json::from_str(&without_field).expect("older settings");
+    assert!(
+        old.dir_lock(),
+        "settings saved before the option load with the lock on"
+    );
+    drop(held);
+}

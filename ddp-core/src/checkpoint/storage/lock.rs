@@ -60,6 +60,9 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
                 },
             });
         }
+        Err(TryLockError::Error(source)) if locks_unsupported(&source) => {
+            return Err(StorageError::LockUnsupported { path, source });
+        }
         Err(TryLockError::Error(source)) => return Err(fail(source)),
     }
     let me = holder_description();
@@ -70,6 +73,15 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
         .map_err(fail)?;
     tracing::debug!(path = %path.display(), holder = %me.trim(), "locked the checkpoint directory");
     Ok(DirLock { _file: file })
+}
+
+/// Whether `e` says the file system has no locks at all (a Lustre client mounted without
+/// `-o flock` answers ENOSYS; some network file systems EOPNOTSUPP or ENOLCK).
+fn locks_unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS | libc::EOPNOTSUPP | libc::ENOLCK)
+    )
 }
 
 /// `host <name>, pid <pid>, started <UTC time>`, as another job's error shows it.
@@ -140,5 +152,24 @@ mod tests {
         );
         drop(held);
         lock_dir(dir.path()).expect("free again");
+    }
+
+    #[test]
+    fn a_file_system_without_locks_is_told_apart_and_the_error_says_what_to_do() {
+        for errno in [libc::ENOSYS, libc::EOPNOTSUPP, libc::ENOLCK] {
+            assert!(locks_unsupported(&std::io::Error::from_raw_os_error(errno)));
+        }
+        assert!(!locks_unsupported(&std::io::Error::from_raw_os_error(
+            libc::EACCES
+        )));
+        let e = StorageError::LockUnsupported {
+            path: "runs/lock".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSYS),
+        }
+        .to_string();
+        assert!(
+            e.contains("-o flock") && e.contains("with_dir_lock(false)"),
+            "{e}"
+        );
     }
 }

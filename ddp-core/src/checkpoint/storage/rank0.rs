@@ -85,20 +85,28 @@ pub(crate) fn on_rank0<T, E: From<CheckpointError> + std::fmt::Display>(
 /// Rank 0 creates the checkpoint directory `dir`, locks it for this job (one job per
 /// directory, see [`lock_dir`]) and only then removes what an interrupted write of a `kind`
 /// checkpoint left behind (another job's write in progress is never touched); every rank learns
-/// how it went. Rank 0 gets the lock, to keep for the checkpointer's life.
+/// how it went. Rank 0 gets the lock, to keep for the checkpointer's life; none without `lock`
+/// ([`CheckpointConfig::with_dir_lock`](crate::checkpoint::CheckpointConfig::with_dir_lock)).
 pub(crate) fn prepare_dir(
     pg: &ProcessGroup,
     dir: &Path,
     kind: &str,
+    lock: bool,
 ) -> Result<Option<DirLock>, CheckpointError> {
     on_rank0(pg, "prepare the checkpoint directory", || {
         ensure_dir(dir)?;
-        let lock = lock_dir(dir)?;
+        let lock = if lock {
+            Some(lock_dir(dir)?)
+        } else {
+            tracing::warn!(dir = %dir.display(), "the checkpoint directory is not locked (with_dir_lock(false)): one job at a time must write it");
+            None
+        };
         for path in clean_temporaries(dir)? {
             tracing::info!(path = %path.display(), kind, "removed the leftover of an interrupted checkpoint write");
         }
         Ok::<_, CheckpointError>(lock)
     })
+    .map(Option::flatten)
 }
 
 /// Every rank learns whether all succeeded: returns this rank's own error, or
