@@ -748,3 +748,32 @@ fn a_renamed_sharded_checkpoint_is_skipped_and_rewind_to_removes_newer_ones() {
         assert_eq!(step, 1, "{skipped:?}");
     }
 }
+
+/// Ranks whose checkpoint directories are not one shared directory (each its own here, as on
+/// hosts without a shared filesystem): the save fails, and the rank that cannot see rank 0's
+/// staging directory says why, instead of a bare "No such file or directory".
+#[test]
+fn a_save_without_a_shared_directory_says_the_ranks_must_share_it() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let outcomes = run_ranks(2, |pg| {
+        let ddp = ddp(Mlp::seeded(&Default::default(), HIDDEN, SEED), &pg);
+        sharded(dirs[pg.rank()].path(), &pg)
+            .save(ddp.module(), &adam(), &TrainingState::new(0, 1))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let rank1 = outcomes[1]
+        .as_ref()
+        .expect_err("rank 1 cannot write its shard");
+    assert!(
+        rank1.contains("need a filesystem every rank shares"),
+        "{rank1}"
+    );
+    assert!(
+        outcomes[0].is_err(),
+        "rank 0 committed a partial checkpoint"
+    );
+}

@@ -12,6 +12,19 @@ pub enum ShardedCheckpointError {
     /// names the bad shard file), communication, a peer's failure.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// This rank cannot see the staging directory rank 0 created for the save: the ranks do
+    /// not share the checkpoint directory. Nothing was committed.
+    #[error(
+        "rank {rank} cannot see the directory {path} that rank 0 created for this save: sharded \
+         checkpoints need a filesystem every rank shares (NFS, Lustre, one machine) at the same \
+         path; use the rank-0 FullCheckpointer otherwise"
+    )]
+    NotShared {
+        /// This rank.
+        rank: usize,
+        /// The staging directory as this rank looked for it.
+        path: PathBuf,
+    },
     /// A rank reported its shard written and fsynced, but rank 0 cannot see it: the ranks do
     /// not share the checkpoint directory. Nothing was committed.
     #[error(

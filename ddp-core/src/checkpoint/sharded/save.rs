@@ -296,6 +296,13 @@ impl ShardedCheckpointer {
             }
         }
         let optim_bytes = encode_optimizer_shard::<B, R>(mine, &optim_file)?;
+        if !staging.is_dir() {
+            // Rank 0 created it before this rank got here: it is on another file system.
+            return Err(ShardedCheckpointError::NotShared {
+                rank,
+                path: staging.to_path_buf(),
+            });
+        }
         write_synced(&staging.join(&model_file), &model_bytes)?;
         write_synced(&staging.join(&optim_file), &optim_bytes)?;
         Ok(ShardReport {
