@@ -52,11 +52,7 @@ fn a_failed_latest_write_on_a_resave_leaves_no_replaced_copy_and_the_retry_succe
         vec![checkpoint_name(5)]
     );
     // The retry's checkpoint is the one resumed.
-    let resumed = run_ranks(1, |pg| {
-        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
-        flat_params(&load_latest_fresh(&ckpt).1)
-    })
-    .remove(0);
+    let resumed = resume(dir.path());
     assert!(bitwise_eq(&resumed, &params));
 }
 
@@ -77,11 +73,7 @@ fn the_new_checkpoint_is_kept_and_resumed_when_latest_cannot_be_written() {
     assert_eq!(leftovers(dir.path()), Vec::<String>::new());
     // The new copy was installed and made durable before `latest` failed: it is the one
     // resumed (the search prefers the newest valid checkpoint; `latest` is a hint).
-    let resumed = run_ranks(1, |pg| {
-        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
-        flat_params(&load_latest_fresh(&ckpt).1)
-    })
-    .remove(0);
+    let resumed = resume(dir.path());
     assert!(bitwise_eq(&resumed, &params));
 }
 
@@ -104,10 +96,15 @@ fn a_replaced_copy_left_by_an_earlier_attempt_does_not_block_a_resave() {
     })
     .remove(0);
     assert_eq!(leftovers(dir.path()), Vec::<String>::new());
-    let resumed = run_ranks(1, |pg| {
-        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+    let resumed = resume(dir.path());
+    assert!(bitwise_eq(&resumed, &params));
+}
+
+/// The parameters a new job resumes from `dir`.
+fn resume(dir: &std::path::Path) -> Vec<f32> {
+    run_ranks(1, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg).expect("new");
         flat_params(&load_latest_fresh(&ckpt).1)
     })
-    .remove(0);
-    assert!(bitwise_eq(&resumed, &params));
+    .remove(0)
 }

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
+use burn::backend::Flex;
 use burn::data::dataset::Dataset;
 use ddp_data::{DataError, DistributedDataLoaderBuilder, DistributedSamplerConfig};
 
@@ -194,33 +195,18 @@ fn slow_dataset_within_a_generous_timeout_gives_every_batch_unchanged() {
 
 #[test]
 fn zero_timeout_is_refused() {
-    let err = DistributedDataLoaderBuilder::new(Collect)
-        .num_workers(2)
-        .timeout(Duration::ZERO)
-        .build(
-            JitterDataset {
-                len: 4,
-                slow_below: 0,
-            },
-            in_order(),
-        )
-        .unwrap_err();
+    let err = build_err(
+        DistributedDataLoaderBuilder::new(Collect)
+            .num_workers(2)
+            .timeout(Duration::ZERO),
+    );
     assert_eq!(err, DataError::ZeroTimeout);
     assert!(err.to_string().contains("timeout is 0"), "{err}");
 }
 
 #[test]
 fn timeout_without_workers_is_refused() {
-    let err = DistributedDataLoaderBuilder::new(Collect)
-        .timeout(Duration::from_secs(5))
-        .build(
-            JitterDataset {
-                len: 4,
-                slow_below: 0,
-            },
-            in_order(),
-        )
-        .unwrap_err();
+    let err = build_err(DistributedDataLoaderBuilder::new(Collect).timeout(Duration::from_secs(5)));
     assert_eq!(
         err,
         DataError::TimeoutWithoutWorkers {
@@ -228,4 +214,16 @@ fn timeout_without_workers_is_refused() {
         }
     );
     assert!(err.to_string().contains("num_workers 0"), "{err}");
+}
+
+/// What `build` refuses `builder` with, on a small dataset.
+fn build_err(builder: DistributedDataLoaderBuilder<Flex, usize, Vec<usize>>) -> DataError {
+    let dataset = JitterDataset {
+        len: 4,
+        slow_below: 0,
+    };
+    match builder.build(dataset, in_order()) {
+        Ok(_) => panic!("the builder's settings were accepted"),
+        Err(e) => e,
+    }
 }
