@@ -35,7 +35,7 @@ use crate::summary::{FailureCause, FailureSummary, RankFailure, WorkerExit};
 use crate::supervise::blame::{FailureDir, trace_root};
 use crate::supervise::live::Console;
 use crate::supervise::spawn::{
-    AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, spawn_worker,
+    AttemptFiles, ExitEvent, Worker, kill_orphans, own_children, reap_exited_orphans, spawn_worker,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,6 +44,8 @@ use std::time::{Duration, Instant};
 
 /// How often the supervisor checks for signals while waiting for workers.
 const TICK: Duration = Duration::from_millis(50);
+/// How often the launcher reaps exited processes the workers left behind.
+const REAP_EVERY: Duration = Duration::from_secs(1);
 /// How long to wait for workers (and, before them, the processes they left behind) to be
 /// reaped after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(30);
@@ -289,6 +291,19 @@ impl Group {
         }
     }
 
+    /// Reaps what the workers' helpers left behind and has exited (see
+    /// [`reap_exited_orphans`]).
+    fn reap_exited_orphans(&self) {
+        let pids: Vec<u32> = self.workers.iter().map(|w| w.pid).collect();
+        let reaped = reap_exited_orphans(&pids, &self.keep);
+        if reaped > 0 {
+            tracing::debug!(
+                reaped,
+                "reaped processes the workers left behind that had exited"
+            );
+        }
+    }
+
     /// Waits for the output threads to reach end of file, so tails and logs are complete.
     fn drain(&mut self) {
         let deadline = Instant::now() + DRAIN_WAIT;
@@ -381,7 +396,12 @@ pub(crate) fn run_attempt(
     // The first running worker that wrote a failure report, and when it was seen.
     let mut reported: Option<(usize, Instant)> = None;
     let mut stopped_for_report: Option<usize> = None;
+    let mut next_reap = Instant::now() + REAP_EVERY;
     while group.running() > 0 {
+        if Instant::now() >= next_reap {
+            group.reap_exited_orphans();
+            next_reap = Instant::now() + REAP_EVERY;
+        }
         match group.events.recv_timeout(TICK) {
             Ok(ev) => {
                 let local_rank = ev.local_rank;

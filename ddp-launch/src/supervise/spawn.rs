@@ -435,6 +435,30 @@ pub(crate) fn kill_orphans(workers: &[u32], keep: &[u32], wait: Duration) -> usi
     killed
 }
 
+/// Reaps the launcher's children that are neither `workers` nor `keep` and have already
+/// exited. As a child subreaper the launcher inherits what a worker's short-lived helpers
+/// leave (`sh -c '(upload &)'`); unreaped, each would stay a zombie for the whole attempt and
+/// count against the user's process limit. Never blocks nor signals: the running ones are
+/// killed when the attempt ends ([`kill_orphans`]). Returns how many it reaped.
+pub(crate) fn reap_exited_orphans(workers: &[u32], keep: &[u32]) -> usize {
+    let mut reaped = 0;
+    for pid in own_children() {
+        if workers.contains(&pid) || keep.contains(&pid) {
+            continue;
+        }
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            continue;
+        };
+        let mut status = 0;
+        // SAFETY: `pid` is our child (not a worker: those are waited by their own threads);
+        // WNOHANG returns at once, reaping it only if it has exited.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            reaped += 1;
+        }
+    }
+    reaped
+}
+
 /// Reaps the children `pids` as they exit, polling (never blocking) until all are reaped or
 /// `deadline` passes; returns those not reaped.
 fn reap_until(pids: &[libc::pid_t], deadline: Instant) -> Vec<libc::pid_t> {
