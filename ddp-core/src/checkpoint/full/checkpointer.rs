@@ -64,6 +64,11 @@ impl FullCheckpointer {
     /// hashes), and the other ranks wait for the write inside a collective: the process
     /// group's timeout must cover it.
     ///
+    /// A [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer) holds only each
+    /// rank's shard of the optimizer state: save it with its `save_checkpoint`, or call its
+    /// `consolidate_state` on every rank first. Passed here as it is, rank 0 writes its own
+    /// shard only (with a warning), and a resume loses the other ranks' state.
+    ///
     /// # Collective
     /// Every rank calls it at the same point.
     ///
