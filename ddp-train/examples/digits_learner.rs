@@ -28,6 +28,7 @@ use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
 use clap::Parser;
+use ddp_core::checkpoint::lock_dir;
 use ddp_core::{data::DistributedSamplerConfig, launch, launch::LaunchArgs};
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, load_digits, split};
 use ddp_examples::models::DigitsMlp;
@@ -143,6 +144,14 @@ fn main() -> Result<()> {
         let fresh = args.fresh && !ctx_restart;
         let pg = ctx.into_process_group();
         let (world, rank) = (pg.world_size(), pg.rank());
+        // One job per directory: rank 0 holds its lock for the whole run, taken before
+        // `--fresh` removes anything (so the strategy need not take it again).
+        let _dir_lock = if rank == 0 {
+            std::fs::create_dir_all(&args.dir).context("creating the training directory")?;
+            Some(lock_dir(&args.dir).context("locking the training directory")?)
+        } else {
+            None
+        };
         if fresh && rank == 0 {
             match std::fs::remove_dir_all(args.dir.join("checkpoint")) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -178,6 +187,7 @@ fn main() -> Result<()> {
 
         let strategy = DdpStrategy::new(pg.clone())
             .with_checkpoints(&args.dir)
+            .with_dir_lock(false)
             .with_checkpoint_every_n_steps(args.checkpoint_every_n_steps)
             .with_resume(resume); // loads it; `distributed` tells burn-train the epoch
         let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);

@@ -124,6 +124,8 @@ pub struct DdpStrategy {
     checkpoints: Option<PathBuf>,
     /// Optimizer steps between mid-epoch checkpoints (`None`: at epoch ends only).
     every_n_steps: Option<usize>,
+    /// Whether rank 0 locks the checkpoint directory for the run.
+    dir_lock: bool,
     /// Where to resume (set by [`with_resume`](Self::with_resume)).
     resume: Option<ResumePoint>,
     state: Arc<Mutex<RunState>>,
@@ -138,6 +140,7 @@ impl DdpStrategy {
             metrics: MetricsSync::default(),
             checkpoints: None,
             every_n_steps: None,
+            dir_lock: true,
             resume: None,
             state: Arc::default(),
         }
@@ -186,6 +189,14 @@ impl DdpStrategy {
     /// only).
     pub fn with_checkpoint_every_n_steps(mut self, n: usize) -> Self {
         self.every_n_steps = (n > 0).then_some(n);
+        self
+    }
+
+    /// With `false`, rank 0 does not lock the checkpoint directory. Only for file systems
+    /// without locks (a Lustre client without `-o flock`), and only when you make sure yourself
+    /// that one job at a time writes the directory.
+    pub fn with_dir_lock(mut self, lock: bool) -> Self {
+        self.dir_lock = lock;
         self
     }
 
@@ -282,7 +293,7 @@ impl DdpStrategy {
         // One job per checkpoint directory: rank 0 holds its lock for the whole run, before
         // anything there is read or removed (a failure here aborts the other ranks).
         let _dir_lock = match &self.checkpoints {
-            Some(dir) if rank0 => Some(lock_checkpoint_dir(dir)?),
+            Some(dir) if rank0 && self.dir_lock => Some(lock_checkpoint_dir(dir)?),
             _ => None,
         };
         let resumed = self.resume(components, learner)?;

@@ -33,6 +33,9 @@ pub struct CheckpointConfig {
     /// Settings saved before the option existed load with the lock on.
     #[serde(default = "lock_on")]
     dir_lock: bool,
+    /// Settings saved before the option existed load with the check on.
+    #[serde(default = "lock_on")]
+    other_ranks_checked: bool,
 }
 
 fn lock_on() -> bool {
@@ -51,6 +54,7 @@ impl CheckpointConfig {
             run_config_hash: None,
             strict_run_config: false,
             dir_lock: true,
+            other_ranks_checked: true,
         }
     }
 
@@ -112,6 +116,21 @@ impl CheckpointConfig {
     /// Whether rank 0 locks the directory (the default).
     pub fn dir_lock(&self) -> bool {
         self.dir_lock
+    }
+
+    /// With `false`, a resume does not compare the other ranks' own directories with rank
+    /// 0's. The check (on by default) fails the load when another rank's directory holds a
+    /// newer checkpoint than rank 0 would resume: after an elastic restart without a shared file
+    /// system, rank 0 would otherwise resume older state, or start over. Turn it off when the
+    /// ranks' directories are not shared and may hold other runs' checkpoints.
+    pub fn with_other_ranks_checked(mut self, checked: bool) -> Self {
+        self.other_ranks_checked = checked;
+        self
+    }
+
+    /// Whether a resume compares the other ranks' directories with rank 0's (the default).
+    pub fn other_ranks_checked(&self) -> bool {
+        self.other_ranks_checked
     }
 
     /// The checkpoint root directory.

@@ -168,8 +168,8 @@ pub enum StorageError {
     #[error(
         "locking {path} (one job per checkpoint directory): the file system has no locks \
          ({source}); mount it with locks on (a Lustre client: `-o flock`), or turn the lock off \
-         with CheckpointConfig::with_dir_lock(false) if you make sure yourself that one job at \
-         a time writes the directory"
+         (CheckpointConfig::with_dir_lock(false); ddp-train: DdpStrategy::with_dir_lock(false)) \
+         if you make sure yourself that one job at a time writes the directory"
     )]
     LockUnsupported {
         /// The lock file.
@@ -379,9 +379,11 @@ pub enum CheckpointError {
     /// state, or start over, without a word.
     #[error(
         "rank {rank} holds checkpoint {name} (step {step}) in its directory {dir}, newer than \
-         what rank 0 would resume from {rank0_dir} ({}). Checkpoints must be on a file system \
-         that every host that can become rank 0 shares (or copy {name} into rank 0's directory \
-         before restarting); not resuming",
+         what rank 0 would resume from {rank0_dir} ({}); not resuming. If it is this run's \
+         (rank 0 was another host before a restart), checkpoints must be on a file system every \
+         host that can become rank 0 shares: copy {name} into rank 0's directory. If it is left \
+         from another run (starting over clears rank 0's directory only), remove it there, or \
+         turn this check off with CheckpointConfig::with_other_ranks_checked(false)",
         .resumed.as_deref().unwrap_or("no checkpoint: a fresh start")
     )]
     NewerCheckpointElsewhere {

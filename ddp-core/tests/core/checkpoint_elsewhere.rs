@@ -22,9 +22,15 @@ fn save_steps(dir: &Path, steps: &[u64]) {
 /// `load_latest` on 2 ranks, rank `r` on `dirs[r]`: each rank's result, as the resumed
 /// checkpoint's name (`None`: fresh) or the error.
 fn load_on(dirs: [&Path; 2]) -> Vec<Result<Option<String>, CheckpointError>> {
+    load_with(dirs, true)
+}
+
+/// [`load_on`], with the other ranks' directories `checked` or not.
+fn load_with(dirs: [&Path; 2], checked: bool) -> Vec<Result<Option<String>, CheckpointError>> {
     run_ranks(2, |pg| {
         let dir = dirs[pg.rank()];
-        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg).expect("new");
+        let config = CheckpointConfig::new(dir).with_other_ranks_checked(checked);
+        let ckpt = FullCheckpointer::new(config, pg).expect("new");
         let device = Default::default();
         let mut model = Mlp::<B>::new(&device, 4);
         let mut optim = adam();
@@ -72,6 +78,20 @@ fn a_newer_checkpoint_in_another_ranks_directory_stops_the_load_on_every_rank() 
         entries_with_prefix(&dir1, "step-"),
         vec![checkpoint_name(300)]
     );
+}
+
+/// With the check off (directories that may hold other runs' checkpoints), rank 0's own
+/// choice is resumed, as before the check existed.
+#[test]
+fn with_the_check_off_rank_0s_checkpoint_is_resumed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, dir1): (PathBuf, PathBuf) = (root.path().join("host0"), root.path().join("host1"));
+    save_steps(&dir0, &[100]);
+    save_steps(&dir1, &[300]);
+    for (rank, result) in load_with([&dir0, &dir1], false).into_iter().enumerate() {
+        let name = result.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(name, Some(checkpoint_name(100)), "rank {rank}");
+    }
 }
 
 #[test]

@@ -221,13 +221,15 @@ impl FullCheckpointer {
             ),
         };
         let header = self.share_header(header)?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &dir,
-            MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
+        if self.base.config.other_ranks_checked() {
+            check_no_newer_elsewhere(
+                &self.base.pg,
+                &dir,
+                MANIFEST_FILE,
+                header.name.as_deref(),
+                &header.invalid,
+            )?;
+        }
         match header.name.clone() {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid checkpoint in {}: starting fresh", dir.display());

@@ -175,13 +175,15 @@ impl ShardedCheckpointer {
             "sharing the resume header",
             "decoding the resume header",
         )?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &dir,
-            SHARDED_MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
+        if self.base.config.other_ranks_checked() {
+            check_no_newer_elsewhere(
+                &self.base.pg,
+                &dir,
+                SHARDED_MANIFEST_FILE,
+                header.name.as_deref(),
+                &header.invalid,
+            )?;
+        }
         match header.name {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());

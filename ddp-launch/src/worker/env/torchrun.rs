@@ -14,14 +14,15 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
     };
     let rank: usize = v.required("RANK", name)?;
     let world_size: usize = v.required("WORLD_SIZE", name)?;
-    let local_world_size = match v.number("LOCAL_WORLD_SIZE")? {
-        Some(n) => n,
-        None => one_host_or_error(v, world_size, name)?,
+    let local_rank = v.number("LOCAL_RANK")?;
+    let local_world_size = match (v.number("LOCAL_WORLD_SIZE")?, local_rank) {
+        (Some(n), _) => n,
+        // As before: a script that sets LOCAL_RANK (an srun wrapper, say) names the device.
+        (None, Some(_)) => world_size,
+        (None, None) => one_host_or_error(v, world_size)?,
     };
     // torchrun places ranks node by node.
-    let local_rank = v
-        .number("LOCAL_RANK")?
-        .unwrap_or(rank % local_world_size.max(1));
+    let local_rank = local_rank.unwrap_or(rank % local_world_size.max(1));
     let node_rank = match v.number("GROUP_RANK")? {
         Some(n) => n,
         None => rank / local_world_size.max(1),
@@ -42,11 +43,11 @@ pub(super) fn from_torchrun(v: &Vars<'_>, ours: bool) -> Result<WorkerEnv, Launc
     })
 }
 
-/// The local world size when `LOCAL_WORLD_SIZE` is not set: the whole world, on one host. Not
-/// when `MASTER_ADDR` names another host (Kubeflow's PyTorchJob and hand-written scripts set
-/// only `RANK`, `WORLD_SIZE` and `MASTER_ADDR`): a guess would put every rank's device index
-/// at its global rank, so that is an error naming the variables.
-fn one_host_or_error(v: &Vars<'_>, world_size: usize, name: &str) -> Result<usize, LaunchError> {
+/// The local world size when neither `LOCAL_WORLD_SIZE` nor `LOCAL_RANK` is set: the whole
+/// world, on one host. Not when `MASTER_ADDR` names another host (Kubeflow's PyTorchJob and
+/// hand-written scripts set only `RANK`, `WORLD_SIZE` and `MASTER_ADDR`): a guess would put
+/// every rank's device index at its global rank, so that is an error naming the variables.
+fn one_host_or_error(v: &Vars<'_>, world_size: usize) -> Result<usize, LaunchError> {
     let Some(addr) = v.get("MASTER_ADDR") else {
         return Ok(world_size);
     };
@@ -60,9 +61,10 @@ fn one_host_or_error(v: &Vars<'_>, world_size: usize, name: &str) -> Result<usiz
     Err(LaunchError::worker_env(
         "LOCAL_WORLD_SIZE",
         format!(
-            "is not set, and MASTER_ADDR is {addr}, not loopback, so the {world_size} ranks may \
-             run on several hosts: set LOCAL_RANK and LOCAL_WORLD_SIZE for each process ({name} \
-             sets the others; for one process per host, LOCAL_RANK=0 LOCAL_WORLD_SIZE=1)"
+            "is not set, nor LOCAL_RANK, and MASTER_ADDR is {addr}, not loopback, so the \
+             {world_size} ranks may run on several hosts and the device each uses is unknown: set \
+             LOCAL_RANK and LOCAL_WORLD_SIZE for each process (for one process per host, \
+             LOCAL_RANK=0 LOCAL_WORLD_SIZE=1)"
         ),
     ))
 }
@@ -211,10 +213,21 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.starts_with("LOCAL_WORLD_SIZE: is not set, and MASTER_ADDR is node0"),
+            e.starts_with("LOCAL_WORLD_SIZE: is not set, nor LOCAL_RANK, and MASTER_ADDR is node0"),
             "{e}"
         );
         assert!(e.contains("LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"), "{e}");
+        // LOCAL_RANK alone (an srun wrapper exporting SLURM_LOCALID): taken as before.
+        let env = detect(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            (TOKEN_ENV, "secret"),
+        ])
+        .expect("ok")
+        .expect("worker");
+        assert_eq!((env.local_rank, env.local_world_size), (1, 4));
         // On loopback, one host: the whole world is local.
         let env = detect(&[
             ("RANK", "3"),
