@@ -187,7 +187,7 @@ fn main() -> Result<()> {
 
         let strategy = DdpStrategy::new(pg.clone())
             .with_checkpoints(&args.dir)
-            .with_dir_lock(false)
+            .with_dir_lock(false) // rank 0 holds the lock already (taken before --fresh)
             .with_checkpoint_every_n_steps(args.checkpoint_every_n_steps)
             .with_resume(resume); // loads it; `distributed` tells burn-train the epoch
         let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
