@@ -23,7 +23,7 @@
 //! Every rank creates its world groups on a store in the same order, as c10d requires.
 
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::{Store, positive_count};
 use std::time::Duration;
 
 /// How many inits rank 0 has begun on the store.
@@ -134,13 +134,7 @@ pub(crate) fn abandon(store: &Store, n: u64) {
 
 /// The generation count the store returned, which rank 0 has bumped at least once.
 fn count(value: i64) -> Result<u64> {
-    u64::try_from(value)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| CommError::StoreProtocol {
-            op: "add",
-            reason: format!("{COUNT_KEY} is {value}, not a count of inits"),
-        })
+    positive_count(COUNT_KEY, value, "inits")
 }
 
 fn parse_generation(key: &str, text: &[u8]) -> Result<u64> {

@@ -34,9 +34,26 @@ pub(crate) mod server;
 mod session;
 mod state;
 
+use crate::error::{CommError, Result};
+
 pub(crate) use client::Store;
 pub(crate) use config::StoreConfig;
 pub use config::{
     DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_TIMEOUT,
 };
 pub(crate) use server::StoreServer;
+
+/// The value a counter `key` holds after [`Store::add`], checked to be a positive count of
+/// `what` (every caller has added at least once, so zero or less means another writer).
+///
+/// # Errors
+/// [`CommError::StoreProtocol`] naming `key` and its value otherwise.
+pub(crate) fn positive_count(key: &str, value: i64, what: &str) -> Result<u64> {
+    u64::try_from(value)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| CommError::StoreProtocol {
+            op: "add",
+            reason: format!("{key} is {value}, not a count of {what}"),
+        })
+}

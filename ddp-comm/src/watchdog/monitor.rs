@@ -9,7 +9,7 @@ use crate::failure::{
     CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, scope,
     starts_key, with_own,
 };
-use crate::store::Store;
+use crate::store::{Store, positive_count};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -407,14 +407,7 @@ impl Watchdog {
 /// Counts this start of `config`'s group watchdog on this rank (see [`Watchdog::start`]).
 fn run_number(store: &Store, config: &WatchdogConfig) -> Result<u64> {
     let key = starts_key(&config.group, config.rank);
-    let n = store.add(&key, 1)?;
-    u64::try_from(n)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| CommError::StoreProtocol {
-            op: "add",
-            reason: format!("{key} is {n}, not a count of watchdog starts"),
-        })
+    positive_count(&key, store.add(&key, 1)?, "watchdog starts")
 }
 
 /// See [`Watchdog::failer`].
