@@ -21,33 +21,32 @@ pub(crate) async fn respond(
 ) -> Result<Verified, String> {
     let mut r = Responder::new(token, kind);
     let mut fixed = [0u8; Responder::FIXED];
-    stream
-        .read_exact(&mut fixed)
-        .await
-        .map_err(|e| format!("no complete hello: {e}"))?;
-    let claims_len = match r.head(&fixed) {
-        Ok(n) => n,
-        Err(reason) => return Err(refuse(stream, reason).await),
-    };
+    read_part(stream, &mut fixed, "no complete hello").await?;
+    let claims_len = or_refuse(stream, r.head(&fixed)).await?;
     let mut claims = vec![0u8; claims_len];
-    stream
-        .read_exact(&mut claims)
-        .await
-        .map_err(|e| format!("truncated hello: {e}"))?;
-    let challenge = match r.claims(&claims) {
-        Ok(c) => c,
-        Err(reason) => return Err(refuse(stream, reason).await),
-    };
+    read_part(stream, &mut claims, "truncated hello").await?;
+    let challenge = or_refuse(stream, r.claims(&claims)).await?;
     stream
         .write_all(&challenge)
         .await
         .map_err(|e| format!("could not send the challenge: {e}"))?;
     let mut proof = [0u8; Responder::PROOF];
-    stream
-        .read_exact(&mut proof)
-        .await
-        .map_err(|e| format!("no proof: {e}"))?;
-    match r.proof(&proof) {
+    read_part(stream, &mut proof, "no proof").await?;
+    or_refuse(stream, r.proof(&proof)).await
+}
+
+/// Fills `buf` from the initiator; `what` names the missing part in the error.
+async fn read_part(stream: &mut TcpStream, buf: &mut [u8], what: &str) -> Result<(), String> {
+    match stream.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// One step of the hello: its value, or, where the step refuses the initiator, the reason
+/// once the initiator has been told ([`refuse`]).
+async fn or_refuse<T>(stream: &mut TcpStream, step: Result<T, String>) -> Result<T, String> {
+    match step {
         Ok(v) => Ok(v),
         Err(reason) => Err(refuse(stream, reason).await),
     }

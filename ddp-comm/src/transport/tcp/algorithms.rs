@@ -90,6 +90,21 @@ impl TcpTransport {
         }
     }
 
+    /// Starts a point-to-point message `seq` with `peer`: connects it if need be and returns
+    /// the fingerprint the message travels under (its pair's sequence number, not the
+    /// collective one) and the deadline already running.
+    fn start_p2p(
+        &mut self,
+        fp: &Fingerprint,
+        peer: usize,
+        seq: u64,
+        op: &str,
+    ) -> Result<(Fingerprint, Instant)> {
+        let deadline = deadline_after(self.timeout);
+        self.mesh.ensure(&[peer], op, deadline)?;
+        Ok((Fingerprint { seq, ..*fp }, deadline))
+    }
+
     fn right(&self) -> usize {
         (self.group_rank + 1) % self.n()
     }
@@ -397,12 +412,7 @@ impl Transport for TcpTransport {
     }
 
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
-        let deadline = deadline_after(self.timeout);
-        self.mesh.ensure(&[dst], "send", deadline)?;
-        let fp = Fingerprint {
-            seq: self.send_seq[dst],
-            ..*fp
-        };
+        let (fp, deadline) = self.start_p2p(fp, dst, self.send_seq[dst], "send")?;
         let ctx = self.ctx_until(&fp, deadline);
         run_step(
             &ctx,
@@ -415,12 +425,7 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
-        let deadline = deadline_after(self.timeout);
-        self.mesh.ensure(&[src], "recv", deadline)?;
-        let fp = Fingerprint {
-            seq: self.recv_seq[src],
-            ..*fp
-        };
+        let (fp, deadline) = self.start_p2p(fp, src, self.recv_seq[src], "recv")?;
         let ctx = self.ctx_until(&fp, deadline);
         let mut step = Exchange::new(&[], Sink::copy(buf));
         debug_assert_eq!(step.rx_len(), fp.count as usize * fp.dtype.size_bytes());
