@@ -134,6 +134,7 @@ mod nccl;
 #[cfg(test)]
 mod proptest_support;
 mod reduce_op;
+mod setters;
 pub mod stand_in;
 pub mod store;
 mod transport;

@@ -3,6 +3,7 @@
 use crate::auth::{check_token, redacted_token};
 use crate::deadline::{check_timeout, parse_timeout_secs};
 use crate::error::{CommError, Result};
+use crate::setters::setters;
 use crate::store::{DEFAULT_TIMEOUT, StoreConfig};
 use crate::transport::{TRANSPORT_ENV, TransportKind};
 use std::net::IpAddr;
@@ -139,38 +140,21 @@ impl ProcessGroupConfig {
         self.local_world_size = local_world_size;
         self
     }
-    /// Sets the rendezvous and collective timeout.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-    /// Sets the job token.
-    pub fn with_token(mut self, token: impl AsRef<[u8]>) -> Self {
-        self.token = token.as_ref().to_vec();
-        self
-    }
-    /// Requests socket buffers of this size (both directions).
-    pub fn with_socket_buffer_bytes(mut self, bytes: usize) -> Self {
-        self.socket_buffer_bytes = Some(bytes);
-        self
-    }
-    /// Chooses the transport between ranks on the same host (overrides `DDP_TRANSPORT`).
-    pub fn with_transport(mut self, transport: TransportKind) -> Self {
-        self.transport = Some(transport);
-        self
-    }
-    /// Overrides the host identity that decides which ranks share memory (see
-    /// [`ProcessGroupConfig::host_id`]).
-    pub fn with_host_id(mut self, host_id: impl Into<String>) -> Self {
-        self.host_id = Some(host_id.into());
-        self
-    }
-
-    /// Sets the size of each rank's shared-memory staging buffers (see
-    /// [`ProcessGroupConfig::shm_buffer_bytes`]).
-    pub fn with_shm_buffer_bytes(mut self, bytes: usize) -> Self {
-        self.shm_buffer_bytes = Some(bytes);
-        self
+    setters! {
+        /// Sets the rendezvous and collective timeout.
+        pub fn with_timeout(timeout: Duration) => timeout;
+        /// Sets the job token.
+        pub fn with_token(token: impl AsRef<[u8]>) => token = token.as_ref().to_vec();
+        /// Requests socket buffers of this size (both directions).
+        pub fn with_socket_buffer_bytes(bytes: usize) => socket_buffer_bytes = Some(bytes);
+        /// Chooses the transport between ranks on the same host (overrides `DDP_TRANSPORT`).
+        pub fn with_transport(transport: TransportKind) => transport = Some(transport);
+        /// Overrides the host identity that decides which ranks share memory (see
+        /// [`ProcessGroupConfig::host_id`]).
+        pub fn with_host_id(host_id: impl Into<String>) => host_id = Some(host_id.into());
+        /// Sets the size of each rank's shared-memory staging buffers (see
+        /// [`ProcessGroupConfig::shm_buffer_bytes`]).
+        pub fn with_shm_buffer_bytes(bytes: usize) => shm_buffer_bytes = Some(bytes);
     }
 
     /// The transport this config asks for: [`ProcessGroupConfig::transport`], else

@@ -2,6 +2,7 @@
 
 use crate::deadline::check_timeout;
 use crate::error::{CommError, Result};
+use crate::setters::setters;
 use std::time::Duration;
 
 /// How long an NCCL collective may run, and the group may take to form, by default: 10
@@ -43,22 +44,13 @@ impl NcclBackendConfig {
         }
     }
 
-    /// Sets the timeout.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets the group's name.
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// Sets the device ordinal.
-    pub fn with_device(mut self, device: usize) -> Self {
-        self.device = device;
-        self
+    setters! {
+        /// Sets the timeout.
+        pub fn with_timeout(timeout: Duration) => timeout;
+        /// Sets the group's name.
+        pub fn with_name(name: impl Into<String>) => name = name.into();
+        /// Sets the device ordinal.
+        pub fn with_device(device: usize) => device;
     }
 
     pub(crate) fn validate(&self) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Settings shared by the store server and its clients.
 
 use crate::auth::redacted_token;
+use crate::setters::setters;
 use std::time::Duration;
 
 /// Default timeout for blocking store calls and for connecting.
@@ -64,29 +65,16 @@ impl StoreConfig {
     pub fn new() -> Self {
         Self::default()
     }
-    /// Sets the timeout for connecting and for blocking calls.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-    /// Sets the job token clients must present.
-    pub fn with_token(mut self, token: impl AsRef<[u8]>) -> Self {
-        self.token = token.as_ref().to_vec();
-        self
-    }
-    /// Sets the largest accepted frame.
-    pub fn with_max_frame_bytes(mut self, max: usize) -> Self {
-        self.max_frame_bytes = max;
-        self
-    }
-    /// Sets the total time a new connection gets to complete its hello (server side).
-    pub fn with_hello_timeout(mut self, timeout: Duration) -> Self {
-        self.hello_timeout = timeout;
-        self
-    }
-    /// Sets the most authenticated clients served at once (server side).
-    pub fn with_max_clients(mut self, max: usize) -> Self {
-        self.max_clients = max;
-        self
+    setters! {
+        /// Sets the timeout for connecting and for blocking calls.
+        pub fn with_timeout(timeout: Duration) => timeout;
+        /// Sets the job token clients must present.
+        pub fn with_token(token: impl AsRef<[u8]>) => token = token.as_ref().to_vec();
+        /// Sets the largest accepted frame.
+        pub fn with_max_frame_bytes(max: usize) => max_frame_bytes;
+        /// Sets the total time a new connection gets to complete its hello (server side).
+        pub fn with_hello_timeout(timeout: Duration) => hello_timeout;
+        /// Sets the most authenticated clients served at once (server side).
+        pub fn with_max_clients(max: usize) => max_clients;
     }
 }

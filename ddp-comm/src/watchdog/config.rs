@@ -2,6 +2,7 @@
 
 use crate::deadline::check_timeout;
 use crate::error::{CommError, Result};
+use crate::setters::setters;
 use std::time::Duration;
 
 /// Settings of a [`Watchdog`](super::Watchdog), in burn's config style:
@@ -52,28 +53,15 @@ impl WatchdogConfig {
         }
     }
 
-    /// Sets the poll interval.
-    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
-    /// Sets the least time between progress publications.
-    pub fn with_publish_interval(mut self, interval: Duration) -> Self {
-        self.publish_interval = interval;
-        self
-    }
-
-    /// Sets how long a failure report waits for the peers' progress.
-    pub fn with_report_budget(mut self, budget: Duration) -> Self {
-        self.report_budget = budget;
-        self
-    }
-
-    /// Sets how often the store is checked for a peer's failure.
-    pub fn with_peer_check_interval(mut self, interval: Duration) -> Self {
-        self.peer_check_interval = interval;
-        self
+    setters! {
+        /// Sets the poll interval.
+        pub fn with_poll_interval(interval: Duration) => poll_interval;
+        /// Sets the least time between progress publications.
+        pub fn with_publish_interval(interval: Duration) => publish_interval;
+        /// Sets how long a failure report waits for the peers' progress.
+        pub fn with_report_budget(budget: Duration) => report_budget;
+        /// Sets how often the store is checked for a peer's failure.
+        pub fn with_peer_check_interval(interval: Duration) => peer_check_interval;
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
