@@ -105,6 +105,18 @@ impl TcpTransport {
         Ok((Fingerprint { seq, ..*fp }, deadline))
     }
 
+    /// One step that only sends `bytes` to `peer`.
+    fn send_to(&self, ctx: &Ctx<'_>, peer: usize, bytes: &[u8]) -> Result<()> {
+        let mut step = Exchange::new(bytes, Sink::None);
+        run_step(ctx, Some(self.conn(peer)), None, &mut step)
+    }
+
+    /// One step that only receives `into.len()` bytes from `peer`.
+    fn recv_from(&self, ctx: &Ctx<'_>, peer: usize, into: &mut [u8]) -> Result<()> {
+        let mut step = Exchange::new(&[], Sink::copy(into));
+        run_step(ctx, None, Some(self.conn(peer)), &mut step)
+    }
+
     fn right(&self) -> usize {
         (self.group_rank + 1) % self.n()
     }
@@ -282,12 +294,7 @@ impl Transport for TcpTransport {
             self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
             for peer in (0..n).filter(|&p| p != me) {
                 let seg = segs[(peer + 1) % n].clone();
-                run_step(
-                    &ctx,
-                    None,
-                    Some(self.conn(peer)),
-                    &mut Exchange::new(&[], Sink::copy(&mut buf[seg])),
-                )?;
+                self.recv_from(&ctx, peer, &mut buf[seg])?;
             }
             op.divide_if_avg(n, fp.dtype, buf);
         } else {
@@ -295,12 +302,7 @@ impl Transport for TcpTransport {
             let mut work = Vec::new();
             let work_bytes = aligned_copy(&mut work, buf);
             self.ring_reduce_scatter(&ctx, work_bytes, &segs, 1, op)?;
-            run_step(
-                &ctx,
-                Some(self.conn(root)),
-                None,
-                &mut Exchange::new(&work_bytes[own], Sink::None),
-            )?;
+            self.send_to(&ctx, root, &work_bytes[own])?;
         }
         Ok(())
     }
@@ -323,24 +325,13 @@ impl Transport for TcpTransport {
                 out[blocks[me].clone()].copy_from_slice(input);
                 let ctx = self.ctx_until(fp, deadline);
                 for peer in (0..self.n()).filter(|&p| p != me) {
-                    let rx = Sink::copy(&mut out[blocks[peer].clone()]);
-                    run_step(
-                        &ctx,
-                        None,
-                        Some(self.conn(peer)),
-                        &mut Exchange::new(&[], rx),
-                    )?;
+                    self.recv_from(&ctx, peer, &mut out[blocks[peer].clone()])?;
                 }
                 Ok(())
             }
             None => {
                 let ctx = self.ctx_until(fp, deadline);
-                run_step(
-                    &ctx,
-                    Some(self.conn(root)),
-                    None,
-                    &mut Exchange::new(input, Sink::None),
-                )
+                self.send_to(&ctx, root, input)
             }
         }
     }
@@ -362,23 +353,12 @@ impl Transport for TcpTransport {
             Some(inp) => {
                 let blocks = self.blocks(output.len());
                 for peer in (0..self.n()).filter(|&p| p != me) {
-                    let tx = &inp[blocks[peer].clone()];
-                    run_step(
-                        &ctx,
-                        Some(self.conn(peer)),
-                        None,
-                        &mut Exchange::new(tx, Sink::None),
-                    )?;
+                    self.send_to(&ctx, peer, &inp[blocks[peer].clone()])?;
                 }
                 output.copy_from_slice(&inp[blocks[me].clone()]);
                 Ok(())
             }
-            None => run_step(
-                &ctx,
-                None,
-                Some(self.conn(root)),
-                &mut Exchange::new(&[], Sink::copy(output)),
-            ),
+            None => self.recv_from(&ctx, root, output),
         }
     }
 
@@ -414,12 +394,7 @@ impl Transport for TcpTransport {
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()> {
         let (fp, deadline) = self.start_p2p(fp, dst, self.send_seq[dst], "send")?;
         let ctx = self.ctx_until(&fp, deadline);
-        run_step(
-            &ctx,
-            Some(self.conn(dst)),
-            None,
-            &mut Exchange::new(buf, Sink::None),
-        )?;
+        self.send_to(&ctx, dst, buf)?;
         self.send_seq[dst] += 1;
         Ok(())
     }
@@ -427,9 +402,8 @@ impl Transport for TcpTransport {
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
         let (fp, deadline) = self.start_p2p(fp, src, self.recv_seq[src], "recv")?;
         let ctx = self.ctx_until(&fp, deadline);
-        let mut step = Exchange::new(&[], Sink::copy(buf));
-        debug_assert_eq!(step.rx_len(), fp.count as usize * fp.dtype.size_bytes());
-        run_step(&ctx, None, Some(self.conn(src)), &mut step)?;
+        debug_assert_eq!(buf.len(), fp.count as usize * fp.dtype.size_bytes());
+        self.recv_from(&ctx, src, buf)?;
         self.recv_seq[src] += 1;
         Ok(())
     }

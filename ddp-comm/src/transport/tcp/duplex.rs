@@ -86,13 +86,6 @@ impl<'a> Sink<'a> {
             op,
         }
     }
-    fn len(&self) -> usize {
-        match self {
-            Sink::None => 0,
-            Sink::Copy { buf, .. } => buf.len(),
-            Sink::Reduce { dst, .. } => dst.len(),
-        }
-    }
 }
 
 /// Send one buffer, receive into a [`Sink`]: the step of ring, gather, scatter and p2p.
@@ -106,9 +99,6 @@ pub(crate) struct Exchange<'a> {
 impl<'a> Exchange<'a> {
     pub(crate) fn new(tx: &'a [u8], rx: Sink<'a>) -> Self {
         Exchange { tx, sent: 0, rx }
-    }
-    pub(crate) fn rx_len(&self) -> usize {
-        self.rx.len()
     }
 }
 
