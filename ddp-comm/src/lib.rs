@@ -129,6 +129,7 @@ mod error;
 mod failure;
 mod group;
 mod init;
+mod locked;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(test)]

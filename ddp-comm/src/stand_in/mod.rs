@@ -29,6 +29,7 @@ pub use work::{StandInBuffer, StandInWork};
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
+use crate::locked;
 use crate::reduce_op::ReduceOp;
 use crate::watchdog::{CollectiveLabel, Watchdog, WatchdogConfig};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
@@ -277,16 +278,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The thread ends once its queue is empty; every queued collective is bounded by the
         // subgroup's timeout.
-        self.jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let thread = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(thread) = thread
+        drop(locked::take(&self.jobs));
+        if let Some(thread) = locked::take(&self.thread)
             && thread.join().is_err()
         {
             tracing::error!(group = %self.name, "the stand-in's communication thread panicked");

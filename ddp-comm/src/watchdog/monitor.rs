@@ -9,6 +9,7 @@ use crate::failure::{
     CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, scope,
     starts_key, with_own,
 };
+use crate::locked;
 use crate::store::{Store, positive_count};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -221,12 +222,7 @@ impl Shared {
     ) -> Arc<WatchdogFailure> {
         let c = &self.config;
         tracing::error!(group = %c.group, rank = c.rank, cause = ?cause, stuck = ?stuck, "collective watchdog: aborting the communicator");
-        let abort = self
-            .abort
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(abort) = abort {
+        if let Some(abort) = locked::take(&self.abort) {
             run_abort(abort, c);
         }
         let peers = self.reporter.report(own, c.report_budget);
@@ -532,12 +528,7 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
                 })
                 .collect()
         };
-        let peer = shared
-            .peer_failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(why) = peer {
+        if let Some(why) = locked::take(&shared.peer_failure) {
             shared.fail(WatchdogCause::PeerFailed(why), Culprit::Oldest);
             return;
         }

@@ -8,6 +8,7 @@
 
 use super::handle::{Work, WorkTiming};
 use crate::error::{CommError, Result};
+use crate::locked;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -111,12 +112,7 @@ impl<S> JobThread<S> {
 
     /// Stops accepting jobs, lets queued ones finish, and joins the thread.
     pub(crate) fn shutdown(&self) {
-        drop(
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        drop(locked::take(&self.jobs));
         if let Some(t) = self
             .thread
             .lock()
