@@ -79,15 +79,20 @@ impl TcpTransport {
         self.mesh.conn(group_rank)
     }
 
-    /// Connects, if not yet done, the ranks a collective rooted at `root` talks to directly:
-    /// every other rank on the root, the root elsewhere.
-    fn ensure_rooted(&mut self, root: usize, op: &str, deadline: Instant) -> Result<()> {
-        if self.group_rank == root {
-            let others: Vec<usize> = (0..self.n()).filter(|&p| p != root).collect();
-            self.mesh.ensure(&others, op, deadline)
-        } else {
-            self.mesh.ensure(&[root], op, deadline)
+    /// Starts a collective rooted at `root`: connects, if not yet done, the ranks it talks to
+    /// directly (every other rank on the root, the root elsewhere; nobody when alone) and
+    /// returns its deadline, one timeout from now.
+    fn start_rooted(&mut self, root: usize, op: &str) -> Result<Instant> {
+        let deadline = deadline_after(self.timeout);
+        if self.n() > 1 {
+            if self.group_rank == root {
+                let others: Vec<usize> = (0..self.n()).filter(|&p| p != root).collect();
+                self.mesh.ensure(&others, op, deadline)?;
+            } else {
+                self.mesh.ensure(&[root], op, deadline)?;
+            }
         }
+        Ok(deadline)
     }
 
     /// Starts a point-to-point message `seq` with `peer`: connects it if need be and returns
@@ -284,8 +289,7 @@ impl Transport for TcpTransport {
         if n == 1 {
             return Ok(());
         }
-        let deadline = deadline_after(self.timeout);
-        self.ensure_rooted(root, "reduce", deadline)?;
+        let deadline = self.start_rooted(root, "reduce")?;
         let ctx = self.ctx_until(fp, deadline);
         let segs = self.byte_segments(fp, fp.count as usize);
         let me = self.group_rank;
@@ -315,24 +319,18 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
-        let deadline = deadline_after(self.timeout);
-        if self.n() > 1 {
-            self.ensure_rooted(root, "gather", deadline)?;
-        }
+        let deadline = self.start_rooted(root, "gather")?;
+        let ctx = self.ctx_until(fp, deadline);
         match output {
             Some(out) => {
                 let blocks = self.blocks(input.len());
                 out[blocks[me].clone()].copy_from_slice(input);
-                let ctx = self.ctx_until(fp, deadline);
                 for peer in (0..self.n()).filter(|&p| p != me) {
                     self.recv_from(&ctx, peer, &mut out[blocks[peer].clone()])?;
                 }
                 Ok(())
             }
-            None => {
-                let ctx = self.ctx_until(fp, deadline);
-                self.send_to(&ctx, root, input)
-            }
+            None => self.send_to(&ctx, root, input),
         }
     }
 
@@ -344,10 +342,7 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
-        let deadline = deadline_after(self.timeout);
-        if self.n() > 1 {
-            self.ensure_rooted(root, "scatter", deadline)?;
-        }
+        let deadline = self.start_rooted(root, "scatter")?;
         let ctx = self.ctx_until(fp, deadline);
         match input {
             Some(inp) => {
