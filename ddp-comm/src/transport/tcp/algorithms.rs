@@ -81,8 +81,8 @@ impl TcpTransport {
 
     /// Starts a collective rooted at `root`: connects, if not yet done, the ranks it talks to
     /// directly (every other rank on the root, the root elsewhere; nobody when alone) and
-    /// returns its deadline, one timeout from now.
-    fn start_rooted(&mut self, root: usize, op: &str) -> Result<Instant> {
+    /// returns its context, whose deadline is one timeout from now.
+    fn start_rooted<'a>(&mut self, fp: &'a Fingerprint, root: usize, op: &str) -> Result<Ctx<'a>> {
         let deadline = deadline_after(self.timeout);
         if self.n() > 1 {
             if self.group_rank == root {
@@ -92,7 +92,7 @@ impl TcpTransport {
                 self.mesh.ensure(&[root], op, deadline)?;
             }
         }
-        Ok(deadline)
+        Ok(self.ctx_until(fp, deadline))
     }
 
     /// Starts a point-to-point message `seq` with `peer`: connects it if need be and returns
@@ -289,8 +289,7 @@ impl Transport for TcpTransport {
         if n == 1 {
             return Ok(());
         }
-        let deadline = self.start_rooted(root, "reduce")?;
-        let ctx = self.ctx_until(fp, deadline);
+        let ctx = self.start_rooted(fp, root, "reduce")?;
         let segs = self.byte_segments(fp, fp.count as usize);
         let me = self.group_rank;
         let own = segs[(me + 1) % n].clone();
@@ -319,8 +318,7 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
-        let deadline = self.start_rooted(root, "gather")?;
-        let ctx = self.ctx_until(fp, deadline);
+        let ctx = self.start_rooted(fp, root, "gather")?;
         match output {
             Some(out) => {
                 let blocks = self.blocks(input.len());
@@ -342,8 +340,7 @@ impl Transport for TcpTransport {
         root: usize,
     ) -> Result<()> {
         let me = self.group_rank;
-        let deadline = self.start_rooted(root, "scatter")?;
-        let ctx = self.ctx_until(fp, deadline);
+        let ctx = self.start_rooted(fp, root, "scatter")?;
         match input {
             Some(inp) => {
                 let blocks = self.blocks(output.len());
