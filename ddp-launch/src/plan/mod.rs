@@ -564,8 +564,29 @@ mod tests {
         LaunchPlan::with_host(args, command(), &host(8, &[]))
     }
 
+    /// A valid plan for `args` on a host with `cores` cores and the variables `vars`.
+    fn valid_plan(args: &LaunchArgs, cores: usize, vars: &[(&str, &str)]) -> LaunchPlan {
+        LaunchPlan::with_host(args, command(), &host(cores, vars)).expect("valid")
+    }
+
     fn env_of(plan: &LaunchPlan, local_rank: usize) -> HashMap<String, String> {
         plan.worker_env(local_rank, 2, 4242).into_iter().collect()
+    }
+
+    /// Asserts that `env` holds each of `expected`'s variables with its value.
+    fn assert_vars(env: &HashMap<String, String>, expected: &[(&str, &str)]) {
+        for (k, v) in expected {
+            assert_eq!(env.get(*k).map(String::as_str), Some(*v), "{k}");
+        }
+    }
+
+    /// The environment of local rank 0 of [`valid_plan`]`(args, cores, vars)`.
+    fn first_env(
+        args: &LaunchArgs,
+        cores: usize,
+        vars: &[(&str, &str)],
+    ) -> HashMap<String, String> {
+        env_of(&valid_plan(args, cores, vars), 0)
     }
 
     #[test]
@@ -584,23 +605,26 @@ mod tests {
             .with_nodes(3, 2)
             .with_master_addr("10.0.0.1")
             .with_master_port(29500);
-        let p = LaunchPlan::with_host(&args, command(), &host(8, &[(TOKEN_ENV, "secret")]))
-            .expect("valid");
+        let p = valid_plan(&args, 8, &[(TOKEN_ENV, "secret")]);
         assert_eq!(p.world_size(), 12);
         assert_eq!(
             (0..4).map(|j| p.global_rank(j)).collect::<Vec<_>>(),
             vec![8, 9, 10, 11]
         );
-        let env = env_of(&p, 3);
-        assert_eq!(env["RANK"], "11");
-        assert_eq!(env["LOCAL_RANK"], "3");
-        assert_eq!(env["WORLD_SIZE"], "12");
-        assert_eq!(env["LOCAL_WORLD_SIZE"], "4");
-        assert_eq!(env["GROUP_RANK"], "2");
-        assert_eq!(env["GROUP_WORLD_SIZE"], "3");
-        assert_eq!(env["MASTER_ADDR"], "10.0.0.1");
-        assert_eq!(env["MASTER_PORT"], "4242");
-        assert_eq!(env[TOKEN_ENV], "secret");
+        assert_vars(
+            &env_of(&p, 3),
+            &[
+                ("RANK", "11"),
+                ("LOCAL_RANK", "3"),
+                ("WORLD_SIZE", "12"),
+                ("LOCAL_WORLD_SIZE", "4"),
+                ("GROUP_RANK", "2"),
+                ("GROUP_WORLD_SIZE", "3"),
+                ("MASTER_ADDR", "10.0.0.1"),
+                ("MASTER_PORT", "4242"),
+                (TOKEN_ENV, "secret"),
+            ],
+        );
     }
 
     #[test]
@@ -612,16 +636,22 @@ mod tests {
         )
         .expect("valid");
         let env = env_of(&p, 1);
-        assert_eq!(env[WORKER_ENV], "1");
-        assert_eq!(env[RESTART_COUNT_ENV], "2");
-        assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "2");
-        assert_eq!(env["TORCHELASTIC_MAX_RESTARTS"], "3");
-        // torchrun's single role, and its run id (`torch.distributed.is_torchelastic_launched()`
-        // looks for it): "none" unless --rdzv-id names one.
-        assert_eq!(env["TORCHELASTIC_RUN_ID"], "none");
-        assert_eq!(env["ROLE_NAME"], "default");
-        assert_eq!(env["ROLE_RANK"], "1");
-        assert_eq!(env["ROLE_WORLD_SIZE"], "2");
+        assert_vars(
+            &env,
+            &[
+                (WORKER_ENV, "1"),
+                (RESTART_COUNT_ENV, "2"),
+                ("TORCHELASTIC_RESTART_COUNT", "2"),
+                ("TORCHELASTIC_MAX_RESTARTS", "3"),
+                // torchrun's single role, and its run id
+                // (`torch.distributed.is_torchelastic_launched()` looks for it): "none" unless
+                // --rdzv-id names one.
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("ROLE_NAME", "default"),
+                ("ROLE_RANK", "1"),
+                ("ROLE_WORLD_SIZE", "2"),
+            ],
+        );
         // Every rank of one plan shares the token.
         assert_eq!(env_of(&p, 0)[TOKEN_ENV], env[TOKEN_ENV]);
         let named = plan(&LaunchArgs::new().with_rdzv_id("job7")).expect("valid");
@@ -631,13 +661,10 @@ mod tests {
     #[test]
     fn thread_counts_default_to_cores_per_local_rank_unless_set() {
         let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(3));
-        let p = LaunchPlan::with_host(&args, command(), &host(8, &[])).expect("valid");
-        let env = env_of(&p, 0);
+        let env = first_env(&args, 8, &[]);
         assert_eq!(env["OMP_NUM_THREADS"], "2");
         assert_eq!(env["RAYON_NUM_THREADS"], "2");
-        let p = LaunchPlan::with_host(&args, command(), &host(8, &[("OMP_NUM_THREADS", "7")]))
-            .expect("valid");
-        let env = env_of(&p, 0);
+        let env = first_env(&args, 8, &[("OMP_NUM_THREADS", "7")]);
         assert!(
             !env.contains_key("OMP_NUM_THREADS"),
             "inherited, not overridden"
@@ -645,24 +672,20 @@ mod tests {
         assert_eq!(env["RAYON_NUM_THREADS"], "2");
         // More ranks than cores still gets one thread each.
         let many = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(16));
-        let p = LaunchPlan::with_host(&many, command(), &host(8, &[])).expect("valid");
-        assert_eq!(env_of(&p, 0)["OMP_NUM_THREADS"], "1");
+        assert_eq!(first_env(&many, 8, &[])["OMP_NUM_THREADS"], "1");
     }
 
     #[test]
     fn allocator_defaults_apply_unless_the_user_tunes_the_allocator() {
         let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(2));
-        let p = LaunchPlan::with_host(&args, command(), &host(8, &[])).expect("valid");
-        let env = env_of(&p, 0);
+        let env = first_env(&args, 8, &[]);
         if cfg!(all(target_os = "linux", target_env = "gnu")) {
             for (k, v) in ALLOCATOR_ENV {
                 assert_eq!(env[k], v, "{k}");
             }
         }
         for user in ALLOCATOR_USER_VARS {
-            let p =
-                LaunchPlan::with_host(&args, command(), &host(8, &[(user, "x")])).expect("valid");
-            let env = env_of(&p, 0);
+            let env = first_env(&args, 8, &[(user, "x")]);
             assert!(
                 ALLOCATOR_ENV.iter().all(|(k, _)| !env.contains_key(*k)),
                 "{user} set: the user's allocator settings are left alone"
@@ -673,18 +696,13 @@ mod tests {
     #[test]
     fn auto_uses_available_cores() {
         let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Auto);
-        let p = LaunchPlan::with_host(&args, command(), &host(6, &[])).expect("valid");
+        let p = valid_plan(&args, 6, &[]);
         assert_eq!(p.nproc_per_node(), 6);
     }
 
     #[test]
     fn existing_job_token_is_inherited() {
-        let p = LaunchPlan::with_host(
-            &LaunchArgs::new(),
-            command(),
-            &host(1, &[(TOKEN_ENV, "abc")]),
-        )
-        .expect("valid");
+        let p = valid_plan(&LaunchArgs::new(), 1, &[(TOKEN_ENV, "abc")]);
         assert_eq!(p.job_token, "abc");
         let q = plan(&LaunchArgs::new()).expect("valid");
         assert_ne!(
@@ -769,8 +787,7 @@ mod tests {
             .with_nodes(2, 1)
             .with_master_addr(" 10.1.1.1 ")
             .with_master_port(29400);
-        let p =
-            LaunchPlan::with_host(&args, command(), &host(4, &[(TOKEN_ENV, "t")])).expect("valid");
+        let p = valid_plan(&args, 4, &[(TOKEN_ENV, "t")]);
         assert!(p.is_multi_node());
         assert_eq!(p.master_addr(), "10.1.1.1");
         assert_eq!(p.global_rank(0), 1);
@@ -831,8 +848,7 @@ mod tests {
             plan(&args).unwrap_err(),
             LaunchError::MissingJobToken { nnodes: 3 }
         ));
-        let p = LaunchPlan::with_host(&args, command(), &host(8, &[(TOKEN_ENV, "t")]))
-            .expect("valid elastic plan");
+        let p = valid_plan(&args, 8, &[(TOKEN_ENV, "t")]);
         assert_eq!(p.elastic_nodes(), Some((2, 3)));
         assert!(!p.is_multi_node(), "static rendezvous only");
         let mut round = p.clone();
@@ -851,8 +867,7 @@ mod tests {
         let fixed = LaunchArgs::new()
             .with_elastic_nodes(2, 2, "h:1")
             .with_rdzv_backend(RdzvBackend::C10d);
-        let p =
-            LaunchPlan::with_host(&fixed, command(), &host(8, &[(TOKEN_ENV, "t")])).expect("valid");
+        let p = valid_plan(&fixed, 8, &[(TOKEN_ENV, "t")]);
         assert_eq!(p.elastic_nodes(), Some((2, 2)));
     }
 }

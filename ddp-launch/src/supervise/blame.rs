@@ -392,24 +392,13 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dead = dead_pid();
         let live = std::process::id();
-        let ours_dead = tmp
-            .path()
-            .join(format!("ddp-run-thishost.1-{dead}-0-00000000deadbeef"));
-        let ours_live = tmp
-            .path()
-            .join(format!("ddp-run-thishost.1-{live}-0-00000000cafef00d"));
-        let other_host = tmp
-            .path()
-            .join(format!("ddp-run-otherhost.1-{dead}-0-00000000deadbeef"));
-        let other_namespace = tmp
-            .path()
-            .join(format!("ddp-run-thishost.2-{dead}-0-00000000deadbeef"));
-        let old_format = tmp
-            .path()
-            .join(format!("ddp-run-{dead}-0-00000000deadbeef"));
-        let unknown = tmp
-            .path()
-            .join(format!("ddp-run-{UNKNOWN_HOST}-{dead}-0-00000000deadbeef"));
+        let dir = |name: String| tmp.path().join(format!("ddp-run-{name}"));
+        let ours_dead = dir(format!("thishost.1-{dead}-0-00000000deadbeef"));
+        let ours_live = dir(format!("thishost.1-{live}-0-00000000cafef00d"));
+        let other_host = dir(format!("otherhost.1-{dead}-0-00000000deadbeef"));
+        let other_namespace = dir(format!("thishost.2-{dead}-0-00000000deadbeef"));
+        let old_format = dir(format!("{dead}-0-00000000deadbeef"));
+        let unknown = dir(format!("{UNKNOWN_HOST}-{dead}-0-00000000deadbeef"));
         let all = [
             &ours_dead,
             &ours_live,

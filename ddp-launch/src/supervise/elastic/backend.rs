@@ -26,10 +26,14 @@ pub(crate) trait RendezvousBackend: Send {
     fn add(&mut self, key: &str, delta: i64) -> Result<i64, BackendError>;
 
     /// Sets `key` to `value` unless it is set already; returns the value it holds afterwards
-    /// (so every caller learns the first writer's value).
-    fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError>;
+    /// (so every caller learns the first writer's value). A [`compare_set`](Self::compare_set)
+    /// from empty, which matches a missing key only: the values the rounds write are never empty.
+    fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
+        self.compare_set(key, b"", value)
+    }
 
-    /// Sets `key` to `desired` if it holds `expected`; returns the value afterwards.
+    /// Sets `key` to `desired` if it holds `expected` (an empty `expected`: if it is missing, as
+    /// the c10d store); returns the value afterwards.
     fn compare_set(
         &mut self,
         key: &str,

@@ -204,12 +204,6 @@ impl RendezvousBackend for EtcdBackend {
         }
     }
 
-    fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
-        let key = self.key(key);
-        let missing = Compare::create_revision(key.as_str(), CompareOp::Equal, 0);
-        self.put_if(&key, missing, value)
-    }
-
     fn compare_set(
         &mut self,
         key: &str,

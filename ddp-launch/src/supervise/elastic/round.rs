@@ -747,14 +747,6 @@ mod tests {
             Ok(value)
         }
 
-        fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
-            let mut map = self.0.lock().expect("lock");
-            Ok(map
-                .entry(key.into())
-                .or_insert_with(|| value.to_vec())
-                .clone())
-        }
-
         fn compare_set(
             &mut self,
             key: &str,

@@ -170,11 +170,6 @@ impl RendezvousBackend for StoreBackend {
         self.store.add(key, delta).map_err(store_err)
     }
 
-    fn set_once(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>, BackendError> {
-        // An empty `expected` matches a missing key only; the values we write are never empty.
-        self.store.compare_set(key, b"", value).map_err(store_err)
-    }
-
     fn compare_set(
         &mut self,
         key: &str,

@@ -161,6 +161,16 @@ pub(crate) mod tests {
         WorkerEnv::from_vars(&vars(pairs))
     }
 
+    /// The worker `pairs` describe (the test fails if they describe none, or wrongly).
+    pub(crate) fn worker(pairs: &[(&str, &str)]) -> WorkerEnv {
+        detect(pairs).expect("ok").expect("worker")
+    }
+
+    /// The message of the error `pairs` are refused with.
+    pub(crate) fn refusal(pairs: &[(&str, &str)]) -> String {
+        detect(pairs).unwrap_err().to_string()
+    }
+
     /// A detected worker's place in the job, as each launcher's test checks it: rank, world
     /// size, local rank, local world size, node rank.
     pub(crate) fn placement(env: &WorkerEnv) -> (usize, usize, usize, usize, usize) {
@@ -197,7 +207,7 @@ pub(crate) mod tests {
             ("MASTER_ADDR", "node0"),
         ];
         // The job id is public (`ps`), so it is no secret.
-        let e = detect(&mpi_two_nodes).unwrap_err().to_string();
+        let e = refusal(&mpi_two_nodes);
         assert!(
             e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
             "{e}"
@@ -206,7 +216,7 @@ pub(crate) mod tests {
         // mpirun's per-job key is.
         let mut keyed = mpi_two_nodes.to_vec();
         keyed.push((OPEN_MPI_JOB_KEY_VAR, "857e142413aecff8-fd43b546c5cc03a9"));
-        let env = detect(&keyed).expect("ok").expect("worker");
+        let env = worker(&keyed);
         assert!(env.job_token.expect("token").contains("857e142413aecff8"));
 
         let slurm_two_nodes = [
@@ -218,7 +228,7 @@ pub(crate) mod tests {
             ("SLURM_JOB_ID", "7"),
             ("SLURM_JOB_NODELIST", "n[1-2]"),
         ];
-        let e = detect(&slurm_two_nodes).unwrap_err().to_string();
+        let e = refusal(&slurm_two_nodes);
         assert!(e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes (2 ranks, 1 on this node)"), "{e}");
         assert!(e.contains("in the batch script before srun"), "{e}");
 
@@ -228,7 +238,7 @@ pub(crate) mod tests {
             ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "node0"),
         ];
-        let e = detect(&torchrun_two_nodes).unwrap_err().to_string();
+        let e = refusal(&torchrun_two_nodes);
         assert!(
             e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
             "{e}"
@@ -240,16 +250,14 @@ pub(crate) mod tests {
 
     #[test]
     fn ddp_launcher_variables_win_over_slurm_and_mpi() {
-        let env = detect(&[
+        let env = worker(&[
             (WORKER_ENV, "1"),
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
             ("SLURM_PROCID", "0"),
             ("SLURM_STEP_ID", "0"),
             ("OMPI_COMM_WORLD_RANK", "0"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!((env.launcher, env.rank), (LauncherKind::DdpRun, 1));
     }
 }

@@ -66,22 +66,20 @@ pub(crate) fn open_mpi_port(job_id: &str) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::super::DERIVED_PORTS;
-    use super::super::tests::{detect, placement};
+    use super::super::tests::{placement, refusal, worker};
     use super::*;
     use ddp_comm::TOKEN_ENV;
 
     #[test]
     fn open_mpi_environment_is_translated() {
-        let env = detect(&[
+        let env = worker(&[
             ("OMPI_COMM_WORLD_RANK", "3"),
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("MASTER_ADDR", "node0"),
             (TOKEN_ENV, "tok"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(env.launcher, LauncherKind::OpenMpi);
         assert_eq!(placement(&env), (3, 4, 1, 2, 1));
         assert_eq!(
@@ -90,27 +88,23 @@ mod tests {
             "no job id: torch's default port"
         );
         assert_eq!(env.job_token.as_deref(), Some("tok"));
-        let e = detect(&[
+        let e = refusal(&[
             ("OMPI_COMM_WORLD_RANK", "3"),
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
-        ])
-        .unwrap_err()
-        .to_string();
+        ]);
         assert!(
             e.starts_with("MASTER_ADDR: is not set, and mpirun placed ranks on several nodes"),
             "{e}"
         );
         // Single node: loopback.
-        let env = detect(&[
+        let env = worker(&[
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(env.master_addr, "127.0.0.1");
     }
 
@@ -128,12 +122,8 @@ mod tests {
 
     #[test]
     fn open_mpi_job_without_master_port_or_token_derives_both_from_the_job() {
-        let r0 = detect(&mpirun_vars("0", "2041184257"))
-            .expect("ok")
-            .expect("worker");
-        let r1 = detect(&mpirun_vars("1", "2041184257"))
-            .expect("ok")
-            .expect("worker");
+        let r0 = worker(&mpirun_vars("0", "2041184257"));
+        let r1 = worker(&mpirun_vars("1", "2041184257"));
         assert_eq!(r0.master_addr, "127.0.0.1");
         assert_eq!(r0.master_port, open_mpi_port("2041184257"));
         assert!(DERIVED_PORTS.contains(&r0.master_port));
@@ -147,26 +137,22 @@ mod tests {
             "{token}"
         );
         // Another job on the same host: another port and token.
-        let other = detect(&mpirun_vars("0", "2041250817"))
-            .expect("ok")
-            .expect("worker");
+        let other = worker(&mpirun_vars("0", "2041250817"));
         assert_ne!(other.master_port, r0.master_port);
         assert_ne!(other.job_token, r0.job_token);
         // Open MPI 5 names the job through PMIx.
-        let pmix = detect(&[
+        let pmix = worker(&[
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "1"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "1"),
             ("PMIX_NAMESPACE", "prterun-vm-5460@1"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(pmix.master_port, open_mpi_port("prterun-vm-5460@1"));
         // Explicit settings win.
         let mut explicit = mpirun_vars("0", "2041184257");
         explicit.extend([("MASTER_PORT", "4100"), (TOKEN_ENV, "mine")]);
-        let env = detect(&explicit).expect("ok").expect("worker");
+        let env = worker(&explicit);
         assert_eq!(
             (env.master_port, env.job_token.as_deref()),
             (4100, Some("mine"))

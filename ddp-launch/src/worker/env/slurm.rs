@@ -160,13 +160,13 @@ pub(crate) fn first_host(list: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::super::DERIVED_PORTS;
-    use super::super::tests::{detect, placement};
+    use super::super::tests::{placement, refusal, worker};
     use super::*;
     use ddp_comm::TOKEN_ENV;
 
     #[test]
     fn slurm_step_environment_is_translated() {
-        let env = detect(&[
+        let env = worker(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_STEP_ID", "0"),
             ("SLURM_NTASKS", "8"),
@@ -178,9 +178,7 @@ mod tests {
             ("SLURM_STEP_NODELIST", "gpu[07-09]"),
             ("SLURM_LAUNCH_NODE_IPADDR", "10.9.9.9"),
             (TOKEN_ENV, "secret"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(env.launcher, LauncherKind::Slurm);
         assert_eq!(placement(&env), (5, 6, 1, 2, 2));
         assert_eq!(env.master_addr, "gpu07");
@@ -201,15 +199,15 @@ mod tests {
         ];
         let mut with_master = base.to_vec();
         with_master.extend([("MASTER_ADDR", "head"), ("MASTER_PORT", "4000")]);
-        let env = detect(&with_master).expect("ok").expect("worker");
+        let env = worker(&with_master);
         assert_eq!((env.master_addr.as_str(), env.master_port), ("head", 4000));
         assert_eq!(env.local_world_size, 1);
         let mut launch_node = base.to_vec();
         launch_node.push(("SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"));
-        let env = detect(&launch_node).expect("ok").expect("worker");
+        let env = worker(&launch_node);
         assert_eq!(env.master_addr, "10.1.2.3");
         assert_eq!(env.master_port, slurm_port(7, 3));
-        let e = detect(&base).unwrap_err().to_string();
+        let e = refusal(&base);
         assert!(
             e.starts_with("MASTER_ADDR: is not set, and neither is SLURM_JOB_NODELIST"),
             "{e}"
@@ -218,7 +216,7 @@ mod tests {
 
     #[test]
     fn slurm_node_outside_tasks_per_node_is_an_error() {
-        let e = detect(&[
+        let e = refusal(&[
             ("SLURM_PROCID", "0"),
             ("SLURM_STEP_ID", "0"),
             ("SLURM_NTASKS", "2"),
@@ -227,9 +225,7 @@ mod tests {
             ("SLURM_TASKS_PER_NODE", "1(x2)"),
             ("MASTER_ADDR", "h"),
             ("MASTER_PORT", "1"),
-        ])
-        .unwrap_err()
-        .to_string();
+        ]);
         assert_eq!(
             e,
             "SLURM_TASKS_PER_NODE: '1(x2)' lists 2 nodes, but SLURM_NODEID is 3"
@@ -238,7 +234,7 @@ mod tests {
 
     #[test]
     fn a_one_node_slurm_step_meets_on_loopback_and_needs_no_secret() {
-        let env = detect(&[
+        let env = worker(&[
             ("SLURM_PROCID", "1"),
             ("SLURM_STEP_ID", "0"),
             ("SLURM_NTASKS", "2"),
@@ -246,9 +242,7 @@ mod tests {
             ("SLURM_NTASKS_PER_NODE", "2"),
             ("SLURM_JOB_ID", "7"),
             ("SLURM_JOB_NODELIST", "n1"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(
             (env.master_addr.as_str(), env.job_token),
             ("127.0.0.1", None)

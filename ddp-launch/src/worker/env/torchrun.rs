@@ -98,14 +98,14 @@ fn store_port(v: &Vars<'_>, ours: bool) -> Result<u16, LaunchError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{detect, placement};
+    use super::super::tests::{placement, refusal, worker};
     use super::super::*;
     use crate::worker::env::launcher_vars::{RESTART_COUNT_ENV, WORKER_ENV};
     use ddp_comm::{TIMEOUT_ENV, TOKEN_ENV};
 
     #[test]
     fn ddp_launcher_environment_is_read_completely() {
-        let env = detect(&[
+        let env = worker(&[
             (WORKER_ENV, "1"),
             ("RANK", "3"),
             ("WORLD_SIZE", "4"),
@@ -117,9 +117,7 @@ mod tests {
             (RESTART_COUNT_ENV, "2"),
             (TOKEN_ENV, "tok"),
             (TIMEOUT_ENV, "30"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(env.launcher, LauncherKind::DdpRun);
         assert_eq!(placement(&env), (3, 4, 1, 2, 1));
         assert_eq!(
@@ -138,21 +136,17 @@ mod tests {
 
     #[test]
     fn torchrun_style_defaults_fill_in_local_values() {
-        let env = detect(&[
+        let env = worker(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
             ("TORCHELASTIC_RESTART_COUNT", "1"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!(env.launcher, LauncherKind::Torchrun);
         assert_eq!(
             (env.local_rank, env.local_world_size, env.node_rank),
             (1, 2, 0)
         );
-        let first = detect(&[("RANK", "1"), ("WORLD_SIZE", "2")])
-            .expect("ok")
-            .expect("worker");
+        let first = worker(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
         assert!(!first.is_restart(), "no restart count: the first attempt");
         assert_eq!(
             (env.master_addr.as_str(), env.master_port),
@@ -164,7 +158,7 @@ mod tests {
     #[test]
     fn under_torchrun_s_agent_store_the_job_s_store_takes_a_port_every_worker_derives_alike() {
         let torchrun = |rank: &str, restart: &str| {
-            detect(&[
+            worker(&[
                 ("RANK", rank),
                 ("WORLD_SIZE", "2"),
                 ("MASTER_PORT", "29500"),
@@ -172,8 +166,6 @@ mod tests {
                 ("TORCHELASTIC_RESTART_COUNT", restart),
                 ("TORCHELASTIC_USE_AGENT_STORE", "True"),
             ])
-            .expect("ok")
-            .expect("worker")
             .master_port
         };
         let port = torchrun("0", "0");
@@ -186,90 +178,65 @@ mod tests {
             "also one whose agent counted a restart"
         );
         // The ddp launcher's workers, and torchrun without an agent store, use MASTER_PORT.
-        let plain = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]);
-        assert_eq!(plain.expect("ok").expect("worker").master_port, 29500);
+        let plain = worker(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")]);
+        assert_eq!(plain.master_port, 29500);
     }
 
     #[test]
     fn local_placement_is_derived_from_the_local_world_size_or_asked_for() {
+        // Rank 3 of 4, rank 0 on another host, and `local` (LOCAL_* variables).
+        let rank_3_of_4 = |local: &[(&'static str, &'static str)]| {
+            let base = [
+                ("RANK", "3"),
+                ("WORLD_SIZE", "4"),
+                ("MASTER_ADDR", "node0"),
+                (TOKEN_ENV, "secret"),
+            ];
+            [&base[..], local].concat()
+        };
         // LOCAL_RANK follows from LOCAL_WORLD_SIZE, node by node, as torchrun places ranks.
-        let env = detect(&[
-            ("RANK", "3"),
-            ("WORLD_SIZE", "4"),
-            ("LOCAL_WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "node0"),
-            (TOKEN_ENV, "secret"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        let env = worker(&rank_3_of_4(&[("LOCAL_WORLD_SIZE", "2")]));
         assert_eq!((env.local_rank, env.node_rank), (1, 1));
         // Neither, with rank 0 on another host (Kubeflow's PyTorchJob): an error naming them.
-        let e = detect(&[
-            ("RANK", "3"),
-            ("WORLD_SIZE", "4"),
-            ("MASTER_ADDR", "node0"),
-            (TOKEN_ENV, "secret"),
-        ])
-        .unwrap_err()
-        .to_string();
+        let e = refusal(&rank_3_of_4(&[]));
         assert!(
             e.starts_with("LOCAL_WORLD_SIZE: is not set, nor LOCAL_RANK, and MASTER_ADDR is node0"),
             "{e}"
         );
         assert!(e.contains("LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"), "{e}");
         // LOCAL_RANK alone (an srun wrapper exporting SLURM_LOCALID): taken as before.
-        let env = detect(&[
-            ("RANK", "3"),
-            ("WORLD_SIZE", "4"),
-            ("LOCAL_RANK", "1"),
-            ("MASTER_ADDR", "node0"),
-            (TOKEN_ENV, "secret"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        let env = worker(&rank_3_of_4(&[("LOCAL_RANK", "1")]));
         assert_eq!((env.local_rank, env.local_world_size), (1, 4));
         // On loopback, one host: the whole world is local.
-        let env = detect(&[
+        let env = worker(&[
             ("RANK", "3"),
             ("WORLD_SIZE", "4"),
             ("MASTER_ADDR", "127.0.0.1"),
-        ])
-        .expect("ok")
-        .expect("worker");
+        ]);
         assert_eq!((env.local_rank, env.local_world_size), (3, 4));
     }
 
     #[test]
     fn bad_launcher_variables_are_named() {
-        let e = detect(&[(WORKER_ENV, "1"), ("WORLD_SIZE", "2")])
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&[(WORKER_ENV, "1"), ("WORLD_SIZE", "2")]);
         assert_eq!(
             e,
             "RANK: is not set, but the ddp launcher sets it for every worker"
         );
-        let e = detect(&[("RANK", "x"), ("WORLD_SIZE", "2")])
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&[("RANK", "x"), ("WORLD_SIZE", "2")]);
         assert_eq!(e, "RANK: 'x' is not a non-negative integer");
-        let e = detect(&[("RANK", "2"), ("WORLD_SIZE", "2")])
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&[("RANK", "2"), ("WORLD_SIZE", "2")]);
         assert_eq!(e, "RANK: rank 2 is outside 0..2");
-        let e = detect(&[
+        let e = refusal(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "4"),
             ("LOCAL_WORLD_SIZE", "2"),
-        ])
-        .unwrap_err()
-        .to_string();
+        ]);
         assert!(
             e.starts_with("MASTER_ADDR: is not set, and torchrun placed ranks on several nodes"),
             "{e}"
         );
-        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "0")])
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "0")]);
         assert_eq!(e, "MASTER_PORT: port 0 is not allowed");
     }
 }
