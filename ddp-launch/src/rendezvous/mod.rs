@@ -18,7 +18,8 @@
 //! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
 //! abort key so the others do not restart. Each launcher claims its node rank when it joins
-//! ([`node_claim`]): a second launcher with the same `--node-rank` stops every node. Every
+//! ([`node_claim`]): a second launcher with the same `--node-rank` stops every node while the job
+//! forms, and only itself once it runs ([`refusal`]). Every
 //! node's workers get node 0's
 //! [`LAUNCH_ID_ENV`](crate::LAUNCH_ID_ENV), published with its settings.
 //!
@@ -28,6 +29,7 @@
 
 mod node_claim;
 pub(crate) mod port_holder;
+mod refusal;
 pub(crate) mod store_connect;
 
 use crate::error::LaunchError;
@@ -51,10 +53,6 @@ const CONFIG_KEY: &str = "config";
 const LAUNCH_ID_KEY: &str = "launch_id";
 /// How often a waiting launcher that hosts the rendezvous looks at who is still connected.
 const CLIENTS_POLL: Duration = Duration::from_millis(50);
-/// Where a node that cannot join (its settings differ from node 0's) says why, before it
-/// exits: the first refusal wins, and every node waiting for it stops with that reason instead
-/// of waiting out `--join-timeout` for a node that will never come.
-const REFUSED_KEY: &str = "refused";
 
 /// The wildcard address to bind for a job whose node 0 is `master_addr`.
 pub(crate) fn bind_host(master_addr: &str) -> &'static str {
@@ -305,11 +303,9 @@ impl Rendezvous {
                 "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings",
                 self.node_rank, self.node_rank
             );
-            if let Err(e) = self.store.compare_set(REFUSED_KEY, b"", refusal.as_bytes()) {
-                tracing::warn!(%e, "cannot tell node 0 why this node does not join");
-            }
+            let running = self.publish_refusal(&refusal);
             return Err(self.error(format!(
-                "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings"
+                "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings{running}"
             )));
         }
         let id = self
@@ -318,22 +314,6 @@ impl Rendezvous {
             .map_err(|e| self.lost(e))?;
         self.launch_id = String::from_utf8_lossy(&id).into_owned();
         Ok(())
-    }
-
-    /// The reason a node published for not joining, if one did: it is reported at once (the
-    /// host sees it as it happens) and ends the wait.
-    fn refused(&self) -> Option<LaunchError> {
-        match self.store.check(&[REFUSED_KEY]) {
-            Ok(true) => {}
-            Ok(false) | Err(_) => return None,
-        }
-        let reason = self
-            .store
-            .get_timeout(REFUSED_KEY, Duration::from_secs(5))
-            .map(|v| String::from_utf8_lossy(&v).into_owned())
-            .unwrap_or_else(|e| format!("a node refused to join (its reason is unreadable: {e})"));
-        tracing::error!(%reason, "a node refused to join the rendezvous; stopping");
-        Some(self.error(reason))
     }
 
     /// Waits for `key`, checking for signals and the join timeout.
@@ -388,12 +368,13 @@ impl Rendezvous {
             self.stop_if_interrupted(attempt, signals)?;
             let joined = self.store.add(&joined_key, 0).map_err(|e| self.lost(e))?;
             if joined >= self.nnodes as i64 {
+                self.mark_formed();
                 break;
             }
             if self.aborted() {
                 return Err(self.error("another node stopped the job"));
             }
-            if let Some(e) = self.refused() {
+            if let Some(e) = self.refused(&joined_key) {
                 return Err(e);
             }
             if Instant::now() >= deadline {

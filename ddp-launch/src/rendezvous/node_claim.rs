@@ -3,15 +3,15 @@
 //! The join counts arrivals, so without a claim two launchers started with the same
 //! `--node-rank` would make up the count between them: the job would start with duplicate ranks
 //! (and a missing one) and hang until the workers' timeout. The second claimant is refused
-//! instead, through [`REFUSED_KEY`](super::REFUSED_KEY), so every launcher stops at once naming
-//! both.
+//! instead, through [`publish_refusal`](super::Rendezvous::publish_refusal), so every launcher
+//! stops at once naming both (or, once the job runs, the second claimant stops alone).
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
 //! attempts in the same process) keep the claim. A new process for the same node (a launcher
 //! started again while node 0 still runs the job) is refused too: it could not take its place
 //! in the attempt under way anyway.
 
-use super::{REFUSED_KEY, Rendezvous};
+use super::Rendezvous;
 use crate::error::LaunchError;
 use crate::launcher_id::claimant_id;
 
@@ -37,9 +37,7 @@ impl Rendezvous {
             holder = String::from_utf8_lossy(&holder),
             last = self.nnodes - 1,
         );
-        if let Err(e) = self.store.compare_set(REFUSED_KEY, b"", refusal.as_bytes()) {
-            tracing::warn!(%e, "cannot tell the other nodes that this node does not join");
-        }
-        Err(self.error(refusal))
+        let running = self.publish_refusal(&refusal);
+        Err(self.error(format!("{refusal}{running}")))
     }
 }

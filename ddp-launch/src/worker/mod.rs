@@ -12,3 +12,5 @@ pub(crate) mod init;
 pub(crate) mod own_failure;
 #[cfg(feature = "supervisor")]
 pub(crate) mod run;
+#[cfg(feature = "supervisor")]
+mod torchelastic_error;

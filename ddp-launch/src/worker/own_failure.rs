@@ -6,7 +6,8 @@
 //! any log (issue 45, item 4). So [`run_worker`](crate::worker) keeps the group open until the
 //! error is printed and written to this rank's failure file ([`ddp_comm::FAILURE_FILE_ENV`],
 //! `blame none`: its own failure); the launcher then finds the peers' reports blaming this
-//! rank and names it as the first failure.
+//! rank and names it as the first failure. Under torchrun, the error also goes to torchrun's
+//! error file ([`torchelastic_error`](super::torchelastic_error)).
 
 use crate::note::noteln;
 use std::io::Write;
@@ -15,6 +16,7 @@ use std::io::Write;
 /// failure was recorded first (that one names the rank to blame, and wins).
 pub(crate) fn report_own_failure(error: &dyn std::fmt::Display) {
     noteln!("ddp worker: {error}; closing the process group");
+    super::torchelastic_error::write_error_file(error);
     let Some(path) = std::env::var_os(ddp_comm::FAILURE_FILE_ENV) else {
         return;
     };

@@ -21,6 +21,18 @@ fn node(node_rank: usize, port: u16, nproc: usize, program: &[&str]) -> Command 
 
 /// [`node`] of an `nnodes`-node job.
 fn node_of(nnodes: usize, node_rank: usize, port: u16, nproc: usize, program: &[&str]) -> Command {
+    node_with(nnodes, node_rank, port, nproc, &[], program)
+}
+
+/// [`node_of`] with more launcher flags.
+fn node_with(
+    nnodes: usize,
+    node_rank: usize,
+    port: u16,
+    nproc: usize,
+    flags: &[&str],
+    program: &[&str],
+) -> Command {
     let mut cmd = ddp_run();
     cmd.env("DDP_JOB_TOKEN", "loopback-secret")
         .env("RUST_LOG", "ddp_launch=info,warn")
@@ -39,8 +51,9 @@ fn node_of(nnodes: usize, node_rank: usize, port: u16, nproc: usize, program: &[
             JOIN_TIMEOUT,
             "--grace-period",
             "2",
-            "--",
         ])
+        .args(flags)
+        .arg("--")
         .args(program);
     cmd
 }
@@ -240,4 +253,48 @@ fn a_signal_ends_node_0s_wait_for_a_running_node() {
     // Node 1 lost its rendezvous and stops; then nothing is left running.
     std::fs::write(&stop, b"").expect("stop file");
     let _ = node1.exit_code();
+}
+
+#[test]
+fn a_launcher_refused_once_the_job_runs_stops_alone_and_the_job_restarts_and_succeeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let go = dir.path().join("go");
+    let go_arg = go.to_str().expect("utf-8 path");
+    // Attempt 0's workers wait for `go`, then fail; attempt 1's succeed. The restart is a new
+    // join, where a refusal left by the stray launcher used to stop both nodes.
+    let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then \
+                  until [ -e \"$0\" ]; do sleep 0.1; done; exit 3; fi";
+    let program = ["sh", "-c", script, go_arg];
+    let restarts = ["--max-restarts", "1"];
+    let launcher = |rank, name: &str| {
+        Logged::start(
+            node_with(2, rank, port, 1, &restarts, &program),
+            dir.path().join(name),
+        )
+    };
+    let mut node0 = launcher(0, "node0.log");
+    let mut node1 = launcher(1, "node1.log");
+    node0.wait_for("starting workers");
+    node1.wait_for("starting workers");
+    let mut stray = launcher(1, "stray.log");
+    assert_eq!(stray.exit_code(), Some(1), "stray:\n{}", stray.text());
+    let said = stray.text();
+    assert!(
+        said.contains("--node-rank 1 is already held by launcher"),
+        "{said}"
+    );
+    assert!(
+        said.contains("the job already runs with every node, so it goes on without this launcher"),
+        "{said}"
+    );
+    assert!(!said.contains("starting workers"), "{said}");
+    std::fs::write(&go, b"").expect("go file");
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    assert_eq!(node1.exit_code(), Some(0), "node 1:\n{}", node1.text());
+    for node in [&node0, &node1] {
+        let log = node.text();
+        assert!(log.contains("attempt=1"), "no restart:\n{log}");
+        assert!(!log.contains("already held"), "{log}");
+    }
 }
