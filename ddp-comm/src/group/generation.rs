@@ -19,17 +19,21 @@
 //! instead, a rank whose init failed before it met the others (its peers never came) would
 //! stay one generation ahead of them for good; following rank 0 heals at the next init.
 //! When rank 0's init fails it marks that generation abandoned (`pg/init/abandoned/<n>`), so a
-//! rank that arrives before rank 0 tries again waits for the next generation instead.
+//! rank that arrives before rank 0 tries again waits for the next generation instead. Rank 0
+//! records each generation's world size in its begun key: a rank whose world size differs (a
+//! rank the world grew by, arriving before rank 0 begins the larger init) waits for the next
+//! generation too, instead of joining one that has no place for it.
 //! Every rank creates its world groups on a store in the same order, as c10d requires.
 
 use crate::error::{CommError, Result};
 use crate::store::{Store, positive_count};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How many inits rank 0 has begun on the store.
 const COUNT_KEY: &str = "pg/init/count";
 
-/// Set by rank 0 as it begins generation `n`, for the other ranks to wait on.
+/// Set by rank 0 as it begins generation `n` (to its world size, in decimal), for the other
+/// ranks to wait on.
 fn begun_key(n: u64) -> String {
     format!("pg/init/begun/{n}")
 }
@@ -58,12 +62,17 @@ pub(crate) struct Generation {
 ///
 /// # Errors
 /// Store failures; on ranks other than 0, [`CommError::Timeout`] naming rank 0 when it does not
-/// begin a new init within `timeout`.
-pub(crate) fn join(store: &Store, rank: usize, timeout: Duration) -> Result<Generation> {
+/// begin a new init of a world of `world_size` within `timeout`.
+pub(crate) fn join(
+    store: &Store,
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+) -> Result<Generation> {
     let number = if rank == 0 {
-        open(store)?
+        open(store, world_size)?
     } else {
-        follow(store, rank, timeout)?
+        follow(store, rank, world_size, timeout)?
     };
     tracing::debug!(
         rank,
@@ -79,43 +88,61 @@ pub(crate) fn join(store: &Store, rank: usize, timeout: Duration) -> Result<Gene
 }
 
 /// Rank 0's part: opens the next generation.
-fn open(store: &Store) -> Result<u64> {
+fn open(store: &Store, world_size: usize) -> Result<u64> {
     let n = count(store.add(COUNT_KEY, 1)?)?;
-    store.set(&begun_key(n), b"begun")?;
+    store.set(&begun_key(n), world_size.to_string().as_bytes())?;
     Ok(n)
 }
 
 /// Another rank's part: waits for rank 0 to open a generation after the last one this rank
-/// joined, and joins the newest (an older one was abandoned by rank 0).
-fn follow(store: &Store, rank: usize, timeout: Duration) -> Result<u64> {
+/// joined, and joins the newest, once it is one for this rank (an older one was abandoned by
+/// rank 0, or is of another world size). All within one `timeout`.
+fn follow(store: &Store, rank: usize, world_size: usize, timeout: Duration) -> Result<u64> {
+    let deadline = Instant::now() + timeout;
     let joined = joined_key(rank);
     let last = match store.multi_get(&[joined.as_str()])?.pop().flatten() {
-        Some(text) => parse_generation(&joined, &text)?,
+        Some(text) => parse_number(&joined, &text, "a generation number")?,
         None => 0,
     };
-    wait_begun(store, last + 1, timeout)?;
+    wait_begun(store, last + 1, deadline, timeout)?;
     let mut n = count(store.add(COUNT_KEY, 0)?)?;
-    // Rank 0 may have left the newest generation (its init failed) before opening the next.
-    while store.check(&[abandoned_key(n).as_str()])? {
-        wait_begun(store, n + 1, timeout)?;
+    // Rank 0 may have left the newest generation (its init failed) before opening the next,
+    // or not have begun this init yet while the newest is an earlier world's.
+    while !open_to(store, n, world_size)? {
+        wait_begun(store, n + 1, deadline, timeout)?;
         n = count(store.add(COUNT_KEY, 0)?)?;
     }
     store.set(&joined, n.to_string().as_bytes())?;
     Ok(n)
 }
 
-/// Waits for rank 0 to begin generation `next`.
-fn wait_begun(store: &Store, next: u64, timeout: Duration) -> Result<()> {
+/// Whether generation `n` (begun) is one a rank of a world of `world_size` may join.
+fn open_to(store: &Store, n: u64, world_size: usize) -> Result<bool> {
+    if store.check(&[abandoned_key(n).as_str()])? {
+        return Ok(false);
+    }
+    let key = begun_key(n);
+    let begun = store.multi_get(&[key.as_str()])?.pop().flatten();
+    match begun {
+        Some(text) => Ok(parse_number(&key, &text, "a world size")? == world_size as u64),
+        None => Ok(false),
+    }
+}
+
+/// Waits for rank 0 to begin generation `next`, until `deadline` (of `timeout`, for the error).
+fn wait_begun(store: &Store, next: u64, deadline: Instant, timeout: Duration) -> Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
     store
-        .wait(&[begun_key(next).as_str()], timeout)
+        .wait(&[begun_key(next).as_str()], left)
         .map_err(|e| match e {
             CommError::StoreTimeout { .. } => CommError::Timeout {
                 op: "rendezvous".into(),
                 peer: 0,
                 timeout,
                 detail: format!(
-                    " to begin init #{next} of the world group on this store (every rank must \
-                     create its world groups on a store in the same order)"
+                    " to begin init #{next} of the world group on this store, with this rank's \
+                     world size (every rank must create its world groups on a store in the same \
+                     order, with the same world size)"
                 ),
             },
             other => other,
@@ -137,14 +164,15 @@ fn count(value: i64) -> Result<u64> {
     positive_count(COUNT_KEY, value, "inits")
 }
 
-fn parse_generation(key: &str, text: &[u8]) -> Result<u64> {
+/// The decimal number `key` holds (`what` names it for the error).
+fn parse_number(key: &str, text: &[u8], what: &str) -> Result<u64> {
     std::str::from_utf8(text)
         .ok()
         .and_then(|t| t.parse().ok())
         .ok_or_else(|| CommError::StoreProtocol {
             op: "get",
             reason: format!(
-                "{key} holds '{}', not a generation number",
+                "{key} holds '{}', not {what}",
                 String::from_utf8_lossy(text)
             ),
         })
@@ -159,8 +187,12 @@ mod tests {
         assert_eq!(count(3).ok(), Some(3));
         assert!(count(0).is_err());
         assert!(count(-1).is_err());
-        assert_eq!(parse_generation("k", b"12").ok(), Some(12));
-        let e = parse_generation("pg/init/joined/1", b"x").unwrap_err();
-        assert!(e.to_string().contains("pg/init/joined/1 holds 'x'"), "{e}");
+        assert_eq!(parse_number("k", b"12", "a number").ok(), Some(12));
+        let e = parse_number("pg/init/joined/1", b"x", "a generation number").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("pg/init/joined/1 holds 'x', not a generation number"),
+            "{e}"
+        );
     }
 }

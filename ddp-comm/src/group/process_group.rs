@@ -36,7 +36,8 @@ use std::time::Duration;
 /// Each init of the world group on a store is a new [generation](ProcessGroup::generation):
 /// its keys, and its subgroups', never meet an earlier init's. Rank 0 begins each generation
 /// and the other ranks join the newest one begun since their last, so every rank must create
-/// its world groups on a store in the same order.
+/// its world groups on a store in the same order. The world may change size between inits: a
+/// rank waits for a generation begun with its own world size.
 ///
 /// # Shutdown
 /// Dropping the last clone lets queued collectives finish, closes every connection and joins the
@@ -158,7 +159,7 @@ impl ProcessGroup {
         let ranks: Vec<usize> = (0..config.world_size).collect();
         let group_rank = config.rank;
         // Everything below, the nonce included, lives in this init's namespace of the store.
-        let generation = generation::join(&store, config.rank, config.timeout)?;
+        let generation = generation::join(&store, config.rank, config.world_size, config.timeout)?;
         let number = generation.number;
         let joined = job_nonce(&generation.store).and_then(|job_nonce| {
             Self::connect(

@@ -177,6 +177,38 @@ fn a_rank_arriving_before_rank_0_retries_does_not_join_the_abandoned_init() {
     }
 }
 
+/// The world grows from 2 to 3 between two inits on one store, and rank 2, new, arrives before
+/// rank 0 begins the larger init: it waits for that one instead of joining the earlier world's,
+/// which has no place for it.
+#[test]
+fn a_rank_the_world_grew_by_waits_for_the_larger_init() {
+    let server = server();
+    let addr = server.local_addr().to_string();
+    for (rank, &(v, _)) in one_init(&addr, Setup::Tcp, 2, 1).iter().enumerate() {
+        assert_eq!(v, 3, "world 2, rank {rank}");
+    }
+    let outcomes = std::thread::scope(|s| {
+        let addr = &addr;
+        let join = |rank| -> Result<(u64, i32), CommError> {
+            let pg = ProcessGroup::with_store(connect(addr)?, Setup::Tcp.config(rank, 3, TIMEOUT))?;
+            let mut v = vec![rank as i32 + 1];
+            pg.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((pg.generation(), v[0]))
+        };
+        let rank2 = s.spawn(move || join(2));
+        // Rank 2 reads the store before rank 0 begins the second init (the outcome must be the
+        // same without this head start).
+        std::thread::sleep(Duration::from_millis(300));
+        let rank0 = s.spawn(move || join(0));
+        let rank1 = s.spawn(move || join(1));
+        [rank0, rank1, rank2].map(|h| h.join().expect("rank thread panicked"))
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let outcome = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(outcome, (2, 6), "rank {rank}: (generation, sum)");
+    }
+}
+
 fn never() -> Arc<dyn CompletionProbe> {
     Arc::new(|| Ok(false))
 }
