@@ -61,6 +61,12 @@ pub(crate) fn role(
 /// succeeded" in the launcher and "`train` succeeded" in a worker). Call it from the main
 /// thread: workers are killed when the thread that started them ends.
 ///
+/// The launcher cleans up after its workers, as `ddp-run` does: it becomes a child subreaper,
+/// so processes a worker leaves behind become its children, and it reaps those that exit and
+/// kills those still running when an attempt ends. It cannot tell them from children this
+/// program starts itself from another thread while `launch` runs, which get the same
+/// treatment; children started before `launch` is called are left alone.
+///
 /// A worker whose program installed no `tracing` subscriber before calling `launch` gets a
 /// plain one on stderr (level from `RUST_LOG`, default `warn`), so ddp-comm's warnings, such as
 /// strangers refused on rank 0's store port or a rank's mesh port, reach the rank's log
