@@ -72,9 +72,12 @@ impl HostInfo {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let vars = crate::worker::env::process_env::with_process_env(|lookup| {
             // LAUNCH_ID_ENV: a launch id already set is kept, so a wrapper (or a re-run that
-            // should count as the same launch) can choose it.
+            // should count as the same launch) can choose it; not inside another launch's
+            // worker, whose id it is (this launch would share its log directory).
+            let nested = lookup(WORKER_ENV).is_some();
             Ok([TOKEN_ENV, LAUNCH_ID_ENV]
                 .into_iter()
+                .filter(|&k| !(nested && k == LAUNCH_ID_ENV))
                 .chain(THREAD_VARS)
                 .chain(ALLOCATOR_USER_VARS)
                 .filter_map(|k| lookup(k).map(|v| (k.to_string(), v)))

@@ -227,3 +227,25 @@ fn launch_id_set_in_the_launchers_environment_reaches_the_workers() {
     assert!(out.status.success(), "{}", out.all());
     assert!(out.stdout.contains("ID=from-env\n"), "{}", out.all());
 }
+
+#[test]
+fn a_launch_inside_another_launchs_worker_draws_its_own_launch_id() {
+    let mut cmd = ddp_run();
+    // What a worker of another launch has: its launcher's id, and the worker mark.
+    cmd.env("DDP_LAUNCH_ID", "outer-launch")
+        .env("DDP_LAUNCH_WORKER", "1")
+        .args(["--nproc-per-node", "1", "--", "sh", "-c"])
+        .arg("echo ID=$DDP_LAUNCH_ID");
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", out.all());
+    let id = out
+        .stdout
+        .lines()
+        .find_map(|l| l.split_once("ID=").map(|(_, id)| id.to_string()))
+        .unwrap_or_else(|| panic!("no ID line: {}", out.all()));
+    assert!(
+        id != "outer-launch" && id.len() >= 16,
+        "{id}: {}",
+        out.all()
+    );
+}

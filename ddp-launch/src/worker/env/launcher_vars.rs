@@ -12,7 +12,8 @@ pub const RDZV_ROUND_ENV: &str = "DDP_RDZV_ROUND";
 /// Environment variable naming this launch (the same on every attempt of it, different for
 /// every launch): lets a worker tell checkpoints written by this launch from an older run's
 /// (e.g. `--fresh` on a `--max-restarts` restart). Random per launch unless already set in the
-/// launcher's environment; every node of a multi-node job uses node 0's (elastic jobs: the first
+/// launcher's environment (but not when that is another launch's worker, whose id it is);
+/// every node of a multi-node job uses node 0's (elastic jobs: the first
 /// launcher's to join), so all workers of a job see the same id.
 pub const LAUNCH_ID_ENV: &str = "DDP_LAUNCH_ID";
 
