@@ -12,6 +12,7 @@ use ddp_core::comm::ProcessGroup;
 use ddp_core::data::DistributedDataLoader;
 use ddp_core::progress::EpochProgress;
 use ddp_core::{DistributedDataParallel, TapBackend};
+use std::time::Instant;
 
 use crate::digits::DigitBatch;
 use crate::warm_up::StepClock;
@@ -21,6 +22,8 @@ use crate::warm_up::StepClock;
 pub struct EpochLoop<'a> {
     pg: &'a ProcessGroup,
     epochs: usize,
+    /// When the loop was made: `started.elapsed()` is the training time so far.
+    pub started: Instant,
     /// Optimizer steps taken so far, the resumed checkpoint's included.
     pub step: u64,
     /// The first step's time apart from the rest (checkpoints between epochs not counted).
@@ -33,6 +36,7 @@ impl<'a> EpochLoop<'a> {
         EpochLoop {
             pg,
             epochs,
+            started: Instant::now(),
             step,
             clock: StepClock::new(),
         }

@@ -146,7 +146,6 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    let start = std::time::Instant::now();
     let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
@@ -172,7 +171,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
         &test_items,
         &device,
         args.epochs,
-        start,
+        training.started,
         |images| model.forward(images),
     )?;
     if rank == 0 {

@@ -145,7 +145,6 @@ where
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    let start = std::time::Instant::now();
     let mut training = EpochLoop::new(&pg, args.epochs, 0);
     for epoch in 0..args.epochs {
         training.run(&mut loader, epoch, |batch| {
@@ -169,7 +168,7 @@ where
         &test_items,
         &device,
         args.epochs,
-        start,
+        training.started,
         |images| model.forward(images),
     )?;
     Ok(())

@@ -108,7 +108,6 @@ pub fn train_fully_sharded<B: TapBackend>(
         }
     };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let start = std::time::Instant::now();
     let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
@@ -127,7 +126,7 @@ pub fn train_fully_sharded<B: TapBackend>(
     let accuracy = token_accuracy(args, &model, &pg, &device)?;
     if rank == 0 {
         let how = ", fully sharded";
-        let report = accuracy_report(args, accuracy, start.elapsed(), world, how);
+        let report = accuracy_report(args, accuracy, training.started.elapsed(), world, how);
         println!("transformer: {report}");
         println!("transformer: {}", training.clock.summary());
     }

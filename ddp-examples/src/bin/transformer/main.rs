@@ -153,7 +153,6 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     restore_scaler(&mut scaler, resumed.as_ref(), rank)?;
     let half = args.mixed_precision.map(MixedPrecision::dtype);
     let mut skipped = 0usize;
-    let start = std::time::Instant::now();
     let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut overlap = Vec::new();
     let mut last_saved = None;
@@ -197,7 +196,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     };
     if rank == 0 {
         let how = format!("; {overlap}");
-        let report = accuracy_report(args, accuracy, start.elapsed(), world, &how);
+        let report = accuracy_report(args, accuracy, training.started.elapsed(), world, &how);
         println!("transformer: {report}");
     }
     let state_bytes = optim.state_bytes()?;
