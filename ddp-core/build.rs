@@ -9,9 +9,10 @@
 //! passes the directory on as `DEP_TCH_LIBTORCH_LIB` to the crates that depend on it directly
 //! (ddp-core does, with `tch`). A build script's link arguments reach only its own package's
 //! targets: a user's program that trains on LibTorch sets `LD_LIBRARY_PATH` to that directory, or
-//! gets the same rpath from a build script of its own (ddp-examples has one).
+//! gets the same rpath from a build script of its own (ddp-examples' includes this file as a
+//! module and calls its `main`).
 
-fn main() {
+pub(crate) fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Some(dir) = std::env::var_os("DEP_TCH_LIBTORCH_LIB") {

@@ -8,7 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 use ddp_core::{comm::ProcessGroup, data::ExactShard, metrics::EvalTotals};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::digits::{DigitBatcher, DigitItem};
 
@@ -68,6 +68,37 @@ pub fn evaluate_digits<B: Backend>(
         totals.add(hits as u64, n, mean_loss * n as f64);
     }
     Ok(totals.all_reduce(pg)?)
+}
+
+/// Scores `classify` on the test set like [`evaluate_digits`] (batches of 256) and, on rank 0,
+/// prints `{name}: ` and the [`test_report`] (the training time counted from `start`).
+///
+/// # Collective
+/// Every rank calls it.
+///
+/// # Errors
+/// [`evaluate_digits`]'s.
+pub fn report_digits<B: Backend>(
+    name: &str,
+    pg: &ProcessGroup,
+    test: &[DigitItem],
+    device: &B::Device,
+    epochs: usize,
+    start: Instant,
+    classify: impl Fn(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Result<()> {
+    let totals = evaluate_digits::<B>(pg, test, 256, device, classify)?;
+    if pg.rank() == 0 {
+        let report = test_report(
+            &totals,
+            test.len(),
+            epochs,
+            start.elapsed(),
+            pg.world_size(),
+        );
+        println!("{name}: {report}");
+    }
+    Ok(())
 }
 
 /// Rank 0's line on the test set for the digits examples (after the program's name): the

@@ -264,29 +264,54 @@ pub(crate) fn decode<B: Backend, R: Record<B>>(
 /// Rank 0 cannot read its directory (the other ranks then get [`DdpTrainError::Resume`]); a
 /// failed broadcast.
 pub fn resume_epoch(pg: &ProcessGroup, dir: impl AsRef<Path>) -> Result<Option<usize>> {
-    let mut found = [-1i64];
+    // 0: no checkpoint, else the epoch + 1.
+    let [found] = read_on_rank0_and_share(pg, "epoch to resume", || {
+        Ok([crate::latest_checkpoint(dir.as_ref())?.map_or(0, |e| e as i64 + 1)])
+    })?;
+    match found {
+        0 => Ok(None),
+        n => Ok(Some(n as usize - 1)),
+    }
+}
+
+/// What rank 0 finds in its checkpoint directory (`read`: non-negative numbers), on every
+/// rank, so that the ranks need no shared filesystem. Rank 0 returns `read`'s error; the other
+/// ranks then get [`DdpTrainError::Resume`] in its place.
+///
+/// # Collective
+/// Every rank of `pg` calls it; only rank 0 runs `read`.
+///
+/// # Errors
+/// As above; a failed broadcast (receiving the `what` from rank 0).
+pub(crate) fn read_on_rank0_and_share<const N: usize>(
+    pg: &ProcessGroup,
+    what: &str,
+    read: impl FnOnce() -> Result<[i64; N]>,
+) -> Result<[i64; N]> {
+    // -1 first: rank 0 failed.
+    let mut found = [-1i64; N];
     let mut failure = None;
     if pg.rank() == 0 {
-        match crate::latest_checkpoint(dir.as_ref()) {
-            Ok(epoch) => found[0] = epoch.map_or(0, |e| e as i64 + 1),
+        match read() {
+            Ok(numbers) => found = numbers,
             Err(e) => failure = Some(e),
         }
     }
     if pg.world_size() > 1 {
-        pg.broadcast(&mut found, 0).map_err(DdpTrainError::comm(
-            "receiving the epoch to resume from rank 0",
-        ))?;
+        pg.broadcast(&mut found, 0)
+            .map_err(DdpTrainError::comm(format!(
+                "receiving the {what} from rank 0"
+            )))?;
     }
     if let Some(e) = failure {
         return Err(e);
     }
-    match found[0] {
-        -1 => Err(DdpTrainError::Resume(
+    if found.first() == Some(&-1) {
+        return Err(DdpTrainError::Resume(
             "rank 0 could not read its checkpoint directory (its log says why)".into(),
-        )),
-        0 => Ok(None),
-        n => Ok(Some(n as usize - 1)),
+        ));
     }
+    Ok(found)
 }
 
 #[cfg(test)]

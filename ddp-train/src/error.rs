@@ -98,34 +98,32 @@ pub enum DdpTrainError {
     Failed(String),
 }
 
-impl DdpTrainError {
+/// The `map_err` constructors of the variants that wrap an error of the layer below with what
+/// this rank was doing: `$name(context)` makes the closure that builds `$variant`.
+macro_rules! context_wrappers {
+    ($($(#[$doc:meta])* $name:ident($source:ty) => $variant:ident;)*) => {
+        impl DdpTrainError {
+            $(
+                $(#[$doc])*
+                pub(crate) fn $name(context: impl Into<String>) -> impl FnOnce($source) -> Self {
+                    let context = context.into();
+                    move |source| DdpTrainError::$variant {
+                        context,
+                        source: source.into(),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+context_wrappers! {
     /// Wraps a [`CommError`] with what this rank was doing.
-    pub(crate) fn comm(context: impl Into<String>) -> impl FnOnce(CommError) -> Self {
-        let context = context.into();
-        move |source| DdpTrainError::Comm { context, source }
-    }
-}
-
-impl DdpTrainError {
+    comm(CommError) => Comm;
     /// Wraps a [`DdpError`] with what this rank was doing.
-    pub(crate) fn ddp(context: impl Into<String>) -> impl FnOnce(DdpError) -> Self {
-        let context = context.into();
-        move |source| DdpTrainError::Ddp {
-            context,
-            source: Box::new(source),
-        }
-    }
-}
-
-impl DdpTrainError {
+    ddp(DdpError) => Ddp;
     /// Wraps a [`CheckpointError`] of the storage layer with what this rank was doing.
-    pub(crate) fn storage(context: impl Into<String>) -> impl FnOnce(CheckpointError) -> Self {
-        let context = context.into();
-        move |source| DdpTrainError::CheckpointStorage {
-            context,
-            source: Box::new(source),
-        }
-    }
+    storage(CheckpointError) => CheckpointStorage;
 }
 
 /// Result alias of this crate.

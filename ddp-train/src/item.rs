@@ -151,62 +151,39 @@ fn merge_triplets(parts: &[Vec<f64>]) -> std::result::Result<Merged, String> {
     Ok(m)
 }
 
-impl<B: Backend> DistributedItem for ClassificationOutput<B> {
-    type Backend = B;
+/// [`DistributedItem`] for one of burn-train's `(loss, output, targets)` outputs: the one
+/// triplet encoding, and the merged `targets`, built by the given expression from the merged
+/// pieces (`m`) on `device`.
+macro_rules! triplet_item {
+    ($output:ident, |$m:ident, $device:ident| $targets:expr) => {
+        impl<B: Backend> DistributedItem for $output<B> {
+            type Backend = B;
 
-    fn encode(&self) -> Vec<f64> {
-        encode_triplet(&self.loss, &self.output, &self.targets)
-    }
+            fn encode(&self) -> Vec<f64> {
+                encode_triplet(&self.loss, &self.output, &self.targets)
+            }
 
-    fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
-        let m = merge_triplets(parts)?;
-        Ok(ClassificationOutput {
-            loss: m.loss_tensor(device),
-            output: m.output_tensor(device),
-            targets: Tensor::<B, 1, Int>::from_data(
-                TensorData::new(m.int_targets(), [m.n]),
-                device,
-            ),
-        })
-    }
+            fn merge(parts: &[Vec<f64>], $device: &B::Device) -> std::result::Result<Self, String> {
+                let $m = merge_triplets(parts)?;
+                Ok($output {
+                    loss: $m.loss_tensor($device),
+                    output: $m.output_tensor($device),
+                    targets: $targets,
+                })
+            }
+        }
+    };
 }
 
-impl<B: Backend> DistributedItem for MultiLabelClassificationOutput<B> {
-    type Backend = B;
-
-    fn encode(&self) -> Vec<f64> {
-        encode_triplet(&self.loss, &self.output, &self.targets)
-    }
-
-    fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
-        let m = merge_triplets(parts)?;
-        Ok(MultiLabelClassificationOutput {
-            loss: m.loss_tensor(device),
-            output: m.output_tensor(device),
-            targets: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(m.int_targets(), [m.n, m.t]),
-                device,
-            ),
-        })
-    }
-}
-
-impl<B: Backend> DistributedItem for RegressionOutput<B> {
-    type Backend = B;
-
-    fn encode(&self) -> Vec<f64> {
-        encode_triplet(&self.loss, &self.output, &self.targets)
-    }
-
-    fn merge(parts: &[Vec<f64>], device: &B::Device) -> std::result::Result<Self, String> {
-        let m = merge_triplets(parts)?;
-        Ok(RegressionOutput {
-            loss: m.loss_tensor(device),
-            output: m.output_tensor(device),
-            targets: Tensor::from_data(TensorData::new(to_f32(&m.targets), [m.n, m.t]), device),
-        })
-    }
-}
+triplet_item!(ClassificationOutput, |m, device| {
+    Tensor::<B, 1, Int>::from_data(TensorData::new(m.int_targets(), [m.n]), device)
+});
+triplet_item!(MultiLabelClassificationOutput, |m, device| {
+    Tensor::<B, 2, Int>::from_data(TensorData::new(m.int_targets(), [m.n, m.t]), device)
+});
+triplet_item!(RegressionOutput, |m, device| {
+    Tensor::from_data(TensorData::new(to_f32(&m.targets), [m.n, m.t]), device)
+});
 
 fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()

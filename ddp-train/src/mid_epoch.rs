@@ -10,7 +10,8 @@
 //! removes the previous one's files once the new one is complete.
 
 use crate::checkpoint::{
-    AtomicFileCheckpointer, FailureSlot, POSITION, STEPS_DIR, step_file_path, step_files,
+    AtomicFileCheckpointer, FailureSlot, POSITION, STEPS_DIR, read_on_rank0_and_share,
+    step_file_path, step_files,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -154,48 +155,25 @@ fn parse_position_name(name: &str) -> Option<(usize, usize)> {
 /// Rank 0 cannot read its directory (the other ranks then get [`DdpTrainError::Resume`]); a
 /// failed broadcast.
 pub fn resume_point(pg: &ProcessGroup, dir: impl AsRef<Path>) -> Result<Option<ResumePoint>> {
-    // [status (-1: failed, 0: none, 1: found), epochs_done, steps_done]
-    let mut found = [0i64; 3];
-    let mut failure = None;
-    if pg.rank() == 0 {
-        let latest = crate::latest_checkpoint(dir.as_ref())
-            .and_then(|end| Ok((end, latest_step_checkpoint(dir.as_ref())?)));
-        match latest {
-            Ok((end, step)) => {
-                let epochs_done = end.unwrap_or(0);
-                let point = match step {
-                    // A step of a later epoch than the last complete one is newer.
-                    Some((epoch, step)) if epoch > epochs_done => Some(ResumePoint {
-                        epochs_done: epoch - 1,
-                        steps_done: step,
-                    }),
-                    _ => end.map(|epochs_done| ResumePoint {
-                        epochs_done,
-                        steps_done: 0,
-                    }),
-                };
-                if let Some(p) = point {
-                    found = [1, p.epochs_done as i64, p.steps_done as i64];
-                }
-            }
-            Err(e) => {
-                found[0] = -1;
-                failure = Some(e);
-            }
-        }
-    }
-    if pg.world_size() > 1 {
-        pg.broadcast(&mut found, 0).map_err(DdpTrainError::comm(
-            "receiving the point to resume from rank 0",
-        ))?;
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
+    // [status (0: none, 1: found), epochs_done, steps_done]
+    let found = read_on_rank0_and_share(pg, "point to resume", || {
+        let end = crate::latest_checkpoint(dir.as_ref())?;
+        let step = latest_step_checkpoint(dir.as_ref())?;
+        let epochs_done = end.unwrap_or(0);
+        let point = match step {
+            // A step of a later epoch than the last complete one is newer.
+            Some((epoch, step)) if epoch > epochs_done => Some(ResumePoint {
+                epochs_done: epoch - 1,
+                steps_done: step,
+            }),
+            _ => end.map(|epochs_done| ResumePoint {
+                epochs_done,
+                steps_done: 0,
+            }),
+        };
+        Ok(point.map_or([0; 3], |p| [1, p.epochs_done as i64, p.steps_done as i64]))
+    })?;
     match found {
-        [-1, ..] => Err(DdpTrainError::Resume(
-            "rank 0 could not read its checkpoint directory (its log says why)".into(),
-        )),
         [1, epochs_done, steps_done] => Ok(Some(ResumePoint {
             epochs_done: epochs_done as usize,
             steps_done: steps_done as usize,

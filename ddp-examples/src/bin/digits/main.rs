@@ -12,19 +12,18 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use clap::Parser;
 use ddp_core::TapBackend;
-use ddp_core::checkpoint::{FullCheckpointer, TrainingState};
+use ddp_core::checkpoint::FullCheckpointer;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
     launch::{LaunchArgs, WorkerContext},
-    progress::EpochProgress,
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::{evaluate_digits, test_report};
+use ddp_examples::eval::report_digits;
 use ddp_examples::models::DigitsMlp;
 use ddp_examples::resume::{StartFrom, StartPoint, checkpoint_config, resume_or_start};
-use ddp_examples::warm_up::StepClock;
+use ddp_examples::training::{EpochLoop, digits_step};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -128,7 +127,7 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     // parameter ids, which the optimizer state is keyed by).
     let StartPoint {
         epoch: start_epoch,
-        mut step,
+        step,
         ..
     } = resume_or_start(
         "digits",
@@ -147,48 +146,36 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    let start = std::time::Instant::now();
-    let mut clock = StepClock::new();
+    let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
-        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
-        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
-        for batch in loader.iter() {
-            let batch = batch?;
-            let n = batch.targets.dims()[0];
-            let logits = ddp.forward(|m| m.forward(batch.images))?;
-            let loss = loss_fn.forward(logits, batch.targets);
-            let loss_value: f32 = loss.clone().into_scalar().elem();
-            let grads = ddp.backward(loss)?;
-            ddp.optimizer_step(&mut optim, args.lr, grads);
-            step += 1;
-            clock.step();
-            progress.step(loss_value, n)?;
-        }
-        progress.finish();
-        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+        let state = training.run(&mut loader, epoch, |batch| {
+            digits_step(
+                &mut ddp,
+                &mut optim,
+                args.lr,
+                &loss_fn,
+                batch,
+                DigitsMlp::forward,
+            )
+        })?;
         last_saved = Some(checkpoints.save(ddp.module(), &optim, &state)?.path);
-        clock.pause_until_now();
     }
 
     // Evaluation: each rank scores its exact shard of the test set (no padding), so the
     // all-reduced counts cover every test image exactly once.
     let model = ddp.module().clone();
-    let totals = evaluate_digits::<B>(&pg, &test_items, 256, &device, |images| {
-        model.forward(images)
-    })?;
+    report_digits::<B>(
+        "digits",
+        &pg,
+        &test_items,
+        &device,
+        args.epochs,
+        training.started,
+        |images| model.forward(images),
+    )?;
     if rank == 0 {
-        let report = test_report(
-            &totals,
-            test_items.len(),
-            args.epochs,
-            start.elapsed(),
-            world,
-        );
-        println!("digits: {report}");
-        println!("digits: {}", clock.summary());
-    }
-    if rank == 0 {
+        println!("digits: {}", training.clock.summary());
         match last_saved.or_else(|| {
             let latest = checkpoints.latest().ok().flatten()?;
             Some(std::path::Path::new(&args.checkpoint_dir).join(latest))
@@ -199,8 +186,6 @@ fn train<B: TapBackend>(ctx: WorkerContext, args: &Args, device: B::Device) -> R
     }
     Ok(())
 }
-
-use burn::tensor::ElementConversion;
 
 /// burn's CPU backends allocate their activations and gradients afresh every step; mimalloc
 /// serves them fastest, also with several threads per rank, where glibc, even with the

@@ -13,19 +13,18 @@ use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
-use burn::tensor::ElementConversion;
 use clap::Parser;
 use ddp_core::{
     DdpConfig, DistributedDataParallel, TapBackend,
     data::{DistributedDataLoaderBuilder, DistributedSamplerConfig},
     launch::{LaunchArgs, WorkerContext},
     nn::{SyncBatchNormBackend, SyncBatchNormGroup},
-    progress::EpochProgress,
 };
 use ddp_examples::backend::{BackendKind, CollectivesArg, TrainOn, run};
 use ddp_examples::digits::{DigitBatcher, DigitDataset, load_digits, split};
-use ddp_examples::eval::{evaluate_digits, test_report};
+use ddp_examples::eval::report_digits;
 use ddp_examples::models::DigitsCnn;
+use ddp_examples::training::{EpochLoop, digits_step};
 use std::process::ExitCode;
 
 /// burn's CPU backends allocate their activations and gradients afresh every step; mimalloc
@@ -146,38 +145,31 @@ where
     )?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    let start = std::time::Instant::now();
+    let mut training = EpochLoop::new(&pg, args.epochs, 0);
     for epoch in 0..args.epochs {
-        loader.set_epoch(epoch as u64);
-        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
-        for batch in loader.iter() {
-            let batch = batch?;
-            let n = batch.targets.dims()[0];
-            let logits = ddp.forward(|m| m.forward(batch.images))?;
-            let loss = loss_fn.forward(logits, batch.targets);
-            let loss_value: f32 = loss.clone().into_scalar().elem();
-            let grads = ddp.backward(loss)?;
-            ddp.optimizer_step(&mut optim, args.lr, grads);
-            progress.step(loss_value, n)?;
-        }
-        progress.finish();
+        training.run(&mut loader, epoch, |batch| {
+            digits_step(
+                &mut ddp,
+                &mut optim,
+                args.lr,
+                &loss_fn,
+                batch,
+                DigitsCnn::forward,
+            )
+        })?;
     }
 
     // Evaluation on the inner backend: batch norms use their running statistics and do not
     // communicate; each test image is scored on exactly one rank.
     let model = ddp.module().valid();
-    let totals = evaluate_digits::<B::InnerBackend>(&pg, &test_items, 256, &device, |images| {
-        model.forward(images)
-    })?;
-    if rank == 0 {
-        let report = test_report(
-            &totals,
-            test_items.len(),
-            args.epochs,
-            start.elapsed(),
-            world,
-        );
-        println!("digits_cnn: {report}");
-    }
+    report_digits::<B::InnerBackend>(
+        "digits_cnn",
+        &pg,
+        &test_items,
+        &device,
+        args.epochs,
+        training.started,
+        |images| model.forward(images),
+    )?;
     Ok(())
 }

@@ -15,6 +15,7 @@ use ddp_examples::models::TinyGpt;
 use ddp_examples::reverse::{
     ReverseBatch, ReverseBatcher, ReverseDataset, VOCAB, scored_positions, sequence,
 };
+use std::time::Duration;
 
 /// This rank's shard of the training sequences, reshuffled per epoch.
 pub(crate) fn train_loader<B: TapBackend>(
@@ -84,4 +85,22 @@ pub(crate) fn token_accuracy<B: TapBackend>(
     }
     all_reduce_accuracy(pg, correct, test_ids.len() * args.seq_len)
         .context("summing the token accuracy over the ranks")
+}
+
+/// Rank 0's result line (after the program's name): the token `accuracy` on `total` digits
+/// after the run's epochs and `training` on `world` ranks; `how` ends the parenthesis (how the
+/// run trained).
+pub(crate) fn accuracy_report(
+    args: &Args,
+    (accuracy, total): (f64, usize),
+    training: Duration,
+    world: usize,
+    how: &str,
+) -> String {
+    format!(
+        "token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s){how})",
+        accuracy * 100.0,
+        args.epochs,
+        training.as_secs_f64(),
+    )
 }

@@ -7,19 +7,19 @@
 //! the latest at any number of ranks.
 
 use crate::args::{Args, RunConfig};
-use crate::data::{scored_loss, token_accuracy, train_loader};
+use crate::data::{accuracy_report, scored_loss, token_accuracy, train_loader};
 use anyhow::{Context, Result};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::ElementConversion;
 use ddp_core::TapBackend;
+use ddp_core::checkpoint::LoadOutcome;
 use ddp_core::checkpoint::sharded::ShardedCheckpointer;
-use ddp_core::checkpoint::{LoadOutcome, TrainingState};
 use ddp_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardedParams};
 use ddp_core::launcher::WorkerContext;
-use ddp_core::progress::EpochProgress;
 use ddp_examples::models::TinyGpt;
 use ddp_examples::resume::{StartFrom, checkpoint_config};
+use ddp_examples::training::EpochLoop;
 
 /// Trains with every unit sharded, then reports the token accuracy of the whole model.
 pub fn train_fully_sharded<B: TapBackend>(
@@ -79,7 +79,7 @@ pub fn train_fully_sharded<B: TapBackend>(
             .record_fresh_start(launch.as_deref().unwrap_or_default())
             .context("recording the fresh start")?;
     }
-    let (start_epoch, mut step) = if fresh {
+    let (start_epoch, step) = if fresh {
         (0, 0)
     } else {
         match fsdp.load_checkpoint(&checkpoints, &mut adam)? {
@@ -108,39 +108,27 @@ pub fn train_fully_sharded<B: TapBackend>(
         }
     };
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let start = std::time::Instant::now();
-    let mut clock = ddp_examples::warm_up::StepClock::new();
+    let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
-        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
-        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
-        for batch in loader.iter() {
-            let batch = batch?;
+        let state = training.run(&mut loader, epoch, |batch| {
             let [n, _] = batch.inputs.dims();
             let logits = fsdp.forward(|m| m.forward(batch.inputs))?;
             let loss = scored_loss(&loss_fn, args, logits, batch.targets);
             let loss_value: f32 = loss.clone().into_scalar().elem();
             let grads = fsdp.backward(loss)?;
             fsdp.optimizer_step(&mut adam, args.lr, grads)?;
-            step += 1;
-            clock.step();
-            progress.step(loss_value, n)?;
-        }
-        progress.finish();
-        let state = TrainingState::new(epoch as u64 + 1, step).with_sampler(loader.state());
+            Ok((loss_value, n))
+        })?;
         last_saved = Some(fsdp.save_checkpoint(&checkpoints, &adam, &state)?.path);
-        clock.pause_until_now();
     }
     let model = fsdp.full_module()?;
-    let (accuracy, total) = token_accuracy(args, &model, &pg, &device)?;
+    let accuracy = token_accuracy(args, &model, &pg, &device)?;
     if rank == 0 {
-        println!(
-            "transformer: token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s), fully sharded)",
-            accuracy * 100.0,
-            args.epochs,
-            start.elapsed().as_secs_f64(),
-        );
-        println!("transformer: {}", clock.summary());
+        let how = ", fully sharded";
+        let report = accuracy_report(args, accuracy, training.started.elapsed(), world, how);
+        println!("transformer: {report}");
+        println!("transformer: {}", training.clock.summary());
     }
     if let (0, Some(path)) = (rank, last_saved) {
         println!("transformer: checkpoint: {}", path.display());

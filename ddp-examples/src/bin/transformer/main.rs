@@ -12,7 +12,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn::tensor::{ElementConversion, FloatDType};
 use clap::Parser;
-use data::{scored_loss, token_accuracy, train_loader};
+use data::{accuracy_report, scored_loss, token_accuracy, train_loader};
 use ddp_core::TapBackend;
 use ddp_core::amp::{GradScaler, GradScalerConfig, GradScalerState, autocast};
 use ddp_core::checkpoint::{FullCheckpointer, TrainingState};
@@ -21,13 +21,12 @@ use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::ProcessGroup,
     launch::WorkerContext,
-    progress::EpochProgress,
     zero::{ZeroConfig, ZeroStage},
 };
 use ddp_examples::backend::{TrainOn, run};
 use ddp_examples::models::TinyGpt;
 use ddp_examples::resume::{StartFrom, StartPoint, checkpoint_config, resume_or_start};
-use ddp_examples::warm_up::StepClock;
+use ddp_examples::training::EpochLoop;
 use optim::TrainingOptimizer;
 use std::process::ExitCode;
 
@@ -108,7 +107,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     )?;
     let StartPoint {
         epoch: start_epoch,
-        mut step,
+        step,
         state: resumed,
     } = resume_or_start(
         "transformer",
@@ -154,15 +153,11 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     restore_scaler(&mut scaler, resumed.as_ref(), rank)?;
     let half = args.mixed_precision.map(MixedPrecision::dtype);
     let mut skipped = 0usize;
-    let start = std::time::Instant::now();
-    let mut clock = StepClock::new();
+    let mut training = EpochLoop::new(&pg, args.epochs, step);
     let mut overlap = Vec::new();
     let mut last_saved = None;
     for epoch in start_epoch..args.epochs {
-        loader.set_epoch(epoch as u64); // keeps a restored mid-epoch position
-        let mut progress = EpochProgress::new(&pg, epoch, args.epochs, loader.remaining());
-        for batch in loader.iter() {
-            let batch = batch?;
+        let state = training.run(&mut loader, epoch, |batch| {
             let [n, _] = batch.inputs.dims();
             let logits = ddp.forward(|m| match half {
                 // The loss stays f32, as under PyTorch's autocast.
@@ -180,22 +175,16 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
             if let Some(s) = ddp.last_step_stats() {
                 overlap.push(s.overlap_fraction());
             }
-            step += 1;
-            clock.step();
-            progress.step(loss_value, n)?;
-        }
-        progress.finish();
+            Ok((loss_value, n))
+        })?;
         let extra = Extra {
             scaler: scaler.is_enabled().then(|| scaler.state()),
         };
-        let state = TrainingState::new(epoch as u64 + 1, step)
-            .with_sampler(loader.state())
-            .with_user(&extra)?;
+        let state = state.with_user(&extra)?;
         last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
-        clock.pause_until_now();
     }
 
-    let (accuracy, total) = token_accuracy(args, ddp.module(), &pg, &device)?;
+    let accuracy = token_accuracy(args, ddp.module(), &pg, &device)?;
     overlap.sort_by(|a, b| a.total_cmp(b));
     // A run resumed from a finished checkpoint takes no step: it has no overlap to report.
     let overlap = match overlap.get(overlap.len() / 2) {
@@ -206,16 +195,13 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         None => "no training step in this run".to_string(),
     };
     if rank == 0 {
-        println!(
-            "transformer: token accuracy {:.2}% on {total} reversed digits after {} epochs ({:.1}s of training on {world} rank(s); {overlap})",
-            accuracy * 100.0,
-            args.epochs,
-            start.elapsed().as_secs_f64(),
-        );
+        let how = format!("; {overlap}");
+        let report = accuracy_report(args, accuracy, training.started.elapsed(), world, &how);
+        println!("transformer: {report}");
     }
     let state_bytes = optim.state_bytes()?;
     if rank == 0 {
-        println!("transformer: {}", clock.summary());
+        println!("transformer: {}", training.clock.summary());
         println!("transformer: optimizer state on rank 0: {state_bytes} bytes");
     }
     if let (0, Some(mp)) = (rank, args.mixed_precision) {
