@@ -167,12 +167,12 @@ pub(super) struct GroupWalk<'a> {
 }
 
 impl GroupWalk<'_> {
-    /// The next tensor's index, and its place if it is trained and in this group.
-    pub(super) fn step(&mut self) -> (usize, Option<Slot>) {
+    /// Steps to the next tensor: its index and place if it is trained and in this group.
+    pub(super) fn step(&mut self) -> Option<(usize, Slot)> {
         let index = self.next;
         self.next += 1;
-        let slot = self.plan.slots.get(index).copied().flatten();
-        (index, slot.filter(|slot| slot.group == self.group))
+        let slot = self.plan.slots.get(index).copied().flatten()?;
+        (slot.group == self.group).then_some((index, slot))
     }
 }
 
@@ -313,8 +313,7 @@ struct Pack<'a, B> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (index, slot) = self.walk.step();
-        let Some(slot) = slot else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if self.error.is_some() {
@@ -349,8 +348,7 @@ struct Unpack<'a, B> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Unpack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (index, slot) = self.walk.step();
-        let Some(slot) = slot else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if slot.owner != self.rank {

@@ -127,8 +127,10 @@ struct TakeGrads<'a, B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (index, slot) = self.walk.step();
-        if slot.is_none() || self.error.is_some() {
+        let Some((index, _)) = self.walk.step() else {
+            return;
+        };
+        if self.error.is_some() {
             return;
         }
         if self.device.is_none() {
@@ -162,8 +164,7 @@ struct PutGrads<'a, B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for PutGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (index, slot) = self.walk.step();
-        let Some(slot) = slot else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if slot.owner != self.rank || !self.present[index] {
