@@ -65,6 +65,14 @@ impl GradScalerState {
 mod tests {
     use super::*;
 
+    /// The state of `scale` and `growth_tracker`, to compare with.
+    fn at(scale: f32, growth_tracker: u64) -> GradScalerState {
+        GradScalerState {
+            scale,
+            growth_tracker,
+        }
+    }
+
     /// PyTorch's defaults.
     fn step(state: &mut GradScalerState, found_inf: bool, interval: u64) {
         state.update(found_inf, 2.0, 0.5, interval);
@@ -77,13 +85,7 @@ mod tests {
         step(&mut s, false, 2000);
         assert_eq!(s.growth_tracker, 2);
         step(&mut s, true, 2000);
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: 32768.0,
-                growth_tracker: 0
-            }
-        );
+        assert_eq!(s, at(32768.0, 0));
         step(&mut s, true, 2000);
         assert_eq!(s.scale, 16384.0);
     }
@@ -93,42 +95,18 @@ mod tests {
         let mut s = GradScalerState::new(8.0);
         for k in 1..3 {
             step(&mut s, false, 3);
-            assert_eq!(
-                s,
-                GradScalerState {
-                    scale: 8.0,
-                    growth_tracker: k
-                }
-            );
+            assert_eq!(s, at(8.0, k));
         }
         step(&mut s, false, 3);
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: 16.0,
-                growth_tracker: 0
-            }
-        );
+        assert_eq!(s, at(16.0, 0));
         // An inf in the middle of the next interval restarts the count.
         step(&mut s, false, 3);
         step(&mut s, true, 3);
         step(&mut s, false, 3);
         step(&mut s, false, 3);
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: 8.0,
-                growth_tracker: 2
-            }
-        );
+        assert_eq!(s, at(8.0, 2));
         step(&mut s, false, 3);
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: 16.0,
-                growth_tracker: 0
-            }
-        );
+        assert_eq!(s, at(16.0, 0));
     }
 
     #[test]
@@ -137,26 +115,14 @@ mod tests {
         for _ in 0..4 {
             step(&mut s, false, 1);
         }
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: 16.0,
-                growth_tracker: 0
-            }
-        );
+        assert_eq!(s, at(16.0, 0));
     }
 
     #[test]
     fn should_keep_the_scale_when_growing_would_overflow_f32() {
         let mut s = GradScalerState::new(f32::MAX / 1.5);
         step(&mut s, false, 1);
-        assert_eq!(
-            s,
-            GradScalerState {
-                scale: f32::MAX / 1.5,
-                growth_tracker: 0
-            }
-        );
+        assert_eq!(s, at(f32::MAX / 1.5, 0));
     }
 
     #[test]

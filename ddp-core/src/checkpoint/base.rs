@@ -9,7 +9,7 @@ use super::outcome::SavedCheckpoint;
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::storage::directory::{prune, remove_newer_than};
 use super::storage::lock::DirLock;
-use super::storage::rank0::{broadcast_json, on_rank0, prepare_dir};
+use super::storage::rank0::{Rank0Json, prepare_dir};
 use ddp_comm::ProcessGroup;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -65,7 +65,7 @@ impl CheckpointerBase {
     /// at the newest one left; returns the deleted names (see `FullCheckpointer::rewind_to`).
     pub(crate) fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
         let dir = self.config.dir().to_path_buf();
-        let removed = on_rank0(
+        REMOVED_NAMES.decide(
             &self.pg,
             "remove the checkpoints after the rewind point",
             || {
@@ -73,15 +73,8 @@ impl CheckpointerBase {
                 if !removed.is_empty() {
                     tracing::warn!(dir = %dir.display(), removed = ?removed, "rewound to step {global_step}: removed newer checkpoints");
                 }
-                serde_json::to_vec(&removed)
-                    .map_err(CheckpointError::json("serialising the removed names"))
+                Ok::<_, CheckpointError>(removed)
             },
-        )?;
-        broadcast_json(
-            &self.pg,
-            removed,
-            "sharing the removed names",
-            "decoding the removed names",
         )
     }
 
@@ -99,12 +92,26 @@ impl CheckpointerBase {
     }
 }
 
+/// The names rank 0's rewind removed, as every rank learns them.
+const REMOVED_NAMES: Rank0Json = Rank0Json {
+    serialising: "serialising the removed names",
+    sharing: "sharing the removed names",
+    decoding: "decoding the removed names",
+};
+
 /// What rank 0 tells the others after a save.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct SaveSummary {
     pub(crate) bytes: u64,
     pub(crate) removed: Vec<String>,
 }
+
+/// How [`SaveSummary`] travels from rank 0.
+pub(crate) const SAVE_SUMMARY: Rank0Json = Rank0Json {
+    serialising: "serialising the save summary",
+    sharing: "sharing the save summary",
+    decoding: "decoding the save summary",
+};
 
 impl SaveSummary {
     /// The caller's view of checkpoint `name` of `global_step`, saved in `dir`.
@@ -127,3 +134,10 @@ pub(crate) struct ResumeHeader {
     /// The invalid checkpoints passed over (and set aside).
     pub(crate) invalid: Vec<InvalidCheckpoint>,
 }
+
+/// How [`ResumeHeader`] travels from rank 0.
+pub(crate) const RESUME_HEADER: Rank0Json = Rank0Json {
+    serialising: "serialising the resume header",
+    sharing: "sharing the resume header",
+    decoding: "decoding the resume header",
+};

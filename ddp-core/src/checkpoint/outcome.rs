@@ -2,7 +2,7 @@
 //! [`CheckpointInfo`].
 
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::state::{FRAMEWORK_VERSION, TrainingState};
+use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use burn::tensor::backend::Backend;
 use ddp_data::DistributedDataLoader;
 use std::path::PathBuf;
@@ -45,6 +45,28 @@ pub struct CheckpointInfo {
 }
 
 impl CheckpointInfo {
+    /// Checkpoint `name` (in `path`, `bytes` in all) of `global_step`, saved with state file
+    /// `saved`, as loaded on `world_size` ranks.
+    pub(crate) fn of_saved(
+        name: &str,
+        path: PathBuf,
+        global_step: u64,
+        bytes: u64,
+        saved: &StateFile,
+        world_size: usize,
+    ) -> CheckpointInfo {
+        CheckpointInfo {
+            name: name.to_string(),
+            path,
+            global_step,
+            saved_world_size: saved.world_size,
+            world_size,
+            run_config_hash: saved.run_config_hash.clone(),
+            framework_version: saved.framework_version.clone(),
+            bytes,
+        }
+    }
+
     /// Whether it was saved with another world size. Model and optimizer load as usual; the
     /// sampler position is translated by global sample count when that is exact (see
     /// [`Resumed::restore_loader`]).

@@ -144,6 +144,32 @@ pub(crate) struct StateFile {
     pub(crate) created_unix_ms: u64,
 }
 
+impl StateFile {
+    /// The training state rank `rank` of `world` resumes: rank 0's, with this rank's own
+    /// `rank_rng` when the world size is the saved one; otherwise without, with the warning
+    /// `changed` about `checkpoint`.
+    pub(crate) fn training_for(
+        self,
+        rank: usize,
+        world: usize,
+        checkpoint: &str,
+        changed: &str,
+    ) -> TrainingState {
+        let mut state = self.training;
+        if self.world_size == world {
+            state.rank_rng = self.rank_rngs.into_iter().nth(rank).flatten();
+        } else {
+            tracing::warn!(
+                checkpoint,
+                saved = self.world_size,
+                current = world,
+                "{changed}"
+            );
+        }
+        state
+    }
+}
+
 /// ddp-core's version, recorded in every checkpoint.
 pub const FRAMEWORK_VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -149,14 +149,30 @@ impl GradLayout {
         self.groups.iter().map(|g| g.block).sum()
     }
 
-    /// The place of tensor `index` (module order) if it is trained and in group `group`: the
-    /// tensors a visitor of one group acts on.
-    pub(super) fn slot_in_group(&self, index: usize, group: usize) -> Option<Slot> {
-        self.slots
-            .get(index)
-            .copied()
-            .flatten()
-            .filter(|slot| slot.group == group)
+    /// A visitor's walk over the module's tensors for group `group`.
+    pub(super) fn walk(&self, group: usize) -> GroupWalk<'_> {
+        GroupWalk {
+            next: 0,
+            group,
+            plan: self,
+        }
+    }
+}
+
+/// The tensors a visitor of one group acts on: it steps once per tensor, in module order.
+pub(super) struct GroupWalk<'a> {
+    next: usize,
+    group: usize,
+    pub(super) plan: &'a GradLayout,
+}
+
+impl GroupWalk<'_> {
+    /// Steps to the next tensor: its index and place if it is trained and in this group.
+    pub(super) fn step(&mut self) -> Option<(usize, Slot)> {
+        let index = self.next;
+        self.next += 1;
+        let slot = self.plan.slots.get(index).copied().flatten()?;
+        (slot.group == self.group).then_some((index, slot))
     }
 }
 
@@ -257,9 +273,7 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
     for (g, group) in plan.groups.iter().enumerate() {
         let mut flat = vec![0f32; group.block * world];
         let mut pack = Pack::<B> {
-            next: 0,
-            group: g,
-            plan,
+            walk: plan.walk(g),
             grads: &mut grads,
             flat: &mut flat,
             block: group.block,
@@ -275,10 +289,8 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
             .map_err(|source| ZeroError::ReduceGradients { source })?;
         drop(flat);
         let mut unpack = Unpack::<B> {
-            next: 0,
-            group: g,
+            walk: plan.walk(g),
             rank,
-            plan,
             mine: &mine,
             into: &mut into,
             _backend: std::marker::PhantomData,
@@ -291,9 +303,7 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
 /// Copies each trained tensor's local gradient in one group (zeros if it has none) into its
 /// owner's block, taking it out of burn's gradients.
 struct Pack<'a, B> {
-    next: usize,
-    group: usize,
-    plan: &'a GradLayout,
+    walk: GroupWalk<'a>,
     grads: &'a mut GradientsParams,
     flat: &'a mut [f32],
     block: usize,
@@ -303,15 +313,13 @@ struct Pack<'a, B> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let index = self.next;
-        self.next += 1;
-        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if self.error.is_some() {
             return;
         }
-        let n = self.plan.numels[index];
+        let n = self.walk.plan.numels[index];
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return;
         };
@@ -331,10 +339,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Pack<'_, B> {
 
 /// Turns this rank's reduced block of one group back into gradients keyed by `ParamId`.
 struct Unpack<'a, B> {
-    next: usize,
-    group: usize,
+    walk: GroupWalk<'a>,
     rank: usize,
-    plan: &'a GradLayout,
     mine: &'a [f32],
     into: &'a mut GradientsParams,
     _backend: std::marker::PhantomData<B>,
@@ -342,15 +348,13 @@ struct Unpack<'a, B> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Unpack<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let index = self.next;
-        self.next += 1;
-        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if slot.owner != self.rank {
             return;
         }
-        let n = self.plan.numels[index];
+        let n = self.walk.plan.numels[index];
         // The average of the flags is positive iff some rank had a gradient: only then does
         // the optimizer see one (as with DDP's averaged gradients).
         if self.mine[slot.flag_at] <= 0.0 {

@@ -7,7 +7,7 @@
 //! decide what the optimizer sees; the flags' places in the blocks hold zeros.
 
 use super::error::ZeroError;
-use super::stage2::{GradLayout, not_f32_gradient};
+use super::stage2::{GradLayout, GroupWalk, not_f32_gradient};
 use crate::engine::partition::Partition;
 use crate::engine::reducer::ShardCollectives;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
@@ -35,9 +35,7 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut into = GradientsParams::new();
     for (g, group) in plan.groups.iter().enumerate() {
         let mut take = TakeGrads::<B> {
-            next: 0,
-            group: g,
-            plan,
+            walk: plan.walk(g),
             grads: &mut grads,
             taken: (0..plan.numels.len()).map(|_| None).collect(),
             device: None,
@@ -75,10 +73,8 @@ pub(crate) fn reduce_scatter_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
         }
         let mine = comm.reduce_scatter(Tensor::cat(pieces, 0), group.block)?;
         module.visit(&mut PutGrads::<B> {
-            next: 0,
-            group: g,
+            walk: plan.walk(g),
             rank,
-            plan,
             present: &present,
             mine: &mine,
             into: &mut into,
@@ -122,9 +118,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for HasGrads<'_, B> {
 
 /// Takes the gradients of one group's tensors out of burn's gradients, flattened.
 struct TakeGrads<'a, B: AutodiffBackend> {
-    next: usize,
-    group: usize,
-    plan: &'a GradLayout,
+    walk: GroupWalk<'a>,
     grads: &'a mut GradientsParams,
     taken: Vec<Option<Tensor<Inner<B>, 1>>>,
     device: Option<B::Device>,
@@ -133,9 +127,10 @@ struct TakeGrads<'a, B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let index = self.next;
-        self.next += 1;
-        if self.plan.slot_in_group(index, self.group).is_none() || self.error.is_some() {
+        let Some((index, _)) = self.walk.step() else {
+            return;
+        };
+        if self.error.is_some() {
             return;
         }
         if self.device.is_none() {
@@ -144,7 +139,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
         let Some(grad) = self.grads.remove::<Inner<B>, D>(param.id) else {
             return;
         };
-        let n = self.plan.numels[index];
+        let n = self.walk.plan.numels[index];
         if grad.dtype() != DType::F32 || grad.shape().num_elements() != n {
             self.error = Some(not_f32_gradient(
                 param.id,
@@ -160,10 +155,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B> {
 
 /// Registers this rank's averaged gradients of one group, as views of its reduced block.
 struct PutGrads<'a, B: AutodiffBackend> {
-    next: usize,
-    group: usize,
+    walk: GroupWalk<'a>,
     rank: usize,
-    plan: &'a GradLayout,
     present: &'a [bool],
     mine: &'a Tensor<Inner<B>, 1>,
     into: &'a mut GradientsParams,
@@ -171,15 +164,13 @@ struct PutGrads<'a, B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for PutGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let index = self.next;
-        self.next += 1;
-        let Some(slot) = self.plan.slot_in_group(index, self.group) else {
+        let Some((index, slot)) = self.walk.step() else {
             return;
         };
         if slot.owner != self.rank || !self.present[index] {
             return;
         }
-        let n = self.plan.numels[index];
+        let n = self.walk.plan.numels[index];
         let grad = self
             .mine
             .clone()

@@ -1,18 +1,18 @@
 //! [`FullCheckpointer`]: collective save and resume of rank-0 checkpoints.
 
-use super::super::base::{CheckpointerBase, ResumeHeader, SaveSummary};
+use super::super::base::{
+    CheckpointerBase, RESUME_HEADER, ResumeHeader, SAVE_SUMMARY, SaveSummary,
+};
 use super::super::codec::{encode_model, encode_optimizer};
 use super::super::config::CheckpointConfig;
 use super::super::error::CheckpointError;
-use super::super::manifest::{
-    MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE,
-};
+use super::super::manifest::MANIFEST_FILE;
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
 use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
-use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json, on_rank0};
+use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
 use super::reader::{find_checkpoint_to_resume, read_one};
 use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
@@ -103,17 +103,9 @@ impl FullCheckpointer {
             })
             .collect();
         let name = checkpoint_name(step);
-        let summary = on_rank0(&self.base.pg, "write the checkpoint", || {
-            let summary = self.write::<B, M, O>(model, optim, state, rank_rngs, &name)?;
-            serde_json::to_vec(&summary)
-                .map_err(CheckpointError::json("serialising the save summary"))
+        let summary = SAVE_SUMMARY.decide(&self.base.pg, "write the checkpoint", || {
+            self.write::<B, M, O>(model, optim, state, rank_rngs, &name)
         })?;
-        let summary: SaveSummary = broadcast_json(
-            &self.base.pg,
-            summary,
-            "sharing the save summary",
-            "decoding the save summary",
-        )?;
         Ok(summary.into_saved(self.base.config.dir(), name, step))
     }
 
@@ -137,15 +129,15 @@ impl FullCheckpointer {
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
         let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let state_file = self.base.state_file(state, rank_rngs);
-        let state_bytes = serde_json::to_vec_pretty(&state_file)
-            .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
-        let files = [
-            (MODEL_FILE, model_bytes),
-            (OPTIMIZER_FILE, optim_bytes),
-            (STATE_FILE, state_bytes),
-            (PARAM_IDS_FILE, ids),
-        ];
-        let (path, manifest) = write_checkpoint(dir, name, state.global_step, &files)?;
+        let (path, manifest) = write_checkpoint(
+            dir,
+            name,
+            state.global_step,
+            model_bytes,
+            optim_bytes,
+            &state_file,
+            ids,
+        )?;
         let removed = self.base.prune_after_save(state.global_step);
         tracing::info!(
             checkpoint = %path.display(),
@@ -221,15 +213,13 @@ impl FullCheckpointer {
             ),
         };
         let header = self.share_header(header)?;
-        if self.base.config.other_ranks_checked() {
-            check_no_newer_elsewhere(
-                &self.base.pg,
-                &dir,
-                MANIFEST_FILE,
-                header.name.as_deref(),
-                &header.invalid,
-            )?;
-        }
+        check_no_newer_elsewhere(
+            &self.base.pg,
+            &self.base.config,
+            MANIFEST_FILE,
+            header.name.as_deref(),
+            &header.invalid,
+        )?;
         match header.name.clone() {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid checkpoint in {}: starting fresh", dir.display());
@@ -316,20 +306,10 @@ impl FullCheckpointer {
     }
 
     fn share_header(&self, header: ResumeHeader) -> Result<ResumeHeader, CheckpointError> {
-        let bytes = if self.base.pg.rank() == 0 {
-            Some(
-                serde_json::to_vec(&header)
-                    .map_err(CheckpointError::json("serialising the resume header"))?,
-            )
-        } else {
-            None
-        };
-        broadcast_json(
-            &self.base.pg,
-            bytes,
-            "sharing the resume header",
-            "decoding the resume header",
-        )
+        let json = (self.base.pg.rank() == 0)
+            .then(|| RESUME_HEADER.encode(&header))
+            .transpose()?;
+        RESUME_HEADER.share(&self.base.pg, json)
     }
 }
 

@@ -71,28 +71,21 @@ impl FullCheckpointer {
         *optim = o;
 
         let world_size = self.base.pg.world_size();
-        let mut state = saved.training;
-        if saved.world_size == world_size {
-            state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
-        } else {
-            tracing::warn!(
-                checkpoint = name,
-                saved = saved.world_size,
-                current = world_size,
-                "resuming on a different world size: model and optimizer load as saved; the sampler position \
-                 is translated by global sample count where exact; per-rank rng states are dropped"
-            );
-        }
-        let info = CheckpointInfo {
-            name: name.to_string(),
-            path: dir.join(name),
-            global_step: files.manifest.global_step,
-            saved_world_size: saved.world_size,
+        let info = CheckpointInfo::of_saved(
+            name,
+            dir.join(name),
+            files.manifest.global_step,
+            files.manifest.total_bytes(),
+            &saved,
             world_size,
-            run_config_hash: saved.run_config_hash,
-            framework_version: saved.framework_version,
-            bytes: files.manifest.total_bytes(),
-        };
+        );
+        let state = saved.training_for(
+            rank,
+            world_size,
+            name,
+            "resuming on a different world size: model and optimizer load as saved; the sampler position \
+             is translated by global sample count where exact; per-rank rng states are dropped",
+        );
         Ok(Resumed::logged("checkpoint", info, state, invalid))
     }
 

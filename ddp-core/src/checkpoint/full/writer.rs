@@ -24,27 +24,42 @@
 
 use super::super::crash_point::crash_point;
 use super::super::error::CheckpointError;
-use super::super::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
-use super::super::state::FRAMEWORK_VERSION;
+use super::super::manifest::{
+    FORMAT_VERSION, FileEntry, MANIFEST_FILE, MODEL_FILE, Manifest, OPTIMIZER_FILE, PARAM_IDS_FILE,
+    STATE_FILE,
+};
+use super::super::state::{FRAMEWORK_VERSION, StateFile};
 use super::super::storage::directory::write_latest;
 use super::super::storage::durable::{ensure_dir, fresh_dir, sync_dir, write_synced};
 use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
-/// Writes `files` as checkpoint `name` in `dir` and points `latest` at it; returns the
-/// checkpoint's path and its manifest. An existing checkpoint of the same name is replaced.
+/// Writes checkpoint `name` in `dir` (the encoded `model`, `optimizer` state and `param_ids`,
+/// and the `state` file) and points `latest` at it; returns the checkpoint's path and its
+/// manifest. An existing checkpoint of the same name is replaced.
 pub(crate) fn write_checkpoint(
     dir: &Path,
     name: &str,
     global_step: u64,
-    files: &[(&str, Vec<u8>)],
+    model: Vec<u8>,
+    optimizer: Vec<u8>,
+    state: &StateFile,
+    param_ids: Vec<u8>,
 ) -> Result<(PathBuf, Manifest), CheckpointError> {
+    let state = serde_json::to_vec_pretty(state)
+        .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
+    let files = [
+        (MODEL_FILE, model),
+        (OPTIMIZER_FILE, optimizer),
+        (STATE_FILE, state),
+        (PARAM_IDS_FILE, param_ids),
+    ];
     ensure_dir(dir)?;
     let pid = std::process::id();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}-{pid}"));
     fresh_dir(&tmp)?;
-    let manifest = match fill_temporary(&tmp, name, global_step, files) {
+    let manifest = match fill_temporary(&tmp, name, global_step, &files) {
         Ok(manifest) => manifest,
         Err(e) => {
             // Best effort: the next start removes it anyway.

@@ -4,7 +4,7 @@
 
 use super::super::error::CheckpointError;
 use super::super::full::{read_one, write_checkpoint};
-use super::super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE};
+use super::super::manifest::OPTIMIZER_FILE;
 use super::super::outcome::SavedCheckpoint;
 use super::super::storage::directory::check_not_backwards;
 use super::super::storage::durable::ensure_dir;
@@ -66,15 +66,15 @@ where
     let ids = param_ids_json(&manifest)?;
     let record = load_optimizer::<B, R>(device, &path, &manifest, None)?;
     let optimizer = encode_optimizer_shard::<B, R>(record, OPTIMIZER_FILE)?;
-    let state = serde_json::to_vec_pretty(&manifest.state)
-        .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
-    let files = [
-        (MODEL_FILE, model),
-        (OPTIMIZER_FILE, optimizer),
-        (STATE_FILE, state),
-        (PARAM_IDS_FILE, ids),
-    ];
-    let (target, written) = write_checkpoint(full_dir, name, manifest.global_step, &files)?;
+    let (target, written) = write_checkpoint(
+        full_dir,
+        name,
+        manifest.global_step,
+        model,
+        optimizer,
+        &manifest.state,
+        ids,
+    )?;
     tracing::info!(
         from = %path.display(),
         to = %target.display(),

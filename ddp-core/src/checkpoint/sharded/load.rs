@@ -3,14 +3,14 @@
 //! state it needs (all of them for a replicated optimizer; under ZeRO only those holding the
 //! parameters it owns at the new world size), verifying each file against the manifest.
 
-use super::super::base::ResumeHeader;
+use super::super::base::{RESUME_HEADER, ResumeHeader};
 use super::super::codec::decode_model;
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::storage::directory::newest_valid_to_resume;
 use super::super::storage::elsewhere::check_no_newer_elsewhere;
-use super::super::storage::rank0::{all_succeeded, broadcast_json, on_rank0};
+use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::manifest::{
@@ -154,36 +154,26 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         let dir = self.base.config.dir().to_path_buf();
-        let header = on_rank0::<_, ShardedCheckpointError>(
+        let header = RESUME_HEADER.decide::<_, ShardedCheckpointError>(
             &self.base.pg,
             "search for the latest sharded checkpoint",
             || {
                 // As for rank-0 checkpoints: never fresh over a run's checkpoints, and the
                 // invalid ones tried are set aside (renamed, never deleted) before any pruning.
                 let search = newest_valid_to_resume(&dir, verify_checkpoint)?;
-                let header = ResumeHeader {
+                Ok(ResumeHeader {
                     name: search.found.map(|(name, _)| name),
                     invalid: search.invalid,
-                };
-                serde_json::to_vec(&header)
-                    .map_err(|e| CheckpointError::json("serialising the resume header")(e).into())
+                })
             },
         )?;
-        let header: ResumeHeader = broadcast_json(
+        check_no_newer_elsewhere(
             &self.base.pg,
-            header,
-            "sharing the resume header",
-            "decoding the resume header",
+            &self.base.config,
+            SHARDED_MANIFEST_FILE,
+            header.name.as_deref(),
+            &header.invalid,
         )?;
-        if self.base.config.other_ranks_checked() {
-            check_no_newer_elsewhere(
-                &self.base.pg,
-                &dir,
-                SHARDED_MANIFEST_FILE,
-                header.name.as_deref(),
-                &header.invalid,
-            )?;
-        }
         match header.name {
             None => {
                 tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());
@@ -252,33 +242,26 @@ impl ShardedCheckpointer {
         *model = m;
         install(record);
 
-        let saved = manifest.state;
-        let mut state = saved.training;
-        if saved.world_size == world {
-            state.rank_rng = saved.rank_rngs.get(rank).cloned().flatten();
-        } else {
-            tracing::warn!(
-                checkpoint = name,
-                saved = saved.world_size,
-                current = world,
-                "resuming a sharded checkpoint at another world size: the model and optimizer are resharded; \
-                 per-rank rng states are dropped"
-            );
-        }
-        let info = CheckpointInfo {
-            name: name.to_string(),
+        let bytes = manifest
+            .shards
+            .iter()
+            .map(|s| s.model.size + s.optimizer.size)
+            .sum();
+        let info = CheckpointInfo::of_saved(
+            name,
             path,
-            global_step: manifest.global_step,
-            saved_world_size: saved.world_size,
-            world_size: world,
-            run_config_hash: saved.run_config_hash,
-            framework_version: saved.framework_version,
-            bytes: manifest
-                .shards
-                .iter()
-                .map(|s| s.model.size + s.optimizer.size)
-                .sum(),
-        };
+            manifest.global_step,
+            bytes,
+            &manifest.state,
+            world,
+        );
+        let state = manifest.state.training_for(
+            rank,
+            world,
+            name,
+            "resuming a sharded checkpoint at another world size: the model and optimizer are resharded; \
+             per-rank rng states are dropped",
+        );
         Ok(Resumed::logged("sharded checkpoint", info, state, invalid))
     }
 }

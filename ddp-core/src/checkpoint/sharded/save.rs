@@ -2,7 +2,7 @@
 //! directory, then rank 0 checks that every shard is there, writes the manifest and commits
 //! by renaming the directory (see the [module docs](super) for the protocol).
 
-use super::super::base::{CheckpointerBase, SaveSummary};
+use super::super::base::{CheckpointerBase, SAVE_SUMMARY, SaveSummary};
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::{CheckpointError, StorageError};
@@ -13,7 +13,7 @@ use super::super::storage::directory::{check_not_backwards, write_latest};
 use super::super::storage::durable::{fresh_dir, remove_path, sync_dir, write_synced};
 use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::{TMP_PREFIX, checkpoint_name};
-use super::super::storage::rank0::{agree_on_step, all_gather_bytes, broadcast_json};
+use super::super::storage::rank0::{agree_on_step, all_gather_bytes};
 use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
@@ -210,7 +210,7 @@ impl ShardedCheckpointer {
         ))?;
         let reports = all_gather_bytes(&self.base.pg, report)?;
 
-        let summary = on_rank0::<_, ShardedCheckpointError>(
+        let summary = SAVE_SUMMARY.decide::<_, ShardedCheckpointError>(
             &self.base.pg,
             "commit the sharded checkpoint",
             || {
@@ -218,16 +218,8 @@ impl ShardedCheckpointer {
                 if committed.is_err() && staging.exists() {
                     let _ = remove_path(&staging);
                 }
-                let summary = committed?;
-                serde_json::to_vec(&summary)
-                    .map_err(|e| CheckpointError::json("serialising the save summary")(e).into())
+                committed
             },
-        )?;
-        let summary: SaveSummary = broadcast_json(
-            &self.base.pg,
-            summary,
-            "sharing the save summary",
-            "decoding the save summary",
         )?;
         tracing::info!(
             checkpoint = %dir.join(&name).display(),

@@ -6,6 +6,7 @@
 //! load on every rank. Ranks that share rank 0's directory list what rank 0 saw, so nothing
 //! changes for them; the cost is one listing and one small all-gather.
 
+use super::super::config::CheckpointConfig;
 use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
 use super::naming::{list_checkpoints, parse_checkpoint_name};
 use super::rank0::all_gather_bytes;
@@ -22,10 +23,12 @@ struct Listing {
     newest: Result<Option<(u64, String)>, String>,
 }
 
-/// Fails on every rank alike when another rank's directory holds a complete checkpoint (one
-/// with its `manifest_file`) newer than `resumed`, the checkpoint rank 0 resumes (`None`: a
-/// fresh start). `passed_over` are the checkpoints rank 0 found invalid and set aside: a rank
-/// sharing the directory may still list one under its old name (NFS caches listings).
+/// Fails on every rank alike when another rank's directory (`config`'s on its host) holds a
+/// complete checkpoint (one with its `manifest_file`) newer than `resumed`, the checkpoint
+/// rank 0 resumes (`None`: a fresh start). `passed_over` are the checkpoints rank 0 found
+/// invalid and set aside: a rank sharing the directory may still list one under its old name
+/// (NFS caches listings). Does nothing when `config` turns the check off
+/// ([`CheckpointConfig::with_other_ranks_checked`]).
 ///
 /// # Collective
 /// Every rank calls it with the same `resumed` and `passed_over` (rank 0's resume header).
@@ -37,11 +40,15 @@ struct Listing {
 /// worked before.
 pub(crate) fn check_no_newer_elsewhere(
     pg: &ProcessGroup,
-    dir: &Path,
+    config: &CheckpointConfig,
     manifest_file: &str,
     resumed: Option<&str>,
     passed_over: &[InvalidCheckpoint],
 ) -> Result<(), CheckpointError> {
+    if !config.other_ranks_checked() {
+        return Ok(());
+    }
+    let dir = config.dir();
     let mine = Listing {
         dir: dir.to_path_buf(),
         newest: newest_complete(dir, manifest_file, passed_over).map_err(|e| e.to_string()),

@@ -7,6 +7,7 @@ use super::durable::ensure_dir;
 use super::install::clean_temporaries;
 use super::lock::{DirLock, lock_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 
@@ -40,17 +41,46 @@ pub(crate) fn broadcast_bytes(
         .map_err(CheckpointError::comm(context))
 }
 
-/// Every rank gets the JSON value rank 0 holds (`rank0_json`, `None` on the others): what
-/// rank 0 learnt alone (a save summary, the checkpoint to resume) becomes every rank's answer.
-/// `sharing` and `decoding` say what is being done, for the errors.
-pub(crate) fn broadcast_json<T: DeserializeOwned>(
-    pg: &ProcessGroup,
-    rank0_json: Option<Vec<u8>>,
-    sharing: &'static str,
-    decoding: &'static str,
-) -> Result<T, CheckpointError> {
-    let bytes = broadcast_bytes(pg, rank0_json.unwrap_or_default(), 0, sharing)?;
-    serde_json::from_slice(&bytes).map_err(CheckpointError::json(decoding))
+/// A value rank 0 learns alone and every rank then takes as its answer (a save summary, the
+/// checkpoint to resume, the names a rewind removed), sent as JSON: what its errors say while
+/// it is serialised, shared and decoded.
+pub(crate) struct Rank0Json {
+    pub(crate) serialising: &'static str,
+    pub(crate) sharing: &'static str,
+    pub(crate) decoding: &'static str,
+}
+
+impl Rank0Json {
+    /// On rank 0: `value` as JSON, to [`share`](Self::share).
+    pub(crate) fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, CheckpointError> {
+        serde_json::to_vec(value).map_err(CheckpointError::json(self.serialising))
+    }
+
+    /// Every rank gets the value rank 0 encoded (`rank0_json`, `None` on the others).
+    pub(crate) fn share<T: DeserializeOwned>(
+        &self,
+        pg: &ProcessGroup,
+        rank0_json: Option<Vec<u8>>,
+    ) -> Result<T, CheckpointError> {
+        let bytes = broadcast_bytes(pg, rank0_json.unwrap_or_default(), 0, self.sharing)?;
+        serde_json::from_slice(&bytes).map_err(CheckpointError::json(self.decoding))
+    }
+
+    /// Runs `work` on rank 0 only, as [`on_rank0`] (its encoding included), and every rank
+    /// gets its value.
+    pub(crate) fn decide<T, E>(
+        &self,
+        pg: &ProcessGroup,
+        action: &'static str,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<CheckpointError> + std::fmt::Display,
+    {
+        let json = on_rank0(pg, action, || Ok::<_, E>(self.encode(&work()?)?))?;
+        Ok(self.share(pg, json)?)
+    }
 }
 
 /// Runs `work` on rank 0 only and shares how it went: rank 0 gets its result (`Some`), the

@@ -87,12 +87,27 @@ pub struct PowerSgdHook {
     layouts: HashMap<usize, Vec<(String, usize)>>,
 }
 
-/// A compressed matrix: its range in the bucket, its shape and the rank used.
+/// A compressed matrix: its range in the bucket, its shape, the rank used, and where its
+/// factors start in the bucket's P and Q (the matrices' factors one after another).
 struct Matrix {
     range: Range<usize>,
     n: usize,
     m: usize,
     r: usize,
+    p_at: usize,
+    q_at: usize,
+}
+
+impl Matrix {
+    /// Its factor P (n×r) in the bucket's P.
+    fn p(&self) -> Range<usize> {
+        self.p_at..self.p_at + self.n * self.r
+    }
+
+    /// Its factor Q (m×r) in the bucket's Q.
+    fn q(&self) -> Range<usize> {
+        self.q_at..self.q_at + self.m * self.r
+    }
 }
 
 impl PowerSgdHook {
@@ -104,6 +119,7 @@ impl PowerSgdHook {
     fn split(&self, bucket: &GradBucket) -> (Vec<Matrix>, Vec<Range<usize>>) {
         let mut matrices = Vec::new();
         let mut plain = Vec::new();
+        let (mut p_at, mut q_at) = (0, 0);
         for p in bucket.parameters() {
             let numel = p.numel();
             if p.shape.len() >= 2 && numel > 0 {
@@ -117,7 +133,11 @@ impl PowerSgdHook {
                         n,
                         m,
                         r,
+                        p_at,
+                        q_at,
                     });
+                    p_at += n * r;
+                    q_at += m * r;
                     continue;
                 }
             }
@@ -188,10 +208,8 @@ impl PowerSgdHook {
             Some(q) if self.config.warm_start && q.len() == q_len => q,
             _ => {
                 let mut q: Vec<f32> = (0..q_len).map(|_| normal(&mut self.rng)).collect();
-                let mut at = 0;
                 for x in &matrices {
-                    orthogonalize(&mut q[at..at + x.m * x.r], x.m, x.r, eps);
-                    at += x.m * x.r;
+                    orthogonalize(&mut q[x.q()], x.m, x.r, eps);
                 }
                 q
             }
@@ -199,37 +217,23 @@ impl PowerSgdHook {
         // P = M·Q, summed over ranks, orthogonalised.
         let p_len: usize = matrices.iter().map(|x| x.n * x.r).sum();
         let mut p = vec![0.0f32; p_len];
-        let (mut pa, mut qa) = (0, 0);
         for x in &matrices {
-            let (pn, qn) = (x.n * x.r, x.m * x.r);
             let grad = &bucket.buffer()[x.range.clone()];
-            project(grad, &q[qa..qa + qn], &mut p[pa..pa + pn], x.n, x.m, x.r);
-            pa += pn;
-            qa += qn;
+            project(grad, &q[x.q()], &mut p[x.p()], x.n, x.m, x.r);
         }
         pg.all_reduce(&mut p, ReduceOp::Sum)?;
-        let mut pa = 0;
         for x in &matrices {
-            orthogonalize(&mut p[pa..pa + x.n * x.r], x.n, x.r, eps);
-            pa += x.n * x.r;
+            orthogonalize(&mut p[x.p()], x.n, x.r, eps);
         }
         // Q = Mᵀ·P, averaged over ranks; the result is P·Qᵀ.
-        let (mut pa, mut qa) = (0, 0);
         for x in &matrices {
-            let (pn, qn) = (x.n * x.r, x.m * x.r);
             let grad = &bucket.buffer()[x.range.clone()];
-            project_t(grad, &p[pa..pa + pn], &mut q[qa..qa + qn], x.n, x.m, x.r);
-            pa += pn;
-            qa += qn;
+            project_t(grad, &p[x.p()], &mut q[x.q()], x.n, x.m, x.r);
         }
         pg.all_reduce(&mut q, ReduceOp::Avg)?;
-        let (mut pa, mut qa) = (0, 0);
         for x in &matrices {
-            let (pn, qn) = (x.n * x.r, x.m * x.r);
             let out = &mut bucket.buffer_mut()[x.range.clone()];
-            expand(&p[pa..pa + pn], &q[qa..qa + qn], out, x.n, x.m, x.r);
-            pa += pn;
-            qa += qn;
+            expand(&p[x.p()], &q[x.q()], out, x.n, x.m, x.r);
         }
         if self.config.warm_start {
             self.q_memory.insert(index, q);

@@ -10,7 +10,7 @@
 //! copied, but no longer turns the gradients after it into copies. The padding is averaged
 //! like the rest (zeros stay zeros) and never read back.
 
-use super::reduction::{Held, Slot};
+use super::reduction::{Held, Slot, first_slot};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -60,9 +60,7 @@ pub(crate) fn flatten<I: Backend>(
     slots: &[&Slot<I>],
     grads: Vec<Option<Held<I>>>,
 ) -> Result<(FloatTensor<I>, FlatLayout), DdpError> {
-    let first = slots
-        .first()
-        .ok_or_else(|| internal("empty bucket".into()))?;
+    let first = first_slot(slots)?;
     if grads.len() != slots.len() {
         return Err(internal(format!(
             "{} gradients for {} slots",
@@ -77,10 +75,7 @@ pub(crate) fn flatten<I: Backend>(
         DType::F16 => FloatDType::F16,
         DType::BF16 => FloatDType::BF16,
         other => {
-            return Err(DdpError::Gradient {
-                path: first.path.clone(),
-                reason: format!("DDP does not reduce {other:?} gradients"),
-            });
+            return Err(first.gradient_error(format!("DDP does not reduce {other:?} gradients")));
         }
     };
     let mut grads = grads.into_iter();
@@ -102,14 +97,11 @@ pub(crate) fn flatten<I: Backend>(
         let g = device_tensor(g)?;
         // The fresh bucket has the slot's dtype, and writing into it does not convert.
         if g.dtype() != slot.dtype {
-            return Err(DdpError::Gradient {
-                path: slot.path.clone(),
-                reason: format!(
-                    "its gradient is {:?}, the parameter {:?}",
-                    g.dtype(),
-                    slot.dtype
-                ),
-            });
+            return Err(slot.gradient_error(format!(
+                "its gradient is {:?}, the parameter {:?}",
+                g.dtype(),
+                slot.dtype
+            )));
         }
         let g = I::float_reshape(g, Shape::new([n]));
         let range = Slice::new(at as isize, Some((at + n) as isize), 1);

@@ -38,6 +38,22 @@ impl<I: Backend> Slot<I> {
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// [`DdpError::Gradient`]: this parameter's gradient cannot be reduced, for `reason`.
+    pub(crate) fn gradient_error(&self, reason: String) -> DdpError {
+        DdpError::Gradient {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+}
+
+/// The first slot of a bucket, which has at least one (its dtype and device are the bucket's).
+pub(crate) fn first_slot<'s, I: Backend>(slots: &[&'s Slot<I>]) -> Result<&'s Slot<I>, DdpError> {
+    slots
+        .first()
+        .copied()
+        .ok_or_else(|| internal("empty bucket"))
 }
 
 /// A gradient kept until its bucket launches, in the reduction's representation.
@@ -130,15 +146,11 @@ pub(crate) struct HostReduction {
 
 impl<I: Backend> BucketReduction<I> for HostReduction {
     fn hold(&self, slot: &Slot<I>, grad: FloatTensor<I>) -> Result<Held<I>, DdpError> {
-        let fail = |reason: String| DdpError::Gradient {
-            path: slot.path.clone(),
-            reason,
-        };
         let data = read_to_host::<I>(grad)
-            .map_err(|e| fail(format!("reading it from the device: {e}")))?;
-        let g = HostGrad::from_data(data).map_err(fail)?;
+            .map_err(|e| slot.gradient_error(format!("reading it from the device: {e}")))?;
+        let g = HostGrad::from_data(data).map_err(|r| slot.gradient_error(r))?;
         if g.len() != slot.numel() {
-            return Err(fail(format!(
+            return Err(slot.gradient_error(format!(
                 "it has {} elements, the parameter has {}",
                 g.len(),
                 slot.numel()
@@ -150,10 +162,7 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
     fn add(&self, slot: &Slot<I>, acc: Held<I>, more: Held<I>) -> Result<Held<I>, DdpError> {
         match (acc, more) {
             (Held::Host(mut a), Held::Host(b)) => {
-                a.add(&b).map_err(|reason| DdpError::Gradient {
-                    path: slot.path.clone(),
-                    reason,
-                })?;
+                a.add(&b).map_err(|r| slot.gradient_error(r))?;
                 Ok(Held::Host(a))
             }
             _ => Err(internal("the host reduction holds host buffers only")),
@@ -166,10 +175,7 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let dtype = slots
-            .first()
-            .map(|s| s.dtype)
-            .ok_or_else(|| internal("empty bucket"))?;
+        let dtype = first_slot(slots)?.dtype;
         let mut host = Vec::with_capacity(grads.len());
         for (slot, g) in slots.iter().zip(grads) {
             host.push(match g {

@@ -8,7 +8,7 @@
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad, read_to_host};
-use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
+use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot, first_slot};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
@@ -19,13 +19,6 @@ pub(crate) struct StagedReduction {
     pub(crate) pg: ProcessGroup,
 }
 
-fn fail<I: Backend>(slot: &Slot<I>, reason: String) -> DdpError {
-    DdpError::Gradient {
-        path: slot.path.clone(),
-        reason,
-    }
-}
-
 impl<I: Backend> BucketReduction<I> for StagedReduction {
     fn launch(
         &self,
@@ -33,14 +26,12 @@ impl<I: Backend> BucketReduction<I> for StagedReduction {
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let first = slots
-            .first()
-            .ok_or_else(|| DdpError::Internal("bucket reduction: empty bucket".into()))?;
+        let first = first_slot(slots)?;
         let (bucket, layout) = flatten(slots, grads)?;
         // The one device-to-host copy of this bucket.
         let data = read_to_host::<I>(bucket)
-            .map_err(|e| fail(first, format!("reading its bucket: {e}")))?;
-        let host = HostGrad::from_data(data).map_err(|r| fail(first, r))?;
+            .map_err(|e| first.gradient_error(format!("reading its bucket: {e}")))?;
+        let host = HostGrad::from_data(data).map_err(|r| first.gradient_error(r))?;
         Ok(match host {
             HostGrad::F32(v) => start::<I, f32>(&self.pg, v, layout),
             HostGrad::F64(v) => start::<I, f64>(&self.pg, v, layout),
@@ -70,10 +61,7 @@ impl<I: Backend, T: HostElement> PendingBucket<I> for Staged<T> {
     fn wait(self: Box<Self>, slots: &[&Slot<I>]) -> Result<Reduced<I>, DdpError> {
         let (result, timing) = self.work.wait_timed();
         let flat = result.map_err(DdpError::comm("all-reducing a gradient bucket"))?;
-        let device = &slots
-            .first()
-            .ok_or_else(|| DdpError::Internal("bucket reduction: empty bucket".into()))?
-            .device;
+        let device = &first_slot(slots)?.device;
         let total = flat.len();
         // The one host-to-device copy; each gradient is a slice of it.
         let bucket = I::float_from_data(TensorData::new(flat, [total]), device);
