@@ -106,9 +106,14 @@ fn follow(store: &Store, rank: usize, world_size: usize, timeout: Duration) -> R
     };
     wait_begun(store, last + 1, deadline, timeout)?;
     let mut n = count(store.add(COUNT_KEY, 0)?)?;
-    // Rank 0 may have left the newest generation (its init failed) before opening the next,
-    // or not have begun this init yet while the newest is an earlier world's.
-    while !open_to(store, n, world_size)? {
+    loop {
+        // Rank 0 counts a generation before it marks it begun: it may be between the two.
+        wait_begun(store, n, deadline, timeout)?;
+        // Rank 0 may have left the newest generation (its init failed) before opening the
+        // next, or not have begun this init yet while the newest is an earlier world's.
+        if open_to(store, n, world_size)? {
+            break;
+        }
         wait_begun(store, n + 1, deadline, timeout)?;
         n = count(store.add(COUNT_KEY, 0)?)?;
     }
@@ -116,7 +121,8 @@ fn follow(store: &Store, rank: usize, world_size: usize, timeout: Duration) -> R
     Ok(n)
 }
 
-/// Whether generation `n` (begun) is one a rank of a world of `world_size` may join.
+/// Whether generation `n` (begun) is one a rank of a world of `world_size` may join: not
+/// abandoned, and begun with that world size.
 fn open_to(store: &Store, n: u64, world_size: usize) -> Result<bool> {
     if store.check(&[abandoned_key(n).as_str()])? {
         return Ok(false);
@@ -181,6 +187,28 @@ fn parse_number(key: &str, text: &[u8], what: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{StoreConfig, StoreServer};
+
+    /// Rank 0 retries after an abandoned init: it has counted generation 2 but not yet marked
+    /// it begun when rank 1 reads the count. Rank 1 joins generation 2 once it is begun.
+    #[test]
+    fn a_follower_arriving_between_rank_0s_count_and_begun_joins_that_generation() {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind");
+        let connect =
+            || Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let store = connect();
+        assert_eq!(open(&store, 2).expect("generation 1"), 1);
+        abandon(&store, 1);
+        store.add(COUNT_KEY, 1).expect("count generation 2");
+        let rank0 = connect();
+        let marker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rank0.set(&begun_key(2), b"2").expect("begin generation 2");
+        });
+        let joined = follow(&store, 1, 2, Duration::from_secs(30));
+        marker.join().expect("marker thread");
+        assert_eq!(joined.expect("joins generation 2"), 2);
+    }
 
     #[test]
     fn counts_and_generations_must_be_positive_numbers() {
