@@ -34,7 +34,7 @@ impl CheckpointerBase {
         kind: &str,
     ) -> Result<Self, CheckpointError> {
         config.validate()?;
-        let lock = prepare_dir(&pg, config.dir(), kind, config.dir_lock())?;
+        let lock = prepare_dir(&pg, &config, kind)?;
         Ok(CheckpointerBase {
             config,
             pg,
@@ -64,6 +64,7 @@ impl CheckpointerBase {
     /// Every rank: rank 0 deletes every checkpoint above `global_step` and points `latest`
     /// at the newest one left; returns the deleted names (see `FullCheckpointer::rewind_to`).
     pub(crate) fn rewind_to(&self, global_step: u64) -> Result<Vec<String>, CheckpointError> {
+        self.config.writable("rewind")?;
         let dir = self.config.dir().to_path_buf();
         REMOVED_NAMES.decide(
             &self.pg,

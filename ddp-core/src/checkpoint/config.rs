@@ -36,6 +36,9 @@ pub struct CheckpointConfig {
     /// Settings saved before the option existed load with the check on.
     #[serde(default = "lock_on")]
     other_ranks_checked: bool,
+    /// Settings saved before the option existed load writable.
+    #[serde(default)]
+    read_only: bool,
 }
 
 fn lock_on() -> bool {
@@ -55,6 +58,7 @@ impl CheckpointConfig {
             strict_run_config: false,
             dir_lock: true,
             other_ranks_checked: true,
+            read_only: false,
         }
     }
 
@@ -131,6 +135,33 @@ impl CheckpointConfig {
     /// Whether a resume compares the other ranks' directories with rank 0's (the default).
     pub fn other_ranks_checked(&self) -> bool {
         self.other_ranks_checked
+    }
+
+    /// With `true`, the checkpointer only loads: nothing in the directory is created, locked,
+    /// renamed or removed, so it works on a read-only mount, or on another job's checkpoints
+    /// you evaluate while that job runs. The directory must exist. A checkpoint that fails
+    /// verification is skipped, not set aside. Saves, `rewind_to` and `record_fresh_start`
+    /// fail with [`CheckpointError::ReadOnly`].
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
+    /// Whether the checkpointer only loads ([`with_read_only`](Self::with_read_only)).
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// [`CheckpointError::ReadOnly`] for `action` when the checkpointer only loads. Every
+    /// rank has the same config, so every rank fails alike, before any collective.
+    pub(crate) fn writable(&self, action: &'static str) -> Result<(), CheckpointError> {
+        if self.read_only {
+            return Err(CheckpointError::ReadOnly {
+                action,
+                dir: self.dir.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// The checkpoint root directory.

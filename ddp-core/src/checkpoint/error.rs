@@ -156,7 +156,10 @@ pub enum StorageError {
         holder: String,
     },
     /// The directory's lock file cannot be opened or locked.
-    #[error("locking {path} (one job per checkpoint directory): {source}")]
+    #[error(
+        "locking {path} (one job per checkpoint directory): {source}{hint}",
+        hint = read_only_hint(source)
+    )]
     Lock {
         /// The lock file.
         path: PathBuf,
@@ -448,6 +451,17 @@ pub enum CheckpointError {
         #[source]
         source: DataError,
     },
+    /// A write to a checkpointer opened read-only.
+    #[error(
+        "cannot {action} in {dir}: this checkpointer was opened read-only \
+         (CheckpointConfig::with_read_only(true)); open one without it to write"
+    )]
+    ReadOnly {
+        /// What was asked.
+        action: &'static str,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// Rank 0 failed; its message was broadcast to this rank.
     #[error("rank 0 failed to {action}: {message}")]
     Rank0Failed {
@@ -485,5 +499,41 @@ impl CheckpointError {
     ) -> impl FnOnce(serde_json::Error) -> CheckpointError {
         let what = what.into();
         move |source| CheckpointError::Json { what, source }
+    }
+}
+
+/// What to do when the lock file cannot be written because the directory is read-only.
+fn read_only_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => {
+            "; to only load from a directory this job cannot write, open the checkpointer \
+             read-only (CheckpointConfig::with_read_only(true))"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_this_job_cannot_write_points_at_read_only_loading() {
+        let lock = |kind| StorageError::Lock {
+            path: PathBuf::from("/mnt/ro/runs/lock"),
+            source: std::io::Error::from(kind),
+        };
+        for kind in [
+            std::io::ErrorKind::ReadOnlyFilesystem,
+            std::io::ErrorKind::PermissionDenied,
+        ] {
+            let text = lock(kind).to_string();
+            assert!(
+                text.contains("CheckpointConfig::with_read_only(true)"),
+                "{text}"
+            );
+        }
+        let other = lock(std::io::ErrorKind::Other).to_string();
+        assert!(!other.contains("read-only"), "{other}");
     }
 }

@@ -8,6 +8,7 @@
 //! names its own launch; otherwise it starts over itself. The directory lock (one job per
 //! directory) keeps other jobs from writing in between.
 
+use super::config::CheckpointConfig;
 use super::error::{CheckpointError, StorageError};
 use super::full::FullCheckpointer;
 use super::sharded::ShardedCheckpointer;
@@ -31,7 +32,7 @@ impl FullCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
-        record(self.process_group(), self.config().dir(), launch_id)
+        record(self.process_group(), self.config(), launch_id)
     }
 
     /// The launch id the last [`record_fresh_start`](Self::record_fresh_start) recorded, if
@@ -57,7 +58,7 @@ impl ShardedCheckpointer {
     /// # Errors
     /// Rank 0's I/O errors (on every rank).
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
-        record(self.process_group(), self.config().dir(), launch_id)
+        record(self.process_group(), self.config(), launch_id)
     }
 
     /// [`FullCheckpointer::fresh_start_launch`] for sharded checkpoints.
@@ -72,8 +73,13 @@ impl ShardedCheckpointer {
     }
 }
 
-fn record(pg: &ProcessGroup, dir: &Path, launch_id: &str) -> Result<(), CheckpointError> {
-    let dir = dir.to_path_buf();
+fn record(
+    pg: &ProcessGroup,
+    config: &CheckpointConfig,
+    launch_id: &str,
+) -> Result<(), CheckpointError> {
+    config.writable("record a fresh start")?;
+    let dir = config.dir().to_path_buf();
     on_rank0(pg, "record the fresh start", || {
         let tmp = dir.join(format!(
             "{TMP_PREFIX}{FRESH_START_FILE}-{}",

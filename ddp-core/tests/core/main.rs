@@ -13,6 +13,7 @@ mod checkpoint_exact_resume;
 mod checkpoint_interop;
 mod checkpoint_io_errors;
 mod checkpoint_lock;
+mod checkpoint_read_only;
 mod checkpoint_resave;
 mod checkpoint_rotation;
 mod checkpoint_set_aside;

@@ -87,6 +87,7 @@ impl FullCheckpointer {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
+        self.base.config.writable("save a checkpoint")?;
         let step = state.global_step;
         agree_on_step(&self.base.pg, step)?;
         let mine = match &state.rank_rng {
@@ -193,8 +194,9 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         let dir = self.base.config.dir().to_path_buf();
+        let read_only = self.base.config.read_only();
         let search = on_rank0(&self.base.pg, "search for the latest checkpoint", || {
-            find_checkpoint_to_resume(&dir)
+            find_checkpoint_to_resume(&dir, read_only)
         })?;
         let (found, header) = match search {
             Some(search) => {

@@ -26,7 +26,7 @@ pub(crate) struct Search {
 }
 
 /// Finds the checkpoint to resume in `dir`: the newest valid one, every invalid one tried
-/// before it set aside (see [`newest_valid_to_resume`]).
+/// before it set aside unless `read_only` (see [`newest_valid_to_resume`]).
 ///
 /// # Errors
 /// [`CheckpointError::NoValidCheckpoint`]; listing `dir` or reading `latest` fails, or a
@@ -34,8 +34,11 @@ pub(crate) struct Search {
 /// ([`CheckpointError::ReadCheckpoint`]), or another version wrote it
 /// ([`CheckpointError::Incompatible`]): falling back then would resume from older state than
 /// what is on disk.
-pub(crate) fn find_checkpoint_to_resume(dir: &Path) -> Result<Search, CheckpointError> {
-    let search = newest_valid_to_resume(dir, read_one)?;
+pub(crate) fn find_checkpoint_to_resume(
+    dir: &Path,
+    read_only: bool,
+) -> Result<Search, CheckpointError> {
+    let search = newest_valid_to_resume(dir, read_only, read_one)?;
     Ok(Search {
         found: search.found.map(|(_, found)| found),
         invalid: search.invalid,

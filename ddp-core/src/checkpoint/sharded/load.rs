@@ -154,13 +154,14 @@ impl ShardedCheckpointer {
         R: Record<B>,
     {
         let dir = self.base.config.dir().to_path_buf();
+        let read_only = self.base.config.read_only();
         let header = RESUME_HEADER.decide::<_, ShardedCheckpointError>(
             &self.base.pg,
             "search for the latest sharded checkpoint",
             || {
                 // As for rank-0 checkpoints: never fresh over a run's checkpoints, and the
                 // invalid ones tried are set aside (renamed, never deleted) before any pruning.
-                let search = newest_valid_to_resume(&dir, verify_checkpoint)?;
+                let search = newest_valid_to_resume(&dir, read_only, verify_checkpoint)?;
                 Ok(ResumeHeader {
                     name: search.found.map(|(name, _)| name),
                     invalid: search.invalid,

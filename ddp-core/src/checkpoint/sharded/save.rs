@@ -175,6 +175,7 @@ impl ShardedCheckpointer {
         M: AutodiffModule<B>,
         R: Record<B>,
     {
+        self.base.config.writable("save a checkpoint")?;
         let started = std::time::Instant::now();
         let (rank, world) = (self.base.pg.rank(), self.base.pg.world_size());
         let step = state.global_step;

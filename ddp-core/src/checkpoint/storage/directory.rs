@@ -133,9 +133,11 @@ pub(crate) fn newest_valid<T>(
 /// the two rules of resuming. Never start fresh over a run's checkpoints: when checkpoints
 /// exist and none is valid, [`CheckpointError::NoValidCheckpoint`], and nothing is moved (the
 /// user decides). Otherwise every invalid checkpoint tried is set aside (renamed, never
-/// deleted), so that keep-last-K pruning neither counts nor removes it.
+/// deleted), so that keep-last-K pruning neither counts nor removes it; not when `read_only`
+/// (a read-only checkpointer never prunes, and must not write).
 pub(crate) fn newest_valid_to_resume<T>(
     dir: &Path,
+    read_only: bool,
     verify: impl Fn(&Path, &str) -> Result<T, ReadFailure>,
 ) -> Result<NewestValid<T>, CheckpointError> {
     let mut search = newest_valid(dir, verify)?;
@@ -145,7 +147,9 @@ pub(crate) fn newest_valid_to_resume<T>(
             invalid: search.invalid,
         });
     }
-    set_aside_all(dir, &mut search.invalid)?;
+    if !read_only {
+        set_aside_all(dir, &mut search.invalid)?;
+    }
     Ok(search)
 }
 

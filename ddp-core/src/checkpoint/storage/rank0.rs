@@ -2,6 +2,7 @@
 //! how its part went, rank 0 broadcasting what it read, and every rank agreeing that all of
 //! them succeeded (so no rank trains on while another failed).
 
+use super::super::config::CheckpointConfig;
 use super::super::error::{CheckpointError, StorageError};
 use super::durable::ensure_dir;
 use super::install::clean_temporaries;
@@ -9,7 +10,7 @@ use super::lock::{DirLock, lock_dir};
 use ddp_comm::{ProcessGroup, ReduceOp};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Fails on every rank, identically, unless all ranks pass the same `step`.
 pub(crate) fn agree_on_step(pg: &ProcessGroup, step: u64) -> Result<(), CheckpointError> {
@@ -112,20 +113,31 @@ pub(crate) fn on_rank0<T, E: From<CheckpointError> + std::fmt::Display>(
     result.transpose()
 }
 
-/// Rank 0 creates the checkpoint directory `dir`, locks it for this job (one job per
+/// Rank 0 creates the checkpoint directory of `config`, locks it for this job (one job per
 /// directory, see [`lock_dir`]) and only then removes what an interrupted write of a `kind`
 /// checkpoint left behind (another job's write in progress is never touched); every rank learns
-/// how it went. Rank 0 gets the lock, to keep for the checkpointer's life; none without `lock`
-/// ([`CheckpointConfig::with_dir_lock`](crate::checkpoint::CheckpointConfig::with_dir_lock)).
+/// how it went. Rank 0 gets the lock, to keep for the checkpointer's life; none without the
+/// lock ([`CheckpointConfig::with_dir_lock`]). A read-only checkpointer
+/// ([`CheckpointConfig::with_read_only`]) touches nothing: the directory must exist.
 pub(crate) fn prepare_dir(
     pg: &ProcessGroup,
-    dir: &Path,
+    config: &CheckpointConfig,
     kind: &str,
-    lock: bool,
 ) -> Result<Option<DirLock>, CheckpointError> {
+    let dir = config.dir();
     on_rank0(pg, "prepare the checkpoint directory", || {
+        if config.read_only() {
+            if !dir.is_dir() {
+                return Err(CheckpointError::InvalidConfig(format!(
+                    "{} is not a directory, and a read-only checkpointer creates nothing \
+                     (CheckpointConfig::with_read_only(true)): check the path",
+                    dir.display()
+                )));
+            }
+            return Ok(None);
+        }
         ensure_dir(dir)?;
-        let lock = if lock {
+        let lock = if config.dir_lock() {
             Some(lock_dir(dir)?)
         } else {
             tracing::warn!(dir = %dir.display(), "the checkpoint directory is not locked (with_dir_lock(false)): one job at a time must write it");
