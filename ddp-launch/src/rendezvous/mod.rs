@@ -379,10 +379,11 @@ impl Rendezvous {
             }
             if Instant::now() >= deadline {
                 return Err(self.error(format!(
-                    "only {joined} of {} nodes joined attempt {attempt} within {:?}{}",
+                    "only {joined} of {} nodes joined attempt {attempt} within {:?}{}{}",
                     self.nnodes,
                     self.join_timeout,
-                    self.refusals()
+                    self.refusals(),
+                    self.late_refusal()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));

@@ -7,7 +7,9 @@
 //! stop alone: a refusal it published would otherwise stop the running job at its next restart.
 //! So the first node to see the job formed fills [`REFUSED_KEY`] with [`FORMED`]; the key is
 //! set once (`compare_set`), so either a refusal came first and the job stops, or the job formed
-//! first and later refusals are only their launchers' own errors.
+//! first and later refusals are only their launchers' own errors. The last of those is kept in
+//! [`LATE_REFUSAL_KEY`], for a node that then waits in vain for a node to join (its launcher
+//! died, and the one started again for it was refused) to quote when it gives up.
 
 use super::Rendezvous;
 use crate::error::LaunchError;
@@ -17,6 +19,8 @@ use std::time::Duration;
 const REFUSED_KEY: &str = "refused";
 /// [`REFUSED_KEY`]'s value once every node joined: no refusal text starts with a NUL.
 const FORMED: &[u8] = b"\0formed";
+/// The last refusal published after the job formed; it stops nobody.
+const LATE_REFUSAL_KEY: &str = "refused/late";
 
 impl Rendezvous {
     /// Publishes why this node does not join, unless the job already runs. Returns the words
@@ -24,7 +28,10 @@ impl Rendezvous {
     pub(super) fn publish_refusal(&self, refusal: &str) -> &'static str {
         match self.store.compare_set(REFUSED_KEY, b"", refusal.as_bytes()) {
             Ok(held) if held == FORMED => {
-                "; the job already runs with every node, so it goes on without this launcher"
+                if let Err(e) = self.store.set(LATE_REFUSAL_KEY, refusal.as_bytes()) {
+                    tracing::debug!(%e, "cannot record the refusal for the job's nodes");
+                }
+                "; the job formed before this launcher came, so this refusal does not stop it"
             }
             Ok(_) => "",
             Err(e) => {
@@ -41,12 +48,30 @@ impl Rendezvous {
             Ok(held) if held == FORMED => {}
             Ok(late) => {
                 let late = String::from_utf8_lossy(&late);
-                tracing::warn!(refusal = %late, "a launcher refused to join as the job formed; the job goes on without it");
+                tracing::warn!(refusal = %late, "a launcher was refused as the job formed; the nodes that joined go on");
                 if let Err(e) = self.store.set(REFUSED_KEY, FORMED) {
                     tracing::debug!(%e, "cannot record that the job formed");
                 }
             }
             Err(e) => tracing::debug!(%e, "cannot record that the job formed"),
+        }
+    }
+
+    /// The words a node adds when it gives up waiting for the others: the last refusal
+    /// published after the job formed, if any (empty otherwise).
+    pub(super) fn late_refusal(&self) -> String {
+        if !matches!(self.store.check(&[LATE_REFUSAL_KEY]), Ok(true)) {
+            return String::new();
+        }
+        match self
+            .store
+            .get_timeout(LATE_REFUSAL_KEY, Duration::from_secs(5))
+        {
+            Ok(text) => format!(
+                "; meanwhile a launcher was refused: {}",
+                String::from_utf8_lossy(&text)
+            ),
+            Err(_) => String::new(),
         }
     }
 

@@ -17,7 +17,9 @@ where
     crate::progress::claim_report_pipe();
     default_worker_logging();
     let rank = env.rank;
-    let group = env.init_process_group()?;
+    let group = env.init_process_group().inspect_err(|e| {
+        crate::worker::torchelastic_error::write_error_file(e);
+    })?;
     // Keeps the group's connections (and rank 0's store) open until a failure is out: see
     // `own_failure`.
     let keep_open = group.clone();

@@ -4,7 +4,13 @@
 //! the exception there as JSON, and torchrun's agent prints it as the job's root cause. Without
 //! the file, the agent's summary says only "To enable traceback see ..." and the exit code. A
 //! program built on [`launch`](crate::launch) writes the same JSON, with its error as the
-//! message (no Python call stack: torchrun then shows the message).
+//! message (no Python call stack: torchrun then shows the message), for a failed training
+//! function and for a failed join of the group alike.
+//!
+//! torchrun names as root cause the error file with the earliest timestamp, in whole seconds,
+//! and the lowest rank among equals; every failing rank writes one, so a rank that failed only
+//! because its peer did (a closed connection) can be named instead of that peer when both fail
+//! within the same second. Its message names the peer.
 
 use std::fmt::Display;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,8 +19,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub(crate) const ERROR_FILE_ENV: &str = "TORCHELASTIC_ERROR_FILE";
 
 /// Writes `error` to torchrun's error file, if this worker has one.
-pub(crate) fn write_error_file(error: &dyn Display) {
-    let Some(path) = std::env::var_os(ERROR_FILE_ENV) else {
+pub(super) fn write_error_file(error: &dyn Display) {
+    // torchrun sets it empty when it keeps no logs (`--log-dir /dev/null`): no file then.
+    let Some(path) = std::env::var_os(ERROR_FILE_ENV).filter(|p| !p.is_empty()) else {
         return;
     };
     let written = std::fs::write(&path, error_json(error, SystemTime::now()));

@@ -285,7 +285,7 @@ fn a_launcher_refused_once_the_job_runs_stops_alone_and_the_job_restarts_and_suc
         "{said}"
     );
     assert!(
-        said.contains("the job already runs with every node, so it goes on without this launcher"),
+        said.contains("the job formed before this launcher came, so this refusal does not stop it"),
         "{said}"
     );
     assert!(!said.contains("starting workers"), "{said}");
@@ -297,4 +297,49 @@ fn a_launcher_refused_once_the_job_runs_stops_alone_and_the_job_restarts_and_suc
         assert!(log.contains("attempt=1"), "no restart:\n{log}");
         assert!(!log.contains("already held"), "{log}");
     }
+}
+
+#[test]
+fn a_node_waiting_for_a_dead_node_quotes_the_launcher_refused_in_its_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let worker = worker_path();
+    let program = [worker.to_str().expect("utf-8 path"), "--mode", "loop"];
+    let restarts = ["--max-restarts", "1"];
+    let launcher = |rank, name: &str| {
+        let mut cmd = node_with(2, rank, port, 1, &restarts, &program);
+        // Node 1 may die before the workers meet: then rank 0's wait for rank 1 ends in
+        // this, not the default 300 s.
+        cmd.env("DDP_TIMEOUT_SECS", "20");
+        Logged::start(cmd, dir.path().join(name))
+    };
+    let mut node0 = launcher(0, "node0.log");
+    let mut node1 = launcher(1, "node1.log");
+    node0.wait_for("starting workers");
+    node1.wait_for("starting workers");
+    // Node 1's launcher dies (its workers with it): node 0's workers fail, and node 0 restarts
+    // and waits for node 1, whose rank the dead launcher still holds.
+    node1.child.kill().expect("kill node 1");
+    node0.wait_for("restarting every worker (restart 1 of 1)");
+    let mut again = launcher(1, "again.log");
+    assert_eq!(
+        again.exit_code(),
+        Some(1),
+        "node 1 again:\n{}",
+        again.text()
+    );
+    assert!(
+        again
+            .text()
+            .contains("--node-rank 1 is already held by launcher"),
+        "{}",
+        again.text()
+    );
+    assert_eq!(node0.exit_code(), Some(1), "node 0:\n{}", node0.text());
+    let log = node0.text();
+    assert!(
+        log.contains("only 1 of 2 nodes joined attempt 1")
+            && log.contains("meanwhile a launcher was refused: node 1 cannot join"),
+        "node 0 names the refused launcher:\n{log}"
+    );
 }

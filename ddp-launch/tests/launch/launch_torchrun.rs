@@ -5,9 +5,8 @@
 use crate::launch_common::*;
 use std::process::Command;
 
-#[test]
-#[ignore = "needs PyTorch's torchrun (DDP_TORCHRUN=/path/to/torchrun): run by .ci/run"]
-fn torchrun_starts_workers_that_form_a_group() {
+/// Runs `launch_worker --mode <mode>` on 2 workers under torchrun (`DDP_TORCHRUN`).
+fn torchrun_worker(mode: &str) -> Finished {
     let torchrun = std::env::var_os("DDP_TORCHRUN").expect("DDP_TORCHRUN names torchrun");
     let master_port = free_port().to_string();
     let mut cmd = Command::new(torchrun);
@@ -15,8 +14,14 @@ fn torchrun_starts_workers_that_form_a_group() {
     cmd.args(["--nproc-per-node", "2", "--master-port", &master_port])
         .arg("--no-python")
         .arg(worker_path())
-        .args(["--mode", "env"]);
-    let out = run(cmd);
+        .args(["--mode", mode]);
+    run(cmd)
+}
+
+#[test]
+#[ignore = "needs PyTorch's torchrun (DDP_TORCHRUN=/path/to/torchrun): run by .ci/run"]
+fn torchrun_starts_workers_that_form_a_group() {
+    let out = torchrun_worker("env");
     // `--mode env` all-reduces the ranks and fails unless the sum is right.
     assert!(out.status.success(), "{}", out.all());
     let ranks = out
@@ -31,15 +36,7 @@ fn torchrun_starts_workers_that_form_a_group() {
 #[test]
 #[ignore = "needs PyTorch's torchrun (DDP_TORCHRUN=/path/to/torchrun): run by .ci/run"]
 fn torchrun_names_a_failed_workers_error_as_the_root_cause() {
-    let torchrun = std::env::var_os("DDP_TORCHRUN").expect("DDP_TORCHRUN names torchrun");
-    let master_port = free_port().to_string();
-    let mut cmd = Command::new(torchrun);
-    ddp_test_support::remove_job_env(&mut cmd);
-    cmd.args(["--nproc-per-node", "2", "--master-port", &master_port])
-        .arg("--no-python")
-        .arg(worker_path())
-        .args(["--mode", "fail-rank0"]);
-    let out = run(cmd);
+    let out = torchrun_worker("fail-rank0");
     assert!(!out.status.success(), "{}", out.all());
     // torchrun's summary quotes the worker's error file; without one it says only this.
     assert!(
