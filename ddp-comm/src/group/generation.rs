@@ -90,7 +90,11 @@ pub(crate) fn join(
 /// Rank 0's part: opens the next generation.
 fn open(store: &Store, world_size: usize) -> Result<u64> {
     let n = count(store.add(COUNT_KEY, 1)?)?;
-    store.set(&begun_key(n), world_size.to_string().as_bytes())?;
+    if let Err(e) = store.set(&begun_key(n), world_size.to_string().as_bytes()) {
+        // Counted but never begun: a rank that read the count must not wait for it.
+        abandon(store, n);
+        return Err(e);
+    }
     Ok(n)
 }
 
@@ -108,7 +112,7 @@ fn follow(store: &Store, rank: usize, world_size: usize, timeout: Duration) -> R
     let mut n = count(store.add(COUNT_KEY, 0)?)?;
     loop {
         // Rank 0 counts a generation before it marks it begun: it may be between the two.
-        wait_begun(store, n, deadline, timeout)?;
+        n = begun_or_newer(store, n, deadline, timeout)?;
         // Rank 0 may have left the newest generation (its init failed) before opening the
         // next, or not have begun this init yet while the newest is an earlier world's.
         if open_to(store, n, world_size)? {
@@ -141,19 +145,45 @@ fn wait_begun(store: &Store, next: u64, deadline: Instant, timeout: Duration) ->
     store
         .wait(&[begun_key(next).as_str()], left)
         .map_err(|e| match e {
-            CommError::StoreTimeout { .. } => CommError::Timeout {
-                op: "rendezvous".into(),
-                peer: 0,
-                timeout,
-                detail: format!(
-                    " to begin init #{next} of the world group on this store, with this rank's \
-                     world size (every rank must create its world groups on a store in the same \
-                     order, with the same world size)"
-                ),
-            },
+            CommError::StoreTimeout { .. } => not_begun(next, timeout),
             other => other,
-        })?;
-    Ok(())
+        })
+}
+
+/// Waits until rank 0 marks generation `n` begun, or counts a newer one (it failed between
+/// counting `n` and marking it); returns the generation to look at.
+fn begun_or_newer(store: &Store, mut n: u64, deadline: Instant, timeout: Duration) -> Result<u64> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.wait(
+            &[begun_key(n).as_str()],
+            left.min(Duration::from_millis(200)),
+        ) {
+            Ok(()) => return Ok(n),
+            Err(CommError::StoreTimeout { .. }) => {}
+            Err(other) => return Err(other),
+        }
+        let newest = count(store.add(COUNT_KEY, 0)?)?;
+        if newest > n {
+            n = newest;
+        } else if Instant::now() >= deadline {
+            return Err(not_begun(n, timeout));
+        }
+    }
+}
+
+/// The timeout of a rank that waited for rank 0 to begin init `next`.
+fn not_begun(next: u64, timeout: Duration) -> CommError {
+    CommError::Timeout {
+        op: "rendezvous".into(),
+        peer: 0,
+        timeout,
+        detail: format!(
+            " to begin init #{next} of the world group on this store, with this rank's world \
+             size (every rank must create its world groups on a store in the same order, with \
+             the same world size)"
+        ),
+    }
 }
 
 /// Rank 0's part when its init of generation `n` failed: marks it abandoned, so that a rank
@@ -208,6 +238,27 @@ mod tests {
         let joined = follow(&store, 1, 2, Duration::from_secs(30));
         marker.join().expect("marker thread");
         assert_eq!(joined.expect("joins generation 2"), 2);
+    }
+
+    /// Rank 0 counted generation 2 but never began it (its store write failed), then began
+    /// generation 3: rank 1, which read the count at 2, joins generation 3.
+    #[test]
+    fn a_follower_moves_past_a_generation_counted_but_never_begun() {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind");
+        let connect =
+            || Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let store = connect();
+        assert_eq!(open(&store, 2).expect("generation 1"), 1);
+        abandon(&store, 1);
+        store.add(COUNT_KEY, 1).expect("count generation 2");
+        let rank0 = connect();
+        let retry = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            open(&rank0, 2).expect("generation 3")
+        });
+        let joined = follow(&store, 1, 2, Duration::from_secs(30));
+        assert_eq!(retry.join().expect("rank 0 thread"), 3);
+        assert_eq!(joined.expect("joins generation 3"), 3);
     }
 
     #[test]

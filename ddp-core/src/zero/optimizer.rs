@@ -276,6 +276,8 @@ where
         module: &M,
         state: &TrainingState,
     ) -> Result<SavedCheckpoint, ZeroError> {
+        // Before gathering every rank's state on rank 0.
+        checkpointer.config().writable("save a checkpoint")?;
         self.consolidate_state(module)?;
         let saved = checkpointer.save::<B, M, Self>(module, self, state);
         self.consolidated = None;

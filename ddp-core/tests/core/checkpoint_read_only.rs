@@ -4,6 +4,9 @@
 //! rewinds and fresh-start records fail with `CheckpointError::ReadOnly` on every rank.
 use crate::checkpoint_common::*;
 use crate::common::*;
+use ddp_core::checkpoint::sharded::{
+    ShardedCheckpointError, ShardedCheckpointer, model_shard_file,
+};
 use ddp_core::checkpoint::{
     CheckpointConfig, CheckpointError, FullCheckpointer, LOCK_FILE, MODEL_FILE, TrainingState,
     checkpoint_name,
@@ -106,4 +109,53 @@ fn a_read_only_checkpointer_of_a_missing_directory_fails_and_creates_nothing() {
     );
     assert!(errors[1].contains("rank 0 failed"), "{errors:?}");
     assert!(!dir.path().join("runs").exists());
+}
+
+#[test]
+fn a_read_only_sharded_checkpointer_loads_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_ranks(2, |pg| {
+        let ckpt = ShardedCheckpointer::new(CheckpointConfig::new(dir.path()), pg).expect("new");
+        let model = Mlp::<B>::seeded(&Default::default(), 4, 7);
+        for step in 1..=2 {
+            ckpt.save(&model, &adam(), &TrainingState::new(0, step))
+                .expect("save");
+        }
+    });
+    flip_last_bit(
+        &dir.path()
+            .join(checkpoint_name(2))
+            .join(model_shard_file(1, 2)),
+    );
+    std::fs::remove_file(dir.path().join(LOCK_FILE)).expect("no lock file");
+    let before = snapshot(dir.path());
+
+    let errors = run_ranks(2, |pg| {
+        let ckpt = ShardedCheckpointer::new(read_only(dir.path()), pg).expect("opens read-only");
+        let device = Default::default();
+        let (mut model, mut optim) = (Mlp::<B>::new(&device, 4), adam());
+        let outcome = ckpt
+            .load_latest(&device, &mut model, &mut optim)
+            .expect("load");
+        assert_eq!(outcome.invalid().len(), 1, "{outcome}");
+        let resumed = outcome.into_resumed().expect("resumed from step 1");
+        assert_eq!(resumed.state.global_step, 1);
+        ckpt.save(&model, &optim, &TrainingState::new(0, 3))
+            .map(|_| ())
+            .expect_err("save")
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        assert!(
+            matches!(
+                e,
+                ShardedCheckpointError::Checkpoint(CheckpointError::ReadOnly { .. })
+            ),
+            "rank {rank}: {e}"
+        );
+    }
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "nothing in the directory changed"
+    );
 }

@@ -362,6 +362,8 @@ impl Rendezvous {
                 .map_err(|e| self.lost(e))?;
         }
         let joined_key = Self::key(attempt, "joined");
+        // A refusal quoted when this wait gives up must be one made during it.
+        let earlier_refusal = self.late_refusal();
         self.store.add(&joined_key, 1).map_err(|e| self.lost(e))?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
@@ -383,7 +385,9 @@ impl Rendezvous {
                     self.nnodes,
                     self.join_timeout,
                     self.refusals(),
-                    self.late_refusal()
+                    Some(self.late_refusal())
+                        .filter(|r| *r != earlier_refusal)
+                        .unwrap_or_default()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));

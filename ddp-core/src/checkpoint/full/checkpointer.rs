@@ -157,8 +157,8 @@ impl FullCheckpointer {
     /// `device` (each rank passes its own: burn's equivalent of `map_location`). Returns
     /// [`LoadOutcome::Resumed`] with the training state, or [`LoadOutcome::Fresh`] (logged)
     /// when the directory holds no checkpoint. Checkpoints failing verification are skipped
-    /// and set aside (renamed `<name>.invalid`, never deleted) with a warning naming them and
-    /// the bad file, and listed in the outcome.
+    /// and set aside (renamed `<name>.invalid`, never deleted; not by a read-only
+    /// checkpointer) with a warning naming them and the bad file, and listed in the outcome.
     ///
     /// Rank 0 picks the checkpoint and reads it; the others receive the bytes from it, or
     /// read the same directory themselves with

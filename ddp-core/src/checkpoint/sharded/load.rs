@@ -160,7 +160,8 @@ impl ShardedCheckpointer {
             "search for the latest sharded checkpoint",
             || {
                 // As for rank-0 checkpoints: never fresh over a run's checkpoints, and the
-                // invalid ones tried are set aside (renamed, never deleted) before any pruning.
+                // invalid ones tried are set aside (renamed, never deleted) before any pruning,
+                // unless the checkpointer is read-only.
                 let search = newest_valid_to_resume(&dir, read_only, verify_checkpoint)?;
                 Ok(ResumeHeader {
                     name: search.found.map(|(name, _)| name),

@@ -90,6 +90,8 @@ impl<B: TapBackend, M: AutodiffModule<B>> FullyShardedDataParallel<B, M> {
         state: &TrainingState,
     ) -> Result<SavedCheckpoint, FsdpError> {
         self.check()?;
+        // Before gathering the full module.
+        checkpointer.config().writable("save a checkpoint")?;
         let full = self.full_module()?;
         let (rank, world) = (self.pg.rank(), self.pg.world_size());
         let ownership = Ownership::of::<B, M>(&full, world);
