@@ -219,10 +219,11 @@ mod tests {
     use super::*;
     use crate::{StoreConfig, StoreServer};
 
-    /// Rank 0 retries after an abandoned init: it has counted generation 2 but not yet marked
-    /// it begun when rank 1 reads the count. Rank 1 joins generation 2 once it is begun.
-    #[test]
-    fn a_follower_arriving_between_rank_0s_count_and_begun_joins_that_generation() {
+    /// Generation 1 abandoned and generation 2 counted but not begun; 300 ms later rank 0 does
+    /// `then` with its own connection. Returns what rank 1's follow joined, and `then`'s value.
+    fn follow_while_rank_0<T: Send + 'static>(
+        then: impl FnOnce(&Store) -> T + Send + 'static,
+    ) -> (Result<u64>, T) {
         let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind");
         let connect =
             || Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
@@ -231,12 +232,21 @@ mod tests {
         abandon(&store, 1);
         store.add(COUNT_KEY, 1).expect("count generation 2");
         let rank0 = connect();
-        let marker = std::thread::spawn(move || {
+        let rank0 = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            rank0.set(&begun_key(2), b"2").expect("begin generation 2");
+            then(&rank0)
         });
         let joined = follow(&store, 1, 2, Duration::from_secs(30));
-        marker.join().expect("marker thread");
+        (joined, rank0.join().expect("rank 0 thread"))
+    }
+
+    /// Rank 0 retries after an abandoned init: it has counted generation 2 but not yet marked
+    /// it begun when rank 1 reads the count. Rank 1 joins generation 2 once it is begun.
+    #[test]
+    fn a_follower_arriving_between_rank_0s_count_and_begun_joins_that_generation() {
+        let (joined, ()) = follow_while_rank_0(|rank0| {
+            rank0.set(&begun_key(2), b"2").expect("begin generation 2");
+        });
         assert_eq!(joined.expect("joins generation 2"), 2);
     }
 
@@ -244,20 +254,8 @@ mod tests {
     /// generation 3: rank 1, which read the count at 2, joins generation 3.
     #[test]
     fn a_follower_moves_past_a_generation_counted_but_never_begun() {
-        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind");
-        let connect =
-            || Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
-        let store = connect();
-        assert_eq!(open(&store, 2).expect("generation 1"), 1);
-        abandon(&store, 1);
-        store.add(COUNT_KEY, 1).expect("count generation 2");
-        let rank0 = connect();
-        let retry = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            open(&rank0, 2).expect("generation 3")
-        });
-        let joined = follow(&store, 1, 2, Duration::from_secs(30));
-        assert_eq!(retry.join().expect("rank 0 thread"), 3);
+        let (joined, opened) = follow_while_rank_0(|rank0| open(rank0, 2).expect("generation 3"));
+        assert_eq!(opened, 3);
         assert_eq!(joined.expect("joins generation 3"), 3);
     }
 
