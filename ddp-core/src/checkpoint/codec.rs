@@ -8,7 +8,9 @@
 //!   rank, since DDP made every rank hold rank 0's ids before the save).
 //! - The safetensors header is rewritten in canonical form (sorted keys), so equal tensors
 //!   give equal bytes.
-//! - The optimizer state goes through burn's `BinBytesRecorder` at full precision.
+//! - The optimizer state goes through burn's `BinBytesRecorder` at full precision. An optimizer
+//!   whose record is only part of its state (ZeRO's shard before `consolidate_state`) says so
+//!   through [`mark_partial_optimizer_record`], and the save is refused instead of writing it.
 
 use super::canonical::canonical_safetensors;
 use super::error::CheckpointError;
@@ -19,7 +21,22 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor};
+use std::cell::Cell;
 use std::collections::BTreeMap;
+
+thread_local! {
+    /// What the last `to_record` on this thread left out, when it gave only part of an
+    /// optimizer's state. burn's `Optimizer::to_record` cannot fail, so this is how such a
+    /// record reaches the save that called it: the save fails on every rank instead of writing
+    /// one rank's shard as if it were the whole state.
+    static PARTIAL_RECORD: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Called from an optimizer's `to_record` when the record it returns is only part of its
+/// state; `what` says which part and how to save the whole (it ends the save's error).
+pub(crate) fn mark_partial_optimizer_record(what: &'static str) {
+    PARTIAL_RECORD.with(|p| p.set(Some(what)));
+}
 
 /// Module path to `ParamId` value.
 type ParamIds = BTreeMap<String, u64>;
@@ -110,11 +127,14 @@ where
     O: Optimizer<M, B>,
 {
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    Recorder::<B>::record(&recorder, optim.to_record(), ()).map_err(|e| {
-        CheckpointError::SerializeOptimizer {
-            file: OPTIMIZER_FILE.into(),
-            reason: e.to_string(),
-        }
+    PARTIAL_RECORD.with(|p| p.set(None));
+    let record = optim.to_record();
+    if let Some(what) = PARTIAL_RECORD.with(Cell::take) {
+        return Err(CheckpointError::PartialOptimizerState { what });
+    }
+    Recorder::<B>::record(&recorder, record, ()).map_err(|e| CheckpointError::SerializeOptimizer {
+        file: OPTIMIZER_FILE.into(),
+        reason: e.to_string(),
     })
 }
 

@@ -293,6 +293,16 @@ pub enum CheckpointError {
         /// The recorder's message.
         reason: String,
     },
+    /// The optimizer's record is only part of its state (a [`ZeroRedundancyOptimizer`]'s shard
+    /// before `consolidate_state`): writing it would lose the other ranks' state on resume, so
+    /// nothing was written.
+    ///
+    /// [`ZeroRedundancyOptimizer`]: crate::zero::ZeroRedundancyOptimizer
+    #[error("refusing to save a checkpoint: the optimizer's record is {what}")]
+    PartialOptimizerState {
+        /// Which part the record holds, and how to save the whole state.
+        what: &'static str,
+    },
     /// The model file does not fit the model (different architecture, missing tensors...).
     #[error("loading {file} of checkpoint {name} into the model on rank {rank}: {reason}")]
     LoadModel {

@@ -163,6 +163,7 @@ pub mod sharded;
 mod state;
 pub mod storage;
 
+pub(crate) use codec::mark_partial_optimizer_record;
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{

@@ -8,7 +8,9 @@ use super::stage2::{
     reduce_scatter_grads,
 };
 use super::stage2_device;
-use crate::checkpoint::{FullCheckpointer, SavedCheckpoint, TrainingState};
+use crate::checkpoint::{
+    FullCheckpointer, SavedCheckpoint, TrainingState, mark_partial_optimizer_record,
+};
 use crate::engine::model_sync::{broadcast_bytes, read_values, write_values};
 use crate::engine::module_tensors::{TensorInfo, describe, keep_shard};
 use crate::engine::params::first_tied_trainable;
@@ -593,8 +595,11 @@ where
     }
 
     /// The full state on rank 0 after [`consolidate_state`](Self::consolidate_state) (what
-    /// [`FullCheckpointer::save`] writes); otherwise this rank's shard only (with a warning when
-    /// the state is sharded over several ranks).
+    /// [`FullCheckpointer::save`] writes); otherwise this rank's shard only, with a warning when
+    /// the state is sharded over several ranks. [`FullCheckpointer::save`] given such a shard
+    /// fails on every rank ([`CheckpointError::PartialOptimizerState`]) and writes nothing.
+    ///
+    /// [`CheckpointError::PartialOptimizerState`]: crate::checkpoint::CheckpointError::PartialOptimizerState
     fn to_record(&self) -> Self::Record {
         if let Some(full) = &self.consolidated {
             return full.clone();
@@ -604,6 +609,11 @@ where
                 rank = self.pg.rank(),
                 "ZeroRedundancyOptimizer::to_record without consolidate_state: this is this \
                  rank's shard only; save checkpoints with ZeroRedundancyOptimizer::save_checkpoint"
+            );
+            mark_partial_optimizer_record(
+                "a ZeroRedundancyOptimizer's shard of this rank only (its state is sharded over \
+                 the ranks): save with ZeroRedundancyOptimizer::save_checkpoint, which gathers \
+                 the whole state first, or call consolidate_state before FullCheckpointer::save",
             );
         }
         self.local_state()

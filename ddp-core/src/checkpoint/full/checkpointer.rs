@@ -66,14 +66,16 @@ impl FullCheckpointer {
     ///
     /// A [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer) holds only each
     /// rank's shard of the optimizer state: save it with its `save_checkpoint`, or call its
-    /// `consolidate_state` on every rank first. Passed here as it is, rank 0 writes its own
-    /// shard only (with a warning), and a resume loses the other ranks' state.
+    /// `consolidate_state` on every rank first. Passed here as it is (at world 2 or more), the
+    /// save fails on every rank with [`CheckpointError::PartialOptimizerState`] and writes
+    /// nothing: rank 0's shard alone would lose the other ranks' state on resume.
     ///
     /// # Collective
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// [`CheckpointError::StepMismatch`]; rank 0's serialisation or I/O error (other ranks get
+    /// [`CheckpointError::StepMismatch`]; [`CheckpointError::PartialOptimizerState`]; rank 0's
+    /// serialisation or I/O error (other ranks get
     /// [`CheckpointError::Rank0Failed`]); [`CheckpointError::Comm`]. A failed save never
     /// leaves a partial checkpoint and keeps the previous `latest`.
     pub fn save<B, M, O>(
