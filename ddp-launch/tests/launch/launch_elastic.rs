@@ -36,6 +36,10 @@ pub(crate) struct ElasticJob {
     dir: tempfile::TempDir,
     backend: &'static str,
     port: u16,
+    /// `--nnodes`.
+    nnodes: &'static str,
+    /// `--rdzv-last-call`, in seconds.
+    last_call_secs: u64,
     pub(crate) agents: Vec<Running>,
 }
 
@@ -52,6 +56,8 @@ impl ElasticJob {
             dir: tempfile::tempdir().expect("tempdir"),
             backend,
             port,
+            nnodes: "2:3",
+            last_call_secs: LAST_CALL_SECS,
             agents: Vec::new(),
         }
     }
@@ -60,7 +66,7 @@ impl ElasticJob {
         let mut cmd = ddp_run();
         cmd.args([
             "--nnodes",
-            "2:3",
+            self.nnodes,
             "--nproc-per-node",
             &NPROC.to_string(),
             "--rdzv-backend",
@@ -70,7 +76,7 @@ impl ElasticJob {
             "--rdzv-id",
             JOB_ID,
             "--rdzv-last-call",
-            &LAST_CALL_SECS.to_string(),
+            &self.last_call_secs.to_string(),
             "--rdzv-heartbeat-timeout",
             &HEARTBEAT_TIMEOUT_SECS.to_string(),
             "--grace-period",
@@ -439,6 +445,143 @@ fn an_interrupted_node_leaves_and_the_others_go_on() {
             && rounds[0].ends_with(&format!(":{launcher}")),
         "{rounds:?}"
     );
+    assert_all_gone(&workers);
+}
+
+/// A launcher started apart from the job's others, its log in a file that the test reads while
+/// it runs (to tell when it joined a round); killed if the test fails first.
+struct Logged {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Logged {
+    fn start(mut cmd: Command, log: std::path::PathBuf) -> Logged {
+        let file = std::fs::File::create(&log).expect("create log");
+        let child = cmd
+            .env("RUST_LOG", "ddp_launch=info,warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn");
+        Logged { child, log }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the launcher logged `line`.
+    fn wait_for(&mut self, line: &str) {
+        let deadline = Instant::now() + ROUND_DEADLINE;
+        while !self.text().contains(line) {
+            assert!(
+                self.child.try_wait().expect("try_wait").is_none(),
+                "the launcher exited before {line:?}:\n{}",
+                self.text()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no {line:?} within {ROUND_DEADLINE:?}:\n{}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` and waits for the launcher to exit; its exit status.
+    fn stop(&mut self, signal: i32) -> std::process::ExitStatus {
+        // SAFETY: a process this test started.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let deadline = Instant::now() + ROUND_DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the launcher outlived its signal:\n{}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two of four launchers leave while their first round waits out its last call, after they
+/// joined it: one is interrupted (SIGTERM: it withdraws), one dies (SIGKILL: its heartbeats
+/// stop). The round closes with the other two, ranked 0 and 1, and the job succeeds with no
+/// restart to spend (`--max-restarts 0`).
+#[test]
+fn nodes_that_leave_during_the_last_call_are_not_in_the_round() {
+    let mut job = ElasticJob::new();
+    // Room for all four, so that only the last call closes the round; long enough for the
+    // heartbeats of the killed node to stop counting (HEARTBEAT_TIMEOUT_SECS) before it ends.
+    job.nnodes = "2:5";
+    job.last_call_secs = 4 * HEARTBEAT_TIMEOUT_SECS;
+    let host = job.start_host(&["--max-restarts", "0"]);
+    let second = job.start_agent(&["--max-restarts", "0"]);
+    let logs = job.dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let mut interrupted = Logged::start(
+        job.command(&["--max-restarts", "0"]),
+        logs.join("interrupted.log"),
+    );
+    let mut killed = Logged::start(
+        job.command(&["--max-restarts", "0"]),
+        logs.join("killed.log"),
+    );
+    interrupted.wait_for("joined a rendezvous round");
+    killed.wait_for("joined a rendezvous round");
+    let killed_pid = killed.child.id() as i32;
+    let interrupted_pid = interrupted.child.id() as i32;
+    killed.stop(libc::SIGKILL);
+    let status = interrupted.stop(libc::SIGTERM);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        interrupted.text()
+    );
+    assert!(
+        interrupted
+            .text()
+            .contains("withdrew from the round before it closed"),
+        "{}",
+        interrupted.text()
+    );
+
+    let round0 = job.wait_round(0, 2 * NPROC);
+    let mut node_ranks: Vec<usize> = round0.iter().map(|r| r.node_rank).collect();
+    node_ranks.sort();
+    assert_eq!(node_ranks, [0, 0, 1, 1]);
+    for agent in [host, second] {
+        assert_eq!(node_of(&round0, job.pid(agent)).len(), NPROC);
+    }
+
+    let workers = job.all_workers();
+    let outs = job.finish(&[host, second]);
+    for out in &outs {
+        assert_succeeded(out);
+    }
+    let rounds = rounds_printed(&outs[0]);
+    assert_eq!(rounds.len(), 1, "{}", outs[0].all());
+    assert!(
+        rounds[0].starts_with("round 0: 2 node(s)")
+            && rounds[0].contains("completed")
+            && !rounds[0].contains(&format!(":{killed_pid}"))
+            && !rounds[0].contains(&format!(":{interrupted_pid}")),
+        "{rounds:?}"
+    );
+    assert_eq!(rounds_printed(&outs[1]), rounds, "{}", outs[1].all());
     assert_all_gone(&workers);
 }
 

@@ -1,24 +1,32 @@
 //! The round protocol over a [`RendezvousBackend`]: launchers join numbered rounds, each round
-//! closes with its members (ranked in join order), runs until a node fails, leaves or asks to
-//! join, and the survivors then form the next round.
+//! closes with its live members (ranked in join order), runs until a node fails, leaves or
+//! asks to join, and the survivors then form the next round.
 //!
 //! Keys (scoped to the job):
 //! - `config`: the first launcher's settings; the others must match;
 //! - `launch_id`: the first launcher's launch id, which every launcher's workers get;
 //! - `current`: the open or running round; `complete` / `abort`: the job's end;
-//! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/closed` (member
-//!   count, first writer wins), `r/<n>/restarts` (failed rounds before it), `r/<n>/master`
-//!   (the workers' store, from node 0 of the round), `r/<n>/waiting` (nodes that want in),
-//!   `r/<n>/finished` (nodes whose workers all succeeded), `r/<n>/end` (why it ended, first
-//!   writer wins).
+//! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/left/<i>` (set by
+//!   the i-th joiner when it withdraws before the round closes) and `r/<n>/left` (counter of
+//!   those), `r/<n>/closed` (the members' join indices in join order, comma-separated, first
+//!   writer wins), `r/<n>/restarts` (failed rounds before it), `r/<n>/master` (the workers'
+//!   store, from node 0 of the round), `r/<n>/waiting` (nodes that want in), `r/<n>/finished`
+//!   (nodes whose workers all succeeded), `r/<n>/end` (why it ended, first writer wins).
 //!
-//! A round closes once MAX nodes joined, or MIN did and the last call (`--rdzv-last-call`)
-//! passed with no more. A launcher that finds the current round closed without it, waits: it
-//! asks to join when the round has room (the members then end it and re-form), and joins the
-//! next round when one opens.
+//! A round closes once MAX live nodes joined, or MIN did and the last call (`--rdzv-last-call`)
+//! passed with no more; its members are the live joiners (the first MAX of them), and a node's
+//! rank is its place among them. A launcher that finds the current round closed without it,
+//! waits: it asks to join when the round has room (the members then end it and re-form), and
+//! joins the next round when one opens.
 //!
-//! A launcher that dies or is interrupted after joining a round that has not closed yet stays
-//! counted in it; the others find it dead by its heartbeats once the round runs, and re-form.
+//! A joiner is live until it withdraws (a launcher interrupted while it waits for the round to
+//! close writes `r/<n>/left/<i>`) or the waiting launchers find it dead by its heartbeats
+//! (started before it joins); torchrun's dynamic rendezvous drops such participants too. When
+//! the leavers leave fewer than MIN live nodes, the round does not close: it waits for more
+//! (and its last call starts again once MIN are live), up to the join timeout. A launcher that
+//! withdraws just as another closes the round with it (or that dies too recently for its
+//! heartbeats to tell) is still a member: it ends the round (a failure) if it can, else the
+//! others find it dead by its heartbeats once the round runs, and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
 use crate::error::LaunchError;
@@ -27,6 +35,7 @@ use crate::plan::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How often a launcher reads the rendezvous while waiting or supervising.
@@ -36,7 +45,7 @@ const POLL: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone)]
 pub(crate) struct Round {
     pub(crate) number: u32,
-    /// This node's rank in the round (its join order).
+    /// This node's rank in the round (its place among the members, in join order).
     pub(crate) node_rank: usize,
     /// Node ids by node rank.
     pub(crate) members: Vec<String>,
@@ -117,6 +126,48 @@ pub(crate) struct Rounds {
 
 fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
     String::from_utf8_lossy(raw).trim().parse().ok()
+}
+
+/// The value of `r/<n>/closed`: the members' join indices (1-based), in join order.
+fn encode_members(indices: &[usize]) -> String {
+    indices
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// [`encode_members`] read back; `None` if `raw` is no list of join indices.
+fn decode_members(raw: &[u8]) -> Option<Vec<usize>> {
+    let text = String::from_utf8_lossy(raw);
+    let members: Vec<usize> = text
+        .trim()
+        .split(',')
+        .map(|i| i.trim().parse().ok().filter(|&i: &usize| i > 0))
+        .collect::<Option<_>>()?;
+    (!members.is_empty()).then_some(members)
+}
+
+/// What a launcher waiting for a round to close knows of its joiners (ids and withdrawals
+/// never change once written, so each is read once).
+#[derive(Default)]
+struct Joiners {
+    /// Node ids by join index, once written.
+    ids: HashMap<usize, String>,
+    /// Joiners that have not written their id yet, and since when this node saw so.
+    missing_since: HashMap<usize, Instant>,
+    /// Joiners that withdrew (`r/<n>/left/<i>`).
+    left: HashSet<usize>,
+    /// Joiners already logged as gone.
+    logged: HashSet<usize>,
+}
+
+/// The live joiners of an open round, as this node sees them now.
+struct Live {
+    /// Join indices, in join order.
+    indices: Vec<usize>,
+    /// Some joiner has not written its id yet (it just joined): wait before closing.
+    pending: bool,
 }
 
 impl Rounds {
@@ -277,7 +328,7 @@ impl Rounds {
             }
             let r = self.current()?;
             if let Some(members) = self.get(&format!("r/{r}/closed"))? {
-                let members: usize = num(&members).unwrap_or(0);
+                let members = decode_members(&members).map_or(0, |m| m.len());
                 if let Some(end) = self.end_of(r)? {
                     self.advance(r, &end)?;
                     continue;
@@ -372,7 +423,7 @@ impl Rounds {
     }
 
     /// Waits for round `r`, joined as `index` (1-based), to close; `None` when it closed
-    /// without this node (too many joined).
+    /// without this node (too many joined). Interrupted, this node withdraws from the round.
     fn wait_for_close(
         &mut self,
         r: u32,
@@ -382,17 +433,24 @@ impl Rounds {
         let nodes = self.settings.nodes;
         let deadline = Instant::now() + self.join_timeout;
         let mut min_reached: Option<Instant> = None;
+        let mut joiners = Joiners::default();
         loop {
             if let Some(signal) = signals.take() {
+                self.withdraw(r, index, signal);
                 return Err(LaunchError::Interrupted { signal });
             }
             if let Some(closed) = self.get(&format!("r/{r}/closed"))? {
-                let count: usize = num(&closed).unwrap_or(0);
-                if index > count {
+                let members = decode_members(&closed).ok_or_else(|| {
+                    self.error(format!(
+                        "invalid members {:?} of round {r} in the store",
+                        String::from_utf8_lossy(&closed)
+                    ))
+                })?;
+                let Some(node_rank) = members.iter().position(|&i| i == index) else {
                     tracing::info!(round = r, "the round closed without this node");
                     return Ok(None);
-                }
-                return self.read_round(r, index - 1, count, signals).map(Some);
+                };
+                return self.read_round(r, node_rank, &members, signals).map(Some);
             }
             if let Some(over) = self.job_over()? {
                 return Err(self.error(match over {
@@ -405,43 +463,179 @@ impl Rounds {
                 .add(&format!("r/{r}/join"), 0)
                 .map_err(|e| self.lost(e))?
                 .max(0) as usize;
-            let close_at = if joined >= nodes.max {
-                Some(nodes.max)
-            } else if joined >= nodes.min {
-                let since = *min_reached.get_or_insert_with(Instant::now);
-                (since.elapsed() >= self.settings.last_call).then_some(joined)
-            } else {
-                None
-            };
-            if let Some(count) = close_at {
+            let live = self.live_joiners(r, joined, index, &mut joiners)?;
+            if live.indices.len() >= nodes.min {
+                min_reached.get_or_insert_with(Instant::now);
+            } else if min_reached.take().is_some() {
+                tracing::info!(
+                    round = r,
+                    live = live.indices.len(),
+                    "fewer live nodes than the minimum now; the round waits for more"
+                );
+            }
+            let last_call_over =
+                min_reached.is_some_and(|since| since.elapsed() >= self.settings.last_call);
+            if !live.pending && (live.indices.len() >= nodes.max || last_call_over) {
+                let members = &live.indices[..live.indices.len().min(nodes.max)];
                 self.backend
-                    .set_once(&format!("r/{r}/closed"), count.to_string().as_bytes())
+                    .set_once(&format!("r/{r}/closed"), encode_members(members).as_bytes())
                     .map_err(|e| self.lost(e))?;
                 continue;
             }
             // Once enough nodes joined, the last call closes the round: the join timeout is
             // for a round that cannot start.
-            if Instant::now() >= deadline && joined < nodes.min {
+            if Instant::now() >= deadline && live.indices.len() < nodes.min {
+                let gone = joined.saturating_sub(live.indices.len());
+                let gone = if gone > 0 {
+                    format!(
+                        " ({joined} joined, {gone} of them left or sent no heartbeat before it closed)"
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(self.error(format!(
-                    "only {joined} of at least {} nodes joined round {r} within {:?} (--join-timeout)",
-                    nodes.min, self.join_timeout
+                    "only {} of at least {} nodes joined round {r} within {:?} (--join-timeout){gone}",
+                    live.indices.len(),
+                    nodes.min,
+                    self.join_timeout
                 )));
             }
             std::thread::sleep(POLL);
         }
     }
 
-    /// The members of closed round `r` (their ids appear right after they joined).
+    /// The live joiners of open round `r` (`joined` joined it, this node as `index`): those
+    /// that neither withdrew nor stopped sending heartbeats. A joiner that has not written its
+    /// id is pending, and gone once it stays so for the heartbeat timeout (it died in between).
+    fn live_joiners(
+        &mut self,
+        r: u32,
+        joined: usize,
+        index: usize,
+        joiners: &mut Joiners,
+    ) -> Result<Live, LaunchError> {
+        let now = Instant::now();
+        let mut pending = false;
+        for i in 1..=joined {
+            if joiners.ids.contains_key(&i) {
+                continue;
+            }
+            if let Some(id) = self.get(&format!("r/{r}/node/{i}"))? {
+                joiners.missing_since.remove(&i);
+                joiners
+                    .ids
+                    .insert(i, String::from_utf8_lossy(&id).into_owned());
+            } else {
+                let since = *joiners.missing_since.entry(i).or_insert(now);
+                if now.duration_since(since) <= self.settings.heartbeat_timeout {
+                    pending = true;
+                } else if joiners.logged.insert(i) {
+                    tracing::info!(
+                        round = r,
+                        index = i,
+                        "a node joined the round but never wrote its id; not counting it"
+                    );
+                }
+            }
+        }
+        // Each withdrawal bumps the counter after writing its key: look for the keys only
+        // while some are unseen.
+        let withdrawn = self
+            .backend
+            .add(&format!("r/{r}/left"), 0)
+            .map_err(|e| self.lost(e))?
+            .max(0) as usize;
+        if joiners.left.len() < withdrawn {
+            for i in 1..=joined {
+                if !joiners.left.contains(&i) && self.get(&format!("r/{r}/left/{i}"))?.is_some() {
+                    joiners.left.insert(i);
+                }
+            }
+        }
+        let others: Vec<String> = joiners
+            .ids
+            .iter()
+            .filter(|(i, _)| **i != index && **i <= joined && !joiners.left.contains(i))
+            .map(|(_, id)| id.clone())
+            .collect();
+        let dead: HashSet<String> = if others.is_empty() {
+            HashSet::new()
+        } else {
+            self.backend
+                .dead_nodes(&others)
+                .map_err(|e| self.lost(e))?
+                .into_iter()
+                .collect()
+        };
+        let mut indices = Vec::with_capacity(joined);
+        for i in 1..=joined {
+            let Some(id) = joiners.ids.get(&i) else {
+                continue;
+            };
+            let why = if joiners.left.contains(&i) {
+                "withdrew"
+            } else if i != index && dead.contains(id) {
+                "sent no heartbeat"
+            } else {
+                indices.push(i);
+                continue;
+            };
+            if joiners.logged.insert(i) {
+                tracing::info!(
+                    round = r,
+                    node = %id,
+                    "a node that joined the round {why} before it closed; not counting it"
+                );
+            }
+        }
+        Ok(Live { indices, pending })
+    }
+
+    /// Takes this node (joined as `index`) out of round `r`, which it stops waiting for
+    /// (interrupted by `signal`), so that the round closes without it. If the round closed
+    /// with this node already, ends it, so that the others re-form at once. Best effort: the
+    /// others find this node dead by its heartbeats otherwise.
+    fn withdraw(&mut self, r: u32, index: usize, signal: i32) {
+        let id = self.node_id.clone();
+        let withdrawn = self
+            .backend
+            .set_once(&format!("r/{r}/left/{index}"), id.as_bytes())
+            .and_then(|_| self.backend.add(&format!("r/{r}/left"), 1));
+        if let Err(e) = withdrawn {
+            tracing::warn!(%e, round = r, "cannot tell the other nodes that this node leaves");
+            return;
+        }
+        tracing::info!(round = r, index, "withdrew from the round before it closed");
+        let closed = match self.backend.get(&format!("r/{r}/closed")) {
+            Ok(closed) => closed.and_then(|raw| decode_members(&raw)),
+            Err(e) => {
+                tracing::warn!(%e, round = r, "cannot tell whether the round closed with this node");
+                return;
+            }
+        };
+        if closed.is_some_and(|members| members.contains(&index)) {
+            let why = format!(
+                "{id} was interrupted by {} before round {r} started",
+                crate::signal_names::signal_name(signal)
+            );
+            if let Err(e) = self.end_round(r, &RoundEnd::Failure(why)) {
+                tracing::warn!(%e, "cannot tell the other nodes that this node leaves");
+            }
+        }
+    }
+
+    /// The members of closed round `r`, by their join indices (their ids appear right after
+    /// they joined).
     fn read_round(
         &mut self,
         r: u32,
         node_rank: usize,
-        count: usize,
+        indices: &[usize],
         signals: &SignalGuard,
     ) -> Result<Round, LaunchError> {
         let deadline = Instant::now() + self.join_timeout;
-        let mut members = Vec::with_capacity(count);
-        for i in 1..=count {
+        let mut members = Vec::with_capacity(indices.len());
+        for &i in indices {
             loop {
                 if let Some(id) = self.get(&format!("r/{r}/node/{i}"))? {
                     members.push(String::from_utf8_lossy(&id).into_owned());
@@ -674,12 +868,14 @@ impl Rounds {
         let current = self.current()?;
         let mut rounds = Vec::new();
         for r in 0..=current {
-            let Some(count) = self.get(&format!("r/{r}/closed"))?.and_then(|v| num(&v)) else {
+            let Some(indices) = self
+                .get(&format!("r/{r}/closed"))?
+                .and_then(|v| decode_members(&v))
+            else {
                 continue;
             };
-            let count: usize = count;
-            let mut nodes = Vec::with_capacity(count);
-            for i in 1..=count {
+            let mut nodes = Vec::with_capacity(indices.len());
+            for i in indices {
                 let id = self.get(&format!("r/{r}/node/{i}"))?;
                 nodes.push(id.map_or_else(
                     || "?".to_string(),
@@ -722,11 +918,20 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 
-    /// A rendezvous service in memory, shared by the test and the node under test.
+    /// A rendezvous service in memory, shared by the test and the node under test; the
+    /// nodes of `.1` are dead (their heartbeats stopped).
     #[derive(Clone, Default)]
-    struct Memory(Arc<Mutex<HashMap<String, Vec<u8>>>>);
+    struct Memory(
+        Arc<Mutex<HashMap<String, Vec<u8>>>>,
+        Arc<Mutex<HashSet<String>>>,
+    );
 
     impl Memory {
+        /// Stops the heartbeats of `node_id`.
+        fn kill(&self, node_id: &str) {
+            self.1.lock().expect("lock").insert(node_id.into());
+        }
+
         fn set(&self, key: &str, value: &str) {
             let mut map = self.0.lock().expect("lock");
             map.insert(key.into(), value.as_bytes().to_vec());
@@ -768,8 +973,13 @@ mod tests {
             Ok(())
         }
 
-        fn dead_nodes(&mut self, _node_ids: &[String]) -> Result<Vec<String>, BackendError> {
-            Ok(Vec::new())
+        fn dead_nodes(&mut self, node_ids: &[String]) -> Result<Vec<String>, BackendError> {
+            let dead = self.1.lock().expect("lock");
+            Ok(node_ids
+                .iter()
+                .filter(|id| dead.contains(*id))
+                .cloned()
+                .collect())
         }
 
         fn advertised_host(&self) -> String {
@@ -821,21 +1031,40 @@ mod tests {
 
     /// [`node`] with a `join_timeout` of its own.
     fn node_waiting(memory: &Memory, backend: RdzvBackend, join_timeout: Duration) -> Rounds {
+        node_of(
+            memory,
+            "late:2",
+            backend,
+            NodeCount { min: 1, max: 2 },
+            Duration::from_secs(1),
+            join_timeout,
+        )
+    }
+
+    /// Node `node_id` of a job of `nodes` nodes, with its own last call and join timeout.
+    fn node_of(
+        memory: &Memory,
+        node_id: &str,
+        backend: RdzvBackend,
+        nodes: NodeCount,
+        last_call: Duration,
+        join_timeout: Duration,
+    ) -> Rounds {
         let settings = ElasticSettings {
-            nodes: NodeCount { min: 1, max: 2 },
+            nodes,
             backend,
             endpoint: Endpoint {
                 host: "127.0.0.1".into(),
                 port: 2379,
             },
             job_id: "none".into(),
-            last_call: Duration::from_secs(1),
+            last_call,
             heartbeat_timeout: Duration::from_secs(60),
         };
         Rounds::new(
             Box::new(memory.clone()),
             settings,
-            "late:2".into(),
+            node_id.into(),
             CONFIG,
             "mine",
             0,
@@ -939,6 +1168,192 @@ mod tests {
             Ok(Joined::Round(round)) => assert_eq!(round.members, ["late:2"]),
             Ok(_) => panic!("the job is not over"),
             Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A job of 2 to 3 nodes whose round 0 has `first:1` in it (alive throughout).
+    fn job_with_first_node() -> Memory {
+        let memory = new_job();
+        memory.set("r/0/join", "1");
+        memory.set("r/0/node/1", "first:1");
+        memory
+    }
+
+    const TWO_TO_THREE: NodeCount = NodeCount { min: 2, max: 3 };
+
+    /// A node of a 2-to-3-node job that closes its round after a last call of 1 s.
+    fn closing_node(memory: &Memory, node_id: &str, join_timeout: Duration) -> Rounds {
+        node_of(
+            memory,
+            node_id,
+            RdzvBackend::C10d,
+            TWO_TO_THREE,
+            Duration::from_secs(1),
+            join_timeout,
+        )
+    }
+
+    /// Joins round 0 as `node_id` and waits for it to close; the round it got.
+    fn join_round(memory: &Memory, node_id: &str) -> Round {
+        let mut rounds = closing_node(memory, node_id, Duration::from_secs(600));
+        match with_signals(|s| rounds.join(s)) {
+            Ok(Joined::Round(round)) => round,
+            Ok(Joined::JobOver(over)) => panic!("the job is over: {over:?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A launcher interrupted (SIGTERM) while the round waits out its last call withdraws: the
+    /// round closes without it, with the others ranked densely, and runs.
+    #[test]
+    fn a_node_interrupted_during_the_last_call_is_not_a_member() {
+        let memory = job_with_first_node();
+        // The leaver's own last call never ends: the signal comes first.
+        let mut leaver = node_of(
+            &memory,
+            "leaver:2",
+            RdzvBackend::C10d,
+            TWO_TO_THREE,
+            Duration::from_secs(600),
+            Duration::from_secs(600),
+        );
+        let interrupted = with_signals(|s| {
+            let raiser = {
+                let memory = memory.clone();
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(300);
+                    while memory.value("r/0/node/2").is_none() {
+                        assert!(Instant::now() < deadline, "the leaver never joined");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    // SAFETY: the test's guard handles SIGTERM (it only sets a flag).
+                    unsafe { libc::raise(libc::SIGTERM) };
+                })
+            };
+            let joined = leaver.join(s);
+            raiser.join().expect("raiser");
+            joined
+        });
+        assert!(
+            matches!(
+                interrupted,
+                Err(LaunchError::Interrupted {
+                    signal: libc::SIGTERM
+                })
+            ),
+            "{:?}",
+            interrupted.as_ref().err()
+        );
+        assert_eq!(memory.value("r/0/left/2").as_deref(), Some("leaver:2"));
+        assert_eq!(memory.value("r/0/closed"), None);
+
+        let round = join_round(&memory, "late:3");
+        assert_eq!(round.members, ["first:1", "late:3"]);
+        assert_eq!(round.node_rank, 1);
+        assert_eq!(memory.value("r/0/closed").as_deref(), Some("1,3"));
+        assert_eq!(memory.value("r/0/end"), None, "the round runs");
+        // Every launcher reads the same members, the history too.
+        let mut first = closing_node(&memory, "first:1", Duration::from_secs(600));
+        let read = with_signals(|s| first.read_round(0, 0, &[1, 3], s)).expect("read");
+        assert_eq!(read.members, round.members);
+        let history = first.history();
+        assert_eq!(history[0].nodes, ["first:1", "late:3"]);
+    }
+
+    /// A launcher that joined and died silently during the last call (its heartbeats
+    /// stopped) is not a member of the round that closes.
+    #[test]
+    fn a_node_dead_during_the_last_call_is_not_a_member() {
+        let memory = job_with_first_node();
+        memory.set("r/0/join", "2");
+        memory.set("r/0/node/2", "dead:2");
+        memory.kill("dead:2");
+        let round = join_round(&memory, "late:3");
+        assert_eq!(round.members, ["first:1", "late:3"]);
+        assert_eq!(round.node_rank, 1);
+        assert_eq!(memory.value("r/0/closed").as_deref(), Some("1,3"));
+    }
+
+    /// With the leaver gone, fewer than MIN live nodes remain: the round does not close, and
+    /// closes once another node joins.
+    #[test]
+    fn a_round_short_of_its_minimum_after_a_leaver_waits_for_another_node() {
+        let memory = new_job();
+        memory.set("r/0/join", "1");
+        memory.set("r/0/node/1", "gone:1");
+        memory.set("r/0/left/1", "gone:1");
+        memory.set("r/0/left", "1");
+        let joiner = {
+            let memory = memory.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(300);
+                while memory.value("r/0/node/2").is_none() {
+                    assert!(Instant::now() < deadline, "the node never joined");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                // Longer than the last call: a round closing with 2 joined would close by now.
+                std::thread::sleep(Duration::from_secs(2));
+                let closed = memory.value("r/0/closed");
+                let mut third = memory.clone();
+                let index = third.add("r/0/join", 1).expect("join");
+                third
+                    .compare_set(&format!("r/0/node/{index}"), b"", b"third:3")
+                    .expect("id");
+                closed
+            })
+        };
+        let round = join_round(&memory, "late:2");
+        let closed_early = joiner.join().expect("joiner");
+        assert_eq!(closed_early, None, "closed with a leaver");
+        assert_eq!(round.members, ["late:2", "third:3"]);
+        assert_eq!(round.node_rank, 0);
+        assert_eq!(memory.value("r/0/closed").as_deref(), Some("2,3"));
+    }
+
+    /// ... and fails at the join timeout if no other node comes, saying why.
+    #[test]
+    fn a_round_short_of_its_minimum_after_a_leaver_fails_at_the_join_timeout() {
+        let memory = new_job();
+        memory.set("r/0/join", "1");
+        memory.set("r/0/node/1", "dead:1");
+        memory.kill("dead:1");
+        let mut rounds = closing_node(&memory, "late:2", Duration::from_secs(2));
+        let err = match with_signals(|s| rounds.join(s)) {
+            Err(e) => e,
+            Ok(_) => panic!("joined a round short of its minimum"),
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("only 1 of at least 2 nodes joined round 0")
+                && text.contains("2 joined, 1 of them left or sent no heartbeat"),
+            "{text}"
+        );
+        assert_eq!(memory.value("r/0/closed"), None);
+    }
+
+    /// A launcher that withdraws just after the round closed with it ends the round, so that
+    /// the others re-form at once instead of waiting for its heartbeats to stop.
+    #[test]
+    fn a_member_that_withdraws_after_the_round_closed_ends_it() {
+        let memory = job_with_first_node();
+        memory.set("r/0/join", "2");
+        memory.set("r/0/node/2", "leaver:2");
+        memory.set("r/0/closed", "1,2");
+        let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
+        leaver.withdraw(0, 2, libc::SIGINT);
+        let end = memory.value("r/0/end").expect("the round ended");
+        assert!(
+            end.starts_with("failure|leaver:2 was interrupted by SIGINT before round 0 started"),
+            "{end}"
+        );
+    }
+
+    #[test]
+    fn member_lists_survive_the_store() {
+        assert_eq!(encode_members(&[1, 3, 4]), "1,3,4");
+        assert_eq!(decode_members(b"1,3,4"), Some(vec![1, 3, 4]));
+        for bad in [&b""[..], b"0", b"1,,2", b"x"] {
+            assert_eq!(decode_members(bad), None, "{bad:?}");
         }
     }
 
