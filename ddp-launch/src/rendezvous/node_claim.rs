@@ -8,10 +8,10 @@
 //! stops at once naming both (or, once the job runs, the second claimant stops alone).
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
-//! attempts in the same process) keep the claim. While it holds the claim, its
-//! [`Heartbeat`] adds to `node/<rank>/alive` every [`BEAT`](super::heartbeat::BEAT). A new claimant for a held rank
-//! reads that counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree), and
-//! reads it again: moved, the holder lives and the newcomer is refused as above; unmoved, the
+//! attempts in the same process) keep the claim. While it holds the claim, its [`Heartbeat`]
+//! adds to `node/<rank>/alive` every [`BEAT`](super::heartbeat::BEAT). A new claimant for a held
+//! rank reads that counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
+//! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
 //! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
 //! wins. Like a torchrun agent started again for a crashed node, it then joins the attempt the
@@ -19,7 +19,6 @@
 //!
 //! Node 0 hosts the store, so its launcher cannot be replaced: a new one finds `--master-port`
 //! taken while the old one lives, and the job's store is gone with it once it died.
-
 use super::Rendezvous;
 use super::heartbeat::Heartbeat;
 use crate::error::LaunchError;
