@@ -101,8 +101,9 @@ pub struct LaunchArgs {
     #[arg(long, help_heading = HEADING, value_name = "N|MIN:MAX", env = "DDP_NNODES")]
     pub nnodes: Option<NodeCount>,
 
-    /// This node's rank, in 0..nnodes; node k's local rank j is global rank k*nproc_per_node+j
-    /// [default: 0]
+    /// This node's rank, in 0..nnodes; node k's local rank j is global rank k*nproc_per_node+j.
+    /// A launcher started again for a node whose launcher died takes its place (the job
+    /// restarts) [default: 0]
     #[arg(long, help_heading = HEADING, value_name = "K", env = "DDP_NODE_RANK")]
     pub node_rank: Option<usize>,
 

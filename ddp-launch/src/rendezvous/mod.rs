@@ -18,18 +18,21 @@
 //! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
 //! abort key so the others do not restart. Each launcher claims its node rank when it joins
-//! ([`node_claim`]): a second launcher with the same `--node-rank` stops every node while the job
-//! forms, and only itself once it runs ([`refusal`]). Every
-//! node's workers get node 0's
+//! ([`node_claim`]) and keeps a heartbeat on the claim: a second launcher with the same
+//! `--node-rank` stops every node while the job forms, and only itself once it runs
+//! ([`refusal`]), unless the holder's heartbeat stopped: then it takes the dead launcher's place
+//! and joins the attempt the others start next ([`rejoin`]). Every node's workers get node 0's
 //! [`LAUNCH_ID_ENV`](crate::LAUNCH_ID_ENV), published with its settings.
 //!
 //! Node 0 keeps the rendezvous up after its own workers succeeded while other nodes still run
 //! theirs (have neither finished nor failed) and are connected: closing it would make their
 //! launchers stop healthy workers. A signal ends that wait at once.
 
+mod heartbeat;
 mod node_claim;
 pub(crate) mod port_holder;
 mod refusal;
+mod rejoin;
 pub(crate) mod store_connect;
 
 use crate::error::LaunchError;
@@ -153,6 +156,13 @@ pub(crate) struct Rendezvous {
     finished: Option<u32>,
     /// The job's launch id: node 0's.
     launch_id: String,
+    /// This launcher's id in its node's claim (empty until it holds it).
+    claimant: String,
+    /// Moves the claim's counter while this launcher holds it.
+    heartbeat: Option<heartbeat::Heartbeat>,
+    /// The attempt this launcher joins first: 0, or a later one when it took the claim of a
+    /// launcher that died over (see [`rejoin`]).
+    first_attempt: u32,
 }
 
 /// How a wait for the other launchers to disconnect from a hosted store ended.
@@ -252,9 +262,12 @@ impl Rendezvous {
             last_port: None,
             finished: None,
             launch_id: plan.launch_id.clone(),
+            claimant: String::new(),
+            heartbeat: None,
+            first_attempt: 0,
         };
         rdzv.check_config(plan, signals)?;
-        rdzv.claim_node_rank()?;
+        rdzv.claim_node_rank(plan.max_restarts, signals)?;
         tracing::info!(node_rank = plan.node_rank, nnodes = plan.nnodes, %addr, "joined the rendezvous");
         Ok(rdzv)
     }
@@ -274,6 +287,12 @@ impl Rendezvous {
     /// The job's launch id (node 0's), for every node's workers.
     pub(crate) fn launch_id(&self) -> &str {
         &self.launch_id
+    }
+
+    /// The attempt this launcher joins first: 0, or the one the other nodes start next when
+    /// it took the place of a node's launcher that died.
+    pub(crate) fn first_attempt(&self) -> u32 {
+        self.first_attempt
     }
 
     /// Node 0 publishes its settings and launch id; the others compare theirs and adopt its
@@ -353,8 +372,10 @@ impl Rendezvous {
         signals: &SignalGuard,
     ) -> Result<u16, LaunchError> {
         self.finished = None;
+        self.check_claim()?;
         let port_key = Self::key(attempt, "port");
         if self.node_rank == 0 {
+            self.record_latest(attempt)?;
             let port = free_port(self.bind_host, self.last_port)?;
             self.last_port = Some(port);
             self.store
@@ -589,7 +610,14 @@ impl Rendezvous {
             Some(server) => self.serve_running_nodes(server, signals),
             None => None,
         };
-        let Rendezvous { store, server, .. } = self;
+        let Rendezvous {
+            store,
+            server,
+            heartbeat,
+            ..
+        } = self;
+        // The heartbeat shares the connection: it goes first, so the connection closes.
+        drop(heartbeat);
         drop(store);
         let Some(server) = server else { return };
         let left = match interrupted {

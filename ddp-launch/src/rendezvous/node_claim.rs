@@ -1,4 +1,5 @@
-//! Each launcher of a static multi-node job claims its `--node-rank` in the rendezvous.
+//! Each launcher of a static multi-node job claims its `--node-rank` in the rendezvous, and a
+//! launcher started again for a node whose launcher died takes the claim over.
 //!
 //! The join counts arrivals, so without a claim two launchers started with the same
 //! `--node-rank` would make up the count between them: the job would start with duplicate ranks
@@ -7,37 +8,173 @@
 //! stops at once naming both (or, once the job runs, the second claimant stops alone).
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
-//! attempts in the same process) keep the claim. A new process for the same node (a launcher
-//! started again while node 0 still runs the job) is refused too: it could not take its place
-//! in the attempt under way anyway.
-
+//! attempts in the same process) keep the claim. While it holds the claim, its [`Heartbeat`]
+//! adds to `node/<rank>/alive` every [`BEAT`](super::heartbeat::BEAT). A new claimant for a held
+//! rank reads that counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
+//! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
+//! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
+//! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
+//! wins. Like a torchrun agent started again for a crashed node, it then joins the attempt the
+//! other nodes start next ([`rejoin`](super::rejoin)), which spends a restart.
+//!
+//! Node 0 hosts the store, so its launcher cannot be replaced: a new one finds `--master-port`
+//! taken while the old one lives, and the job's store is gone with it once it died.
 use super::Rendezvous;
+use super::heartbeat::Heartbeat;
 use crate::error::LaunchError;
 use crate::launcher_id::claimant_id;
+use crate::signals::SignalGuard;
+use std::time::{Duration, Instant};
+
+/// How long a holder's heartbeat must stay still for a newcomer to take its claim: five beats
+/// missed in a row. A live holder's beat is one `add` on a connection whose calls all return at
+/// once, so even a loaded host does not hold it off that long, while a launcher started again
+/// for a dead node waits only a few seconds more than it has to. (Taking a live holder's claim
+/// would stop the attempt under way; waiting longer costs only the newcomer's time.)
+pub(crate) const GRACE: Duration = Duration::from_secs(5);
+/// How often a newcomer looks at the holder's counter while it waits.
+const LOOK: Duration = Duration::from_millis(250);
+
+/// The key holding node `rank`'s claimant.
+pub(super) fn claim_key(rank: usize) -> String {
+    format!("node/{rank}")
+}
+
+/// The counter the holder of node `rank`'s claim moves.
+fn alive_key(rank: usize) -> String {
+    format!("node/{rank}/alive")
+}
+
+/// What a newcomer saw of the holder's heartbeat.
+enum Holder {
+    /// It moved: the holder runs.
+    Alive,
+    /// It did not move for [`GRACE`].
+    Gone,
+}
 
 impl Rendezvous {
     /// Claims this node's rank for this launcher (`compare_set`, so exactly one launcher wins
-    /// a rank). On a clash, publishes the refusal for every launcher and returns it.
-    pub(super) fn claim_node_rank(&self) -> Result<(), LaunchError> {
+    /// a rank), taking it over from a holder whose heartbeat stopped; starts this launcher's
+    /// heartbeat; after a takeover, picks the attempt to join. On a clash with a live holder,
+    /// publishes the refusal for every launcher and returns it.
+    pub(super) fn claim_node_rank(
+        &mut self,
+        max_restarts: u32,
+        signals: &SignalGuard,
+    ) -> Result<(), LaunchError> {
         let claimant = claimant_id();
-        let claimant = claimant.as_str();
-        let key = format!("node/{}", self.node_rank);
+        let key = claim_key(self.node_rank);
         let holder = self
             .store
             .compare_set(&key, b"", claimant.as_bytes())
             .map_err(|e| self.lost(e))?;
-        if holder == claimant.as_bytes() {
-            return Ok(());
+        let replaced = if holder == claimant.as_bytes() {
+            None
+        } else {
+            match self.watch_holder(&holder, signals)? {
+                Holder::Alive => return Err(self.refuse(&claimant)),
+                Holder::Gone => {}
+            }
+            let now = self
+                .store
+                .compare_set(&key, &holder, claimant.as_bytes())
+                .map_err(|e| self.lost(e))?;
+            if now != claimant.as_bytes() {
+                // Another newcomer took it first.
+                return Err(self.refuse(&claimant));
+            }
+            let holder = String::from_utf8_lossy(&holder).into_owned();
+            tracing::warn!(
+                node_rank = self.node_rank,
+                "launcher {holder}, which held --node-rank {}, did not move its heartbeat for {GRACE:?}: this launcher ({claimant}) takes its place",
+                self.node_rank
+            );
+            Some(holder)
+        };
+        self.heartbeat = Some(
+            Heartbeat::start(self.store.clone(), alive_key(self.node_rank))
+                .map_err(|e| self.error(format!("cannot start the heartbeat thread: {e}")))?,
+        );
+        self.claimant = claimant;
+        if let Some(holder) = replaced {
+            self.first_attempt = self.rejoin(&holder, max_restarts)?;
         }
+        Ok(())
+    }
+
+    /// Reads the holder's heartbeat, then watches it for [`GRACE`] by this host's clock: whether
+    /// it moved. A signal stops the wait.
+    fn watch_holder(&self, holder: &[u8], signals: &SignalGuard) -> Result<Holder, LaunchError> {
+        let key = alive_key(self.node_rank);
+        let first = self.store.add(&key, 0).map_err(|e| self.lost(e))?;
+        tracing::info!(
+            node_rank = self.node_rank,
+            "--node-rank {} is held by launcher {}: waiting up to {GRACE:?} to see whether it still runs",
+            self.node_rank,
+            String::from_utf8_lossy(holder)
+        );
+        let deadline = Instant::now() + GRACE;
+        loop {
+            if let Some(signal) = signals.take() {
+                return Err(LaunchError::Interrupted { signal });
+            }
+            std::thread::sleep(LOOK);
+            if self.store.add(&key, 0).map_err(|e| self.lost(e))? != first {
+                return Ok(Holder::Alive);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Holder::Gone);
+            }
+        }
+    }
+
+    /// Refuses `claimant`, naming the launcher that holds the rank now; publishes the refusal.
+    fn refuse(&self, claimant: &str) -> LaunchError {
+        let holder = self
+            .store
+            .get_timeout(&claim_key(self.node_rank), Duration::from_secs(5))
+            .map(|h| String::from_utf8_lossy(&h).into_owned())
+            .unwrap_or_else(|e| format!("(unreadable: {e})"));
         let refusal = format!(
             "node {rank} cannot join: --node-rank {rank} is already held by launcher {holder}, \
              and launcher {claimant} was started with it too: every launcher of the job needs \
              its own --node-rank (0..={last})",
             rank = self.node_rank,
-            holder = String::from_utf8_lossy(&holder),
             last = self.nnodes - 1,
         );
         let running = self.publish_refusal(&refusal);
-        Err(self.error(format!("{refusal}{running}")))
+        self.error(format!("{refusal}{running}"))
+    }
+
+    /// Before each attempt: whether this launcher still holds its claim. A launcher that stopped
+    /// answering long enough (stopped by SIGSTOP, say) may find another one took its place.
+    pub(super) fn check_claim(&self) -> Result<(), LaunchError> {
+        let holder = self
+            .store
+            .get_timeout(&claim_key(self.node_rank), Duration::from_secs(5))
+            .map_err(|e| self.lost(e))?;
+        if holder == self.claimant.as_bytes() {
+            return Ok(());
+        }
+        Err(self.error(format!(
+            "this launcher ({}) no longer holds --node-rank {}: launcher {} took it over, as this \
+             one's heartbeat did not move for {GRACE:?}",
+            self.claimant,
+            self.node_rank,
+            String::from_utf8_lossy(&holder)
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rendezvous::heartbeat::BEAT;
+
+    #[test]
+    fn the_grace_period_spans_several_heartbeats() {
+        assert!(GRACE >= 4 * BEAT, "{GRACE:?} vs {BEAT:?}");
+        assert_ne!(claim_key(1), alive_key(1));
     }
 }

@@ -9,7 +9,9 @@
 //! set once (`compare_set`), so either a refusal came first and the job stops, or the job formed
 //! first and later refusals are only their launchers' own errors. The last of those is kept in
 //! [`LATE_REFUSAL_KEY`], for a node that then waits in vain for a node to join (its launcher
-//! died, and the one started again for it was refused) to quote when it gives up.
+//! died, and the one started again for it was refused, say for other settings) to quote when it
+//! gives up. (A launcher started again with the same settings takes the dead one's place: see
+//! [`node_claim`](super::node_claim).)
 
 use super::Rendezvous;
 use crate::error::LaunchError;

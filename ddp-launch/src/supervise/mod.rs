@@ -97,7 +97,8 @@ fn run_attempts(
     console: &Arc<Console>,
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<(), LaunchError> {
-    let mut restart_count = 0u32;
+    // A launcher that took a dead one's place joins the attempt the other nodes start next.
+    let mut restart_count = rdzv.as_deref().map_or(0, Rendezvous::first_attempt);
     let mut previous_port = None;
     loop {
         let port = match rdzv.as_deref_mut() {

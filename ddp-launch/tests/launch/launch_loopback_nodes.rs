@@ -24,7 +24,8 @@ fn node_of(nnodes: usize, node_rank: usize, port: u16, nproc: usize, program: &[
     node_with(nnodes, node_rank, port, nproc, &[], program)
 }
 
-/// [`node_of`] with more launcher flags.
+/// [`node_of`] with more launcher flags (a `--join-timeout` among them replaces
+/// [`JOIN_TIMEOUT`]).
 fn node_with(
     nnodes: usize,
     node_rank: usize,
@@ -47,14 +48,14 @@ fn node_with(
             "127.0.0.1",
             "--master-port",
             &port.to_string(),
-            "--join-timeout",
-            JOIN_TIMEOUT,
             "--grace-period",
             "2",
         ])
-        .args(flags)
-        .arg("--")
-        .args(program);
+        .args(flags);
+    if !flags.contains(&"--join-timeout") {
+        cmd.args(["--join-timeout", JOIN_TIMEOUT]);
+    }
+    cmd.arg("--").args(program);
     cmd
 }
 
@@ -305,23 +306,23 @@ fn a_node_waiting_for_a_dead_node_quotes_the_launcher_refused_in_its_place() {
     let port = free_port();
     let worker = worker_path();
     let program = [worker.to_str().expect("utf-8 path"), "--mode", "loop"];
-    let restarts = ["--max-restarts", "1"];
-    let launcher = |rank, name: &str| {
-        let mut cmd = node_with(2, rank, port, 1, &restarts, &program);
+    let launcher = |rank, restarts: &'static str, name: &str| {
+        let mut cmd = node_with(2, rank, port, 1, &["--max-restarts", restarts], &program);
         // Node 1 may die before the workers meet: then rank 0's wait for rank 1 ends in
         // this, not the default 300 s.
         cmd.env("DDP_TIMEOUT_SECS", "20");
         Logged::start(cmd, dir.path().join(name))
     };
-    let mut node0 = launcher(0, "node0.log");
-    let mut node1 = launcher(1, "node1.log");
+    let mut node0 = launcher(0, "1", "node0.log");
+    let mut node1 = launcher(1, "1", "node1.log");
     node0.wait_for("starting workers");
     node1.wait_for("starting workers");
     // Node 1's launcher dies (its workers with it): node 0's workers fail, and node 0 restarts
-    // and waits for node 1, whose rank the dead launcher still holds.
+    // and waits for node 1. The launcher started again in its place runs with other settings,
+    // so it is refused, and node 0 gives up waiting.
     node1.child.kill().expect("kill node 1");
     node0.wait_for("restarting every worker (restart 1 of 1)");
-    let mut again = launcher(1, "again.log");
+    let mut again = launcher(1, "2", "again.log");
     assert_eq!(
         again.exit_code(),
         Some(1),
@@ -331,7 +332,7 @@ fn a_node_waiting_for_a_dead_node_quotes_the_launcher_refused_in_its_place() {
     assert!(
         again
             .text()
-            .contains("--node-rank 1 is already held by launcher"),
+            .contains("every node must use the same settings"),
         "{}",
         again.text()
     );
@@ -342,4 +343,122 @@ fn a_node_waiting_for_a_dead_node_quotes_the_launcher_refused_in_its_place() {
             && log.contains("meanwhile a launcher was refused: node 1 cannot join"),
         "node 0 names the refused launcher:\n{log}"
     );
+}
+
+/// Node 0 and node 1 (one worker each) run `program` with `--max-restarts restarts`; node 1's
+/// launcher is SIGKILLed (its workers die with it) once both started their workers, and a
+/// launcher started again for node 1 once node 0 printed `wait` (if any). Returns node 0 and
+/// the new node 1.
+fn node_1_started_again(
+    dir: &Path,
+    restarts: &str,
+    program: &[&str],
+    wait: Option<&str>,
+) -> (Logged, Logged) {
+    let port = free_port();
+    // Node 0 may wait for node 1 while the new launcher starts and watches the dead one's
+    // heartbeat: a loaded machine may take a while.
+    let flags = ["--max-restarts", restarts, "--join-timeout", "120"];
+    let launcher = |rank, name: &str| {
+        let mut cmd = node_with(2, rank, port, 1, &flags, program);
+        // A worker waiting on a dead peer gives up in this, not the default 300 s.
+        cmd.env("DDP_TIMEOUT_SECS", "20");
+        Logged::start(cmd, dir.join(name))
+    };
+    let mut node0 = launcher(0, "node0.log");
+    let mut node1 = launcher(1, "node1.log");
+    node0.wait_for("starting workers");
+    node1.wait_for("starting workers");
+    node1.child.kill().expect("kill node 1");
+    let _ = node1.child.wait();
+    if let Some(text) = wait {
+        node0.wait_for(text);
+    }
+    let again = launcher(1, "again.log");
+    (node0, again)
+}
+
+/// Attempt 0's workers do not talk (they sleep), so node 0 does not notice node 1's death:
+/// the new launcher's arrival ends attempt 0, and both nodes' workers meet in attempt 1.
+#[test]
+fn a_launcher_started_again_for_a_dead_node_takes_its_place_and_the_job_restarts_and_succeeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let worker = worker_path();
+    let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 600; fi; \
+                  exec \"$0\" --mode env";
+    let program = ["sh", "-c", script, worker.to_str().expect("utf-8 path")];
+    let (mut node0, mut again) = node_1_started_again(dir.path(), "1", &program, None);
+    assert_eq!(
+        again.exit_code(),
+        Some(0),
+        "node 1 again:\n{}",
+        again.text()
+    );
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    let (log0, log1) = (node0.text(), again.text());
+    assert!(log1.contains("takes its place"), "node 1 again:\n{log1}");
+    assert!(!log1.contains("already held"), "node 1 again:\n{log1}");
+    assert!(
+        log0.contains("restarting every worker (restart 1 of 1)")
+            && log0.contains("and launcher ")
+            && log0.contains(" took its place"),
+        "node 0 restarts for the new launcher:\n{log0}"
+    );
+    for log in [&log0, &log1] {
+        assert!(log.contains("attempt=1"), "{log}");
+    }
+}
+
+/// Attempt 0's workers all-reduce: node 0's fail when node 1's die, and node 0 restarts and
+/// waits for node 1; the launcher started again then joins that attempt.
+#[test]
+fn a_launcher_started_again_for_a_dead_node_joins_the_attempt_node_0_waits_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let worker = worker_path();
+    let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec \"$0\" --mode loop; fi; \
+                  exec \"$0\" --mode env";
+    let program = ["sh", "-c", script, worker.to_str().expect("utf-8 path")];
+    let (mut node0, mut again) = node_1_started_again(
+        dir.path(),
+        "1",
+        &program,
+        Some("restarting every worker (restart 1 of 1)"),
+    );
+    assert_eq!(
+        again.exit_code(),
+        Some(0),
+        "node 1 again:\n{}",
+        again.text()
+    );
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    let log1 = again.text();
+    assert!(
+        log1.contains("rejoining the job at attempt 1, which the other nodes are forming"),
+        "node 1 again:\n{log1}"
+    );
+    assert!(log1.contains("attempt=1"), "node 1 again:\n{log1}");
+}
+
+/// With no restart left, the launcher started again says the job will not restart for it and
+/// stops (it does not wait for an attempt that never comes), and so does node 0.
+#[test]
+fn a_launcher_started_again_for_a_dead_node_with_no_restart_left_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut node0, mut again) = node_1_started_again(dir.path(), "0", &["sleep", "600"], None);
+    assert_eq!(
+        again.exit_code(),
+        Some(1),
+        "node 1 again:\n{}",
+        again.text()
+    );
+    let log1 = again.text();
+    assert!(
+        log1.contains(
+            "node 1 cannot rejoin the job: it runs its last attempt (0, --max-restarts 0)"
+        ),
+        "node 1 again:\n{log1}"
+    );
+    assert_eq!(node0.exit_code(), Some(1), "node 0:\n{}", node0.text());
+    let log0 = node0.text();
+    assert!(log0.contains(" took its place"), "node 0:\n{log0}");
 }

@@ -1,0 +1,91 @@
+//! Which attempt a launcher that took a dead launcher's claim over joins.
+//!
+//! Node 0 records the attempt it begins in [`LATEST_KEY`]. If the other nodes are still forming
+//! that attempt (fewer than `--nnodes` joined it), the newcomer joins it. If it formed, the dead
+//! launcher's workers were part of it, so it cannot succeed: the newcomer publishes its failure
+//! (the other nodes stop their workers at once, as torchrun's agents restart theirs when a node
+//! arrives) and joins the next one, counted as a restart like any other. With no restarts left,
+//! the job will not start another attempt, so the newcomer stops with an error instead of
+//! waiting for one.
+
+use super::Rendezvous;
+use super::node_claim::GRACE;
+use crate::error::LaunchError;
+use std::time::Duration;
+
+/// The attempt node 0 began last.
+const LATEST_KEY: &str = "attempt/latest";
+
+impl Rendezvous {
+    /// On node 0, as it begins `attempt`: records it for a launcher rejoining the job.
+    pub(super) fn record_latest(&self, attempt: u32) -> Result<(), LaunchError> {
+        self.store
+            .set(LATEST_KEY, attempt.to_string().as_bytes())
+            .map_err(|e| self.lost(e))
+    }
+
+    /// The attempt node 0 began last (0 before it began one).
+    fn latest(&self) -> Result<u32, LaunchError> {
+        if !self.store.check(&[LATEST_KEY]).map_err(|e| self.lost(e))? {
+            return Ok(0);
+        }
+        let text = self
+            .store
+            .get_timeout(LATEST_KEY, Duration::from_secs(5))
+            .map_err(|e| self.lost(e))?;
+        String::from_utf8_lossy(&text).parse().map_err(|_| {
+            self.error(format!(
+                "node 0 published an invalid attempt {:?}",
+                String::from_utf8_lossy(&text)
+            ))
+        })
+    }
+
+    /// After taking the claim over from `dead` (its heartbeat stopped): the attempt this
+    /// launcher joins, or why it cannot rejoin the job.
+    pub(super) fn rejoin(&self, dead: &str, max_restarts: u32) -> Result<u32, LaunchError> {
+        let rank = self.node_rank;
+        if self.aborted() {
+            return Err(self.error(format!(
+                "node {rank} cannot rejoin the job: another node stopped it"
+            )));
+        }
+        let latest = self.latest()?;
+        let count = |name: &str| {
+            self.store
+                .add(&Self::key(latest, name), 0)
+                .map_err(|e| self.lost(e))
+        };
+        if count("joined")? < self.nnodes as i64 {
+            tracing::info!(
+                node_rank = rank,
+                "rejoining the job at attempt {latest}, which the other nodes are forming"
+            );
+            return Ok(latest);
+        }
+        if count("finished")? >= self.nnodes as i64 {
+            return Err(self.error(format!(
+                "node {rank} cannot rejoin the job: every node finished its attempt {latest}"
+            )));
+        }
+        let why = format!(
+            "node {rank}'s launcher {dead} stopped (its heartbeat did not move for {GRACE:?}), \
+             and launcher {me} took its place",
+            me = self.claimant,
+        );
+        self.report_failure(latest, &why, false);
+        let next = latest + 1;
+        if next > max_restarts {
+            return Err(self.error(format!(
+                "node {rank} cannot rejoin the job: it runs its last attempt ({latest}, \
+                 --max-restarts {max_restarts}), so it will not restart for this node; the other \
+                 nodes stop with it"
+            )));
+        }
+        tracing::info!(
+            node_rank = rank,
+            "rejoining the job: attempt {latest} cannot go on without this node, so the nodes restart (restart {next} of {max_restarts})"
+        );
+        Ok(next)
+    }
+}
