@@ -11,9 +11,10 @@
 //! Starting over clears rank 0's directory only. Without a shared filesystem another host's
 //! own directory may still hold the older run's checkpoints, newer than this run's, which
 //! would stop every later load ([`CheckpointConfig::with_other_ranks_checked`]). So the fresh
-//! start also records, in rank 0's directory ([`SUPERSEDED_RUNS_FILE`](super::SUPERSEDED_RUNS_FILE)), the run ids of the
-//! checkpoints the other ranks' directories hold (not those in rank 0's own): the check passes
-//! over those runs' checkpoints from then on.
+//! start also records, in rank 0's directory
+//! ([`SUPERSEDED_RUNS_FILE`](super::SUPERSEDED_RUNS_FILE)), the run ids of the checkpoints the
+//! other ranks' directories hold (not those in rank 0's own): the check passes over those runs'
+//! checkpoints from then on.
 
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, StorageError};
