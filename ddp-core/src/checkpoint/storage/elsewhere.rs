@@ -31,11 +31,14 @@ struct Listing {
     dir: PathBuf,
     /// Its newest complete checkpoint of a run not superseded, `(step, name)`, or why it could
     /// not be listed.
-    newest: Result<Option<(u64, String)>, String>,
+    newest: Result<Newest, String>,
     /// The newer complete checkpoints passed over as superseded runs', newest first.
     #[serde(default)]
     stale: Vec<Stale>,
 }
+
+/// A rank's newest complete checkpoint `(step, name)` of a run not superseded.
+type Newest = Option<(u64, String)>;
 
 /// A complete checkpoint of a run a fresh start superseded.
 #[derive(Debug, Serialize, Deserialize)]
@@ -202,7 +205,7 @@ fn newest_complete(
     manifest_file: &str,
     passed_over: &[InvalidCheckpoint],
     superseded: &BTreeSet<String>,
-) -> Result<(Option<(u64, String)>, Vec<Stale>), StorageError> {
+) -> Result<(Newest, Vec<Stale>), StorageError> {
     let mut all = list_checkpoints(dir)?;
     all.retain(|(_, name)| !passed_over.iter().any(|bad| bad.name == *name));
     all.sort_by(|a, b| b.cmp(a)); // newest first
