@@ -125,8 +125,18 @@ impl CheckpointConfig {
     /// With `false`, a resume does not compare the other ranks' own directories with rank
     /// 0's. The check (on by default) fails the load when another rank's directory holds a
     /// newer checkpoint than rank 0 would resume: after an elastic restart without a shared file
-    /// system, rank 0 would otherwise resume older state, or start over. Turn it off when the
-    /// ranks' directories are not shared and may hold other runs' checkpoints.
+    /// system, rank 0 would otherwise resume older state, or start over.
+    ///
+    /// Every manifest records the id of the run that wrote it (drawn by the run's first save
+    /// into a directory without an earlier checkpoint, kept by every save that continues it).
+    /// A fresh start (`record_fresh_start`, `--fresh`) clears rank 0's directory only, and
+    /// marks the runs whose checkpoints the other ranks' directories then hold as superseded:
+    /// the check passes over those with a warning naming the directory, so a restart after
+    /// `--fresh` is not refused for an older run's checkpoints left on another host. A newer
+    /// checkpoint of the run rank 0 resumes, of a run no fresh start superseded, or without a
+    /// run id (written before run ids existed) still fails the load. Turn the check off when the
+    /// ranks' directories are not shared and may hold other runs' checkpoints that no fresh
+    /// start saw (a host that joined later).
     pub fn with_other_ranks_checked(mut self, checked: bool) -> Self {
         self.other_ranks_checked = checked;
         self

@@ -395,8 +395,10 @@ pub enum CheckpointError {
          what rank 0 would resume from {rank0_dir} ({}); not resuming. If it is this run's \
          (rank 0 was another host before a restart), checkpoints must be on a file system every \
          host that can become rank 0 shares: copy {name} into rank 0's directory. If it is left \
-         from another run (starting over clears rank 0's directory only), remove it there, or \
-         turn this check off with CheckpointConfig::with_other_ranks_checked(false)",
+         from another run (starting over clears rank 0's directory only; a fresh start, \
+         record_fresh_start or --fresh, passes over the runs the other ranks held then, and \
+         this one's was not among them or has no run id), remove it there, or turn this check \
+         off with CheckpointConfig::with_other_ranks_checked(false)",
         .resumed.as_deref().unwrap_or("no checkpoint: a fresh start")
     )]
     NewerCheckpointElsewhere {

@@ -78,6 +78,12 @@ pub struct Manifest {
     pub global_step: u64,
     /// The ddp-core version that wrote it.
     pub framework_version: String,
+    /// The id of the run that wrote it: drawn by the run's first save into a directory without
+    /// an earlier checkpoint, kept by every later save that continues it (see
+    /// [`CheckpointConfig::with_other_ranks_checked`](super::CheckpointConfig::with_other_ranks_checked)).
+    /// `None` in manifests written before run ids existed (they load as before).
+    #[serde(default)]
+    pub run_id: Option<String>,
     /// Every other file of the checkpoint.
     pub files: Vec<FileEntry>,
 }
@@ -285,6 +291,7 @@ mod tests {
             name: "step-1".into(),
             global_step: 1,
             framework_version: "0".into(),
+            run_id: None,
             files: vec![FileEntry::of("a.bin", b"hello")],
         };
         assert_eq!(m.verify("a.bin", b"hello"), Ok(()));
@@ -297,5 +304,17 @@ mod tests {
         );
         let altered = m.verify("a.bin", b"jello").unwrap_err();
         assert!(matches!(altered, InvalidReason::HashMismatch { ref file, .. } if file == "a.bin"));
+    }
+
+    #[test]
+    fn a_manifest_without_a_run_id_reads_as_none() {
+        let old = r#"{"format_version":1,"name":"step-1","global_step":1,
+            "framework_version":"0.1.0","files":[]}"#;
+        let m: Manifest = serde_json::from_str(old).expect("an old manifest parses");
+        assert_eq!(m.run_id, None);
+        let mut new = m.clone();
+        new.run_id = Some("0123".into());
+        let json = serde_json::to_string(&new).expect("serialise");
+        assert_eq!(serde_json::from_str::<Manifest>(&json).expect("parse"), new);
     }
 }

@@ -25,7 +25,8 @@
 //!     ├── param_ids.json        module path -> ParamId (so the optimizer state reattaches)
 //!     ├── training_state.json   TrainingState, per-rank rng, world size, run-config hash,
 //!     │                         ddp-core version
-//!     └── manifest.json         written last: size and sha256 of every other file
+//!     └── manifest.json         written last: size and sha256 of every other file, the
+//!                               id of the run that wrote it
 //! ```
 //!
 //! **Atomicity.** A checkpoint is written into `.tmp-<name>-<pid>/`, every file and the
@@ -181,6 +182,7 @@ pub use outcome::{CheckpointInfo, LoadOutcome, Resumed, SavedCheckpoint};
 pub use storage::lock::{DirLock, LOCK_FILE, lock_dir};
 pub use storage::naming::{LATEST_FILE, checkpoint_name, parse_checkpoint_name};
 pub(crate) use storage::rank0::{all_gather_bytes, all_succeeded};
+pub use storage::run_id::SUPERSEDED_RUNS_FILE;
 pub use storage::set_aside::INVALID_SUFFIX;
 
 pub use state::{FRAMEWORK_VERSION, TrainingState};

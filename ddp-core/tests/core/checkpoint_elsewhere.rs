@@ -5,7 +5,8 @@
 use crate::checkpoint_common::*;
 use crate::common::*;
 use ddp_core::checkpoint::{
-    CheckpointConfig, CheckpointError, FullCheckpointer, MODEL_FILE, TrainingState, checkpoint_name,
+    CheckpointConfig, CheckpointError, FullCheckpointer, MANIFEST_FILE, MODEL_FILE,
+    SUPERSEDED_RUNS_FILE, TrainingState, checkpoint_name,
 };
 use std::path::{Path, PathBuf};
 
@@ -122,4 +123,144 @@ fn ranks_sharing_one_directory_resume_as_before() {
     for result in load_on([dir.path(), dir.path()]) {
         assert_eq!(result.expect("resumed"), Some(checkpoint_name(300)));
     }
+}
+
+/// The run id in the manifest of checkpoint `step` of `dir` (its `run_id`).
+fn run_id(dir: &Path, step: u64) -> Option<String> {
+    let path = dir.join(checkpoint_name(step)).join(MANIFEST_FILE);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read manifest")).expect("parse");
+    manifest["run_id"].as_str().map(str::to_string)
+}
+
+/// `--fresh` on 2 ranks, rank `r` on `dirs[r]`, as ddp-examples' `start_over` does it: rank 0's
+/// directory cleared (`rewind_to(0)`), the initial state saved as step 0 when it held any, the
+/// fresh start recorded.
+fn start_over(dirs: [&Path; 2], save_step_0: bool) {
+    run_ranks(2, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dirs[pg.rank()]), pg).expect("new");
+        ckpt.rewind_to(0).expect("rewind");
+        if save_step_0 {
+            save_random(&ckpt, TrainingState::new(0, 0));
+        }
+        ckpt.record_fresh_start("launch-2").expect("record");
+    });
+}
+
+/// The finding this guards against: after `--fresh`, another host's own directory still held
+/// the older run's newer checkpoint, and every restart was refused until it was removed or the
+/// check turned off. The fresh start marks that run superseded: the new run resumes (with a
+/// warning naming the directory), saves, and resumes its own checkpoints, keeping its run id.
+#[test]
+fn after_a_fresh_start_an_older_runs_checkpoint_on_another_rank_is_passed_over() {
+    for save_step_0 in [false, true] {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (dir0, dir1) = (root.path().join("host0"), root.path().join("host1"));
+        // Older runs' checkpoints on both hosts.
+        save_steps(&dir0, &[100]);
+        save_steps(&dir1, &[300]);
+        let old_run = run_id(&dir1, 300).expect("a run id");
+        start_over([&dir0, &dir1], save_step_0);
+        assert_eq!(
+            entries_with_prefix(&dir1, "step-"),
+            vec![checkpoint_name(300)],
+            "rank 1's directory is left as it was"
+        );
+
+        // The restart of the fresh run: not refused.
+        let expect_first = save_step_0.then(|| checkpoint_name(0));
+        let results = run_ranks(2, |pg| {
+            let rank = pg.rank();
+            let config = CheckpointConfig::new([&dir0, &dir1][rank]);
+            let ckpt = FullCheckpointer::new(config, pg).expect("new");
+            let (outcome, logs) = capture_logs(|| {
+                let device = Default::default();
+                let mut model = Mlp::<B>::new(&device, 4);
+                let mut optim = adam();
+                ckpt.load_latest(&device, &mut model, &mut optim)
+                    .map(|o| o.resumed().map(|r| r.info.name.clone()))
+            });
+            // Its own saves and loads work on: saved, then resumed over the stale step 300.
+            save_random(&ckpt, TrainingState::new(0, 50));
+            let (again, _) = load_latest_fresh(&ckpt);
+            let again = again.resumed().map(|r| r.info.name.clone());
+            (outcome, logs, again)
+        });
+        for (rank, (outcome, logs, again)) in results.into_iter().enumerate() {
+            let name =
+                outcome.unwrap_or_else(|e| panic!("rank {rank} (step 0 {save_step_0}): {e}"));
+            assert_eq!(name, expect_first, "rank {rank}");
+            for part in [
+                "passing over checkpoint step-0000000300",
+                "rank 1's directory",
+                &dir1.display().to_string(),
+                &old_run,
+            ] {
+                assert!(logs.contains(part), "rank {rank}: no {part:?} in: {logs}");
+            }
+            assert_eq!(again, Some(checkpoint_name(50)), "rank {rank}");
+        }
+        let new_run = run_id(&dir0, 50).expect("a run id");
+        assert_ne!(new_run, old_run);
+        if save_step_0 {
+            assert_eq!(run_id(&dir0, 0).as_deref(), Some(new_run.as_str()));
+        }
+        // Still the same run when resumed and saved on.
+        save_steps(&dir0, &[60]);
+        assert_eq!(run_id(&dir0, 60), Some(new_run));
+        assert_eq!(
+            entries_with_prefix(&dir1, "step-"),
+            vec![checkpoint_name(300)]
+        );
+    }
+}
+
+/// Copies checkpoint `step` of `from` into `to` (a host that becomes rank 0 continues it).
+fn copy_checkpoint(from: &Path, to: &Path, step: u64) {
+    let (src, dst) = (
+        from.join(checkpoint_name(step)),
+        to.join(checkpoint_name(step)),
+    );
+    std::fs::create_dir_all(&dst).expect("mkdir");
+    for entry in std::fs::read_dir(&src).expect("read_dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dst.join(entry.file_name())).expect("copy");
+    }
+}
+
+/// A fresh start passes over only the runs it superseded: a newer checkpoint of the run rank 0
+/// resumes still stops the load (the fresh run went on with host 1 as rank 0), and so does one
+/// without a run id (written before run ids existed), which no fresh start can mark.
+#[test]
+fn a_newer_checkpoint_of_the_same_run_on_another_rank_still_stops_the_load() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, dir1) = (root.path().join("host0"), root.path().join("host1"));
+    save_steps(&dir0, &[100]);
+    save_steps(&dir1, &[200]);
+    start_over([&dir0, &dir1], true);
+    let record = std::fs::read_to_string(dir0.join(SUPERSEDED_RUNS_FILE)).expect("record");
+    let old_run = run_id(&dir1, 200).expect("a run id");
+    let new_run = run_id(&dir0, 0).expect("a run id");
+    assert!(record.contains(&old_run), "{record}");
+    assert!(!record.contains(&new_run), "{record}");
+    // The fresh run went on with host 1 as rank 0: its older run's checkpoint removed there,
+    // step 0 copied over, step 300 saved (the same run).
+    std::fs::remove_dir_all(dir1.join(checkpoint_name(200))).expect("rm");
+    copy_checkpoint(&dir0, &dir1, 0);
+    save_steps(&dir1, &[300]);
+    assert_eq!(run_id(&dir1, 300).as_deref(), Some(new_run.as_str()));
+    assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
+
+    // An older build's checkpoint (no run id) left on host 1 when starting over: the fresh
+    // start cannot tell its run, and the check refuses as before.
+    let (dir0, dir1) = (root.path().join("b-host0"), root.path().join("b-host1"));
+    save_steps(&dir1, &[300]);
+    let manifest = dir1.join(checkpoint_name(300)).join(MANIFEST_FILE);
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).expect("read")).expect("parse");
+    json.as_object_mut().expect("object").remove("run_id");
+    std::fs::write(&manifest, serde_json::to_vec(&json).expect("json")).expect("write");
+    assert_eq!(run_id(&dir1, 300), None);
+    start_over([&dir0, &dir1], true);
+    assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
 }

@@ -13,6 +13,7 @@ use super::super::storage::directory::{check_not_backwards, read_latest};
 use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
+use super::super::storage::run_id::run_id_to_save;
 use super::reader::{find_checkpoint_to_resume, read_one};
 use super::writer::write_checkpoint;
 use burn::module::AutodiffModule;
@@ -129,6 +130,7 @@ impl FullCheckpointer {
         let dir = self.base.config.dir();
         // Before serialising anything: a save below a newer valid checkpoint is refused.
         check_not_backwards(dir, state.global_step, read_one)?;
+        let run_id = run_id_to_save(dir, state.global_step, MANIFEST_FILE)?;
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
         let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let state_file = self.base.state_file(state, rank_rngs);
@@ -136,6 +138,7 @@ impl FullCheckpointer {
             dir,
             name,
             state.global_step,
+            run_id,
             model_bytes,
             optim_bytes,
             &state_file,

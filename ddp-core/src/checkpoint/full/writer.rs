@@ -36,12 +36,14 @@ use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
 /// Writes checkpoint `name` in `dir` (the encoded `model`, `optimizer` state and `param_ids`,
-/// and the `state` file) and points `latest` at it; returns the checkpoint's path and its
-/// manifest. An existing checkpoint of the same name is replaced.
+/// and the `state` file) and points `latest` at it, its manifest naming run `run_id`; returns
+/// the checkpoint's path and its manifest. An existing checkpoint of the same name is replaced.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn write_checkpoint(
     dir: &Path,
     name: &str,
     global_step: u64,
+    run_id: String,
     model: Vec<u8>,
     optimizer: Vec<u8>,
     state: &StateFile,
@@ -59,7 +61,7 @@ pub(crate) fn write_checkpoint(
     let pid = std::process::id();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}-{pid}"));
     fresh_dir(&tmp)?;
-    let manifest = match fill_temporary(&tmp, name, global_step, &files) {
+    let manifest = match fill_temporary(&tmp, name, global_step, run_id, &files) {
         Ok(manifest) => manifest,
         Err(e) => {
             // Best effort: the next start removes it anyway.
@@ -91,6 +93,7 @@ fn fill_temporary(
     tmp: &Path,
     name: &str,
     global_step: u64,
+    run_id: String,
     files: &[(&str, Vec<u8>)],
 ) -> Result<Manifest, CheckpointError> {
     crash_point("before-files");
@@ -105,6 +108,7 @@ fn fill_temporary(
         name: name.to_string(),
         global_step,
         framework_version: FRAMEWORK_VERSION.to_string(),
+        run_id: Some(run_id),
         files: entries,
     };
     let manifest_bytes = serde_json::to_vec_pretty(&manifest)

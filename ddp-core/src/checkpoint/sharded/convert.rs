@@ -4,12 +4,13 @@
 
 use super::super::error::CheckpointError;
 use super::super::full::{read_one, write_checkpoint};
-use super::super::manifest::OPTIMIZER_FILE;
+use super::super::manifest::{MANIFEST_FILE, OPTIMIZER_FILE};
 use super::super::outcome::SavedCheckpoint;
 use super::super::storage::directory::check_not_backwards;
 use super::super::storage::durable::ensure_dir;
 use super::super::storage::lock::lock_dir;
 use super::super::storage::naming::parse_checkpoint_name;
+use super::super::storage::run_id::run_id_to_save;
 use super::codec::encode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::load::{load_optimizer, merged_model, param_ids_json};
@@ -66,10 +67,17 @@ where
     let ids = param_ids_json(&manifest)?;
     let record = load_optimizer::<B, R>(device, &path, &manifest, None)?;
     let optimizer = encode_optimizer_shard::<B, R>(record, OPTIMIZER_FILE)?;
+    // The same run in another format: it keeps its id (one of an older build's gets the one
+    // a save into `full_dir` would record).
+    let run_id = match manifest.run_id.clone() {
+        Some(id) => id,
+        None => run_id_to_save(full_dir, step, MANIFEST_FILE)?,
+    };
     let (target, written) = write_checkpoint(
         full_dir,
         name,
         manifest.global_step,
+        run_id,
         model,
         optimizer,
         &manifest.state,

@@ -66,6 +66,11 @@ pub struct ShardedManifest {
     pub world_size: usize,
     /// The ddp-core version that wrote it.
     pub framework_version: String,
+    /// The id of the run that wrote it, as in the rank-0 format's
+    /// [`Manifest::run_id`](crate::checkpoint::Manifest::run_id); `None` in manifests written
+    /// before run ids existed.
+    #[serde(default)]
+    pub run_id: Option<String>,
     /// Every rank's files, by rank.
     pub shards: Vec<ShardEntry>,
     /// Every tensor of the model, by module path.

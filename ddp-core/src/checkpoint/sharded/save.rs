@@ -15,6 +15,7 @@ use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::{TMP_PREFIX, checkpoint_name};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes};
 use super::super::storage::rank0::{all_succeeded, on_rank0};
+use super::super::storage::run_id::run_id_to_save;
 use super::codec::{encode_model_shard, encode_optimizer_shard, tensor_ids};
 use super::error::ShardedCheckpointError;
 use super::manifest::{
@@ -341,12 +342,14 @@ impl ShardedCheckpointer {
             });
         }
         crash_point("sharded-before-manifest");
+        let run_id = run_id_to_save(dir, state.global_step, SHARDED_MANIFEST_FILE)?;
         let manifest = ShardedManifest {
             format_version: SHARDED_FORMAT_VERSION,
             name: name.to_string(),
             global_step: state.global_step,
             world_size: shards.len(),
             framework_version: FRAMEWORK_VERSION.to_string(),
+            run_id: Some(run_id),
             shards,
             tensors,
             state: self.base.state_file(state, rank_rngs),

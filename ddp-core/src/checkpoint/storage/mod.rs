@@ -12,6 +12,8 @@
 //! - `lock`: one job per directory.
 //! - `elsewhere`: after rank 0's search, a newer checkpoint in another rank's directory (no
 //!   shared filesystem) stops the load instead of being silently passed over.
+//! - `run_id`: which run wrote a checkpoint (its manifest's run id), and the runs a fresh
+//!   start superseded, which the `elsewhere` check passes over.
 //! - `set_aside`: invalid checkpoints are renamed, never deleted.
 //! - `rank0`: the collectives around the disk: rank 0 works and tells the others, every rank
 //!   agrees all succeeded, rank 0 reads and broadcasts ([`read_on_rank0`]).
@@ -47,6 +49,7 @@ pub(crate) mod install;
 pub(crate) mod lock;
 pub(crate) mod naming;
 pub(crate) mod rank0;
+pub(crate) mod run_id;
 pub(crate) mod set_aside;
 
 pub use durable::{ensure_dir, remove_temporary_files, write_file_atomically};
