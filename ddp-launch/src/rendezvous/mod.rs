@@ -8,7 +8,8 @@
 //! token. For each attempt:
 //!
 //! 1. node 0 picks a free port on its host for the workers' own store and publishes it;
-//! 2. every node joins the attempt and waits for all `N` (up to `--join-timeout`);
+//! 2. every node joins the attempt (counted once per node rank, however many launchers of that
+//!    node join it) and waits for all `N` (up to `--join-timeout`);
 //! 3. the nodes run their workers; the first node whose worker fails (or that is interrupted)
 //!    publishes the failure, and the others stop their workers when they see it;
 //! 4. a node whose workers all succeeded waits for every node to report success (or a failure),
@@ -365,6 +366,38 @@ impl Rendezvous {
         format!("attempt/{attempt}/{name}")
     }
 
+    /// The key a node's launcher fills with its claimant id when it joins `attempt`.
+    fn joined_key(attempt: u32, node_rank: usize) -> String {
+        Self::key(attempt, &format!("joined/{node_rank}"))
+    }
+
+    /// Counts this node in `attempt`'s `joined_key` once: a launcher that took the place of
+    /// one that died after joining the attempt finds the node counted already, and does not
+    /// count it again (two arrivals for one node would let the attempt form with a node
+    /// missing).
+    fn join(&self, attempt: u32, joined_key: &str) -> Result<(), LaunchError> {
+        let mine = self.claimant.as_bytes();
+        let held = self
+            .store
+            .compare_set(&Self::joined_key(attempt, self.node_rank), b"", mine)
+            .map_err(|e| self.lost(e))?;
+        if held == mine {
+            self.store.add(joined_key, 1).map_err(|e| self.lost(e))?;
+            tracing::info!(
+                node_rank = self.node_rank,
+                "joined attempt {attempt}; waiting for the other nodes"
+            );
+        } else {
+            tracing::info!(
+                node_rank = self.node_rank,
+                "node {} is counted in attempt {attempt} already (launcher {}, whose place this one took, joined it); waiting for the other nodes",
+                self.node_rank,
+                String::from_utf8_lossy(&held)
+            );
+        }
+        Ok(())
+    }
+
     /// Joins attempt `attempt` and waits for every node; returns the workers' port.
     pub(crate) fn begin(
         &mut self,
@@ -385,11 +418,16 @@ impl Rendezvous {
         let joined_key = Self::key(attempt, "joined");
         // A refusal quoted when this wait gives up must be one made during it.
         let earlier_refusal = self.late_refusal();
-        self.store.add(&joined_key, 1).map_err(|e| self.lost(e))?;
+        self.join(attempt, &joined_key)?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
             self.stop_if_interrupted(attempt, signals)?;
             let joined = self.store.add(&joined_key, 0).map_err(|e| self.lost(e))?;
+            // On each pass, and after reading the count: a launcher that stalled here long
+            // enough for another to take its place over must not start a second copy of this
+            // node. (Checked after the read, a takeover that this check missed came after the
+            // attempt formed, so the newcomer sees it formed and restarts the job instead.)
+            self.check_claim()?;
             if joined >= self.nnodes as i64 {
                 self.mark_formed();
                 break;

@@ -1,10 +1,10 @@
 //! Each launcher of a static multi-node job claims its `--node-rank` in the rendezvous, and a
 //! launcher started again for a node whose launcher died takes the claim over.
 //!
-//! The join counts arrivals, so without a claim two launchers started with the same
-//! `--node-rank` would make up the count between them: the job would start with duplicate ranks
-//! (and a missing one) and hang until the workers' timeout. The second claimant is refused
-//! instead, through [`publish_refusal`](super::Rendezvous::publish_refusal), so every launcher
+//! The join counts each node once (its launcher fills `attempt/<N>/joined/<rank>` with its id
+//! before it adds to the count), but without a claim two launchers started with the same
+//! `--node-rank` would both run that node's workers: the job would start with duplicate ranks
+//! and hang until the workers' timeout. The second claimant is refused instead, through [`publish_refusal`](super::Rendezvous::publish_refusal), so every launcher
 //! stops at once naming both (or, once the job runs, the second claimant stops alone).
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
@@ -14,7 +14,9 @@
 //! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
 //! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
-//! wins. Like a torchrun agent started again for a crashed node, it then joins the attempt the
+//! wins. A holder that was only stalled finds out when it next looks at its claim (before each
+//! attempt, and on each pass of the wait for the other nodes) and stops without starting
+//! workers. Like a torchrun agent started again for a crashed node, it then joins the attempt the
 //! other nodes start next ([`rejoin`](super::rejoin)), which spends a restart.
 //!
 //! Node 0 hosts the store, so its launcher cannot be replaced: a new one finds `--master-port`
