@@ -9,8 +9,9 @@
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
 //! attempts in the same process) keep the claim. While it holds the claim, its [`Heartbeat`]
-//! adds to `node/<rank>/alive` every [`BEAT`](super::heartbeat::BEAT). A new claimant for a held
-//! rank reads that counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
+//! adds to `node/<rank>/alive/<its id>` every [`BEAT`](super::heartbeat::BEAT) (a counter of its
+//! own, so a displaced holder that beats on does not cover up its successor's death). A new
+//! claimant for a held rank reads the holder's counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
 //! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
 //! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
@@ -42,9 +43,11 @@ pub(super) fn claim_key(rank: usize) -> String {
     format!("node/{rank}")
 }
 
-/// The counter the holder of node `rank`'s claim moves.
-fn alive_key(rank: usize) -> String {
-    format!("node/{rank}/alive")
+/// The counter `claimant` moves while it runs as node `rank`'s launcher. Each claimant has its
+/// own: a holder that was displaced while it stalled, and beats on when it resumes, must not
+/// move the counter its successor is judged by.
+fn alive_key(rank: usize, claimant: &str) -> String {
+    format!("node/{rank}/alive/{claimant}")
 }
 
 /// What a newcomer saw of the holder's heartbeat.
@@ -95,7 +98,7 @@ impl Rendezvous {
             Some(holder)
         };
         self.heartbeat = Some(
-            Heartbeat::start(self.store.clone(), alive_key(self.node_rank))
+            Heartbeat::start(self.store.clone(), alive_key(self.node_rank, &claimant))
                 .map_err(|e| self.error(format!("cannot start the heartbeat thread: {e}")))?,
         );
         self.claimant = claimant;
@@ -108,7 +111,7 @@ impl Rendezvous {
     /// Reads the holder's heartbeat, then watches it for [`GRACE`] by this host's clock: whether
     /// it moved. A signal stops the wait.
     fn watch_holder(&self, holder: &[u8], signals: &SignalGuard) -> Result<Holder, LaunchError> {
-        let key = alive_key(self.node_rank);
+        let key = alive_key(self.node_rank, &String::from_utf8_lossy(holder));
         let first = self.store.add(&key, 0).map_err(|e| self.lost(e))?;
         tracing::info!(
             node_rank = self.node_rank,
@@ -177,6 +180,7 @@ mod tests {
     #[test]
     fn the_grace_period_spans_several_heartbeats() {
         assert!(GRACE >= 4 * BEAT, "{GRACE:?} vs {BEAT:?}");
-        assert_ne!(claim_key(1), alive_key(1));
+        assert_ne!(claim_key(1), alive_key(1, "host:1:a"));
+        assert_ne!(alive_key(1, "host:1:a"), alive_key(1, "host:2:b"));
     }
 }
