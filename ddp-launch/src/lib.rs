@@ -148,9 +148,9 @@
 //! torchrun's exit barrier) warns naming those it did not hear from and exits successfully;
 //! node 0 keeps serving the rendezvous while other nodes still run (a signal stops that wait).
 //! A node whose launcher died rejoins when its launcher is started again (as with torchrun):
-//! the new launcher sees the old one's heartbeat in the rendezvous stay still for 5 s, takes its
-//! `--node-rank` over, and every node restarts its workers (a restart is spent; with none left
-//! it says so and stops). A second launcher for a node whose launcher runs is refused.
+//! the new launcher sees the old one's heartbeat in the rendezvous stay still for 15 s, takes its
+//! `--node-rank` over, and joins the job as it forms, or every node restarts its workers (a
+//! restart is spent; with none left it says so and stops, leaving the running attempt alone). A second launcher for a node whose launcher runs is refused.
 //!
 //! # Elastic jobs
 //! `--nnodes MIN:MAX --rdzv-endpoint HOST:PORT` (the same command on every node, no

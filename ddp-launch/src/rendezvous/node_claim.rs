@@ -29,12 +29,16 @@ use crate::launcher_id::claimant_id;
 use crate::signals::SignalGuard;
 use std::time::{Duration, Instant};
 
-/// How long a holder's heartbeat must stay still for a newcomer to take its claim: five beats
-/// missed in a row. A live holder's beat is one `add` on a connection whose calls all return at
-/// once, so even a loaded host does not hold it off that long, while a launcher started again
-/// for a dead node waits only a few seconds more than it has to. (Taking a live holder's claim
-/// would stop the attempt under way; waiting longer costs only the newcomer's time.)
-pub(crate) const GRACE: Duration = Duration::from_secs(5);
+/// How long a holder's heartbeat must stay still for a newcomer to take its claim: fifteen
+/// beats missed in a row, the default of the elastic path's `--rdzv-heartbeat-timeout` and
+/// about what torchrun allows an agent. (The static path has no such flag, and the value must
+/// be the same on every node: a constant.) Calling a live holder dead is costly: the newcomer
+/// ends the attempt under way, and the displaced holder stops at its next look at its claim. A
+/// live holder's beat is one `add` on a connection whose calls all return at once, but the
+/// holder itself may be held off for seconds (stopped and continued, swapping, a paused VM, a
+/// busy node 0), so the margin is wide; waiting longer costs only a newcomer for a node whose
+/// launcher really died a few seconds more.
+pub(crate) const GRACE: Duration = Duration::from_secs(15);
 /// How often a newcomer looks at the holder's counter while it waits.
 const LOOK: Duration = Duration::from_millis(250);
 

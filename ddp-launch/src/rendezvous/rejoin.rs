@@ -6,7 +6,8 @@
 //! (the other nodes stop their workers at once, as torchrun's agents restart theirs when a node
 //! arrives) and joins the next one, counted as a restart like any other. With no restarts left,
 //! the job will not start another attempt, so the newcomer stops with an error instead of
-//! waiting for one.
+//! waiting for one, and publishes nothing: ending the attempt would not help, and should the
+//! holder have been only stalled, not dead, it would stop a healthy job.
 
 use super::Rendezvous;
 use super::node_claim::GRACE;
@@ -68,20 +69,23 @@ impl Rendezvous {
                 "node {rank} cannot rejoin the job: every node finished its attempt {latest}"
             )));
         }
+        let next = latest + 1;
+        if next > max_restarts {
+            // Ending the attempt would not bring this node back, and if the holder was only
+            // stalled (not dead) it would stop a healthy job: leave the attempt alone.
+            return Err(self.error(format!(
+                "node {rank} cannot rejoin the job: it runs its last attempt ({latest}, \
+                 --max-restarts {max_restarts}), so it will not restart for this node; this \
+                 launcher leaves the other nodes' attempt alone (if launcher {dead} did die, \
+                 their workers fail when they miss node {rank}'s)"
+            )));
+        }
         let why = format!(
             "node {rank}'s launcher {dead} stopped (its heartbeat did not move for {GRACE:?}), \
              and launcher {me} took its place",
             me = self.claimant,
         );
         self.report_failure(latest, &why, false);
-        let next = latest + 1;
-        if next > max_restarts {
-            return Err(self.error(format!(
-                "node {rank} cannot rejoin the job: it runs its last attempt ({latest}, \
-                 --max-restarts {max_restarts}), so it will not restart for this node; the other \
-                 nodes stop with it"
-            )));
-        }
         tracing::info!(
             node_rank = rank,
             "rejoining the job: attempt {latest} cannot go on without this node, so the nodes restart (restart {next} of {max_restarts})"
