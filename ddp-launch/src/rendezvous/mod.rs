@@ -162,8 +162,9 @@ pub(crate) struct Rendezvous {
     /// Moves the claim's counter while this launcher holds it.
     heartbeat: Option<heartbeat::Heartbeat>,
     /// The attempt this launcher joins first: 0, or a later one when it took the claim of a
-    /// launcher that died over (see [`rejoin`]).
-    first_attempt: u32,
+    /// launcher that died over (see [`rejoin`]); `None` when that launcher's workers had
+    /// already succeeded, so this one has nothing to run.
+    first_attempt: Option<u32>,
 }
 
 /// How a wait for the other launchers to disconnect from a hosted store ended.
@@ -265,7 +266,7 @@ impl Rendezvous {
             launch_id: plan.launch_id.clone(),
             claimant: String::new(),
             heartbeat: None,
-            first_attempt: 0,
+            first_attempt: Some(0),
         };
         rdzv.check_config(plan, signals)?;
         rdzv.claim_node_rank(plan.max_restarts, signals)?;
@@ -291,8 +292,9 @@ impl Rendezvous {
     }
 
     /// The attempt this launcher joins first: 0, or the one the other nodes start next when
-    /// it took the place of a node's launcher that died.
-    pub(crate) fn first_attempt(&self) -> u32 {
+    /// it took the place of a node's launcher that died; `None` when that launcher had finished
+    /// this node's part of the job (its workers succeeded), so this one ends successfully.
+    pub(crate) fn first_attempt(&self) -> Option<u32> {
         self.first_attempt
     }
 

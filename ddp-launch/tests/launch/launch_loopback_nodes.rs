@@ -575,3 +575,53 @@ fn a_stalled_launcher_whose_place_was_taken_while_the_job_formed_stops() {
         vec![("node 0", node0), ("node 1 again", again)],
     );
 }
+
+/// Node 1's workers succeed at once and its launcher exits 0 after waiting `--join-timeout` for
+/// node 0, whose workers run until the file `stop` exists. A launcher started again for node 1
+/// then (a supervisor restarting whatever exits) says node 1 is done and ends successfully,
+/// without ending node 0's attempt (which it would restart, were a restart not spent for it).
+#[test]
+fn a_launcher_started_again_for_a_node_that_finished_leaves_the_job_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let stop = dir.path().join("stop");
+    let stop_arg = stop.to_str().expect("utf-8 path");
+    let wait_for_stop = [
+        "sh",
+        "-c",
+        "until [ -e \"$0\" ]; do sleep 0.1; done",
+        stop_arg,
+    ];
+    let flags = ["--max-restarts", "1"];
+    let mut node0 = Logged::start(
+        node_with(2, 0, port, 1, &flags, &wait_for_stop),
+        dir.path().join("node0.log"),
+    );
+    let launcher1 = |name: &str| {
+        Logged::start(
+            node_with(2, 1, port, 1, &flags, &["true"]),
+            dir.path().join(name),
+        )
+    };
+    let mut node1 = launcher1("node1.log");
+    assert_eq!(node1.exit_code(), Some(0), "node 1:\n{}", node1.text());
+    let mut again = launcher1("again.log");
+    assert_eq!(
+        again.exit_code(),
+        Some(0),
+        "node 1 again:\n{}",
+        again.text()
+    );
+    let log1 = again.text();
+    assert!(
+        log1.contains("node 1's workers already succeeded in attempt 0")
+            && log1.contains("the other nodes are still running theirs"),
+        "node 1 again:\n{log1}"
+    );
+    assert!(!log1.contains("starting workers"), "node 1 again:\n{log1}");
+    std::fs::write(&stop, b"").expect("stop file");
+    assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
+    let log0 = node0.text();
+    assert!(!log0.contains("took its place"), "node 0:\n{log0}");
+    assert!(!log0.contains("restarting every worker"), "node 0:\n{log0}");
+}
