@@ -1,6 +1,7 @@
 //! Static multi-node jobs on one host: two `ddp-run --nnodes 2` launchers, node 0 and node 1,
 //! meeting over loopback (no namespaces, no root). Node 1 may run another program than node 0:
-//! the nodes only check `--nnodes`, `--nproc-per-node` and `--max-restarts`.
+//! the nodes only check `--nnodes`, `--nproc-per-node`, `--max-restarts` (and the rendezvous
+//! protocol version).
 use crate::launch_common::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
