@@ -411,7 +411,8 @@ fn a_launcher_started_again_for_a_dead_node_takes_its_place_and_the_job_restarts
 }
 
 /// Attempt 0's workers all-reduce: node 0's fail when node 1's die, and node 0 restarts and
-/// waits for node 1; the launcher started again then joins that attempt.
+/// waits for node 1; the launcher started again once node 0 joined attempt 1 joins that
+/// attempt.
 #[test]
 fn a_launcher_started_again_for_a_dead_node_joins_the_attempt_node_0_waits_in() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -419,11 +420,14 @@ fn a_launcher_started_again_for_a_dead_node_joins_the_attempt_node_0_waits_in() 
     let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec \"$0\" --mode loop; fi; \
                   exec \"$0\" --mode env";
     let program = ["sh", "-c", script, worker.to_str().expect("utf-8 path")];
+    // Node 0 prints its restart line before it records attempt 1 for a launcher rejoining the
+    // job; it says it joined attempt 1 once it did. Started after that, the new launcher finds
+    // attempt 1 forming, whatever the machine's load.
     let (mut node0, mut again) = node_1_started_again(
         dir.path(),
         "1",
         &program,
-        Some("restarting every worker (restart 1 of 1)"),
+        Some("joined attempt 1; waiting for the other nodes"),
     );
     assert_eq!(
         again.exit_code(),
