@@ -1,17 +1,18 @@
 //! Which attempt a launcher that took a dead launcher's claim over joins.
 //!
 //! Node 0 records the attempt it begins in [`LATEST_KEY`]. If the dead launcher's workers had
-//! succeeded in it (`attempt/<N>/finished/<rank>`: the launcher exited 0 once it had waited for
-//! the others, and was started again by a supervisor that restarts whatever exits), this node's
-//! part of the job is done: the newcomer says so and ends successfully, leaving the others'
-//! attempt alone. If the other nodes are still forming
-//! that attempt (fewer than `--nnodes` joined it), the newcomer joins it. If it formed, the dead
-//! launcher's workers were part of it, so it cannot succeed: the newcomer publishes its failure
-//! (the other nodes stop their workers at once, as torchrun's agents restart theirs when a node
-//! arrives) and joins the next one, counted as a restart like any other. With no restarts left,
-//! the job will not start another attempt, so the newcomer stops with an error instead of
-//! waiting for one, and publishes nothing: ending the attempt would not help, and should the
-//! holder have been only stalled, not dead, it would stop a healthy job.
+//! succeeded in it (`attempt/<N>/finished/<rank>`: the launcher exited 0 once it had waited for the
+//! others, and was started again by a supervisor that restarts whatever exits), this node's part of
+//! the job is done: the newcomer says so and ends successfully, leaving the others' attempt alone.
+//! If the other nodes are still forming that attempt (fewer than `--nnodes` joined it), the
+//! newcomer joins it (and if the dead launcher had joined it already, the node stays counted once:
+//! see [`begin`](super::Rendezvous::begin)). If it formed, the dead launcher's workers were part of
+//! it, so it cannot succeed: the newcomer publishes its failure (the other nodes stop their workers
+//! at once, as torchrun's agents restart theirs when a node arrives) and joins the next one,
+//! counted as a restart like any other. With no restarts left, the job will not start another
+//! attempt, so the newcomer stops with an error instead of waiting for one, and publishes nothing:
+//! ending the attempt would not help, and should the holder have been only stalled, not dead, it
+//! would stop a healthy job.
 
 use super::Rendezvous;
 use super::node_claim::GRACE;
