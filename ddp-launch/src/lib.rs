@@ -142,15 +142,15 @@
 //! same command with its own `--node-rank`. For each attempt node 0 picks a free port on its
 //! host for the workers' store (so firewalls must let the nodes reach node 0's ephemeral ports,
 //! and the workers' peer-to-peer ports, as with torchrun). Nodes must agree on `--nnodes`,
-//! `--nproc-per-node` and `--max-restarts` (checked); a failure on one node stops and restarts
-//! (or stops for good) every node. Every node's workers get node 0's `DDP_LAUNCH_ID`. A node
+//! `--nproc-per-node`, `--max-restarts` and the launcher's rendezvous protocol version
+//! (checked); a failure on one node stops and restarts (or stops for good) every node. Every node's workers get node 0's `DDP_LAUNCH_ID`. A node
 //! whose workers all succeeded waits up to `--join-timeout` for the others to finish, then (as
 //! torchrun's exit barrier) warns naming those it did not hear from and exits successfully;
 //! node 0 keeps serving the rendezvous while other nodes still run (a signal stops that wait).
 //! A node whose launcher died rejoins when its launcher is started again (as with torchrun):
-//! the new launcher sees the old one's heartbeat in the rendezvous stay still for 5 s, takes its
-//! `--node-rank` over, and every node restarts its workers (a restart is spent; with none left
-//! it says so and stops). A second launcher for a node whose launcher runs is refused.
+//! the new launcher sees the old one's heartbeat in the rendezvous stay still for 15 s, takes its
+//! `--node-rank` over, and joins the job as it forms, or every node restarts its workers (a
+//! restart is spent; with none left it says so and stops, leaving the running attempt alone). A second launcher for a node whose launcher runs is refused.
 //!
 //! # Elastic jobs
 //! `--nnodes MIN:MAX --rdzv-endpoint HOST:PORT` (the same command on every node, no

@@ -102,8 +102,8 @@ pub struct LaunchArgs {
     pub nnodes: Option<NodeCount>,
 
     /// This node's rank, in 0..nnodes; node k's local rank j is global rank k*nproc_per_node+j.
-    /// A launcher started again for a node whose launcher died takes its place (the job
-    /// restarts) [default: 0]
+    /// A launcher started again for a node whose launcher died takes its place after 15 s
+    /// (the job restarts if it was running) [default: 0]
     #[arg(long, help_heading = HEADING, value_name = "K", env = "DDP_NODE_RANK")]
     pub node_rank: Option<usize>,
 

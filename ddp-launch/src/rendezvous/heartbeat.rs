@@ -1,5 +1,5 @@
 //! A claim's heartbeat: while a launcher holds its `--node-rank`, a small thread adds 1 to the
-//! claim's counter every [`BEAT`], so a launcher started again for the same node can tell a
+//! claimant's own counter every [`BEAT`], so a launcher started again for the same node can tell a
 //! live holder from a dead one (see [`node_claim`](super::node_claim)).
 //!
 //! The thread shares the launcher's connection to the store (a clone of its [`Store`]): every

@@ -8,14 +8,16 @@
 //! token. For each attempt:
 //!
 //! 1. node 0 picks a free port on its host for the workers' own store and publishes it;
-//! 2. every node joins the attempt and waits for all `N` (up to `--join-timeout`);
+//! 2. every node joins the attempt (counted once per node rank, however many launchers of that
+//!    node join it) and waits for all `N` (up to `--join-timeout`);
 //! 3. the nodes run their workers; the first node whose worker fails (or that is interrupted)
 //!    publishes the failure, and the others stop their workers when they see it;
 //! 4. a node whose workers all succeeded waits for every node to report success (or a failure),
 //!    up to `--join-timeout`; past it, like torchrun's exit barrier, it warns naming the nodes
 //!    it did not hear from and ends successfully.
 //!
-//! Every node sees the same outcome and has the same `--max-restarts` (checked when joining),
+//! Every node sees the same outcome and has the same `--max-restarts` (checked when joining,
+//! with `--nnodes`, `--nproc-per-node` and the rendezvous protocol version, [`PROTOCOL`]),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
 //! abort key so the others do not restart. Each launcher claims its node rank when it joins
 //! ([`node_claim`]) and keeps a heartbeat on the claim: a second launcher with the same
@@ -54,6 +56,15 @@ const ABORT_KEY: &str = "abort";
 const CONFIG_KEY: &str = "config";
 /// Node 0's launch id, set before [`CONFIG_KEY`] (so a node that read the settings finds it).
 const LAUNCH_ID_KEY: &str = "launch_id";
+/// The static rendezvous' protocol version, part of the settings every node must share
+/// (checked when a node joins, with `--nnodes`, `--nproc-per-node` and `--max-restarts`):
+/// launchers that use the keys differently refuse each other instead of misreading each other.
+/// (Version 2 added the claim's heartbeat and node rejoins: a newer launcher would take an older
+/// one, which never beats, for dead, and take its place while it runs.) Bump it whenever a
+/// launcher would misread an older one's keys.
+const PROTOCOL: u32 = 2;
+/// What precedes [`PROTOCOL`] in the settings.
+const PROTOCOL_TAG: &str = "rendezvous protocol ";
 /// How often a waiting launcher that hosts the rendezvous looks at who is still connected.
 const CLIENTS_POLL: Duration = Duration::from_millis(50);
 
@@ -161,8 +172,9 @@ pub(crate) struct Rendezvous {
     /// Moves the claim's counter while this launcher holds it.
     heartbeat: Option<heartbeat::Heartbeat>,
     /// The attempt this launcher joins first: 0, or a later one when it took the claim of a
-    /// launcher that died over (see [`rejoin`]).
-    first_attempt: u32,
+    /// launcher that died over (see [`rejoin`]); `None` when that launcher's workers had
+    /// already succeeded, so this one has nothing to run.
+    first_attempt: Option<u32>,
 }
 
 /// How a wait for the other launchers to disconnect from a hosted store ended.
@@ -197,6 +209,26 @@ pub(crate) fn wait_for_clients_to_leave(
         }
         std::thread::sleep(CLIENTS_POLL);
     }
+}
+
+/// The words to add to a settings refusal when node 0's settings, `theirs`, name another
+/// rendezvous protocol than this launcher's [`PROTOCOL`] (or none: a launcher from before
+/// versions were named, version 1); empty when the versions agree.
+fn protocol_mismatch(theirs: &str) -> String {
+    let version = theirs
+        .split_once(PROTOCOL_TAG)
+        .and_then(|(_, rest)| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u32>().ok()
+        })
+        .unwrap_or(1);
+    if version == PROTOCOL {
+        return String::new();
+    }
+    format!(
+        " (node 0's launcher speaks {PROTOCOL_TAG}{version}, this one {PROTOCOL_TAG}{PROTOCOL}: \
+         run the same ddp-run version on every node)"
+    )
 }
 
 /// `"node 1"`, `"nodes 1, 3"`.
@@ -264,7 +296,7 @@ impl Rendezvous {
             launch_id: plan.launch_id.clone(),
             claimant: String::new(),
             heartbeat: None,
-            first_attempt: 0,
+            first_attempt: Some(0),
         };
         rdzv.check_config(plan, signals)?;
         rdzv.claim_node_rank(plan.max_restarts, signals)?;
@@ -290,8 +322,9 @@ impl Rendezvous {
     }
 
     /// The attempt this launcher joins first: 0, or the one the other nodes start next when
-    /// it took the place of a node's launcher that died.
-    pub(crate) fn first_attempt(&self) -> u32 {
+    /// it took the place of a node's launcher that died; `None` when that launcher had finished
+    /// this node's part of the job (its workers succeeded), so this one ends successfully.
+    pub(crate) fn first_attempt(&self) -> Option<u32> {
         self.first_attempt
     }
 
@@ -303,7 +336,7 @@ impl Rendezvous {
         signals: &SignalGuard,
     ) -> Result<(), LaunchError> {
         let mine = format!(
-            "--nnodes {} --nproc-per-node {} --max-restarts {}",
+            "--nnodes {} --nproc-per-node {} --max-restarts {} ({PROTOCOL_TAG}{PROTOCOL})",
             plan.nnodes, plan.nproc_per_node, plan.max_restarts
         );
         if self.node_rank == 0 {
@@ -318,13 +351,14 @@ impl Rendezvous {
         let theirs = self.wait_for(CONFIG_KEY, signals)?;
         if theirs != mine.as_bytes() {
             let theirs = String::from_utf8_lossy(&theirs);
+            let versions = protocol_mismatch(&theirs);
             let refusal = format!(
-                "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings",
+                "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings{versions}",
                 self.node_rank, self.node_rank
             );
             let running = self.publish_refusal(&refusal);
             return Err(self.error(format!(
-                "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings{running}"
+                "node 0 runs with {theirs} but this node with {mine}: every node must use the same settings{versions}{running}"
             )));
         }
         let id = self
@@ -365,6 +399,38 @@ impl Rendezvous {
         format!("attempt/{attempt}/{name}")
     }
 
+    /// The key a node's launcher fills with its claimant id when it joins `attempt`.
+    fn joined_key(attempt: u32, node_rank: usize) -> String {
+        Self::key(attempt, &format!("joined/{node_rank}"))
+    }
+
+    /// Counts this node in `attempt`'s `joined_key` once: a launcher that took the place of
+    /// one that died after joining the attempt finds the node counted already, and does not
+    /// count it again (two arrivals for one node would let the attempt form with a node
+    /// missing).
+    fn join(&self, attempt: u32, joined_key: &str) -> Result<(), LaunchError> {
+        let mine = self.claimant.as_bytes();
+        let held = self
+            .store
+            .compare_set(&Self::joined_key(attempt, self.node_rank), b"", mine)
+            .map_err(|e| self.lost(e))?;
+        if held == mine {
+            self.store.add(joined_key, 1).map_err(|e| self.lost(e))?;
+            tracing::info!(
+                node_rank = self.node_rank,
+                "joined attempt {attempt}; waiting for the other nodes"
+            );
+        } else {
+            tracing::info!(
+                node_rank = self.node_rank,
+                "node {} is counted in attempt {attempt} already (launcher {}, whose place this one took, joined it); waiting for the other nodes",
+                self.node_rank,
+                String::from_utf8_lossy(&held)
+            );
+        }
+        Ok(())
+    }
+
     /// Joins attempt `attempt` and waits for every node; returns the workers' port.
     pub(crate) fn begin(
         &mut self,
@@ -385,11 +451,16 @@ impl Rendezvous {
         let joined_key = Self::key(attempt, "joined");
         // A refusal quoted when this wait gives up must be one made during it.
         let earlier_refusal = self.late_refusal();
-        self.store.add(&joined_key, 1).map_err(|e| self.lost(e))?;
+        self.join(attempt, &joined_key)?;
         let deadline = Instant::now() + self.join_timeout;
         loop {
             self.stop_if_interrupted(attempt, signals)?;
             let joined = self.store.add(&joined_key, 0).map_err(|e| self.lost(e))?;
+            // On each pass, and after reading the count: a launcher that stalled here long
+            // enough for another to take its place over must not start a second copy of this
+            // node. (Checked after the read, a takeover that this check missed came after the
+            // attempt formed, so the newcomer sees it formed and restarts the job instead.)
+            self.check_claim()?;
             if joined >= self.nnodes as i64 {
                 self.mark_formed();
                 break;
@@ -719,6 +790,28 @@ mod tests {
             wait_for_clients_to_leave(&server, 0, Duration::from_secs(120), || None),
             ClientsLeft::Left
         );
+    }
+
+    #[test]
+    fn a_refusal_names_the_rendezvous_protocols_when_they_differ() {
+        let same =
+            format!("--nnodes 2 --nproc-per-node 1 --max-restarts 0 ({PROTOCOL_TAG}{PROTOCOL})");
+        assert_eq!(protocol_mismatch(&same), "");
+        let newer = format!(
+            "--nnodes 2 --nproc-per-node 1 --max-restarts 0 ({PROTOCOL_TAG}{})",
+            PROTOCOL + 1
+        );
+        let said = protocol_mismatch(&newer);
+        assert!(
+            said.contains(&format!(
+                "node 0's launcher speaks rendezvous protocol {}",
+                PROTOCOL + 1
+            )) && said.contains(&format!("this one rendezvous protocol {PROTOCOL}")),
+            "{said}"
+        );
+        // A launcher from before the version was part of the settings.
+        let said = protocol_mismatch("--nnodes 2 --nproc-per-node 1 --max-restarts 0");
+        assert!(said.contains("speaks rendezvous protocol 1,"), "{said}");
     }
 
     #[test]

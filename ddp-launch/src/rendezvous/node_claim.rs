@@ -1,20 +1,23 @@
 //! Each launcher of a static multi-node job claims its `--node-rank` in the rendezvous, and a
 //! launcher started again for a node whose launcher died takes the claim over.
 //!
-//! The join counts arrivals, so without a claim two launchers started with the same
-//! `--node-rank` would make up the count between them: the job would start with duplicate ranks
-//! (and a missing one) and hang until the workers' timeout. The second claimant is refused
-//! instead, through [`publish_refusal`](super::Rendezvous::publish_refusal), so every launcher
+//! The join counts each node once (its launcher fills `attempt/<N>/joined/<rank>` with its id
+//! before it adds to the count), but without a claim two launchers started with the same
+//! `--node-rank` would both run that node's workers: the job would start with duplicate ranks
+//! and hang until the workers' timeout. The second claimant is refused instead, through [`publish_refusal`](super::Rendezvous::publish_refusal), so every launcher
 //! stops at once naming both (or, once the job runs, the second claimant stops alone).
 //!
 //! A launcher claims once, when it connects, under an id of its own: its restarts (later
 //! attempts in the same process) keep the claim. While it holds the claim, its [`Heartbeat`]
-//! adds to `node/<rank>/alive` every [`BEAT`](super::heartbeat::BEAT). A new claimant for a held
-//! rank reads that counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
+//! adds to `node/<rank>/alive/<its id>` every [`BEAT`](super::heartbeat::BEAT) (a counter of its
+//! own, so a displaced holder that beats on does not cover up its successor's death). A new
+//! claimant for a held rank reads the holder's counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
 //! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
 //! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
-//! wins. Like a torchrun agent started again for a crashed node, it then joins the attempt the
+//! wins. A holder that was only stalled finds out when it next looks at its claim (before each
+//! attempt, and on each pass of the wait for the other nodes) and stops without starting
+//! workers. Like a torchrun agent started again for a crashed node, it then joins the attempt the
 //! other nodes start next ([`rejoin`](super::rejoin)), which spends a restart.
 //!
 //! Node 0 hosts the store, so its launcher cannot be replaced: a new one finds `--master-port`
@@ -26,12 +29,16 @@ use crate::launcher_id::claimant_id;
 use crate::signals::SignalGuard;
 use std::time::{Duration, Instant};
 
-/// How long a holder's heartbeat must stay still for a newcomer to take its claim: five beats
-/// missed in a row. A live holder's beat is one `add` on a connection whose calls all return at
-/// once, so even a loaded host does not hold it off that long, while a launcher started again
-/// for a dead node waits only a few seconds more than it has to. (Taking a live holder's claim
-/// would stop the attempt under way; waiting longer costs only the newcomer's time.)
-pub(crate) const GRACE: Duration = Duration::from_secs(5);
+/// How long a holder's heartbeat must stay still for a newcomer to take its claim: fifteen
+/// beats missed in a row, the default of the elastic path's `--rdzv-heartbeat-timeout` and
+/// about what torchrun allows an agent. (The static path has no such flag, and the value must
+/// be the same on every node: a constant.) Calling a live holder dead is costly: the newcomer
+/// ends the attempt under way, and the displaced holder stops at its next look at its claim. A
+/// live holder's beat is one `add` on a connection whose calls all return at once, but the
+/// holder itself may be held off for seconds (stopped and continued, swapping, a paused VM, a
+/// busy node 0), so the margin is wide; waiting longer costs only a newcomer for a node whose
+/// launcher really died a few seconds more.
+pub(crate) const GRACE: Duration = Duration::from_secs(15);
 /// How often a newcomer looks at the holder's counter while it waits.
 const LOOK: Duration = Duration::from_millis(250);
 
@@ -40,9 +47,11 @@ pub(super) fn claim_key(rank: usize) -> String {
     format!("node/{rank}")
 }
 
-/// The counter the holder of node `rank`'s claim moves.
-fn alive_key(rank: usize) -> String {
-    format!("node/{rank}/alive")
+/// The counter `claimant` moves while it runs as node `rank`'s launcher. Each claimant has its
+/// own: a holder that was displaced while it stalled, and beats on when it resumes, must not
+/// move the counter its successor is judged by.
+fn alive_key(rank: usize, claimant: &str) -> String {
+    format!("node/{rank}/alive/{claimant}")
 }
 
 /// What a newcomer saw of the holder's heartbeat.
@@ -93,7 +102,7 @@ impl Rendezvous {
             Some(holder)
         };
         self.heartbeat = Some(
-            Heartbeat::start(self.store.clone(), alive_key(self.node_rank))
+            Heartbeat::start(self.store.clone(), alive_key(self.node_rank, &claimant))
                 .map_err(|e| self.error(format!("cannot start the heartbeat thread: {e}")))?,
         );
         self.claimant = claimant;
@@ -106,7 +115,7 @@ impl Rendezvous {
     /// Reads the holder's heartbeat, then watches it for [`GRACE`] by this host's clock: whether
     /// it moved. A signal stops the wait.
     fn watch_holder(&self, holder: &[u8], signals: &SignalGuard) -> Result<Holder, LaunchError> {
-        let key = alive_key(self.node_rank);
+        let key = alive_key(self.node_rank, &String::from_utf8_lossy(holder));
         let first = self.store.add(&key, 0).map_err(|e| self.lost(e))?;
         tracing::info!(
             node_rank = self.node_rank,
@@ -175,6 +184,7 @@ mod tests {
     #[test]
     fn the_grace_period_spans_several_heartbeats() {
         assert!(GRACE >= 4 * BEAT, "{GRACE:?} vs {BEAT:?}");
-        assert_ne!(claim_key(1), alive_key(1));
+        assert_ne!(claim_key(1), alive_key(1, "host:1:a"));
+        assert_ne!(alive_key(1, "host:1:a"), alive_key(1, "host:2:b"));
     }
 }

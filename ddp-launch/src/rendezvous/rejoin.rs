@@ -1,12 +1,18 @@
 //! Which attempt a launcher that took a dead launcher's claim over joins.
 //!
-//! Node 0 records the attempt it begins in [`LATEST_KEY`]. If the other nodes are still forming
-//! that attempt (fewer than `--nnodes` joined it), the newcomer joins it. If it formed, the dead
-//! launcher's workers were part of it, so it cannot succeed: the newcomer publishes its failure
-//! (the other nodes stop their workers at once, as torchrun's agents restart theirs when a node
-//! arrives) and joins the next one, counted as a restart like any other. With no restarts left,
-//! the job will not start another attempt, so the newcomer stops with an error instead of
-//! waiting for one.
+//! Node 0 records the attempt it begins in [`LATEST_KEY`]. If the dead launcher's workers had
+//! succeeded in it (`attempt/<N>/finished/<rank>`: the launcher exited 0 once it had waited for the
+//! others, and was started again by a supervisor that restarts whatever exits), this node's part of
+//! the job is done: the newcomer says so and ends successfully, leaving the others' attempt alone.
+//! If the other nodes are still forming that attempt (fewer than `--nnodes` joined it), the
+//! newcomer joins it (and if the dead launcher had joined it already, the node stays counted once:
+//! see [`begin`](super::Rendezvous::begin)). If it formed, the dead launcher's workers were part of
+//! it, so it cannot succeed: the newcomer publishes its failure (the other nodes stop their workers
+//! at once, as torchrun's agents restart theirs when a node arrives) and joins the next one,
+//! counted as a restart like any other. With no restarts left, the job will not start another
+//! attempt, so the newcomer stops with an error instead of waiting for one, and publishes nothing:
+//! ending the attempt would not help, and should the holder have been only stalled, not dead, it
+//! would stop a healthy job.
 
 use super::Rendezvous;
 use super::node_claim::GRACE;
@@ -42,8 +48,9 @@ impl Rendezvous {
     }
 
     /// After taking the claim over from `dead` (its heartbeat stopped): the attempt this
-    /// launcher joins, or why it cannot rejoin the job.
-    pub(super) fn rejoin(&self, dead: &str, max_restarts: u32) -> Result<u32, LaunchError> {
+    /// launcher joins, `None` if `dead` had finished this node's part of the job, or why it
+    /// cannot rejoin the job.
+    pub(super) fn rejoin(&self, dead: &str, max_restarts: u32) -> Result<Option<u32>, LaunchError> {
         let rank = self.node_rank;
         if self.aborted() {
             return Err(self.error(format!(
@@ -56,16 +63,41 @@ impl Rendezvous {
                 .add(&Self::key(latest, name), 0)
                 .map_err(|e| self.lost(e))
         };
+        if self
+            .store
+            .check(&[Self::finished_key(latest, rank).as_str()])
+            .map_err(|e| self.lost(e))?
+        {
+            // `dead` exited after its workers succeeded (it had waited for the others, or
+            // stopped waiting): ending the attempt now would fail the other nodes' healthy
+            // workers for nothing. (Once every node finished, this node's key is set too.)
+            let job = if count("finished")? >= self.nnodes as i64 {
+                "every node finished it: the job is done"
+            } else {
+                "the other nodes are still running theirs"
+            };
+            tracing::warn!(
+                node_rank = rank,
+                "node {rank}'s workers already succeeded in attempt {latest} (under launcher {dead}, whose place this one took), and {job}: nothing left for this launcher to do"
+            );
+            return Ok(None);
+        }
         if count("joined")? < self.nnodes as i64 {
             tracing::info!(
                 node_rank = rank,
                 "rejoining the job at attempt {latest}, which the other nodes are forming"
             );
-            return Ok(latest);
+            return Ok(Some(latest));
         }
-        if count("finished")? >= self.nnodes as i64 {
+        let next = latest + 1;
+        if next > max_restarts {
+            // Ending the attempt would not bring this node back, and if the holder was only
+            // stalled (not dead) it would stop a healthy job: leave the attempt alone.
             return Err(self.error(format!(
-                "node {rank} cannot rejoin the job: every node finished its attempt {latest}"
+                "node {rank} cannot rejoin the job: it runs its last attempt ({latest}, \
+                 --max-restarts {max_restarts}), so it will not restart for this node; this \
+                 launcher leaves the other nodes' attempt alone (if launcher {dead} did die, \
+                 their workers fail when they miss node {rank}'s)"
             )));
         }
         let why = format!(
@@ -74,18 +106,10 @@ impl Rendezvous {
             me = self.claimant,
         );
         self.report_failure(latest, &why, false);
-        let next = latest + 1;
-        if next > max_restarts {
-            return Err(self.error(format!(
-                "node {rank} cannot rejoin the job: it runs its last attempt ({latest}, \
-                 --max-restarts {max_restarts}), so it will not restart for this node; the other \
-                 nodes stop with it"
-            )));
-        }
         tracing::info!(
             node_rank = rank,
             "rejoining the job: attempt {latest} cannot go on without this node, so the nodes restart (restart {next} of {max_restarts})"
         );
-        Ok(next)
+        Ok(Some(next))
     }
 }

@@ -98,7 +98,12 @@ fn run_attempts(
     mut rdzv: Option<&mut Rendezvous>,
 ) -> Result<(), LaunchError> {
     // A launcher that took a dead one's place joins the attempt the other nodes start next.
-    let mut restart_count = rdzv.as_deref().map_or(0, Rendezvous::first_attempt);
+    // One that took the place of a launcher whose workers already succeeded has nothing to run.
+    let mut restart_count = match rdzv.as_deref().map(Rendezvous::first_attempt) {
+        None => 0,
+        Some(Some(attempt)) => attempt,
+        Some(None) => return Ok(()),
+    };
     let mut previous_port = None;
     loop {
         let port = match rdzv.as_deref_mut() {

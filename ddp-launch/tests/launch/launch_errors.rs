@@ -259,8 +259,9 @@ fn nodes_with_different_settings_or_tokens_are_refused() {
     ));
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has(
-        "node 0 runs with --nnodes 2 --nproc-per-node 2 --max-restarts 0 but this node with \
-             --nnodes 2 --nproc-per-node 1 --max-restarts 0: every node must use the same settings",
+        "node 0 runs with --nnodes 2 --nproc-per-node 2 --max-restarts 0 (rendezvous protocol 2) \
+             but this node with --nnodes 2 --nproc-per-node 1 --max-restarts 0 (rendezvous \
+             protocol 2): every node must use the same settings",
     );
 
     // Node 0 stops at once with node 1's reason (issue 45, item 6), having started no worker.
