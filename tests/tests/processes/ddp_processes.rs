@@ -492,3 +492,45 @@ fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer
         }
     }
 }
+
+/// A fence that never completes on rank 1 (a kernel that never ends) inside ZeRO stage 2's
+/// collectives on the device path (its second staged buffer: the first reduce-scatter's
+/// receive buffer) and FSDP's (its second: the first all-gather's, in forward), both waited for
+/// on the calling thread: after the timeout rank 1 names the collective whose kernels did not
+/// finish, every other rank names rank 1 (rank 1 aborted the communicator), and every rank
+/// exits. (The fence wait used to have no deadline: rank 1 waited forever.)
+#[test]
+fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank_exits() {
+    for (sharding, op) in [("zero2", "reduce_scatter"), ("fsdp", "all_gather")] {
+        let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
+            let mut env = stand_in(&[("DDP_TIMEOUT_SECS", "15"), ("DDP_TEST_SHARDING", sharding)]);
+            if rank == 1 {
+                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", "never:1")]));
+            }
+            env
+        });
+        for o in &outputs {
+            assert_eq!(
+                o.code,
+                Some(2),
+                "{sharding}: rank {} exits with its error: {}",
+                o.rank,
+                o.stderr
+            );
+        }
+        let stuck = format!("has not finished the kernels that produce the buffers of its {op}");
+        assert!(
+            outputs[1].stderr.contains(&stuck),
+            "{sharding}: rank 1 names its stuck collective: {}",
+            outputs[1].stderr
+        );
+        for o in outputs.iter().filter(|o| o.rank != 1) {
+            assert!(
+                o.stderr.contains("rank 1"),
+                "{sharding}: rank {} names rank 1: {}",
+                o.rank,
+                o.stderr
+            );
+        }
+    }
+}
