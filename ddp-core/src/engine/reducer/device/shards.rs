@@ -141,7 +141,7 @@ impl<D: ReductionDevice> DeviceShards<D> {
     fn fence_stuck(&self, what: &str, waited: Duration) -> String {
         let reason = format!(
             "this rank's device has not finished the kernels that produce the buffers of its \
-             {what} after {waited:?} (the timeout is {:?}): a kernel on this device did not \
+             {what} after {waited:.1?} (the timeout is {:?}): a kernel on this device did not \
              finish (hung, or slower than the timeout allows); aborted {} so that its peers \
              fail too",
             self.timeout,
