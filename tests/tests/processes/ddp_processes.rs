@@ -515,16 +515,6 @@ fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank
             }
             env
         });
-        for o in &outputs {
-            eprintln!(
-                o.rank,
-                o.stderr
-                    .lines()
-                    .filter(|l| l.contains("error"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
         let stuck = format!("has not finished the kernels that produce the buffers of its {op}");
         assert_every_rank_failed_saying(&outputs, &stuck);
         for o in outputs.iter().filter(|o| o.rank != 1) {
