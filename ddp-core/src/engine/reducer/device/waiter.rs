@@ -67,9 +67,11 @@ impl BlockingWaiter {
     /// Hands `job` to the thread, starting it if there is none (or it has ended).
     fn send(&self, job: Job) -> Result<(), String> {
         let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-        let job = match jobs.as_ref().map(|sender| sender.send(job)) {
-            Some(Ok(())) => return Ok(()),
-            Some(Err(mpsc::SendError(job))) => job,
+        let job = match jobs.as_ref() {
+            Some(sender) => match sender.send(job) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::SendError(job)) => job,
+            },
             None => job,
         };
         let (sender, queue) = mpsc::channel::<Job>();
