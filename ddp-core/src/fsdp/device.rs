@@ -96,6 +96,7 @@ fn device_units<I: Backend, D: ReductionDevice>(
     let shards = DeviceShards {
         device,
         world: pg.world_size(),
+        timeout: pg.timeout(),
     };
     Ok(Arc::new(DeviceUnits { engine, shards }))
 }

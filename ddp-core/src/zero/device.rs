@@ -31,15 +31,23 @@ pub(crate) fn shard_collectives<I: Backend>(
     collectives: Collectives,
     device: &I::Device,
 ) -> Result<Option<Arc<dyn ShardCollectives<I>>>, ZeroError> {
-    let world = pg.world_size();
+    let (world, timeout) = (pg.world_size(), pg.timeout());
     Ok(
         match choose_device::<I>(pg, collectives, device, "ZeRO stage 2")
             .map_err(ZeroError::Setup)?
         {
             DeviceChoice::Host => None,
-            DeviceChoice::StandIn(device) => Some(Arc::new(DeviceShards { device, world })),
+            DeviceChoice::StandIn(device) => Some(Arc::new(DeviceShards {
+                device,
+                world,
+                timeout,
+            })),
             #[cfg(feature = "cuda")]
-            DeviceChoice::Nccl(device) => Some(Arc::new(DeviceShards { device, world })),
+            DeviceChoice::Nccl(device) => Some(Arc::new(DeviceShards {
+                device,
+                world,
+                timeout,
+            })),
         },
     )
 }

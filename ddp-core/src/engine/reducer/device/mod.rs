@@ -8,14 +8,17 @@
 //!   every rank queues the same collectives in the same order; [`PendingBucket::wait`]
 //!   returns once the collective is done. Failures are bounded: the communicator's watchdog
 //!   bounds every collective, the issuing thread says how long it has waited for a fence (a
-//!   kernel that never ends fails the communicator after the timeout), a failed step aborts
-//!   the communicator, and memory a collective may still write is never given back.
+//!   kernel that never ends fails the communicator after the timeout; ZeRO's and FSDP's
+//!   collectives on the calling thread, [`DeviceShards`], wait for theirs until the timeout,
+//!   [`ReductionDevice::wait_ready_until`]), a failed step aborts the communicator, and memory
+//!   a collective may still write is never given back.
 //! - **The device** ([`ReductionDevice`]): what the protocol needs from one: a bucket's
 //!   memory, a ready fence taken on the backward thread, an asynchronous collective queued in
 //!   issue order (all-reduce for DDP's buckets; reduce-scatter and all-gather for ZeRO stage
 //!   2, [`crate::zero`]), its done event, the communicator's failure, abort.
-//!   - [`NcclDevice`] (feature `cuda`): cubecl buffers, `client.sync()` fences, NCCL on the
-//!     group's stream, CUDA events.
+//!   - [`NcclDevice`] (feature `cuda`): cubecl buffers, `client.sync()` fences (waited for on
+//!     a thread of its own when a deadline bounds the wait, [`waiter`]), NCCL on the group's
+//!     stream, CUDA events.
 //!   - [`StandInDevice`]: host buffers, fences completed by the producing thread, the
 //!     collectives on [`StandInComm`](ddp_comm::stand_in::StandInComm)'s thread over the CPU
 //!     transports: the same protocol runs at any world size on machines without GPUs
@@ -30,6 +33,8 @@ mod issuer;
 mod nccl;
 mod shards;
 mod stand_in;
+#[cfg(any(feature = "cuda", test))]
+mod waiter;
 
 #[cfg(feature = "cuda")]
 pub(crate) use choice::nccl_can_run;
@@ -46,6 +51,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{CommError, WorkTiming};
+use std::time::Instant;
 
 /// What the device engine's protocol needs from a device and its communicator.
 ///
@@ -73,6 +79,17 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
 
     /// On the issuing thread: blocks until `fence` has completed.
     fn wait_ready(&self, fence: Self::Fence) -> Result<(), String>;
+
+    /// On a thread that must not hang (ZeRO's and FSDP's callers, [`DeviceShards`]): waits
+    /// until every one of `fences` has completed, or until `deadline`, whichever comes first,
+    /// even when a kernel never ends (a hung GPU), so that the caller can fail in its place.
+    /// [`Readiness::Pending`] leaves the kernels running: the memory they produce may still be
+    /// written.
+    fn wait_ready_until(
+        &self,
+        fences: Vec<Self::Fence>,
+        deadline: Instant,
+    ) -> Result<Readiness, String>;
 
     /// On the issuing thread: queues the in-place average of `memory` across the ranks on the
     /// communication stream, after every collective queued before it, and returns at once.
@@ -122,6 +139,15 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
         memory: Self::Memory,
         device: &I::Device,
     ) -> Result<FloatTensor<I>, DdpError>;
+}
+
+/// How a [`ReductionDevice::wait_ready_until`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// Every fence completed: the kernels that produced the memory have run.
+    Ready,
+    /// The deadline came first: those kernels may still be running.
+    Pending,
 }
 
 /// A collective's done event.

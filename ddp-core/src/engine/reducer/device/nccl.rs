@@ -14,7 +14,8 @@
 //! optimizer are views of the flat tensor (a gradient whose size is not a multiple of 512
 //! bytes is copied out by burn). Nothing crosses to the host.
 
-use super::{DeviceWork, ReductionDevice, internal};
+use super::waiter::BlockingWaiter;
+use super::{DeviceWork, Readiness, ReductionDevice, internal};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -32,6 +33,8 @@ use cubecl::server::ServerError;
 use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{CommError, NcclBackend, NcclDtype, NcclWork, ProcessGroup, ReduceOp, WorkTiming};
 use std::any::Any;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// A tensor of `Fusion<CubeBackend<CudaRuntime, ..>>`, whatever its element types.
 type FusedCudaTensor = FusionTensor<FusionCubeRuntime<CudaRuntime>>;
@@ -67,6 +70,9 @@ impl CudaTensors {
 #[derive(Clone)]
 pub(crate) struct NcclDevice {
     nccl: NcclBackend,
+    /// Waits for the ready fences that must end at a deadline (`wait_ready_until`): a cubecl
+    /// fence blocks its thread until the GPU reaches it.
+    fences: Arc<BlockingWaiter>,
 }
 
 /// A flat bucket in cubecl's memory, with its device address and what NCCL reduces of it.
@@ -94,7 +100,10 @@ impl NcclDevice {
             group = nccl.name(),
             "gradient buckets are all-reduced by NCCL"
         );
-        Ok(NcclDevice { nccl })
+        Ok(NcclDevice {
+            nccl,
+            fences: Arc::new(BlockingWaiter::new(format!("ddp-fence-{}", pg.rank()))),
+        })
     }
 
     /// The CUDA device ordinal of `device` when `I` is one of burn's CUDA backends (fused or
@@ -176,6 +185,22 @@ impl ReductionDevice for NcclDevice {
 
     fn wait_ready(&self, fence: Self::Fence) -> Result<(), String> {
         cubecl::future::block_on(fence).map_err(|e| format!("{e:?}"))
+    }
+
+    fn wait_ready_until(
+        &self,
+        fences: Vec<Self::Fence>,
+        deadline: Instant,
+    ) -> Result<Readiness, String> {
+        // The first poll of a cubecl fence blocks in `cuEventSynchronize`, and cubecl exposes
+        // neither the event nor a query: the waiter's thread blocks in it instead of the
+        // caller, for one hand-off per collective (both fences in one job).
+        self.fences.wait_until(deadline, move || {
+            for fence in fences {
+                cubecl::future::block_on(fence).map_err(|e| format!("{e:?}"))?;
+            }
+            Ok(())
+        })
     }
 
     fn all_reduce(

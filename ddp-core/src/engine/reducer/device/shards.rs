@@ -6,12 +6,17 @@
 //! Each collective stages its send buffer and a zeroed receive buffer on the calling thread,
 //! waits for both ready fences, queues the collective on the communicator's stream after
 //! everything queued before it, and waits for its done event (bounded by the communicator's
-//! watchdog). Memory a failed collective may still write is never given back.
+//! watchdog). The fence wait is bounded by the process group's timeout, as DDP's issuing
+//! thread's is: a kernel that never ends fails this rank, naming it, and aborts the
+//! communicator so that the peers waiting in the collective fail at once with that reason
+//! instead of at their own timeout. Memory a failed collective (or an unfinished kernel) may
+//! still write is never given back.
 
-use super::{DeviceWork, ReductionDevice};
+use super::{DeviceWork, Readiness, ReductionDevice};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ddp_comm::watchdog::CollectiveLabel;
+use std::time::{Duration, Instant};
 
 /// Why a collective on the device failed.
 #[derive(Debug)]
@@ -45,6 +50,9 @@ pub(crate) trait ShardCollectives<I: Backend>: Send + Sync {
 pub(crate) struct DeviceShards<D> {
     pub(crate) device: D,
     pub(crate) world: usize,
+    /// How long a collective waits for its buffers' ready fences: the process group's
+    /// timeout, which bounds its collectives and DDP's fence waits too.
+    pub(crate) timeout: Duration,
 }
 
 enum Op {
@@ -87,8 +95,16 @@ impl<D: ReductionDevice> DeviceShards<D> {
         };
         let (send_memory, send_ready) = staged(send, send_len)?;
         let (recv_memory, recv_ready) = staged(recv, recv_len)?;
-        for ready in [send_ready, recv_ready] {
-            self.device.wait_ready(ready).map_err(&fail)?;
+        let since = Instant::now();
+        let ready = self
+            .device
+            .wait_ready_until(vec![send_ready, recv_ready], since + self.timeout)
+            .map_err(&fail)?;
+        if ready == Readiness::Pending {
+            // The kernels producing both buffers may still write them: never give them back.
+            std::mem::forget(send_memory);
+            std::mem::forget(recv_memory);
+            return Err(fail(self.fence_stuck(what, since.elapsed())));
         }
         let label = CollectiveLabel::new(what);
         let queued = match op {
@@ -116,6 +132,30 @@ impl<D: ReductionDevice> DeviceShards<D> {
                 Err(fail(e.to_string()))
             }
         }
+    }
+}
+
+impl<D: ReductionDevice> DeviceShards<D> {
+    /// After `waited` for the buffers of `what` (a collective): aborts the communicator, so
+    /// the peers already waiting in that collective fail now, with this reason, and says why.
+    fn fence_stuck(&self, what: &str, waited: Duration) -> String {
+        let reason = format!(
+            "this rank's device has not finished the kernels that produce the buffers of its \
+             {what} after {waited:.1?} (the timeout is {:?}): a kernel on this device did not \
+             finish (hung, or slower than the timeout allows); aborted {} so that its peers \
+             fail too",
+            self.timeout,
+            self.device.name()
+        );
+        let e = self.device.abort(&reason);
+        tracing::error!(
+            op = what,
+            waited_s = waited.as_secs_f64(),
+            communicator = self.device.name(),
+            error = %e,
+            "a device collective's ready fence did not complete within the timeout"
+        );
+        reason
     }
 }
 

@@ -8,7 +8,7 @@
 //! NCCL's. With ddp-core's `test-hooks` feature, [`FENCE_FAULT_ENV`] delays fences or leaves one
 //! never completed, as a slow or hung kernel would.
 
-use super::{DeviceWork, ReductionDevice, internal};
+use super::{DeviceWork, Readiness, ReductionDevice, internal};
 use crate::engine::reducer::host_grad::{HostGrad, read_to_host};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
@@ -20,6 +20,7 @@ use ddp_comm::{CommError, ProcessGroup, ReduceOp, WorkTiming, bf16, f16};
 use std::sync::mpsc;
 #[cfg(feature = "test-hooks")]
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// Test-only (`test-hooks`): `delay:<ms>` completes every fence that long after the bucket
 /// was read; `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
@@ -164,10 +165,25 @@ impl ReductionDevice for StandInDevice {
     }
 
     fn wait_ready(&self, fence: HostFence) -> Result<(), String> {
-        fence
-            .0
-            .recv()
-            .map_err(|_| "the producing thread dropped the bucket's fence".to_string())
+        fence.0.recv().map_err(|_| fence_dropped())
+    }
+
+    fn wait_ready_until(
+        &self,
+        fences: Vec<HostFence>,
+        deadline: Instant,
+    ) -> Result<Readiness, String> {
+        // A fence is a channel: its wait can end at a deadline on this thread, as a GPU's
+        // could not (see `NcclDevice`).
+        for fence in fences {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match fence.0.recv_timeout(left) {
+                Ok(()) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => return Ok(Readiness::Pending),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(fence_dropped()),
+            }
+        }
+        Ok(Readiness::Ready)
     }
 
     fn all_reduce(
@@ -244,6 +260,10 @@ impl ReductionDevice for StandInDevice {
         };
         Ok(I::float_from_data(data, device))
     }
+}
+
+fn fence_dropped() -> String {
+    "the producing thread dropped the bucket's fence".to_string()
 }
 
 fn dtypes_differ(op: &'static str) -> CommError {
