@@ -34,8 +34,8 @@ pub enum DdpTrainError {
     /// The ranks do not hold the same model (number, shapes or kinds of parameters differ).
     #[error("the ranks hold different models: {0}")]
     ModelMismatch(String),
-    /// Ranks ran different numbers of training steps in an epoch (a data error or an uneven
-    /// sampler): they cannot all-reduce the same gradients.
+    /// Ranks ran different numbers of training steps in an epoch (an uneven sampler, or a
+    /// loader that ended an epoch early): they cannot all-reduce the same gradients.
     #[error(
         "epoch {epoch}, step {step}: ranks {exhausted:?} have no batch left while others do; every rank must see the same number of batches (use DistributedLoader, which pads the last shard)"
     )]
@@ -58,6 +58,24 @@ pub enum DdpTrainError {
     /// The data pipeline failed (dataset, batcher or sampler settings).
     #[error("data loader: {0}")]
     Data(#[from] DataError),
+    /// A [`DistributedLoader`](crate::DistributedLoader) could not load an epoch's batch on
+    /// this rank (a dataset returning no item, a panicking dataset or batcher): the epoch
+    /// cannot be completed, so the run fails (the other ranks report it as a
+    /// [`Comm`](Self::Comm) error quoting this one).
+    #[error(
+        "epoch {epoch}: the {what} data failed to load (sampler epoch {sampler_epoch}): {source}"
+    )]
+    Loading {
+        /// The epoch (1-based, as burn-train counts).
+        epoch: usize,
+        /// `"training"` or `"validation"`.
+        what: &'static str,
+        /// The epoch the sampler shuffled for (from 0).
+        sampler_epoch: u64,
+        /// ddp-data's error (it names the data set's index for a missing item).
+        #[source]
+        source: DataError,
+    },
     /// Reading burn-train's checkpoint directory failed.
     #[error("reading the checkpoint directory {path}: {source}")]
     Io {
@@ -124,6 +142,18 @@ context_wrappers! {
     ddp(DdpError) => Ddp;
     /// Wraps a [`CheckpointError`] of the storage layer with what this rank was doing.
     storage(CheckpointError) => CheckpointStorage;
+}
+
+impl DdpTrainError {
+    /// The error of a loader's failed epoch, in burn-train's `epoch`.
+    pub(crate) fn loading(epoch: usize) -> impl FnOnce(crate::loader::LoadFailure) -> Self {
+        move |failure| DdpTrainError::Loading {
+            epoch,
+            what: failure.what,
+            sampler_epoch: failure.sampler_epoch,
+            source: failure.error,
+        }
+    }
 }
 
 /// Result alias of this crate.

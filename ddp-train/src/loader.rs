@@ -6,6 +6,12 @@
 //! counts as the next epoch (burn-train calls it once per epoch), builds ddp-data's loader for
 //! that epoch on a thread of its own, and hands the batches over a small channel (which also
 //! overlaps loading with the training step).
+//!
+//! A data error cannot travel through burn's iterator either: the loader thread records it
+//! and closes the channel, and the iterator then hands it to
+//! [`DdpStrategy`](crate::DdpStrategy) when the strategy pulls the batch (`next_batch`), or
+//! panics, as burn's own loaders do, when anything else iterates. Either way an epoch never just ends
+//! short.
 
 use crate::error::Result;
 use crate::mid_epoch::ResumePoint;
@@ -15,8 +21,12 @@ use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use ddp_core::{
     comm::ProcessGroup,
-    data::{DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard, SamplerState},
+    data::{
+        DataError, DistributedDataLoaderBuilder, DistributedSamplerConfig, ExactShard, SamplerState,
+    },
 };
+use std::cell::{Cell, RefCell};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,12 +53,19 @@ enum Split {
 ///   `b` see the global batches one process with batch `N*b` sees.
 /// - [`DistributedLoader::eval`]: every sample on exactly one rank.
 ///
-/// A data error (a panicking dataset or batcher) cannot be returned through burn's trait: it
-/// is logged, aborts the process group given with [`with_abort_group`](Self::with_abort_group)
-/// (so every rank fails at once, quoting it) and ends this rank's iteration; the strategy then
-/// fails with an error rather than hanging.
+/// A data error (a dataset returning `None` below its length, a panicking dataset or batcher)
+/// cannot be returned through burn's trait. It is logged, aborts the process group given with
+/// [`with_abort_group`](Self::with_abort_group) (so every other rank fails at once, quoting
+/// it) and ends this rank's iteration with the error: [`DdpStrategy`](crate::DdpStrategy)
+/// then fails the run, on every rank, and its [`finish`](crate::DdpStrategy::finish) returns
+/// [`DdpTrainError::Loading`](crate::DdpTrainError::Loading) with the [`DataError`] on this rank (the others quote it);
+/// anything else iterating the loader gets a panic with that error, as with burn's own
+/// loaders. Errors name the data set's own index and length, also for an evaluation shard.
 pub struct DistributedLoader<B: Backend, I, O> {
+    /// The whole data set, as the user gave it.
     dataset: Arc<dyn Dataset<I>>,
+    /// After [`slice`](DataLoader::slice): the indices of `dataset` this loader covers.
+    view: Option<Arc<[usize]>>,
     batcher: Arc<dyn Batcher<B, I, O>>,
     split: Split,
     batch_size: usize,
@@ -89,13 +106,16 @@ where
     /// samples per rank and step.
     ///
     /// # Errors
-    /// Invalid sampler settings or an empty data set ([`DataError`](ddp_core::data::DataError)).
+    /// Invalid sampler settings, an empty data set or a `batch_size` of 0 ([`DataError`]).
     pub fn train(
         dataset: impl Dataset<I> + 'static,
         batcher: impl Batcher<B, I, O> + 'static,
         batch_size: usize,
         sampler: DistributedSamplerConfig,
     ) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(DataError::ZeroBatchSize.into());
+        }
         let per_rank = sampler.init(dataset.len())?.num_samples();
         let world = sampler.num_replicas;
         Ok(Self::with_split(
@@ -113,7 +133,8 @@ where
     /// metrics gathered over the ranks count every sample exactly once.
     ///
     /// # Errors
-    /// `rank >= world` or an empty data set ([`DataError`](ddp_core::data::DataError)).
+    /// `rank >= world`, an empty data set or a `batch_size` of 0 ([`DataError`]). A data set
+    /// smaller than the world is fine: the last ranks have no batches.
     pub fn eval(
         dataset: impl Dataset<I> + 'static,
         batcher: impl Batcher<B, I, O> + 'static,
@@ -121,7 +142,13 @@ where
         world: usize,
         rank: usize,
     ) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(DataError::ZeroBatchSize.into());
+        }
         let per_rank = ExactShard::new(dataset.len(), world, rank)?.len();
+        if dataset.is_empty() {
+            return Err(DataError::EmptyDataset.into());
+        }
         let total = dataset.len();
         Ok(Self::with_split(
             Arc::new(dataset),
@@ -145,9 +172,10 @@ where
     ) -> Self {
         DistributedLoader {
             dataset,
+            view: None,
             batcher,
             split,
-            batch_size: batch_size.max(1),
+            batch_size,
             num_workers: 0,
             device: Default::default(),
             next_epoch: Arc::new(AtomicU64::new(0)),
@@ -204,49 +232,110 @@ where
         self.next_epoch.load(Ordering::Relaxed)
     }
 
-    fn clone_with(
-        &self,
-        dataset: Arc<dyn Dataset<I>>,
-        device: B::Device,
-        per_rank: usize,
-        total: usize,
-    ) -> Self {
+    /// A copy on `device`. It shares this loader's epoch counter and resume point: iterating
+    /// either one advances both (the copy [`to_device`](DataLoader::to_device) returns is the
+    /// same loader, moved).
+    fn on_device(&self, device: B::Device) -> Self {
         DistributedLoader {
-            dataset,
+            dataset: self.dataset.clone(),
+            view: self.view.clone(),
             batcher: self.batcher.clone(),
             split: self.split.clone(),
             batch_size: self.batch_size,
             num_workers: self.num_workers,
             device,
-            next_epoch: Arc::new(AtomicU64::new(self.next_epoch())),
-            resume_steps: Arc::new(Mutex::new(*lock(&self.resume_steps))),
-            per_rank,
+            next_epoch: self.next_epoch.clone(),
+            resume_steps: self.resume_steps.clone(),
+            per_rank: self.per_rank,
             world: self.world,
-            total,
+            total: self.total,
             abort: self.abort.clone(),
         }
     }
 
+    /// The number of samples this loader covers (the whole data set, or a slice of it).
+    fn covered(&self) -> usize {
+        self.view.as_ref().map_or(self.dataset.len(), |v| v.len())
+    }
+
+    /// The data set's own index of this loader's `index`-th sample.
+    fn dataset_index(&self, index: usize) -> usize {
+        self.view
+            .as_ref()
+            .map_or(Some(index), |v| v.get(index).copied())
+            .unwrap_or(index)
+    }
+
     /// Loads one epoch on the calling (loader) thread, after its first `skip` batches,
-    /// sending each batch to `tx`.
-    fn load_epoch(&self, epoch: u64, skip: usize, tx: &mpsc::SyncSender<O>) -> Result<()> {
-        let (dataset, sampler): (Arc<dyn Dataset<I>>, _) = match &self.split {
-            Split::Train(sampler) => (self.dataset.clone(), sampler.clone()),
+    /// sending each batch to `tx`. Errors name the data set's own indices and length.
+    fn load_epoch(
+        &self,
+        epoch: u64,
+        skip: usize,
+        tx: &mpsc::SyncSender<O>,
+    ) -> Result<(), DataError> {
+        // What ddp-data's loader indexes: the data set, or a view of it (a slice, or this
+        // rank's evaluation shard).
+        let (indices, sampler): (Option<Arc<[usize]>>, _) = match &self.split {
+            Split::Train(sampler) => (self.view.clone(), sampler.clone()),
             Split::Eval { world, rank } => {
-                let shard = ExactShard::new(self.dataset.len(), *world, *rank)?;
-                if shard.is_empty() && !self.dataset.is_empty() {
-                    // An evaluation set smaller than the world: this rank has no batches. (An
-                    // empty set is still the loader's error below, on every rank.)
+                let shard = ExactShard::new(self.covered(), *world, *rank)?;
+                if shard.is_empty() {
+                    // An evaluation set smaller than the world (or an empty slice of one):
+                    // this rank has no batches. (`eval` refuses an empty data set.)
                     return Ok(());
                 }
-                let view = ShardView {
-                    inner: self.dataset.clone(),
-                    indices: shard.indices().collect(),
-                };
+                let indices = shard.indices().map(|i| self.dataset_index(i)).collect();
                 let single = DistributedSamplerConfig::new(1, 0).with_shuffle(false);
-                (Arc::new(view), single)
+                (Some(indices), single)
             }
         };
+        let dataset: Arc<dyn Dataset<I>> = match &indices {
+            Some(indices) => Arc::new(ShardView {
+                inner: self.dataset.clone(),
+                indices: indices.clone(),
+            }),
+            None => self.dataset.clone(),
+        };
+        self.load_view(epoch, skip, dataset, sampler, tx)
+            .map_err(|e| self.in_dataset_terms(e, indices.as_deref()))
+    }
+
+    /// ddp-data's error about a view's sample `i` (of `indices`), about the data set's.
+    fn in_dataset_terms(&self, error: DataError, indices: Option<&[usize]>) -> DataError {
+        let Some(indices) = indices else {
+            return error;
+        };
+        let original = |i: usize| indices.get(i).copied().unwrap_or(i);
+        match error {
+            DataError::MissingItem { index, .. } => DataError::MissingItem {
+                index: original(index),
+                dataset_len: self.dataset.len(),
+            },
+            DataError::Timeout {
+                timeout,
+                epoch,
+                batch,
+                indices: batch_indices,
+            } => DataError::Timeout {
+                timeout,
+                epoch,
+                batch,
+                indices: batch_indices.into_iter().map(original).collect(),
+            },
+            other => other,
+        }
+    }
+
+    /// [`load_epoch`](Self::load_epoch) over `dataset` (the data set or a view of it).
+    fn load_view(
+        &self,
+        epoch: u64,
+        skip: usize,
+        dataset: Arc<dyn Dataset<I>>,
+        sampler: DistributedSamplerConfig,
+        tx: &mpsc::SyncSender<O>,
+    ) -> Result<(), DataError> {
         let mut builder = DistributedDataLoaderBuilder::new(SharedBatcher(self.batcher.clone()))
             .batch_size(self.batch_size)
             .num_workers(self.num_workers)
@@ -277,6 +366,8 @@ where
     I: Send + Sync + 'static,
     O: Send + 'static,
 {
+    /// The next epoch's batches; a data error ends them with the error (see
+    /// [`DistributedLoader`]).
     fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<O> + 'a> {
         let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
         let skip = {
@@ -290,32 +381,63 @@ where
             }
         };
         let (tx, rx) = mpsc::sync_channel(2);
-        let this = self.clone_with(
-            self.dataset.clone(),
-            self.device.clone(),
-            self.per_rank,
-            self.total,
-        );
+        let failure: Arc<Mutex<Option<LoadFailure>>> = Arc::default();
+        let what = match self.split {
+            Split::Train(_) => "training",
+            Split::Eval { .. } => "validation",
+        };
+        let this = self.on_device(self.device.clone());
+        let slot = failure.clone();
         let handle = std::thread::Builder::new()
             .name(format!("ddp-train-loader-e{epoch}"))
             .spawn(move || {
-                if let Err(e) = this.load_epoch(epoch, skip, &tx) {
-                    let reason = format!("data loader, epoch {epoch}: {e}");
-                    tracing::error!(error = %reason, "loading failed; aborting the process group");
+                let loaded = catch_unwind(AssertUnwindSafe(|| this.load_epoch(epoch, skip, &tx)))
+                    .unwrap_or_else(|payload| {
+                        Err(DataError::WorkerPanicked {
+                            batch: skip,
+                            message: panic_text(payload.as_ref()),
+                        })
+                    });
+                if let Err(error) = loaded {
+                    let failure = LoadFailure {
+                        what,
+                        sampler_epoch: epoch,
+                        error,
+                    };
+                    let reason = failure.to_string();
+                    tracing::error!(error = %reason, "loading failed; ending the epoch with the error");
+                    // Peers first: they fail at once, quoting this rank's reason.
                     if let Some(pg) = &this.abort {
                         pg.abort(&reason);
                     }
+                    // Recorded before the channel closes, so the iterator finds it.
+                    *lock(&slot) = Some(failure);
                 }
+                drop(tx);
             });
         let handle = match handle {
             Ok(h) => Some(h),
             Err(e) => {
-                tracing::error!(error = %e, "could not start the loader thread; this epoch has no batches");
+                // The closure (and the sender with it) is gone: the channel is closed.
+                let lost = LoadFailure {
+                    what,
+                    sampler_epoch: epoch,
+                    error: DataError::ThreadPool {
+                        num_workers: 1,
+                        message: format!("the loader thread: {e}"),
+                    },
+                };
+                tracing::error!(error = %lost, "could not start the loader thread");
+                if let Some(pg) = &self.abort {
+                    pg.abort(&lost.to_string());
+                }
+                *lock(&failure) = Some(lost);
                 None
             }
         };
         Box::new(ThreadIter {
             rx,
+            failure,
             handle,
             // Progress counts the skipped batches, as if they had been taken.
             batches: skip,
@@ -330,29 +452,80 @@ where
         self.total
     }
 
+    /// This loader, creating its batches on `device`. The copy shares the epoch counter and
+    /// the resume point: it continues where this loader is, and iterating it advances this one.
     fn to_device(&self, device: &B::Device) -> Arc<dyn DataLoader<B, O>> {
-        Arc::new(self.clone_with(
-            self.dataset.clone(),
-            device.clone(),
-            self.per_rank,
-            self.total,
-        ))
+        Arc::new(self.on_device(device.clone()))
     }
 
+    /// Samples `start..end` of what this loader covers, as a loader of its own (its own epoch
+    /// counter, starting at this loader's next epoch). Errors still name the data set's
+    /// indices.
     fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<B, O>> {
-        let end = end.min(self.dataset.len());
+        let end = end.min(self.covered());
         let start = start.min(end);
-        let view = ShardView {
-            inner: self.dataset.clone(),
-            indices: (start..end).collect(),
-        };
+        let indices: Arc<[usize]> = (start..end).map(|i| self.dataset_index(i)).collect();
         let per_rank = (end - start).div_ceil(self.world.max(1));
         let total = match self.split {
             Split::Train(_) => per_rank * self.world,
             Split::Eval { .. } => end - start,
         };
-        Arc::new(self.clone_with(Arc::new(view), self.device.clone(), per_rank, total))
+        let mut sliced = self.on_device(self.device.clone());
+        sliced.view = Some(indices);
+        sliced.per_rank = per_rank;
+        sliced.total = total;
+        sliced.next_epoch = Arc::new(AtomicU64::new(self.next_epoch()));
+        sliced.resume_steps = Arc::new(Mutex::new(*lock(&self.resume_steps)));
+        Arc::new(sliced)
     }
+}
+
+/// A data error that ended one epoch of a [`DistributedLoader`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} data loader, sampler epoch {sampler_epoch}: {error}")]
+pub(crate) struct LoadFailure {
+    /// `"training"` or `"validation"`.
+    pub(crate) what: &'static str,
+    /// The epoch the sampler shuffled for (from 0; burn-train counts epochs from 1).
+    pub(crate) sampler_epoch: u64,
+    /// ddp-data's error.
+    pub(crate) error: DataError,
+}
+
+thread_local! {
+    /// Set while [`next_batch`] pulls a batch on this thread: a [`ThreadIter`] leaves its
+    /// epoch's error in [`FAILED`] for it instead of panicking.
+    static RETURN_ERRORS: Cell<bool> = const { Cell::new(false) };
+    static FAILED: RefCell<Option<LoadFailure>> = const { RefCell::new(None) };
+}
+
+/// `iter.next()`, with the data error a [`DistributedLoader`]'s epoch ended with returned
+/// instead of panicking (other iterators are just advanced).
+pub(crate) fn next_batch<O>(
+    iter: &mut dyn DataLoaderIterator<O>,
+) -> std::result::Result<Option<O>, LoadFailure> {
+    /// Restores the flag, also if `next` unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RETURN_ERRORS.set(self.0);
+        }
+    }
+    let _restore = Restore(RETURN_ERRORS.replace(true));
+    let batch = iter.next();
+    match FAILED.take() {
+        Some(failure) => Err(failure),
+        None => Ok(batch),
+    }
+}
+
+/// The text of a panic payload (`&str` or `String`), or a placeholder.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic payload is not a string".to_owned())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -362,6 +535,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Receives one epoch's batches from the loader thread.
 struct ThreadIter<O> {
     rx: mpsc::Receiver<O>,
+    /// The error the loader thread ended the epoch with (set before the channel closes).
+    failure: Arc<Mutex<Option<LoadFailure>>>,
     handle: Option<JoinHandle<()>>,
     batches: usize,
     batch_size: usize,
@@ -373,10 +548,20 @@ struct ThreadIter<O> {
 impl<O> Iterator for ThreadIter<O> {
     type Item = O;
 
+    /// The next batch; `None` at the end of the epoch. A failed epoch does not just end: its
+    /// error goes to [`next_batch`] (the strategy), or, for any other caller, is a panic (as
+    /// burn's own loaders fail).
     fn next(&mut self) -> Option<O> {
-        let batch = self.rx.recv().ok()?;
-        self.batches += 1;
-        Some(batch)
+        if let Ok(batch) = self.rx.recv() {
+            self.batches += 1;
+            return Some(batch);
+        }
+        let failure = lock(&self.failure).take()?;
+        if RETURN_ERRORS.get() {
+            FAILED.set(Some(failure));
+            return None;
+        }
+        panic!("{failure}");
     }
 }
 
@@ -417,7 +602,7 @@ impl<I> Dataset<I> for SharedDataset<I> {
 /// Some indices of a data set, in the given order.
 struct ShardView<I> {
     inner: Arc<dyn Dataset<I>>,
-    indices: Vec<usize>,
+    indices: Arc<[usize]>,
 }
 
 impl<I> Dataset<I> for ShardView<I> {

@@ -28,6 +28,7 @@ use crate::checkpoint::{
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
 use crate::item::{Exchange, exchange};
+use crate::loader::next_batch;
 use crate::mid_epoch::{LoaderPosition, ResumePoint, StepCheckpointer};
 use crate::params::verify_same_model;
 use crate::renderer::ProgressRenderer;
@@ -327,6 +328,12 @@ impl DdpStrategy {
         let mut ddp = DistributedDataParallel::new(model, pg.clone(), self.config.clone())
             .map_err(DdpTrainError::ddp("setting up data-parallel training"))?;
         learner.load_model(ddp.module().clone().into_record());
+        // As burn-train's own strategies: the loaders create their batches on the model's
+        // device (with one GPU per rank, not on the default one). Once: a moved
+        // DistributedLoader keeps the epoch counter and resume point it was moved with.
+        let device = model_device(&learner.model());
+        let train = &train.to_device(&device);
+        let valid = &valid.to_device(&device);
         tracing::info!(
             rank = pg.rank(),
             world = pg.world_size(),
@@ -581,7 +588,9 @@ impl DdpStrategy {
         let mut step = skip_to(&mut *iter, epoch, resume_at)?;
         let mut end = EpochEnd::Completed;
         loop {
-            let batch = iter.next();
+            // A data error ends the run here (this rank's failure aborts the group, so the
+            // others fail at the next collective, quoting it).
+            let batch = next_batch(&mut *iter).map_err(DdpTrainError::loading(epoch))?;
             // Who has a batch, and did anyone's interrupter fire.
             let mut control = vec![0u8; world + 1];
             control[rank] = u8::from(batch.is_some());
@@ -714,8 +723,10 @@ impl DdpStrategy {
         let mut iter = valid.iter();
         let mut step = 0;
         loop {
-            // Shards may differ by one batch: a rank without one still takes part.
-            let output = iter.next().map(|batch| model.step(batch));
+            // Shards may differ by one batch: a rank without one still takes part. A data
+            // error fails the run (not a shorter validation set).
+            let batch = next_batch(&mut *iter).map_err(DdpTrainError::loading(epoch))?;
+            let output = batch.map(|batch| model.step(batch));
             let progress = iter.progress();
             match exchange(&self.pg, output, global_batch, &device, step + 1)? {
                 Exchange::Done => break,
@@ -758,7 +769,10 @@ fn skip_to<O>(
     };
     if start == 0 {
         for pulled in 0..position.step {
-            if iter.next().is_none() {
+            if next_batch(iter)
+                .map_err(DdpTrainError::loading(epoch))?
+                .is_none()
+            {
                 return Err(DdpTrainError::Resume(format!(
                     "epoch {epoch}: the training loader ended after {pulled} batches, but the \
                      checkpoint was taken after step {}",

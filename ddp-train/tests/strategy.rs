@@ -23,7 +23,7 @@ use burn_train::{
 use ddp_core::{
     DdpConfig,
     comm::{ProcessGroup, ProcessGroupConfig, Store, StoreConfig, StoreServer},
-    data::DistributedSamplerConfig,
+    data::{DataError, DistributedSamplerConfig},
 };
 use ddp_examples::digits::{DigitBatch, DigitBatcher, DigitDataset, DigitItem, load_digits, split};
 use ddp_examples::models::DigitsMlp;
@@ -1158,4 +1158,377 @@ fn a_run_with_gradient_accumulation_resumed_inside_an_epoch_ends_with_the_uninte
             "rank {rank}: resumed != straight"
         );
     }
+}
+
+/// A data set whose `get` returns `None` at `missing` although it is below `len()` (an
+/// inconsistent `Dataset`, as a corrupt file read makes one).
+struct Holey<T> {
+    items: Vec<T>,
+    missing: Option<usize>,
+}
+
+impl<T: Clone + Send + Sync> burn::data::dataset::Dataset<T> for Holey<T> {
+    fn get(&self, index: usize) -> Option<T> {
+        if Some(index) == self.missing {
+            return None;
+        }
+        self.items.get(index).cloned()
+    }
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
+/// Two epochs over `train` and `valid` (batches of 16 per rank).
+fn outcome_with_loaders(
+    pg: ProcessGroup,
+    dir: &Path,
+    train: Arc<dyn DataLoader<B, DigitBatch<B>>>,
+    valid: Arc<dyn DataLoader<Flex, DigitBatch<Flex>>>,
+) -> ddp_train::Result<DdpReport> {
+    let strategy = DdpStrategy::new(pg);
+    let model = Classifier::<B> {
+        mlp: DigitsMlp::new(32, &Default::default()),
+    };
+    let training = SupervisedTraining::new(dir, train, valid)
+        .metrics((LossMetric::new(),))
+        .num_epochs(2)
+        .with_application_logger(None)
+        .distributed(&strategy);
+    let _ = training.launch(Learner::new(model, SgdConfig::new().init(), 0.1));
+    strategy.finish()
+}
+
+/// Two epochs over the digits, with `get` returning `None` at `train_missing` of the training
+/// set and at `valid_missing` of the validation set; `abort` gives the loaders the group.
+fn outcome_with_holes(
+    pg: ProcessGroup,
+    dir: &Path,
+    train_missing: Option<usize>,
+    valid_missing: Option<usize>,
+    abort: bool,
+) -> ddp_train::Result<DdpReport> {
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let (train_items, test_items) = data();
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let mut train = DistributedLoader::<B, _, _>::train(
+        Holey {
+            items: train_items,
+            missing: train_missing,
+        },
+        DigitBatcher,
+        16,
+        sampler,
+    )?;
+    let mut valid = DistributedLoader::<Flex, _, _>::eval(
+        Holey {
+            items: test_items,
+            missing: valid_missing,
+        },
+        DigitBatcher,
+        16,
+        world,
+        rank,
+    )?;
+    if abort {
+        train = train.with_abort_group(pg.clone());
+        valid = valid.with_abort_group(pg.clone());
+    }
+    outcome_with_loaders(pg, dir, Arc::new(train), Arc::new(valid))
+}
+
+/// The message of ddp-data's `MissingItem` for `index` of a data set of `len`.
+fn missing(index: usize, len: usize) -> String {
+    format!("no item for index {index} although its len() is {len}")
+}
+
+#[test]
+fn a_data_error_fails_a_one_process_run_instead_of_ending_the_epoch_early() {
+    for (train_missing, valid_missing, what, index, len) in [
+        (Some(5), None, "training", 5, 256),
+        (None, Some(41), "validation", 41, 100),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let results = run_ranks(1, |pg| {
+            outcome_with_holes(pg, dir.path(), train_missing, valid_missing, false)
+        });
+        match &results[0] {
+            Err(
+                e @ ddp_train::DdpTrainError::Loading {
+                    epoch: 1,
+                    what: failed,
+                    sampler_epoch: 0,
+                    source: DataError::MissingItem { .. },
+                },
+            ) => {
+                assert_eq!(*failed, what, "{e}");
+                assert!(e.to_string().contains(&missing(index, len)), "{e}");
+            }
+            other => panic!("{what}: expected the data error, got {other:?}"),
+        }
+    }
+}
+
+/// Without an abort group on the loaders: the rank whose data failed reports the data error,
+/// the other one the group's abort quoting it (not "uneven batches", not a silently shorter
+/// validation set); the index is the data set's own, also for rank 1's evaluation shard.
+#[test]
+fn a_data_error_on_one_rank_fails_every_rank_naming_it() {
+    // Training: index 5 is in one rank's shard of epoch 0 (256 samples, no padding).
+    // Validation: 41 is rank 1's 21st sample (1, 3, ..., 41), in its shard of 50.
+    for (train_missing, valid_missing, what, index, len) in [
+        (Some(5), None, "training", 5, 256),
+        (None, Some(41), "validation", 41, 100),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let results = run_ranks(2, |pg| {
+            outcome_with_holes(pg, dir.path(), train_missing, valid_missing, false)
+        });
+        for (rank, r) in results.iter().enumerate() {
+            let err = r.as_ref().expect_err("a data error must fail every rank");
+            assert!(
+                err.to_string().contains(&missing(index, len)),
+                "{what}, rank {rank}: {err}"
+            );
+        }
+        let failed: Vec<usize> = (0..2)
+            .filter(|&r| {
+                matches!(&results[r], Err(ddp_train::DdpTrainError::Loading { what: w, .. }) if *w == what)
+            })
+            .collect();
+        assert_eq!(failed.len(), 1, "{what}: {results:?}");
+        if what == "validation" {
+            assert_eq!(failed, [1], "{results:?}");
+        }
+    }
+}
+
+/// With the loaders' abort group too: every rank fails with the data error's text.
+#[test]
+fn a_data_error_with_the_abort_group_fails_every_rank_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        outcome_with_holes(pg, dir.path(), Some(5), None, true)
+    });
+    for (rank, r) in results.iter().enumerate() {
+        let err = r.as_ref().expect_err("a data error must fail every rank");
+        assert!(
+            err.to_string().contains(&missing(5, 256)),
+            "rank {rank}: {err}"
+        );
+    }
+}
+
+/// Outside the strategy, a failed epoch panics with its error (as burn's loaders do) instead
+/// of ending early; an evaluation shard's (and a slice's) error names the data set's index and
+/// length, not the shard's.
+#[test]
+fn a_loader_iterated_by_anything_else_panics_with_the_data_sets_index() {
+    let eval = DistributedLoader::<Flex, _, _>::eval(
+        Holey {
+            items: (0..1000).collect::<Vec<usize>>(),
+            missing: Some(401),
+        },
+        Ids,
+        8,
+        4,
+        1,
+    )
+    .expect("eval loader");
+    let sliced = eval.slice(200, 1000);
+    let loaders: [(&str, &dyn DataLoader<Flex, Vec<usize>>); 2] =
+        [("eval", &eval), ("slice", &*sliced)];
+    for (name, loader) in loaders {
+        let panic =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loader.iter().count()))
+                .expect_err("the failed epoch must not just end");
+        let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains(&missing(401, 1000)), "{name}: {text}");
+        assert!(text.contains("validation data loader"), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_batch_size_of_zero_is_refused() {
+    let train = DistributedLoader::<Flex, _, _>::train(
+        InMemDataset::new((0..10).collect::<Vec<usize>>()),
+        Ids,
+        0,
+        DistributedSamplerConfig::new(2, 0),
+    );
+    assert!(
+        matches!(
+            train,
+            Err(ddp_train::DdpTrainError::Data(DataError::ZeroBatchSize))
+        ),
+        "{train:?}"
+    );
+    let eval = DistributedLoader::<Flex, _, _>::eval(
+        InMemDataset::new((0..10).collect::<Vec<usize>>()),
+        Ids,
+        0,
+        2,
+        0,
+    );
+    assert!(
+        matches!(
+            eval,
+            Err(ddp_train::DdpTrainError::Data(DataError::ZeroBatchSize))
+        ),
+        "{eval:?}"
+    );
+}
+
+#[test]
+fn an_empty_evaluation_set_is_refused_when_the_loader_is_built() {
+    for world in [1, 3] {
+        let eval = DistributedLoader::<Flex, _, _>::eval(
+            InMemDataset::new(Vec::<usize>::new()),
+            Ids,
+            2,
+            world,
+            0,
+        );
+        assert!(
+            matches!(
+                eval,
+                Err(ddp_train::DdpTrainError::Data(DataError::EmptyDataset))
+            ),
+            "world {world}: {eval:?}"
+        );
+    }
+}
+
+/// A loader that logs `to_device` and which copy each `iter()` runs on.
+struct DeviceProbe<Bk: burn::tensor::backend::Backend, O> {
+    name: &'static str,
+    inner: Arc<dyn DataLoader<Bk, O>>,
+    moved_to: Option<Bk::Device>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl<Bk: burn::tensor::backend::Backend, O: 'static> DataLoader<Bk, O> for DeviceProbe<Bk, O> {
+    fn iter<'a>(&'a self) -> Box<dyn burn::data::dataloader::DataLoaderIterator<O> + 'a> {
+        let on = match &self.moved_to {
+            Some(device) => format!("{device:?}"),
+            None => "the loader as given".into(),
+        };
+        self.log
+            .lock()
+            .expect("log")
+            .push(format!("{} iter on {on}", self.name));
+        self.inner.iter()
+    }
+    fn num_items(&self) -> usize {
+        self.inner.num_items()
+    }
+    fn to_device(&self, device: &Bk::Device) -> Arc<dyn DataLoader<Bk, O>> {
+        self.log
+            .lock()
+            .expect("log")
+            .push(format!("{} to_device {device:?}", self.name));
+        Arc::new(DeviceProbe {
+            name: self.name,
+            inner: self.inner.to_device(device),
+            moved_to: Some(device.clone()),
+            log: self.log.clone(),
+        })
+    }
+    fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<Bk, O>> {
+        self.inner.slice(start, end)
+    }
+}
+
+/// As burn-train's own strategies: both loaders are moved to the model's device once, before
+/// the first epoch, and every epoch iterates the moved loaders (with one GPU per rank, batches
+/// on the default device would not be on the model's).
+#[test]
+fn the_loaders_are_moved_to_the_models_device_once_before_training() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let results = run_ranks(1, |pg| {
+        let (train_items, test_items) = data();
+        let train = DistributedLoader::<B, _, _>::train(
+            DigitDataset(train_items),
+            DigitBatcher,
+            32,
+            DistributedSamplerConfig::new(1, 0).with_seed(42),
+        )?;
+        let valid = DistributedLoader::<Flex, _, _>::eval(
+            DigitDataset(test_items),
+            DigitBatcher,
+            32,
+            1,
+            0,
+        )?;
+        let train = DeviceProbe {
+            name: "train",
+            inner: Arc::new(train),
+            moved_to: None,
+            log: log.clone(),
+        };
+        let valid = DeviceProbe {
+            name: "valid",
+            inner: Arc::new(valid),
+            moved_to: None,
+            log: log.clone(),
+        };
+        outcome_with_loaders(pg, dir.path(), Arc::new(train), Arc::new(valid))
+    });
+    let report = results[0].as_ref().expect("training succeeded");
+    assert_eq!(report.last_epoch, 2);
+    let device = format!("{:?}", burn::tensor::Device::<B>::default());
+    let log = log.lock().expect("log").clone();
+    let epoch = [
+        format!("train iter on {device}"),
+        format!("valid iter on {device}"),
+    ];
+    let mut expected = vec![
+        format!("train to_device {device}"),
+        format!("valid to_device {device}"),
+    ];
+    expected.extend(epoch.iter().chain(&epoch).cloned());
+    assert_eq!(log, expected);
+}
+
+/// The copy `to_device` returns is the same loader, moved: it continues at the loader's epoch
+/// and resume point, and iterating it advances the loader.
+#[test]
+fn a_moved_loader_continues_where_the_loader_is() {
+    let build = || {
+        DistributedLoader::<Flex, _, _>::train(
+            InMemDataset::new((0..40).collect::<Vec<usize>>()),
+            Ids,
+            4,
+            DistributedSamplerConfig::new(2, 1).with_seed(5),
+        )
+        .expect("loader")
+        .with_resume(Some(ddp_train::ResumePoint {
+            epochs_done: 3,
+            steps_done: 2,
+        }))
+    };
+    let reference = build();
+    let expected: Vec<Vec<Vec<usize>>> = (0..2).map(|_| reference.iter().collect()).collect();
+    let loader = build();
+    let moved = loader.to_device(&Default::default());
+    let mut iter = moved.iter();
+    assert_eq!(
+        iter.progress().items_processed,
+        2 * 4 * 2,
+        "after the resumed steps"
+    );
+    let first: Vec<Vec<usize>> = iter.by_ref().collect();
+    drop(iter);
+    assert_eq!(first, expected[0]);
+    assert_eq!(
+        loader.next_epoch(),
+        4,
+        "the moved copy's epoch advanced the loader"
+    );
+    let second: Vec<Vec<usize>> = loader.iter().collect();
+    assert_eq!(
+        second, expected[1],
+        "the loader continues after the moved copy's epoch"
+    );
 }

@@ -59,7 +59,8 @@ pub struct SamplerState {
     /// Entries of the epoch order consumed by an earlier world size before
     /// this world size's ranks started dealing it out (always
     /// `< num_replicas`). Only [`resharded_for`](Self::resharded_for) makes
-    /// it nonzero, and [`set_epoch`](crate::DistributedSampler::set_epoch) to
+    /// it nonzero (and so does loading the end of an epoch on a world size
+    /// with no samples per rank, see there), and [`set_epoch`](crate::DistributedSampler::set_epoch) to
     /// a new epoch resets it. Absent in states saved before it existed,
     /// which therefore load unchanged (as 0). Always written: formats without
     /// field names (bincode, MessagePack as arrays) cannot tell a skipped
@@ -116,8 +117,14 @@ impl SamplerState {
     ///   `(len - G) % M` (at most `M - 1`) entries of the order are skipped
     ///   this epoch, as PyTorch drops the tail. The tail is the new world
     ///   size's: a sample the old world size would have dropped may be seen.
-    /// * **A complete epoch** (`is_epoch_complete`) stays complete: the state
-    ///   is the end of that epoch for `M` ranks.
+    /// * **A complete epoch** (`is_epoch_complete`, something consumed) stays
+    ///   complete: the state is the end of that epoch for `M` ranks. (Where
+    ///   `M` ranks have no samples, its offset is `dataset_len`, so that a
+    ///   later reshard still reads it as the end, not as the start.)
+    /// * **An epoch start** (nothing consumed: `global_consumed() == 0`) stays
+    ///   the start, also when it counts as complete because the saved world
+    ///   size had no samples per rank (`drop_last` with a dataset smaller than
+    ///   that world): the `M` ranks then see their whole epoch.
     /// * **The next epoch** (`set_epoch(epoch + 1)`) is exactly that of a
     ///   fresh `M`-rank sampler.
     /// * **Same result as the exact translation** when `G` is a multiple of
@@ -167,12 +174,23 @@ impl SamplerState {
             position: 0,
             ..self.clone()
         };
-        if self.is_epoch_complete() {
+        // Nothing consumed is the start of the epoch, even where the saved
+        // world size had 0 samples per rank (`drop_last`, `dataset_len <
+        // num_replicas`), which makes position 0 the end as well: the new
+        // world size may have samples, and none of them was seen.
+        if self.is_epoch_complete() && self.global_consumed() > 0 {
             resharded.position = resharded.num_samples();
+            if resharded.position == 0 && self.dataset_len < num_replicas {
+                // No samples per rank for `M` either: position 0 alone would read
+                // as the start. Recording the whole order as consumed before the
+                // switch (an offset of `dataset_len`, below `M` here) keeps it the
+                // end, for a later `resharded_for` too.
+                resharded.offset = self.dataset_len;
+            }
         } else {
-            // `G < dataset_len` here (see `validate`), so the new ranks start
-            // inside the order: global position `G` is rank 0's position
-            // `G / M` of a layout shifted by `G % M`.
+            // `G < dataset_len` here (see `validate`; or `G == 0`), so the new
+            // ranks start inside the order (or at its start): global position
+            // `G` is rank 0's position `G / M` of a layout shifted by `G % M`.
             let global = self.global_consumed();
             resharded.offset = global % num_replicas;
             resharded.position = global / num_replicas;
@@ -225,7 +243,9 @@ pub(crate) struct ResumePoint {
 ///   exact only if `G` is a multiple of the new world size; otherwise the
 ///   state is rejected with [`DataError::WorldSizeChange`] (use
 ///   [`SamplerState::resharded_for`] to continue anyway). A state at the
-///   start or the end of an epoch always translates (to the start or end).
+///   start or the end of an epoch always translates (to the start or end; a
+///   state with nothing consumed is the start, even when the saved world size
+///   had no samples per rank).
 #[cfg(test)]
 pub(crate) fn resume_position(
     saved: &SamplerState,
@@ -254,7 +274,10 @@ pub(crate) fn resume_point(
         });
     }
     let translated = saved.resharded_for(current.num_replicas)?;
-    if translated.offset != 0 {
+    // The end of an epoch always translates; its offset is nonzero only where the new world
+    // size has no samples per rank (see `resharded_for`).
+    let at_end = saved.is_epoch_complete() && saved.global_consumed() > 0;
+    if translated.offset != 0 && !at_end {
         return Err(DataError::WorldSizeChange {
             saved: saved.num_replicas,
             current: current.num_replicas,
@@ -263,7 +286,7 @@ pub(crate) fn resume_point(
         });
     }
     Ok(ResumePoint {
-        offset: 0,
+        offset: translated.offset,
         position: translated.position,
     })
 }

@@ -95,6 +95,13 @@ fn drain(ranks: &[DistributedSampler]) -> Vec<usize> {
         .collect()
 }
 
+/// Whether `state` is the end of its epoch for every world size: complete, and something was
+/// consumed (a state with nothing consumed is the start, even where the saved world size has
+/// no samples per rank and so also counts as complete).
+fn at_epoch_end(state: &SamplerState) -> bool {
+    state.is_epoch_complete() && state.global_consumed() > 0
+}
+
 /// Checks the documented guarantee for an epoch of `order` in which `seen`
 /// (everything consumed, before and after any switches) was consumed and the
 /// last switch went to `world` ranks after `consumed_before` samples.
@@ -168,7 +175,7 @@ proptest! {
 
         let mut new = run.restored(new_world, &state);
         let after = drain(&new);
-        if state.is_epoch_complete() {
+        if at_epoch_end(&state) {
             prop_assert!(after.is_empty(), "a complete epoch stays complete");
         } else {
             let consumed = steps * old_world;
@@ -208,18 +215,18 @@ proptest! {
         let mut ranks = run.restored(second, &round_trip(&state));
         let k2 = steps.1 % (ranks[0].remaining() + 1);
         let first_switch = state.global_consumed();
-        let first_complete = state.is_epoch_complete();
+        let first_complete = at_epoch_end(&state);
         let (more, state) = consume(&mut ranks, k2);
         seen.extend(more);
         let state = round_trip(&state);
-        if !state.is_epoch_complete() {
+        if !at_epoch_end(&state) {
             prop_assert_eq!(&seen[..], &order[..state.global_consumed()]);
         }
 
         let ranks = run.restored(third, &state);
         let consumed = state.global_consumed();
         seen.extend(drain(&ranks));
-        if !state.is_epoch_complete() {
+        if !at_epoch_end(&state) {
             check_epoch_coverage(&order, &seen, consumed, third, run.drop_last)?;
         } else if !first_complete {
             // The second world size finished the epoch.
@@ -262,7 +269,10 @@ proptest! {
             match exact.load_state(&state) {
                 Ok(()) => {
                     let resharded = state.resharded_for(new_world).expect("reshards");
-                    prop_assert_eq!(resharded.offset, 0);
+                    // 0, except at the end of an epoch on ranks without samples: it then
+                    // records the whole order as consumed, so that it stays the end.
+                    let expected = if at_epoch_end(&state) && resharded.num_samples() == 0 { run.len } else { 0 };
+                    prop_assert_eq!(resharded.offset, expected);
                     let mut via = run.config(new_world, rank).init(run.len).expect("valid");
                     via.load_state(&resharded).expect("loads");
                     prop_assert_eq!(via.state(), exact.state());
@@ -552,4 +562,65 @@ fn a_resharded_state_on_the_wrong_world_size_still_translates_by_global_count() 
             ..
         })
     ));
+}
+
+/// `drop_last` with fewer samples than the saved world size: 0 samples per rank, so a fresh
+/// state's position 0 is both the start and the end of its epoch. Nothing was consumed, so on
+/// a world size with samples it is the start: the epoch is seen, not skipped.
+#[test]
+fn an_epoch_start_with_no_samples_per_rank_translates_to_the_start() {
+    let run = Run {
+        len: 3,
+        seed: 4,
+        shuffle: true,
+        drop_last: true,
+        epoch: 2,
+    };
+    let saved = run.fresh(4, 0).state();
+    assert_eq!((saved.position, saved.num_samples()), (0, 0));
+    assert!(saved.is_epoch_complete(), "0 samples: the start is the end");
+    let resharded = saved.resharded_for(2).expect("reshards");
+    assert_eq!(
+        (resharded.offset, resharded.position),
+        (0, 0),
+        "{resharded:?}"
+    );
+    // Loaded as it is (the exact translation) and resharded: the whole epoch of 2 ranks.
+    for state in [&saved, &resharded] {
+        let seen: Vec<Vec<usize>> = (0..2)
+            .map(|rank| {
+                let mut sampler = run.config(2, rank).init(run.len).expect("valid");
+                sampler.load_state(state).expect("loads");
+                assert_eq!(sampler.epoch(), 2);
+                sampler.iter().collect()
+            })
+            .collect();
+        let fresh: Vec<Vec<usize>> = (0..2)
+            .map(|rank| run.fresh(2, rank).iter().collect())
+            .collect();
+        assert_eq!(seen, fresh, "loading {state:?}");
+        assert_eq!(
+            seen.concat().len(),
+            2,
+            "one sample per rank, the tail dropped"
+        );
+    }
+    // The other way round: the end of an epoch, resharded for a world size without samples,
+    // is still the end when resharded (or loaded) back.
+    let mut two: Vec<DistributedSampler> = (0..2).map(|rank| run.fresh(2, rank)).collect();
+    let (_, end) = consume(&mut two, 1);
+    assert!(at_epoch_end(&end));
+    let for_four = round_trip(&end.resharded_for(4).expect("reshards"));
+    assert!(at_epoch_end(&for_four), "{for_four:?}");
+    for back in [
+        for_four.resharded_for(2).expect("reshards"),
+        for_four.clone(),
+    ] {
+        let rest = drain(&run.restored(2, &back));
+        assert!(rest.is_empty(), "the finished epoch replayed: {rest:?}");
+    }
+    let mut one = run.config(1, 0).init(run.len).expect("valid");
+    one.load_state(&for_four)
+        .expect("the end of an epoch always translates");
+    assert_eq!(one.remaining(), 0);
 }
