@@ -3,7 +3,8 @@
 //! asks to join, and the survivors then form the next round.
 //!
 //! Keys (scoped to the job):
-//! - `config`: the first launcher's settings; the others must match;
+//! - `config`: the first launcher's settings, with the [`PROTOCOL`] version; the others must
+//!   match;
 //! - `launch_id`: the first launcher's launch id, which every launcher's workers get;
 //! - `current`: the open or running round; `complete` / `abort`: the job's end;
 //! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/left/<i>` (set by
@@ -40,6 +41,51 @@ use std::time::{Duration, Instant};
 
 /// How often a launcher reads the rendezvous while waiting or supervising.
 const POLL: Duration = Duration::from_millis(100);
+
+/// The version of this round protocol (the keys and what they hold), part of the settings
+/// every node must match: launchers of different versions misread each other's rounds (a
+/// launcher of version 1, before versions were recorded, reads `closed` as a member count and
+/// keeps asking into every round), so they refuse to share a job. 2: `closed` holds the
+/// members' join indices, joiners withdraw (`r/<n>/left`).
+pub(crate) const PROTOCOL: u32 = 2;
+
+/// The settings string every node of a job must match (`config`): `shape` (what shapes the
+/// job: the node count range, the workers per node, the restarts) and [`PROTOCOL`].
+pub(crate) fn agreed_settings(shape: &str) -> String {
+    format!("{shape} (rendezvous protocol {PROTOCOL})")
+}
+
+/// [`agreed_settings`] split back into the shape and the protocol; `None` for a launcher from
+/// before versions were recorded.
+fn split_settings(config: &str) -> (&str, Option<u32>) {
+    config
+        .strip_suffix(')')
+        .and_then(|c| c.rsplit_once(" (rendezvous protocol "))
+        .and_then(|(shape, v)| Some((shape, Some(v.parse().ok()?))))
+        .unwrap_or((config, None))
+}
+
+/// Why a node whose settings are `mine` cannot join a job set up with `theirs`.
+fn settings_refusal(theirs: &str, mine: &str) -> String {
+    let (their_shape, their_protocol) = split_settings(theirs);
+    let (my_shape, my_protocol) = split_settings(mine);
+    if their_protocol != my_protocol {
+        let version = |p: Option<u32>| {
+            p.map_or_else(
+                || "1 (a ddp-launch from before the versions were recorded)".to_string(),
+                |p| p.to_string(),
+            )
+        };
+        return format!(
+            "the first node's launcher speaks rendezvous protocol {} but this node's speaks rendezvous protocol {}: every node must use the same settings, and launchers of different protocols cannot share a job (run the same ddp-launch version on every node)",
+            version(their_protocol),
+            version(my_protocol)
+        );
+    }
+    format!(
+        "the first node runs with {their_shape} but this node with {my_shape}: every node must use the same settings"
+    )
+}
 
 /// A round this node is a member of.
 #[derive(Debug, Clone)]
@@ -198,8 +244,8 @@ impl Rounds {
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
             return Err(rounds.error(format!(
-                "the first node runs with {} but this node with {config}: every node must use the same settings{}",
-                String::from_utf8_lossy(&theirs),
+                "{}{}",
+                settings_refusal(&String::from_utf8_lossy(&theirs), config),
                 rounds.stale_job_hint()
             )));
         }
@@ -989,14 +1035,19 @@ mod tests {
         fn close(self: Box<Self>, _signals: &SignalGuard) {}
     }
 
-    const CONFIG: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
+    /// What shapes the tests' jobs (the settings every node must match, less the protocol).
+    const SHAPE: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
+
+    fn config() -> String {
+        agreed_settings(SHAPE)
+    }
 
     /// A job whose round 0 runs with one node (`other:1`), of at most two.
     /// A job whose round 0 is open, nobody in it yet.
     fn new_job() -> Memory {
         let memory = Memory::default();
         for (key, value) in [
-            ("config", CONFIG),
+            ("config", config().as_str()),
             ("launch_id", "earlier"),
             ("current", "0"),
             ("r/0/restarts", "0"),
@@ -1065,7 +1116,7 @@ mod tests {
             Box::new(memory.clone()),
             settings,
             node_id.into(),
-            CONFIG,
+            &config(),
             "mine",
             0,
             join_timeout,
@@ -1345,6 +1396,75 @@ mod tests {
         assert!(
             end.starts_with("failure|leaver:2 was interrupted by SIGINT before round 0 started"),
             "{end}"
+        );
+    }
+
+    /// Joins the job in `memory` with the settings `config`; the refusal.
+    fn refused_with(memory: &Memory, config: &str) -> String {
+        let settings = ElasticSettings {
+            nodes: NodeCount { min: 1, max: 2 },
+            backend: RdzvBackend::C10d,
+            endpoint: Endpoint {
+                host: "127.0.0.1".into(),
+                port: 2379,
+            },
+            job_id: "none".into(),
+            last_call: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(60),
+        };
+        let joined = Rounds::new(
+            Box::new(memory.clone()),
+            settings,
+            "late:2".into(),
+            config,
+            "mine",
+            0,
+            Duration::from_secs(600),
+        );
+        match joined {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("joined a job set up with other settings"),
+        }
+    }
+
+    /// A job set up by a launcher from before the protocol was versioned (whose `config` has
+    /// no version, and whose `closed` is a count) refuses this one, naming both versions; so
+    /// does a job of another version. Other settings of the same version: the settings named.
+    #[test]
+    fn a_node_of_another_rendezvous_protocol_is_refused_naming_the_versions() {
+        let memory = new_job();
+        memory.set("config", SHAPE);
+        let text = refused_with(&memory, &config());
+        assert!(
+            text.contains(&format!(
+                "the first node's launcher speaks rendezvous protocol 1 (a ddp-launch from before the versions were recorded) but this node's speaks rendezvous protocol {PROTOCOL}"
+            )) && text.contains("every node must use the same settings"),
+            "{text}"
+        );
+
+        let memory = new_job();
+        memory.set("config", &format!("{SHAPE} (rendezvous protocol 99)"));
+        let text = refused_with(&memory, &config());
+        assert!(
+            text.contains(&format!(
+                "speaks rendezvous protocol 99 but this node's speaks rendezvous protocol {PROTOCOL}:"
+            )),
+            "{text}"
+        );
+
+        let memory = new_job();
+        let other = agreed_settings("--nnodes 1:2 --nproc-per-node 1 --max-restarts 2");
+        let text = refused_with(&memory, &other);
+        assert!(
+            text.contains(&format!(
+                "the first node runs with {SHAPE} but this node with --nnodes 1:2 --nproc-per-node 1 --max-restarts 2: every node must use the same settings"
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            split_settings(&config()),
+            (SHAPE, Some(PROTOCOL)),
+            "the settings read back"
         );
     }
 
