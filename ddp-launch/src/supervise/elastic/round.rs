@@ -214,6 +214,9 @@ struct Live {
     indices: Vec<usize>,
     /// Some joiner has not written its id yet (it just joined): wait before closing.
     pending: bool,
+    /// Joiners that are not counted: they withdrew, sent no heartbeat, or never wrote their id
+    /// within the heartbeat timeout (pending joiners are not gone).
+    gone: usize,
 }
 
 impl Rounds {
@@ -531,10 +534,11 @@ impl Rounds {
             // Once enough nodes joined, the last call closes the round: the join timeout is
             // for a round that cannot start.
             if Instant::now() >= deadline && live.indices.len() < nodes.min {
-                let gone = joined.saturating_sub(live.indices.len());
-                let gone = if gone > 0 {
+                // The round never closed; joiners still writing their ids are not gone.
+                let gone = if live.gone > 0 {
                     format!(
-                        " ({joined} joined, {gone} of them left or sent no heartbeat before it closed)"
+                        " ({joined} joined, {} of them left or sent no heartbeat while it waited)",
+                        live.gone
                     )
                 } else {
                     String::new()
@@ -562,6 +566,7 @@ impl Rounds {
     ) -> Result<Live, LaunchError> {
         let now = Instant::now();
         let mut pending = false;
+        let mut gone = 0;
         for i in 1..=joined {
             if joiners.ids.contains_key(&i) {
                 continue;
@@ -575,7 +580,10 @@ impl Rounds {
                 let since = *joiners.missing_since.entry(i).or_insert(now);
                 if now.duration_since(since) <= self.settings.heartbeat_timeout {
                     pending = true;
-                } else if joiners.logged.insert(i) {
+                    continue;
+                }
+                gone += 1;
+                if joiners.logged.insert(i) {
                     tracing::info!(
                         round = r,
                         index = i,
@@ -626,6 +634,7 @@ impl Rounds {
                 indices.push(i);
                 continue;
             };
+            gone += 1;
             if joiners.logged.insert(i) {
                 tracing::info!(
                     round = r,
@@ -634,7 +643,11 @@ impl Rounds {
                 );
             }
         }
-        Ok(Live { indices, pending })
+        Ok(Live {
+            indices,
+            pending,
+            gone,
+        })
     }
 
     /// Takes this node (joined as `index`) out of round `r`, which it stops waiting for
@@ -1361,14 +1374,20 @@ mod tests {
         assert_eq!(memory.value("r/0/closed").as_deref(), Some("2,3"));
     }
 
-    /// ... and fails at the join timeout if no other node comes, saying why.
+    /// ... and fails at the join timeout if no other node comes, saying why: of the joiners,
+    /// the dead and the withdrawn are gone, one that has not written its id yet is not.
     #[test]
     fn a_round_short_of_its_minimum_after_a_leaver_fails_at_the_join_timeout() {
         let memory = new_job();
-        memory.set("r/0/join", "1");
+        memory.set("r/0/join", "3");
         memory.set("r/0/node/1", "dead:1");
         memory.kill("dead:1");
-        let mut rounds = closing_node(&memory, "late:2", Duration::from_secs(2));
+        memory.set("r/0/node/2", "gone:2");
+        memory.set("r/0/left/2", "gone:2");
+        memory.set("r/0/left", "1");
+        // Joiner 3 bumped the counter and has not written its id (within the heartbeat
+        // timeout): pending, neither live nor gone.
+        let mut rounds = closing_node(&memory, "late:4", Duration::from_secs(2));
         let err = match with_signals(|s| rounds.join(s)) {
             Err(e) => e,
             Ok(_) => panic!("joined a round short of its minimum"),
@@ -1376,7 +1395,7 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.contains("only 1 of at least 2 nodes joined round 0")
-                && text.contains("2 joined, 1 of them left or sent no heartbeat"),
+                && text.contains("(4 joined, 2 of them left or sent no heartbeat while it waited)"),
             "{text}"
         );
         assert_eq!(memory.value("r/0/closed"), None);
