@@ -231,6 +231,10 @@ fn agent_loop(
                 "ddp launcher: round {} ended: {why}; re-forming the job",
                 round.number
             ),
+            RoundEnd::MemberLeft(why) => noteln!(
+                "ddp launcher: round {} ended before it started ({why}); re-forming the job without it (no restart spent)",
+                round.number
+            ),
         }
     }
 }

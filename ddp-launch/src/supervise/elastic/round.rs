@@ -25,9 +25,12 @@
 //! (started before it joins); torchrun's dynamic rendezvous drops such participants too. When
 //! the leavers leave fewer than MIN live nodes, the round does not close: it waits for more
 //! (and its last call starts again once MIN are live), up to the join timeout. A launcher that
-//! withdraws just as another closes the round with it (or that dies too recently for its
-//! heartbeats to tell) is still a member: it ends the round (a failure) if it can, else the
-//! others find it dead by its heartbeats once the round runs, and re-form.
+//! withdraws just as another closes the round with it is still a member: the round ends
+//! ([`RoundEnd::MemberLeft`], which spends no restart), either by the withdrawer (which finds
+//! the round closed after writing `left/<i>`) or by the nodes that find it closed (each reads
+//! its members' `left/<i>` after `closed`), so one of them always sees the other. One that dies
+//! too recently for its heartbeats to tell is a member too: the others find it dead by its
+//! heartbeats once the round runs (a failure), and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
 use crate::error::LaunchError;
@@ -106,6 +109,9 @@ pub(crate) enum RoundEnd {
     Failure(String),
     /// A node asked to join; does not count.
     NodeJoined(String),
+    /// A member left before the round started (it withdrew as the round closed with it); does
+    /// not count: the round ran no training worth restarting.
+    MemberLeft(String),
     /// Every member's workers succeeded: the job is done.
     Completed,
 }
@@ -115,6 +121,7 @@ impl RoundEnd {
         match self {
             RoundEnd::Failure(why) => format!("failure|{why}"),
             RoundEnd::NodeJoined(why) => format!("joined|{why}"),
+            RoundEnd::MemberLeft(why) => format!("left|{why}"),
             RoundEnd::Completed => "completed|every node's workers succeeded".into(),
         }
     }
@@ -123,6 +130,7 @@ impl RoundEnd {
         let text = String::from_utf8_lossy(raw);
         match text.split_once('|') {
             Some(("joined", why)) => RoundEnd::NodeJoined(why.to_string()),
+            Some(("left", why)) => RoundEnd::MemberLeft(why.to_string()),
             Some(("completed", _)) => RoundEnd::Completed,
             Some((_, why)) => RoundEnd::Failure(why.to_string()),
             None => RoundEnd::Failure(text.into_owned()),
@@ -134,6 +142,7 @@ impl RoundEnd {
         match self {
             RoundEnd::Failure(why) => format!("failure: {why}"),
             RoundEnd::NodeJoined(why) => format!("node joined: {why}"),
+            RoundEnd::MemberLeft(why) => format!("member left: {why}"),
             RoundEnd::Completed => "completed: every node's workers succeeded".into(),
         }
     }
@@ -495,6 +504,14 @@ impl Rounds {
                         String::from_utf8_lossy(&closed)
                     ))
                 })?;
+                if let Some(end) = self.end_if_a_member_left(r, &members)? {
+                    tracing::info!(
+                        round = r,
+                        end = %end.describe(),
+                        "the round ended before it started; joining the next"
+                    );
+                    return Ok(None);
+                }
                 let Some(node_rank) = members.iter().position(|&i| i == index) else {
                     tracing::info!(round = r, "the round closed without this node");
                     return Ok(None);
@@ -650,10 +667,34 @@ impl Rounds {
         })
     }
 
+    /// Ends round `r`, closed with `members` (join indices), if one of them withdrew (the
+    /// withdrawal raced the close: the closer read the joiners before the withdrawal, the
+    /// withdrawer read `closed` before the close); returns how the round ended then. Every
+    /// node that finds the round closed asks, so at least one finds the withdrawal: the
+    /// withdrawer writes its key before it reads `closed`, the others read the keys after
+    /// `closed` is written.
+    fn end_if_a_member_left(
+        &mut self,
+        r: u32,
+        members: &[usize],
+    ) -> Result<Option<RoundEnd>, LaunchError> {
+        for &i in members {
+            if let Some(id) = self.get(&format!("r/{r}/left/{i}"))? {
+                let why = format!(
+                    "{} withdrew from round {r} as it closed, before it started",
+                    String::from_utf8_lossy(&id)
+                );
+                return self.end_round(r, &RoundEnd::MemberLeft(why)).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
     /// Takes this node (joined as `index`) out of round `r`, which it stops waiting for
     /// (interrupted by `signal`), so that the round closes without it. If the round closed
-    /// with this node already, ends it, so that the others re-form at once. Best effort: the
-    /// others find this node dead by its heartbeats otherwise.
+    /// with this node already, ends it (a member left: no restart is spent), so that the
+    /// others re-form at once. Best effort: the others find this node dead by its heartbeats
+    /// otherwise.
     fn withdraw(&mut self, r: u32, index: usize, signal: i32) {
         let id = self.node_id.clone();
         let withdrawn = self
@@ -677,7 +718,7 @@ impl Rounds {
                 "{id} was interrupted by {} before round {r} started",
                 crate::signal_names::signal_name(signal)
             );
-            if let Err(e) = self.end_round(r, &RoundEnd::Failure(why)) {
+            if let Err(e) = self.end_round(r, &RoundEnd::MemberLeft(why)) {
                 tracing::warn!(%e, "cannot tell the other nodes that this node leaves");
             }
         }
@@ -983,9 +1024,19 @@ mod tests {
     struct Memory(
         Arc<Mutex<HashMap<String, Vec<u8>>>>,
         Arc<Mutex<HashSet<String>>>,
+        Arc<Mutex<Option<BeforeWrite>>>,
     );
 
+    /// What runs once, just before a write of its key lands (`.2`): another node's steps in
+    /// between this one's.
+    type BeforeWrite = (String, Box<dyn FnOnce() + Send>);
+
     impl Memory {
+        /// Runs `then` once, just before the first compare-and-set of `key`.
+        fn before_write(&self, key: &str, then: impl FnOnce() + Send + 'static) {
+            *self.2.lock().expect("lock") = Some((key.into(), Box::new(then)));
+        }
+
         /// Stops the heartbeats of `node_id`.
         fn kill(&self, node_id: &str) {
             self.1.lock().expect("lock").insert(node_id.into());
@@ -1017,6 +1068,16 @@ mod tests {
             expected: &[u8],
             desired: &[u8],
         ) -> Result<Vec<u8>, BackendError> {
+            let hook = {
+                let mut hook = self.2.lock().expect("lock");
+                match hook.as_ref() {
+                    Some((k, _)) if k == key => hook.take(),
+                    _ => None,
+                }
+            };
+            if let Some((_, then)) = hook {
+                then();
+            }
             let mut map = self.0.lock().expect("lock");
             if map.get(key).map_or(expected.is_empty(), |v| v == expected) {
                 map.insert(key.into(), desired.to_vec());
@@ -1402,7 +1463,8 @@ mod tests {
     }
 
     /// A launcher that withdraws just after the round closed with it ends the round, so that
-    /// the others re-form at once instead of waiting for its heartbeats to stop.
+    /// the others re-form at once instead of waiting for its heartbeats to stop; no worker ran,
+    /// so no restart is spent (with `--max-restarts 0` a failure would end the job).
     #[test]
     fn a_member_that_withdraws_after_the_round_closed_ends_it() {
         let memory = job_with_first_node();
@@ -1412,10 +1474,87 @@ mod tests {
         let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
         leaver.withdraw(0, 2, libc::SIGINT);
         let end = memory.value("r/0/end").expect("the round ended");
-        assert!(
-            end.starts_with("failure|leaver:2 was interrupted by SIGINT before round 0 started"),
-            "{end}"
+        assert_eq!(
+            end,
+            "left|leaver:2 was interrupted by SIGINT before round 0 started"
         );
+        assert_next_round_without_a_restart(&memory);
+    }
+
+    /// Round 0 ended and round 1 opened with no restart spent, the job not given up (its
+    /// nodes have `--max-restarts 0`).
+    fn assert_next_round_without_a_restart(memory: &Memory) {
+        let end = RoundEnd::decode(memory.value("r/0/end").expect("ended").as_bytes());
+        let mut first = closing_node(memory, "first:1", Duration::from_secs(600));
+        first.advance(0, &end).expect("advance");
+        assert_eq!(memory.value("abort"), None, "the job gave up");
+        assert_eq!(memory.value("current").as_deref(), Some("1"));
+        assert_eq!(memory.value("r/1/restarts").as_deref(), Some("0"));
+        let round = Round {
+            number: 0,
+            node_rank: 0,
+            members: vec!["first:1".into()],
+            restarts_before: 0,
+        };
+        assert!(!first.out_of_restarts(&round, &end), "{end:?}");
+    }
+
+    /// A withdrawal races the close: the closer read the joiners (the leaver live), the
+    /// leaver then withdrew and found the round still open, and the close landed with the
+    /// leaver in it. The closer reads the members' withdrawals after its close, finds the
+    /// leaver's, and ends the round (a member left, no restart spent); it forms the next
+    /// round without the leaver.
+    #[test]
+    fn a_withdrawal_racing_the_close_ends_the_round_without_spending_a_restart() {
+        let memory = job_with_first_node();
+        memory.set("r/0/join", "2");
+        memory.set("r/0/node/2", "leaver:2");
+        let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
+        let leaver_saw = Arc::new(Mutex::new(None));
+        {
+            let memory = memory.clone();
+            let leaver_saw = Arc::clone(&leaver_saw);
+            memory.clone().before_write("r/0/closed", move || {
+                leaver.withdraw(0, 2, libc::SIGTERM);
+                *leaver_saw.lock().expect("lock") =
+                    Some((memory.value("r/0/closed"), memory.value("r/0/end")));
+            });
+        }
+        // A 1-to-3-node job: with three live joiners, the closer closes at once.
+        let mut closer = node_of(
+            &memory,
+            "late:3",
+            RdzvBackend::C10d,
+            NodeCount { min: 1, max: 3 },
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        );
+        let joined = with_signals(|s| closer.join(s));
+        assert_eq!(
+            *leaver_saw.lock().expect("lock"),
+            Some((None, None)),
+            "the leaver withdrew before the close landed, and saw the round open"
+        );
+        assert_eq!(memory.value("r/0/left/2").as_deref(), Some("leaver:2"));
+        assert_eq!(
+            memory.value("r/0/closed").as_deref(),
+            Some("1,2,3"),
+            "the close missed the withdrawal"
+        );
+        assert_eq!(
+            memory.value("r/0/end").as_deref(),
+            Some("left|leaver:2 withdrew from round 0 as it closed, before it started")
+        );
+        let round = match joined {
+            Ok(Joined::Round(round)) => round,
+            Ok(Joined::JobOver(over)) => panic!("the job is over: {over:?}"),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(round.number, 1, "ran the round with the leaver in it");
+        assert_eq!(round.members, ["late:3"]);
+        assert_eq!(round.restarts_before, 0);
+        assert_eq!(memory.value("abort"), None);
+        assert_eq!(memory.value("r/1/restarts").as_deref(), Some("0"));
     }
 
     /// Joins the job in `memory` with the settings `config`; the refusal.
@@ -1501,6 +1640,7 @@ mod tests {
         for end in [
             RoundEnd::Failure("node a: rank 1 exited with code 1".into()),
             RoundEnd::NodeJoined("1 node(s) asked to join".into()),
+            RoundEnd::MemberLeft("a:1 was interrupted by SIGTERM before round 0 started".into()),
             RoundEnd::Completed,
         ] {
             assert_eq!(RoundEnd::decode(end.encode().as_bytes()), end);
