@@ -2,6 +2,8 @@
 //! closes with its live members (ranked in join order), runs until a node fails, leaves or
 //! asks to join, and the survivors then form the next round.
 //!
+//! Which joiners count, and the member list `closed` holds, are [`super::members`]' part.
+//!
 //! Keys (scoped to the job):
 //! - `config`: the first launcher's settings, with the [`PROTOCOL`] version; the others must
 //!   match;
@@ -33,13 +35,13 @@
 //! heartbeats once the round runs (a failure), and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
+use super::members::{Joiners, decode_members, encode_members, withdrawn_member};
 use crate::error::LaunchError;
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
-use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How often a launcher reads the rendezvous while waiting or supervising.
@@ -181,51 +183,6 @@ pub(crate) struct Rounds {
 
 fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
     String::from_utf8_lossy(raw).trim().parse().ok()
-}
-
-/// The value of `r/<n>/closed`: the members' join indices (1-based), in join order.
-fn encode_members(indices: &[usize]) -> String {
-    indices
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// [`encode_members`] read back; `None` if `raw` is no list of join indices.
-fn decode_members(raw: &[u8]) -> Option<Vec<usize>> {
-    let text = String::from_utf8_lossy(raw);
-    let members: Vec<usize> = text
-        .trim()
-        .split(',')
-        .map(|i| i.trim().parse().ok().filter(|&i: &usize| i > 0))
-        .collect::<Option<_>>()?;
-    (!members.is_empty()).then_some(members)
-}
-
-/// What a launcher waiting for a round to close knows of its joiners (ids and withdrawals
-/// never change once written, so each is read once).
-#[derive(Default)]
-struct Joiners {
-    /// Node ids by join index, once written.
-    ids: HashMap<usize, String>,
-    /// Joiners that have not written their id yet, and since when this node saw so.
-    missing_since: HashMap<usize, Instant>,
-    /// Joiners that withdrew (`r/<n>/left/<i>`).
-    left: HashSet<usize>,
-    /// Joiners already logged as gone.
-    logged: HashSet<usize>,
-}
-
-/// The live joiners of an open round, as this node sees them now.
-struct Live {
-    /// Join indices, in join order.
-    indices: Vec<usize>,
-    /// Some joiner has not written its id yet (it just joined): wait before closing.
-    pending: bool,
-    /// Joiners that are not counted: they withdrew, sent no heartbeat, or never wrote their id
-    /// within the heartbeat timeout (pending joiners are not gone).
-    gone: usize,
 }
 
 impl Rounds {
@@ -529,7 +486,15 @@ impl Rounds {
                 .add(&format!("r/{r}/join"), 0)
                 .map_err(|e| self.lost(e))?
                 .max(0) as usize;
-            let live = self.live_joiners(r, joined, index, &mut joiners)?;
+            let live = joiners
+                .live(
+                    &mut *self.backend,
+                    r,
+                    joined,
+                    index,
+                    self.settings.heartbeat_timeout,
+                )
+                .map_err(|e| self.lost(e))?;
             if live.indices.len() >= nodes.min {
                 min_reached.get_or_insert_with(Instant::now);
             } else if min_reached.take().is_some() {
@@ -571,102 +536,6 @@ impl Rounds {
         }
     }
 
-    /// The live joiners of open round `r` (`joined` joined it, this node as `index`): those
-    /// that neither withdrew nor stopped sending heartbeats. A joiner that has not written its
-    /// id is pending, and gone once it stays so for the heartbeat timeout (it died in between).
-    fn live_joiners(
-        &mut self,
-        r: u32,
-        joined: usize,
-        index: usize,
-        joiners: &mut Joiners,
-    ) -> Result<Live, LaunchError> {
-        let now = Instant::now();
-        let mut pending = false;
-        let mut gone = 0;
-        for i in 1..=joined {
-            if joiners.ids.contains_key(&i) {
-                continue;
-            }
-            if let Some(id) = self.get(&format!("r/{r}/node/{i}"))? {
-                joiners.missing_since.remove(&i);
-                joiners
-                    .ids
-                    .insert(i, String::from_utf8_lossy(&id).into_owned());
-            } else {
-                let since = *joiners.missing_since.entry(i).or_insert(now);
-                if now.duration_since(since) <= self.settings.heartbeat_timeout {
-                    pending = true;
-                    continue;
-                }
-                gone += 1;
-                if joiners.logged.insert(i) {
-                    tracing::info!(
-                        round = r,
-                        index = i,
-                        "a node joined the round but never wrote its id; not counting it"
-                    );
-                }
-            }
-        }
-        // Each withdrawal bumps the counter after writing its key: look for the keys only
-        // while some are unseen.
-        let withdrawn = self
-            .backend
-            .add(&format!("r/{r}/left"), 0)
-            .map_err(|e| self.lost(e))?
-            .max(0) as usize;
-        if joiners.left.len() < withdrawn {
-            for i in 1..=joined {
-                if !joiners.left.contains(&i) && self.get(&format!("r/{r}/left/{i}"))?.is_some() {
-                    joiners.left.insert(i);
-                }
-            }
-        }
-        let others: Vec<String> = joiners
-            .ids
-            .iter()
-            .filter(|(i, _)| **i != index && **i <= joined && !joiners.left.contains(i))
-            .map(|(_, id)| id.clone())
-            .collect();
-        let dead: HashSet<String> = if others.is_empty() {
-            HashSet::new()
-        } else {
-            self.backend
-                .dead_nodes(&others)
-                .map_err(|e| self.lost(e))?
-                .into_iter()
-                .collect()
-        };
-        let mut indices = Vec::with_capacity(joined);
-        for i in 1..=joined {
-            let Some(id) = joiners.ids.get(&i) else {
-                continue;
-            };
-            let why = if joiners.left.contains(&i) {
-                "withdrew"
-            } else if i != index && dead.contains(id) {
-                "sent no heartbeat"
-            } else {
-                indices.push(i);
-                continue;
-            };
-            gone += 1;
-            if joiners.logged.insert(i) {
-                tracing::info!(
-                    round = r,
-                    node = %id,
-                    "a node that joined the round {why} before it closed; not counting it"
-                );
-            }
-        }
-        Ok(Live {
-            indices,
-            pending,
-            gone,
-        })
-    }
-
     /// Ends round `r`, closed with `members` (join indices), if one of them withdrew (the
     /// withdrawal raced the close: the closer read the joiners before the withdrawal, the
     /// withdrawer read `closed` before the close); returns how the round ended then. Every
@@ -678,16 +547,12 @@ impl Rounds {
         r: u32,
         members: &[usize],
     ) -> Result<Option<RoundEnd>, LaunchError> {
-        for &i in members {
-            if let Some(id) = self.get(&format!("r/{r}/left/{i}"))? {
-                let why = format!(
-                    "{} withdrew from round {r} as it closed, before it started",
-                    String::from_utf8_lossy(&id)
-                );
-                return self.end_round(r, &RoundEnd::MemberLeft(why)).map(Some);
-            }
-        }
-        Ok(None)
+        let left = withdrawn_member(&mut *self.backend, r, members).map_err(|e| self.lost(e))?;
+        let Some(id) = left else {
+            return Ok(None);
+        };
+        let why = format!("{id} withdrew from round {r} as it closed, before it started");
+        self.end_round(r, &RoundEnd::MemberLeft(why)).map(Some)
     }
 
     /// Takes this node (joined as `index`) out of round `r`, which it stops waiting for
@@ -1015,7 +880,7 @@ mod tests {
     use super::*;
     use crate::plan::elastic_settings::Endpoint;
     use crate::plan::node_count::NodeCount;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
     use std::sync::{Arc, Mutex};
 
     /// A rendezvous service in memory, shared by the test and the node under test; the
@@ -1624,15 +1489,6 @@ mod tests {
             (SHAPE, Some(PROTOCOL)),
             "the settings read back"
         );
-    }
-
-    #[test]
-    fn member_lists_survive_the_store() {
-        assert_eq!(encode_members(&[1, 3, 4]), "1,3,4");
-        assert_eq!(decode_members(b"1,3,4"), Some(vec![1, 3, 4]));
-        for bad in [&b""[..], b"0", b"1,,2", b"x"] {
-            assert_eq!(decode_members(bad), None, "{bad:?}");
-        }
     }
 
     #[test]
