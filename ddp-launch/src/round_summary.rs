@@ -11,8 +11,8 @@ pub struct ElasticRound {
     pub round: u32,
     /// The nodes' launchers (`host:pid`), by node rank in the round.
     pub nodes: Vec<String>,
-    /// Why it ended (`failure: ...`, `node joined: ...`, `completed: ...`); `None` while it
-    /// runs or when unknown.
+    /// Why it ended (`failure: ...`, `node joined: ...`, `member left: ...`, `completed: ...`);
+    /// `None` while it runs or when unknown.
     pub end: Option<String>,
     /// Whether it ended in a failure (which counts against `--max-restarts`).
     pub failure: bool,

@@ -2,7 +2,7 @@
 //! ended, and go again until the job completes, fails for good, or this node is interrupted.
 
 use super::backend::RendezvousBackend;
-use super::round::{Joined, Round, RoundEnd, Rounds};
+use super::round::{Joined, Round, RoundEnd, Rounds, agreed_settings};
 use super::store_backend::StoreBackend;
 use crate::error::LaunchError;
 use crate::launcher_id::host_pid;
@@ -45,11 +45,12 @@ pub(crate) fn run_elastic(
     let settings = settings.clone();
     // `host:pid`: unique while it runs.
     let node_id = host_pid();
-    // What every node must agree on (the node count range, the workers per node, restarts).
-    let config = format!(
+    // What every node must agree on (the node count range, the workers per node, restarts,
+    // and the round protocol).
+    let config = agreed_settings(&format!(
         "--nnodes {} --nproc-per-node {} --max-restarts {}",
         settings.nodes, plan.nproc_per_node, plan.max_restarts
-    );
+    ));
     let backend: Box<dyn RendezvousBackend> = match settings.backend {
         RdzvBackend::C10d => Box::new(StoreBackend::connect(
             &settings,
@@ -228,6 +229,10 @@ fn agent_loop(
             ),
             RoundEnd::NodeJoined(why) => noteln!(
                 "ddp launcher: round {} ended: {why}; re-forming the job",
+                round.number
+            ),
+            RoundEnd::MemberLeft(why) => noteln!(
+                "ddp launcher: round {} ended before it started ({why}); re-forming the job without it (no restart spent)",
                 round.number
             ),
         }

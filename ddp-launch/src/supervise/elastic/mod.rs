@@ -12,6 +12,7 @@ mod etcd_backend;
 mod etcd_heartbeat;
 #[cfg(feature = "etcd")]
 mod etcd_runtime;
+mod members;
 mod round;
 mod store_backend;
 

@@ -2,8 +2,11 @@
 //! closes with its live members (ranked in join order), runs until a node fails, leaves or
 //! asks to join, and the survivors then form the next round.
 //!
+//! Which joiners count, and the member list `closed` holds, are [`super::members`]' part.
+//!
 //! Keys (scoped to the job):
-//! - `config`: the first launcher's settings; the others must match;
+//! - `config`: the first launcher's settings, with the [`PROTOCOL`] version; the others must
+//!   match;
 //! - `launch_id`: the first launcher's launch id, which every launcher's workers get;
 //! - `current`: the open or running round; `complete` / `abort`: the job's end;
 //! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/left/<i>` (set by
@@ -24,22 +27,70 @@
 //! (started before it joins); torchrun's dynamic rendezvous drops such participants too. When
 //! the leavers leave fewer than MIN live nodes, the round does not close: it waits for more
 //! (and its last call starts again once MIN are live), up to the join timeout. A launcher that
-//! withdraws just as another closes the round with it (or that dies too recently for its
-//! heartbeats to tell) is still a member: it ends the round (a failure) if it can, else the
-//! others find it dead by its heartbeats once the round runs, and re-form.
+//! withdraws just as another closes the round with it is still a member: the round ends
+//! ([`RoundEnd::MemberLeft`], which spends no restart), either by the withdrawer (which finds
+//! the round closed after writing `left/<i>`) or by the nodes that find it closed (each reads
+//! its members' `left/<i>` after `closed`), so one of them always sees the other. One that dies
+//! too recently for its heartbeats to tell is a member too: the others find it dead by its
+//! heartbeats once the round runs (a failure), and re-form.
 
 use super::backend::{BackendError, RendezvousBackend};
+use super::members::{Joiners, decode_members, encode_members, withdrawn_member};
 use crate::error::LaunchError;
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
-use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How often a launcher reads the rendezvous while waiting or supervising.
 const POLL: Duration = Duration::from_millis(100);
+
+/// The version of this round protocol (the keys and what they hold), part of the settings
+/// every node must match: launchers of different versions misread each other's rounds (a
+/// launcher of version 1, before versions were recorded, reads `closed` as a member count and
+/// keeps asking into every round), so they refuse to share a job. 2: `closed` holds the
+/// members' join indices, joiners withdraw (`r/<n>/left`).
+pub(crate) const PROTOCOL: u32 = 2;
+
+/// The settings string every node of a job must match (`config`): `shape` (what shapes the
+/// job: the node count range, the workers per node, the restarts) and [`PROTOCOL`].
+pub(crate) fn agreed_settings(shape: &str) -> String {
+    format!("{shape} (rendezvous protocol {PROTOCOL})")
+}
+
+/// [`agreed_settings`] split back into the shape and the protocol; `None` for a launcher from
+/// before versions were recorded.
+fn split_settings(config: &str) -> (&str, Option<u32>) {
+    config
+        .strip_suffix(')')
+        .and_then(|c| c.rsplit_once(" (rendezvous protocol "))
+        .and_then(|(shape, v)| Some((shape, Some(v.parse().ok()?))))
+        .unwrap_or((config, None))
+}
+
+/// Why a node whose settings are `mine` cannot join a job set up with `theirs`.
+fn settings_refusal(theirs: &str, mine: &str) -> String {
+    let (their_shape, their_protocol) = split_settings(theirs);
+    let (my_shape, my_protocol) = split_settings(mine);
+    if their_protocol != my_protocol {
+        let version = |p: Option<u32>| {
+            p.map_or_else(
+                || "1 (a ddp-launch from before the versions were recorded)".to_string(),
+                |p| p.to_string(),
+            )
+        };
+        return format!(
+            "the first node's launcher speaks rendezvous protocol {} but this node's speaks rendezvous protocol {}: every node must use the same settings, and launchers of different protocols cannot share a job (run the same ddp-launch version on every node)",
+            version(their_protocol),
+            version(my_protocol)
+        );
+    }
+    format!(
+        "the first node runs with {their_shape} but this node with {my_shape}: every node must use the same settings"
+    )
+}
 
 /// A round this node is a member of.
 #[derive(Debug, Clone)]
@@ -60,6 +111,9 @@ pub(crate) enum RoundEnd {
     Failure(String),
     /// A node asked to join; does not count.
     NodeJoined(String),
+    /// A member left before the round started (it withdrew as the round closed with it); does
+    /// not count: the round ran no training worth restarting.
+    MemberLeft(String),
     /// Every member's workers succeeded: the job is done.
     Completed,
 }
@@ -69,6 +123,7 @@ impl RoundEnd {
         match self {
             RoundEnd::Failure(why) => format!("failure|{why}"),
             RoundEnd::NodeJoined(why) => format!("joined|{why}"),
+            RoundEnd::MemberLeft(why) => format!("left|{why}"),
             RoundEnd::Completed => "completed|every node's workers succeeded".into(),
         }
     }
@@ -77,6 +132,7 @@ impl RoundEnd {
         let text = String::from_utf8_lossy(raw);
         match text.split_once('|') {
             Some(("joined", why)) => RoundEnd::NodeJoined(why.to_string()),
+            Some(("left", why)) => RoundEnd::MemberLeft(why.to_string()),
             Some(("completed", _)) => RoundEnd::Completed,
             Some((_, why)) => RoundEnd::Failure(why.to_string()),
             None => RoundEnd::Failure(text.into_owned()),
@@ -88,6 +144,7 @@ impl RoundEnd {
         match self {
             RoundEnd::Failure(why) => format!("failure: {why}"),
             RoundEnd::NodeJoined(why) => format!("node joined: {why}"),
+            RoundEnd::MemberLeft(why) => format!("member left: {why}"),
             RoundEnd::Completed => "completed: every node's workers succeeded".into(),
         }
     }
@@ -128,48 +185,6 @@ fn num<T: std::str::FromStr>(raw: &[u8]) -> Option<T> {
     String::from_utf8_lossy(raw).trim().parse().ok()
 }
 
-/// The value of `r/<n>/closed`: the members' join indices (1-based), in join order.
-fn encode_members(indices: &[usize]) -> String {
-    indices
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// [`encode_members`] read back; `None` if `raw` is no list of join indices.
-fn decode_members(raw: &[u8]) -> Option<Vec<usize>> {
-    let text = String::from_utf8_lossy(raw);
-    let members: Vec<usize> = text
-        .trim()
-        .split(',')
-        .map(|i| i.trim().parse().ok().filter(|&i: &usize| i > 0))
-        .collect::<Option<_>>()?;
-    (!members.is_empty()).then_some(members)
-}
-
-/// What a launcher waiting for a round to close knows of its joiners (ids and withdrawals
-/// never change once written, so each is read once).
-#[derive(Default)]
-struct Joiners {
-    /// Node ids by join index, once written.
-    ids: HashMap<usize, String>,
-    /// Joiners that have not written their id yet, and since when this node saw so.
-    missing_since: HashMap<usize, Instant>,
-    /// Joiners that withdrew (`r/<n>/left/<i>`).
-    left: HashSet<usize>,
-    /// Joiners already logged as gone.
-    logged: HashSet<usize>,
-}
-
-/// The live joiners of an open round, as this node sees them now.
-struct Live {
-    /// Join indices, in join order.
-    indices: Vec<usize>,
-    /// Some joiner has not written its id yet (it just joined): wait before closing.
-    pending: bool,
-}
-
 impl Rounds {
     /// Checks that this node runs with the same settings as the first one (`settings` is what
     /// every node must agree on), adopts the first one's launch id (this node's `launch_id` if
@@ -198,8 +213,8 @@ impl Rounds {
         let theirs = theirs.map_err(|e| rounds.lost(e))?;
         if theirs != config.as_bytes() {
             return Err(rounds.error(format!(
-                "the first node runs with {} but this node with {config}: every node must use the same settings{}",
-                String::from_utf8_lossy(&theirs),
+                "{}{}",
+                settings_refusal(&String::from_utf8_lossy(&theirs), config),
                 rounds.stale_job_hint()
             )));
         }
@@ -446,6 +461,14 @@ impl Rounds {
                         String::from_utf8_lossy(&closed)
                     ))
                 })?;
+                if let Some(end) = self.end_if_a_member_left(r, &members)? {
+                    tracing::info!(
+                        round = r,
+                        end = %end.describe(),
+                        "the round ended before it started; joining the next"
+                    );
+                    return Ok(None);
+                }
                 let Some(node_rank) = members.iter().position(|&i| i == index) else {
                     tracing::info!(round = r, "the round closed without this node");
                     return Ok(None);
@@ -463,7 +486,15 @@ impl Rounds {
                 .add(&format!("r/{r}/join"), 0)
                 .map_err(|e| self.lost(e))?
                 .max(0) as usize;
-            let live = self.live_joiners(r, joined, index, &mut joiners)?;
+            let live = joiners
+                .live(
+                    &mut *self.backend,
+                    r,
+                    joined,
+                    index,
+                    self.settings.heartbeat_timeout,
+                )
+                .map_err(|e| self.lost(e))?;
             if live.indices.len() >= nodes.min {
                 min_reached.get_or_insert_with(Instant::now);
             } else if min_reached.take().is_some() {
@@ -485,10 +516,11 @@ impl Rounds {
             // Once enough nodes joined, the last call closes the round: the join timeout is
             // for a round that cannot start.
             if Instant::now() >= deadline && live.indices.len() < nodes.min {
-                let gone = joined.saturating_sub(live.indices.len());
-                let gone = if gone > 0 {
+                // The round never closed; joiners still writing their ids are not gone.
+                let gone = if live.gone > 0 {
                     format!(
-                        " ({joined} joined, {gone} of them left or sent no heartbeat before it closed)"
+                        " ({joined} joined, {} of them left or sent no heartbeat while it waited)",
+                        live.gone
                     )
                 } else {
                     String::new()
@@ -504,97 +536,30 @@ impl Rounds {
         }
     }
 
-    /// The live joiners of open round `r` (`joined` joined it, this node as `index`): those
-    /// that neither withdrew nor stopped sending heartbeats. A joiner that has not written its
-    /// id is pending, and gone once it stays so for the heartbeat timeout (it died in between).
-    fn live_joiners(
+    /// Ends round `r`, closed with `members` (join indices), if one of them withdrew (the
+    /// withdrawal raced the close: the closer read the joiners before the withdrawal, the
+    /// withdrawer read `closed` before the close); returns how the round ended then. Every
+    /// node that finds the round closed asks, so at least one finds the withdrawal: the
+    /// withdrawer writes its key before it reads `closed`, the others read the keys after
+    /// `closed` is written.
+    fn end_if_a_member_left(
         &mut self,
         r: u32,
-        joined: usize,
-        index: usize,
-        joiners: &mut Joiners,
-    ) -> Result<Live, LaunchError> {
-        let now = Instant::now();
-        let mut pending = false;
-        for i in 1..=joined {
-            if joiners.ids.contains_key(&i) {
-                continue;
-            }
-            if let Some(id) = self.get(&format!("r/{r}/node/{i}"))? {
-                joiners.missing_since.remove(&i);
-                joiners
-                    .ids
-                    .insert(i, String::from_utf8_lossy(&id).into_owned());
-            } else {
-                let since = *joiners.missing_since.entry(i).or_insert(now);
-                if now.duration_since(since) <= self.settings.heartbeat_timeout {
-                    pending = true;
-                } else if joiners.logged.insert(i) {
-                    tracing::info!(
-                        round = r,
-                        index = i,
-                        "a node joined the round but never wrote its id; not counting it"
-                    );
-                }
-            }
-        }
-        // Each withdrawal bumps the counter after writing its key: look for the keys only
-        // while some are unseen.
-        let withdrawn = self
-            .backend
-            .add(&format!("r/{r}/left"), 0)
-            .map_err(|e| self.lost(e))?
-            .max(0) as usize;
-        if joiners.left.len() < withdrawn {
-            for i in 1..=joined {
-                if !joiners.left.contains(&i) && self.get(&format!("r/{r}/left/{i}"))?.is_some() {
-                    joiners.left.insert(i);
-                }
-            }
-        }
-        let others: Vec<String> = joiners
-            .ids
-            .iter()
-            .filter(|(i, _)| **i != index && **i <= joined && !joiners.left.contains(i))
-            .map(|(_, id)| id.clone())
-            .collect();
-        let dead: HashSet<String> = if others.is_empty() {
-            HashSet::new()
-        } else {
-            self.backend
-                .dead_nodes(&others)
-                .map_err(|e| self.lost(e))?
-                .into_iter()
-                .collect()
+        members: &[usize],
+    ) -> Result<Option<RoundEnd>, LaunchError> {
+        let left = withdrawn_member(&mut *self.backend, r, members).map_err(|e| self.lost(e))?;
+        let Some(id) = left else {
+            return Ok(None);
         };
-        let mut indices = Vec::with_capacity(joined);
-        for i in 1..=joined {
-            let Some(id) = joiners.ids.get(&i) else {
-                continue;
-            };
-            let why = if joiners.left.contains(&i) {
-                "withdrew"
-            } else if i != index && dead.contains(id) {
-                "sent no heartbeat"
-            } else {
-                indices.push(i);
-                continue;
-            };
-            if joiners.logged.insert(i) {
-                tracing::info!(
-                    round = r,
-                    node = %id,
-                    "a node that joined the round {why} before it closed; not counting it"
-                );
-            }
-        }
-        Ok(Live { indices, pending })
+        let why = format!("{id} withdrew from round {r} as it closed, before it started");
+        self.end_round(r, &RoundEnd::MemberLeft(why)).map(Some)
     }
 
     /// Takes this node (joined as `index`) out of round `r`, which it stops waiting for
     /// (interrupted by `signal`), so that the round closes without it. If the round closed
-    /// with this node already, ends it, so that the others re-form at once. Best effort: the
-    /// others find this node dead by its heartbeats otherwise.
+    /// with this node already, ends it (a member left: no restart is spent), so that the
+    /// others re-form at once. Best effort: the others find this node dead by its heartbeats
+    /// otherwise.
     fn withdraw(&mut self, r: u32, index: usize, signal: i32) {
         let id = self.node_id.clone();
         let withdrawn = self
@@ -618,7 +583,7 @@ impl Rounds {
                 "{id} was interrupted by {} before round {r} started",
                 crate::signal_names::signal_name(signal)
             );
-            if let Err(e) = self.end_round(r, &RoundEnd::Failure(why)) {
+            if let Err(e) = self.end_round(r, &RoundEnd::MemberLeft(why)) {
                 tracing::warn!(%e, "cannot tell the other nodes that this node leaves");
             }
         }
@@ -915,7 +880,7 @@ mod tests {
     use super::*;
     use crate::plan::elastic_settings::Endpoint;
     use crate::plan::node_count::NodeCount;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
     use std::sync::{Arc, Mutex};
 
     /// A rendezvous service in memory, shared by the test and the node under test; the
@@ -924,9 +889,19 @@ mod tests {
     struct Memory(
         Arc<Mutex<HashMap<String, Vec<u8>>>>,
         Arc<Mutex<HashSet<String>>>,
+        Arc<Mutex<Option<BeforeWrite>>>,
     );
 
+    /// What runs once, just before a write of its key lands (`.2`): another node's steps in
+    /// between this one's.
+    type BeforeWrite = (String, Box<dyn FnOnce() + Send>);
+
     impl Memory {
+        /// Runs `then` once, just before the first compare-and-set of `key`.
+        fn before_write(&self, key: &str, then: impl FnOnce() + Send + 'static) {
+            *self.2.lock().expect("lock") = Some((key.into(), Box::new(then)));
+        }
+
         /// Stops the heartbeats of `node_id`.
         fn kill(&self, node_id: &str) {
             self.1.lock().expect("lock").insert(node_id.into());
@@ -958,6 +933,16 @@ mod tests {
             expected: &[u8],
             desired: &[u8],
         ) -> Result<Vec<u8>, BackendError> {
+            let hook = {
+                let mut hook = self.2.lock().expect("lock");
+                match hook.as_ref() {
+                    Some((k, _)) if k == key => hook.take(),
+                    _ => None,
+                }
+            };
+            if let Some((_, then)) = hook {
+                then();
+            }
             let mut map = self.0.lock().expect("lock");
             if map.get(key).map_or(expected.is_empty(), |v| v == expected) {
                 map.insert(key.into(), desired.to_vec());
@@ -989,14 +974,19 @@ mod tests {
         fn close(self: Box<Self>, _signals: &SignalGuard) {}
     }
 
-    const CONFIG: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
+    /// What shapes the tests' jobs (the settings every node must match, less the protocol).
+    const SHAPE: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
+
+    fn config() -> String {
+        agreed_settings(SHAPE)
+    }
 
     /// A job whose round 0 runs with one node (`other:1`), of at most two.
     /// A job whose round 0 is open, nobody in it yet.
     fn new_job() -> Memory {
         let memory = Memory::default();
         for (key, value) in [
-            ("config", CONFIG),
+            ("config", config().as_str()),
             ("launch_id", "earlier"),
             ("current", "0"),
             ("r/0/restarts", "0"),
@@ -1065,7 +1055,7 @@ mod tests {
             Box::new(memory.clone()),
             settings,
             node_id.into(),
-            CONFIG,
+            &config(),
             "mine",
             0,
             join_timeout,
@@ -1310,14 +1300,20 @@ mod tests {
         assert_eq!(memory.value("r/0/closed").as_deref(), Some("2,3"));
     }
 
-    /// ... and fails at the join timeout if no other node comes, saying why.
+    /// ... and fails at the join timeout if no other node comes, saying why: of the joiners,
+    /// the dead and the withdrawn are gone, one that has not written its id yet is not.
     #[test]
     fn a_round_short_of_its_minimum_after_a_leaver_fails_at_the_join_timeout() {
         let memory = new_job();
-        memory.set("r/0/join", "1");
+        memory.set("r/0/join", "3");
         memory.set("r/0/node/1", "dead:1");
         memory.kill("dead:1");
-        let mut rounds = closing_node(&memory, "late:2", Duration::from_secs(2));
+        memory.set("r/0/node/2", "gone:2");
+        memory.set("r/0/left/2", "gone:2");
+        memory.set("r/0/left", "1");
+        // Joiner 3 bumped the counter and has not written its id (within the heartbeat
+        // timeout): pending, neither live nor gone.
+        let mut rounds = closing_node(&memory, "late:4", Duration::from_secs(2));
         let err = match with_signals(|s| rounds.join(s)) {
             Err(e) => e,
             Ok(_) => panic!("joined a round short of its minimum"),
@@ -1325,14 +1321,15 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.contains("only 1 of at least 2 nodes joined round 0")
-                && text.contains("2 joined, 1 of them left or sent no heartbeat"),
+                && text.contains("(4 joined, 2 of them left or sent no heartbeat while it waited)"),
             "{text}"
         );
         assert_eq!(memory.value("r/0/closed"), None);
     }
 
     /// A launcher that withdraws just after the round closed with it ends the round, so that
-    /// the others re-form at once instead of waiting for its heartbeats to stop.
+    /// the others re-form at once instead of waiting for its heartbeats to stop; no worker ran,
+    /// so no restart is spent (with `--max-restarts 0` a failure would end the job).
     #[test]
     fn a_member_that_withdraws_after_the_round_closed_ends_it() {
         let memory = job_with_first_node();
@@ -1342,19 +1339,156 @@ mod tests {
         let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
         leaver.withdraw(0, 2, libc::SIGINT);
         let end = memory.value("r/0/end").expect("the round ended");
-        assert!(
-            end.starts_with("failure|leaver:2 was interrupted by SIGINT before round 0 started"),
-            "{end}"
+        assert_eq!(
+            end,
+            "left|leaver:2 was interrupted by SIGINT before round 0 started"
         );
+        assert_next_round_without_a_restart(&memory);
     }
 
+    /// Round 0 ended and round 1 opened with no restart spent, the job not given up (its
+    /// nodes have `--max-restarts 0`).
+    fn assert_next_round_without_a_restart(memory: &Memory) {
+        let end = RoundEnd::decode(memory.value("r/0/end").expect("ended").as_bytes());
+        let mut first = closing_node(memory, "first:1", Duration::from_secs(600));
+        first.advance(0, &end).expect("advance");
+        assert_eq!(memory.value("abort"), None, "the job gave up");
+        assert_eq!(memory.value("current").as_deref(), Some("1"));
+        assert_eq!(memory.value("r/1/restarts").as_deref(), Some("0"));
+        let round = Round {
+            number: 0,
+            node_rank: 0,
+            members: vec!["first:1".into()],
+            restarts_before: 0,
+        };
+        assert!(!first.out_of_restarts(&round, &end), "{end:?}");
+    }
+
+    /// A withdrawal races the close: the closer read the joiners (the leaver live), the
+    /// leaver then withdrew and found the round still open, and the close landed with the
+    /// leaver in it. The closer reads the members' withdrawals after its close, finds the
+    /// leaver's, and ends the round (a member left, no restart spent); it forms the next
+    /// round without the leaver.
     #[test]
-    fn member_lists_survive_the_store() {
-        assert_eq!(encode_members(&[1, 3, 4]), "1,3,4");
-        assert_eq!(decode_members(b"1,3,4"), Some(vec![1, 3, 4]));
-        for bad in [&b""[..], b"0", b"1,,2", b"x"] {
-            assert_eq!(decode_members(bad), None, "{bad:?}");
+    fn a_withdrawal_racing_the_close_ends_the_round_without_spending_a_restart() {
+        let memory = job_with_first_node();
+        memory.set("r/0/join", "2");
+        memory.set("r/0/node/2", "leaver:2");
+        let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
+        let leaver_saw = Arc::new(Mutex::new(None));
+        {
+            let memory = memory.clone();
+            let leaver_saw = Arc::clone(&leaver_saw);
+            memory.clone().before_write("r/0/closed", move || {
+                leaver.withdraw(0, 2, libc::SIGTERM);
+                *leaver_saw.lock().expect("lock") =
+                    Some((memory.value("r/0/closed"), memory.value("r/0/end")));
+            });
         }
+        // A 1-to-3-node job: with three live joiners, the closer closes at once.
+        let mut closer = node_of(
+            &memory,
+            "late:3",
+            RdzvBackend::C10d,
+            NodeCount { min: 1, max: 3 },
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        );
+        let joined = with_signals(|s| closer.join(s));
+        assert_eq!(
+            *leaver_saw.lock().expect("lock"),
+            Some((None, None)),
+            "the leaver withdrew before the close landed, and saw the round open"
+        );
+        assert_eq!(memory.value("r/0/left/2").as_deref(), Some("leaver:2"));
+        assert_eq!(
+            memory.value("r/0/closed").as_deref(),
+            Some("1,2,3"),
+            "the close missed the withdrawal"
+        );
+        assert_eq!(
+            memory.value("r/0/end").as_deref(),
+            Some("left|leaver:2 withdrew from round 0 as it closed, before it started")
+        );
+        let round = match joined {
+            Ok(Joined::Round(round)) => round,
+            Ok(Joined::JobOver(over)) => panic!("the job is over: {over:?}"),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(round.number, 1, "ran the round with the leaver in it");
+        assert_eq!(round.members, ["late:3"]);
+        assert_eq!(round.restarts_before, 0);
+        assert_eq!(memory.value("abort"), None);
+        assert_eq!(memory.value("r/1/restarts").as_deref(), Some("0"));
+    }
+
+    /// Joins the job in `memory` with the settings `config`; the refusal.
+    fn refused_with(memory: &Memory, config: &str) -> String {
+        let settings = ElasticSettings {
+            nodes: NodeCount { min: 1, max: 2 },
+            backend: RdzvBackend::C10d,
+            endpoint: Endpoint {
+                host: "127.0.0.1".into(),
+                port: 2379,
+            },
+            job_id: "none".into(),
+            last_call: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(60),
+        };
+        let joined = Rounds::new(
+            Box::new(memory.clone()),
+            settings,
+            "late:2".into(),
+            config,
+            "mine",
+            0,
+            Duration::from_secs(600),
+        );
+        match joined {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("joined a job set up with other settings"),
+        }
+    }
+
+    /// A job set up by a launcher from before the protocol was versioned (whose `config` has
+    /// no version, and whose `closed` is a count) refuses this one, naming both versions; so
+    /// does a job of another version. Other settings of the same version: the settings named.
+    #[test]
+    fn a_node_of_another_rendezvous_protocol_is_refused_naming_the_versions() {
+        let memory = new_job();
+        memory.set("config", SHAPE);
+        let text = refused_with(&memory, &config());
+        assert!(
+            text.contains(&format!(
+                "the first node's launcher speaks rendezvous protocol 1 (a ddp-launch from before the versions were recorded) but this node's speaks rendezvous protocol {PROTOCOL}"
+            )) && text.contains("every node must use the same settings"),
+            "{text}"
+        );
+
+        let memory = new_job();
+        memory.set("config", &format!("{SHAPE} (rendezvous protocol 99)"));
+        let text = refused_with(&memory, &config());
+        assert!(
+            text.contains(&format!(
+                "speaks rendezvous protocol 99 but this node's speaks rendezvous protocol {PROTOCOL}:"
+            )),
+            "{text}"
+        );
+
+        let memory = new_job();
+        let other = agreed_settings("--nnodes 1:2 --nproc-per-node 1 --max-restarts 2");
+        let text = refused_with(&memory, &other);
+        assert!(
+            text.contains(&format!(
+                "the first node runs with {SHAPE} but this node with --nnodes 1:2 --nproc-per-node 1 --max-restarts 2: every node must use the same settings"
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            split_settings(&config()),
+            (SHAPE, Some(PROTOCOL)),
+            "the settings read back"
+        );
     }
 
     #[test]
@@ -1362,6 +1496,7 @@ mod tests {
         for end in [
             RoundEnd::Failure("node a: rank 1 exited with code 1".into()),
             RoundEnd::NodeJoined("1 node(s) asked to join".into()),
+            RoundEnd::MemberLeft("a:1 was interrupted by SIGTERM before round 0 started".into()),
             RoundEnd::Completed,
         ] {
             assert_eq!(RoundEnd::decode(end.encode().as_bytes()), end);
