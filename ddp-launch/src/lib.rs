@@ -198,6 +198,8 @@ mod plan;
 #[cfg(feature = "supervisor")]
 mod rendezvous;
 #[cfg(feature = "supervisor")]
+mod rendezvous_protocol;
+#[cfg(feature = "supervisor")]
 mod signals;
 #[cfg(feature = "supervisor")]
 mod supervise;

@@ -144,17 +144,5 @@ context_wrappers! {
     storage(CheckpointError) => CheckpointStorage;
 }
 
-impl DdpTrainError {
-    /// The error of a loader's failed epoch, in burn-train's `epoch`.
-    pub(crate) fn loading(epoch: usize) -> impl FnOnce(crate::loader::LoadFailure) -> Self {
-        move |failure| DdpTrainError::Loading {
-            epoch,
-            what: failure.what,
-            sampler_epoch: failure.sampler_epoch,
-            source: failure.error,
-        }
-    }
-}
-
 /// Result alias of this crate.
 pub type Result<T, E = DdpTrainError> = std::result::Result<T, E>;

@@ -13,7 +13,7 @@
 //! panics, as burn's own loaders do, when anything else iterates. Either way an epoch never just ends
 //! short.
 
-use crate::error::Result;
+use crate::error::{DdpTrainError, Result};
 use crate::mid_epoch::ResumePoint;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
@@ -490,6 +490,18 @@ pub(crate) struct LoadFailure {
     pub(crate) sampler_epoch: u64,
     /// ddp-data's error.
     pub(crate) error: DataError,
+}
+
+impl LoadFailure {
+    /// The strategy's error for this failure in burn-train's `epoch`.
+    pub(crate) fn in_epoch(self, epoch: usize) -> DdpTrainError {
+        DdpTrainError::Loading {
+            epoch,
+            what: self.what,
+            sampler_epoch: self.sampler_epoch,
+            source: self.error,
+        }
+    }
 }
 
 thread_local! {

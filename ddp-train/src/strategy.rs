@@ -590,7 +590,7 @@ impl DdpStrategy {
         loop {
             // A data error ends the run here (this rank's failure aborts the group, so the
             // others fail at the next collective, quoting it).
-            let batch = next_batch(&mut *iter).map_err(DdpTrainError::loading(epoch))?;
+            let batch = next_batch(&mut *iter).map_err(|f| f.in_epoch(epoch))?;
             // Who has a batch, and did anyone's interrupter fire.
             let mut control = vec![0u8; world + 1];
             control[rank] = u8::from(batch.is_some());
@@ -725,7 +725,7 @@ impl DdpStrategy {
         loop {
             // Shards may differ by one batch: a rank without one still takes part. A data
             // error fails the run (not a shorter validation set).
-            let batch = next_batch(&mut *iter).map_err(DdpTrainError::loading(epoch))?;
+            let batch = next_batch(&mut *iter).map_err(|f| f.in_epoch(epoch))?;
             let output = batch.map(|batch| model.step(batch));
             let progress = iter.progress();
             match exchange(&self.pg, output, global_batch, &device, step + 1)? {
@@ -769,10 +769,7 @@ fn skip_to<O>(
     };
     if start == 0 {
         for pulled in 0..position.step {
-            if next_batch(iter)
-                .map_err(DdpTrainError::loading(epoch))?
-                .is_none()
-            {
+            if next_batch(iter).map_err(|f| f.in_epoch(epoch))?.is_none() {
                 return Err(DdpTrainError::Resume(format!(
                     "epoch {epoch}: the training loader ended after {pulled} batches, but the \
                      checkpoint was taken after step {}",

@@ -17,7 +17,7 @@
 //!    it did not hear from and ends successfully.
 //!
 //! Every node sees the same outcome and has the same `--max-restarts` (checked when joining,
-//! with `--nnodes`, `--nproc-per-node` and the rendezvous protocol version, [`PROTOCOL`]),
+//! with `--nnodes`, `--nproc-per-node` and the rendezvous protocol version, [`PROTOCOL`](crate::rendezvous_protocol::PROTOCOL)),
 //! so they restart together or stop together. A node interrupted by a signal also sets an
 //! abort key so the others do not restart. Each launcher claims its node rank when it joins
 //! ([`node_claim`]) and keeps a heartbeat on the claim: a second launcher with the same
@@ -41,6 +41,7 @@ use crate::error::LaunchError;
 use crate::node_sync::NodeSync;
 use crate::plan::{LaunchPlan, MasterPort};
 use crate::rendezvous::store_connect::connect_with_retry;
+use crate::rendezvous_protocol::{protocol_mismatch, with_protocol};
 use crate::signal_names::signal_name;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
@@ -56,15 +57,6 @@ const ABORT_KEY: &str = "abort";
 const CONFIG_KEY: &str = "config";
 /// Node 0's launch id, set before [`CONFIG_KEY`] (so a node that read the settings finds it).
 const LAUNCH_ID_KEY: &str = "launch_id";
-/// The static rendezvous' protocol version, part of the settings every node must share
-/// (checked when a node joins, with `--nnodes`, `--nproc-per-node` and `--max-restarts`):
-/// launchers that use the keys differently refuse each other instead of misreading each other.
-/// (Version 2 added the claim's heartbeat and node rejoins: a newer launcher would take an older
-/// one, which never beats, for dead, and take its place while it runs.) Bump it whenever a
-/// launcher would misread an older one's keys.
-const PROTOCOL: u32 = 2;
-/// What precedes [`PROTOCOL`] in the settings.
-const PROTOCOL_TAG: &str = "rendezvous protocol ";
 /// How often a waiting launcher that hosts the rendezvous looks at who is still connected.
 const CLIENTS_POLL: Duration = Duration::from_millis(50);
 
@@ -211,26 +203,6 @@ pub(crate) fn wait_for_clients_to_leave(
     }
 }
 
-/// The words to add to a settings refusal when node 0's settings, `theirs`, name another
-/// rendezvous protocol than this launcher's [`PROTOCOL`] (or none: a launcher from before
-/// versions were named, version 1); empty when the versions agree.
-fn protocol_mismatch(theirs: &str) -> String {
-    let version = theirs
-        .split_once(PROTOCOL_TAG)
-        .and_then(|(_, rest)| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse::<u32>().ok()
-        })
-        .unwrap_or(1);
-    if version == PROTOCOL {
-        return String::new();
-    }
-    format!(
-        " (node 0's launcher speaks {PROTOCOL_TAG}{version}, this one {PROTOCOL_TAG}{PROTOCOL}: \
-         run the same ddp-run version on every node)"
-    )
-}
-
 /// `"node 1"`, `"nodes 1, 3"`.
 fn node_list(nodes: &[usize]) -> String {
     let list: Vec<String> = nodes.iter().map(ToString::to_string).collect();
@@ -335,10 +307,10 @@ impl Rendezvous {
         plan: &LaunchPlan,
         signals: &SignalGuard,
     ) -> Result<(), LaunchError> {
-        let mine = format!(
-            "--nnodes {} --nproc-per-node {} --max-restarts {} ({PROTOCOL_TAG}{PROTOCOL})",
+        let mine = with_protocol(&format!(
+            "--nnodes {} --nproc-per-node {} --max-restarts {}",
             plan.nnodes, plan.nproc_per_node, plan.max_restarts
-        );
+        ));
         if self.node_rank == 0 {
             self.store
                 .set(LAUNCH_ID_KEY, self.launch_id.as_bytes())
@@ -351,7 +323,8 @@ impl Rendezvous {
         let theirs = self.wait_for(CONFIG_KEY, signals)?;
         if theirs != mine.as_bytes() {
             let theirs = String::from_utf8_lossy(&theirs);
-            let versions = protocol_mismatch(&theirs);
+            let versions =
+                protocol_mismatch(&theirs).map_or_else(String::new, |v| format!(": {v}"));
             let refusal = format!(
                 "node {} cannot join: node 0 runs with {theirs} but node {} with {mine}: every node must use the same settings{versions}",
                 self.node_rank, self.node_rank
@@ -790,28 +763,6 @@ mod tests {
             wait_for_clients_to_leave(&server, 0, Duration::from_secs(120), || None),
             ClientsLeft::Left
         );
-    }
-
-    #[test]
-    fn a_refusal_names_the_rendezvous_protocols_when_they_differ() {
-        let same =
-            format!("--nnodes 2 --nproc-per-node 1 --max-restarts 0 ({PROTOCOL_TAG}{PROTOCOL})");
-        assert_eq!(protocol_mismatch(&same), "");
-        let newer = format!(
-            "--nnodes 2 --nproc-per-node 1 --max-restarts 0 ({PROTOCOL_TAG}{})",
-            PROTOCOL + 1
-        );
-        let said = protocol_mismatch(&newer);
-        assert!(
-            said.contains(&format!(
-                "node 0's launcher speaks rendezvous protocol {}",
-                PROTOCOL + 1
-            )) && said.contains(&format!("this one rendezvous protocol {PROTOCOL}")),
-            "{said}"
-        );
-        // A launcher from before the version was part of the settings.
-        let said = protocol_mismatch("--nnodes 2 --nproc-per-node 1 --max-restarts 0");
-        assert!(said.contains("speaks rendezvous protocol 1,"), "{said}");
     }
 
     #[test]

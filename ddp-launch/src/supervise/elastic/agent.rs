@@ -2,7 +2,7 @@
 //! ended, and go again until the job completes, fails for good, or this node is interrupted.
 
 use super::backend::RendezvousBackend;
-use super::round::{Joined, Round, RoundEnd, Rounds, agreed_settings};
+use super::round::{Joined, Round, RoundEnd, Rounds};
 use super::store_backend::StoreBackend;
 use crate::error::LaunchError;
 use crate::launcher_id::host_pid;
@@ -12,6 +12,7 @@ use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
 use crate::plan::{LaunchPlan, MasterPort, RoundInfo};
 use crate::rendezvous::{bind_host, free_port};
+use crate::rendezvous_protocol::with_protocol;
 use crate::round_summary::rounds_lines;
 use crate::signals::SignalGuard;
 use crate::summary::{FailureCause, FailureSummary};
@@ -47,7 +48,7 @@ pub(crate) fn run_elastic(
     let node_id = host_pid();
     // What every node must agree on (the node count range, the workers per node, restarts,
     // and the round protocol).
-    let config = agreed_settings(&format!(
+    let config = with_protocol(&format!(
         "--nnodes {} --nproc-per-node {} --max-restarts {}",
         settings.nodes, plan.nproc_per_node, plan.max_restarts
     ));

@@ -5,8 +5,8 @@
 //! Which joiners count, and the member list `closed` holds, are [`super::members`]' part.
 //!
 //! Keys (scoped to the job):
-//! - `config`: the first launcher's settings, with the [`PROTOCOL`] version; the others must
-//!   match;
+//! - `config`: the first launcher's settings, with the launchers'
+//!   [`PROTOCOL`](crate::rendezvous_protocol::PROTOCOL) version; the others must match;
 //! - `launch_id`: the first launcher's launch id, which every launcher's workers get;
 //! - `current`: the open or running round; `complete` / `abort`: the job's end;
 //! - `r/<n>/join` (counter), `r/<n>/node/<i>` (the i-th joiner's id), `r/<n>/left/<i>` (set by
@@ -39,6 +39,7 @@ use super::members::{Joiners, decode_members, encode_members, withdrawn_member};
 use crate::error::LaunchError;
 use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::node_count::RdzvBackend;
+use crate::rendezvous_protocol::{protocol_mismatch, split_protocol};
 use crate::round_summary::ElasticRound;
 use crate::signals::SignalGuard;
 use crate::summary::FailureCause;
@@ -47,48 +48,15 @@ use std::time::{Duration, Instant};
 /// How often a launcher reads the rendezvous while waiting or supervising.
 const POLL: Duration = Duration::from_millis(100);
 
-/// The version of this round protocol (the keys and what they hold), part of the settings
-/// every node must match: launchers of different versions misread each other's rounds (a
-/// launcher of version 1, before versions were recorded, reads `closed` as a member count and
-/// keeps asking into every round), so they refuse to share a job. 2: `closed` holds the
-/// members' join indices, joiners withdraw (`r/<n>/left`).
-pub(crate) const PROTOCOL: u32 = 2;
-
-/// The settings string every node of a job must match (`config`): `shape` (what shapes the
-/// job: the node count range, the workers per node, the restarts) and [`PROTOCOL`].
-pub(crate) fn agreed_settings(shape: &str) -> String {
-    format!("{shape} (rendezvous protocol {PROTOCOL})")
-}
-
-/// [`agreed_settings`] split back into the shape and the protocol; `None` for a launcher from
-/// before versions were recorded.
-fn split_settings(config: &str) -> (&str, Option<u32>) {
-    config
-        .strip_suffix(')')
-        .and_then(|c| c.rsplit_once(" (rendezvous protocol "))
-        .and_then(|(shape, v)| Some((shape, Some(v.parse().ok()?))))
-        .unwrap_or((config, None))
-}
-
 /// Why a node whose settings are `mine` cannot join a job set up with `theirs`.
 fn settings_refusal(theirs: &str, mine: &str) -> String {
-    let (their_shape, their_protocol) = split_settings(theirs);
-    let (my_shape, my_protocol) = split_settings(mine);
-    if their_protocol != my_protocol {
-        let version = |p: Option<u32>| {
-            p.map_or_else(
-                || "1 (a ddp-launch from before the versions were recorded)".to_string(),
-                |p| p.to_string(),
-            )
-        };
-        return format!(
-            "the first node's launcher speaks rendezvous protocol {} but this node's speaks rendezvous protocol {}: every node must use the same settings, and launchers of different protocols cannot share a job (run the same ddp-launch version on every node)",
-            version(their_protocol),
-            version(my_protocol)
-        );
+    if let Some(versions) = protocol_mismatch(theirs) {
+        return format!("{versions}; every node must use the same settings");
     }
     format!(
-        "the first node runs with {their_shape} but this node with {my_shape}: every node must use the same settings"
+        "the first node runs with {} but this node with {}: every node must use the same settings",
+        split_protocol(theirs).0,
+        split_protocol(mine).0
     )
 }
 
@@ -880,6 +848,7 @@ mod tests {
     use super::*;
     use crate::plan::elastic_settings::Endpoint;
     use crate::plan::node_count::NodeCount;
+    use crate::rendezvous_protocol::{PROTOCOL, with_protocol};
     use std::collections::{HashMap, HashSet};
     use std::sync::{Arc, Mutex};
 
@@ -978,7 +947,7 @@ mod tests {
     const SHAPE: &str = "--nnodes 1:2 --nproc-per-node 1 --max-restarts 0";
 
     fn config() -> String {
-        agreed_settings(SHAPE)
+        with_protocol(SHAPE)
     }
 
     /// A job whose round 0 runs with one node (`other:1`), of at most two.
@@ -1460,7 +1429,7 @@ mod tests {
         let text = refused_with(&memory, &config());
         assert!(
             text.contains(&format!(
-                "the first node's launcher speaks rendezvous protocol 1 (a ddp-launch from before the versions were recorded) but this node's speaks rendezvous protocol {PROTOCOL}"
+                "the first node's launcher speaks rendezvous protocol 1 (a ddp-launch from before the versions were recorded), this one rendezvous protocol {PROTOCOL}"
             )) && text.contains("every node must use the same settings"),
             "{text}"
         );
@@ -1470,24 +1439,19 @@ mod tests {
         let text = refused_with(&memory, &config());
         assert!(
             text.contains(&format!(
-                "speaks rendezvous protocol 99 but this node's speaks rendezvous protocol {PROTOCOL}:"
+                "speaks rendezvous protocol 99, this one rendezvous protocol {PROTOCOL}:"
             )),
             "{text}"
         );
 
         let memory = new_job();
-        let other = agreed_settings("--nnodes 1:2 --nproc-per-node 1 --max-restarts 2");
+        let other = with_protocol("--nnodes 1:2 --nproc-per-node 1 --max-restarts 2");
         let text = refused_with(&memory, &other);
         assert!(
             text.contains(&format!(
                 "the first node runs with {SHAPE} but this node with --nnodes 1:2 --nproc-per-node 1 --max-restarts 2: every node must use the same settings"
             )),
             "{text}"
-        );
-        assert_eq!(
-            split_settings(&config()),
-            (SHAPE, Some(PROTOCOL)),
-            "the settings read back"
         );
     }
 
