@@ -395,7 +395,7 @@ where
                     .unwrap_or_else(|payload| {
                         Err(DataError::WorkerPanicked {
                             batch: skip,
-                            message: panic_text(payload.as_ref()),
+                            message: ddp_core::comm::panic_message(payload.as_ref()),
                         })
                     });
                 if let Err(error) = loaded {
@@ -529,15 +529,6 @@ pub(crate) fn next_batch<O>(
         Some(failure) => Err(failure),
         None => Ok(batch),
     }
-}
-
-/// The text of a panic payload (`&str` or `String`), or a placeholder.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic payload is not a string".to_owned())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
