@@ -263,4 +263,14 @@ fn a_newer_checkpoint_of_the_same_run_on_another_rank_still_stops_the_load() {
     assert_eq!(run_id(&dir1, 300), None);
     start_over([&dir0, &dir1], true);
     assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
+
+    // A superseded run's checkpoint whose manifest no longer parses names no run: it is not
+    // passed over (a corrupt checkpoint is never skipped silently).
+    let (dir0, dir1) = (root.path().join("c-host0"), root.path().join("c-host1"));
+    save_steps(&dir0, &[100]);
+    save_steps(&dir1, &[300]);
+    start_over([&dir0, &dir1], true);
+    let manifest = dir1.join(checkpoint_name(300)).join(MANIFEST_FILE);
+    std::fs::write(&manifest, b"{ not json").expect("garble");
+    assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
 }
