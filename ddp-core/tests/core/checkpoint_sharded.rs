@@ -4,7 +4,6 @@
 //! the previous checkpoint; a sharded checkpoint converts to a full one the rank-0
 //! `FullCheckpointer` loads.
 use crate::common::*;
-use burn::nn::loss::{MseLoss, Reduction};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, Optimizer};
 use ddp_core::checkpoint::sharded::{
@@ -43,17 +42,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     optim: &mut O,
     steps: std::ops::Range<usize>,
 ) {
-    let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
-    let device = Default::default();
-    for step in steps {
-        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
-        let pred = ddp
-            .forward(|m| m.forward(x, step % 2 == 0))
-            .expect("forward");
-        let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
-        let grads = ddp.backward(loss).expect("backward");
-        ddp.optimizer_step(optim, LR, grads);
-    }
+    train_mlp(ddp, optim, LR, steps);
 }
 
 fn ddp(model: Mlp<B>, pg: &ddp_core::comm::ProcessGroup) -> DistributedDataParallel<B, Mlp<B>> {

@@ -39,17 +39,7 @@ fn train<O: Optimizer<Mlp<B>, B>>(
     optim: &mut O,
     steps: std::ops::Range<usize>,
 ) {
-    let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
-    let device = Default::default();
-    for step in steps {
-        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
-        let pred = ddp
-            .forward(|m| m.forward(x, step % 2 == 0))
-            .expect("forward");
-        let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
-        let grads = ddp.backward(loss).expect("backward");
-        ddp.optimizer_step(optim, LR, grads);
-    }
+    train_mlp(ddp, optim, LR, steps);
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -389,13 +379,19 @@ fn a_plain_checkpoint_save_of_a_sharded_state_fails_on_every_rank_and_writes_not
     );
 }
 
-#[test]
-fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_optimizer() {
-    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
-    let results = run_ranks(2, |pg| {
+/// The errors of rank 0's first two steps (`make`'s optimizer over `ddp`, from `init`) when rank
+/// 1 aborts the group after backward, in place of its step.
+pub(crate) fn steps_after_a_peer_fails(
+    init: &[u8],
+    make: impl Fn(
+        &mut DistributedDataParallel<B, Mlp<B>>,
+    ) -> ZeroRedundancyOptimizer<MlpAdam, Mlp<B>, B>
+    + Sync,
+) -> (Option<ZeroError>, Option<ZeroError>) {
+    let mut results = run_ranks(2, |pg| {
         let rank = pg.rank();
-        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
-        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        let mut ddp = DistributedDataParallel::new(mlp_from(init), pg, DdpConfig::new()).unwrap();
+        let mut optim = make(&mut ddp);
         let (x, y) = batch(&contiguous_shard(0, 2, rank), &Default::default());
         let pred = ddp.forward(|m| m.forward(x, true)).unwrap();
         let grads = ddp
@@ -410,7 +406,20 @@ fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_opt
         let second = optim.try_step(LR, module, burn::optim::GradientsParams::new());
         Some((first.err(), second.err()))
     });
-    let (first, second) = results[0].as_ref().expect("rank 0's outcome");
+    let (first, second) = results.swap_remove(0).expect("rank 0's outcome");
+    assert!(
+        matches!(second, Some(ZeroError::Poisoned { .. })),
+        "a step after a failure must be refused: {second:?}"
+    );
+    (first, second)
+}
+
+#[test]
+fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_optimizer() {
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let (first, _) = steps_after_a_peer_fails(&init, |ddp| {
+        ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone())
+    });
     match first {
         Some(e @ ZeroError::Broadcast { .. }) => assert!(
             e.to_string().contains("rank 1 ran out of memory"),
@@ -418,10 +427,6 @@ fn a_peer_that_fails_mid_step_fails_the_step_with_its_reason_and_poisons_the_opt
         ),
         other => panic!("expected a broadcast error, got {other:?}"),
     }
-    assert!(
-        matches!(second, Some(ZeroError::Poisoned { .. })),
-        "a step after a failure must be refused: {second:?}"
-    );
 }
 
 /// One parameter in two places: `b` is `a`.

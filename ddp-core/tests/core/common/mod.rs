@@ -133,6 +133,32 @@ pub fn batch_on<Bk: Backend>(
     (x, y)
 }
 
+/// Trains `ddp` over global steps `steps` with `optim` at `lr`, each rank on its contiguous
+/// shard of each global batch; `extra` is used on even steps only, so some steps leave it
+/// without a gradient. Returns the parameters after each step.
+pub fn train_mlp<O: burn::optim::Optimizer<Mlp<B>, B>>(
+    ddp: &mut ddp_core::DistributedDataParallel<B, Mlp<B>>,
+    optim: &mut O,
+    lr: f64,
+    steps: std::ops::Range<usize>,
+) -> Vec<Vec<f32>> {
+    use burn::nn::loss::{MseLoss, Reduction};
+    let (rank, world) = (ddp.process_group().rank(), ddp.process_group().world_size());
+    let device = Default::default();
+    let mut after = Vec::new();
+    for step in steps {
+        let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
+        let pred = ddp
+            .forward(|m| m.forward(x, step % 2 == 0))
+            .expect("forward");
+        let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+        let grads = ddp.backward(loss).expect("backward");
+        ddp.optimizer_step(optim, lr, grads);
+        after.push(flat_params(ddp.module()));
+    }
+    after
+}
+
 /// Every float parameter's values, in module order.
 pub fn flat_params<Bk: Backend, M: Module<Bk>>(m: &M) -> Vec<f32> {
     struct Collect(Vec<f32>);
