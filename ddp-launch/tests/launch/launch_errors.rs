@@ -8,17 +8,11 @@ fn taken_master_port_is_reported_before_any_worker_starts() {
     let taken = TcpListener::bind("0.0.0.0:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
-    cmd.args([
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        &port.to_string(),
-        "--",
-    ])
-    .arg(worker_path())
-    .args(["--mode", "sleep", "--pid-dir"])
-    .arg(dir.path());
+    let cmd = ddp_run_worker(
+        &["--nproc-per-node", "2", "--master-port", &port.to_string()],
+        &["--mode", "sleep"],
+        dir.path(),
+    );
     let out = run(cmd);
     assert_usage_error(
         &out,

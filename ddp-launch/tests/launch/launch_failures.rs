@@ -6,13 +6,13 @@ use std::time::Duration;
 #[test]
 fn sigkilled_rank_stops_the_others_and_the_summary_names_rank_and_signal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
     // Rank 0 ignores SIGTERM and starts a grandchild: only the SIGKILL after the grace period,
     // sent to its whole process group, stops them.
-    cmd.args(["--nproc-per-node", "3", "--grace-period", "1", "--"])
-        .arg(worker_path())
-        .args(["--mode", "kill-rank1", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(
+        &["--nproc-per-node", "3", "--grace-period", "1"],
+        &["--mode", "kill-rank1"],
+        dir.path(),
+    );
     let out = run(cmd);
     let pids = pids_in(dir.path());
     let names: Vec<&str> = pids.iter().map(|(n, _)| n.as_str()).collect();
@@ -159,11 +159,11 @@ fn max_restarts_recovers_from_a_failure_on_the_first_attempt_with_a_fresh_port()
 #[test]
 fn exhausted_restarts_fail_after_running_every_attempt() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
-    cmd.args(["--nproc-per-node", "2", "--max-restarts", "1", "--"])
-        .arg(worker_path())
-        .args(["--mode", "fail-always", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(
+        &["--nproc-per-node", "2", "--max-restarts", "1"],
+        &["--mode", "fail-always"],
+        dir.path(),
+    );
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has("attempt:       1 of 2");
@@ -185,11 +185,7 @@ fn exhausted_restarts_fail_after_running_every_attempt() {
 #[test]
 fn sigterm_to_the_launcher_reaches_every_worker_and_fails_the_launch() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
-    cmd.args(["--nproc-per-node", "2", "--"])
-        .arg(worker_path())
-        .args(["--mode", "sleep", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(&["--nproc-per-node", "2"], &["--mode", "sleep"], dir.path());
     let mut running = start(cmd);
     let pids = wait_for_pids(dir.path(), 2, &mut running);
     // SAFETY: signalling the launcher this test started.
@@ -208,12 +204,12 @@ fn sigterm_to_the_launcher_reaches_every_worker_and_fails_the_launch() {
 #[test]
 fn second_signal_skips_the_grace_period_for_workers_that_ignore_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
     // A 600 s grace period: only the escalation to SIGKILL can end this within the deadline.
-    cmd.args(["--nproc-per-node", "2", "--grace-period", "600", "--"])
-        .arg(worker_path())
-        .args(["--mode", "sleep", "--ignore-sigterm", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(
+        &["--nproc-per-node", "2", "--grace-period", "600"],
+        &["--mode", "sleep", "--ignore-sigterm"],
+        dir.path(),
+    );
     let mut running = start(cmd);
     let pids = wait_for_pids(dir.path(), 2, &mut running);
     let launcher = running.child.id() as i32;
@@ -255,11 +251,7 @@ fn sigint_to_a_launch_api_launcher_stops_every_worker() {
 #[test]
 fn sigkilled_launcher_leaves_no_orphan_workers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
-    cmd.args(["--nproc-per-node", "2", "--"])
-        .arg(worker_path())
-        .args(["--mode", "sleep", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(&["--nproc-per-node", "2"], &["--mode", "sleep"], dir.path());
     let mut running = start(cmd);
     let pids = wait_for_pids(dir.path(), 2, &mut running);
     assert!(pids.iter().all(|(_, p)| is_alive(*p)));

@@ -5,12 +5,12 @@ use crate::launch_common::*;
 #[test]
 fn the_rank_that_failed_is_first_with_its_error_though_its_victim_exited_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
     // Rank 0 fails on its own; rank 1, waiting for it in an all_reduce, fails because of it.
-    cmd.args(["--nproc-per-node", "2", "--"])
-        .arg(worker_path())
-        .args(["--mode", "fail-rank0", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(
+        &["--nproc-per-node", "2"],
+        &["--mode", "fail-rank0"],
+        dir.path(),
+    );
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(1), "{}", out.all());
     out.assert_stderr_has("first failure: rank 0 (local rank 0 on node 0, pid");

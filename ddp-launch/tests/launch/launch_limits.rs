@@ -8,11 +8,7 @@ fn nproc_per_node_far_beyond_the_cores_is_refused_before_any_worker_starts() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let n = (cores * 32 + 1).to_string();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = ddp_run();
-    cmd.args(["--nproc-per-node", &n, "--"])
-        .arg(worker_path())
-        .args(["--mode", "sleep", "--pid-dir"])
-        .arg(dir.path());
+    let cmd = ddp_run_worker(&["--nproc-per-node", &n], &["--mode", "sleep"], dir.path());
     let out = run(cmd);
     assert_usage_error(
         &out,

@@ -396,22 +396,28 @@ fn stand_in_fence_that_never_completes_is_named_and_every_rank_exits() {
 #[test]
 fn stand_in_rank_killed_between_buckets_is_named_by_every_peer() {
     let outputs = stand_in_fault(3, "kill:2", "600");
+    assert_rank_1_killed_and_named_by_every_peer(&outputs, "");
+}
+
+/// Rank 1 was killed (no exit code) and every other rank exited with its error (2), naming
+/// rank 1. `context` starts each message.
+fn assert_rank_1_killed_and_named_by_every_peer(outputs: &[ddp_tests::RankOutput], context: &str) {
     assert_eq!(
         outputs[1].code, None,
-        "rank 1 was killed: {}",
+        "{context}rank 1 was killed: {}",
         outputs[1].stderr
     );
     for o in outputs.iter().filter(|o| o.rank != 1) {
         assert_eq!(
             o.code,
             Some(2),
-            "rank {} exits with its error: {}",
+            "{context}rank {} exits with its error: {}",
             o.rank,
             o.stderr
         );
         assert!(
             o.stderr.contains("rank 1"),
-            "rank {} names rank 1: {}",
+            "{context}rank {} names rank 1: {}",
             o.rank,
             o.stderr
         );
@@ -470,26 +476,7 @@ fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer
             }
             env
         });
-        assert_eq!(
-            outputs[1].code, None,
-            "{sharding}: rank 1 was killed: {}",
-            outputs[1].stderr
-        );
-        for o in outputs.iter().filter(|o| o.rank != 1) {
-            assert_eq!(
-                o.code,
-                Some(2),
-                "{sharding}: rank {} exits with its error: {}",
-                o.rank,
-                o.stderr
-            );
-            assert!(
-                o.stderr.contains("rank 1"),
-                "{sharding}: rank {} names rank 1: {}",
-                o.rank,
-                o.stderr
-            );
-        }
+        assert_rank_1_killed_and_named_by_every_peer(&outputs, &format!("{sharding}: "));
     }
 }
 

@@ -28,6 +28,19 @@ pub fn ddp_run() -> Command {
     cmd
 }
 
+/// `ddp-run <launcher_args> -- <launch_worker> <worker_args> --pid-dir <pid_dir>`: the test
+/// worker writes its pid files into `pid_dir`.
+pub fn ddp_run_worker(launcher_args: &[&str], worker_args: &[&str], pid_dir: &Path) -> Command {
+    let mut cmd = ddp_run();
+    cmd.args(launcher_args)
+        .arg("--")
+        .arg(worker_path())
+        .args(worker_args)
+        .arg("--pid-dir")
+        .arg(pid_dir);
+    cmd
+}
+
 /// The `launch_worker` example (built by `cargo test`, which builds examples).
 pub fn worker_path() -> PathBuf {
     example_path("launch_worker")
