@@ -10,7 +10,6 @@ use super::super::manifest::MANIFEST_FILE;
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
-use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
 use super::super::storage::run_id::run_id_to_save;
@@ -220,27 +219,10 @@ impl FullCheckpointer {
             ),
         };
         let header = self.share_header(header)?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &self.base.config,
-            MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
-        match header.name.clone() {
-            None => {
-                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid checkpoint in {}: starting fresh", dir.display());
-                Ok(LoadOutcome::Fresh {
-                    dir,
-                    invalid: header.invalid,
-                })
-            }
-            Some(name) => {
-                let resumed =
-                    self.restore::<B, M, O>(device, model, optim, &name, found, header.invalid)?;
-                Ok(LoadOutcome::Resumed(Box::new(resumed)))
-            }
-        }
+        self.base
+            .resume_or_fresh(header, MANIFEST_FILE, "checkpoint", |name, invalid| {
+                self.restore::<B, M, O>(device, model, optim, name, found, invalid)
+            })
     }
 
     /// Restores checkpoint `name` (e.g. `step-0000000120`) like

@@ -9,7 +9,6 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::storage::directory::newest_valid_to_resume;
-use super::super::storage::elsewhere::check_no_newer_elsewhere;
 use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
@@ -169,27 +168,12 @@ impl ShardedCheckpointer {
                 })
             },
         )?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &self.base.config,
+        self.base.resume_or_fresh(
+            header,
             SHARDED_MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
-        match header.name {
-            None => {
-                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());
-                Ok(LoadOutcome::Fresh {
-                    dir,
-                    invalid: header.invalid,
-                })
-            }
-            Some(name) => {
-                let resumed =
-                    self.restore::<B, M, R>(device, model, &name, header.invalid, want, install)?;
-                Ok(LoadOutcome::Resumed(Box::new(resumed)))
-            }
-        }
+            "sharded checkpoint",
+            |name, invalid| self.restore::<B, M, R>(device, model, name, invalid, want, install),
+        )
     }
 
     /// Every rank reads what it needs of checkpoint `name` (verified by rank 0) and loads it;
