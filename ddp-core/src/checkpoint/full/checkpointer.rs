@@ -10,6 +10,7 @@ use super::super::manifest::MANIFEST_FILE;
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
+use super::super::storage::naming::validate_checkpoint_name;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
 use super::super::storage::run_id::run_id_to_save;
@@ -252,7 +253,7 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         // On every rank, before any collective: every rank gets the same answer.
-        validate_name(name)?;
+        validate_checkpoint_name(name)?;
         let dir = self.base.config.dir().to_path_buf();
         let found = on_rank0(&self.base.pg, "read the checkpoint", || {
             read_one(&dir, name).map_err(|e| e.into_error(name, &dir))
@@ -299,57 +300,5 @@ impl FullCheckpointer {
             .then(|| RESUME_HEADER.encode(&header))
             .transpose()?;
         RESUME_HEADER.share(&self.base.pg, json)
-    }
-}
-
-/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
-fn validate_name(name: &str) -> Result<(), CheckpointError> {
-    use std::path::{Component, Path};
-    let invalid = |reason| {
-        Err(CheckpointError::InvalidName {
-            name: name.to_string(),
-            reason,
-        })
-    };
-    if name.is_empty() {
-        return invalid("it is empty");
-    }
-    if name.contains('/') || name.contains('\\') || name.contains('\0') {
-        return invalid("it contains a path separator or NUL");
-    }
-    let mut components = Path::new(name).components();
-    match (components.next(), components.next()) {
-        (Some(Component::Normal(_)), None) => Ok(()),
-        _ => invalid("it must be a single plain directory name, not `.`, `..` or a path"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_single_plain_names_are_valid_checkpoint_names() {
-        assert!(validate_name("step-0000000120").is_ok());
-        assert!(validate_name("my.checkpoint").is_ok());
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../step-0000000001",
-            "../../etc",
-            "a/b",
-            "step-1/",
-            "/abs",
-            "/",
-            "a\\..\\b",
-            "nul\0",
-        ] {
-            let err = validate_name(bad).expect_err(bad);
-            assert!(
-                matches!(err, CheckpointError::InvalidName { ref name, .. } if name == bad),
-                "{bad:?}: {err}"
-            );
-        }
     }
 }

@@ -9,6 +9,7 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::storage::directory::newest_valid_to_resume;
+use super::super::storage::naming::validate_checkpoint_name;
 use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
@@ -121,7 +122,7 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
-        validate_name(name)?;
+        validate_checkpoint_name(name)?;
         let dir = self.base.config.dir().to_path_buf();
         on_rank0::<_, ShardedCheckpointError>(&self.base.pg, "verify the checkpoint", || {
             verify_checkpoint(&dir, name)
@@ -326,17 +327,4 @@ pub(super) fn load_optimizer<B: AutodiffBackend, R: Record<B>>(
         }
     }
     Ok(all)
-}
-
-/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
-fn validate_name(name: &str) -> Result<(), CheckpointError> {
-    use std::path::Component;
-    let mut parts = Path::new(name).components();
-    match (parts.next(), parts.next()) {
-        (Some(Component::Normal(part)), None) if part == name => Ok(()),
-        _ => Err(CheckpointError::InvalidName {
-            name: name.to_string(),
-            reason: "a checkpoint name is one plain directory name inside the checkpoint directory",
-        }),
-    }
 }
