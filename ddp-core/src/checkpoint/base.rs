@@ -5,9 +5,10 @@
 
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, InvalidCheckpoint};
-use super::outcome::SavedCheckpoint;
+use super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::state::{FRAMEWORK_VERSION, StateFile, TrainingState};
 use super::storage::directory::{prune, remove_newer_than};
+use super::storage::elsewhere::check_no_newer_elsewhere;
 use super::storage::lock::DirLock;
 use super::storage::rank0::{Rank0Json, prepare_dir};
 use ddp_comm::ProcessGroup;
@@ -77,6 +78,40 @@ impl CheckpointerBase {
                 Ok::<_, CheckpointError>(removed)
             },
         )
+    }
+
+    /// Every rank, with rank 0's `header`: fails if another rank's directory holds a newer
+    /// checkpoint (one with a `manifest_file`), else starts fresh (logged, naming the `kind`
+    /// of checkpoint) or resumes the one found with `restore`. One resume decision for both
+    /// formats.
+    pub(crate) fn resume_or_fresh<E: From<CheckpointError>>(
+        &self,
+        header: ResumeHeader,
+        manifest_file: &str,
+        kind: &str,
+        restore: impl FnOnce(&str, Vec<InvalidCheckpoint>) -> Result<Resumed, E>,
+    ) -> Result<LoadOutcome, E> {
+        check_no_newer_elsewhere(
+            &self.pg,
+            &self.config,
+            manifest_file,
+            header.name.as_deref(),
+            &header.invalid,
+        )?;
+        match header.name {
+            None => {
+                let dir = self.config.dir().to_path_buf();
+                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid {kind} in {}: starting fresh", dir.display());
+                Ok(LoadOutcome::Fresh {
+                    dir,
+                    invalid: header.invalid,
+                })
+            }
+            Some(name) => {
+                let resumed = restore(&name, header.invalid)?;
+                Ok(LoadOutcome::Resumed(Box::new(resumed)))
+            }
+        }
     }
 
     /// Rank 0, after the checkpoint of `global_step` is complete: removes the checkpoints

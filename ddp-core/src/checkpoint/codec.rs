@@ -15,7 +15,7 @@
 use super::canonical::canonical_safetensors;
 use super::error::CheckpointError;
 use super::manifest::{MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE};
-use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
+use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId, Parameter};
 use burn::optim::Optimizer;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::store::{ModuleSnapshot, SafetensorsStore};
@@ -183,6 +183,12 @@ impl SetIds<'_> {
             }
         }
     }
+
+    /// `param` with the id saved for the current path: the one mapping of every kind of tensor.
+    fn with_saved_id<T: Parameter>(&mut self, param: Param<T>) -> Param<T> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+    }
 }
 
 impl<B: Backend> ModuleMapper<B> for SetIds<'_> {
@@ -195,23 +201,20 @@ impl<B: Backend> ModuleMapper<B> for SetIds<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+        self.with_saved_id(param)
     }
 
     fn map_int<const D: usize>(
         &mut self,
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
-        let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+        self.with_saved_id(param)
     }
 
     fn map_bool<const D: usize>(
         &mut self,
         param: Param<Tensor<B, D, Bool>>,
     ) -> Param<Tensor<B, D, Bool>> {
-        let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(self.id_for(id), tensor, mapper)
+        self.with_saved_id(param)
     }
 }

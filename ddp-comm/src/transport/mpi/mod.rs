@@ -246,6 +246,25 @@ impl MpiTransport {
         Ok(())
     }
 
+    /// The collectives that move blocks of bytes (all-gather, gather, scatter): checks
+    /// fingerprints, then calls `transfer` (an MPI call, returning its code, reported as
+    /// `name`) with the per-rank block of `block` bytes as MPI's `int` count (an error naming
+    /// `op` when it does not fit one) and MPI's byte type.
+    fn byte_blocks(
+        &mut self,
+        fp: &Fingerprint,
+        op: &'static str,
+        block: usize,
+        name: &'static str,
+        transfer: impl FnOnce(c_int, ffi::MPI_Datatype) -> c_int,
+    ) -> Result<()> {
+        self.agree(fp)?;
+        let n = count(op, block)?;
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
+        check(name, transfer(n, byte))
+    }
+
     /// Checks that every rank of the group runs the collective `fp` describes, with the same
     /// lengths, before any data moves: MPI would otherwise truncate, overrun, or pair chunk
     /// loops with the next collective. Every rank takes the same branch (they all see the same
@@ -385,23 +404,11 @@ impl Transport for MpiTransport {
     }
 
     fn all_gather(&mut self, fp: &Fingerprint, input: &[u8], output: &mut [u8]) -> Result<()> {
-        self.agree(fp)?;
-        let n = count("all_gather", input.len())?;
-        // SAFETY: reading a constant the MPI library exports.
-        let byte = unsafe { ffi::RSMPI_UINT8_T };
-        // SAFETY: `output` holds `world * input.len()` bytes (checked by the caller).
-        let rc = unsafe {
-            ffi::MPI_Allgather(
-                send_ptr(input),
-                n,
-                byte,
-                recv_ptr(output),
-                n,
-                byte,
-                self.comm.0,
-            )
-        };
-        check("MPI_Allgather", rc)
+        let comm = self.comm.0;
+        self.byte_blocks(fp, "all_gather", input.len(), "MPI_Allgather", |n, byte| {
+            // SAFETY: `output` holds `world * input.len()` bytes (checked by the caller).
+            unsafe { ffi::MPI_Allgather(send_ptr(input), n, byte, recv_ptr(output), n, byte, comm) }
+        })
     }
 
     fn reduce_scatter(
@@ -461,25 +468,13 @@ impl Transport for MpiTransport {
         output: Option<&mut [u8]>,
         root: usize,
     ) -> Result<()> {
-        self.agree(fp)?;
-        let n = count("gather", input.len())?;
-        // SAFETY: reading a constant the MPI library exports.
-        let byte = unsafe { ffi::RSMPI_UINT8_T };
         let out = output.map_or(std::ptr::null_mut(), recv_ptr);
-        // SAFETY: on the root `out` holds `world * input.len()` bytes; elsewhere it is ignored.
-        let rc = unsafe {
-            ffi::MPI_Gather(
-                send_ptr(input),
-                n,
-                byte,
-                out,
-                n,
-                byte,
-                root as c_int,
-                self.comm.0,
-            )
-        };
-        check("MPI_Gather", rc)
+        let comm = self.comm.0;
+        self.byte_blocks(fp, "gather", input.len(), "MPI_Gather", |n, byte| {
+            // SAFETY: on the root `out` holds `world * input.len()` bytes; elsewhere it is
+            // ignored.
+            unsafe { ffi::MPI_Gather(send_ptr(input), n, byte, out, n, byte, root as c_int, comm) }
+        })
     }
 
     fn scatter(
@@ -489,25 +484,15 @@ impl Transport for MpiTransport {
         output: &mut [u8],
         root: usize,
     ) -> Result<()> {
-        self.agree(fp)?;
-        let n = count("scatter", output.len())?;
-        // SAFETY: reading a constant the MPI library exports.
-        let byte = unsafe { ffi::RSMPI_UINT8_T };
         let src = input.map_or(std::ptr::null(), send_ptr);
-        // SAFETY: on the root `src` holds `world * output.len()` bytes; elsewhere it is ignored.
-        let rc = unsafe {
-            ffi::MPI_Scatter(
-                src,
-                n,
-                byte,
-                recv_ptr(output),
-                n,
-                byte,
-                root as c_int,
-                self.comm.0,
-            )
-        };
-        check("MPI_Scatter", rc)
+        let comm = self.comm.0;
+        self.byte_blocks(fp, "scatter", output.len(), "MPI_Scatter", |n, byte| {
+            // SAFETY: on the root `src` holds `world * output.len()` bytes; elsewhere it is
+            // ignored.
+            unsafe {
+                ffi::MPI_Scatter(src, n, byte, recv_ptr(output), n, byte, root as c_int, comm)
+            }
+        })
     }
 
     /// `MPI_Alltoall`, one block of the element type per rank.

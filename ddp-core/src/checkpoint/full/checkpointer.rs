@@ -10,7 +10,7 @@ use super::super::manifest::MANIFEST_FILE;
 use super::super::outcome::{LoadOutcome, Resumed, SavedCheckpoint};
 use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
-use super::super::storage::elsewhere::check_no_newer_elsewhere;
+use super::super::storage::naming::validate_checkpoint_name;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
 use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
 use super::super::storage::run_id::run_id_to_save;
@@ -220,27 +220,10 @@ impl FullCheckpointer {
             ),
         };
         let header = self.share_header(header)?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &self.base.config,
-            MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
-        match header.name.clone() {
-            None => {
-                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid checkpoint in {}: starting fresh", dir.display());
-                Ok(LoadOutcome::Fresh {
-                    dir,
-                    invalid: header.invalid,
-                })
-            }
-            Some(name) => {
-                let resumed =
-                    self.restore::<B, M, O>(device, model, optim, &name, found, header.invalid)?;
-                Ok(LoadOutcome::Resumed(Box::new(resumed)))
-            }
-        }
+        self.base
+            .resume_or_fresh(header, MANIFEST_FILE, "checkpoint", |name, invalid| {
+                self.restore::<B, M, O>(device, model, optim, name, found, invalid)
+            })
     }
 
     /// Restores checkpoint `name` (e.g. `step-0000000120`) like
@@ -270,7 +253,7 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         // On every rank, before any collective: every rank gets the same answer.
-        validate_name(name)?;
+        validate_checkpoint_name(name)?;
         let dir = self.base.config.dir().to_path_buf();
         let found = on_rank0(&self.base.pg, "read the checkpoint", || {
             read_one(&dir, name).map_err(|e| e.into_error(name, &dir))
@@ -317,57 +300,5 @@ impl FullCheckpointer {
             .then(|| RESUME_HEADER.encode(&header))
             .transpose()?;
         RESUME_HEADER.share(&self.base.pg, json)
-    }
-}
-
-/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
-fn validate_name(name: &str) -> Result<(), CheckpointError> {
-    use std::path::{Component, Path};
-    let invalid = |reason| {
-        Err(CheckpointError::InvalidName {
-            name: name.to_string(),
-            reason,
-        })
-    };
-    if name.is_empty() {
-        return invalid("it is empty");
-    }
-    if name.contains('/') || name.contains('\\') || name.contains('\0') {
-        return invalid("it contains a path separator or NUL");
-    }
-    let mut components = Path::new(name).components();
-    match (components.next(), components.next()) {
-        (Some(Component::Normal(_)), None) => Ok(()),
-        _ => invalid("it must be a single plain directory name, not `.`, `..` or a path"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_single_plain_names_are_valid_checkpoint_names() {
-        assert!(validate_name("step-0000000120").is_ok());
-        assert!(validate_name("my.checkpoint").is_ok());
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../step-0000000001",
-            "../../etc",
-            "a/b",
-            "step-1/",
-            "/abs",
-            "/",
-            "a\\..\\b",
-            "nul\0",
-        ] {
-            let err = validate_name(bad).expect_err(bad);
-            assert!(
-                matches!(err, CheckpointError::InvalidName { ref name, .. } if name == bad),
-                "{bad:?}: {err}"
-            );
-        }
     }
 }

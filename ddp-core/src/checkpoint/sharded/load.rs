@@ -9,7 +9,7 @@ use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
 use super::super::storage::directory::newest_valid_to_resume;
-use super::super::storage::elsewhere::check_no_newer_elsewhere;
+use super::super::storage::naming::validate_checkpoint_name;
 use super::super::storage::rank0::{all_succeeded, on_rank0};
 use super::codec::decode_optimizer_shard;
 use super::error::ShardedCheckpointError;
@@ -122,7 +122,7 @@ impl ShardedCheckpointer {
         O: Optimizer<M, B, Record = HashMap<ParamId, R>>,
         R: Record<B>,
     {
-        validate_name(name)?;
+        validate_checkpoint_name(name)?;
         let dir = self.base.config.dir().to_path_buf();
         on_rank0::<_, ShardedCheckpointError>(&self.base.pg, "verify the checkpoint", || {
             verify_checkpoint(&dir, name)
@@ -169,27 +169,12 @@ impl ShardedCheckpointer {
                 })
             },
         )?;
-        check_no_newer_elsewhere(
-            &self.base.pg,
-            &self.base.config,
+        self.base.resume_or_fresh(
+            header,
             SHARDED_MANIFEST_FILE,
-            header.name.as_deref(),
-            &header.invalid,
-        )?;
-        match header.name {
-            None => {
-                tracing::info!(dir = %dir.display(), invalid = header.invalid.len(), "no valid sharded checkpoint in {}: starting fresh", dir.display());
-                Ok(LoadOutcome::Fresh {
-                    dir,
-                    invalid: header.invalid,
-                })
-            }
-            Some(name) => {
-                let resumed =
-                    self.restore::<B, M, R>(device, model, &name, header.invalid, want, install)?;
-                Ok(LoadOutcome::Resumed(Box::new(resumed)))
-            }
-        }
+            "sharded checkpoint",
+            |name, invalid| self.restore::<B, M, R>(device, model, name, invalid, want, install),
+        )
     }
 
     /// Every rank reads what it needs of checkpoint `name` (verified by rank 0) and loads it;
@@ -342,17 +327,4 @@ pub(super) fn load_optimizer<B: AutodiffBackend, R: Record<B>>(
         }
     }
     Ok(all)
-}
-
-/// Checks that `name` is one normal path component, so `dir.join(name)` stays inside `dir`.
-fn validate_name(name: &str) -> Result<(), CheckpointError> {
-    use std::path::Component;
-    let mut parts = Path::new(name).components();
-    match (parts.next(), parts.next()) {
-        (Some(Component::Normal(part)), None) if part == name => Ok(()),
-        _ => Err(CheckpointError::InvalidName {
-            name: name.to_string(),
-            reason: "a checkpoint name is one plain directory name inside the checkpoint directory",
-        }),
-    }
 }

@@ -3,7 +3,7 @@
 //! checkpoints in it. Shared by the writer and the reader, so that neither depends on the
 //! other for it.
 
-use super::super::error::{InvalidReason, StorageError};
+use super::super::error::{CheckpointError, InvalidReason, StorageError};
 use std::path::Path;
 
 /// The pointer file naming the newest complete checkpoint.
@@ -92,6 +92,29 @@ pub(super) fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>, StorageErro
         .collect()
 }
 
+/// Checks that `name`, a checkpoint to load by name, is one normal path component, so
+/// `dir.join(name)` stays inside `dir`.
+pub(crate) fn validate_checkpoint_name(name: &str) -> Result<(), CheckpointError> {
+    use std::path::{Component, Path};
+    let invalid = |reason| {
+        Err(CheckpointError::InvalidName {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return invalid("it is empty");
+    }
+    if name.contains('/') || name.contains('\\') || name.contains('\0') {
+        return invalid("it contains a path separator or NUL");
+    }
+    let mut components = Path::new(name).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(_)), None) => Ok(()),
+        _ => invalid("it must be a single plain directory name, not `.`, `..` or a path"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +127,30 @@ mod tests {
         assert_eq!(parse_checkpoint_name("step-12a"), None);
         assert_eq!(parse_checkpoint_name(".tmp-step-1-5"), None);
         assert!(checkpoint_name(9) < checkpoint_name(10));
+    }
+
+    #[test]
+    fn only_single_plain_names_are_valid_checkpoint_names() {
+        assert!(validate_checkpoint_name("step-0000000120").is_ok());
+        assert!(validate_checkpoint_name("my.checkpoint").is_ok());
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../step-0000000001",
+            "../../etc",
+            "a/b",
+            "step-1/",
+            "/abs",
+            "/",
+            "a\\..\\b",
+            "nul\0",
+        ] {
+            let err = validate_checkpoint_name(bad).expect_err(bad);
+            assert!(
+                matches!(err, CheckpointError::InvalidName { ref name, .. } if name == bad),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }
