@@ -30,9 +30,10 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use burn::tensor::{Distribution, Tensor};
 use clap::Parser;
 use ddp_benches::allocator::{SwitchAllocator, allocator_env, allocator_env_removed, minor_faults};
+use ddp_benches::class_labels;
 use std::process::Command;
 use std::time::Instant;
 
@@ -143,8 +144,7 @@ where
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut optim = SgdConfig::new().init::<Train, M>();
-    let labels: Vec<i64> = (0..batch as i64).map(|i| i % 10).collect();
-    let y = Tensor::<Train, 1, Int>::from_data(TensorData::new(labels, [batch]), &device);
+    let y = class_labels::<Train>(batch, &device);
     let mut times = Vec::with_capacity(args.steps);
     let mut faults = 0;
     for step in 0..args.warmup + args.steps {

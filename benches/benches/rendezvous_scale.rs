@@ -130,33 +130,30 @@ fn one_rank(
     let start = Instant::now();
     let store = Store::connect(addr, config)?;
     let connected = start.elapsed();
-    // A made-up but distinct address per rank, as a real rank would publish its listener.
-    let me = format!(
-        "10.{}.{}.{}:{}",
-        rank >> 16,
-        (rank >> 8) & 255,
-        rank & 255,
-        29500
-    );
-    store.set(&format!("addr/{rank}"), me.as_bytes())?;
+    store.set(&format!("addr/{rank}"), made_up_addr(rank).as_bytes())?;
     if store.add("arrived", 1)? == n as i64 {
         store.set("all-in", b"1")?;
     }
     store.wait(&["all-in"], TIMEOUT)?;
     for peer in [(rank + n - 1) % n, (rank + 1) % n] {
         let a = store.get(&format!("addr/{peer}"))?;
-        let expected = format!(
-            "10.{}.{}.{}:{}",
-            peer >> 16,
-            (peer >> 8) & 255,
-            peer & 255,
-            29500
-        );
-        if a != expected.as_bytes() {
+        if a != made_up_addr(peer).as_bytes() {
             bail!("rank {rank} got a wrong address for rank {peer}");
         }
     }
     Ok((connected, start.elapsed()))
+}
+
+/// A made-up but distinct address for `rank`, as a real rank would publish its listener; a
+/// peer checks what it reads against the same function.
+fn made_up_addr(rank: usize) -> String {
+    format!(
+        "10.{}.{}.{}:{}",
+        rank >> 16,
+        (rank >> 8) & 255,
+        rank & 255,
+        29500
+    )
 }
 
 /// Part 2: a real group of `n` processes; counts each one's sockets after an all-reduce.

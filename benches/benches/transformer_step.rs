@@ -425,6 +425,20 @@ struct RowTimes {
 }
 
 impl RowTimes {
+    /// Runs `step` and records its time up to the end of the device's work (`Backend::sync`).
+    fn time<B: Backend>(
+        &mut self,
+        measured: bool,
+        device: &B::Device,
+        step: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let t = Instant::now();
+        step()?;
+        B::sync(device)?;
+        self.record(t, measured);
+        Ok(())
+    }
+
     /// A step that began at `start` and has just ended (after `Backend::sync`).
     fn record(&mut self, start: Instant, measured: bool) {
         let took = start.elapsed();
@@ -464,12 +478,12 @@ fn ddp_step<B: TapBackend>(
 where
     TinyGpt<B>: AutodiffModule<B>,
 {
-    let t = Instant::now();
-    let logits = ddp.forward(|m| m.forward(b.inputs))?;
-    let grads = ddp.backward(loss(bt, logits, b.targets))?;
-    ddp.optimizer_step(opt, 0.002, grads);
-    B::sync(device)?;
-    row.record(t, measured);
+    row.time::<B>(measured, device, || {
+        let logits = ddp.forward(|m| m.forward(b.inputs))?;
+        let grads = ddp.backward(loss(bt, logits, b.targets))?;
+        ddp.optimizer_step(opt, 0.002, grads);
+        Ok(())
+    })?;
     if measured && let Some(stats) = ddp.last_step_stats() {
         row.overlaps.push(stats.overlap_fraction());
         row.waits
@@ -532,14 +546,13 @@ where
         measured: bool,
         device: &B::Device,
     ) -> Result<()> {
-        let t = Instant::now();
-        let logits = self.zero_ddp.forward(|m| m.forward(b.inputs))?;
-        let grads = self.zero_ddp.backward(loss(bt, logits, b.targets))?;
-        self.zero_ddp
-            .optimizer_step(&mut self.zero_opt, 0.002, grads);
-        B::sync(device)?;
-        self.zero.record(t, measured);
-        Ok(())
+        let (ddp, opt) = (&mut self.zero_ddp, &mut self.zero_opt);
+        self.zero.time::<B>(measured, device, || {
+            let logits = ddp.forward(|m| m.forward(b.inputs))?;
+            let grads = ddp.backward(loss(bt, logits, b.targets))?;
+            ddp.optimizer_step(opt, 0.002, grads);
+            Ok(())
+        })
     }
 
     fn fsdp_step(
@@ -549,12 +562,12 @@ where
         measured: bool,
         device: &B::Device,
     ) -> Result<()> {
-        let t = Instant::now();
-        let logits = self.fsdp.forward(|m| m.forward(b.inputs))?;
-        let grads = self.fsdp.backward(loss(bt, logits, b.targets))?;
-        self.fsdp.optimizer_step(&mut self.fsdp_opt, 0.002, grads)?;
-        B::sync(device)?;
-        self.fsdp_row.record(t, measured);
-        Ok(())
+        let (fsdp, opt) = (&mut self.fsdp, &mut self.fsdp_opt);
+        self.fsdp_row.time::<B>(measured, device, || {
+            let logits = fsdp.forward(|m| m.forward(b.inputs))?;
+            let grads = fsdp.backward(loss(bt, logits, b.targets))?;
+            fsdp.optimizer_step(opt, 0.002, grads)?;
+            Ok(())
+        })
     }
 }

@@ -39,8 +39,6 @@ import time
 
 SEQ_LEN = 6
 BATCH = 32
-VOCAB = 12
-BOS, SEP = 10, 11
 D_MODEL, HEADS, LAYERS = 256, 4, 4
 MLP_BATCH, CNN_BATCH, CNN_CHANNELS = 64, 64, 32
 
@@ -49,40 +47,12 @@ def worker(rank: int, args) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
+    from tiny_gpt import VOCAB, TinyGpt, reversed_digits_batch
 
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-
-    class TinyGpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.token = nn.Embedding(VOCAB, D_MODEL)
-            self.position = nn.Embedding(2 * SEQ_LEN + 2, D_MODEL)
-            self.layers = nn.ModuleList(
-                nn.TransformerEncoderLayer(
-                    D_MODEL,
-                    HEADS,
-                    4 * D_MODEL,
-                    dropout=0.0,
-                    activation="gelu",
-                    norm_first=True,
-                    batch_first=True,
-                )
-                for _ in range(LAYERS)
-            )
-            self.norm = nn.LayerNorm(D_MODEL)
-            self.head = nn.Linear(D_MODEL, VOCAB)
-
-        def forward(self, tokens):
-            seq = tokens.shape[1]
-            positions = torch.arange(seq).unsqueeze(0)
-            x = self.token(tokens) + self.position(positions)
-            mask = nn.Transformer.generate_square_subsequent_mask(seq)
-            for layer in self.layers:
-                x = layer(x, src_mask=mask, is_causal=True)
-            return self.head(self.norm(x))
 
     class Mlp(nn.Module):
         def __init__(self):
@@ -128,16 +98,12 @@ def worker(rank: int, args) -> None:
     scored = slice(SEQ_LEN + 1, 2 * SEQ_LEN + 1)
 
     if args.model == "transformer":
-        model = TinyGpt()
+        model = TinyGpt(SEQ_LEN, D_MODEL, HEADS, LAYERS)
         first = [model.token.weight, model.position.weight]
         batch_desc = f"batch {BATCH} x {2 * SEQ_LEN + 1} tokens"
 
         def batch():
-            digits = torch.randint(0, 10, (BATCH, SEQ_LEN), generator=generator)
-            bos = torch.full((BATCH, 1), BOS)
-            sep = torch.full((BATCH, 1), SEP)
-            seqs = torch.cat([bos, digits, sep, digits.flip(1)], dim=1)
-            return seqs[:, :-1], seqs[:, 1:]
+            return reversed_digits_batch(BATCH, SEQ_LEN, generator)
 
         def loss_of(out, targets):
             return loss_fn(out[:, scored].reshape(-1, VOCAB), targets[:, scored].reshape(-1))

@@ -26,10 +26,6 @@ import statistics
 import sys
 import time
 
-VOCAB = 12
-BOS, SEP = 10, 11
-
-
 def shape_error(d_model: int, layers: int, heads: int, seq_len: int, batch: int):
     """What is wrong with a shape, as `transformer_step` says it; None when it can run."""
     if min(d_model, layers, heads, batch) < 1:
@@ -68,35 +64,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("transformer_ddp.py: torch sees no CUDA device; this check needs a GPU", file=sys.stderr)
         return 2
-
-    class TinyGpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.token = nn.Embedding(VOCAB, D_MODEL)
-            self.position = nn.Embedding(2 * SEQ_LEN + 2, D_MODEL)
-            self.layers = nn.ModuleList(
-                nn.TransformerEncoderLayer(
-                    D_MODEL,
-                    HEADS,
-                    4 * D_MODEL,
-                    dropout=0.0,
-                    activation="gelu",
-                    norm_first=True,
-                    batch_first=True,
-                )
-                for _ in range(LAYERS)
-            )
-            self.norm = nn.LayerNorm(D_MODEL)
-            self.head = nn.Linear(D_MODEL, VOCAB)
-
-        def forward(self, tokens):
-            seq = tokens.shape[1]
-            positions = torch.arange(seq, device=tokens.device).unsqueeze(0)
-            x = self.token(tokens) + self.position(positions)
-            mask = nn.Transformer.generate_square_subsequent_mask(seq, device=tokens.device)
-            for layer in self.layers:
-                x = layer(x, src_mask=mask, is_causal=True)
-            return self.head(self.norm(x))
+    from tiny_gpt import VOCAB, TinyGpt, reversed_digits_batch
 
     device = torch.device(args.device)
     torch.cuda.set_device(device)
@@ -106,11 +74,7 @@ def main() -> int:
     generator = torch.Generator().manual_seed(7)
 
     def batch():
-        digits = torch.randint(0, 10, (BATCH, SEQ_LEN), generator=generator)
-        bos = torch.full((BATCH, 1), BOS)
-        sep = torch.full((BATCH, 1), SEP)
-        seqs = torch.cat([bos, digits, sep, digits.flip(1)], dim=1).to(device)
-        return seqs[:, :-1], seqs[:, 1:]
+        return reversed_digits_batch(BATCH, SEQ_LEN, generator, device)
 
     scored = slice(SEQ_LEN + 1, 2 * SEQ_LEN + 1)
     loss_fn = nn.CrossEntropyLoss()
@@ -123,8 +87,10 @@ def main() -> int:
         opt.step()
 
     torch.manual_seed(42)
-    plain = TinyGpt().to(device)
-    ddp = nn.parallel.DistributedDataParallel(TinyGpt().to(device), device_ids=[device.index])
+    plain = TinyGpt(SEQ_LEN, D_MODEL, HEADS, LAYERS).to(device)
+    ddp = nn.parallel.DistributedDataParallel(
+        TinyGpt(SEQ_LEN, D_MODEL, HEADS, LAYERS).to(device), device_ids=[device.index]
+    )
     plain_opt = torch.optim.Adam(plain.parameters(), lr=0.002)
     ddp_opt = torch.optim.Adam(ddp.parameters(), lr=0.002)
     params = sum(p.numel() for p in plain.parameters())

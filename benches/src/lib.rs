@@ -51,9 +51,14 @@ impl<B: Backend> BenchMlp<B> {
 /// A random batch of [`BATCH`] inputs and labels for [`BenchMlp`].
 pub fn bench_batch<B: Backend>(device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
     let x = Tensor::<B, 2>::random([BATCH, 1024], Distribution::Normal(0.0, 1.0), device);
-    let labels: Vec<i64> = (0..BATCH as i64).map(|i| i % 10).collect();
-    let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [BATCH]), device);
-    (x, y)
+    (x, class_labels(BATCH, device))
+}
+
+/// The targets of the benches' random classification batches: classes 0 to 9 in turn, `n` of
+/// them (random inputs need no meaningful labels, only the 10 classes a step's loss spans).
+pub fn class_labels<B: Backend>(n: usize, device: &B::Device) -> Tensor<B, 1, Int> {
+    let labels: Vec<i64> = (0..n as i64).map(|i| i % 10).collect();
+    Tensor::from_data(TensorData::new(labels, [n]), device)
 }
 
 /// Parses a byte size such as `4096`, `4K`, `64M` or `1G` (powers of 1024).

@@ -4,11 +4,11 @@
 //! `DigitsCnn`, and a user's CNN on 28x28 images ([`UserCnn`]).
 //! `benches/pytorch/ddp_overlap.py` builds the same models in PyTorch.
 
-use crate::{BenchMlp, bench_batch};
+use crate::{BenchMlp, bench_batch, class_labels};
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use burn::tensor::{Distribution, Tensor};
 use ddp_core::nn::{SyncBatchNormBackend, SyncBatchNormGroup};
 use ddp_examples::models::{DigitsCnn, GptShape, TinyGpt};
 use ddp_examples::reverse::{ReverseBatcher, VOCAB, scored_positions, sequence};
@@ -104,8 +104,7 @@ impl<B: AutodiffBackend + SyncBatchNormBackend> Workload<B> for ConvNet {
     }
     fn loss(m: &Self::M, marked: bool, _: usize, device: &B::Device) -> Tensor<B, 1> {
         let x = Tensor::<B, 2>::random([CNN_BATCH, 64], Distribution::Normal(0.0, 1.0), device);
-        let labels: Vec<i64> = (0..CNN_BATCH as i64).map(|i| i % 10).collect();
-        let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [CNN_BATCH]), device);
+        let y = class_labels(CNN_BATCH, device);
         let logits = m.forward_marked(x, marked);
         CrossEntropyLossConfig::new()
             .init(device)
@@ -165,8 +164,7 @@ impl<B: AutodiffBackend + SyncBatchNormBackend> Workload<B> for UserCnn {
     fn loss(m: &Self::M, _: bool, _: usize, device: &B::Device) -> Tensor<B, 1> {
         let n = USER_CNN_BATCH;
         let x = Tensor::<B, 4>::random([n, 1, 28, 28], Distribution::Normal(0.0, 1.0), device);
-        let labels: Vec<i64> = (0..n as i64).map(|i| i % 10).collect();
-        let y = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [n]), device);
+        let y = class_labels(n, device);
         CrossEntropyLossConfig::new()
             .init(device)
             .forward(m.forward(x), y)
