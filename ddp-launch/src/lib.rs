@@ -203,6 +203,8 @@ mod rendezvous_protocol;
 mod signals;
 #[cfg(feature = "supervisor")]
 mod supervise;
+#[cfg(all(test, feature = "supervisor"))]
+mod test_support;
 
 pub use error::LaunchError;
 pub use round_summary::ElasticRound;

@@ -60,23 +60,19 @@ impl Drop for Heartbeat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddp_comm::{StoreConfig, StoreServer};
-    use std::time::Instant;
+    use crate::test_support::{connect, loopback_store, wait_until};
 
     /// The counter moves while the heartbeat runs, and stays still once it is dropped.
     #[test]
     fn the_counter_moves_until_the_heartbeat_is_dropped() {
-        let config = StoreConfig::new()
-            .with_token(b"unit-test-token")
-            .with_timeout(Duration::from_secs(60));
-        let server = StoreServer::bind("127.0.0.1:0", config.clone()).expect("server");
-        let store = Store::connect(&server.local_addr().to_string(), config).expect("client");
+        let (server, config) = loopback_store();
+        let store = connect(&server, config);
         let beat = Heartbeat::start(store.clone(), "node/1/alive".to_string()).expect("start");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while store.add("node/1/alive", 0).expect("read") < 2 {
-            assert!(Instant::now() < deadline, "the heartbeat never moved twice");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(
+            Duration::from_secs(120),
+            "the heartbeat never moved twice",
+            || store.add("node/1/alive", 0).expect("read") >= 2,
+        );
         drop(beat);
         let stopped = store.add("node/1/alive", 0).expect("read");
         std::thread::sleep(BEAT + BEAT / 2);

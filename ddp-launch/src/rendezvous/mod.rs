@@ -704,6 +704,7 @@ impl NodeSync for Rendezvous {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{connect, loopback_store, wait_until};
 
     #[test]
     fn taken_port_is_reported_as_in_use_with_the_port() {
@@ -734,20 +735,15 @@ mod tests {
     /// the wait at once (it used to be swallowed for up to 30 s).
     #[test]
     fn a_signal_ends_the_wait_for_connected_launchers() {
-        let config = StoreConfig::new()
-            .with_token(b"unit-test-token")
-            .with_timeout(Duration::from_secs(60));
-        let server = StoreServer::bind("127.0.0.1:0", config.clone()).expect("server");
+        let (server, config) = loopback_store();
         assert_eq!(
             wait_for_clients_to_leave(&server, 0, Duration::from_secs(600), || None),
             ClientsLeft::Left
         );
-        let client = Store::connect(&server.local_addr().to_string(), config).expect("client");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while server.num_clients() == 0 {
-            assert!(Instant::now() < deadline, "the client never counted");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let client = connect(&server, config);
+        wait_until(Duration::from_secs(120), "the client never counted", || {
+            server.num_clients() > 0
+        });
         assert_eq!(
             wait_for_clients_to_leave(&server, 0, Duration::from_millis(100), || None),
             ClientsLeft::TimedOut

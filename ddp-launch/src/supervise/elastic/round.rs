@@ -849,6 +849,7 @@ mod tests {
     use crate::plan::elastic_settings::Endpoint;
     use crate::plan::node_count::NodeCount;
     use crate::rendezvous_protocol::{PROTOCOL, with_protocol};
+    use crate::test_support::wait_until;
     use std::collections::{HashMap, HashSet};
     use std::sync::{Arc, Mutex};
 
@@ -885,6 +886,29 @@ mod tests {
             let map = self.0.lock().expect("lock");
             map.get(key)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
+        }
+
+        /// Another node's launcher joins round 0 as `node_id` (takes a join index, then writes
+        /// its id there, as [`Rounds::join`] does); its index.
+        fn joined(&self, node_id: &str) -> i64 {
+            let index = self.clone().add("r/0/join", 1).expect("join");
+            self.set(&format!("r/0/node/{index}"), node_id);
+            index
+        }
+
+        /// The joiner at `index` (`node_id`) withdraws from round 0, as [`Rounds::withdraw`]
+        /// does.
+        fn withdrew(&self, index: i64, node_id: &str) {
+            self.set(&format!("r/0/left/{index}"), node_id);
+            self.clone().add("r/0/left", 1).expect("left");
+        }
+
+        /// Waits (at most 300 s) for another thread to write `key`; `never` says what did
+        /// not happen.
+        fn wait_for(&self, key: &str, never: &str) {
+            wait_until(Duration::from_secs(300), never, || {
+                self.value(key).is_some()
+            });
         }
     }
 
@@ -968,13 +992,8 @@ mod tests {
     /// A job whose round 0 runs with another node.
     fn running_job() -> Memory {
         let memory = new_job();
-        for (key, value) in [
-            ("r/0/join", "1"),
-            ("r/0/node/1", "other:1"),
-            ("r/0/closed", "1"),
-        ] {
-            memory.set(key, value);
-        }
+        memory.joined("other:1");
+        memory.set("r/0/closed", "1");
         memory
     }
 
@@ -1009,7 +1028,14 @@ mod tests {
         last_call: Duration,
         join_timeout: Duration,
     ) -> Rounds {
-        let settings = ElasticSettings {
+        let settings = settings(nodes, backend, last_call);
+        joining(memory, node_id, settings, &config(), join_timeout)
+            .unwrap_or_else(|e| panic!("joining: {e}"))
+    }
+
+    /// The elastic settings of the tests' nodes (job `none`, 60 s heartbeat timeout).
+    fn settings(nodes: NodeCount, backend: RdzvBackend, last_call: Duration) -> ElasticSettings {
+        ElasticSettings {
             nodes,
             backend,
             endpoint: Endpoint {
@@ -1019,17 +1045,26 @@ mod tests {
             job_id: "none".into(),
             last_call,
             heartbeat_timeout: Duration::from_secs(60),
-        };
+        }
+    }
+
+    /// Node `node_id` joining the job in `memory` with the settings `config`.
+    fn joining(
+        memory: &Memory,
+        node_id: &str,
+        settings: ElasticSettings,
+        config: &str,
+        join_timeout: Duration,
+    ) -> Result<Rounds, LaunchError> {
         Rounds::new(
             Box::new(memory.clone()),
             settings,
             node_id.into(),
-            &config(),
+            config,
             "mine",
             0,
             join_timeout,
         )
-        .unwrap_or_else(|e| panic!("joining: {e}"))
     }
 
     fn with_signals<T>(f: impl FnOnce(&SignalGuard) -> T) -> T {
@@ -1082,11 +1117,7 @@ mod tests {
             let memory = memory.clone();
             std::thread::spawn(move || {
                 // The node asked to join the running round: it saw the job unfinished.
-                let deadline = Instant::now() + Duration::from_secs(300);
-                while memory.value("r/0/waiting").is_none() {
-                    assert!(Instant::now() < deadline, "the node never asked to join");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                memory.wait_for("r/0/waiting", "the node never asked to join");
                 complete(&memory);
             })
         };
@@ -1122,19 +1153,14 @@ mod tests {
     fn a_round_with_its_minimum_waits_out_the_last_call_past_the_join_timeout() {
         let memory = new_job();
         let mut rounds = node_waiting(&memory, RdzvBackend::C10d, Duration::from_millis(100));
-        let joined = with_signals(|s| rounds.join(s));
-        match joined {
-            Ok(Joined::Round(round)) => assert_eq!(round.members, ["late:2"]),
-            Ok(_) => panic!("the job is not over"),
-            Err(e) => panic!("{e}"),
-        }
+        let round = round_of(with_signals(|s| rounds.join(s)));
+        assert_eq!(round.members, ["late:2"]);
     }
 
     /// A job of 2 to 3 nodes whose round 0 has `first:1` in it (alive throughout).
     fn job_with_first_node() -> Memory {
         let memory = new_job();
-        memory.set("r/0/join", "1");
-        memory.set("r/0/node/1", "first:1");
+        memory.joined("first:1");
         memory
     }
 
@@ -1155,11 +1181,30 @@ mod tests {
     /// Joins round 0 as `node_id` and waits for it to close; the round it got.
     fn join_round(memory: &Memory, node_id: &str) -> Round {
         let mut rounds = closing_node(memory, node_id, Duration::from_secs(600));
-        match with_signals(|s| rounds.join(s)) {
+        round_of(with_signals(|s| rounds.join(s)))
+    }
+
+    /// The round a node joined; fails the test if it found the job over or failed.
+    fn round_of(joined: Result<Joined, LaunchError>) -> Round {
+        match joined {
             Ok(Joined::Round(round)) => round,
             Ok(Joined::JobOver(over)) => panic!("the job is over: {over:?}"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// `round` closed with `members`, this node at `node_rank`, and the store records the
+    /// close (the members' join indices, `closed`).
+    fn assert_closed(
+        memory: &Memory,
+        round: &Round,
+        members: [&str; 2],
+        node_rank: usize,
+        closed: &str,
+    ) {
+        assert_eq!(round.members, members);
+        assert_eq!(round.node_rank, node_rank);
+        assert_eq!(memory.value("r/0/closed").as_deref(), Some(closed));
     }
 
     /// A launcher interrupted (SIGTERM) while the round waits out its last call withdraws: the
@@ -1180,11 +1225,7 @@ mod tests {
             let raiser = {
                 let memory = memory.clone();
                 std::thread::spawn(move || {
-                    let deadline = Instant::now() + Duration::from_secs(300);
-                    while memory.value("r/0/node/2").is_none() {
-                        assert!(Instant::now() < deadline, "the leaver never joined");
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    memory.wait_for("r/0/node/2", "the leaver never joined");
                     // SAFETY: the test's guard handles SIGTERM (it only sets a flag).
                     unsafe { libc::raise(libc::SIGTERM) };
                 })
@@ -1207,9 +1248,7 @@ mod tests {
         assert_eq!(memory.value("r/0/closed"), None);
 
         let round = join_round(&memory, "late:3");
-        assert_eq!(round.members, ["first:1", "late:3"]);
-        assert_eq!(round.node_rank, 1);
-        assert_eq!(memory.value("r/0/closed").as_deref(), Some("1,3"));
+        assert_closed(&memory, &round, ["first:1", "late:3"], 1, "1,3");
         assert_eq!(memory.value("r/0/end"), None, "the round runs");
         // Every launcher reads the same members, the history too.
         let mut first = closing_node(&memory, "first:1", Duration::from_secs(600));
@@ -1224,13 +1263,10 @@ mod tests {
     #[test]
     fn a_node_dead_during_the_last_call_is_not_a_member() {
         let memory = job_with_first_node();
-        memory.set("r/0/join", "2");
-        memory.set("r/0/node/2", "dead:2");
+        memory.joined("dead:2");
         memory.kill("dead:2");
         let round = join_round(&memory, "late:3");
-        assert_eq!(round.members, ["first:1", "late:3"]);
-        assert_eq!(round.node_rank, 1);
-        assert_eq!(memory.value("r/0/closed").as_deref(), Some("1,3"));
+        assert_closed(&memory, &round, ["first:1", "late:3"], 1, "1,3");
     }
 
     /// With the leaver gone, fewer than MIN live nodes remain: the round does not close, and
@@ -1238,35 +1274,23 @@ mod tests {
     #[test]
     fn a_round_short_of_its_minimum_after_a_leaver_waits_for_another_node() {
         let memory = new_job();
-        memory.set("r/0/join", "1");
-        memory.set("r/0/node/1", "gone:1");
-        memory.set("r/0/left/1", "gone:1");
-        memory.set("r/0/left", "1");
+        let gone = memory.joined("gone:1");
+        memory.withdrew(gone, "gone:1");
         let joiner = {
             let memory = memory.clone();
             std::thread::spawn(move || {
-                let deadline = Instant::now() + Duration::from_secs(300);
-                while memory.value("r/0/node/2").is_none() {
-                    assert!(Instant::now() < deadline, "the node never joined");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                memory.wait_for("r/0/node/2", "the node never joined");
                 // Longer than the last call: a round closing with 2 joined would close by now.
                 std::thread::sleep(Duration::from_secs(2));
                 let closed = memory.value("r/0/closed");
-                let mut third = memory.clone();
-                let index = third.add("r/0/join", 1).expect("join");
-                third
-                    .compare_set(&format!("r/0/node/{index}"), b"", b"third:3")
-                    .expect("id");
+                memory.joined("third:3");
                 closed
             })
         };
         let round = join_round(&memory, "late:2");
         let closed_early = joiner.join().expect("joiner");
         assert_eq!(closed_early, None, "closed with a leaver");
-        assert_eq!(round.members, ["late:2", "third:3"]);
-        assert_eq!(round.node_rank, 0);
-        assert_eq!(memory.value("r/0/closed").as_deref(), Some("2,3"));
+        assert_closed(&memory, &round, ["late:2", "third:3"], 0, "2,3");
     }
 
     /// ... and fails at the join timeout if no other node comes, saying why: of the joiners,
@@ -1274,14 +1298,13 @@ mod tests {
     #[test]
     fn a_round_short_of_its_minimum_after_a_leaver_fails_at_the_join_timeout() {
         let memory = new_job();
-        memory.set("r/0/join", "3");
-        memory.set("r/0/node/1", "dead:1");
+        memory.joined("dead:1");
         memory.kill("dead:1");
-        memory.set("r/0/node/2", "gone:2");
-        memory.set("r/0/left/2", "gone:2");
-        memory.set("r/0/left", "1");
+        let gone = memory.joined("gone:2");
+        memory.withdrew(gone, "gone:2");
         // Joiner 3 bumped the counter and has not written its id (within the heartbeat
         // timeout): pending, neither live nor gone.
+        memory.set("r/0/join", "3");
         let mut rounds = closing_node(&memory, "late:4", Duration::from_secs(2));
         let err = match with_signals(|s| rounds.join(s)) {
             Err(e) => e,
@@ -1302,8 +1325,7 @@ mod tests {
     #[test]
     fn a_member_that_withdraws_after_the_round_closed_ends_it() {
         let memory = job_with_first_node();
-        memory.set("r/0/join", "2");
-        memory.set("r/0/node/2", "leaver:2");
+        memory.joined("leaver:2");
         memory.set("r/0/closed", "1,2");
         let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
         leaver.withdraw(0, 2, libc::SIGINT);
@@ -1341,8 +1363,7 @@ mod tests {
     #[test]
     fn a_withdrawal_racing_the_close_ends_the_round_without_spending_a_restart() {
         let memory = job_with_first_node();
-        memory.set("r/0/join", "2");
-        memory.set("r/0/node/2", "leaver:2");
+        memory.joined("leaver:2");
         let mut leaver = closing_node(&memory, "leaver:2", Duration::from_secs(600));
         let leaver_saw = Arc::new(Mutex::new(None));
         {
@@ -1379,11 +1400,7 @@ mod tests {
             memory.value("r/0/end").as_deref(),
             Some("left|leaver:2 withdrew from round 0 as it closed, before it started")
         );
-        let round = match joined {
-            Ok(Joined::Round(round)) => round,
-            Ok(Joined::JobOver(over)) => panic!("the job is over: {over:?}"),
-            Err(e) => panic!("{e}"),
-        };
+        let round = round_of(joined);
         assert_eq!(round.number, 1, "ran the round with the leaver in it");
         assert_eq!(round.members, ["late:3"]);
         assert_eq!(round.restarts_before, 0);
@@ -1393,27 +1410,12 @@ mod tests {
 
     /// Joins the job in `memory` with the settings `config`; the refusal.
     fn refused_with(memory: &Memory, config: &str) -> String {
-        let settings = ElasticSettings {
-            nodes: NodeCount { min: 1, max: 2 },
-            backend: RdzvBackend::C10d,
-            endpoint: Endpoint {
-                host: "127.0.0.1".into(),
-                port: 2379,
-            },
-            job_id: "none".into(),
-            last_call: Duration::from_secs(1),
-            heartbeat_timeout: Duration::from_secs(60),
-        };
-        let joined = Rounds::new(
-            Box::new(memory.clone()),
-            settings,
-            "late:2".into(),
-            config,
-            "mine",
-            0,
-            Duration::from_secs(600),
+        let settings = settings(
+            NodeCount { min: 1, max: 2 },
+            RdzvBackend::C10d,
+            Duration::from_secs(1),
         );
-        match joined {
+        match joining(memory, "late:2", settings, config, Duration::from_secs(600)) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("joined a job set up with other settings"),
         }

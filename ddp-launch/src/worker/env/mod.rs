@@ -196,6 +196,16 @@ pub(crate) mod tests {
         );
     }
 
+    /// The refusal of the multi-node job `pairs` describe, for want of a job token.
+    fn refused_for_a_token(pairs: &[(&str, &str)]) -> String {
+        let e = refusal(pairs);
+        assert!(
+            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
+            "{e}"
+        );
+        e
+    }
+
     #[test]
     fn a_multi_node_job_without_a_secret_is_refused_with_how_to_set_one() {
         let mpi_two_nodes = [
@@ -207,11 +217,7 @@ pub(crate) mod tests {
             ("MASTER_ADDR", "node0"),
         ];
         // The job id is public (`ps`), so it is no secret.
-        let e = refusal(&mpi_two_nodes);
-        assert!(
-            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
-            "{e}"
-        );
+        let e = refused_for_a_token(&mpi_two_nodes);
         assert!(e.contains("mpirun -x DDP_JOB_TOKEN"), "{e}");
         // mpirun's per-job key is.
         let mut keyed = mpi_two_nodes.to_vec();
@@ -228,7 +234,7 @@ pub(crate) mod tests {
             ("SLURM_JOB_ID", "7"),
             ("SLURM_JOB_NODELIST", "n[1-2]"),
         ];
-        let e = refusal(&slurm_two_nodes);
+        let e = refused_for_a_token(&slurm_two_nodes);
         assert!(e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes (2 ranks, 1 on this node)"), "{e}");
         assert!(e.contains("in the batch script before srun"), "{e}");
 
@@ -238,11 +244,7 @@ pub(crate) mod tests {
             ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "node0"),
         ];
-        let e = refusal(&torchrun_two_nodes);
-        assert!(
-            e.starts_with("DDP_JOB_TOKEN: is not set, and this job runs on several nodes"),
-            "{e}"
-        );
+        refused_for_a_token(&torchrun_two_nodes);
         let mut with_token = torchrun_two_nodes.to_vec();
         with_token.push((TOKEN_ENV, "secret"));
         assert!(detect(&with_token).expect("ok").is_some());
