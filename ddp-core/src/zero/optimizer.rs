@@ -37,6 +37,15 @@ struct Plan {
     grads: GradLayout,
 }
 
+/// A record loaded before this rank kept its shard of it (split at the next step).
+#[derive(Clone)]
+struct Pending<R> {
+    record: R,
+    /// Every parameter's state (a full checkpoint's, through `load_record`), not only this
+    /// rank's (a sharded checkpoint's): only a whole record may reach a plain full save.
+    whole: bool,
+}
+
 /// Wraps a burn optimizer so that each rank keeps the optimizer state of its shard of the
 /// parameters only (ZeRO stage 1, PyTorch's `ZeroRedundancyOptimizer`).
 ///
@@ -84,8 +93,8 @@ where
     inner: O,
     pg: ProcessGroup,
     plan: Option<Plan>,
-    /// A full record loaded before the partition was known; split at the next step.
-    pending: Option<O::Record>,
+    /// A record loaded since the last step; split at the next one.
+    pending: Option<Pending<O::Record>>,
     /// Rank 0 after [`Self::consolidate_state`]: every shard's state.
     consolidated: Option<O::Record>,
     poisoned: Option<String>,
@@ -205,13 +214,35 @@ where
         self.plan.as_ref().map(|p| p.partition.loads().to_vec())
     }
 
-    /// This rank's optimizer state: its shard's entries only.
+    /// This rank's optimizer state: its shard's entries only (a record loaded before the
+    /// partition is known is held as loaded).
     pub fn local_state(&self) -> O::Record {
         match (&self.pending, &self.plan) {
-            (Some(pending), Some(plan)) => keep_owned(pending.clone(), &plan.owned),
-            (Some(pending), None) => pending.clone(),
+            (Some(pending), Some(plan)) => keep_owned(pending.record.clone(), &plan.owned),
+            (Some(pending), None) => pending.record.clone(),
             (None, _) => self.inner.to_record(),
         }
+    }
+
+    /// Whether [`local_state`](Self::local_state) is every parameter's state: at world 1, or a
+    /// whole loaded record the partition has not yet cut down to this rank's entries.
+    fn holds_whole_state(&self) -> bool {
+        self.pg.world_size() == 1
+            || matches!(
+                (&self.pending, &self.plan),
+                (Some(Pending { whole: true, .. }), None)
+            )
+    }
+
+    /// Takes this rank's part of a sharded checkpoint's state (its own parameters' entries):
+    /// like [`load_record`](Optimizer::load_record), but never presented as the whole state.
+    pub(super) fn load_own_shard(&mut self, record: O::Record) {
+        self.inner = self.inner.clone().load_record(HashMap::new());
+        self.pending = Some(Pending {
+            record,
+            whole: false,
+        });
+        self.consolidated = None;
     }
 
     /// The size of [`local_state`](Self::local_state) serialised at full precision (burn's
@@ -321,11 +352,11 @@ where
             });
         }
         if let Some(plan) = &self.plan {
-            if let Some(full) = self.pending.take() {
+            if let Some(loaded) = self.pending.take() {
                 self.inner = self
                     .inner
                     .clone()
-                    .load_record(keep_owned(full, &plan.owned));
+                    .load_record(keep_owned(loaded.record, &plan.owned));
             } else if changed && had_plan {
                 tracing::warn!(
                     rank = self.pg.rank(),
@@ -595,16 +626,18 @@ where
     }
 
     /// The full state on rank 0 after [`consolidate_state`](Self::consolidate_state) (what
-    /// [`FullCheckpointer::save`] writes); otherwise this rank's shard only, with a warning when
-    /// the state is sharded over several ranks. [`FullCheckpointer::save`] given such a shard
-    /// fails on every rank ([`CheckpointError::PartialOptimizerState`]) and writes nothing.
+    /// [`FullCheckpointer::save`] writes), or a full record [loaded](Self::load_record) before
+    /// the first step that follows; otherwise this rank's shard only (also a loaded record once
+    /// a partition exists, and a sharded checkpoint's part), with a warning when the state is
+    /// sharded over several ranks. [`FullCheckpointer::save`] given such a shard fails on every
+    /// rank ([`CheckpointError::PartialOptimizerState`]) and writes nothing.
     ///
     /// [`CheckpointError::PartialOptimizerState`]: crate::checkpoint::CheckpointError::PartialOptimizerState
     fn to_record(&self) -> Self::Record {
         if let Some(full) = &self.consolidated {
             return full.clone();
         }
-        if self.pending.is_none() && self.pg.world_size() > 1 {
+        if !self.holds_whole_state() {
             tracing::warn!(
                 rank = self.pg.rank(),
                 "ZeroRedundancyOptimizer::to_record without consolidate_state: this is this \
@@ -623,7 +656,10 @@ where
     /// on rank 0 after consolidation); the next step keeps this rank's shard of it.
     fn load_record(mut self, record: Self::Record) -> Self {
         self.inner = self.inner.load_record(HashMap::new());
-        self.pending = Some(record);
+        self.pending = Some(Pending {
+            record,
+            whole: true,
+        });
         self.consolidated = None;
         self
     }

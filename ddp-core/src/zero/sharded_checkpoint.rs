@@ -35,7 +35,7 @@ where
     }
 
     fn install_loaded(&mut self, state: HashMap<ParamId, R>) {
-        *self = self.clone().load_record(state);
+        self.load_own_shard(state);
     }
 }
 

@@ -11,8 +11,10 @@ use burn::optim::{Adam, AdamConfig, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use ddp_core::checkpoint::sharded::ShardedCheckpointer;
 use ddp_core::checkpoint::{
-    CheckpointConfig, FullCheckpointer, LoadOutcome, TrainingState, checkpoint_name,
+    CheckpointConfig, CheckpointError, FullCheckpointer, LoadOutcome, TrainingState,
+    checkpoint_name,
 };
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
@@ -344,8 +346,7 @@ fn a_plain_checkpoint_save_of_a_sharded_state_fails_on_every_rank_and_writes_not
         });
         let wrong = ckpt
             .save(ddp.module(), &optim, &TrainingState::new(0, 2))
-            .map(|saved| saved.name)
-            .map_err(|e| e.to_string());
+            .map(|saved| saved.name);
         // The refused save left the job able to go on: the right save still works after it.
         optim
             .save_checkpoint(&ckpt, ddp.module(), &TrainingState::new(0, 3))
@@ -357,26 +358,170 @@ fn a_plain_checkpoint_save_of_a_sharded_state_fails_on_every_rank_and_writes_not
         !right.contains("to_record without consolidate_state"),
         "{right}"
     );
-    for (rank, (_, wrong)) in results.iter().enumerate() {
-        let message = wrong
-            .as_ref()
-            .expect_err("saving a ZeRO shard with the plain save");
-        assert!(
-            message.contains("shard of this rank only") && message.contains("save_checkpoint"),
-            "rank {rank}: {message}"
-        );
+    let wrong: Vec<_> = results.into_iter().map(|(_, wrong)| wrong).collect();
+    assert_refused_on_every_rank(&wrong);
+    assert_eq!(
+        step_dirs(dir.path()),
+        [checkpoint_name(1), checkpoint_name(3)],
+        "the refused save at step 2 left something behind"
+    );
+}
+
+/// Every rank's plain save was refused with the variant itself, not only rank 0: a caller that
+/// matches on it to fall back to `save_checkpoint` (a collective) must do so on every rank,
+/// or rank 0 waits alone in it.
+fn assert_refused_on_every_rank(results: &[Result<String, CheckpointError>]) {
+    for (rank, result) in results.iter().enumerate() {
+        match result {
+            Err(e @ CheckpointError::PartialOptimizerState { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("shard of this rank only")
+                        && message.contains("save_checkpoint"),
+                    "rank {rank}: {message}"
+                );
+            }
+            other => panic!("rank {rank}: expected PartialOptimizerState, got {other:?}"),
+        }
     }
-    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+}
+
+/// The checkpoint directories in `dir`, sorted.
+fn step_dirs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("step-"))
         .collect();
     names.sort();
+    names
+}
+
+/// How many parameters have optimizer state in the full checkpoint `name` of `dir`.
+fn state_entries(dir: &Path, name: &str) -> usize {
+    run_ranks(1, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir), pg).unwrap();
+        let (mut model, mut plain): (Mlp<B>, MlpAdam) =
+            (Mlp::new(&Default::default(), HIDDEN), adam());
+        ckpt.load(name, &Default::default(), &mut model, &mut plain)
+            .expect("load");
+        plain.to_record().len()
+    })
+    .remove(0)
+}
+
+/// An in-process rewind: a full checkpoint loaded into a ZeRO optimizer that has stepped (so
+/// knows its partition) left `to_record` giving this rank's entries of the loaded state,
+/// unflagged, and the plain save wrote rank 0's shard as if it were the whole state.
+#[test]
+fn a_plain_save_after_a_full_load_into_a_stepped_zero_optimizer_fails_on_every_rank() {
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), ddp.process_group().clone());
+        train(&mut ddp, &mut optim, 0..1);
+        optim
+            .save_checkpoint(&ckpt, ddp.module(), &TrainingState::new(0, 1))
+            .expect("save_checkpoint");
+        let mut model = ddp.module().clone();
+        ckpt.load(
+            &checkpoint_name(1),
+            &Default::default(),
+            &mut model,
+            &mut optim,
+        )
+        .expect("load");
+        let wrong = ckpt
+            .save(&model, &optim, &TrainingState::new(0, 2))
+            .map(|saved| saved.name);
+        // The right save still gathers the whole loaded state.
+        optim
+            .save_checkpoint(&ckpt, &model, &TrainingState::new(0, 3))
+            .expect("save_checkpoint after the refused save");
+        wrong
+    });
+    assert_refused_on_every_rank(&results);
     assert_eq!(
-        names,
+        step_dirs(dir.path()),
         [checkpoint_name(1), checkpoint_name(3)],
         "the refused save at step 2 left something behind"
     );
+    assert_eq!(state_entries(dir.path(), &checkpoint_name(3)), 6);
+}
+
+/// A sharded checkpoint gives each rank only its own parameters' state: a plain save of it
+/// before the next step wrote rank 0's part alone.
+#[test]
+fn a_plain_save_of_a_zero_state_loaded_from_a_sharded_checkpoint_fails_on_every_rank() {
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let (sharded_dir, full_dir) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let results = run_ranks(2, |pg| {
+        let sharded =
+            ShardedCheckpointer::new(CheckpointConfig::new(sharded_dir.path()), pg.clone())
+                .unwrap();
+        let full =
+            FullCheckpointer::new(CheckpointConfig::new(full_dir.path()), pg.clone()).unwrap();
+        let mut ddp =
+            DistributedDataParallel::new(mlp_from(&init), pg.clone(), DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+        train(&mut ddp, &mut optim, 0..1);
+        sharded
+            .save_state(ddp.module(), &optim, &TrainingState::new(0, 1))
+            .expect("save_state");
+        let mut model = Mlp::<B>::new(&Default::default(), HIDDEN);
+        let mut fresh = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg);
+        sharded
+            .load_latest_state(&Default::default(), &mut model, &mut fresh)
+            .expect("load_latest_state");
+        let wrong = full
+            .save(&model, &fresh, &TrainingState::new(0, 2))
+            .map(|saved| saved.name);
+        fresh
+            .save_checkpoint(&full, &model, &TrainingState::new(0, 3))
+            .expect("save_checkpoint after the refused save");
+        wrong
+    });
+    assert_refused_on_every_rank(&results);
+    assert_eq!(
+        step_dirs(full_dir.path()),
+        [checkpoint_name(3)],
+        "the refused save at step 2 left something behind"
+    );
+    assert_eq!(state_entries(full_dir.path(), &checkpoint_name(3)), 6);
+}
+
+/// A full checkpoint loaded into a fresh ZeRO optimizer is held whole until the first step:
+/// the plain save writes every parameter's state, and is not refused.
+#[test]
+fn a_plain_save_of_a_full_state_loaded_into_a_fresh_zero_optimizer_writes_the_whole_state() {
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_ranks(2, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dir.path()), pg.clone()).unwrap();
+        let mut ddp =
+            DistributedDataParallel::new(mlp_from(&init), pg.clone(), DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+        train(&mut ddp, &mut optim, 0..1);
+        optim
+            .save_checkpoint(&ckpt, ddp.module(), &TrainingState::new(0, 1))
+            .expect("save_checkpoint");
+        let mut model = Mlp::<B>::new(&Default::default(), HIDDEN);
+        let mut fresh = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg);
+        ckpt.load_latest(&Default::default(), &mut model, &mut fresh)
+            .expect("load_latest");
+        ckpt.save(&model, &fresh, &TrainingState::new(0, 2))
+            .expect("a plain save of the whole loaded state");
+    });
+    assert_eq!(
+        step_dirs(dir.path()),
+        [checkpoint_name(1), checkpoint_name(2)]
+    );
+    assert_eq!(state_entries(dir.path(), &checkpoint_name(2)), 6);
 }
 
 /// The errors of rank 0's first two steps (`make`'s optimizer over `ddp`, from `init`) when rank

@@ -3,7 +3,7 @@
 use super::super::base::{
     CheckpointerBase, RESUME_HEADER, ResumeHeader, SAVE_SUMMARY, SaveSummary,
 };
-use super::super::codec::{encode_model, encode_optimizer};
+use super::super::codec::{encode_model, encode_optimizer, partial_reason_from_text};
 use super::super::config::CheckpointConfig;
 use super::super::error::CheckpointError;
 use super::super::manifest::MANIFEST_FILE;
@@ -20,6 +20,19 @@ use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use ddp_comm::ProcessGroup;
+use serde::{Deserialize, Serialize};
+
+/// What rank 0's write tells every rank in the save summary's broadcast: the checkpoint it
+/// saved, or that it refused the optimizer's record as partial. A refusal travels as a value,
+/// not as rank 0's error, so that every rank returns
+/// [`CheckpointError::PartialOptimizerState`] (a caller falls back to a collective save on
+/// every rank, or on none), not [`CheckpointError::Rank0Failed`].
+#[derive(Debug, Serialize, Deserialize)]
+enum WriteOutcome {
+    Saved(SaveSummary),
+    /// Nothing was written; the text of the refusal's `what`.
+    PartialOptimizerState(String),
+}
 
 /// Saves and restores model, optimizer and [`TrainingState`] for every rank of a process
 /// group. See the [module docs](crate::checkpoint) for a complete training loop.
@@ -68,15 +81,16 @@ impl FullCheckpointer {
     /// A [`ZeroRedundancyOptimizer`](crate::zero::ZeroRedundancyOptimizer) holds only each
     /// rank's shard of the optimizer state: save it with its `save_checkpoint`, or call its
     /// `consolidate_state` on every rank first. Passed here as it is (at world 2 or more), the
-    /// save fails on every rank with [`CheckpointError::PartialOptimizerState`] and writes
-    /// nothing: rank 0's shard alone would lose the other ranks' state on resume.
+    /// save fails on every rank with [`CheckpointError::PartialOptimizerState`] (the variant
+    /// itself on every rank: rank 0 decides and shares it) and writes nothing: rank 0's shard
+    /// alone would lose the other ranks' state on resume.
     ///
     /// # Collective
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// [`CheckpointError::StepMismatch`]; [`CheckpointError::PartialOptimizerState`]; rank 0's
-    /// serialisation or I/O error (other ranks get
+    /// [`CheckpointError::StepMismatch`]; [`CheckpointError::PartialOptimizerState`] (on every
+    /// rank); rank 0's serialisation or I/O error (other ranks get
     /// [`CheckpointError::Rank0Failed`]); [`CheckpointError::Comm`]. A failed save never
     /// leaves a partial checkpoint and keeps the previous `latest`.
     pub fn save<B, M, O>(
@@ -107,10 +121,24 @@ impl FullCheckpointer {
             })
             .collect();
         let name = checkpoint_name(step);
-        let summary = SAVE_SUMMARY.decide(&self.base.pg, "write the checkpoint", || {
-            self.write::<B, M, O>(model, optim, state, rank_rngs, &name)
+        let outcome = SAVE_SUMMARY.decide(&self.base.pg, "write the checkpoint", || match self
+            .write::<B, M, O>(model, optim, state, rank_rngs, &name)
+        {
+            Err(CheckpointError::PartialOptimizerState { what }) => {
+                Ok(WriteOutcome::PartialOptimizerState(what.to_string()))
+            }
+            written => written.map(WriteOutcome::Saved),
         })?;
-        Ok(summary.into_saved(self.base.config.dir(), name, step))
+        match outcome {
+            WriteOutcome::Saved(summary) => {
+                Ok(summary.into_saved(self.base.config.dir(), name, step))
+            }
+            WriteOutcome::PartialOptimizerState(what) => {
+                Err(CheckpointError::PartialOptimizerState {
+                    what: partial_reason_from_text(what),
+                })
+            }
+        }
     }
 
     fn write<B, M, O>(
@@ -130,9 +158,10 @@ impl FullCheckpointer {
         let dir = self.base.config.dir();
         // Before serialising anything: a save below a newer valid checkpoint is refused.
         check_not_backwards(dir, state.global_step, read_one)?;
+        // Before the run id (which may log a new run): a partial record is refused.
+        let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let run_id = run_id_to_save(dir, state.global_step, MANIFEST_FILE)?;
         let (model_bytes, ids) = encode_model::<B, M>(model)?;
-        let optim_bytes = encode_optimizer::<B, M, O>(optim)?;
         let state_file = self.base.state_file(state, rank_rngs);
         let (path, manifest) = write_checkpoint(
             dir,
