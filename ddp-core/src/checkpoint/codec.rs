@@ -23,7 +23,6 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor};
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 
 thread_local! {
     /// What the last `to_record` on this thread left out, when it gave only part of an
@@ -37,22 +36,6 @@ thread_local! {
 /// state; `what` says which part and how to save the whole (it ends the save's error).
 pub(crate) fn mark_partial_optimizer_record(what: &'static str) {
     PARTIAL_RECORD.with(|p| p.set(Some(what)));
-}
-
-/// Rank 0's `what` of [`CheckpointError::PartialOptimizerState`], as the `&'static str` the
-/// variant holds, on a rank that learned it as text: every rank then returns the variant
-/// itself. Each distinct text is leaked once only; they are the few fixed texts of
-/// [`mark_partial_optimizer_record`]'s callers, so repeated refusals do not grow memory.
-pub(crate) fn partial_reason_from_text(what: String) -> &'static str {
-    static KNOWN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    // A poisoned list is still a list of leaked texts.
-    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(&same) = known.iter().find(|k| **k == what) {
-        return same;
-    }
-    let leaked: &'static str = Box::leak(what.into_boxed_str());
-    known.push(leaked);
-    leaked
 }
 
 /// Module path to `ParamId` value.
@@ -147,7 +130,9 @@ where
     PARTIAL_RECORD.with(|p| p.set(None));
     let record = optim.to_record();
     if let Some(what) = PARTIAL_RECORD.with(Cell::take) {
-        return Err(CheckpointError::PartialOptimizerState { what });
+        return Err(CheckpointError::PartialOptimizerState {
+            what: what.to_string(),
+        });
     }
     Recorder::<B>::record(&recorder, record, ()).map_err(|e| CheckpointError::SerializeOptimizer {
         file: OPTIMIZER_FILE.into(),

@@ -301,7 +301,7 @@ pub enum CheckpointError {
     #[error("refusing to save a checkpoint: the optimizer's record is {what}")]
     PartialOptimizerState {
         /// Which part the record holds, and how to save the whole state.
-        what: &'static str,
+        what: String,
     },
     /// The model file does not fit the model (different architecture, missing tensors...).
     #[error("loading {file} of checkpoint {name} into the model on rank {rank}: {reason}")]

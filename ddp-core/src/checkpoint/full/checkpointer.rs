@@ -3,7 +3,7 @@
 use super::super::base::{
     CheckpointerBase, RESUME_HEADER, ResumeHeader, SAVE_SUMMARY, SaveSummary,
 };
-use super::super::codec::{encode_model, encode_optimizer, partial_reason_from_text};
+use super::super::codec::{encode_model, encode_optimizer};
 use super::super::config::CheckpointConfig;
 use super::super::error::CheckpointError;
 use super::super::manifest::MANIFEST_FILE;
@@ -125,7 +125,7 @@ impl FullCheckpointer {
             .write::<B, M, O>(model, optim, state, rank_rngs, &name)
         {
             Err(CheckpointError::PartialOptimizerState { what }) => {
-                Ok(WriteOutcome::PartialOptimizerState(what.to_string()))
+                Ok(WriteOutcome::PartialOptimizerState(what))
             }
             written => written.map(WriteOutcome::Saved),
         })?;
@@ -134,9 +134,7 @@ impl FullCheckpointer {
                 Ok(summary.into_saved(self.base.config.dir(), name, step))
             }
             WriteOutcome::PartialOptimizerState(what) => {
-                Err(CheckpointError::PartialOptimizerState {
-                    what: partial_reason_from_text(what),
-                })
+                Err(CheckpointError::PartialOptimizerState { what })
             }
         }
     }
