@@ -274,3 +274,19 @@ fn a_newer_checkpoint_of_the_same_run_on_another_rank_still_stops_the_load() {
     std::fs::write(&manifest, b"{ not json").expect("garble");
     assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
 }
+
+/// `--fresh` over a directory holding a step-0 checkpoint: the new step 0 replaces the old
+/// run's, it does not continue it, so the fresh run gets a new id.
+#[test]
+fn a_fresh_start_over_a_step_0_checkpoint_starts_a_new_run() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, dir1) = (root.path().join("host0"), root.path().join("host1"));
+    save_steps(&dir0, &[0, 100]);
+    save_steps(&dir1, &[300]);
+    let old_run = run_id(&dir0, 0).expect("a run id");
+    start_over([&dir0, &dir1], true);
+    let new_run = run_id(&dir0, 0).expect("a run id");
+    assert_ne!(new_run, old_run, "the fresh run kept the old run's id");
+    save_steps(&dir0, &[10]);
+    assert_eq!(run_id(&dir0, 10), Some(new_run));
+}

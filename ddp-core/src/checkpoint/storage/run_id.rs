@@ -3,11 +3,12 @@
 //! left in another host's own directory by a fresh start, from this run's.
 //!
 //! - A run's id is drawn (128 random bits from the OS, hex) by the first save into a directory
-//!   holding no checkpoint at or below its step: a new run, whether after `--fresh`
-//!   (`rewind_to(0)`), on an empty directory, or on a host that never held one. Every later save
-//!   takes the id of the newest checkpoint at or below its step, the one the run continues: a
-//!   resume, or a rewind, keeps the run's id. So the id is recorded in rank 0's directory by the
-//!   run's own checkpoints, and needs no file of its own.
+//!   holding no checkpoint below its step: a new run, whether after `--fresh` (`rewind_to(0)`,
+//!   then step 0 saved again: the old step 0 is replaced, not continued), on an empty
+//!   directory, or on a host that never held one. Every later save takes the id of the newest
+//!   checkpoint below its step, the one the run continues: a resume, or a rewind, keeps the
+//!   run's id. So the id is recorded in rank 0's directory by the run's own checkpoints, and
+//!   needs no file of its own.
 //! - A fresh start (`record_fresh_start`) marks the runs whose checkpoints the *other* ranks'
 //!   directories then hold as superseded, in rank 0's directory
 //!   ([`SUPERSEDED_RUNS_FILE`]); the runs rank 0's own directory still holds (the new run's
@@ -57,8 +58,10 @@ pub(crate) fn run_id_of(
 }
 
 /// Rank 0, saving checkpoint `step` into `dir`: the run id it records. The id of the newest
-/// checkpoint at or below `step` with a readable manifest (the checkpoint the run continues),
-/// or a new one when there is none or it has no id (see the [module docs](self)).
+/// checkpoint below `step` with a readable manifest (the checkpoint the run continues), or a
+/// new one when there is none or it has no id (see the [module docs](self)). A checkpoint of
+/// `step` itself is being replaced, not continued: `--fresh` rewinds to step 0 and saves step
+/// 0 again, and that new run must not keep the old run's id.
 ///
 /// # Errors
 /// [`CheckpointError::ReadCheckpoint`] when a manifest cannot be read for another reason than
@@ -69,7 +72,7 @@ pub(crate) fn run_id_to_save(
     manifest_file: &str,
 ) -> Result<String, CheckpointError> {
     let mut all = list_checkpoints(dir)?;
-    all.retain(|(s, _)| *s <= step);
+    all.retain(|(s, _)| *s < step);
     all.sort_by(|a, b| b.cmp(a)); // newest first
     for (_, name) in all {
         match run_id_of(&dir.join(&name), manifest_file) {
