@@ -130,11 +130,14 @@ impl CheckpointConfig {
     /// Every manifest records the id of the run that wrote it (drawn by the run's first save
     /// into a directory without an earlier checkpoint, kept by every save that continues it).
     /// A fresh start (`record_fresh_start`, `--fresh`) clears rank 0's directory only, and
-    /// marks the runs whose checkpoints the other ranks' directories then hold as superseded:
-    /// the check passes over those with a warning naming the directory, so a restart after
-    /// `--fresh` is not refused for an older run's checkpoints left on another host. A newer
-    /// checkpoint of the run rank 0 resumes, of a run no fresh start superseded, or without a
-    /// run id (written before run ids existed) still fails the load. Turn the check off when the
+    /// marks the runs whose checkpoints the other ranks' directories then hold as superseded
+    /// (in every rank's directory): the check passes over those with a warning naming the
+    /// directory, so a restart after `--fresh` is not refused for an older run's checkpoints
+    /// left on another host. A newer checkpoint of the run rank 0 resumes, of a run no fresh
+    /// start superseded, or without a run id (written before run ids existed) still fails the
+    /// load, and so does resuming a superseded run's checkpoint
+    /// ([`CheckpointError::SupersededCheckpoint`]: rank 0 back on a host still holding it). With
+    /// the check off, none of this is looked at. Turn the check off when the
     /// ranks' directories are not shared and may hold other runs' checkpoints that no fresh
     /// start saw (a host that joined later).
     pub fn with_other_ranks_checked(mut self, checked: bool) -> Self {

@@ -415,6 +415,30 @@ pub enum CheckpointError {
         /// The checkpoint rank 0 would resume, if any.
         resumed: Option<String>,
     },
+    /// The checkpoint rank 0 would resume is of a run that a fresh start superseded, as a
+    /// rank's directory records: without a shared filesystem, rank 0 is back on a host that
+    /// still holds the older run after `--fresh` started a new one with another host as rank 0.
+    /// Resuming it would silently drop the newer run.
+    #[error(
+        "checkpoint {name} in rank 0's directory {rank0_dir} is of run {run_id}, which a fresh \
+         start superseded (recorded in rank {rank}'s directory {dir}); not resuming it, which \
+         would silently drop the run started then. Remove the superseded run's checkpoints from \
+         {rank0_dir} (and copy the newer run's newest checkpoint there to continue it; better, \
+         put the checkpoints on a file system every host that can become rank 0 shares), or \
+         start fresh again (--fresh, record_fresh_start)"
+    )]
+    SupersededCheckpoint {
+        /// The checkpoint rank 0 would resume.
+        name: String,
+        /// Its run id.
+        run_id: String,
+        /// Rank 0's checkpoint directory.
+        rank0_dir: PathBuf,
+        /// The lowest rank whose directory records the run as superseded.
+        rank: usize,
+        /// That rank's directory.
+        dir: PathBuf,
+    },
     /// The requested checkpoint failed verification.
     #[error("checkpoint {name} in {dir} is invalid: {reason}")]
     Invalid {

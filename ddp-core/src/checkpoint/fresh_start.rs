@@ -8,13 +8,20 @@
 //! names its own launch; otherwise it starts over itself. The directory lock (one job per
 //! directory) keeps other jobs from writing in between.
 //!
+//! Every rank writes the record into its own directory, and a launch recorded in any rank's
+//! counts: without a shared filesystem an elastic restart can make another host rank 0, and a
+//! record on the old rank-0 host only would make that restart start over again. Each record
+//! carries a stamp (rank 0's clock in milliseconds, above every stamp the ranks held), so the
+//! newest record wins over an older launch's left on a host that was not in the job since.
+//!
 //! Starting over clears rank 0's directory only. Without a shared filesystem another host's
 //! own directory may still hold the older run's checkpoints, newer than this run's, which
 //! would stop every later load ([`CheckpointConfig::with_other_ranks_checked`]). So the fresh
-//! start also records, in rank 0's directory
-//! ([`SUPERSEDED_RUNS_FILE`](super::SUPERSEDED_RUNS_FILE)), the run ids of the checkpoints the
-//! other ranks' directories hold (not those in rank 0's own): the check passes over those runs'
-//! checkpoints from then on.
+//! start also records the run ids of the checkpoints the other ranks' directories hold (not
+//! those in rank 0's own) as superseded
+//! ([`SUPERSEDED_RUNS_FILE`](super::SUPERSEDED_RUNS_FILE)), merged with what every rank's
+//! record held, in every rank's directory: the check passes over those runs' checkpoints from
+//! then on, and refuses to resume one when rank 0 later moves back to a host holding them.
 
 use super::config::CheckpointConfig;
 use super::error::{CheckpointError, StorageError};
@@ -22,10 +29,10 @@ use super::full::FullCheckpointer;
 use super::manifest::MANIFEST_FILE;
 use super::sharded::SHARDED_MANIFEST_FILE;
 use super::sharded::ShardedCheckpointer;
-use super::storage::durable::{rename, sync_dir, write_synced};
+use super::storage::durable::{ensure_dir, rename, sync_dir, write_synced};
 use super::storage::naming::TMP_PREFIX;
-use super::storage::rank0::{all_gather_bytes, broadcast_bytes, on_rank0};
-use super::storage::run_id::{add_superseded, run_ids_in};
+use super::storage::rank0::{all_gather_bytes, all_succeeded};
+use super::storage::run_id::{read_superseded, run_ids_in, write_superseded};
 use ddp_comm::ProcessGroup;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -36,20 +43,22 @@ pub const FRESH_START_FILE: &str = "fresh-start";
 
 impl FullCheckpointer {
     /// Records that launch `launch_id` started this directory over: call it after removing
-    /// the older run's checkpoints ([`rewind_to`](Self::rewind_to)) and before training. Rank 0
-    /// writes it atomically.
+    /// the older run's checkpoints ([`rewind_to`](Self::rewind_to)) and before training. Every
+    /// rank writes it into its own directory atomically (ranks sharing one write the same).
     ///
     /// It also marks the runs whose checkpoints the other ranks' own directories hold (each
     /// rank lists its own; the run ids in their manifests) as superseded, except those still in
     /// rank 0's directory: without a shared filesystem, starting over leaves them there, and
     /// the other-ranks check of every later load passes over them with a warning instead of
-    /// refusing ([`CheckpointConfig::with_other_ranks_checked`]).
+    /// refusing ([`CheckpointConfig::with_other_ranks_checked`]), and refuses to resume one.
     ///
     /// # Collective
-    /// Every rank calls it at the same point.
+    /// Every rank calls it at the same point, with the same `launch_id`.
     ///
     /// # Errors
-    /// Rank 0's I/O errors (on every rank); [`CheckpointError::Comm`].
+    /// Any rank's I/O error (that rank's own, [`CheckpointError::PeerFailed`] on the others);
+    /// [`CheckpointError::ReadOnly`]; [`CheckpointError::InvalidConfig`] for a launch id of
+    /// more than one line; [`CheckpointError::Comm`].
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
         record(
             self.process_group(),
@@ -60,13 +69,15 @@ impl FullCheckpointer {
     }
 
     /// The launch id the last [`record_fresh_start`](Self::record_fresh_start) recorded, if
-    /// any (rank 0 reads it, every rank gets its answer).
+    /// any: every rank reads its own directory's record and the newest of them is every rank's
+    /// answer (`None` when there is none, or the newest was recorded without a launch id).
     ///
     /// # Collective
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// Rank 0's I/O errors (on every rank).
+    /// Any rank's I/O error (that rank's own, [`CheckpointError::PeerFailed`] on the others);
+    /// [`CheckpointError::Comm`].
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
         recorded(self.process_group(), self.config().dir())
     }
@@ -81,7 +92,7 @@ impl ShardedCheckpointer {
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// Rank 0's I/O errors (on every rank); [`CheckpointError::Comm`].
+    /// As [`FullCheckpointer::record_fresh_start`].
     pub fn record_fresh_start(&self, launch_id: &str) -> Result<(), CheckpointError> {
         record(
             self.process_group(),
@@ -97,17 +108,31 @@ impl ShardedCheckpointer {
     /// Every rank calls it at the same point.
     ///
     /// # Errors
-    /// Rank 0's I/O errors (on every rank).
+    /// As [`FullCheckpointer::fresh_start_launch`].
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
         recorded(self.process_group(), self.config().dir())
     }
 }
 
-/// The runs one rank's own directory holds at a fresh start.
+/// What one rank's own directory holds at a fresh start.
 #[derive(Debug, Serialize, Deserialize)]
 struct RunsHeld {
     dir: PathBuf,
+    /// The runs of its checkpoints.
     run_ids: BTreeSet<String>,
+    /// Its record of superseded runs (empty when missing or unreadable).
+    superseded: BTreeSet<String>,
+    /// The stamp of its fresh-start record (0 when none).
+    stamp: u64,
+    /// The rank's clock, in milliseconds since the Unix epoch.
+    now_ms: u64,
+}
+
+/// A fresh-start record: the launch (empty: none given) and its stamp.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Recorded {
+    launch: String,
+    stamp: u64,
 }
 
 fn record(
@@ -116,27 +141,106 @@ fn record(
     manifest_file: &str,
     launch_id: &str,
 ) -> Result<(), CheckpointError> {
-    config.writable("record a fresh start")?;
+    let action = "record the fresh start";
+    // Decided alike on every rank before anything is written.
+    let valid = config.writable(action).and_then(|()| {
+        if launch_id.contains(['\n', '\r']) {
+            Err(CheckpointError::InvalidConfig(format!(
+                "launch id {launch_id:?} for the fresh-start record spans lines; pass a \
+                 one-line id (DDP_LAUNCH_ID)"
+            )))
+        } else {
+            Ok(())
+        }
+    });
+    all_succeeded(pg, valid, action)?;
     let dir = config.dir().to_path_buf();
+    let (own_superseded, own_readable) = match read_superseded(&dir) {
+        Ok(runs) => (runs, true),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "replacing an unreadable record of superseded runs");
+            (BTreeSet::new(), false)
+        }
+    };
+    let stamp = match read_record(&dir) {
+        Ok(record) => record.map_or(0, |r| r.stamp),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot read the fresh-start record; replacing it");
+            0
+        }
+    };
     let mine = RunsHeld {
         dir: dir.clone(),
         run_ids: run_ids_in(&dir, manifest_file),
+        superseded: own_superseded.clone(),
+        stamp,
+        now_ms: now_ms(),
     };
     // Nothing fails before the collective: an unencodable listing travels as empty bytes.
     let held = all_gather_bytes(pg, serde_json::to_vec(&mine).unwrap_or_default())?;
-    on_rank0(pg, "record the fresh start", || {
-        // Before the launch record: once a restart finds its launch there, the superseded runs
-        // are on disk too.
-        let mut superseded = BTreeSet::new();
-        for (rank, bytes) in held.iter().enumerate().skip(1) {
-            let Ok(theirs) = serde_json::from_slice::<RunsHeld>(bytes) else {
+    let held: Vec<Option<RunsHeld>> = held
+        .iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            let decoded = serde_json::from_slice::<RunsHeld>(bytes).ok();
+            if decoded.is_none() && pg.rank() == 0 {
                 tracing::warn!(
                     rank,
                     "rank {rank} sent no readable list of its checkpoints' runs; marking none of them superseded"
                 );
-                continue;
-            };
-            for run_id in theirs.run_ids.difference(&mine.run_ids) {
+            }
+            decoded
+        })
+        .collect();
+    // From here on every rank decides from the same gathered data.
+    let superseded = superseded_after(&held, pg.rank() == 0);
+    let stamp = held
+        .iter()
+        .flatten()
+        .map(|h| h.stamp.saturating_add(1))
+        .chain(held.first().and_then(Option::as_ref).map(|h| h.now_ms))
+        .max()
+        .unwrap_or(1);
+    let rank = pg.rank();
+    // The superseded runs first, on every rank: once a restart finds its launch in any
+    // directory, every directory's record of superseded runs is on disk too.
+    // A rank's directory may not exist yet (a full checkpoint is written by rank 0 only): it
+    // gets the records too, for when its host becomes rank 0.
+    let wrote = ensure_dir(&dir)
+        .map_err(CheckpointError::from)
+        .and_then(|()| {
+            if own_readable && own_superseded == superseded {
+                Ok(())
+            } else {
+                write_superseded(&dir, &superseded, rank)
+            }
+        });
+    all_succeeded(pg, wrote, action)?;
+    let record = Recorded {
+        launch: launch_id.to_string(),
+        stamp,
+    };
+    all_succeeded(pg, write_record(&dir, &record, rank), action)
+}
+
+/// The runs superseded after a fresh start, from what every rank held (`held[r]`, `None`
+/// when unreadable): those of the other ranks' checkpoints and every rank's earlier record,
+/// less the runs rank 0's directory holds (the new run's, or the one it continues); only the
+/// earlier records when rank 0's is unreadable. Logged when `log` (rank 0).
+fn superseded_after(held: &[Option<RunsHeld>], log: bool) -> BTreeSet<String> {
+    let mut superseded = BTreeSet::new();
+    for held in held.iter().flatten() {
+        superseded.extend(held.superseded.iter().cloned());
+    }
+    // Rank 0's runs unknown: the earlier records stand, and marking no more keeps the check
+    // as strict as before.
+    let Some(Some(rank0)) = held.first() else {
+        return superseded;
+    };
+    for (rank, theirs) in held.iter().enumerate().skip(1) {
+        let Some(theirs) = theirs else { continue };
+        for run_id in theirs.run_ids.difference(&rank0.run_ids) {
+            if log && !superseded.contains(run_id) {
                 tracing::info!(
                     rank,
                     dir = %theirs.dir.display(),
@@ -144,39 +248,134 @@ fn record(
                     "fresh start: run {run_id}, whose checkpoints are in rank {rank}'s directory {}, is superseded; later loads pass over them",
                     theirs.dir.display()
                 );
-                superseded.insert(run_id.clone());
             }
+            superseded.insert(run_id.clone());
         }
-        add_superseded(&dir, superseded)?;
-        let tmp = dir.join(format!(
-            "{TMP_PREFIX}{FRESH_START_FILE}-{}",
-            std::process::id()
-        ));
-        write_synced(&tmp, format!("{launch_id}\n").as_bytes())?;
-        rename(&tmp, &dir.join(FRESH_START_FILE))?;
-        Ok::<_, CheckpointError>(sync_dir(&dir)?)
-    })?;
-    Ok(())
+    }
+    superseded.retain(|id| !rank0.run_ids.contains(id));
+    superseded
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Writes `record` as `dir`'s fresh-start record atomically: the launch id on the first line
+/// (what older builds read), the stamp on the second.
+fn write_record(dir: &Path, record: &Recorded, rank: usize) -> Result<(), CheckpointError> {
+    let tmp = dir.join(format!(
+        "{TMP_PREFIX}{FRESH_START_FILE}-{rank}-{}",
+        std::process::id()
+    ));
+    let text = format!("{}\n{}\n", record.launch, record.stamp);
+    write_synced(&tmp, text.as_bytes())?;
+    rename(&tmp, &dir.join(FRESH_START_FILE))?;
+    Ok(sync_dir(dir)?)
+}
+
+/// `dir`'s fresh-start record, if any. A record without a readable stamp (an older build's)
+/// has stamp 0.
+///
+/// # Errors
+/// [`StorageError::Read`] for any I/O error but the file's absence.
+fn read_record(dir: &Path) -> Result<Option<Recorded>, CheckpointError> {
+    let path = dir.join(FRESH_START_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StorageError::Read { path, source }.into()),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines = text.lines();
+    let launch = lines.next().unwrap_or_default().trim().to_string();
+    let stamp = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    Ok(Some(Recorded { launch, stamp }))
 }
 
 fn recorded(pg: &ProcessGroup, dir: &Path) -> Result<Option<String>, CheckpointError> {
-    let path = dir.join(FRESH_START_FILE);
-    let read = on_rank0(pg, "read the fresh-start record", || {
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(source) => Err(CheckpointError::from(StorageError::Read {
-                path: path.clone(),
-                source,
-            })),
+    let mine = all_succeeded(pg, read_record(dir), "read the fresh-start record")?;
+    // Nothing fails before the collective; no record travels as empty bytes.
+    let bytes = mine
+        .map(|r| serde_json::to_vec(&r).unwrap_or_default())
+        .unwrap_or_default();
+    let all = all_gather_bytes(pg, bytes)?;
+    Ok(newest(&all).map(|r| r.launch).filter(|l| !l.is_empty()))
+}
+
+/// The newest of the records the ranks sent (the highest stamp; the lowest rank's on a tie).
+fn newest(all: &[Vec<u8>]) -> Option<Recorded> {
+    let mut newest: Option<Recorded> = None;
+    for record in all
+        .iter()
+        .filter_map(|bytes| serde_json::from_slice::<Recorded>(bytes).ok())
+    {
+        if newest.as_ref().is_none_or(|n| record.stamp > n.stamp) {
+            newest = Some(record);
         }
-    })?;
-    let bytes = broadcast_bytes(
-        pg,
-        read.unwrap_or_default(),
-        0,
-        "sharing the fresh-start record",
-    )?;
-    let id = String::from_utf8_lossy(&bytes).trim().to_string();
-    Ok((!id.is_empty()).then_some(id))
+    }
+    newest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_an_older_builds_has_stamp_0() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(read_record(dir.path()).expect("none"), None);
+        let record = Recorded {
+            launch: "launch-7".into(),
+            stamp: 42,
+        };
+        write_record(dir.path(), &record, 3).expect("write");
+        assert_eq!(read_record(dir.path()).expect("read"), Some(record));
+        std::fs::write(dir.path().join(FRESH_START_FILE), "launch-1\n").expect("old");
+        let old = read_record(dir.path()).expect("read").expect("some");
+        assert_eq!((old.launch.as_str(), old.stamp), ("launch-1", 0));
+    }
+
+    #[test]
+    fn the_newest_record_wins_and_the_lowest_rank_on_a_tie() {
+        let enc = |launch: &str, stamp| {
+            serde_json::to_vec(&Recorded {
+                launch: launch.into(),
+                stamp,
+            })
+            .expect("json")
+        };
+        let all = [enc("a", 5), Vec::new(), enc("b", 9), enc("c", 9)];
+        assert_eq!(newest(&all).map(|r| r.launch).as_deref(), Some("b"));
+        assert_eq!(newest(&[Vec::new(), Vec::new()]), None);
+    }
+
+    #[test]
+    fn a_fresh_start_never_supersedes_the_runs_rank_0_holds() {
+        let held = |dir: &str, runs: &[&str], superseded: &[&str]| {
+            Some(RunsHeld {
+                dir: dir.into(),
+                run_ids: runs.iter().map(|s| s.to_string()).collect(),
+                superseded: superseded.iter().map(|s| s.to_string()).collect(),
+                stamp: 0,
+                now_ms: 0,
+            })
+        };
+        let all = [
+            held("h0", &["new"], &["old"]),
+            held("h1", &["x", "new"], &["y", "new"]),
+            None,
+        ];
+        let got: Vec<_> = superseded_after(&all, false).into_iter().collect();
+        assert_eq!(got, ["old", "x", "y"]);
+        let got: Vec<_> = superseded_after(&[None, held("h1", &["x"], &["y"])], false)
+            .into_iter()
+            .collect();
+        assert_eq!(got, ["y"]);
+    }
 }

@@ -137,14 +137,28 @@ fn run_id(dir: &Path, step: u64) -> Option<String> {
 /// directory cleared (`rewind_to(0)`), the initial state saved as step 0 when it held any, the
 /// fresh start recorded.
 fn start_over(dirs: [&Path; 2], save_step_0: bool) {
+    start_over_as(dirs, save_step_0, "launch-2");
+}
+
+/// [`start_over`] by launch `launch`.
+fn start_over_as(dirs: [&Path; 2], save_step_0: bool, launch: &str) {
     run_ranks(2, |pg| {
         let ckpt = FullCheckpointer::new(CheckpointConfig::new(dirs[pg.rank()]), pg).expect("new");
         ckpt.rewind_to(0).expect("rewind");
         if save_step_0 {
             save_random(&ckpt, TrainingState::new(0, 0));
         }
-        ckpt.record_fresh_start("launch-2").expect("record");
+        ckpt.record_fresh_start(launch).expect("record");
     });
+}
+
+/// `fresh_start_launch` on 2 ranks, rank `r` on `dirs[r]`: each rank's answer.
+fn launch_on(dirs: [&Path; 2]) -> Vec<Option<String>> {
+    run_ranks(2, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dirs[pg.rank()]), pg).expect("new");
+        ckpt.fresh_start_launch()
+            .expect("read the fresh-start record")
+    })
 }
 
 /// The finding this guards against: after `--fresh`, another host's own directory still held
@@ -273,4 +287,94 @@ fn a_newer_checkpoint_of_the_same_run_on_another_rank_still_stops_the_load() {
     let manifest = dir1.join(checkpoint_name(300)).join(MANIFEST_FILE);
     std::fs::write(&manifest, b"{ not json").expect("garble");
     assert_names_rank_1(&load_on([&dir0, &dir1]), &dir1);
+}
+
+/// Without a shared filesystem, `--fresh` with host 1 as rank 0 supersedes the run host 0 still
+/// holds; the new run trains on host 1. When rank 0 moves back to host 0, its own directory's
+/// newest checkpoint is the superseded run's: resuming it would silently drop the new run, so
+/// the load fails on every rank, naming the checkpoint, its run and the record.
+#[test]
+fn a_superseded_runs_checkpoint_is_not_resumed_when_rank_0_moves_back() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, dir1) = (root.path().join("host0"), root.path().join("host1"));
+    save_steps(&dir0, &[500]);
+    let old_run = run_id(&dir0, 500).expect("a run id");
+    start_over([&dir1, &dir0], false); // host 1 is rank 0
+    save_steps(&dir1, &[300]);
+    let new_run = run_id(&dir1, 300).expect("a run id");
+    assert_ne!(new_run, old_run);
+    for (rank, result) in load_on([&dir0, &dir1]).into_iter().enumerate() {
+        let msg = match result {
+            Err(e @ CheckpointError::SupersededCheckpoint { .. }) => e.to_string(),
+            other => panic!("rank {rank}: expected SupersededCheckpoint, got {other:?}"),
+        };
+        for part in [
+            checkpoint_name(500).as_str(),
+            &old_run,
+            "superseded",
+            &dir0.display().to_string(),
+            "--fresh",
+        ] {
+            assert!(msg.contains(part), "rank {rank}: no {part:?} in: {msg}");
+        }
+    }
+    // Nothing moved.
+    assert_eq!(
+        entries_with_prefix(&dir0, "step-"),
+        vec![checkpoint_name(500)]
+    );
+}
+
+/// The fresh start's launch is recorded in every rank's directory: a restart of that launch
+/// with another host as rank 0 resumes instead of starting over again, and the newest record
+/// wins over an older launch's left on a host.
+#[test]
+fn a_fresh_start_is_recorded_in_every_ranks_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dirs: Vec<PathBuf> = (0..4)
+        .map(|h| root.path().join(format!("host{h}")))
+        .collect();
+    start_over_as([&dirs[2], &dirs[3]], false, "launch-1");
+    start_over_as([&dirs[1], &dirs[0]], false, "launch-2"); // host 1 is rank 0
+    for pair in [
+        [&dirs[0], &dirs[1]],
+        [&dirs[1], &dirs[0]],
+        [&dirs[2], &dirs[0]],
+        [&dirs[0], &dirs[2]],
+    ] {
+        for (rank, launch) in launch_on([pair[0], pair[1]]).into_iter().enumerate() {
+            assert_eq!(
+                launch.as_deref(),
+                Some("launch-2"),
+                "rank {rank} of {pair:?}"
+            );
+        }
+    }
+    assert_eq!(
+        launch_on([&dirs[2], &dirs[3]]),
+        vec![Some("launch-1".to_string()); 2]
+    );
+    // Ranks sharing one directory write the same record, each through its own temporary file.
+    start_over_as([&dirs[0], &dirs[0]], false, "launch-3");
+    assert_eq!(
+        launch_on([&dirs[1], &dirs[0]]),
+        vec![Some("launch-3".to_string()); 2]
+    );
+    assert_eq!(entries_with_prefix(&dirs[0], ".tmp-"), Vec::<String>::new());
+}
+
+/// `--fresh` over a directory holding a step-0 checkpoint: the new step 0 replaces the old
+/// run's, it does not continue it, so the fresh run gets a new id.
+#[test]
+fn a_fresh_start_over_a_step_0_checkpoint_starts_a_new_run() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, dir1) = (root.path().join("host0"), root.path().join("host1"));
+    save_steps(&dir0, &[0, 100]);
+    save_steps(&dir1, &[300]);
+    let old_run = run_id(&dir0, 0).expect("a run id");
+    start_over([&dir0, &dir1], true);
+    let new_run = run_id(&dir0, 0).expect("a run id");
+    assert_ne!(new_run, old_run, "the fresh run kept the old run's id");
+    save_steps(&dir0, &[10]);
+    assert_eq!(run_id(&dir0, 10), Some(new_run));
 }

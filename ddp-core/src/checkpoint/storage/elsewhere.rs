@@ -8,20 +8,23 @@
 //!
 //! Starting over clears rank 0's directory only. A fresh start
 //! (`record_fresh_start`, `--fresh`) therefore marks the runs the other ranks' directories
-//! hold then as superseded ([`run_id`](super::run_id)), and this check passes over their
-//! checkpoints (read by the run id in their manifests) with a warning naming the directory.
-//! A newer checkpoint of the run rank 0 resumes, of a run no fresh start superseded, or
-//! without a run id (an older build's) still stops the load.
+//! hold then as superseded ([`run_id`](super::run_id)), in every rank's directory; each rank
+//! shares its own record and the union counts. The check passes over the superseded runs'
+//! checkpoints (read by the run id in their manifests) with a warning naming the directory. A
+//! newer checkpoint of the run rank 0 resumes, of a run no fresh start superseded, or without a
+//! run id (an older build's) still stops the load. And when the checkpoint rank 0 would resume
+//! is itself of a superseded run (rank 0 is back on a host that still holds the older run after
+//! a fresh start elsewhere), the load fails on every rank: resuming it would drop the newer run.
 
 use super::super::config::CheckpointConfig;
 use super::super::error::{CheckpointError, InvalidCheckpoint, StorageError};
 use super::super::manifest::ReadFailure;
 use super::naming::{list_checkpoints, parse_checkpoint_name};
-use super::rank0::{all_gather_bytes, broadcast_bytes};
+use super::rank0::all_gather_bytes;
 use super::run_id::{read_superseded, run_id_of};
 use ddp_comm::ProcessGroup;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// What one rank found in its own directory.
@@ -35,6 +38,10 @@ struct Listing {
     /// The newer complete checkpoints passed over as superseded runs', newest first.
     #[serde(default)]
     stale: Vec<Stale>,
+    /// Rank 0 only, when any run is superseded: the run id of the checkpoint it resumes
+    /// (`None` inside: it has none), or why it could not be read.
+    #[serde(default)]
+    resumed_run: Option<Result<Option<String>, String>>,
 }
 
 /// A rank's newest complete checkpoint `(step, name)` of a run not superseded.
@@ -50,24 +57,26 @@ struct Stale {
 
 /// Fails on every rank alike when another rank's directory (`config`'s on its host) holds a
 /// complete checkpoint (one with its `manifest_file`) newer than `resumed`, the checkpoint
-/// rank 0 resumes (`None`: a fresh start). `passed_over` are the checkpoints rank 0 found
-/// invalid and set aside: a rank sharing the directory may still list one under its old name
-/// (NFS caches listings). Checkpoints of the runs a fresh start in rank 0's directory
-/// superseded (`record_fresh_start`) are passed over with a warning naming the rank, the
-/// checkpoint and the directory, unless `resumed` is of that run itself; one without a run id
-/// is never passed over. Does nothing when `config` turns the check off
-/// ([`CheckpointConfig::with_other_ranks_checked`]).
+/// rank 0 resumes (`None`: a fresh start), or when `resumed` is of a run a fresh start
+/// superseded. `passed_over` are the checkpoints rank 0 found invalid and set aside: a rank
+/// sharing the directory may still list one under its old name (NFS caches listings).
+/// Checkpoints of the runs a fresh start superseded (`record_fresh_start`, as any rank's
+/// directory records it) are passed over with a warning naming the rank, the checkpoint and
+/// the directory; one without a run id is never passed over. Does nothing when `config` turns
+/// the check off ([`CheckpointConfig::with_other_ranks_checked`]).
 ///
 /// # Collective
 /// Every rank calls it with the same `resumed` and `passed_over` (rank 0's resume header).
-/// Rank 0 reads its record of superseded runs and shares it: the other ranks need not see rank
-/// 0's directory.
+/// Each rank reads its own directory's record of superseded runs and the ranks share them;
+/// rank 0 reads the run id of `resumed` and shares it: no rank needs to see another's
+/// directory.
 ///
 /// # Errors
-/// [`CheckpointError::NewerCheckpointElsewhere`] naming the rank with the newest such
-/// checkpoint, its step and its directory; [`CheckpointError::Comm`]. A rank that cannot list
-/// its directory is only warned about (on every rank): detection must not fail a resume that
-/// worked before.
+/// [`CheckpointError::SupersededCheckpoint`] naming `resumed`, its run and the directory
+/// whose record superseded it; [`CheckpointError::NewerCheckpointElsewhere`] naming the rank
+/// with the newest such checkpoint, its step and its directory; [`CheckpointError::Comm`]. A
+/// rank that cannot list its directory or read its record is only warned about (on every
+/// rank): detection must not fail a resume that worked before.
 pub(crate) fn check_no_newer_elsewhere(
     pg: &ProcessGroup,
     config: &CheckpointConfig,
@@ -79,20 +88,67 @@ pub(crate) fn check_no_newer_elsewhere(
         return Ok(());
     }
     let dir = config.dir();
-    let stale_runs = superseded_runs(pg, dir, manifest_file, resumed)?;
-    let (newest, stale) = match newest_complete(dir, manifest_file, passed_over, &stale_runs) {
+    let superseded = superseded_runs(pg, dir)?;
+    let runs: BTreeSet<String> = superseded.keys().cloned().collect();
+    let (newest, stale) = match newest_complete(dir, manifest_file, passed_over, &runs) {
         Ok((newest, stale)) => (Ok(newest), stale),
         Err(e) => (Err(e.to_string()), Vec::new()),
+    };
+    // Rank 0 tells the run of the checkpoint it resumes, when any run is superseded.
+    let resumed_run = match resumed {
+        Some(name) if pg.rank() == 0 && !runs.is_empty() => Some(
+            run_id_of(&dir.join(name), manifest_file)
+                .map_err(|e| e.into_error(name, dir).to_string()),
+        ),
+        _ => None,
     };
     let mine = Listing {
         dir: dir.to_path_buf(),
         newest,
         stale,
+        resumed_run,
     };
     // Nothing fails before the collective: an unencodable listing travels as empty bytes.
     let bytes = serde_json::to_vec(&mine).unwrap_or_default();
     let all = all_gather_bytes(pg, bytes)?;
+    let rank0 = all
+        .first()
+        .and_then(|bytes| serde_json::from_slice::<Listing>(bytes).ok());
+    let rank0_dir = rank0
+        .as_ref()
+        .map_or_else(|| dir.to_path_buf(), |l| l.dir.clone());
+    // Whether the superseded runs' checkpoints are passed over: not when rank 0 cannot tell
+    // the run it resumes (as strict as before run ids).
+    let mut pass_over = true;
+    match rank0.as_ref().and_then(|l| l.resumed_run.clone()) {
+        Some(Ok(Some(run_id))) => {
+            if let (Some(name), Some((rank, record_dir))) = (resumed, superseded.get(&run_id)) {
+                let err = CheckpointError::SupersededCheckpoint {
+                    name: name.to_string(),
+                    run_id,
+                    rank0_dir,
+                    rank: *rank,
+                    dir: record_dir.clone(),
+                };
+                tracing::error!(error = %err, "not resuming a superseded run's checkpoint");
+                return Err(err);
+            }
+        }
+        Some(Ok(None)) => {}
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the run id of the checkpoint to resume; passing over no other rank's checkpoints");
+            pass_over = false;
+        }
+        None if resumed.is_some() && !runs.is_empty() => {
+            tracing::warn!(
+                "rank 0 sent no readable run id of the checkpoint to resume; passing over no other rank's checkpoints"
+            );
+            pass_over = false;
+        }
+        None => {}
+    }
     let resumed_step = resumed.and_then(parse_checkpoint_name);
+    let newer = |step: u64| resumed_step.is_none_or(|r| step > r);
     let mut newest: Option<(usize, u64, String, PathBuf)> = None;
     for (rank, bytes) in all.iter().enumerate().skip(1) {
         let listing = match serde_json::from_slice::<Listing>(bytes) {
@@ -102,8 +158,12 @@ pub(crate) fn check_no_newer_elsewhere(
                 continue;
             }
         };
-        for stale in &listing.stale {
-            if resumed_step.is_none_or(|r| stale.step > r) {
+        let mut candidates = Vec::new();
+        for stale in listing.stale {
+            if !newer(stale.step) {
+                continue;
+            }
+            if pass_over {
                 tracing::warn!(
                     rank,
                     dir = %listing.dir.display(),
@@ -116,22 +176,23 @@ pub(crate) fn check_no_newer_elsewhere(
                     listing.dir.display(),
                     stale.run_id
                 );
+            } else {
+                candidates.push((stale.step, stale.name));
             }
         }
         match listing.newest {
-            Ok(Some((step, name)))
-                if resumed_step.is_none_or(|r| step > r)
-                    && newest.as_ref().is_none_or(|(_, s, _, _)| step > *s) =>
-            {
-                newest = Some((rank, step, name, listing.dir));
-            }
-            Ok(_) => {}
+            Ok(found) => candidates.extend(found),
             Err(e) => tracing::warn!(
                 rank,
                 dir = %listing.dir.display(),
                 error = %e,
                 "rank {rank} cannot list its checkpoint directory; not checking it for newer checkpoints"
             ),
+        }
+        for (step, name) in candidates {
+            if newer(step) && newest.as_ref().is_none_or(|(_, s, _, _)| step > *s) {
+                newest = Some((rank, step, name, listing.dir.clone()));
+            }
         }
     }
     match newest {
@@ -142,7 +203,7 @@ pub(crate) fn check_no_newer_elsewhere(
                 name,
                 step,
                 dir: rank_dir,
-                rank0_dir: rank0_dir_of(&all).unwrap_or_else(|| dir.to_path_buf()),
+                rank0_dir,
                 resumed: resumed.map(str::to_string),
             };
             tracing::error!(error = %err, "not resuming: a newer checkpoint is on another rank");
@@ -151,49 +212,47 @@ pub(crate) fn check_no_newer_elsewhere(
     }
 }
 
-/// Rank 0's directory as it sent it.
-fn rank0_dir_of(all: &[Vec<u8>]) -> Option<PathBuf> {
-    let bytes = all.first()?;
-    serde_json::from_slice::<Listing>(bytes).ok().map(|l| l.dir)
+/// One rank's record of superseded runs, as it shares it.
+#[derive(Debug, Serialize, Deserialize)]
+struct SupersededIn {
+    dir: PathBuf,
+    run_ids: BTreeSet<String>,
 }
 
-/// Every rank: the runs whose checkpoints the others pass over, as rank 0 decides them: the
-/// runs a fresh start in its directory superseded, less the run of `resumed` (rank 0's
-/// checkpoint). An unreadable record is only warned about: passing over nothing keeps the
-/// check as strict as it was.
+/// Every rank: the runs a fresh start superseded, as any rank's own directory records them,
+/// each with the lowest rank (and its directory) whose record names it. An unreadable record
+/// is only warned about: passing over fewer keeps the check as strict as it was.
 fn superseded_runs(
     pg: &ProcessGroup,
     dir: &Path,
-    manifest_file: &str,
-    resumed: Option<&str>,
-) -> Result<BTreeSet<String>, CheckpointError> {
-    let mine = if pg.rank() == 0 {
-        let mut runs = read_superseded(dir).unwrap_or_else(|e| {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot read the record of superseded runs; passing over no other rank's checkpoints");
-            BTreeSet::new()
-        });
-        if !runs.is_empty()
-            && let Some(name) = resumed
-        {
-            match run_id_of(&dir.join(name), manifest_file) {
-                Ok(Some(id)) => {
-                    runs.remove(&id);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let e = e.into_error(name, dir);
-                    tracing::warn!(error = %e, "cannot read the run id of the checkpoint to resume; passing over no other rank's checkpoints");
-                    runs.clear();
-                }
-            }
-        }
-        // Nothing fails before the collective: an unencodable set travels as empty bytes.
-        serde_json::to_vec(&runs).unwrap_or_default()
-    } else {
+) -> Result<BTreeMap<String, (usize, PathBuf)>, CheckpointError> {
+    let run_ids = read_superseded(dir).unwrap_or_else(|e| {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot read the record of superseded runs; passing over none of the runs it names");
+        BTreeSet::new()
+    });
+    // Nothing fails before the collective; an empty (or unencodable) record travels as empty
+    // bytes, so that without any record the exchange is one small all-reduce.
+    let bytes = if run_ids.is_empty() {
         Vec::new()
+    } else {
+        serde_json::to_vec(&SupersededIn {
+            dir: dir.to_path_buf(),
+            run_ids,
+        })
+        .unwrap_or_default()
     };
-    let bytes = broadcast_bytes(pg, mine, 0, "sharing the superseded runs")?;
-    Ok(serde_json::from_slice(&bytes).unwrap_or_default())
+    let all = all_gather_bytes(pg, bytes)?;
+    let mut runs = BTreeMap::new();
+    for (rank, bytes) in all.iter().enumerate() {
+        let Ok(record) = serde_json::from_slice::<SupersededIn>(bytes) else {
+            continue;
+        };
+        for run_id in record.run_ids {
+            runs.entry(run_id)
+                .or_insert_with(|| (rank, record.dir.clone()));
+        }
+    }
+    Ok(runs)
 }
 
 /// The newest checkpoint of `dir` that holds `manifest_file` (written last, so the checkpoint

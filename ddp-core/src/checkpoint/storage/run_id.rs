@@ -3,18 +3,21 @@
 //! left in another host's own directory by a fresh start, from this run's.
 //!
 //! - A run's id is drawn (128 random bits from the OS, hex) by the first save into a directory
-//!   holding no checkpoint at or below its step: a new run, whether after `--fresh`
-//!   (`rewind_to(0)`), on an empty directory, or on a host that never held one. Every later save
-//!   takes the id of the newest checkpoint at or below its step, the one the run continues: a
-//!   resume, or a rewind, keeps the run's id. So the id is recorded in rank 0's directory by the
-//!   run's own checkpoints, and needs no file of its own.
+//!   holding no checkpoint below its step: a new run, whether after `--fresh` (`rewind_to(0)`,
+//!   then step 0 saved again: the old step 0 is replaced, not continued), on an empty
+//!   directory, or on a host that never held one. Every later save takes the id of the newest
+//!   checkpoint below its step, the one the run continues: a resume, or a rewind, keeps the
+//!   run's id. So the id is recorded in rank 0's directory by the run's own checkpoints, and
+//!   needs no file of its own.
 //! - A fresh start (`record_fresh_start`) marks the runs whose checkpoints the *other* ranks'
-//!   directories then hold as superseded, in rank 0's directory
-//!   ([`SUPERSEDED_RUNS_FILE`]); the runs rank 0's own directory still holds (the new run's
-//!   initial checkpoint) are never marked. The check passes over superseded runs' checkpoints
-//!   with a warning. Only an explicit fresh start does this: a newer checkpoint of another run
-//!   that nobody started over from (rank 0 is a host holding an older run after an elastic
-//!   restart) still stops the load, as does one without a run id (written before ids existed).
+//!   directories then hold as superseded, merged with every rank's earlier record, in every
+//!   rank's directory ([`SUPERSEDED_RUNS_FILE`]): rank 0 may be another host at the next
+//!   load. The runs rank 0's own directory still holds (the new run's initial checkpoint) are
+//!   never marked. The check passes over superseded runs' checkpoints with a warning, and
+//!   refuses to resume one (rank 0 back on a host that still holds the older run). Only an
+//!   explicit fresh start does this: a newer checkpoint of another run that nobody started
+//!   over from (rank 0 is a host holding an older run after an elastic restart) still stops
+//!   the load, as does one without a run id (written before ids existed).
 
 use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::{ReadFailure, read_file};
@@ -24,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The file in rank 0's directory listing the runs a fresh start superseded (JSON).
+/// The file in every rank's directory listing the runs a fresh start superseded (JSON).
 pub const SUPERSEDED_RUNS_FILE: &str = "superseded-runs.json";
 
 /// A new run's id: 128 bits from the OS's random source, as 32 lowercase hex digits.
@@ -57,8 +60,10 @@ pub(crate) fn run_id_of(
 }
 
 /// Rank 0, saving checkpoint `step` into `dir`: the run id it records. The id of the newest
-/// checkpoint at or below `step` with a readable manifest (the checkpoint the run continues),
-/// or a new one when there is none or it has no id (see the [module docs](self)).
+/// checkpoint below `step` with a readable manifest (the checkpoint the run continues), or a
+/// new one when there is none or it has no id (see the [module docs](self)). A checkpoint of
+/// `step` itself is being replaced, not continued: `--fresh` rewinds to step 0 and saves step
+/// 0 again, and that new run must not keep the old run's id.
 ///
 /// # Errors
 /// [`CheckpointError::ReadCheckpoint`] when a manifest cannot be read for another reason than
@@ -69,7 +74,7 @@ pub(crate) fn run_id_to_save(
     manifest_file: &str,
 ) -> Result<String, CheckpointError> {
     let mut all = list_checkpoints(dir)?;
-    all.retain(|(s, _)| *s <= step);
+    all.retain(|(s, _)| *s < step);
     all.sort_by(|a, b| b.cmp(a)); // newest first
     for (_, name) in all {
         match run_id_of(&dir.join(&name), manifest_file) {
@@ -134,23 +139,23 @@ pub(crate) fn read_superseded(dir: &Path) -> Result<BTreeSet<String>, Checkpoint
     }
 }
 
-/// Rank 0: adds `run_ids` to the runs superseded in `dir`, replacing the file atomically (a
-/// temporary file, fsynced, renamed, the directory fsynced); nothing is written when none is
-/// new. An unreadable earlier record is replaced with a warning.
-pub(crate) fn add_superseded(dir: &Path, run_ids: BTreeSet<String>) -> Result<(), CheckpointError> {
-    let mut all = read_superseded(dir).unwrap_or_else(|e| {
-        tracing::warn!(dir = %dir.display(), error = %e, "replacing an unreadable record of superseded runs");
-        BTreeSet::new()
-    });
-    let before = all.len();
-    all.extend(run_ids);
-    if all.len() == before {
-        return Ok(());
-    }
-    let bytes = serde_json::to_vec_pretty(&SupersededRuns { run_ids: all })
-        .map_err(CheckpointError::json("serialising the superseded runs"))?;
+/// Replaces the record of superseded runs in `dir` with `run_ids` atomically (a temporary
+/// file named after `rank`, fsynced, renamed, the directory fsynced): ranks sharing the
+/// directory write the same set, each through its own temporary file.
+///
+/// # Errors
+/// [`StorageError`]'s of the write, rename or fsync.
+pub(crate) fn write_superseded(
+    dir: &Path,
+    run_ids: &BTreeSet<String>,
+    rank: usize,
+) -> Result<(), CheckpointError> {
+    let bytes = serde_json::to_vec_pretty(&SupersededRuns {
+        run_ids: run_ids.clone(),
+    })
+    .map_err(CheckpointError::json("serialising the superseded runs"))?;
     let tmp = dir.join(format!(
-        "{TMP_PREFIX}{SUPERSEDED_RUNS_FILE}-{}",
+        "{TMP_PREFIX}{SUPERSEDED_RUNS_FILE}-{rank}-{}",
         std::process::id()
     ));
     write_synced(&tmp, &bytes)?;
@@ -171,12 +176,12 @@ mod tests {
     }
 
     #[test]
-    fn superseded_runs_accumulate() {
+    fn superseded_runs_are_replaced_and_read_back() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(read_superseded(dir.path()).expect("none").is_empty());
-        add_superseded(dir.path(), ["a".to_string()].into()).expect("add a");
-        add_superseded(dir.path(), ["b".to_string()].into()).expect("add b");
-        let all = read_superseded(dir.path()).expect("read");
-        assert_eq!(all, ["a".to_string(), "b".to_string()].into());
+        write_superseded(dir.path(), &["a".to_string()].into(), 0).expect("write a");
+        let both = ["a".to_string(), "b".to_string()].into();
+        write_superseded(dir.path(), &both, 1).expect("write a, b");
+        assert_eq!(read_superseded(dir.path()).expect("read"), both);
     }
 }
