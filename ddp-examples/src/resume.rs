@@ -98,13 +98,13 @@ impl StartFrom {
 
     /// Whether this attempt starts over, for either checkpointer: `Some(launch)` (the launch
     /// id to record once the directory is cleared) for `--fresh` on the first attempt, and on
-    /// a restart whose launch did not get as far as recording its fresh start (`recorded`,
-    /// read only then: the directory may still hold an older run's checkpoints, which a
-    /// restart must not resume); `None` to resume. Rank 0 (`main`) says why on stderr as
-    /// program `name`.
+    /// a restart whose launch did not get as far as recording its fresh start (`recorded(launch)`:
+    /// whether any rank's directory records this launch's fresh start, asked only then: the
+    /// directory may still hold an older run's checkpoints, which a restart must not resume);
+    /// `None` to resume. Rank 0 (`main`) says why on stderr as program `name`.
     ///
     /// # Collective
-    /// Every rank calls it (`recorded` travels from rank 0).
+    /// Every rank calls it (`recorded` is a collective, asked on every rank alike).
     ///
     /// # Errors
     /// `recorded`'s.
@@ -112,15 +112,16 @@ impl StartFrom {
         &self,
         name: &str,
         main: bool,
-        recorded: impl FnOnce() -> Result<Option<String>, CheckpointError>,
+        recorded: impl FnOnce(&str) -> Result<bool, CheckpointError>,
     ) -> Result<Option<Option<String>>> {
         match self {
             StartFrom::Latest => Ok(None),
             StartFrom::Scratch { launch } => Ok(Some(launch.clone())),
             StartFrom::LatestAfterRestart { restart, launch } => {
-                let recorded =
-                    recorded().context("reading which launch last started the directory over")?;
-                if launch.is_some() && recorded == *launch {
+                // Every rank asks, with or without a launch id (the question is a collective).
+                let ours = recorded(launch.as_deref().unwrap_or(""))
+                    .context("reading whether this launch started the directory over")?;
+                if ours {
                     if main {
                         eprintln!(
                             "{name}: restart {restart} of this launch: resuming its checkpoints (--fresh applied to the first attempt only)"
@@ -171,7 +172,9 @@ where
     O: Optimizer<M, B>,
 {
     let main = checkpoints.process_group().rank() == 0;
-    let launch = start.starting_over(name, main, || checkpoints.fresh_start_launch())?;
+    let launch = start.starting_over(name, main, |launch| {
+        checkpoints.fresh_start_recorded(launch)
+    })?;
     if let Some(launch) = launch {
         start_over(name, checkpoints, model, optim, loader, launch.as_deref())?;
         return Ok(StartPoint::default());

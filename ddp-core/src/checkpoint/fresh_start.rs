@@ -81,6 +81,22 @@ impl FullCheckpointer {
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
         recorded(self.process_group(), self.config().dir())
     }
+
+    /// Whether any rank's directory records a fresh start by launch `launch_id`: what a
+    /// restart asks to tell its own launch's checkpoints from an older run's. Exact whatever
+    /// the hosts' clocks (a launch id is its launch's own), where
+    /// [`fresh_start_launch`](Self::fresh_start_launch) orders records by rank 0's clock.
+    /// `false` for an empty id.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// Rank 0's I/O error reading its record (a [`CheckpointError::PeerFailed`] on the
+    /// others; another rank's is only warned about); [`CheckpointError::Comm`].
+    pub fn fresh_start_recorded(&self, launch_id: &str) -> Result<bool, CheckpointError> {
+        recorded_by(self.process_group(), self.config().dir(), launch_id)
+    }
 }
 
 impl ShardedCheckpointer {
@@ -111,6 +127,17 @@ impl ShardedCheckpointer {
     /// As [`FullCheckpointer::fresh_start_launch`].
     pub fn fresh_start_launch(&self) -> Result<Option<String>, CheckpointError> {
         recorded(self.process_group(), self.config().dir())
+    }
+
+    /// [`FullCheckpointer::fresh_start_recorded`] for sharded checkpoints.
+    ///
+    /// # Collective
+    /// Every rank calls it at the same point.
+    ///
+    /// # Errors
+    /// As [`FullCheckpointer::fresh_start_recorded`].
+    pub fn fresh_start_recorded(&self, launch_id: &str) -> Result<bool, CheckpointError> {
+        recorded_by(self.process_group(), self.config().dir(), launch_id)
     }
 }
 
@@ -215,12 +242,32 @@ fn record(
                 write_superseded(&dir, &superseded, rank)
             }
         });
-    all_succeeded(pg, wrote, action)?;
+    all_succeeded(pg, off_rank0_best_effort(rank, &dir, wrote), action)?;
     let record = Recorded {
         launch: launch_id.to_string(),
         stamp,
     };
-    all_succeeded(pg, write_record(&dir, &record, rank), action)
+    let wrote = write_record(&dir, &record, rank);
+    all_succeeded(pg, off_rank0_best_effort(rank, &dir, wrote), action)
+}
+
+/// A rank other than 0 that cannot write the records into its own directory (a path that
+/// exists, or is writable, on rank 0's host only) warns and goes on: the records there only
+/// matter once its host becomes rank 0, and a host that cannot create the directory cannot
+/// become rank 0 anyway (the checkpointer creates and locks it there). Rank 0's failure fails
+/// every rank.
+fn off_rank0_best_effort(
+    rank: usize,
+    dir: &Path,
+    wrote: Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
+    match wrote {
+        Err(e) if rank != 0 => {
+            tracing::warn!(rank, dir = %dir.display(), error = %e, "cannot write the fresh-start records into this rank's checkpoint directory; a later resume with this host as rank 0 will not know of this fresh start");
+            Ok(())
+        }
+        wrote => wrote,
+    }
 }
 
 /// The runs superseded after a fresh start, from what every rank held (`held[r]`, `None`
@@ -264,7 +311,8 @@ fn now_ms() -> u64 {
 }
 
 /// Writes `record` as `dir`'s fresh-start record atomically: the launch id on the first line
-/// (what older builds read), the stamp on the second.
+/// (an older build, which compares the whole file, takes it for another launch's record), the
+/// stamp on the second.
 fn write_record(dir: &Path, record: &Recorded, rank: usize) -> Result<(), CheckpointError> {
     let tmp = dir.join(format!(
         "{TMP_PREFIX}{FRESH_START_FILE}-{rank}-{}",
@@ -299,13 +347,37 @@ fn read_record(dir: &Path) -> Result<Option<Recorded>, CheckpointError> {
 }
 
 fn recorded(pg: &ProcessGroup, dir: &Path) -> Result<Option<String>, CheckpointError> {
-    let mine = all_succeeded(pg, read_record(dir), "read the fresh-start record")?;
+    let all = gather_records(pg, dir)?;
+    Ok(newest(&all).map(|r| r.launch).filter(|l| !l.is_empty()))
+}
+
+/// Whether any rank's record is of launch `launch` (never for an empty id).
+fn recorded_by(pg: &ProcessGroup, dir: &Path, launch: &str) -> Result<bool, CheckpointError> {
+    let all = gather_records(pg, dir)?;
+    Ok(!launch.is_empty()
+        && all
+            .iter()
+            .filter_map(|bytes| serde_json::from_slice::<Recorded>(bytes).ok())
+            .any(|r| r.launch == launch))
+}
+
+/// Every rank's fresh-start record, encoded (empty bytes: none). Rank 0's read error fails
+/// every rank; another rank's is warned about, as if it had none (see
+/// [`off_rank0_best_effort`]).
+fn gather_records(pg: &ProcessGroup, dir: &Path) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let mine = match read_record(dir) {
+        Err(e) if pg.rank() != 0 => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot read this rank's fresh-start record; taking it for none");
+            Ok(None)
+        }
+        read => read,
+    };
+    let mine = all_succeeded(pg, mine, "read the fresh-start record")?;
     // Nothing fails before the collective; no record travels as empty bytes.
     let bytes = mine
         .map(|r| serde_json::to_vec(&r).unwrap_or_default())
         .unwrap_or_default();
-    let all = all_gather_bytes(pg, bytes)?;
-    Ok(newest(&all).map(|r| r.launch).filter(|l| !l.is_empty()))
+    all_gather_bytes(pg, bytes)
 }
 
 /// The newest of the records the ranks sent (the highest stamp; the lowest rank's on a tie).

@@ -161,6 +161,15 @@ fn launch_on(dirs: [&Path; 2]) -> Vec<Option<String>> {
     })
 }
 
+/// `fresh_start_recorded(launch)` on 2 ranks, rank `r` on `dirs[r]`: each rank's answer.
+fn recorded_on(dirs: [&Path; 2], launch: &str) -> Vec<bool> {
+    run_ranks(2, |pg| {
+        let ckpt = FullCheckpointer::new(CheckpointConfig::new(dirs[pg.rank()]), pg).expect("new");
+        ckpt.fresh_start_recorded(launch)
+            .expect("read the fresh-start records")
+    })
+}
+
 /// The finding this guards against: after `--fresh`, another host's own directory still held
 /// the older run's newer checkpoint, and every restart was refused until it was removed or the
 /// check turned off. The fresh start marks that run superseded: the new run resumes (with a
@@ -335,6 +344,8 @@ fn a_fresh_start_is_recorded_in_every_ranks_directory() {
         .map(|h| root.path().join(format!("host{h}")))
         .collect();
     start_over_as([&dirs[2], &dirs[3]], false, "launch-1");
+    // The newest record is the one with the highest stamp (rank 0's clock, in ms).
+    std::thread::sleep(std::time::Duration::from_millis(5));
     start_over_as([&dirs[1], &dirs[0]], false, "launch-2"); // host 1 is rank 0
     for pair in [
         [&dirs[0], &dirs[1]],
@@ -342,6 +353,7 @@ fn a_fresh_start_is_recorded_in_every_ranks_directory() {
         [&dirs[2], &dirs[0]],
         [&dirs[0], &dirs[2]],
     ] {
+        assert_eq!(recorded_on([pair[0], pair[1]], "launch-2"), [true, true]);
         for (rank, launch) in launch_on([pair[0], pair[1]]).into_iter().enumerate() {
             assert_eq!(
                 launch.as_deref(),
@@ -361,6 +373,57 @@ fn a_fresh_start_is_recorded_in_every_ranks_directory() {
         vec![Some("launch-3".to_string()); 2]
     );
     assert_eq!(entries_with_prefix(&dirs[0], ".tmp-"), Vec::<String>::new());
+}
+
+/// A restart asks whether its own launch started over, not which record is newest: a record
+/// left on a host with a stamp from a clock far ahead (or garbled) does not hide this launch's
+/// fresh start, which would make the restart start over again and drop the run.
+#[test]
+fn a_stale_record_stamped_in_the_future_does_not_hide_this_launchs_fresh_start() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dirs: Vec<PathBuf> = (0..3)
+        .map(|h| root.path().join(format!("host{h}")))
+        .collect();
+    std::fs::create_dir_all(&dirs[2]).expect("mkdir");
+    std::fs::write(
+        dirs[2].join("fresh-start"),
+        "launch-1\n18446744073709551614\n",
+    )
+    .expect("write a stale record");
+    start_over_as([&dirs[0], &dirs[1]], true, "launch-2");
+    assert_eq!(recorded_on([&dirs[0], &dirs[2]], "launch-2"), [true, true]);
+    assert_eq!(recorded_on([&dirs[2], &dirs[0]], "launch-2"), [true, true]);
+    assert_eq!(
+        recorded_on([&dirs[0], &dirs[2]], "launch-3"),
+        [false, false]
+    );
+    assert_eq!(recorded_on([&dirs[0], &dirs[2]], ""), [false, false]);
+}
+
+/// A rank whose checkpoint path cannot be created on its host (a mount or permission that
+/// only rank 0's host has) only warns: the fresh start succeeds on every rank, as before the
+/// records were written on every rank, and rank 0's record answers the restart.
+#[test]
+fn a_rank_that_cannot_write_its_directory_does_not_fail_the_fresh_start() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir0 = root.path().join("host0");
+    let blocker = root.path().join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("file");
+    let bad = blocker.join("ckpt"); // ENOTDIR, even as root
+    let logs = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let ckpt =
+            FullCheckpointer::new(CheckpointConfig::new([&dir0, &bad][rank]), pg).expect("new");
+        let (recorded, logs) = capture_logs(|| ckpt.record_fresh_start("launch-2"));
+        recorded.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        logs
+    });
+    assert!(
+        logs[1].contains("cannot write the fresh-start records"),
+        "rank 1 warns: {}",
+        logs[1]
+    );
+    assert_eq!(recorded_on([&dir0, &bad], "launch-2"), [true, true]);
 }
 
 /// `--fresh` over a directory holding a step-0 checkpoint: the new step 0 replaces the old

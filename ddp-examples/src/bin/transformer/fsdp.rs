@@ -56,8 +56,8 @@ pub fn train_fully_sharded<B: TapBackend>(
     // anything: another job's checkpoints are never touched.
     let checkpoints =
         ShardedCheckpointer::new(checkpoint_config(&dir, &RunConfig::of(args))?, pg.clone())?;
-    let start_over = start_from.starting_over("transformer", rank == 0, || {
-        checkpoints.fresh_start_launch()
+    let start_over = start_from.starting_over("transformer", rank == 0, |launch| {
+        checkpoints.fresh_start_recorded(launch)
     })?;
     let fresh = start_over.is_some();
     if fresh {
