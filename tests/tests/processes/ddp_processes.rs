@@ -462,6 +462,43 @@ fn stand_in_communicator_aborted_from_another_thread_is_named_and_every_rank_exi
     );
 }
 
+/// Rank 1's fence of its second bucket fails (a device that failed the bucket's kernels): its
+/// issuing thread must not queue the buckets after it (on NCCL, rank 1's next bucket would
+/// meet its peers' second: a hang or wrong sums) but abort the communicator, before its step
+/// learns of the failure, so every peer quotes the issuing thread's reason. Rank 1 says its
+/// fence failed, every peer names rank 1, no rank meets another's bucket (a mismatch), and
+/// every rank exits, long before the 600 s timeout. (The issuing thread's own unit test shows
+/// that it queues nothing more: here, which thread aborts first depends on timing.)
+#[test]
+fn stand_in_fence_that_fails_stops_the_issuing_thread_and_every_rank_exits() {
+    let outputs = stand_in_fault(3, "fail:1", "600");
+    assert_every_rank_failed_saying(&outputs, "rank 1");
+    for o in outputs.iter().filter(|o| o.rank != 1) {
+        assert!(
+            o.stderr
+                .contains("this rank's issuing thread queues no collective after it"),
+            "rank {} quotes rank 1's issuing thread: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+    assert!(
+        outputs[1]
+            .stderr
+            .contains("DDP_TEST_STAND_IN_FENCE=fail:1: this bucket's fence failed"),
+        "rank 1 says its fence failed: {}",
+        outputs[1].stderr
+    );
+    for o in &outputs {
+        assert!(
+            !o.stderr.contains("mismatch"),
+            "rank {} met another rank's bucket: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+}
+
 /// Rank 1 dies (SIGKILL) in the middle of ZeRO stage 2's collectives on the device path (its
 /// third staged buffer: between two groups), and of FSDP's (its seventh: in the first
 /// backward, after one unit's reduce-scatter was queued, before the next): every other rank
