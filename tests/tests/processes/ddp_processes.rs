@@ -519,15 +519,33 @@ fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer
 
 /// A fence that never completes on rank 1 (a kernel that never ends) inside ZeRO stage 2's
 /// collectives on the device path (its second staged buffer: the first reduce-scatter's
-/// receive buffer) and FSDP's (its second: the first all-gather's, in forward), both waited for
-/// on the calling thread. Rank 1's timeout (10 s) is well below its peers' (60 s): after it,
-/// rank 1 names the collective whose kernels did not finish and aborts the communicator, and
-/// its peers, still waiting in that collective, fail with rank 1's reason instead of waiting
-/// out their own timeout; every rank exits. (The fence wait used to have no deadline: rank 1
-/// waited forever, killed at `run_world`'s deadline.)
+/// receive buffer) and FSDP's (its second: the first all-gather's, in forward; both waited for
+/// on the calling thread), and FSDP's fifth (the first unit's reduce-scatter in backward,
+/// waited for by the device engine's issuing thread). Rank 1's timeout (10 s) is well below
+/// its peers' (60 s): after it, rank 1 names the collective whose kernels did not finish and
+/// aborts the communicator, and its peers, still waiting in that collective, fail with rank
+/// 1's reason instead of waiting out their own timeout; every rank exits. FSDP's errors name
+/// FSDP's collectives, never ZeRO's or DDP's gradient buckets. (The fence wait used to have
+/// no deadline: rank 1 waited forever, killed at `run_world`'s deadline.)
 #[test]
 fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank_exits() {
-    for (sharding, op) in [("zero2", "reduce_scatter"), ("fsdp", "all_gather")] {
+    for (sharding, fault, stuck) in [
+        (
+            "zero2",
+            "never:1",
+            "has not finished the kernels that produce the buffers of its reduce_scatter",
+        ),
+        (
+            "fsdp",
+            "never:1",
+            "has not finished the kernels that produce the buffers of its all_gather",
+        ),
+        (
+            "fsdp",
+            "never:4",
+            "has not finished the kernels that produce FSDP unit",
+        ),
+    ] {
         let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
             let timeout = if rank == 1 { "10" } else { "60" };
             let mut env = stand_in(&[
@@ -535,19 +553,29 @@ fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank
                 ("DDP_TEST_SHARDING", sharding),
             ]);
             if rank == 1 {
-                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", "never:1")]));
+                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", fault)]));
             }
             env
         });
-        let stuck = format!("has not finished the kernels that produce the buffers of its {op}");
-        assert_every_rank_failed_saying(&outputs, &stuck);
-        for o in outputs.iter().filter(|o| o.rank != 1) {
-            assert!(
-                o.stderr.contains("rank 1"),
-                "{sharding}: rank {} names rank 1: {}",
-                o.rank,
-                o.stderr
-            );
+        assert_every_rank_failed_saying(&outputs, stuck);
+        for o in &outputs {
+            let context = format!("{sharding} {fault}: rank {}", o.rank);
+            if o.rank != 1 {
+                assert!(
+                    o.stderr.contains("rank 1"),
+                    "{context} names rank 1: {}",
+                    o.stderr
+                );
+            }
+            if sharding == "fsdp" {
+                for other in ["ZeRO", "gradient bucket"] {
+                    assert!(
+                        !o.stderr.contains(other),
+                        "{context} says {other:?}: {}",
+                        o.stderr
+                    );
+                }
+            }
         }
     }
 }

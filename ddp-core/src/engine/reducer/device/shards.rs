@@ -54,6 +54,8 @@ pub(crate) struct DeviceShards<D> {
     /// How long a collective waits for its buffers' ready fences: the process group's
     /// timeout, which bounds its collectives and DDP's fence waits too.
     pub(crate) timeout: Duration,
+    /// Who runs these collectives, for errors: "ZeRO stage 2", "FSDP".
+    pub(crate) user: &'static str,
 }
 
 enum Op {
@@ -83,12 +85,13 @@ impl<D: ReductionDevice> DeviceShards<D> {
         let dtype = send.dtype();
         if dtype != DType::F32 {
             return Err(fail(format!(
-                "ZeRO stage 2 moves f32 values; got {dtype:?}"
+                "{} moves f32 values; got {dtype:?}",
+                self.user
             )));
         }
         let send_len = send.dims()[0];
         let recv = Tensor::<I, 1>::zeros([recv_len], &device);
-        let path = "ZeRO stage 2";
+        let path = self.user;
         let staged = |t: Tensor<I, 1>, len: usize| {
             self.device
                 .stage::<I>(t.into_primitive().tensor(), len, DType::F32, path)
@@ -302,6 +305,7 @@ mod tests {
             },
             world: 2,
             timeout: Duration::from_secs(60),
+            user: "FSDP",
         };
         let device = Default::default();
         let send = || Tensor::<B, 1>::zeros([4], &device);
@@ -320,6 +324,30 @@ mod tests {
     fn buffers_of_a_collective_that_may_have_been_queued_are_never_given_back() {
         let aborted = || CommError::Aborted("aborted while queuing".into());
         assert_eq!(drops_after_failures(aborted), [0, 0]);
+    }
+
+    /// Errors name the user of the collectives (FSDP uses them too), not ZeRO.
+    #[test]
+    fn errors_name_who_runs_the_collectives() {
+        let refused = || CommError::InvalidArgument {
+            op: "all_gather",
+            reason: "refused".into(),
+        };
+        let shards = DeviceShards {
+            device: Failing {
+                fail: refused,
+                drops: Arc::default(),
+            },
+            world: 2,
+            timeout: Duration::from_secs(60),
+            user: "FSDP",
+        };
+        let device = Default::default();
+        let f64s = Tensor::<B, 1>::zeros([4], &device).cast(burn::tensor::FloatDType::F64);
+        let reason = ShardCollectives::<B>::all_gather(&shards, f64s)
+            .expect_err("f64 is refused")
+            .reason;
+        assert!(reason.starts_with("FSDP moves f32 values"), "{reason}");
     }
 
     /// A refused argument is certain to come before the call: the buffers may go.
