@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 /// Test-only (`test-hooks`): `delay:<ms>` completes every fence that long after the bucket
-/// was read; `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
+/// was read; `slow:<ms>:<k>` completes fences `0, k, 2k, ...` that long after their bucket was
+/// read and the others at once, so that fences complete out of launch order (with `k` buckets
+/// a step, the first of each step last); `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
 /// counting every bucket of every step); `fail:<n>` fails the `n`-th bucket's fence (its wait
 /// returns an error, as a failed CUDA event would); `kill:<n>` SIGKILLs this process as its `n`-th bucket
 /// is staged (a rank that dies between two buckets); `abort:<n>` aborts the communicator from
@@ -111,6 +113,13 @@ impl StandInDevice {
                     std::thread::spawn(move || {
                         let e = comm.abort(&format!("{FENCE_FAULT_ENV}=abort:{n}"));
                         tracing::debug!(error = %e, "aborted from another thread");
+                        let _ = done.send(Ok(()));
+                    });
+                    return;
+                }
+                fault::FenceFault::Slow { delay, every } if n.is_multiple_of(every) => {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
                         let _ = done.send(Ok(()));
                     });
                     return;
@@ -300,6 +309,11 @@ mod fault {
     pub(super) enum FenceFault {
         None,
         Delay(Duration),
+        /// Every `every`-th fence (from the first) is `delay` late, the others are not.
+        Slow {
+            delay: Duration,
+            every: usize,
+        },
         Never(usize),
         Fail(usize),
         Kill(usize),
@@ -314,12 +328,22 @@ mod fault {
             let bad = || {
                 DdpError::InvalidConfig(format!(
                     "{FENCE_FAULT_ENV}={value:?}: expected delay:<milliseconds>, \
+                     slow:<milliseconds>:<every (1 or more)>, \
                      never:<bucket number>, fail:<bucket number>, kill:<bucket number> or \
                      abort:<bucket number>"
                 ))
             };
             let text = value.to_str().ok_or_else(bad)?;
             let (kind, n) = text.split_once(':').ok_or_else(bad)?;
+            if kind == "slow" {
+                let (ms, every) = n.split_once(':').ok_or_else(bad)?;
+                let delay = Duration::from_millis(ms.parse().map_err(|_| bad())?);
+                let every: usize = every.parse().map_err(|_| bad())?;
+                if every == 0 {
+                    return Err(bad());
+                }
+                return Ok(FenceFault::Slow { delay, every });
+            }
             let n: u64 = n.parse().map_err(|_| bad())?;
             match kind {
                 "delay" => Ok(FenceFault::Delay(Duration::from_millis(n))),
