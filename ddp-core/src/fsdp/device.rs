@@ -97,6 +97,7 @@ fn device_units<I: Backend, D: ReductionDevice>(
         device,
         world: pg.world_size(),
         timeout: pg.timeout(),
+        user: "FSDP",
     };
     Ok(Arc::new(DeviceUnits { engine, shards }))
 }

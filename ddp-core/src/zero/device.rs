@@ -41,12 +41,14 @@ pub(crate) fn shard_collectives<I: Backend>(
                 device,
                 world,
                 timeout,
+                user: "ZeRO stage 2",
             })),
             #[cfg(feature = "cuda")]
             DeviceChoice::Nccl(device) => Some(Arc::new(DeviceShards {
                 device,
                 world,
                 timeout,
+                user: "ZeRO stage 2",
             })),
         },
     )

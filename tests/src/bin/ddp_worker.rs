@@ -7,7 +7,8 @@
 //! (feature `cuda`) trains on GPU 0 instead, every rank on the same GPU.
 //! `DDP_TEST_COLLECTIVES=stand-in` reduces through the device engine's CPU stand-in
 //! (`Collectives::StandIn`) with small buckets; `DDP_TEST_STAND_IN_FENCE` injects its faults
-//! (ddp-core's `test-hooks`: `delay:<ms>`, `never:<n>`, `kill:<n>`, `abort:<n>`).
+//! (ddp-core's `test-hooks`: `delay:<ms>`, `slow:<ms>:<k>`, `never:<n>`, `fail:<n>`, `kill:<n>`,
+//! `abort:<n>`).
 //!
 //! What each rank does, from its own environment (the tests set some on one rank only):
 //! - `DDP_TEST_OVERLAP=off`: `DdpConfig::with_automatic_overlap(false)` (plain taps).

@@ -307,16 +307,24 @@ fn processes_with_fsdp_on_the_device_stand_in_train_like_one_process() {
     }
 }
 
-/// Fences that complete late (each 30 ms after its bucket was read, on its own thread, so
-/// possibly out of order): the issuing thread still queues buckets in launch order.
+/// Fences that complete out of launch order on rank 1 only: there the first fence of each
+/// step (every third: a step has 3 buckets) completes 300 ms after its bucket was read, the
+/// later ones at once. Its issuing thread still queues the buckets in launch order, as its
+/// peers do: one that queued them as they became ready would meet its peers' first bucket
+/// with its second (a mismatch here; on NCCL, a hang or unrelated gradients added together).
 #[test]
 fn processes_over_the_stand_in_with_late_fences_train_like_one_process() {
-    let env = [
-        ("DDP_TEST_COLLECTIVES", "stand-in"),
-        ("DDP_TEST_STAND_IN_FENCE", "delay:30"),
-    ];
+    let env = |rank: usize| match rank {
+        1 => stand_in(&[("DDP_TEST_STAND_IN_FENCE", "slow:300:3")]),
+        _ => stand_in(&[]),
+    };
     let reference = |init: &[u8]| train_reference(init, 3, Opt::Adam);
-    check_with(3, Opt::Adam, &env, reference);
+    let stats = check_ranks(3, Opt::Adam, env, reference);
+    // Every step has the 3 buckets the fault counts on, so the late fence is each step's first.
+    for (rank, steps) in stats.iter().enumerate() {
+        assert_eq!(steps.len(), STEPS, "rank {rank}: {steps:?}");
+        assert!(steps.iter().all(|&(b, _)| b == 3), "rank {rank}: {steps:?}");
+    }
 }
 
 /// The stand-in with a fault on rank 1 only.
@@ -462,6 +470,43 @@ fn stand_in_communicator_aborted_from_another_thread_is_named_and_every_rank_exi
     );
 }
 
+/// Rank 1's fence of its second bucket fails (a device that failed the bucket's kernels): its
+/// issuing thread must not queue the buckets after it (on NCCL, rank 1's next bucket would
+/// meet its peers' second: a hang or wrong sums) but abort the communicator, before its step
+/// learns of the failure, so every peer quotes the issuing thread's reason. Rank 1 says its
+/// fence failed, every peer names rank 1, no rank meets another's bucket (a mismatch), and
+/// every rank exits, long before the 600 s timeout. (The issuing thread's own unit test shows
+/// that it queues nothing more: here, which thread aborts first depends on timing.)
+#[test]
+fn stand_in_fence_that_fails_stops_the_issuing_thread_and_every_rank_exits() {
+    let outputs = stand_in_fault(3, "fail:1", "600");
+    assert_every_rank_failed_saying(&outputs, "rank 1");
+    for o in outputs.iter().filter(|o| o.rank != 1) {
+        assert!(
+            o.stderr
+                .contains("this rank's issuing thread queues no collective after it"),
+            "rank {} quotes rank 1's issuing thread: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+    assert!(
+        outputs[1]
+            .stderr
+            .contains("DDP_TEST_STAND_IN_FENCE=fail:1: this bucket's fence failed"),
+        "rank 1 says its fence failed: {}",
+        outputs[1].stderr
+    );
+    for o in &outputs {
+        assert!(
+            !o.stderr.contains("mismatch"),
+            "rank {} met another rank's bucket: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+}
+
 /// Rank 1 dies (SIGKILL) in the middle of ZeRO stage 2's collectives on the device path (its
 /// third staged buffer: between two groups), and of FSDP's (its seventh: in the first
 /// backward, after one unit's reduce-scatter was queued, before the next): every other rank
@@ -482,15 +527,33 @@ fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer
 
 /// A fence that never completes on rank 1 (a kernel that never ends) inside ZeRO stage 2's
 /// collectives on the device path (its second staged buffer: the first reduce-scatter's
-/// receive buffer) and FSDP's (its second: the first all-gather's, in forward), both waited for
-/// on the calling thread. Rank 1's timeout (10 s) is well below its peers' (60 s): after it,
-/// rank 1 names the collective whose kernels did not finish and aborts the communicator, and
-/// its peers, still waiting in that collective, fail with rank 1's reason instead of waiting
-/// out their own timeout; every rank exits. (The fence wait used to have no deadline: rank 1
-/// waited forever, killed at `run_world`'s deadline.)
+/// receive buffer) and FSDP's (its second: the first all-gather's, in forward; both waited for
+/// on the calling thread), and FSDP's fifth (the first unit's reduce-scatter in backward,
+/// waited for by the device engine's issuing thread). Rank 1's timeout (10 s) is well below
+/// its peers' (60 s): after it, rank 1 names the collective whose kernels did not finish and
+/// aborts the communicator, and its peers, still waiting in that collective, fail with rank
+/// 1's reason instead of waiting out their own timeout; every rank exits. FSDP's errors name
+/// FSDP's collectives, never ZeRO's or DDP's gradient buckets. (The fence wait used to have
+/// no deadline: rank 1 waited forever, killed at `run_world`'s deadline.)
 #[test]
 fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank_exits() {
-    for (sharding, op) in [("zero2", "reduce_scatter"), ("fsdp", "all_gather")] {
+    for (sharding, fault, stuck) in [
+        (
+            "zero2",
+            "never:1",
+            "has not finished the kernels that produce the buffers of its reduce_scatter",
+        ),
+        (
+            "fsdp",
+            "never:1",
+            "has not finished the kernels that produce the buffers of its all_gather",
+        ),
+        (
+            "fsdp",
+            "never:4",
+            "has not finished the kernels that produce FSDP unit",
+        ),
+    ] {
         let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
             let timeout = if rank == 1 { "10" } else { "60" };
             let mut env = stand_in(&[
@@ -498,19 +561,29 @@ fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank
                 ("DDP_TEST_SHARDING", sharding),
             ]);
             if rank == 1 {
-                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", "never:1")]));
+                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", fault)]));
             }
             env
         });
-        let stuck = format!("has not finished the kernels that produce the buffers of its {op}");
-        assert_every_rank_failed_saying(&outputs, &stuck);
-        for o in outputs.iter().filter(|o| o.rank != 1) {
-            assert!(
-                o.stderr.contains("rank 1"),
-                "{sharding}: rank {} names rank 1: {}",
-                o.rank,
-                o.stderr
-            );
+        assert_every_rank_failed_saying(&outputs, stuck);
+        for o in &outputs {
+            let context = format!("{sharding} {fault}: rank {}", o.rank);
+            if o.rank != 1 {
+                assert!(
+                    o.stderr.contains("rank 1"),
+                    "{context} names rank 1: {}",
+                    o.stderr
+                );
+            }
+            if sharding == "fsdp" {
+                for other in ["ZeRO", "gradient bucket"] {
+                    assert!(
+                        !o.stderr.contains(other),
+                        "{context} says {other:?}: {}",
+                        o.stderr
+                    );
+                }
+            }
         }
     }
 }

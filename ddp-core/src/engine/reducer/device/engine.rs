@@ -196,11 +196,11 @@ impl<D: ReductionDevice> InFlight<D> {
     /// the error says so first.
     fn failed(&self, e: CommError) -> DdpError {
         match self.device_wait.longer_than(self.timeout / 2) {
-            Some((bucket, waited)) => DdpError::Gradient {
+            Some((what, waited)) => DdpError::Gradient {
                 path: self.path.clone(),
                 reason: format!(
                     "{} (the timeout is {:?}), and {} failed meanwhile: {e}",
-                    fence_stuck(bucket, waited),
+                    fence_stuck(what, waited),
                     self.timeout,
                     self.device.name()
                 ),
@@ -225,10 +225,10 @@ impl<D: ReductionDevice> InFlight<D> {
                     if let Err(e) = self.device.check() {
                         return Err(self.failed(e));
                     }
-                    if let Some((bucket, waited)) = self.device_wait.longer_than(self.timeout) {
+                    if let Some((what, waited)) = self.device_wait.longer_than(self.timeout) {
                         let reason = format!(
                             "{} (the timeout is {:?}): a kernel that never ends?",
-                            fence_stuck(bucket, waited),
+                            fence_stuck(what, waited),
                             self.timeout
                         );
                         return Err(all_reduce_failed(self.device.abort(&reason)));

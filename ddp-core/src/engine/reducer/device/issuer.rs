@@ -8,6 +8,10 @@
 //! than the timeout, and dropping the reduction leaves such a thread behind rather than hang. A
 //! bucket the thread cannot hand back ([`Issued`], dropped) gives its memory back only if its
 //! collective certainly finished.
+//!
+//! Once a bucket could not be issued, the thread aborts the communicator and queues nothing
+//! more: on NCCL this rank's next bucket would otherwise meet its peers' failed one (a hang,
+//! or unrelated gradients added together).
 
 use super::{DeviceWork, ReductionDevice};
 use crate::error::DdpError;
@@ -26,6 +30,29 @@ pub(super) enum Staged<D: ReductionDevice> {
     AllReduce(D::Memory),
     /// FSDP's unit: `send` (every rank's chunk) averaged into `recv` (this rank's chunk).
     ReduceScatter { send: D::Memory, recv: D::Memory },
+}
+
+impl<D: ReductionDevice> Staged<D> {
+    /// What its number counts, for errors: "gradient bucket", "FSDP unit".
+    fn noun(&self) -> &'static str {
+        match self {
+            Staged::AllReduce(_) => "gradient bucket",
+            Staged::ReduceScatter { .. } => "FSDP unit",
+        }
+    }
+}
+
+/// A numbered collective, for errors: "gradient bucket 3", "FSDP unit 1".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Numbered {
+    pub(super) noun: &'static str,
+    pub(super) n: usize,
+}
+
+impl std::fmt::Display for Numbered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.noun, self.n)
+    }
 }
 
 /// A staged bucket for the issuing thread, and where its collective goes.
@@ -88,31 +115,32 @@ impl<D: ReductionDevice> Drop for Issued<D> {
     }
 }
 
-/// Since when, and for which bucket, the issuing thread has been waiting for the device.
+/// Since when, and for which collective, the issuing thread has been waiting for the device.
 #[derive(Debug, Default)]
-pub(super) struct DeviceWait(Mutex<Option<(usize, Instant)>>);
+pub(super) struct DeviceWait(Mutex<Option<(Numbered, Instant)>>);
 
 impl DeviceWait {
-    /// The bucket the thread has been waiting for longer than `limit`, and for how long.
-    pub(super) fn longer_than(&self, limit: Duration) -> Option<(usize, Duration)> {
+    /// The collective the thread has been waiting for longer than `limit`, and for how long.
+    pub(super) fn longer_than(&self, limit: Duration) -> Option<(Numbered, Duration)> {
         let since = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
         since
-            .map(|(bucket, t)| (bucket, t.elapsed()))
+            .map(|(what, t)| (what, t.elapsed()))
             .filter(|(_, waited)| *waited > limit)
     }
 
-    fn set(&self, state: Option<(usize, Instant)>) {
+    fn set(&self, state: Option<(Numbered, Instant)>) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = state;
     }
 }
 
-/// The error for a fence that has not completed after `waited`.
-pub(super) fn fence_stuck(bucket: usize, waited: Duration) -> String {
-    format!(
-        "the device has not finished the kernels that produce gradient bucket {bucket} after \
-         {waited:?}"
-    )
+/// The error for a fence of `what` that has not completed after `waited`.
+pub(super) fn fence_stuck(what: Numbered, waited: Duration) -> String {
+    format!("the device has not finished the kernels that produce {what} after {waited:?}")
 }
+
+/// The end of the reason the issuing thread aborts the communicator with, once a collective
+/// could not be issued.
+const STOPPED: &str = "this rank's issuing thread queues no collective after it";
 
 /// The issuing thread and the way to it.
 pub(super) struct Issuer<D: ReductionDevice> {
@@ -131,6 +159,10 @@ impl<D: ReductionDevice> Issuer<D> {
         let thread = std::thread::Builder::new()
             .name(format!("ddp-issue-{rank}"))
             .spawn(move || {
+                // Once set, why this thread issues nothing more: the first collective it
+                // could not issue, and why. The communicator is aborted then, so it stays
+                // set for the reduction's life (every later step fails anyway).
+                let mut stopped: Option<String> = None;
                 // Buckets in launch order: every rank queues its collectives in the same order.
                 for job in issues {
                     let Issue {
@@ -140,7 +172,41 @@ impl<D: ReductionDevice> Issuer<D> {
                         path,
                         reply,
                     } = job;
-                    let work = issue(&device, &waiting, &staged, ready, bucket, &path);
+                    let what = Numbered {
+                        noun: staged.noun(),
+                        n: bucket,
+                    };
+                    let work = match &stopped {
+                        // Never touches the communicator: nothing was queued, so the memory
+                        // may go.
+                        Some(first) => Err(NotIssued {
+                            error: DdpError::Gradient {
+                                path,
+                                reason: format!(
+                                    "{what} was not issued: an earlier collective could not be \
+                                     ({first})"
+                                ),
+                            },
+                            maybe_queued: false,
+                        }),
+                        None => {
+                            let work = issue(&device, &waiting, &staged, ready, what, &path);
+                            if let Err(not) = &work {
+                                // Before replying, so that no later bucket of this rank meets
+                                // a peer's failed one, and the peers fail now, with this reason.
+                                let reason = format!("{}; {STOPPED}", not.error);
+                                let e = device.abort(&reason);
+                                tracing::error!(
+                                    collective = %what,
+                                    error = %e,
+                                    communicator = device.name(),
+                                    "a collective could not be issued; aborted the communicator"
+                                );
+                                stopped = Some(format!("{what}: {}", not.error));
+                            }
+                            work
+                        }
+                    };
                     // A step that gave up waiting dropped its receiver: the returned `Issued`
                     // is dropped here, which frees the memory only if the device is done.
                     let _ = reply.send(Issued {
@@ -184,12 +250,12 @@ impl<D: ReductionDevice> Issuer<D> {
         };
         let mut failed_at = None;
         while !thread.is_finished() {
-            if let Some((bucket, waited)) = self.device_wait.longer_than(timeout) {
+            if let Some((what, waited)) = self.device_wait.longer_than(timeout) {
                 // The thread holds the communicator: fail it now, so the peers learn at once
                 // and it is aborted instead of living as long as the stuck wait.
-                let e = device.abort(&fence_stuck(bucket, waited));
+                let e = device.abort(&fence_stuck(what, waited));
                 tracing::error!(
-                    bucket,
+                    collective = %what,
                     waited_s = waited.as_secs_f64(),
                     error = %e,
                     communicator = device.name(),
@@ -233,11 +299,12 @@ fn issue<D: ReductionDevice>(
     device_wait: &DeviceWait,
     staged: &Staged<D>,
     ready: Vec<D::Fence>,
-    bucket: usize,
+    what: Numbered,
     path: &str,
 ) -> Result<D::Work, NotIssued> {
+    let bucket = what.n;
     {
-        device_wait.set(Some((bucket, Instant::now())));
+        device_wait.set(Some((what, Instant::now())));
         let _waiting = Waiting(device_wait);
         for fence in ready {
             device.wait_ready(fence).map_err(|e| NotIssued {
@@ -279,4 +346,185 @@ fn issue<D: ReductionDevice>(
         maybe_queued: !matches!(e, ddp_comm::CommError::InvalidArgument { .. }),
         error: DdpError::comm(what)(e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::reducer::device::Readiness;
+    use burn::tensor::DType;
+    use burn::tensor::backend::Backend;
+    use burn::tensor::ops::FloatTensor;
+    use ddp_comm::{CommError, WorkTiming};
+
+    /// A device that records what the issuing thread asks of it, in order; a fence is its
+    /// outcome.
+    #[derive(Clone, Default)]
+    struct Recording(Arc<Mutex<Vec<String>>>);
+
+    impl Recording {
+        fn log(&self, what: String) {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(what);
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+    }
+
+    struct Done;
+
+    impl DeviceWork for Done {
+        fn wait(self) -> Result<WorkTiming, CommError> {
+            let now = Instant::now();
+            Ok(WorkTiming {
+                queued: now,
+                started: now,
+                finished: now,
+            })
+        }
+    }
+
+    impl ReductionDevice for Recording {
+        type Memory = ();
+        type Fence = Result<(), String>;
+        type Work = Done;
+
+        fn name(&self) -> &'static str {
+            "the recording device"
+        }
+
+        fn stage<I: Backend>(
+            &self,
+            _: FloatTensor<I>,
+            _: usize,
+            _: DType,
+            _: &str,
+        ) -> Result<((), Result<(), String>), DdpError> {
+            Ok(((), Ok(())))
+        }
+
+        fn wait_ready(&self, fence: Result<(), String>) -> Result<(), String> {
+            self.log(format!("fence {fence:?}"));
+            fence
+        }
+
+        fn wait_ready_until(
+            &self,
+            _: Vec<Result<(), String>>,
+            _: Instant,
+        ) -> Result<Readiness, String> {
+            Ok(Readiness::Ready)
+        }
+
+        fn all_reduce(&self, _: &(), label: CollectiveLabel) -> Result<Done, CommError> {
+            self.log(format!("all_reduce {:?}", label.bucket));
+            Ok(Done)
+        }
+
+        fn reduce_scatter(
+            &self,
+            _: &(),
+            _: &(),
+            label: CollectiveLabel,
+        ) -> Result<Done, CommError> {
+            self.log(format!("reduce_scatter {:?}", label.bucket));
+            Ok(Done)
+        }
+
+        fn all_gather(&self, _: &(), _: &(), label: CollectiveLabel) -> Result<Done, CommError> {
+            self.log(format!("all_gather {:?}", label.bucket));
+            Ok(Done)
+        }
+
+        fn check(&self) -> Result<(), CommError> {
+            Ok(())
+        }
+
+        fn abort(&self, reason: &str) -> CommError {
+            self.log(format!("abort {reason}"));
+            CommError::Aborted(reason.to_string())
+        }
+
+        fn unstage<I: Backend>(&self, _: (), _: &I::Device) -> Result<FloatTensor<I>, DdpError> {
+            Err(DdpError::Internal("never unstaged".into()))
+        }
+    }
+
+    /// Waits (a generous minute) for the thread's answer about one bucket.
+    fn answer(reply: &mpsc::Receiver<Issued<Recording>>) -> Result<(), NotIssued> {
+        let issued = reply
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the issuing thread answers");
+        let (_, work) = issued.into_parts().expect("parts");
+        work.map(|_| ())
+    }
+
+    /// A bucket whose fence failed: the thread aborts the communicator (before it answers)
+    /// and queues none of the buckets after it, which on NCCL would meet the peers' failed
+    /// bucket; those fail without touching the communicator, saying why.
+    #[test]
+    fn after_a_bucket_that_was_not_issued_nothing_more_is_queued() {
+        let device = Recording::default();
+        let mut issuer = Issuer::start(device.clone(), 0).expect("start");
+        let send = |bucket: usize, fence: Result<(), String>| {
+            let (reply, answer) = mpsc::channel();
+            let job = Issue {
+                staged: Staged::AllReduce(()),
+                ready: vec![fence],
+                bucket,
+                path: format!("p{bucket}"),
+                reply,
+            };
+            issuer.send(job).expect("send");
+            answer
+        };
+        let first = send(0, Ok(()));
+        let failing = send(1, Err("the event failed".into()));
+        let later = [send(2, Ok(())), send(3, Ok(()))];
+        assert!(answer(&first).is_ok());
+        let not = answer(&failing).expect_err("bucket 1 fails");
+        assert!(!not.maybe_queued);
+        assert!(
+            not.error.to_string().contains("the event failed"),
+            "{}",
+            not.error
+        );
+        let calls = device.calls();
+        let aborted = calls
+            .iter()
+            .any(|c| c.starts_with("abort") && c.contains(STOPPED));
+        assert!(aborted, "aborted before answering: {calls:?}");
+        for (bucket, reply) in (2..).zip(&later) {
+            let not = answer(reply).expect_err("later buckets fail");
+            assert!(!not.maybe_queued, "nothing was queued");
+            let text = not.error.to_string();
+            assert!(
+                text.contains(&format!("gradient bucket {bucket} was not issued"))
+                    && text.contains("gradient bucket 1")
+                    && text.contains("the event failed"),
+                "{text}"
+            );
+        }
+        issuer.stop(&device, Duration::from_secs(60));
+        let calls = device.calls();
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| !c.starts_with("abort"))
+                .collect::<Vec<_>>(),
+            [
+                "fence Ok(())",
+                "all_reduce Some(0)",
+                "fence Err(\"the event failed\")"
+            ],
+            "{calls:?}"
+        );
+    }
 }

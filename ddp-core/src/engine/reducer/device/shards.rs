@@ -15,6 +15,7 @@
 use super::{DeviceWork, Readiness, ReductionDevice};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
+use ddp_comm::CommError;
 use ddp_comm::watchdog::CollectiveLabel;
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,8 @@ pub(crate) struct DeviceShards<D> {
     /// How long a collective waits for its buffers' ready fences: the process group's
     /// timeout, which bounds its collectives and DDP's fence waits too.
     pub(crate) timeout: Duration,
+    /// Who runs these collectives, for errors: "ZeRO stage 2", "FSDP".
+    pub(crate) user: &'static str,
 }
 
 enum Op {
@@ -82,12 +85,13 @@ impl<D: ReductionDevice> DeviceShards<D> {
         let dtype = send.dtype();
         if dtype != DType::F32 {
             return Err(fail(format!(
-                "ZeRO stage 2 moves f32 values; got {dtype:?}"
+                "{} moves f32 values; got {dtype:?}",
+                self.user
             )));
         }
         let send_len = send.dims()[0];
         let recv = Tensor::<I, 1>::zeros([recv_len], &device);
-        let path = "ZeRO stage 2";
+        let path = self.user;
         let staged = |t: Tensor<I, 1>, len: usize| {
             self.device
                 .stage::<I>(t.into_primitive().tensor(), len, DType::F32, path)
@@ -113,8 +117,20 @@ impl<D: ReductionDevice> DeviceShards<D> {
                 .reduce_scatter(&send_memory, &recv_memory, label),
             Op::AllGather => self.device.all_gather(&send_memory, &recv_memory, label),
         };
-        // Nothing was queued on an error here: the memory may go.
-        let work = queued.map_err(|e| fail(e.to_string()))?;
+        let work = match queued {
+            Ok(work) => work,
+            Err(e) => {
+                // Only a refused argument is certain to come before the communicator's call
+                // ([`ReductionDevice`]); any other error may come after NCCL queued the kernel
+                // (a deadline or an abort while in progress), which may still write both
+                // buffers: never give them back then.
+                if !matches!(e, CommError::InvalidArgument { .. }) {
+                    std::mem::forget(send_memory);
+                    std::mem::forget(recv_memory);
+                }
+                return Err(fail(e.to_string()));
+            }
+        };
         match work.wait() {
             Ok(_) => {
                 drop(send_memory);
@@ -175,5 +191,172 @@ impl<I: Backend, D: ReductionDevice> ShardCollectives<I> for DeviceShards<D> {
 
     fn abort(&self, reason: &str) {
         self.device.abort(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::DdpError;
+    use burn::tensor::ops::FloatTensor;
+    use ddp_comm::WorkTiming;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    type B = burn::backend::Flex;
+
+    /// A device whose collectives fail as `fail` says, and whose memory counts its drops (a
+    /// drop is memory given back to the pool).
+    #[derive(Clone)]
+    struct Failing {
+        fail: fn() -> CommError,
+        drops: Arc<AtomicUsize>,
+    }
+
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    struct NeverQueued;
+
+    impl DeviceWork for NeverQueued {
+        fn wait(self) -> Result<WorkTiming, CommError> {
+            Err(CommError::Destroyed)
+        }
+    }
+
+    impl ReductionDevice for Failing {
+        type Memory = Counted;
+        type Fence = ();
+        type Work = NeverQueued;
+
+        fn name(&self) -> &'static str {
+            "the failing device"
+        }
+
+        fn stage<I: Backend>(
+            &self,
+            _flat: FloatTensor<I>,
+            _len: usize,
+            _dtype: DType,
+            _path: &str,
+        ) -> Result<(Counted, ()), DdpError> {
+            Ok((Counted(self.drops.clone()), ()))
+        }
+
+        fn wait_ready(&self, _fence: ()) -> Result<(), String> {
+            Ok(())
+        }
+
+        fn wait_ready_until(&self, _: Vec<()>, _: Instant) -> Result<Readiness, String> {
+            Ok(Readiness::Ready)
+        }
+
+        fn all_reduce(&self, _: &Counted, _: CollectiveLabel) -> Result<NeverQueued, CommError> {
+            Err((self.fail)())
+        }
+
+        fn reduce_scatter(
+            &self,
+            _: &Counted,
+            _: &Counted,
+            _: CollectiveLabel,
+        ) -> Result<NeverQueued, CommError> {
+            Err((self.fail)())
+        }
+
+        fn all_gather(
+            &self,
+            _: &Counted,
+            _: &Counted,
+            _: CollectiveLabel,
+        ) -> Result<NeverQueued, CommError> {
+            Err((self.fail)())
+        }
+
+        fn check(&self) -> Result<(), CommError> {
+            Ok(())
+        }
+
+        fn abort(&self, reason: &str) -> CommError {
+            CommError::Aborted(reason.to_string())
+        }
+
+        fn unstage<I: Backend>(
+            &self,
+            _: Counted,
+            _: &I::Device,
+        ) -> Result<FloatTensor<I>, DdpError> {
+            Err(DdpError::Internal("never unstaged".into()))
+        }
+    }
+
+    /// Both buffers' drops after a failed reduce-scatter, and after a failed all-gather.
+    fn drops_after_failures(fail: fn() -> CommError) -> [usize; 2] {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let shards = DeviceShards {
+            device: Failing {
+                fail,
+                drops: drops.clone(),
+            },
+            world: 2,
+            timeout: Duration::from_secs(60),
+            user: "FSDP",
+        };
+        let device = Default::default();
+        let send = || Tensor::<B, 1>::zeros([4], &device);
+        let rs = ShardCollectives::<B>::reduce_scatter(&shards, send(), 2);
+        assert!(rs.is_err_and(|e| e.op == "reduce_scatter"));
+        let after_rs = drops.swap(0, Ordering::SeqCst);
+        let ag = ShardCollectives::<B>::all_gather(&shards, send());
+        assert!(ag.is_err_and(|e| e.op == "all_gather"));
+        [after_rs, drops.load(Ordering::SeqCst)]
+    }
+
+    /// A collective call that failed after it may have queued the kernel (NCCL: a deadline
+    /// while in progress, an abort under the call): NCCL may still write both buffers, so
+    /// neither goes back to the pool.
+    #[test]
+    fn buffers_of_a_collective_that_may_have_been_queued_are_never_given_back() {
+        let aborted = || CommError::Aborted("aborted while queuing".into());
+        assert_eq!(drops_after_failures(aborted), [0, 0]);
+    }
+
+    /// Errors name the user of the collectives (FSDP uses them too), not ZeRO.
+    #[test]
+    fn errors_name_who_runs_the_collectives() {
+        let refused = || CommError::InvalidArgument {
+            op: "all_gather",
+            reason: "refused".into(),
+        };
+        let shards = DeviceShards {
+            device: Failing {
+                fail: refused,
+                drops: Arc::default(),
+            },
+            world: 2,
+            timeout: Duration::from_secs(60),
+            user: "FSDP",
+        };
+        let device = Default::default();
+        let f64s = Tensor::<B, 1>::zeros([4], &device).cast(burn::tensor::FloatDType::F64);
+        let reason = ShardCollectives::<B>::all_gather(&shards, f64s)
+            .expect_err("f64 is refused")
+            .reason;
+        assert!(reason.starts_with("FSDP moves f32 values"), "{reason}");
+    }
+
+    /// A refused argument is certain to come before the call: the buffers may go.
+    #[test]
+    fn buffers_of_a_refused_collective_are_given_back() {
+        let refused = || CommError::InvalidArgument {
+            op: "all_gather",
+            reason: "refused".into(),
+        };
+        assert_eq!(drops_after_failures(refused), [2, 2]);
     }
 }

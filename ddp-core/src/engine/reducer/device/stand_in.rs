@@ -23,8 +23,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 /// Test-only (`test-hooks`): `delay:<ms>` completes every fence that long after the bucket
-/// was read; `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
-/// counting every bucket of every step); `kill:<n>` SIGKILLs this process as its `n`-th bucket
+/// was read; `slow:<ms>:<k>` completes fences `0, k, 2k, ...` that long after their bucket was
+/// read and the others at once, so that fences complete out of launch order (with `k` buckets
+/// a step, the first of each step last); `never:<n>` never completes the fence of this rank's `n`-th bucket (from 0,
+/// counting every bucket of every step); `fail:<n>` fails the `n`-th bucket's fence (its wait
+/// returns an error, as a failed CUDA event would); `kill:<n>` SIGKILLs this process as its `n`-th bucket
 /// is staged (a rank that dies between two buckets); `abort:<n>` aborts the communicator from
 /// another thread as the `n`-th bucket is staged, before its fence completes (the buckets
 /// before it may still be in flight; the peers are waiting in the `n`-th).
@@ -39,7 +42,7 @@ pub(crate) struct StandInDevice {
     fault: fault::FenceFault,
     /// Fences that must never complete: their senders, kept so they never disconnect either.
     #[cfg(feature = "test-hooks")]
-    stuck: Arc<Mutex<(usize, Vec<mpsc::Sender<()>>)>>,
+    stuck: Arc<Mutex<(usize, Vec<mpsc::Sender<FenceResult>>)>>,
 }
 
 /// A flat bucket in host memory, in its parameters' dtype.
@@ -51,7 +54,10 @@ pub(crate) enum HostBucket {
 }
 
 /// Completes once the producing thread has finished the bucket.
-pub(crate) struct HostFence(mpsc::Receiver<()>);
+pub(crate) struct HostFence(mpsc::Receiver<FenceResult>);
+
+/// How a fence completed: an error is a device that failed the bucket's kernels.
+type FenceResult = Result<(), String>;
 
 impl StandInDevice {
     /// The stand-in communicator of `pg`'s ranks.
@@ -77,7 +83,7 @@ impl StandInDevice {
     }
 
     /// Completes the fence the way the test asked (at once without `test-hooks`).
-    fn complete(&self, done: mpsc::Sender<()>) {
+    fn complete(&self, done: mpsc::Sender<FenceResult>) {
         #[cfg(feature = "test-hooks")]
         {
             let mut stuck = self.stuck.lock().unwrap_or_else(PoisonError::into_inner);
@@ -87,6 +93,13 @@ impl StandInDevice {
                 fault::FenceFault::Never(at) if at == n => {
                     tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: this fence never completes");
                     stuck.1.push(done);
+                    return;
+                }
+                fault::FenceFault::Fail(at) if at == n => {
+                    tracing::warn!(bucket = n, "{FENCE_FAULT_ENV}: this fence fails");
+                    let _ = done.send(Err(format!(
+                        "{FENCE_FAULT_ENV}=fail:{n}: this bucket's fence failed"
+                    )));
                     return;
                 }
                 fault::FenceFault::Kill(at) if at == n => {
@@ -100,21 +113,28 @@ impl StandInDevice {
                     std::thread::spawn(move || {
                         let e = comm.abort(&format!("{FENCE_FAULT_ENV}=abort:{n}"));
                         tracing::debug!(error = %e, "aborted from another thread");
-                        let _ = done.send(());
+                        let _ = done.send(Ok(()));
+                    });
+                    return;
+                }
+                fault::FenceFault::Slow { delay, every } if n.is_multiple_of(every) => {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        let _ = done.send(Ok(()));
                     });
                     return;
                 }
                 fault::FenceFault::Delay(d) => {
                     std::thread::spawn(move || {
                         std::thread::sleep(d);
-                        let _ = done.send(());
+                        let _ = done.send(Ok(()));
                     });
                     return;
                 }
                 _ => {}
             }
         }
-        let _ = done.send(());
+        let _ = done.send(Ok(()));
     }
 }
 
@@ -165,7 +185,7 @@ impl ReductionDevice for StandInDevice {
     }
 
     fn wait_ready(&self, fence: HostFence) -> Result<(), String> {
-        fence.0.recv().map_err(|_| fence_dropped())
+        fence.0.recv().map_err(|_| fence_dropped())?
     }
 
     fn wait_ready_until(
@@ -178,7 +198,7 @@ impl ReductionDevice for StandInDevice {
         for fence in fences {
             let left = deadline.saturating_duration_since(Instant::now());
             match fence.0.recv_timeout(left) {
-                Ok(()) => {}
+                Ok(done) => done?,
                 Err(mpsc::RecvTimeoutError::Timeout) => return Ok(Readiness::Pending),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(fence_dropped()),
             }
@@ -289,7 +309,13 @@ mod fault {
     pub(super) enum FenceFault {
         None,
         Delay(Duration),
+        /// Every `every`-th fence (from the first) is `delay` late, the others are not.
+        Slow {
+            delay: Duration,
+            every: usize,
+        },
         Never(usize),
+        Fail(usize),
         Kill(usize),
         Abort(usize),
     }
@@ -302,15 +328,27 @@ mod fault {
             let bad = || {
                 DdpError::InvalidConfig(format!(
                     "{FENCE_FAULT_ENV}={value:?}: expected delay:<milliseconds>, \
-                     never:<bucket number>, kill:<bucket number> or abort:<bucket number>"
+                     slow:<milliseconds>:<every (1 or more)>, \
+                     never:<bucket number>, fail:<bucket number>, kill:<bucket number> or \
+                     abort:<bucket number>"
                 ))
             };
             let text = value.to_str().ok_or_else(bad)?;
             let (kind, n) = text.split_once(':').ok_or_else(bad)?;
+            if kind == "slow" {
+                let (ms, every) = n.split_once(':').ok_or_else(bad)?;
+                let delay = Duration::from_millis(ms.parse().map_err(|_| bad())?);
+                let every: usize = every.parse().map_err(|_| bad())?;
+                if every == 0 {
+                    return Err(bad());
+                }
+                return Ok(FenceFault::Slow { delay, every });
+            }
             let n: u64 = n.parse().map_err(|_| bad())?;
             match kind {
                 "delay" => Ok(FenceFault::Delay(Duration::from_millis(n))),
                 "never" => Ok(FenceFault::Never(usize::try_from(n).map_err(|_| bad())?)),
+                "fail" => Ok(FenceFault::Fail(usize::try_from(n).map_err(|_| bad())?)),
                 "kill" => Ok(FenceFault::Kill(usize::try_from(n).map_err(|_| bad())?)),
                 "abort" => Ok(FenceFault::Abort(usize::try_from(n).map_err(|_| bad())?)),
                 _ => Err(bad()),
