@@ -9,10 +9,14 @@
 //! directory) keeps other jobs from writing in between.
 //!
 //! Every rank writes the record into its own directory, and a launch recorded in any rank's
-//! counts: without a shared filesystem an elastic restart can make another host rank 0, and a
-//! record on the old rank-0 host only would make that restart start over again. Each record
-//! carries a stamp (rank 0's clock in milliseconds, above every stamp the ranks held), so the
-//! newest record wins over an older launch's left on a host that was not in the job since.
+//! counts (`fresh_start_recorded`, exact: a launch id is its launch's own): without a shared
+//! filesystem an elastic restart can make another host rank 0, and a record on the old rank-0
+//! host only would make that restart start over again. A rank other than 0 writes only while
+//! it holds its directory's lock (never into one this job's rank 0 or another job holds), and
+//! one that cannot write there only warns: its records matter only once its host is rank 0.
+//! Each record also carries a stamp (rank 0's clock in milliseconds, above every stamp the
+//! ranks held): `fresh_start_launch` names the newest, for display; no decision rests on
+//! clocks.
 //!
 //! Starting over clears rank 0's directory only. Without a shared filesystem another host's
 //! own directory may still hold the older run's checkpoints, newer than this run's, which
@@ -30,6 +34,7 @@ use super::manifest::MANIFEST_FILE;
 use super::sharded::SHARDED_MANIFEST_FILE;
 use super::sharded::ShardedCheckpointer;
 use super::storage::durable::{ensure_dir, rename, sync_dir, write_synced};
+use super::storage::lock::{DirLock, lock_dir};
 use super::storage::naming::TMP_PREFIX;
 use super::storage::rank0::{all_gather_bytes, all_succeeded};
 use super::storage::run_id::{read_superseded, run_ids_in, write_superseded};
@@ -233,22 +238,63 @@ fn record(
     // directory, every directory's record of superseded runs is on disk too.
     // A rank's directory may not exist yet (a full checkpoint is written by rank 0 only): it
     // gets the records too, for when its host becomes rank 0.
-    let wrote = ensure_dir(&dir)
+    let writer = ensure_dir(&dir)
         .map_err(CheckpointError::from)
-        .and_then(|()| {
-            if own_readable && own_superseded == superseded {
-                Ok(())
-            } else {
-                write_superseded(&dir, &superseded, rank)
-            }
-        });
+        .and_then(|()| records_writer(rank, &dir));
+    // The writer (another rank's lock) lives until both records are written.
+    let (writes, wrote, _writer) = match writer {
+        Ok(writer) => (!matches!(writer, Writer::Skip), Ok(()), Some(writer)),
+        Err(e) => (false, Err(e), None),
+    };
+    let wrote = wrote.and_then(|()| {
+        if !writes || (own_readable && own_superseded == superseded) {
+            Ok(())
+        } else {
+            write_superseded(&dir, &superseded, rank)
+        }
+    });
     all_succeeded(pg, off_rank0_best_effort(rank, &dir, wrote), action)?;
     let record = Recorded {
         launch: launch_id.to_string(),
         stamp,
     };
-    let wrote = write_record(&dir, &record, rank);
+    let wrote = if writes {
+        write_record(&dir, &record, rank)
+    } else {
+        Ok(())
+    };
     all_succeeded(pg, off_rank0_best_effort(rank, &dir, wrote), action)
+}
+
+/// Who writes the fresh-start records into a rank's directory.
+enum Writer {
+    /// Rank 0, which holds its directory's lock (the checkpointer took it).
+    Rank0,
+    /// Another rank, holding its own directory's lock for the writes.
+    Locked {
+        /// Held, not read: the lock lives as long as this value.
+        _lock: DirLock,
+    },
+    /// Another rank whose directory another process holds: this job's rank 0 (a directory
+    /// they share, where rank 0 writes the same records) or another job, whose directory this
+    /// job must not write.
+    Skip,
+}
+
+/// Whether rank `rank` writes the records into `dir`: rank 0 does; another rank only while
+/// it holds `dir`'s lock, so it never writes into a directory another job holds.
+fn records_writer(rank: usize, dir: &Path) -> Result<Writer, CheckpointError> {
+    if rank == 0 {
+        return Ok(Writer::Rank0);
+    }
+    match lock_dir(dir) {
+        Ok(lock) => Ok(Writer::Locked { _lock: lock }),
+        Err(StorageError::DirLocked { holder, .. }) => {
+            tracing::debug!(rank, dir = %dir.display(), holder = %holder, "not writing the fresh-start records here: another process holds the directory (rank 0 of this job, which writes them, or another job)");
+            Ok(Writer::Skip)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A rank other than 0 that cannot write the records into its own directory (a path that

@@ -426,6 +426,29 @@ fn a_rank_that_cannot_write_its_directory_does_not_fail_the_fresh_start() {
     assert_eq!(recorded_on([&dir0, &bad], "launch-2"), [true, true]);
 }
 
+/// A rank whose own directory another job holds (its lock) writes nothing there: that job's
+/// records stay as they were, and the fresh start succeeds.
+#[test]
+fn a_fresh_start_writes_nothing_into_a_directory_another_job_holds() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (dir0, other) = (root.path().join("host0"), root.path().join("other-job"));
+    start_over_as(
+        [&other, &root.path().join("other-job-rank1")],
+        false,
+        "other-launch",
+    );
+    let before = std::fs::read(other.join("fresh-start")).expect("the other job's record");
+    let held = ddp_core::checkpoint::lock_dir(&other).expect("the other job holds it");
+    start_over_as([&dir0, &other], false, "launch-2");
+    assert_eq!(
+        std::fs::read(other.join("fresh-start")).expect("record"),
+        before,
+        "the other job's record is untouched"
+    );
+    drop(held);
+    assert_eq!(recorded_on([&dir0, &other], "launch-2"), [true, true]);
+}
+
 /// `--fresh` over a directory holding a step-0 checkpoint: the new step 0 replaces the old
 /// run's, it does not continue it, so the fresh run gets a new id.
 #[test]
