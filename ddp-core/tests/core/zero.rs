@@ -367,6 +367,23 @@ fn a_plain_checkpoint_save_of_a_sharded_state_fails_on_every_rank_and_writes_not
     );
 }
 
+/// A plain `FullCheckpointer::save` of `optim` at step 2 (what the tests expect refused), then
+/// `save_checkpoint` at step 3 (the right save, which gathers the whole state): the plain
+/// save's outcome.
+fn plain_save_then_save_checkpoint(
+    ckpt: &FullCheckpointer,
+    model: &Mlp<B>,
+    optim: &mut ZeroRedundancyOptimizer<MlpAdam, Mlp<B>, B>,
+) -> Result<String, CheckpointError> {
+    let plain = ckpt
+        .save(model, optim, &TrainingState::new(0, 2))
+        .map(|saved| saved.name);
+    optim
+        .save_checkpoint(ckpt, model, &TrainingState::new(0, 3))
+        .expect("save_checkpoint after the refused save");
+    plain
+}
+
 /// Every rank's plain save was refused with the variant itself, not only rank 0: a caller that
 /// matches on it to fall back to `save_checkpoint` (a collective) must do so on every rank,
 /// or rank 0 waits alone in it.
@@ -433,14 +450,7 @@ fn a_plain_save_after_a_full_load_into_a_stepped_zero_optimizer_fails_on_every_r
             &mut optim,
         )
         .expect("load");
-        let wrong = ckpt
-            .save(&model, &optim, &TrainingState::new(0, 2))
-            .map(|saved| saved.name);
-        // The right save still gathers the whole loaded state.
-        optim
-            .save_checkpoint(&ckpt, &model, &TrainingState::new(0, 3))
-            .expect("save_checkpoint after the refused save");
-        wrong
+        plain_save_then_save_checkpoint(&ckpt, &model, &mut optim)
     });
     assert_refused_on_every_rank(&results);
     assert_eq!(
@@ -478,13 +488,7 @@ fn a_plain_save_of_a_zero_state_loaded_from_a_sharded_checkpoint_fails_on_every_
         sharded
             .load_latest_state(&Default::default(), &mut model, &mut fresh)
             .expect("load_latest_state");
-        let wrong = full
-            .save(&model, &fresh, &TrainingState::new(0, 2))
-            .map(|saved| saved.name);
-        fresh
-            .save_checkpoint(&full, &model, &TrainingState::new(0, 3))
-            .expect("save_checkpoint after the refused save");
-        wrong
+        plain_save_then_save_checkpoint(&full, &model, &mut fresh)
     });
     assert_refused_on_every_rank(&results);
     assert_eq!(
