@@ -226,7 +226,7 @@ where
 
     /// Whether [`local_state`](Self::local_state) is every parameter's state: at world 1, or a
     /// whole loaded record the partition has not yet cut down to this rank's entries.
-    fn holds_whole_state(&self) -> bool {
+    pub(super) fn holds_whole_state(&self) -> bool {
         self.pg.world_size() == 1
             || matches!(
                 (&self.pending, &self.plan),
@@ -234,14 +234,13 @@ where
             )
     }
 
-    /// Takes this rank's part of a sharded checkpoint's state (its own parameters' entries):
-    /// like [`load_record`](Optimizer::load_record), but never presented as the whole state.
-    pub(super) fn load_own_shard(&mut self, record: O::Record) {
+    /// Takes a sharded checkpoint's state: this rank's own parameters' entries (`whole`
+    /// false), or every parameter's where the load read every shard because this optimizer
+    /// held a whole state (`whole` true). Like [`load_record`](Optimizer::load_record), but
+    /// presented as the whole state only when it is.
+    pub(super) fn load_sharded_state(&mut self, record: O::Record, whole: bool) {
         self.inner = self.inner.clone().load_record(HashMap::new());
-        self.pending = Some(Pending {
-            record,
-            whole: false,
-        });
+        self.pending = Some(Pending { record, whole });
         self.consolidated = None;
     }
 

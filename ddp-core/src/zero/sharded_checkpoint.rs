@@ -1,5 +1,5 @@
 //! ZeRO's optimizer state in a [`ShardedCheckpointer`]'s checkpoints: each rank writes the
-//! state it holds (its shard, no gathering) and, on load, reads only the state of the
+//! state it holds (its shard, no gathering; its part of a whole loaded state) and, on load, reads only the state of the
 //! parameters it owns at the current world size. The checkpointer knows only whose state a
 //! rank holds ([`ShardedOptimizerState`]); this is where ZeRO says so.
 
@@ -16,7 +16,7 @@ use hashbrown::HashMap;
 
 /// ZeRO's optimizer holds its partition: saved with no gathering, loaded by reading only the
 /// shards holding this rank's parameters at the current world size (it keeps them at its next
-/// step).
+/// step). A whole state loaded before the first step is saved as each rank's part of it.
 impl<O, M, B, R> ShardedOptimizerState<B, M> for ZeroRedundancyOptimizer<O, M, B>
 where
     B: AutodiffBackend,
@@ -26,8 +26,15 @@ where
 {
     type Record = R;
 
+    /// Partitioned, except while it holds a whole loaded state the partition has not cut down
+    /// yet (a full checkpoint loaded before the first step): that state is every rank's, alike,
+    /// so a save writes this rank's part of it instead of refusing the other ranks' entries.
     fn holding(&self) -> StateHolding {
-        StateHolding::Partitioned
+        if self.holds_whole_state() {
+            StateHolding::Replicated
+        } else {
+            StateHolding::Partitioned
+        }
     }
 
     fn state_to_save(&self) -> HashMap<ParamId, R> {
@@ -35,7 +42,10 @@ where
     }
 
     fn install_loaded(&mut self, state: HashMap<ParamId, R>) {
-        self.load_own_shard(state);
+        // What `holding` said before the load decided what the load read: every shard's
+        // state while this optimizer held a whole one, else this rank's own.
+        let whole = self.holds_whole_state();
+        self.load_sharded_state(state, whole);
     }
 }
 

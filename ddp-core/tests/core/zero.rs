@@ -27,6 +27,7 @@ use std::path::Path;
 const LR: f64 = 0.01;
 
 type MlpAdam = OptimizerAdaptor<Adam, Mlp<B>, B>;
+type MlpZero = ZeroRedundancyOptimizer<MlpAdam, Mlp<B>, B>;
 
 fn adam<M: burn::module::AutodiffModule<B>>() -> OptimizerAdaptor<Adam, M, B> {
     AdamConfig::new()
@@ -373,7 +374,7 @@ fn a_plain_checkpoint_save_of_a_sharded_state_fails_on_every_rank_and_writes_not
 fn plain_save_then_save_checkpoint(
     ckpt: &FullCheckpointer,
     model: &Mlp<B>,
-    optim: &mut ZeroRedundancyOptimizer<MlpAdam, Mlp<B>, B>,
+    optim: &mut MlpZero,
 ) -> Result<String, CheckpointError> {
     let plain = ckpt
         .save(model, optim, &TrainingState::new(0, 2))
@@ -528,14 +529,76 @@ fn a_plain_save_of_a_full_state_loaded_into_a_fresh_zero_optimizer_writes_the_wh
     assert_eq!(state_entries(dir.path(), &checkpoint_name(2)), 6);
 }
 
+/// A full checkpoint loaded into a fresh ZeRO optimizer, saved as a sharded checkpoint before
+/// the first step (a run moving to sharded checkpoints): it was refused, each rank holding the
+/// other ranks' entries of the whole state. Each rank now writes its part, and training on from
+/// that sharded checkpoint is bitwise what training on from the full load is.
+#[test]
+fn a_sharded_save_of_a_full_state_loaded_into_a_fresh_zero_optimizer_resumes_exactly() {
+    let init = record_bytes(&Mlp::<B>::new(&Default::default(), HIDDEN));
+    let (full_dir, sharded_dir) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let ranks = run_ranks(2, |pg| {
+        let full =
+            FullCheckpointer::new(CheckpointConfig::new(full_dir.path()), pg.clone()).unwrap();
+        let sharded =
+            ShardedCheckpointer::new(CheckpointConfig::new(sharded_dir.path()), pg.clone())
+                .unwrap();
+        let mut ddp =
+            DistributedDataParallel::new(mlp_from(&init), pg.clone(), DdpConfig::new()).unwrap();
+        let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+        train(&mut ddp, &mut optim, 0..1);
+        optim
+            .save_checkpoint(&full, ddp.module(), &TrainingState::new(0, 1))
+            .expect("save_checkpoint");
+
+        // Trains steps 1..3 from a model and a fresh ZeRO optimizer that `load` filled.
+        let train_on = |load: &dyn Fn(&mut Mlp<B>, &mut MlpZero)| {
+            let mut model = Mlp::<B>::new(&Default::default(), HIDDEN);
+            let mut optim = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+            load(&mut model, &mut optim);
+            let mut ddp =
+                DistributedDataParallel::new(model, pg.clone(), DdpConfig::new()).unwrap();
+            train(&mut ddp, &mut optim, 1..3);
+            flat_params(ddp.module())
+        };
+        let from_full = train_on(&|model, optim| {
+            full.load_latest(&Default::default(), model, optim)
+                .expect("load_latest");
+        });
+        let from_sharded = train_on(&|model, optim| {
+            full.load_latest(&Default::default(), model, optim)
+                .expect("load_latest");
+            sharded
+                .save_state(model, optim, &TrainingState::new(0, 1))
+                .expect("a sharded save of the whole loaded state");
+            let mut fresh_model = Mlp::<B>::new(&Default::default(), HIDDEN);
+            let mut fresh = ZeroRedundancyOptimizer::new(adam::<Mlp<B>>(), pg.clone());
+            sharded
+                .load_latest_state(&Default::default(), &mut fresh_model, &mut fresh)
+                .expect("load_latest_state");
+            (*model, *optim) = (fresh_model, fresh);
+        });
+        (from_full, from_sharded)
+    });
+    for (rank, (from_full, from_sharded)) in ranks.iter().enumerate() {
+        assert!(
+            from_full
+                .iter()
+                .zip(from_sharded)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "rank {rank}: training on from the sharded checkpoint differs from the full load's"
+        );
+    }
+}
+
 /// The errors of rank 0's first two steps (`make`'s optimizer over `ddp`, from `init`) when rank
 /// 1 aborts the group after backward, in place of its step.
 pub(crate) fn steps_after_a_peer_fails(
     init: &[u8],
-    make: impl Fn(
-        &mut DistributedDataParallel<B, Mlp<B>>,
-    ) -> ZeroRedundancyOptimizer<MlpAdam, Mlp<B>, B>
-    + Sync,
+    make: impl Fn(&mut DistributedDataParallel<B, Mlp<B>>) -> MlpZero + Sync,
 ) -> (Option<ZeroError>, Option<ZeroError>) {
     let mut results = run_ranks(2, |pg| {
         let rank = pg.rank();
