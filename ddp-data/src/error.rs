@@ -109,8 +109,13 @@ pub enum DataError {
         dataset_len: usize,
     },
 
-    /// The dataset or the batcher panicked while a batch was being loaded.
-    #[error("loading batch {batch} panicked: {message}")]
+    /// The dataset or the batcher panicked while a batch was being loaded, or the worker that
+    /// was loading it stopped.
+    #[error(
+        "loading batch {batch} failed: {message}; the dataset's get or the batcher's batch \
+         panicked, or the loader's worker died: fix the dataset or batcher (RUST_BACKTRACE=1 \
+         shows where it panicked)"
+    )]
     WorkerPanicked {
         /// Index of the batch (counted from the start of the epoch) that failed.
         batch: usize,
