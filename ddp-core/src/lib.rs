@@ -66,7 +66,7 @@
 //!   `Autodiff<NdArray>`.
 //! - `tch`: burn's LibTorch backend (`burn::backend::LibTorch`: PyTorch's own kernels through the
 //!   `tch` crate). DDP, ZeRO 1 and 2, FSDP and checkpoints work on `Autodiff<LibTorch>` as on
-//!   Flex (the tests: `cargo test -p ddp-core --features tch --test core tch_backend`), and
+//!   Flex (the tests: `cargo test -p ddp-core --features tch --test tch_backend`), and
 //!   [`nn::SyncBatchNorm`] takes `LibTorch` too. Gradients go through host memory (NCCL
 //!   reduces only burn's CUDA backend's buffers). Off by default: building it needs libtorch
 //!   2.9.0, the version burn 0.21's `burn-tch` (tch 0.22) is built against. The simplest is
@@ -74,7 +74,7 @@
 //!
 //!   ```text
 //!   python3 -m pip install torch==2.9.0
-//!   LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test core tch_backend
+//!   LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test tch_backend
 //!   ```
 //!
 //!   (in a virtualenv, activate it first: tch's build runs `python` there, `python3` outside

@@ -38,22 +38,5 @@ mod gpu_cuda;
 mod ndarray_backend;
 mod old_paths;
 mod sync_batch_norm;
-#[cfg(feature = "tch")]
-mod tch_backend;
-#[cfg(not(feature = "tch"))]
-mod tch_backend {
-    /// Without the `tch` feature the LibTorch tests (`tch_backend.rs`: DDP, ZeRO 1 and 2, FSDP
-    /// and a checkpoint resume on `Autodiff<LibTorch>`) are not built: listed here as ignored,
-    /// so the summary shows them as not run. Run with `--ignored`, this says how to run them.
-    #[test]
-    #[ignore = "needs the tch feature and libtorch 2.9.0 (pip install torch==2.9.0); .ci/run installs it and runs them"]
-    fn tch_backend_tests_need_the_tch_feature_and_libtorch() {
-        panic!(
-            "the LibTorch tests are built with the tch feature only: pip install torch==2.9.0, \
-             then LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test core \
-             tch_backend (.ci/run does this in its tch step)"
-        );
-    }
-}
 mod zero;
 mod zero2;

@@ -4,7 +4,7 @@
 //! checkpoint resume, on `Autodiff<LibTorch>` (its CPU device); the same tests as
 //! `ndarray_backend.rs`.
 //!
-//! Run with `LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test core
+//! Run with `LIBTORCH_USE_PYTORCH=1 cargo test -p ddp-core --features tch --test
 //! tch_backend` after `pip install torch==2.9.0` (the crate docs, "Features"; the filter
 //! `tch_backend`, not `tch`, which other tests' names contain). Unlike `ndarray`, no workspace
 //! member turns `tch` on: `cargo test --workspace` builds no libtorch, and CI runs these in a
