@@ -1532,3 +1532,55 @@ fn a_moved_loader_continues_where_the_loader_is() {
         "the loader continues after the moved copy's epoch"
     );
 }
+
+/// A run resumed from an epoch end takes the steps of a mid-epoch checkpoint already in the
+/// directory again: when the re-save fails after the records were replaced (here its position
+/// cannot be written), the old checkpoint no longer counts (its files are a mix of two runs).
+#[test]
+fn a_step_checkpoint_saved_again_and_cut_short_is_incomplete_not_a_mix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let every_6 = |s: DdpStrategy| s.with_checkpoint_every_n_steps(6);
+    let first = run_ranks(1, |pg| outcome_with(pg, dir.path(), 32, 32, true, every_6)).remove(0);
+    assert!(first.is_ok(), "{first:?}");
+    let checkpoint = dir.path().join("checkpoint");
+    for kind in ["model", "optim", "scheduler"] {
+        std::fs::remove_file(checkpoint.join(format!("{kind}-2.mpk"))).expect("epoch 2's files");
+    }
+    let point = |epochs_done, steps_done| ddp_train::ResumePoint {
+        epochs_done,
+        steps_done,
+    };
+    let latest = || {
+        run_ranks(1, |pg| {
+            ddp_train::resume_point(&pg, dir.path()).expect("readable")
+        })
+        .remove(0)
+    };
+    assert_eq!(latest(), Some(point(1, 6)), "epoch 2's step 6");
+    let steps = checkpoint.join("steps");
+    let model = steps.join("model-2-6.mpk");
+    let old_model = std::fs::read(&model).expect("the step's model");
+    // Where the re-save writes the position before renaming it into place.
+    let tmp = steps.join(format!(".tmp-position-2-6.txt-{}", std::process::id()));
+    std::fs::create_dir(&tmp).expect("blocking the position's write");
+    let again = run_ranks(1, |pg| {
+        outcome_with(pg, dir.path(), 32, 32, true, |s| {
+            every_6(s).with_resume(Some(point(1, 0)))
+        })
+    })
+    .remove(0);
+    let error = again
+        .expect_err("the position cannot be written")
+        .to_string();
+    assert!(error.contains("position"), "{error}");
+    assert_ne!(
+        std::fs::read(&model).expect("the step's model"),
+        old_model,
+        "the re-save replaced the model (this loader reshuffles epoch 2 as its first)"
+    );
+    assert_eq!(
+        latest(),
+        Some(point(1, 0)),
+        "the mixed step checkpoint counted"
+    );
+}
