@@ -49,12 +49,14 @@ use burn_train::{
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::checkpoint::storage::remove_temporary_files;
+use ddp_core::comm::panic_message;
 use ddp_core::progress::ProgressSetting;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
 };
 use std::io::IsTerminal;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -165,11 +167,13 @@ impl DdpStrategy {
     /// `dir/checkpoint` atomically, and resuming (`SupervisedTraining::checkpoint(epoch)`)
     /// loads them from rank 0: it reads the files and broadcasts their bytes, so the other
     /// ranks never read `dir` and need no shared filesystem. Give every rank the same `dir`
-    /// (the training directory); only rank 0's is used. Takes the place of burn-train's
-    /// `with_file_checkpointer` (if both are set, burn's is not used). Which epochs are kept:
-    /// burn-train's default (the last two and the one with the lowest validation loss). Files
-    /// are full precision, so a resumed run is bitwise the uninterrupted one. For checkpoints
-    /// inside epochs too, add [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
+    /// (the training directory); only rank 0's is used, but every rank must set it: a resume
+    /// refuses ranks that differ (they would load in different ways). Takes the place of
+    /// burn-train's `with_file_checkpointer` (if both are set, burn's is not used). Which
+    /// epochs are kept: burn-train's default (the last two and the one with the lowest
+    /// validation loss). Files are full precision, so a resumed run is bitwise the
+    /// uninterrupted one. For checkpoints inside epochs too, add
+    /// [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
     /// Rank 0 locks `dir` for the whole run (`dir/lock`, as ddp-core's checkpointers do): a
     /// second job on the same `dir` fails at once, naming the first, instead of deleting its
     /// files.
@@ -208,7 +212,10 @@ impl DdpStrategy {
     /// ([`with_resume`](crate::DistributedLoader::with_resume)): it then starts at that
     /// position without loading the skipped batches (any other loader has them pulled and
     /// dropped). [`distributed`](DistributedTrainingExt::distributed) passes the epoch on
-    /// to burn-train's `checkpoint(epoch)`.
+    /// to burn-train's `checkpoint(epoch)`. The checkpoint comes from
+    /// [`with_checkpoints`](Self::with_checkpoints) (inside an epoch, only from there) or
+    /// burn-train's `with_file_checkpointer`; with neither, the run fails on every rank
+    /// rather than train on from untrained weights.
     pub fn with_resume(mut self, point: Option<ResumePoint>) -> Self {
         self.resume = point;
         self
@@ -260,6 +267,31 @@ impl DdpStrategy {
         let mut state = self.lock();
         if state.failure.is_none() {
             state.failure = Some(error);
+        }
+    }
+}
+
+/// Where a resumed epoch end is loaded from. Compared across ranks: the sources run different
+/// collectives (rank 0's files are broadcast, burn's are read by every rank), so ranks that
+/// differ would hang in mismatched collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointSource {
+    /// Nothing to load from.
+    None = 0,
+    /// [`DdpStrategy::with_checkpoints`]: rank 0's files, broadcast.
+    Rank0Files = 1,
+    /// burn-train's own checkpointer (`with_file_checkpointer`): every rank reads its files.
+    Burn = 2,
+}
+
+impl CheckpointSource {
+    /// The name in errors of the source an all-gathered code stands for.
+    fn describe(code: i64) -> &'static str {
+        match code {
+            0 => "no checkpointer",
+            1 => "with_checkpoints",
+            2 => "burn-train's checkpointer",
+            _ => "?",
         }
     }
 }
@@ -445,21 +477,28 @@ impl DdpStrategy {
     ) -> Result<Option<(ResumePoint, Option<LoaderPosition>)>> {
         let pg = &self.pg;
         let resume = self.resume_point(components.checkpoint)?;
+        let source = match (&self.checkpoints, &components.checkpointer) {
+            (Some(_), _) => CheckpointSource::Rank0Files,
+            (None, Some(_)) => CheckpointSource::Burn,
+            (None, None) => CheckpointSource::None,
+        };
         if pg.world_size() > 1 {
             // A rank resuming elsewhere (or not at all) would train other weights, then hang or
-            // fail at the first all-reduce; refuse it up front.
-            let mine = resume.map_or([-1, 0], |p| [p.epochs_done as i64, p.steps_done as i64]);
-            let mut all = vec![0i64; 2 * pg.world_size()];
+            // fail at the first all-reduce; refuse it up front. [epochs, steps, source]
+            let (epochs, steps) =
+                resume.map_or((-1, 0), |p| (p.epochs_done as i64, p.steps_done as i64));
+            let mine = [epochs, steps, source as i64];
+            let mut all = vec![0i64; 3 * pg.world_size()];
             pg.all_gather(&mine, &mut all).map_err(DdpTrainError::comm(
                 "comparing the points the ranks resume from",
             ))?;
-            if all.chunks(2).any(|p| p != &all[..2]) {
+            if all.chunks(3).any(|p| p[..2] != all[..2]) {
                 let by_rank: Vec<String> = all
-                    .chunks(2)
+                    .chunks(3)
                     .map(|p| match p {
-                        [-1, _] => "none".to_string(),
-                        [epochs, 0] => format!("after epoch {epochs}"),
-                        [epochs, steps] => format!("epoch {} after step {steps}", epochs + 1),
+                        [-1, _, _] => "none".to_string(),
+                        [epochs, 0, _] => format!("after epoch {epochs}"),
+                        [epochs, steps, _] => format!("epoch {} after step {steps}", epochs + 1),
                         _ => "?".to_string(),
                     })
                     .collect();
@@ -467,6 +506,19 @@ impl DdpStrategy {
                     "the ranks were given different points to resume from (by rank: [{}]); take \
                      them from ddp_train::resume_point (or resume_epoch), which gives every \
                      rank rank 0's",
+                    by_rank.join(", ")
+                )));
+            }
+            // Only a resume loads: a fresh start with the setting on rank 0 alone is fine.
+            if resume.is_some() && all.chunks(3).any(|p| p[2] != all[2]) {
+                let by_rank: Vec<&str> = all
+                    .chunks(3)
+                    .map(|p| CheckpointSource::describe(p[2]))
+                    .collect();
+                return Err(DdpTrainError::Settings(format!(
+                    "the ranks resume from different checkpointers (by rank: [{}]); give every \
+                     rank the same: DdpStrategy::with_checkpoints(dir) on every rank (only rank \
+                     0 reads its dir), or burn-train's with_file_checkpointer on every rank",
                     by_rank.join(", ")
                 )));
             }
@@ -535,10 +587,35 @@ impl DdpStrategy {
                 tracing::info!(rank = pg.rank(), epoch, "resumed from rank 0's checkpoint");
             }
             None => {
+                // The same on every rank (the source was compared above).
+                let Some(checkpointer) = &components.checkpointer else {
+                    return Err(DdpTrainError::Settings(format!(
+                        "resuming after epoch {epoch} needs a checkpoint to load, but neither \
+                         DdpStrategy::with_checkpoints(dir) nor burn-train's \
+                         with_file_checkpointer is set (epoch {} would start from untrained \
+                         weights): add with_checkpoints(dir) with the training directory, or \
+                         start over without a resume point",
+                        epoch + 1
+                    )));
+                };
                 // burn-train's own checkpointer: every rank reads the files (shared directory).
-                if let Some(checkpointer) = &components.checkpointer {
-                    *learner = checkpointer.load_checkpoint(learner.clone(), &device, epoch);
-                }
+                // It panics on a missing or cut-short file (burn writes in place, so a kill
+                // mid-write leaves one): an error here fails every rank instead, and says how
+                // to get past it rather than crash on every restart.
+                let loaded = catch_unwind(AssertUnwindSafe(|| {
+                    checkpointer.load_checkpoint(learner.clone(), &device, epoch)
+                }));
+                *learner = loaded.map_err(|panic| {
+                    DdpTrainError::Resume(format!(
+                        "burn-train's checkpointer could not load the checkpoint of epoch \
+                         {epoch} ({}): checkpoint/model-{epoch}, optim-{epoch} or \
+                         scheduler-{epoch} in the training directory is missing or cut short \
+                         (burn writes them in place; a kill mid-write cuts one). Delete those \
+                         three files of epoch {epoch} to resume from the epoch before, or use \
+                         DdpStrategy::with_checkpoints(dir), which writes atomically",
+                        panic_message(panic.as_ref())
+                    ))
+                })?;
             }
         }
         Ok(Some((point, None)))

@@ -1584,3 +1584,109 @@ fn a_step_checkpoint_saved_again_and_cut_short_is_incomplete_not_a_mix() {
         "the mixed step checkpoint counted"
     );
 }
+
+/// An epoch end given to resume from, with no checkpointer at all: refused on every rank (it
+/// would train the next epoch from untrained weights while reporting a resume).
+#[test]
+fn resuming_an_epoch_end_without_a_checkpointer_is_refused_on_every_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        outcome_with(pg, dir.path(), 16, 32, false, |s| {
+            s.with_resume(Some(ddp_train::ResumePoint {
+                epochs_done: 1,
+                steps_done: 0,
+            }))
+        })
+    });
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Settings(_)),
+        &[
+            "resuming after epoch 1 needs a checkpoint",
+            "with_checkpoints(dir)",
+        ],
+    );
+}
+
+/// Every rank failed with an error saying all of `says`, and one of them with the error
+/// `is` accepts (each rank decides alike, but one may see the other's abort first).
+fn refused_on_every_rank(
+    results: &[ddp_train::Result<DdpReport>],
+    is: impl Fn(&ddp_train::DdpTrainError) -> bool,
+    says: &[&str],
+) {
+    for (rank, r) in results.iter().enumerate() {
+        let error = r.as_ref().expect_err("refused").to_string();
+        for part in says {
+            assert!(error.contains(part), "rank {rank}: {error}");
+        }
+    }
+    assert!(
+        results.iter().any(|r| r.as_ref().is_err_and(&is)),
+        "{results:?}"
+    );
+}
+
+/// `with_checkpoints` on rank 0 only: rank 0 would broadcast its files while rank 1 went on to
+/// the model check's all-gather. Refused on every rank, naming each rank's setting.
+#[test]
+fn ranks_resuming_with_and_without_with_checkpoints_are_refused_on_every_rank() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    for (rank, r) in run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        outcome(pg, &dir, 16, 32, true)
+    })
+    .iter()
+    .enumerate()
+    {
+        assert!(r.is_ok(), "rank {rank}: {r:?}");
+    }
+    let results = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        let rank0 = pg.rank() == 0;
+        outcome_with(pg, &dir, 16, 32, rank0, |s| {
+            s.with_resume(Some(ddp_train::ResumePoint {
+                epochs_done: 1,
+                steps_done: 0,
+            }))
+        })
+    });
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Settings(_)),
+        &["by rank: [with_checkpoints, no checkpointer]"],
+    );
+}
+
+/// burn-train's checkpointer writes in place, so a kill can leave a cut file, on which its
+/// loader panics: every rank fails instead, naming the epoch and what to delete.
+#[test]
+fn a_cut_short_burn_checkpoint_fails_the_resume_on_every_rank_saying_what_to_delete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (rank, r) in run_ranks(2, |pg| resume_outcome(pg, dir.path(), None))
+        .iter()
+        .enumerate()
+    {
+        assert!(r.is_ok(), "rank {rank}: {r:?}");
+    }
+    let model = dir.path().join("checkpoint/model-1.mpk");
+    let len = std::fs::metadata(&model).expect("epoch 1's model").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("cutting the file");
+    let results = run_ranks(2, |pg| resume_outcome(pg, dir.path(), Some(1)));
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Resume(_)),
+        &[
+            "checkpoint of epoch 1",
+            "model checkpoint",
+            "Delete those three files of epoch 1",
+        ],
+    );
+}
