@@ -33,7 +33,7 @@ use crate::mid_epoch::{LoaderPosition, ResumePoint, StepCheckpointer};
 use crate::params::verify_same_model;
 use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
-use burn::data::dataloader::Progress;
+use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{
@@ -56,7 +56,7 @@ use ddp_core::{
     comm::{ProcessGroup, ReduceOp},
 };
 use std::io::IsTerminal;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -269,6 +269,40 @@ impl DdpStrategy {
             state.failure = Some(error);
         }
     }
+
+    /// Runs `body`; when it fails or panics, aborts the group at once with the reason, before
+    /// the caller's locals are dropped: dropping a loader's iterator or burn's asynchronous
+    /// checkpointers joins their threads (a batch or a file still being written), and the
+    /// peers would wait in a collective meanwhile, maybe past the timeout. A panic is recorded
+    /// (for [`finish`](Self::finish)) and unwinds on. Aborting twice does nothing.
+    fn abort_on_failure<T>(&self, body: impl FnOnce() -> Result<T>) -> Result<T> {
+        match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                if self.pg.world_size() > 1 {
+                    self.pg.abort(&error.to_string());
+                }
+                Err(error)
+            }
+            Err(panic) => {
+                let reason = format!(
+                    "rank {} panicked: {}",
+                    self.pg.rank(),
+                    panic_message(panic.as_ref())
+                );
+                tracing::error!(error = %reason, "DDP training panicked; aborting the process group");
+                if self.pg.world_size() > 1 {
+                    self.pg.abort(&reason);
+                }
+                let mut state = self.lock();
+                if state.failure.is_none() {
+                    state.failure = Some(DdpTrainError::Failed(reason));
+                }
+                drop(state);
+                resume_unwind(panic)
+            }
+        }
+    }
 }
 
 /// Where a resumed epoch end is loaded from. Compared across ranks: the sources run different
@@ -353,6 +387,45 @@ impl DdpStrategy {
             }
             _ => None,
         };
+        // From here this rank owns threads (burn's checkpoint writers, the loaders') that an
+        // error would join on the way out: the group is aborted first.
+        self.abort_on_failure(|| {
+            self.train_epochs(
+                components,
+                learner,
+                train,
+                valid,
+                starting_epoch,
+                resumed,
+                step_checkpointer.as_mut(),
+                own_checkpointer.as_mut(),
+                &failure,
+            )
+        })?;
+        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them);
+        // a failed one fails every rank.
+        drop(own_checkpointer);
+        let failed = lock_failure(&failure).take();
+        rank0_failure_on_every_rank(pg, failed)
+    }
+
+    /// The epochs, from `starting_epoch` on, on every rank: ddp-core's engine, then each
+    /// epoch's training, validation and rank 0's checkpoint and early-stopping decision.
+    #[allow(clippy::too_many_arguments)]
+    fn train_epochs<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        train: &TrainLoader<LC>,
+        valid: &ValidLoader<LC>,
+        starting_epoch: usize,
+        resumed: Option<(ResumePoint, Option<LoaderPosition>)>,
+        mut step_checkpointer: Option<&mut StepCheckpointer>,
+        mut own_checkpointer: Option<&mut LearningCheckpointer<LC>>,
+        failure: &FailureSlot,
+    ) -> Result<()> {
+        let pg = &self.pg;
+        let rank0 = pg.rank() == 0;
         // Every rank starts from rank 0's weights and ids (burn initialises them randomly per
         // process): ddp-core's engine broadcasts them, the learner loads them.
         let model = learner.model();
@@ -386,7 +459,7 @@ impl DdpStrategy {
                 train,
                 &global,
                 resume_at,
-                step_checkpointer.as_mut(),
+                step_checkpointer.as_deref_mut(),
             )?;
             if matches!(end, EpochEnd::Interrupted) {
                 self.lock().report.interrupted = true;
@@ -399,7 +472,7 @@ impl DdpStrategy {
             let mut stop = [0u8];
             if rank0 {
                 flush_valid::<LC>(&mut components.event_processor);
-                if let Some(checkpointer) = &mut own_checkpointer {
+                if let Some(checkpointer) = own_checkpointer.as_deref_mut() {
                     checkpointer.checkpoint(learner, epoch, &components.event_store);
                 } else if let Some(checkpointer) = &mut components.checkpointer {
                     checkpointer.checkpoint(learner, epoch, &components.event_store);
@@ -410,7 +483,7 @@ impl DdpStrategy {
                     stop[0] = 1;
                 }
                 // Writes run behind training: this sees the earlier epochs' failures.
-                if lock_failure(&failure).is_some() {
+                if lock_failure(failure).is_some() {
                     stop[0] = 2;
                 }
             }
@@ -422,7 +495,7 @@ impl DdpStrategy {
                     )))?;
             }
             if stop[0] == 2 {
-                return Err(lock_failure(&failure).take().unwrap_or_else(|| {
+                return Err(lock_failure(failure).take().unwrap_or_else(|| {
                     DdpTrainError::Failed(
                         "rank 0 could not write a checkpoint (its log says why)".into(),
                     )
@@ -436,11 +509,7 @@ impl DdpStrategy {
                 break;
             }
         }
-        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them);
-        // a failed one fails every rank.
-        drop(own_checkpointer);
-        let failed = lock_failure(&failure).take();
-        rank0_failure_on_every_rank(pg, failed)
+        Ok(())
     }
 
     /// Where the run resumes: the strategy's [`ResumePoint`] (see
@@ -653,6 +722,34 @@ impl DdpStrategy {
         train: &TrainLoader<LC>,
         global: &Progress,
         resume_at: Option<LoaderPosition>,
+        step_checkpointer: Option<&mut StepCheckpointer>,
+    ) -> Result<EpochEnd> {
+        let mut iter = train.iter();
+        // Dropping the iterator joins its loader thread: on a failure the group is aborted
+        // first.
+        self.abort_on_failure(|| {
+            self.train_steps(
+                components,
+                learner,
+                ddp,
+                &mut *iter,
+                global,
+                resume_at,
+                step_checkpointer,
+            )
+        })
+    }
+
+    /// [`train_epoch`](Self::train_epoch)'s steps over `iter`.
+    #[allow(clippy::too_many_arguments)]
+    fn train_steps<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        ddp: &mut DistributedDataParallel<LC::Backend, TrainingModel<LC>>,
+        iter: &mut dyn DataLoaderIterator<<TrainingModel<LC> as TrainStep>::Input>,
+        global: &Progress,
+        resume_at: Option<LoaderPosition>,
         mut step_checkpointer: Option<&mut StepCheckpointer>,
     ) -> Result<EpochEnd> {
         let pg = &self.pg;
@@ -660,7 +757,6 @@ impl DdpStrategy {
         let epoch = global.items_processed;
         let accumulation = components.grad_accumulation.unwrap_or(1).max(1);
         let device = model_device(&learner.model());
-        let mut iter = train.iter();
         let mut accumulated = 0;
         let mut step = skip_to(&mut *iter, epoch, resume_at)?;
         let mut end = EpochEnd::Completed;
@@ -792,12 +888,26 @@ impl DdpStrategy {
         valid: &ValidLoader<LC>,
         global: &Progress,
     ) -> Result<()> {
+        let mut iter = valid.iter();
+        // As in `train_epoch`: the group is aborted before the loader thread is joined. This
+        // also covers a panic of the user's `InferenceStep`, which, unlike the training step,
+        // runs outside ddp-core's guard.
+        self.abort_on_failure(|| self.valid_steps(processor, learner, &mut *iter, global))
+    }
+
+    /// [`valid_epoch`](Self::valid_epoch)'s steps over `iter`.
+    fn valid_steps<LC: DdpComponents>(
+        &self,
+        processor: &mut SupervisedTrainingEventProcessor<LC>,
+        learner: &Learner<LC>,
+        iter: &mut dyn DataLoaderIterator<<LC::InferenceModel as InferenceStep>::Input>,
+        global: &Progress,
+    ) -> Result<()> {
         let epoch = global.items_processed;
         // Autodiff backends share their inner backend's device type.
         let device = model_device(&learner.model());
         let model = learner.model().valid();
         let global_batch = self.metrics == MetricsSync::Global;
-        let mut iter = valid.iter();
         let mut step = 0;
         loop {
             // Shards may differ by one batch: a rank without one still takes part. A data
@@ -955,13 +1065,18 @@ impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
         dataloader_valid: ValidLoader<LC>,
         starting_epoch: usize,
     ) -> (TrainingModel<LC>, SupervisedTrainingEventProcessor<LC>) {
-        if let Err(e) = self.run(
-            &mut components,
-            &mut learner,
-            &dataloader_train,
-            &dataloader_valid,
-            starting_epoch,
-        ) {
+        // A panic (the user's step or scheduler, burn's code) aborts the group before it
+        // unwinds on, so the peers fail at once, quoting it, instead of at the timeout.
+        let outcome = self.abort_on_failure(|| {
+            self.run(
+                &mut components,
+                &mut learner,
+                &dataloader_train,
+                &dataloader_valid,
+                starting_epoch,
+            )
+        });
+        if let Err(e) = outcome {
             self.fail(e);
         }
         (learner.model(), components.event_processor)
