@@ -6,8 +6,9 @@
 //! A mid-epoch checkpoint is four files in `dir/checkpoint/steps/`:
 //! `{model,optim,scheduler}-<epoch>-<step>.mpk` (burn-train's records, full precision) and
 //! `position-<epoch>-<step>.txt` (where the data loader was), each written atomically, the
-//! position last: a checkpoint counts once all four exist. Rank 0 alone writes them, and
-//! removes the previous one's files once the new one is complete.
+//! position last: a checkpoint counts once all four exist (a re-save of the same step removes
+//! the old position first). Rank 0 alone writes them, and removes the previous one's files
+//! once the new one is complete.
 
 use crate::checkpoint::{
     AtomicFileCheckpointer, FailureSlot, POSITION, STEPS_DIR, read_on_rank0_and_share,
@@ -234,6 +235,35 @@ impl StepCheckpointer {
             path: self.steps_dir.clone(),
             reason: format!("creating the directory: {e}"),
         })?;
+        // Saving a step whose checkpoint is already here (a run resumed from an earlier point
+        // takes the same steps again) replaces its files one at a time: its position goes
+        // first, so a crash in between leaves an incomplete checkpoint, which no resume takes,
+        // never a complete-looking mix of old and new files (the directory is fsynced, so
+        // the removal reaches the disk before any record is replaced).
+        let path = step_file_path(&self.steps_dir, POSITION, epoch, step);
+        let removed = match std::fs::remove_file(&path) {
+            Ok(()) => std::fs::File::open(&self.steps_dir)
+                .and_then(|dir| dir.sync_all())
+                .map(|()| true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        };
+        match removed {
+            Ok(true) => tracing::debug!(
+                path = %path.display(),
+                "replacing an earlier checkpoint of this step"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                return Err(DdpTrainError::Checkpoint {
+                    path,
+                    reason: format!(
+                        "removing the earlier checkpoint of this step before writing it anew: \
+                         {e} (remove that step's files by hand)"
+                    ),
+                });
+            }
+        }
         let failure = FailureSlot::default();
         {
             // burn-train's checkpointer is the only way to the optimizer's and scheduler's
@@ -255,7 +285,6 @@ impl StepCheckpointer {
         {
             return Err(e);
         }
-        let path = step_file_path(&self.steps_dir, POSITION, epoch, step);
         write_file_atomically(&path, |f| f.write_all(position.encode().as_bytes()))
             .map_err(DdpTrainError::storage("saving the loader position"))?;
         tracing::info!(

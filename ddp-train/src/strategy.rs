@@ -33,7 +33,7 @@ use crate::mid_epoch::{LoaderPosition, ResumePoint, StepCheckpointer};
 use crate::params::verify_same_model;
 use crate::renderer::ProgressRenderer;
 use crate::silent::SilentRenderer;
-use burn::data::dataloader::Progress;
+use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{
@@ -49,12 +49,14 @@ use burn_train::{
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, TrainingStrategy, ValidLoader,
 };
 use ddp_core::checkpoint::storage::remove_temporary_files;
+use ddp_core::comm::panic_message;
 use ddp_core::progress::ProgressSetting;
 use ddp_core::{
     DdpConfig, DistributedDataParallel,
     comm::{ProcessGroup, ReduceOp},
 };
 use std::io::IsTerminal;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -165,11 +167,13 @@ impl DdpStrategy {
     /// `dir/checkpoint` atomically, and resuming (`SupervisedTraining::checkpoint(epoch)`)
     /// loads them from rank 0: it reads the files and broadcasts their bytes, so the other
     /// ranks never read `dir` and need no shared filesystem. Give every rank the same `dir`
-    /// (the training directory); only rank 0's is used. Takes the place of burn-train's
-    /// `with_file_checkpointer` (if both are set, burn's is not used). Which epochs are kept:
-    /// burn-train's default (the last two and the one with the lowest validation loss). Files
-    /// are full precision, so a resumed run is bitwise the uninterrupted one. For checkpoints
-    /// inside epochs too, add [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
+    /// (the training directory); only rank 0's is used, but every rank must set it: a resume
+    /// refuses ranks that differ (they would load in different ways). Takes the place of
+    /// burn-train's `with_file_checkpointer` (if both are set, burn's is not used). Which
+    /// epochs are kept: burn-train's default (the last two and the one with the lowest
+    /// validation loss). Files are full precision, so a resumed run is bitwise the
+    /// uninterrupted one. For checkpoints inside epochs too, add
+    /// [`with_checkpoint_every_n_steps`](Self::with_checkpoint_every_n_steps).
     /// Rank 0 locks `dir` for the whole run (`dir/lock`, as ddp-core's checkpointers do): a
     /// second job on the same `dir` fails at once, naming the first, instead of deleting its
     /// files.
@@ -208,7 +212,10 @@ impl DdpStrategy {
     /// ([`with_resume`](crate::DistributedLoader::with_resume)): it then starts at that
     /// position without loading the skipped batches (any other loader has them pulled and
     /// dropped). [`distributed`](DistributedTrainingExt::distributed) passes the epoch on
-    /// to burn-train's `checkpoint(epoch)`.
+    /// to burn-train's `checkpoint(epoch)`. The checkpoint comes from
+    /// [`with_checkpoints`](Self::with_checkpoints) (inside an epoch, only from there) or
+    /// burn-train's `with_file_checkpointer`; with neither, the run fails on every rank
+    /// rather than train on from untrained weights.
     pub fn with_resume(mut self, point: Option<ResumePoint>) -> Self {
         self.resume = point;
         self
@@ -260,6 +267,65 @@ impl DdpStrategy {
         let mut state = self.lock();
         if state.failure.is_none() {
             state.failure = Some(error);
+        }
+    }
+
+    /// Runs `body`; when it fails or panics, aborts the group at once with the reason, before
+    /// the caller's locals are dropped: dropping a loader's iterator or burn's asynchronous
+    /// checkpointers joins their threads (a batch or a file still being written), and the
+    /// peers would wait in a collective meanwhile, maybe past the timeout. A panic is recorded
+    /// (for [`finish`](Self::finish)) and unwinds on. Aborting twice does nothing.
+    fn abort_on_failure<T>(&self, body: impl FnOnce() -> Result<T>) -> Result<T> {
+        match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                if self.pg.world_size() > 1 {
+                    self.pg.abort(&error.to_string());
+                }
+                Err(error)
+            }
+            Err(panic) => {
+                let reason = format!(
+                    "rank {} panicked: {}",
+                    self.pg.rank(),
+                    panic_message(panic.as_ref())
+                );
+                tracing::error!(error = %reason, "DDP training panicked; aborting the process group");
+                if self.pg.world_size() > 1 {
+                    self.pg.abort(&reason);
+                }
+                let mut state = self.lock();
+                if state.failure.is_none() {
+                    state.failure = Some(DdpTrainError::Failed(reason));
+                }
+                drop(state);
+                resume_unwind(panic)
+            }
+        }
+    }
+}
+
+/// Where a resumed epoch end is loaded from. Compared across ranks: the sources run different
+/// collectives (rank 0's files are broadcast, burn's are read by every rank), so ranks that
+/// differ would hang in mismatched collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointSource {
+    /// Nothing to load from.
+    None = 0,
+    /// [`DdpStrategy::with_checkpoints`]: rank 0's files, broadcast.
+    Rank0Files = 1,
+    /// burn-train's own checkpointer (`with_file_checkpointer`): every rank reads its files.
+    Burn = 2,
+}
+
+impl CheckpointSource {
+    /// The name in errors of the source an all-gathered code stands for.
+    fn describe(code: i64) -> &'static str {
+        match code {
+            0 => "no checkpointer",
+            1 => "with_checkpoints",
+            2 => "burn-train's checkpointer",
+            _ => "?",
         }
     }
 }
@@ -321,6 +387,45 @@ impl DdpStrategy {
             }
             _ => None,
         };
+        // From here this rank owns threads (burn's checkpoint writers, the loaders') that an
+        // error would join on the way out: the group is aborted first.
+        self.abort_on_failure(|| {
+            self.train_epochs(
+                components,
+                learner,
+                train,
+                valid,
+                starting_epoch,
+                resumed,
+                step_checkpointer.as_mut(),
+                own_checkpointer.as_mut(),
+                &failure,
+            )
+        })?;
+        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them);
+        // a failed one fails every rank.
+        drop(own_checkpointer);
+        let failed = lock_failure(&failure).take();
+        rank0_failure_on_every_rank(pg, failed)
+    }
+
+    /// The epochs, from `starting_epoch` on, on every rank: ddp-core's engine, then each
+    /// epoch's training, validation and rank 0's checkpoint and early-stopping decision.
+    #[allow(clippy::too_many_arguments)]
+    fn train_epochs<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        train: &TrainLoader<LC>,
+        valid: &ValidLoader<LC>,
+        starting_epoch: usize,
+        resumed: Option<(ResumePoint, Option<LoaderPosition>)>,
+        mut step_checkpointer: Option<&mut StepCheckpointer>,
+        mut own_checkpointer: Option<&mut LearningCheckpointer<LC>>,
+        failure: &FailureSlot,
+    ) -> Result<()> {
+        let pg = &self.pg;
+        let rank0 = pg.rank() == 0;
         // Every rank starts from rank 0's weights and ids (burn initialises them randomly per
         // process): ddp-core's engine broadcasts them, the learner loads them.
         let model = learner.model();
@@ -354,7 +459,7 @@ impl DdpStrategy {
                 train,
                 &global,
                 resume_at,
-                step_checkpointer.as_mut(),
+                step_checkpointer.as_deref_mut(),
             )?;
             if matches!(end, EpochEnd::Interrupted) {
                 self.lock().report.interrupted = true;
@@ -367,7 +472,7 @@ impl DdpStrategy {
             let mut stop = [0u8];
             if rank0 {
                 flush_valid::<LC>(&mut components.event_processor);
-                if let Some(checkpointer) = &mut own_checkpointer {
+                if let Some(checkpointer) = own_checkpointer.as_deref_mut() {
                     checkpointer.checkpoint(learner, epoch, &components.event_store);
                 } else if let Some(checkpointer) = &mut components.checkpointer {
                     checkpointer.checkpoint(learner, epoch, &components.event_store);
@@ -378,7 +483,7 @@ impl DdpStrategy {
                     stop[0] = 1;
                 }
                 // Writes run behind training: this sees the earlier epochs' failures.
-                if lock_failure(&failure).is_some() {
+                if lock_failure(failure).is_some() {
                     stop[0] = 2;
                 }
             }
@@ -390,7 +495,7 @@ impl DdpStrategy {
                     )))?;
             }
             if stop[0] == 2 {
-                return Err(lock_failure(&failure).take().unwrap_or_else(|| {
+                return Err(lock_failure(failure).take().unwrap_or_else(|| {
                     DdpTrainError::Failed(
                         "rank 0 could not write a checkpoint (its log says why)".into(),
                     )
@@ -404,11 +509,7 @@ impl DdpStrategy {
                 break;
             }
         }
-        // Waits for the last writes (dropping burn's asynchronous checkpointers joins them);
-        // a failed one fails every rank.
-        drop(own_checkpointer);
-        let failed = lock_failure(&failure).take();
-        rank0_failure_on_every_rank(pg, failed)
+        Ok(())
     }
 
     /// Where the run resumes: the strategy's [`ResumePoint`] (see
@@ -445,21 +546,28 @@ impl DdpStrategy {
     ) -> Result<Option<(ResumePoint, Option<LoaderPosition>)>> {
         let pg = &self.pg;
         let resume = self.resume_point(components.checkpoint)?;
+        let source = match (&self.checkpoints, &components.checkpointer) {
+            (Some(_), _) => CheckpointSource::Rank0Files,
+            (None, Some(_)) => CheckpointSource::Burn,
+            (None, None) => CheckpointSource::None,
+        };
         if pg.world_size() > 1 {
             // A rank resuming elsewhere (or not at all) would train other weights, then hang or
-            // fail at the first all-reduce; refuse it up front.
-            let mine = resume.map_or([-1, 0], |p| [p.epochs_done as i64, p.steps_done as i64]);
-            let mut all = vec![0i64; 2 * pg.world_size()];
+            // fail at the first all-reduce; refuse it up front. [epochs, steps, source]
+            let (epochs, steps) =
+                resume.map_or((-1, 0), |p| (p.epochs_done as i64, p.steps_done as i64));
+            let mine = [epochs, steps, source as i64];
+            let mut all = vec![0i64; 3 * pg.world_size()];
             pg.all_gather(&mine, &mut all).map_err(DdpTrainError::comm(
                 "comparing the points the ranks resume from",
             ))?;
-            if all.chunks(2).any(|p| p != &all[..2]) {
+            if all.chunks(3).any(|p| p[..2] != all[..2]) {
                 let by_rank: Vec<String> = all
-                    .chunks(2)
+                    .chunks(3)
                     .map(|p| match p {
-                        [-1, _] => "none".to_string(),
-                        [epochs, 0] => format!("after epoch {epochs}"),
-                        [epochs, steps] => format!("epoch {} after step {steps}", epochs + 1),
+                        [-1, _, _] => "none".to_string(),
+                        [epochs, 0, _] => format!("after epoch {epochs}"),
+                        [epochs, steps, _] => format!("epoch {} after step {steps}", epochs + 1),
                         _ => "?".to_string(),
                     })
                     .collect();
@@ -467,6 +575,19 @@ impl DdpStrategy {
                     "the ranks were given different points to resume from (by rank: [{}]); take \
                      them from ddp_train::resume_point (or resume_epoch), which gives every \
                      rank rank 0's",
+                    by_rank.join(", ")
+                )));
+            }
+            // Only a resume loads: a fresh start with the setting on rank 0 alone is fine.
+            if resume.is_some() && all.chunks(3).any(|p| p[2] != all[2]) {
+                let by_rank: Vec<&str> = all
+                    .chunks(3)
+                    .map(|p| CheckpointSource::describe(p[2]))
+                    .collect();
+                return Err(DdpTrainError::Settings(format!(
+                    "the ranks resume from different checkpointers (by rank: [{}]); give every \
+                     rank the same: DdpStrategy::with_checkpoints(dir) on every rank (only rank \
+                     0 reads its dir), or burn-train's with_file_checkpointer on every rank",
                     by_rank.join(", ")
                 )));
             }
@@ -535,10 +656,35 @@ impl DdpStrategy {
                 tracing::info!(rank = pg.rank(), epoch, "resumed from rank 0's checkpoint");
             }
             None => {
+                // The same on every rank (the source was compared above).
+                let Some(checkpointer) = &components.checkpointer else {
+                    return Err(DdpTrainError::Settings(format!(
+                        "resuming after epoch {epoch} needs a checkpoint to load, but neither \
+                         DdpStrategy::with_checkpoints(dir) nor burn-train's \
+                         with_file_checkpointer is set (epoch {} would start from untrained \
+                         weights): add with_checkpoints(dir) with the training directory, or \
+                         start over without a resume point",
+                        epoch + 1
+                    )));
+                };
                 // burn-train's own checkpointer: every rank reads the files (shared directory).
-                if let Some(checkpointer) = &components.checkpointer {
-                    *learner = checkpointer.load_checkpoint(learner.clone(), &device, epoch);
-                }
+                // It panics on a missing or cut-short file (burn writes in place, so a kill
+                // mid-write leaves one): an error here fails every rank instead, and says how
+                // to get past it rather than crash on every restart.
+                let loaded = catch_unwind(AssertUnwindSafe(|| {
+                    checkpointer.load_checkpoint(learner.clone(), &device, epoch)
+                }));
+                *learner = loaded.map_err(|panic| {
+                    DdpTrainError::Resume(format!(
+                        "burn-train's checkpointer could not load the checkpoint of epoch \
+                         {epoch} ({}): checkpoint/model-{epoch}, optim-{epoch} or \
+                         scheduler-{epoch} in the training directory is missing or cut short \
+                         (burn writes them in place; a kill mid-write cuts one). Delete those \
+                         three files of epoch {epoch} to resume from the epoch before, or use \
+                         DdpStrategy::with_checkpoints(dir), which writes atomically",
+                        panic_message(panic.as_ref())
+                    ))
+                })?;
             }
         }
         Ok(Some((point, None)))
@@ -576,6 +722,34 @@ impl DdpStrategy {
         train: &TrainLoader<LC>,
         global: &Progress,
         resume_at: Option<LoaderPosition>,
+        step_checkpointer: Option<&mut StepCheckpointer>,
+    ) -> Result<EpochEnd> {
+        let mut iter = train.iter();
+        // Dropping the iterator joins its loader thread: on a failure the group is aborted
+        // first.
+        self.abort_on_failure(|| {
+            self.train_steps(
+                components,
+                learner,
+                ddp,
+                &mut *iter,
+                global,
+                resume_at,
+                step_checkpointer,
+            )
+        })
+    }
+
+    /// [`train_epoch`](Self::train_epoch)'s steps over `iter`.
+    #[allow(clippy::too_many_arguments)]
+    fn train_steps<LC: DdpComponents>(
+        &self,
+        components: &mut TrainingComponents<LC>,
+        learner: &mut Learner<LC>,
+        ddp: &mut DistributedDataParallel<LC::Backend, TrainingModel<LC>>,
+        iter: &mut dyn DataLoaderIterator<<TrainingModel<LC> as TrainStep>::Input>,
+        global: &Progress,
+        resume_at: Option<LoaderPosition>,
         mut step_checkpointer: Option<&mut StepCheckpointer>,
     ) -> Result<EpochEnd> {
         let pg = &self.pg;
@@ -583,7 +757,6 @@ impl DdpStrategy {
         let epoch = global.items_processed;
         let accumulation = components.grad_accumulation.unwrap_or(1).max(1);
         let device = model_device(&learner.model());
-        let mut iter = train.iter();
         let mut accumulated = 0;
         let mut step = skip_to(&mut *iter, epoch, resume_at)?;
         let mut end = EpochEnd::Completed;
@@ -715,12 +888,26 @@ impl DdpStrategy {
         valid: &ValidLoader<LC>,
         global: &Progress,
     ) -> Result<()> {
+        let mut iter = valid.iter();
+        // As in `train_epoch`: the group is aborted before the loader thread is joined. This
+        // also covers a panic of the user's `InferenceStep`, which, unlike the training step,
+        // runs outside ddp-core's guard.
+        self.abort_on_failure(|| self.valid_steps(processor, learner, &mut *iter, global))
+    }
+
+    /// [`valid_epoch`](Self::valid_epoch)'s steps over `iter`.
+    fn valid_steps<LC: DdpComponents>(
+        &self,
+        processor: &mut SupervisedTrainingEventProcessor<LC>,
+        learner: &Learner<LC>,
+        iter: &mut dyn DataLoaderIterator<<LC::InferenceModel as InferenceStep>::Input>,
+        global: &Progress,
+    ) -> Result<()> {
         let epoch = global.items_processed;
         // Autodiff backends share their inner backend's device type.
         let device = model_device(&learner.model());
         let model = learner.model().valid();
         let global_batch = self.metrics == MetricsSync::Global;
-        let mut iter = valid.iter();
         let mut step = 0;
         loop {
             // Shards may differ by one batch: a rank without one still takes part. A data
@@ -878,13 +1065,18 @@ impl<LC: DdpComponents> SupervisedLearningStrategy<LC> for DdpStrategy {
         dataloader_valid: ValidLoader<LC>,
         starting_epoch: usize,
     ) -> (TrainingModel<LC>, SupervisedTrainingEventProcessor<LC>) {
-        if let Err(e) = self.run(
-            &mut components,
-            &mut learner,
-            &dataloader_train,
-            &dataloader_valid,
-            starting_epoch,
-        ) {
+        // A panic (the user's step or scheduler, burn's code) aborts the group before it
+        // unwinds on, so the peers fail at once, quoting it, instead of at the timeout.
+        let outcome = self.abort_on_failure(|| {
+            self.run(
+                &mut components,
+                &mut learner,
+                &dataloader_train,
+                &dataloader_valid,
+                starting_epoch,
+            )
+        });
+        if let Err(e) = outcome {
             self.fail(e);
         }
         (learner.model(), components.event_processor)

@@ -1532,3 +1532,367 @@ fn a_moved_loader_continues_where_the_loader_is() {
         "the loader continues after the moved copy's epoch"
     );
 }
+
+/// A run resumed from an epoch end takes the steps of a mid-epoch checkpoint already in the
+/// directory again: when the re-save fails after the records were replaced (here its position
+/// cannot be written), the old checkpoint no longer counts (its files are a mix of two runs).
+#[test]
+fn a_step_checkpoint_saved_again_and_cut_short_is_incomplete_not_a_mix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let every_6 = |s: DdpStrategy| s.with_checkpoint_every_n_steps(6);
+    let first = run_ranks(1, |pg| outcome_with(pg, dir.path(), 32, 32, true, every_6)).remove(0);
+    assert!(first.is_ok(), "{first:?}");
+    let checkpoint = dir.path().join("checkpoint");
+    for kind in ["model", "optim", "scheduler"] {
+        std::fs::remove_file(checkpoint.join(format!("{kind}-2.mpk"))).expect("epoch 2's files");
+    }
+    let point = |epochs_done, steps_done| ddp_train::ResumePoint {
+        epochs_done,
+        steps_done,
+    };
+    let latest = || {
+        run_ranks(1, |pg| {
+            ddp_train::resume_point(&pg, dir.path()).expect("readable")
+        })
+        .remove(0)
+    };
+    assert_eq!(latest(), Some(point(1, 6)), "epoch 2's step 6");
+    let steps = checkpoint.join("steps");
+    let model = steps.join("model-2-6.mpk");
+    let old_model = std::fs::read(&model).expect("the step's model");
+    // Where the re-save writes the position before renaming it into place.
+    let tmp = steps.join(format!(".tmp-position-2-6.txt-{}", std::process::id()));
+    std::fs::create_dir(&tmp).expect("blocking the position's write");
+    let again = run_ranks(1, |pg| {
+        outcome_with(pg, dir.path(), 32, 32, true, |s| {
+            every_6(s).with_resume(Some(point(1, 0)))
+        })
+    })
+    .remove(0);
+    let error = again
+        .expect_err("the position cannot be written")
+        .to_string();
+    assert!(error.contains("position"), "{error}");
+    assert_ne!(
+        std::fs::read(&model).expect("the step's model"),
+        old_model,
+        "the re-save replaced the model (this loader reshuffles epoch 2 as its first)"
+    );
+    assert_eq!(
+        latest(),
+        Some(point(1, 0)),
+        "the mixed step checkpoint counted"
+    );
+}
+
+/// An epoch end given to resume from, with no checkpointer at all: refused on every rank (it
+/// would train the next epoch from untrained weights while reporting a resume).
+#[test]
+fn resuming_an_epoch_end_without_a_checkpointer_is_refused_on_every_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let results = run_ranks(2, |pg| {
+        outcome_with(pg, dir.path(), 16, 32, false, |s| {
+            s.with_resume(Some(ddp_train::ResumePoint {
+                epochs_done: 1,
+                steps_done: 0,
+            }))
+        })
+    });
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Settings(_)),
+        &[
+            "resuming after epoch 1 needs a checkpoint",
+            "with_checkpoints(dir)",
+        ],
+    );
+}
+
+/// Every rank failed with an error saying all of `says`, and one of them with the error
+/// `is` accepts (each rank decides alike, but one may see the other's abort first).
+fn refused_on_every_rank(
+    results: &[ddp_train::Result<DdpReport>],
+    is: impl Fn(&ddp_train::DdpTrainError) -> bool,
+    says: &[&str],
+) {
+    for (rank, r) in results.iter().enumerate() {
+        let error = r.as_ref().expect_err("refused").to_string();
+        for part in says {
+            assert!(error.contains(part), "rank {rank}: {error}");
+        }
+    }
+    assert!(
+        results.iter().any(|r| r.as_ref().is_err_and(&is)),
+        "{results:?}"
+    );
+}
+
+/// `with_checkpoints` on rank 0 only: rank 0 would broadcast its files while rank 1 went on to
+/// the model check's all-gather. Refused on every rank, naming each rank's setting.
+#[test]
+fn ranks_resuming_with_and_without_with_checkpoints_are_refused_on_every_rank() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    for (rank, r) in run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        outcome(pg, &dir, 16, 32, true)
+    })
+    .iter()
+    .enumerate()
+    {
+        assert!(r.is_ok(), "rank {rank}: {r:?}");
+    }
+    let results = run_ranks(2, |pg| {
+        let dir = dirs[pg.rank()].path().to_path_buf();
+        let rank0 = pg.rank() == 0;
+        outcome_with(pg, &dir, 16, 32, rank0, |s| {
+            s.with_resume(Some(ddp_train::ResumePoint {
+                epochs_done: 1,
+                steps_done: 0,
+            }))
+        })
+    });
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Settings(_)),
+        &["by rank: [with_checkpoints, no checkpointer]"],
+    );
+}
+
+/// burn-train's checkpointer writes in place, so a kill can leave a cut file, on which its
+/// loader panics: every rank fails instead, naming the epoch and what to delete.
+#[test]
+fn a_cut_short_burn_checkpoint_fails_the_resume_on_every_rank_saying_what_to_delete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (rank, r) in run_ranks(2, |pg| resume_outcome(pg, dir.path(), None))
+        .iter()
+        .enumerate()
+    {
+        assert!(r.is_ok(), "rank {rank}: {r:?}");
+    }
+    let model = dir.path().join("checkpoint/model-1.mpk");
+    let len = std::fs::metadata(&model).expect("epoch 1's model").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("cutting the file");
+    let results = run_ranks(2, |pg| resume_outcome(pg, dir.path(), Some(1)));
+    refused_on_every_rank(
+        &results,
+        |e| matches!(e, ddp_train::DdpTrainError::Resume(_)),
+        &[
+            "checkpoint of epoch 1",
+            "model checkpoint",
+            "Delete those three files of epoch 1",
+        ],
+    );
+}
+
+/// A learning rate that panics on its `panic_at`-th step: the user's code failing on one rank
+/// outside the training step (which ddp-core guards itself).
+#[derive(Clone, Debug)]
+struct PanicAt {
+    lr: f64,
+    steps: usize,
+    panic_at: Option<usize>,
+}
+
+impl LrScheduler for PanicAt {
+    type Record<Bk: Backend> = f64;
+    fn step(&mut self) -> f64 {
+        self.steps += 1;
+        if Some(self.steps) == self.panic_at {
+            panic!("the scheduler gave up at step {}", self.steps);
+        }
+        self.lr
+    }
+    fn to_record<Bk: Backend>(&self) -> f64 {
+        self.lr
+    }
+    fn load_record<Bk: Backend>(mut self, record: f64) -> Self {
+        self.lr = record;
+        self
+    }
+}
+
+/// Opens once; until then `wait` blocks (no timing: the test opens it).
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().expect("gate") = true;
+        self.opened.notify_all();
+    }
+    fn wait(&self) {
+        let mut open = self.open.lock().expect("gate");
+        while !*open {
+            open = self.opened.wait(open).expect("gate");
+        }
+    }
+}
+
+/// Opens the gate when dropped, also when the holder panics.
+struct OpenOnDrop<'a>(&'a Gate);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// The digits, whose `get` waits at `gate` from its call number `block_from` (0-based) on: a
+/// slow data set, so the loader thread is inside `get` when the epoch ends.
+struct Gated<'a> {
+    items: Vec<DigitItem>,
+    calls: std::sync::atomic::AtomicUsize,
+    block_from: Option<usize>,
+    gate: &'a Gate,
+}
+
+impl burn::data::dataset::Dataset<DigitItem> for Gated<'static> {
+    fn get(&self, index: usize) -> Option<DigitItem> {
+        let call = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.block_from.is_some_and(|from| call >= from) {
+            self.gate.wait();
+        }
+        self.items.get(index).cloned()
+    }
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
+/// Two epochs (batches of 16 per rank) over `train_set`, with `scheduler` and the strategy
+/// passed through `adjust`; also the message of a panic that ended `launch`.
+fn outcome_over<S: LrScheduler + 'static>(
+    pg: ProcessGroup,
+    dir: &Path,
+    train_set: Gated<'static>,
+    scheduler: S,
+    adjust: impl FnOnce(DdpStrategy) -> DdpStrategy,
+) -> (ddp_train::Result<DdpReport>, Option<String>) {
+    let (world, rank) = (pg.world_size(), pg.rank());
+    let sampler = DistributedSamplerConfig::new(world, rank).with_seed(42);
+    let train = DistributedLoader::<B, _, _>::train(train_set, DigitBatcher, 16, sampler)
+        .expect("train loader");
+    let valid = DistributedLoader::<Flex, _, _>::eval(
+        DigitDataset(data().1),
+        DigitBatcher,
+        16,
+        world,
+        rank,
+    )
+    .expect("valid loader");
+    let strategy = adjust(DdpStrategy::new(pg));
+    let model = Classifier::<B> {
+        mlp: DigitsMlp::new(32, &Default::default()),
+    };
+    let training = SupervisedTraining::new(dir, Arc::new(train), Arc::new(valid))
+        .metrics((LossMetric::new(),))
+        .num_epochs(2)
+        .with_application_logger(None)
+        .distributed(&strategy);
+    let learner = Learner::new(model, SgdConfig::new().init(), scheduler);
+    let launched =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| training.launch(learner)));
+    let panic = launched.err().map(|payload| {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "a panic without a message".into())
+    });
+    (strategy.finish(), panic)
+}
+
+fn gated(gate: &'static Gate, block_from: Option<usize>) -> Gated<'static> {
+    Gated {
+        items: data().0,
+        calls: Default::default(),
+        block_from,
+        gate,
+    }
+}
+
+/// A panic on rank 1 outside the training step (its LR scheduler): it aborts the group with
+/// the panic's message before unwinding on, so rank 0 fails at once quoting it (not at the
+/// timeout, not with a bare "connection closed"), and `finish` on rank 1 reports it.
+#[test]
+fn a_panic_on_one_rank_aborts_the_group_with_its_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate: &'static Gate = Box::leak(Box::default());
+    let results = run_ranks(2, |pg| {
+        let panic_at = (pg.rank() == 1).then_some(3);
+        let scheduler = PanicAt {
+            lr: 0.1,
+            steps: 0,
+            panic_at,
+        };
+        outcome_over(pg, dir.path(), gated(gate, None), scheduler, |s| s)
+    });
+    let message = "the scheduler gave up at step 3";
+    let (rank0, panic0) = &results[0];
+    assert_eq!(panic0, &None, "rank 0 did not panic");
+    let error = rank0.as_ref().expect_err("rank 0 must fail").to_string();
+    assert!(
+        error.contains(&format!("rank 1 panicked: {message}")),
+        "rank 0: {error}"
+    );
+    let (rank1, panic1) = &results[1];
+    assert_eq!(
+        panic1.as_deref(),
+        Some(message),
+        "rank 1's panic unwinds on"
+    );
+    let error = rank1.as_ref().expect_err("rank 1 failed").to_string();
+    assert!(error.contains(message), "rank 1: {error}");
+}
+
+/// Rank 0 fails (its mid-epoch checkpoint cannot be written: `checkpoint/steps` is a file)
+/// while its loader thread is inside a slow `get`: it aborts the group before joining that
+/// thread, so rank 1 fails at once quoting rank 0's reason. Rank 1 opens the gate only after
+/// it has its result, so without the early abort rank 1 would wait for the timeout.
+#[test]
+fn a_failing_rank_aborts_the_group_before_waiting_for_its_loader_thread() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let checkpoint = dirs[0].path().join("checkpoint");
+    std::fs::create_dir_all(&checkpoint).expect("dir");
+    std::fs::write(checkpoint.join("steps"), b"not a directory").expect("file");
+    let gate: &'static Gate = Box::leak(Box::default());
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let dir = dirs[rank].path().to_path_buf();
+        // Rank 0's batch 4 (after the checkpoint due at step 3) never loads until opened.
+        let block_from = (rank == 0).then_some(3 * 16);
+        let _open = (rank == 1).then(|| OpenOnDrop(gate));
+        let (result, panic) = outcome_over(pg, &dir, gated(gate, block_from), 0.1, |s| {
+            s.with_checkpoints(&dir).with_checkpoint_every_n_steps(3)
+        });
+        assert_eq!(panic, None, "rank {rank} panicked");
+        result
+    });
+    let error = results[0]
+        .as_ref()
+        .expect_err("rank 0's checkpoint write fails")
+        .to_string();
+    assert!(error.contains("creating the directory"), "rank 0: {error}");
+    let error = results[1]
+        .as_ref()
+        .expect_err("rank 1 fails with rank 0")
+        .to_string();
+    assert!(
+        error.contains("aborted") && error.contains("creating the directory"),
+        "rank 1: {error}"
+    );
+}
