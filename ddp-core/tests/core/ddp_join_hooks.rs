@@ -597,6 +597,59 @@ fn a_hook_and_a_bucket_of_another_dtype_reach_the_group_in_one_order() {
     assert_eq!(bits(&params[1]), bits(&params[0]), "the replicas differ");
 }
 
+/// An exact average that counts the buckets it was told end a step.
+struct CountsStepEnds(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl CommHook for CountsStepEnds {
+    fn reduce(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
+        if bucket.is_last() {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        pg.all_reduce(bucket.buffer_mut(), ReduceOp::Avg)?;
+        Ok(())
+    }
+}
+
+/// The bf16 layer's bucket comes last, and DDP reduces it itself: the hook's one f32 bucket
+/// still ends each step. It was never `is_last`, so PowerSGD, which counts its steps there,
+/// stayed at step 0 and never compressed.
+#[test]
+fn a_hooks_last_f32_bucket_ends_the_step_when_a_bucket_of_another_dtype_follows() {
+    use burn::module::Module;
+    use burn::nn::LinearConfig;
+    use burn::tensor::FloatDType;
+    let device = Default::default();
+    let initial = MixedDtypes::<B> {
+        low: LinearConfig::new(6, 8).init(&device).map(&mut ToBf16),
+        high: LinearConfig::new(8, 3).init(&device),
+    };
+    let steps = 3;
+    let ends = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let ends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut ddp = DistributedDataParallel::new(initial.clone(), pg, DdpConfig::new()).unwrap();
+        ddp.register_comm_hook(CountsStepEnds(ends.clone()))
+            .unwrap();
+        let mut sgd = burn::optim::SgdConfig::new().init::<B, MixedDtypes<B>>();
+        for step in 0..steps {
+            let (x, y) = batch(&samples(rank, step, 0), &Default::default());
+            let loss = ddp
+                .forward(|m| {
+                    let h = m
+                        .low
+                        .forward(x.cast(FloatDType::BF16))
+                        .cast(FloatDType::F32);
+                    MseLoss::new().forward(m.high.forward(h), y, Reduction::Mean)
+                })
+                .unwrap();
+            let grads = ddp.backward(loss).unwrap();
+            ddp.optimizer_step(&mut sgd, LR, grads);
+        }
+        ends.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    assert_eq!(ends, [steps, steps], "steps the hook saw end, per rank");
+}
+
 /// Registering replaces the reducer: gradients a `backward_no_sync` accumulated would be lost.
 #[test]
 fn a_hook_registered_after_a_no_sync_backward_is_refused() {

@@ -61,22 +61,23 @@ impl BucketParam {
 #[derive(Debug, Clone)]
 pub struct GradBucket {
     index: usize,
-    count: usize,
+    last: bool,
     buffer: Vec<f32>,
     params: Vec<BucketParam>,
 }
 
 impl GradBucket {
-    /// A bucket; `params` must tile `buffer` in order.
+    /// A bucket; `params` must tile `buffer` in order; `last`: no later bucket of the step
+    /// goes to the hook.
     pub(crate) fn new(
         index: usize,
-        count: usize,
+        last: bool,
         buffer: Vec<f32>,
         params: Vec<BucketParam>,
     ) -> Self {
         GradBucket {
             index,
-            count,
+            last,
             buffer,
             params,
         }
@@ -90,9 +91,11 @@ impl GradBucket {
         self.index
     }
 
-    /// Whether this is the step's last bucket (a hook counting steps counts here).
+    /// Whether this is the last bucket of the step that the hook is given (a hook counting
+    /// steps counts here). Hooks get the f32 buckets; a bf16, f16 or f64 bucket after it (DDP
+    /// all-reduces those itself) does not make this one less last.
     pub fn is_last(&self) -> bool {
-        self.index + 1 == self.count
+        self.last
     }
 
     /// The gradients, flattened.

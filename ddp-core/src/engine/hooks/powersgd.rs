@@ -288,7 +288,7 @@ mod tests {
             shape: vec![4, 4],
             offset: 0,
         }];
-        GradBucket::new(0, 1, values.to_vec(), params)
+        GradBucket::new(0, true, values.to_vec(), params)
     }
 
     /// Bucket 0 holds `a` until DDP lays the buckets out again, then `b` of the same size: the

@@ -8,7 +8,9 @@
 //! two threads' collectives reach the group in the same order on every rank.
 
 use super::host_grad::HostGrad;
-use super::reduction::{BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot};
+use super::reduction::{
+    BucketPosition, BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot,
+};
 use crate::engine::hooks::{BucketParam, CommHook, GradBucket};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
@@ -144,13 +146,13 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
 
     fn launch(
         &self,
-        bucket: (usize, usize),
+        bucket: BucketPosition,
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
         if slots.first().map(|s| s.dtype) != Some(DType::F32) {
             // Its collective goes on the group from this thread: after the hook's, in order.
-            self.drain_before(bucket.0)?;
+            self.drain_before(bucket.index)?;
             return self.host.launch(bucket, slots, grads);
         }
         let total: usize = slots.iter().map(|s| s.numel()).sum();
@@ -174,9 +176,9 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
             }
         }
         let (reply, result) = mpsc::channel();
-        let (index, count) = bucket;
+        let index = bucket.index;
         let job = Job {
-            bucket: GradBucket::new(index, count, buffer, params),
+            bucket: GradBucket::new(index, bucket.last_of_its_dtype, buffer, params),
             queued: Instant::now(),
             reply,
         };

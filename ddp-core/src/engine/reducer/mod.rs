@@ -46,7 +46,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, WorkTiming};
-use reduction::{Held, PendingBucket};
+use reduction::{BucketPosition, Held, PendingBucket};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -405,8 +405,15 @@ impl<I: Backend> Reducer<I> {
         let bucket = &s.layout.buckets[b].slots;
         let slots: Vec<&Slot<I>> = bucket.iter().map(|&i| &self.slots[i]).collect();
         let grads: Vec<Option<Held<I>>> = bucket.iter().map(|&i| s.held[i].take()).collect();
-        let count = s.layout.buckets.len();
-        let pending = self.reduction.launch((b, count), &slots, grads)?;
+        let dtype = slots.first().map(|slot| slot.dtype);
+        let last_of_its_dtype = s.layout.buckets[b + 1..]
+            .iter()
+            .all(|later| later.slots.first().map(|&i| self.slots[i].dtype) != dtype);
+        let position = BucketPosition {
+            index: b,
+            last_of_its_dtype,
+        };
+        let pending = self.reduction.launch(position, &slots, grads)?;
         s.in_flight[b] = Some(pending);
         Ok(())
     }

@@ -90,11 +90,11 @@ pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
             )),
         }
     }
-    /// Starts reducing a bucket; `bucket` is its (index, number of buckets), `grads` has one
+    /// Starts reducing a bucket; `bucket` says where it stands in the step, `grads` has one
     /// entry per slot, `None` where this rank has no gradient for it (it counts as zeros).
     fn launch(
         &self,
-        bucket: (usize, usize),
+        bucket: BucketPosition,
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
@@ -102,6 +102,16 @@ pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
     /// besides the process group (which DDP aborts itself), so peers waiting in it fail
     /// promptly naming this rank instead of at their timeout.
     fn abort(&self, _reason: &str) {}
+}
+
+/// Where a bucket stands in its step's launch order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketPosition {
+    /// Its index (0 launches first).
+    pub(crate) index: usize,
+    /// Whether no later bucket of the step holds gradients of its dtype: a comm hook sees the
+    /// f32 buckets only, so its last f32 bucket ends its step even when a bf16 bucket follows.
+    pub(crate) last_of_its_dtype: bool,
 }
 
 fn internal(what: &str) -> DdpError {
@@ -123,7 +133,7 @@ impl<I: Backend> PendingBucket<I> for Ready<I> {
 impl<I: Backend> BucketReduction<I> for LocalReduction {
     fn launch(
         &self,
-        _bucket: (usize, usize),
+        _bucket: BucketPosition,
         _slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
@@ -171,7 +181,7 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
 
     fn launch(
         &self,
-        _bucket: (usize, usize),
+        _bucket: BucketPosition,
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {

@@ -8,7 +8,9 @@
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad, read_to_host};
-use super::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot, first_slot};
+use super::reduction::{
+    BucketPosition, BucketReduction, Held, PendingBucket, Reduced, Slot, first_slot,
+};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
@@ -22,7 +24,7 @@ pub(crate) struct StagedReduction {
 impl<I: Backend> BucketReduction<I> for StagedReduction {
     fn launch(
         &self,
-        _bucket: (usize, usize),
+        _bucket: BucketPosition,
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {

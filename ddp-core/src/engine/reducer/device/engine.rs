@@ -22,7 +22,9 @@
 use super::issuer::{DeviceWait, Issue, Issued, Issuer, Staged, fence_stuck};
 use super::{DeviceWork, ReductionDevice, internal};
 use crate::engine::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
-use crate::engine::reducer::reduction::{BucketReduction, Held, PendingBucket, Reduced, Slot};
+use crate::engine::reducer::reduction::{
+    BucketPosition, BucketReduction, Held, PendingBucket, Reduced, Slot,
+};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -70,7 +72,7 @@ impl<D: ReductionDevice> DeviceReduction<D> {
 impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
     fn launch(
         &self,
-        bucket: (usize, usize),
+        bucket: BucketPosition,
         slots: &[&Slot<I>],
         grads: Vec<Option<Held<I>>>,
     ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
@@ -82,7 +84,7 @@ impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
         let (memory, ready) = self
             .device
             .stage::<I>(flat, layout.len, first.dtype, &path)?;
-        let flight = self.send(Staged::AllReduce(memory), vec![ready], bucket.0, path)?;
+        let flight = self.send(Staged::AllReduce(memory), vec![ready], bucket.index, path)?;
         Ok(Box::new(BucketInFlight { flight, layout }))
     }
 
