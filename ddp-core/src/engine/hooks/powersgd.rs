@@ -1,6 +1,10 @@
 //! PowerSGD (Vogels et al., 2019), as PyTorch's `powerSGD_hook`: each gradient matrix M (n×m) is
 //! sent as two thin matrices P (n×r) and Q (m×r) with M ≈ P·Qᵀ, and what the approximation
 //! missed is added to the next step's gradient (error feedback), so nothing is lost for good.
+//!
+//! Its state is not part of a checkpoint: a resumed run starts the hook at step 0 (exact for
+//! `start_iter` steps, no carried error), alike on every rank but not bitwise an
+//! uninterrupted run (the guide's "Communication hooks and PowerSGD").
 
 use super::comm_hook::{CommHook, GradBucket, HookError};
 use super::linalg::{expand, orthogonalize, project, project_t};
