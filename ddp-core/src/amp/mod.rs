@@ -88,7 +88,10 @@
 //!   within 1e-2 of the f32 ones scaled).
 //! - The found-inf check reads the unscaled values, so an overflow caused by dividing out a
 //!   scale below 1 is caught too; PyTorch checks the scaled values.
-//! - One all-reduce of one f32 per step (when enabled and the world size is above 1).
+//! - One all-reduce of world size + 1 f32s per step (when enabled and the world size is above
+//!   1): the found-inf flag, and each rank's failure to unscale (a half-precision gradient,
+//!   gradients of another module), so that every rank returns an error together.
+//! - A tied parameter (one `Param` in two fields) has one gradient and is unscaled once.
 
 mod autocast;
 mod config;

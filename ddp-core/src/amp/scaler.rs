@@ -31,9 +31,11 @@ use ddp_comm::{ProcessGroup, ReduceOp};
 /// DDP averages gradients, so an inf on one rank usually reaches every rank. It does not with
 /// [`LocalGradientsHook`](crate::zero::LocalGradientsHook) (ZeRO stage 2: each rank holds its
 /// own gradients), with a hook that drops values (PowerSGD), or when an inf appears after the
-/// reduction. One collective of one f32 per step makes every rank take the same decision, so
-/// replicas stay bitwise equal, the scale stays identical everywhere, and collectives inside
-/// the optimizer (ZeRO's broadcasts) are issued by all ranks or none.
+/// reduction. One small collective per step (world size + 1 floats) makes every rank take the
+/// same decision, so replicas stay bitwise equal, the scale stays identical everywhere, and
+/// collectives inside the optimizer (ZeRO's broadcasts) are issued by all ranks or none. It
+/// also carries each rank's failure to unscale, so a rank that cannot unscale its gradients
+/// fails every rank at that point instead of leaving them waiting until the timeout.
 #[derive(Debug)]
 pub struct GradScaler {
     config: GradScalerConfig,
@@ -128,15 +130,20 @@ impl GradScaler {
     }
 
     /// Divides the scale out of `grads` (in f32: one multiplication by `1 / scale`) and
-    /// agrees with every rank whether any of them holds an inf/NaN (an all-reduce, max, of one
-    /// flag). `module` is the one the gradients belong to (`ddp.module()`).
+    /// agrees with every rank whether any of them holds an inf/NaN (one all-reduce, max, of a
+    /// flag per rank). `module` is the one the gradients belong to: `ddp.module()` after
+    /// `ddp.backward`, the module given to `step_on` after
+    /// [`step_on`](crate::DistributedDataParallel::step_on).
     ///
     /// # Collective
     /// Every rank calls it at the same point (when enabled).
     ///
     /// # Errors
-    /// [`AmpError::HalfPrecisionGradient`] (the gradients are then as they came in);
-    /// [`AmpError::FoundInfAllReduce`], after which the process group is aborted.
+    /// [`AmpError::HalfPrecisionGradient`] or [`AmpError::ForeignGradients`] on a rank whose
+    /// gradients cannot be unscaled, and [`AmpError::PeerUnscale`] on the others at the same
+    /// point (the all-reduce carries the failure, so no rank waits for one that gave up);
+    /// the gradients are dropped. [`AmpError::FoundInfAllReduce`], after which the process
+    /// group is aborted.
     pub fn unscale<B, M>(
         &self,
         module: &M,
@@ -154,12 +161,13 @@ impl GradScaler {
         }
         // f64 then f32, as PyTorch computes `inv_scale`; exact for a power of two.
         let inv_scale = (1.0 / self.state.scale as f64) as f32;
-        let local = unscale_and_check::<B, M>(module, &mut grads, inv_scale)?;
+        let local = unscale_and_check::<B, M>(module, &mut grads, inv_scale);
+        let local_inf = matches!(local, Ok(true));
         let found_inf = self.agree(local)?;
-        if local || found_inf {
+        if local_inf || found_inf {
             tracing::debug!(
                 rank = self.pg.rank(),
-                local,
+                local = local_inf,
                 scale = self.state.scale,
                 "inf/NaN in the gradients: skipping this step"
             );
@@ -167,18 +175,48 @@ impl GradScaler {
         Ok(UnscaledGradients { grads, found_inf })
     }
 
-    /// The max of every rank's flag (so any rank's inf counts everywhere).
-    fn agree(&self, local: bool) -> Result<bool, AmpError> {
-        let mut flag = [if local { 1.0f32 } else { 0.0 }];
-        if self.pg.world_size() > 1
-            && let Err(e) = self.pg.all_reduce(&mut flag, ReduceOp::Max)
-        {
+    /// The max of every rank's flag (so any rank's inf counts everywhere), and every rank's
+    /// unscaling failure: a rank that cannot unscale still joins the all-reduce, and all
+    /// ranks return an error from it.
+    fn agree(&self, local: Result<bool, AmpError>) -> Result<bool, AmpError> {
+        let world = self.pg.world_size();
+        if world == 1 {
+            return local;
+        }
+        let rank = self.pg.rank();
+        // [found inf, then one failure code per rank (0: none)].
+        let mut flags = vec![0.0f32; 1 + world];
+        match &local {
+            Ok(inf) => flags[0] = f32::from(u8::from(*inf)),
+            Err(e) => flags[1 + rank] = failure_code(e),
+        }
+        if let Err(e) = self.pg.all_reduce(&mut flags, ReduceOp::Max) {
             let reason = format!("GradScaler: all-reducing the found-inf flag: {e}");
-            tracing::error!(rank = self.pg.rank(), error = %reason, "aborting the process group");
+            tracing::error!(rank, error = %reason, "aborting the process group");
             self.pg.abort(&reason);
             return Err(AmpError::FoundInfAllReduce(e));
         }
-        Ok(flag[0] > 0.0)
+        // A rank that failed returns its own error, which names the parameter.
+        local?;
+        let failed: Vec<usize> = (0..world).filter(|&r| flags[1 + r] > 0.0).collect();
+        if !failed.is_empty() {
+            let mut reasons: Vec<&str> = failed
+                .iter()
+                .map(|&r| failure_reason(flags[1 + r]))
+                .collect();
+            reasons.sort_unstable();
+            reasons.dedup();
+            tracing::error!(
+                rank,
+                ?failed,
+                "GradScaler: a peer could not unscale its gradients"
+            );
+            return Err(AmpError::PeerUnscale {
+                ranks: failed,
+                reason: reasons.join("; "),
+            });
+        }
+        Ok(flags[0] > 0.0)
     }
 
     /// Updates the scale after a step, PyTorch's `scaler.update()`: backoff when `found_inf`,
@@ -284,5 +322,26 @@ impl GradScaler {
         }
         self.state = state;
         Ok(())
+    }
+}
+
+/// How a rank's unscaling failure travels in the found-inf all-reduce (0 is none).
+fn failure_code(e: &AmpError) -> f32 {
+    match e {
+        AmpError::HalfPrecisionGradient { .. } => 1.0,
+        AmpError::ForeignGradients { .. } => 2.0,
+        _ => 3.0,
+    }
+}
+
+/// What [`failure_code`]'s code says to a peer.
+fn failure_reason(code: f32) -> &'static str {
+    if code == 1.0 {
+        "a gradient is not f32 or f64: keep the parameters f32 and cast them for the forward \
+         with amp::autocast"
+    } else if code == 2.0 {
+        "gradients of another module were passed: pass the module they were computed for"
+    } else {
+        "an error unscaling them"
     }
 }

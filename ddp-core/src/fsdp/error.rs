@@ -22,6 +22,19 @@ pub enum FsdpError {
         /// The first segments of the model's parameter paths.
         known: String,
     },
+    /// Every trainable parameter under a unit's prefix belongs to a longer unit prefix (the
+    /// longest matching prefix wins), so the unit would hold nothing.
+    #[error(
+        "FSDP unit '{prefix}' would be empty: every trainable parameter under '{prefix}' belongs \
+         to a longer unit prefix ({longer}), as the longest matching prefix wins; remove \
+         '{prefix}' or the longer prefixes"
+    )]
+    UnitCoveredByLongerUnits {
+        /// The unit's path prefix as given.
+        prefix: String,
+        /// The longer unit prefixes that took its parameters.
+        longer: String,
+    },
     /// A parameter that cannot be sharded.
     #[error("FSDP cannot shard parameter '{path}': {reason}")]
     Unsupported {

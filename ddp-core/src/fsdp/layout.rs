@@ -88,6 +88,8 @@ impl Layout {
             }))
             .collect();
         let mut slots = HashMap::new();
+        // Each trainable parameter's path and unit, to explain a unit left empty.
+        let mut placed: Vec<(String, usize)> = Vec::new();
         for p in seen.params.into_iter().filter(|p| p.trainable) {
             if p.dtype != DType::F32 {
                 return Err(FsdpError::Unsupported {
@@ -112,6 +114,7 @@ impl Layout {
             let numel: usize = p.shape.iter().product();
             let offset = units[unit].numel;
             units[unit].numel += numel;
+            placed.push((p.path, unit));
             slots.insert(
                 p.id,
                 Slot {
@@ -122,6 +125,19 @@ impl Layout {
             );
         }
         if let Some(empty) = units[..prefixes.len()].iter().find(|u| u.numel == 0) {
+            // Parameters under the prefix that a longer prefix took (the longest wins).
+            let mut longer: Vec<&str> = Vec::new();
+            for (_, unit) in placed.iter().filter(|(path, _)| under(path, &empty.name)) {
+                if !longer.contains(&units[*unit].name.as_str()) {
+                    longer.push(&units[*unit].name);
+                }
+            }
+            if !longer.is_empty() {
+                return Err(FsdpError::UnitCoveredByLongerUnits {
+                    prefix: empty.name.clone(),
+                    longer: longer.join(", "),
+                });
+            }
             let mut heads: Vec<String> = seen.paths.iter().map(|p| head(p)).collect();
             heads.dedup();
             return Err(FsdpError::UnitMatchesNothing {
@@ -150,11 +166,14 @@ fn longest_match(prefixes: &[String], path: &str) -> Option<usize> {
     prefixes
         .iter()
         .enumerate()
-        .filter(|(_, p)| {
-            path == p.as_str() || (path.starts_with(p.as_str()) && path[p.len()..].starts_with('.'))
-        })
+        .filter(|(_, p)| under(path, p))
         .max_by_key(|(_, p)| p.len())
         .map(|(i, _)| i)
+}
+
+/// Whether `path` equals `prefix` or continues it with a `.`.
+fn under(path: &str, prefix: &str) -> bool {
+    path == prefix || (path.starts_with(prefix) && path[prefix.len()..].starts_with('.'))
 }
 
 /// The first two segments of a path (`blocks.0`), to show what prefixes exist.

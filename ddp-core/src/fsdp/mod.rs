@@ -71,9 +71,13 @@
 //!   `zero_memory`).
 //!
 //! Not supported with FSDP: DDP's communication hooks, `no_sync` accumulation, Join, parameter
-//! dtypes other than f32 (frozen ones are fine), tied parameters (refused), and gradient
-//! clipping by norm inside the optimizer (it would clip each chunk, not each tensor). Between
-//! steps a sharded parameter is a zero-element tensor; that is tested on the CPU backend only.
+//! dtypes other than f32 (frozen ones are fine), tied parameters (refused), gradient clipping
+//! by norm inside the optimizer (it would clip each chunk, not each tensor), and loss scaling
+//! ([`GradScaler`](crate::amp::GradScaler) steps a `DistributedDataParallel`, and the sharded
+//! gradients are not exposed to unscale): for mixed precision use bf16
+//! ([`autocast`](crate::amp::autocast)`(m, FloatDType::BF16)`), whose f32 exponent range needs
+//! no scaler. Between steps a sharded parameter is a zero-element tensor; that is tested on the
+//! CPU backend only.
 //!
 //! # Checkpoints
 //! [`FullyShardedDataParallel::save_checkpoint`] writes a

@@ -574,3 +574,201 @@ fn f16_gradients_of_a_tiny_loss_vanish_without_scaling_and_survive_with_it() {
         );
     });
 }
+
+/// One linear layer in two fields (tied, as a language model ties its embedding and output):
+/// `module.visit` meets the shared parameter twice.
+#[derive(Module, Debug)]
+struct TiedPair<B: burn::tensor::backend::Backend> {
+    a: burn::nn::Linear<B>,
+    b: burn::nn::Linear<B>,
+}
+
+fn tied_pair() -> TiedPair<B> {
+    let a = seed_weights(
+        burn::nn::LinearConfig::new(6, 6).init(&Default::default()),
+        SEED,
+    );
+    TiedPair { b: a.clone(), a }
+}
+
+/// Each rank's parameters after `STEPS` SGD steps of the tied model, scaled by `scaler` or not.
+fn tied_run(world: usize, scaler: Option<GradScalerConfig>) -> Vec<Vec<f32>> {
+    run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(tied_pair(), pg, DdpConfig::new()).unwrap();
+        let mut scaler = scaler
+            .as_ref()
+            .map(|c| c.init(ddp.process_group().clone()).unwrap());
+        let mut optim = SgdConfig::new().init::<B, TiedPair<B>>();
+        let device = Default::default();
+        for step in 0..STEPS {
+            let (x, y) = batch(&contiguous_shard(step, world, rank), &device);
+            let rows = x.dims()[0];
+            let pred = ddp
+                .forward(|m| m.b.forward(m.a.forward(x).tanh()).slice([0..rows, 0..3]))
+                .expect("forward");
+            let loss = MseLoss::new().forward(pred, y, Reduction::Mean);
+            match scaler.as_mut() {
+                Some(scaler) => {
+                    let grads = ddp.backward(scaler.scale(loss)).expect("backward");
+                    let done = scaler.step(&mut ddp, &mut optim, LR, grads).unwrap();
+                    assert!(done.stepped, "step {step}: a finite run skipped a step");
+                }
+                None => {
+                    let grads = ddp.backward(loss).expect("backward");
+                    ddp.optimizer_step(&mut optim, LR, grads);
+                }
+            }
+        }
+        flat_params(ddp.module())
+    })
+}
+
+/// A tied parameter is visited twice; unscaling it twice would divide its gradient by the scale
+/// squared and all but freeze it. Unscaled once, a power-of-two scale trains it bitwise as no
+/// scaling does.
+#[test]
+fn a_tied_parameter_is_unscaled_once_and_trains_bitwise_as_without_scaling() {
+    let world = 2;
+    let plain = tied_run(world, None);
+    let scaled = tied_run(world, Some(scaler_config()));
+    for rank in 0..world {
+        assert!(
+            bitwise_equal(&plain[rank], &plain[0]),
+            "rank {rank}'s unscaled replica differs from rank 0's"
+        );
+        assert!(
+            bitwise_equal(&scaled[rank], &plain[rank]),
+            "rank {rank}: the tied model trained under GradScaler differs from plain training \
+             (max scaled diff {})",
+            max_scaled_diff(&scaled[rank], &plain[rank])
+        );
+    }
+}
+
+/// Rank 0's gradients hold an f16 one (a trainable f16 parameter only rank 0 used, its
+/// gradient kept local as ZeRO-2 keeps it): rank 0 cannot unscale. Every rank must return an
+/// error from the same collective, or rank 1 would wait in the found-inf all-reduce until the
+/// group's timeout (60 s here) and the group would be out of step. A collective after it
+/// completes on both ranks.
+#[test]
+fn a_half_precision_gradient_on_one_rank_is_an_error_on_every_rank_not_a_hang() {
+    let results = run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let device = Default::default();
+        let model = Mlp::<B>::seeded(&device, HIDDEN, SEED);
+        let scaler = scaler_config().init(pg.clone()).unwrap();
+        let (x, y) = batch(&contiguous_shard(0, 2, rank), &device);
+        let loss = MseLoss::new().forward(model.forward(x, false), y, Reduction::Mean);
+        let mut grads = GradientsParams::from_grads(scaler.scale(loss).backward(), &model);
+        if rank == 0 {
+            let id = model.fc2.weight.id;
+            let grad = grads
+                .remove::<Inner, 2>(id)
+                .expect("fc2.weight has a gradient");
+            grads.register::<Inner, 2>(id, grad.cast(FloatDType::F16));
+        }
+        let outcome = scaler.unscale(&model, grads).map(|u| u.found_inf());
+        let mut one = [1.0f32];
+        let after = pg
+            .all_reduce(&mut one, ddp_core::comm::ReduceOp::Sum)
+            .map(|()| one[0]);
+        (outcome, after.map_err(|e| e.to_string()))
+    });
+    for (rank, (outcome, after)) in results.iter().enumerate() {
+        let err = match outcome {
+            Err(e) => e.to_string(),
+            Ok(found_inf) => {
+                panic!(
+                    "rank {rank}: unscale succeeded (found_inf {found_inf}) beside rank 0's f16 gradient"
+                )
+            }
+        };
+        assert!(!err.contains("all-reducing"), "rank {rank}: {err}");
+        if rank == 0 {
+            assert!(
+                matches!(outcome, Err(AmpError::HalfPrecisionGradient { .. })),
+                "rank 0: {err}"
+            );
+        } else {
+            assert!(
+                err.contains("rank 0") && err.contains("f32"),
+                "rank {rank} must say rank 0 could not unscale and why: {err}"
+            );
+        }
+        assert_eq!(after, &Ok(2.0), "rank {rank}: the group is out of step");
+    }
+}
+
+/// Gives every parameter a fresh id: the module `step_on` is given need not share the wrapped
+/// module's ids.
+struct Reid;
+
+impl<Bk: burn::tensor::backend::Backend> burn::module::ModuleMapper<Bk> for Reid {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<Bk, D>>,
+    ) -> burn::module::Param<Tensor<Bk, D>> {
+        let (_, t, mapper) = param.consume();
+        burn::module::Param::from_mapped_value(burn::module::ParamId::new(), t, mapper)
+    }
+}
+
+/// `step_on`'s gradients are keyed by the caller's module: unscaling them against
+/// `ddp.module()` would match no id, leave them 1024 times too large and let the optimizer
+/// step with them. It is an error naming the module to pass; the right module unscales them
+/// to the plain gradients bit for bit.
+#[test]
+fn unscaling_against_a_module_the_gradients_do_not_belong_to_is_an_error() {
+    let init = init_bytes();
+    let world = 2;
+    let results = run_ranks(world, |pg| {
+        let rank = pg.rank();
+        let mut ddp = DistributedDataParallel::new(mlp_from(&init), pg, DdpConfig::new()).unwrap();
+        let scaler = scaler_config().init(ddp.process_group().clone()).unwrap();
+        let caller = ddp.module().clone().map(&mut Reid);
+        let device = Default::default();
+        let step = |ddp: &mut DistributedDataParallel<B, Mlp<B>>, scale: bool| {
+            let (x, y) = batch(&contiguous_shard(0, world, rank), &device);
+            let (_, grads) = ddp
+                .step_on(&caller, |m| {
+                    let loss = MseLoss::new().forward(m.forward(x, false), y, Reduction::Mean);
+                    let loss = if scale { scaler.scale(loss) } else { loss };
+                    loss.backward();
+                })
+                .expect("step_on");
+            grads
+        };
+        let fc1 = |grads: &GradientsParams| -> Vec<f32> {
+            let g = grads
+                .get::<Inner, 2>(caller.fc1.weight.id)
+                .expect("fc1 gradient, keyed by the caller's id");
+            g.into_data().iter::<f32>().collect()
+        };
+        let plain = fc1(&step(&mut ddp, false));
+        let grads = step(&mut ddp, true);
+        let wrong = scaler.unscale(ddp.module(), grads).map(|u| u.found_inf());
+        let grads = step(&mut ddp, true);
+        let right = scaler.unscale(&caller, grads).expect("the caller's module");
+        (plain, wrong, fc1(&right.into_grads()))
+    });
+    for (rank, (plain, wrong, right)) in results.iter().enumerate() {
+        match wrong {
+            Ok(found_inf) => panic!(
+                "rank {rank}: unscaling against ddp.module() succeeded (found_inf {found_inf}) \
+                 with gradients keyed by the caller's module"
+            ),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("another module") && e.contains("step_on"),
+                    "rank {rank}: {e}"
+                );
+            }
+        }
+        assert!(
+            bitwise_equal(right, plain),
+            "rank {rank}: unscaled with the caller's module, the gradients differ from the plain ones"
+        );
+    }
+}

@@ -666,3 +666,170 @@ fn a_hook_registered_after_a_no_sync_backward_is_refused() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Uneven inputs with buffers and several forwards per backward.
+
+/// A linear layer and a batch norm, whose running statistics are buffers DDP broadcasts.
+#[derive(burn::module::Module, Debug)]
+struct Normed<B: burn::tensor::backend::Backend> {
+    fc: burn::nn::Linear<B>,
+    norm: burn::nn::BatchNorm<B>,
+}
+
+impl Normed<B> {
+    /// The same weights on every rank that builds it; the running statistics are each rank's
+    /// own (built here, not cloned: clones share running states).
+    fn new() -> Self {
+        let device = Default::default();
+        Normed {
+            fc: seed_weights(burn::nn::LinearConfig::new(6, 4).init(&device), 11),
+            norm: burn::nn::BatchNormConfig::new(4).init(&device),
+        }
+    }
+
+    fn loss(&self, idx: &[usize]) -> Tensor<B, 1> {
+        let (x, y) = batch(idx, &Default::default());
+        let h = self.fc.forward(x);
+        let h = self
+            .norm
+            .forward(h.unsqueeze_dim::<3>(2))
+            .squeeze_dim::<2>(2);
+        MseLoss::new().forward(h.slice([0..idx.len(), 0..3]), y, Reduction::Mean)
+    }
+
+    /// Parameters, then the running statistics as the module reads them.
+    fn state(&self) -> Vec<f32> {
+        let mut all = flat_params(self);
+        for stat in [
+            self.norm.running_mean.value(),
+            self.norm.running_var.value(),
+        ] {
+            all.extend(stat.into_data().iter::<f32>());
+        }
+        all
+    }
+}
+
+/// Rank `r` trains `batches[r]` steps of two forwards (each its own micro-batch) and one
+/// backward, joins, then all train one step together: each rank's state and answered steps.
+fn two_forwards_per_backward(batches: [usize; 2]) -> Vec<Result<(Vec<f32>, usize), DdpError>> {
+    run_ranks(2, |pg| {
+        let rank = pg.rank();
+        let config = DdpConfig::new().with_uneven_inputs(true);
+        let mut ddp = DistributedDataParallel::new(Normed::new(), pg, config)?;
+        let mut adam = AdamConfig::new().init::<B, Normed<B>>();
+        for s in 0..batches[rank] {
+            normed_step(&mut ddp, &mut adam, s)?;
+        }
+        let answered = ddp.join(&mut adam, LR)?;
+        normed_step(&mut ddp, &mut adam, 1000)?;
+        Ok((ddp.module().state(), answered))
+    })
+}
+
+/// Two forwards, one backward of their summed loss, one optimizer step.
+fn normed_step<O: Optimizer<Normed<B>, B>>(
+    ddp: &mut DistributedDataParallel<B, Normed<B>>,
+    optim: &mut O,
+    step: usize,
+) -> Result<(), DdpError> {
+    let rank = ddp.process_group().rank();
+    let first = ddp.forward(|m| m.loss(&samples(rank, step, 0)))?;
+    let second = ddp.forward(|m| m.loss(&samples(rank, step, 1)))?;
+    let grads = ddp.backward(first + second)?;
+    ddp.optimizer_step(optim, LR, grads);
+    Ok(())
+}
+
+/// Each forward after the first of a step starts from the buffers of the first rank still
+/// training (PyTorch broadcasts them before every forward); a joined rank answers that
+/// broadcast too, so a rank that joins early (rank 1, then rank 0, the buffers' usual source)
+/// leaves nobody waiting in a mismatched collective, and the replicas, running statistics
+/// included, end bitwise equal.
+#[test]
+fn uneven_inputs_with_batch_norm_and_two_forwards_per_backward_keep_replicas_equal() {
+    for batches in [[4, 2], [2, 4]] {
+        let got = two_forwards_per_backward(batches);
+        let got: Vec<(Vec<f32>, usize)> = got
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("batches {batches:?}, rank {rank}: {e}")))
+            .collect();
+        for (rank, (state, answered)) in got.iter().enumerate() {
+            assert_eq!(
+                bits(state),
+                bits(&got[0].0),
+                "batches {batches:?}: rank {rank}'s replica differs from rank 0's"
+            );
+            assert_eq!(
+                *answered,
+                4 - batches[rank],
+                "batches {batches:?}: rank {rank} answered"
+            );
+        }
+    }
+}
+
+/// A layer whose output reads its buffer (a running mean it subtracts), so a forward's result
+/// depends on which rank's buffers it starts from.
+#[derive(burn::module::Module, Debug)]
+struct Centred<B: burn::tensor::backend::Backend> {
+    fc: burn::nn::Linear<B>,
+    mean: burn::module::RunningState<Tensor<B, 1>>,
+}
+
+impl Centred<B> {
+    fn new() -> Self {
+        let device = Default::default();
+        Centred {
+            fc: seed_weights(burn::nn::LinearConfig::new(6, 3).init(&device), 12),
+            mean: burn::module::RunningState::new(Tensor::zeros([3], &device)),
+        }
+    }
+
+    fn loss(&self, idx: &[usize]) -> Tensor<B, 1> {
+        let (x, y) = batch(idx, &Default::default());
+        let h = self.fc.forward(x);
+        let mean = self.mean.value();
+        let batch_mean = h.clone().mean_dim(0).squeeze_dim::<1>(0).detach();
+        self.mean.update(mean.clone() * 0.5 + batch_mean * 0.5);
+        MseLoss::new().forward(h - mean.unsqueeze_dim::<2>(0), y, Reduction::Mean)
+    }
+}
+
+/// With every rank training, uneven inputs change nothing: the second forward of a step starts
+/// from rank 0's buffers as without them, so the parameters and buffers match bit for bit.
+#[test]
+fn a_second_forward_starts_from_rank_zeros_buffers_with_or_without_uneven_inputs() {
+    let run = |uneven: bool| {
+        run_ranks(2, |pg| {
+            let rank = pg.rank();
+            let config = DdpConfig::new().with_uneven_inputs(uneven);
+            let mut ddp = DistributedDataParallel::new(Centred::new(), pg, config).unwrap();
+            let mut adam = AdamConfig::new().init::<B, Centred<B>>();
+            for step in 0..3 {
+                let first = ddp.forward(|m| m.loss(&samples(rank, step, 0))).unwrap();
+                let second = ddp.forward(|m| m.loss(&samples(rank, step, 1))).unwrap();
+                let grads = ddp.backward(first + second).unwrap();
+                ddp.optimizer_step(&mut adam, LR, grads);
+            }
+            if uneven {
+                ddp.join(&mut adam, LR).unwrap();
+            }
+            let mut state = flat_params(ddp.module());
+            state.extend(ddp.module().mean.value().into_data().iter::<f32>());
+            state
+        })
+    };
+    let even = run(false);
+    let uneven = run(true);
+    for rank in 0..2 {
+        assert_eq!(bits(&even[rank]), bits(&even[0]), "rank {rank} differs");
+        assert_eq!(
+            bits(&uneven[rank]),
+            bits(&even[rank]),
+            "rank {rank}: uneven inputs changed the training"
+        );
+    }
+}

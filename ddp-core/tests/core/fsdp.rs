@@ -582,3 +582,42 @@ fn layer_boundaries_under_fsdp_change_no_value() {
         );
     }
 }
+
+/// Two blocks under one list field: paths `blocks.0.weight`, `blocks.1.bias`, ...
+#[derive(Module, Debug)]
+struct Blocks<B: Backend> {
+    blocks: Vec<Linear<B>>,
+}
+
+/// `blocks` matches every parameter, but each one belongs to the longer `blocks.0` or
+/// `blocks.1` (the longest prefix wins): the error says so instead of claiming `blocks`
+/// matches nothing.
+#[test]
+fn a_unit_whose_parameters_all_belong_to_longer_units_is_refused_saying_so() {
+    let errors = run_ranks(1, |pg| {
+        let device = Default::default();
+        let model = Blocks::<B> {
+            blocks: vec![
+                LinearConfig::new(4, 4).init(&device),
+                LinearConfig::new(4, 4).init(&device),
+            ],
+        };
+        let config = FsdpConfig::new().with_units(["blocks", "blocks.0", "blocks.1"]);
+        FullyShardedDataParallel::new(model, pg, config)
+            .err()
+            .map(|e| e.to_string())
+    });
+    let e = errors
+        .into_iter()
+        .next()
+        .unwrap()
+        .expect("a unit left empty by longer units must be refused");
+    assert!(
+        !e.contains("matches no trainable parameter"),
+        "'blocks' matches every parameter: {e}"
+    );
+    assert!(
+        e.contains("'blocks'") && e.contains("blocks.0") && e.contains("blocks.1"),
+        "the error must name the empty unit and the longer units that took its parameters: {e}"
+    );
+}

@@ -18,33 +18,66 @@ pub(super) struct JoinRound {
     pub(super) root: usize,
     /// Whether this step synchronises (some training rank called `backward`).
     pub(super) sync: bool,
+    /// The training ranks are in a forward that takes the buffers before it runs (a forward
+    /// after a forward without a backward): the round is followed by that broadcast only.
+    pub(super) buffers_only: bool,
+}
+
+/// What a rank is doing when it enters a [`JoinRound`].
+#[derive(Clone, Copy)]
+pub(super) enum RoundCall {
+    /// Answering from `join`.
+    Joined,
+    /// `backward` (`sync`) or `backward_no_sync`.
+    Backward { sync: bool },
+    /// A forward about to take the buffers of the first rank still training.
+    ForwardBuffers,
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// With [`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs): one small
-    /// all-reduce in which every rank says whether it still trains and whether this step
-    /// synchronises.
-    pub(super) fn join_round(&self, training: bool, sync: bool) -> Result<JoinRound, DdpError> {
+    /// all-reduce in which every rank says whether it still trains, whether this step
+    /// synchronises, and whether it is in a backward or in a forward that takes the buffers.
+    pub(super) fn join_round(&self, call: RoundCall) -> Result<JoinRound, DdpError> {
         let world = self.pg.world_size();
         if !self.config.uneven_inputs || world == 1 {
             return Ok(JoinRound {
                 active: world,
                 root: 0,
-                sync,
+                sync: matches!(call, RoundCall::Backward { sync: true }),
+                buffers_only: matches!(call, RoundCall::ForwardBuffers),
             });
         }
         let rank = self.pg.rank();
-        let mut flags = vec![0u8; 2 * world];
-        if training {
-            flags[rank] = 1;
-            flags[world + rank] = u8::from(sync);
+        // [training][synchronising backward][forward taking the buffers], one byte per rank.
+        let mut flags = vec![0u8; 3 * world];
+        match call {
+            RoundCall::Joined => {}
+            RoundCall::Backward { sync } => {
+                flags[rank] = 1;
+                flags[world + rank] = u8::from(sync);
+            }
+            RoundCall::ForwardBuffers => {
+                flags[rank] = 1;
+                flags[2 * world + rank] = 1;
+            }
         }
         self.pg
             .all_reduce(&mut flags, ReduceOp::Max)
             .map_err(DdpError::comm("agreeing on which ranks still have data"))?;
         let training: Vec<usize> = (0..world).filter(|&r| flags[r] == 1).collect();
+        let (forwarding, stepping): (Vec<usize>, Vec<usize>) =
+            training.iter().partition(|&&r| flags[2 * world + r] == 1);
+        if !forwarding.is_empty() && !stepping.is_empty() {
+            return Err(DdpError::Join(format!(
+                "in the same step ranks {forwarding:?} ran another forward (which first takes \
+                 the buffers of the first rank still training) and ranks {stepping:?} called \
+                 backward; every rank still training must call forward the same number of \
+                 times before each backward"
+            )));
+        }
         let (syncing, accumulating): (Vec<usize>, Vec<usize>) =
-            training.iter().partition(|&&r| flags[world + r] == 1);
+            stepping.iter().partition(|&&r| flags[world + r] == 1);
         if !syncing.is_empty() && !accumulating.is_empty() {
             return Err(DdpError::Join(format!(
                 "in the same step ranks {syncing:?} called backward and ranks {accumulating:?} \
@@ -55,6 +88,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             active: training.len(),
             root: training.first().copied().unwrap_or(0),
             sync: !syncing.is_empty(),
+            buffers_only: !forwarding.is_empty(),
         })
     }
 
@@ -64,7 +98,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// in the average (the gradients are averaged over the ranks still training), and applies
     /// the averaged gradients with `optimizer` like everyone else, so models *and* optimizer
     /// states stay identical on every rank: a checkpoint written by rank 0 afterwards is
-    /// everyone's. Buffers come from the first rank still training.
+    /// everyone's. Buffers come from the first rank still training, at every step and before
+    /// each further forward of a step (several forwards before one backward), which this rank
+    /// answers too.
     ///
     /// Gradients this rank accumulated with `backward_no_sync` after its last synchronised
     /// step belong to a step it never finishes: they are dropped, with a warning, and this rank
@@ -121,9 +157,15 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         }
         let mut answered = 0;
         loop {
-            let round = self.join_round(false, false)?;
+            let round = self.join_round(RoundCall::Joined)?;
             if round.active == 0 || self.pg.world_size() == 1 {
                 return Ok(answered);
+            }
+            if round.buffers_only {
+                // A training rank's second forward before its backward: its broadcast of the
+                // first training rank's buffers, answered here too. Not a step.
+                self.sync_buffers_from(round.root)?;
+                continue;
             }
             // The same collectives, in the same order, as `step` on the training ranks.
             self.reducer.begin_shadow(round.sync, round.active)?;

@@ -6,6 +6,7 @@ mod join;
 mod record;
 mod step_on;
 
+use self::join::RoundCall;
 use super::buffers::{BufferSync, PendingBuffers};
 use super::config::DdpConfig;
 use super::reduction_choice::{choose_reduction, make_reducer};
@@ -253,7 +254,9 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// Runs `f` on the module with gradient taps in place; use its output for the loss.
     ///
     /// # Collective
-    /// Every rank calls it the same number of times (it may broadcast buffers from rank 0).
+    /// Every rank calls it the same number of times (a forward after a forward without a
+    /// backward broadcasts rank 0's buffers first; with uneven inputs, the first training
+    /// rank's, after a round a joined rank answers as it answers steps).
     ///
     /// # Errors
     /// [`DdpError::BackwardOutsideDdp`] after a plain `loss.backward()`;
@@ -267,10 +270,12 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     }
 
     fn tapped_forward<O>(&mut self, f: impl FnOnce(&M) -> O) -> Result<O, DdpError> {
-        // 1. Every rank starts from rank 0's buffers (already so after a synchronised backward).
+        // 1. Every rank starts from rank 0's buffers (already so after a backward). With uneven
+        //    inputs a rank may have joined, and its `join` loop answers rounds only: a round
+        //    first, which it mirrors, and the buffers of the first rank still training.
         if self.buffers.needs_sync() {
-            let module = self.module.take().expect("module present");
-            self.module = Some(self.buffers.sync_now::<B, M>(&self.pg, module)?);
+            let root = self.join_round(RoundCall::ForwardBuffers)?.root;
+            self.sync_buffers_from(root)?;
         }
         // 2. The user's forward on a copy of the module whose trainable parameters pass through
         //    taps; it may update buffers (running statistics).
@@ -336,7 +341,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         sync: bool,
     ) -> Result<Option<GradientsParams>, DdpError> {
         // 0. With uneven inputs: which ranks still train (the others answer from `join`).
-        let round = self.join_round(true, sync)?;
+        let round = self.join_round(RoundCall::Backward { sync })?;
         self.reducer.begin(sync, round.active)?;
         // 1. Rank 0's buffers, as this step's forward left them, travel while backward runs
         //    (first in every rank's collective queue).
@@ -394,6 +399,12 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         self.last_stats = Some(stats);
         self.step += 1;
         self.record(&times);
+    }
+
+    /// Broadcasts `root`'s buffers and writes them into the wrapped module, blocking.
+    fn sync_buffers_from(&mut self, root: usize) -> Result<(), DdpError> {
+        let pending = self.buffers.start::<B, M>(&self.pg, self.inner(), root)?;
+        self.land_buffers(pending)
     }
 
     fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
