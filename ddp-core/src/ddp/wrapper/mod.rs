@@ -410,8 +410,10 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     fn land_buffers(&mut self, buffers: Option<PendingBuffers>) -> Result<(), DdpError> {
         match buffers {
             Some(pending) => {
-                let module = self.module.take().expect("module present");
-                self.module = Some(self.buffers.finish::<B, M>(pending, module)?);
+                // Into a copy (its tensors are shared handles): if the broadcast fails, the
+                // wrapper keeps its module, for `module()` or an emergency save after the error.
+                let module = self.buffers.finish::<B, M>(pending, self.inner().clone())?;
+                self.module = Some(module);
             }
             None => self.buffers.settle_local::<B, M>(self.inner()),
         }
