@@ -25,7 +25,7 @@ pub(super) struct JoinRound {
 
 /// What a rank is doing when it enters a [`JoinRound`].
 #[derive(Clone, Copy)]
-pub(super) enum RoundCall {
+enum RoundCall {
     /// Answering from `join`.
     Joined,
     /// `backward` (`sync`) or `backward_no_sync`.
@@ -35,10 +35,20 @@ pub(super) enum RoundCall {
 }
 
 impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
+    /// The round of a `backward` (`sync`) or `backward_no_sync`.
+    pub(super) fn backward_round(&self, sync: bool) -> Result<JoinRound, DdpError> {
+        self.join_round(RoundCall::Backward { sync })
+    }
+
+    /// The round of a forward about to take the buffers of the first rank still training.
+    pub(super) fn forward_buffers_round(&self) -> Result<JoinRound, DdpError> {
+        self.join_round(RoundCall::ForwardBuffers)
+    }
+
     /// With [`DdpConfig::uneven_inputs`](crate::DdpConfig::uneven_inputs): one small
     /// all-reduce in which every rank says whether it still trains, whether this step
     /// synchronises, and whether it is in a backward or in a forward that takes the buffers.
-    pub(super) fn join_round(&self, call: RoundCall) -> Result<JoinRound, DdpError> {
+    fn join_round(&self, call: RoundCall) -> Result<JoinRound, DdpError> {
         let world = self.pg.world_size();
         if !self.config.uneven_inputs || world == 1 {
             return Ok(JoinRound {

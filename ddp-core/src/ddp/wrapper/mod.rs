@@ -6,7 +6,6 @@ mod join;
 mod record;
 mod step_on;
 
-use self::join::RoundCall;
 use super::buffers::{BufferSync, PendingBuffers};
 use super::config::DdpConfig;
 use super::reduction_choice::{choose_reduction, make_reducer};
@@ -274,7 +273,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         //    inputs a rank may have joined, and its `join` loop answers rounds only: a round
         //    first, which it mirrors, and the buffers of the first rank still training.
         if self.buffers.needs_sync() {
-            let root = self.join_round(RoundCall::ForwardBuffers)?.root;
+            let root = self.forward_buffers_round()?.root;
             self.sync_buffers_from(root)?;
         }
         // 2. The user's forward on a copy of the module whose trainable parameters pass through
@@ -341,7 +340,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         sync: bool,
     ) -> Result<Option<GradientsParams>, DdpError> {
         // 0. With uneven inputs: which ranks still train (the others answer from `join`).
-        let round = self.join_round(RoundCall::Backward { sync })?;
+        let round = self.backward_round(sync)?;
         self.reducer.begin(sync, round.active)?;
         // 1. Rank 0's buffers, as this step's forward left them, travel while backward runs
         //    (first in every rank's collective queue).
