@@ -33,10 +33,7 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     store.set(NONCE_KEY, nonce.as_bytes())?;
     publish(path, format!("{addr} {nonce}\n").as_bytes())
         .map_err(|e| CommError::io(format!("file:// rendezvous: writing {}", path.display()), e))?;
-    let hosted = HostedStore {
-        server,
-        linger: config.timeout,
-    };
+    let hosted = HostedStore::new(server, config.timeout);
     let pg = ProcessGroup::world(store, config, Some(hosted));
     // Every rank has joined (or failed): the file has served its purpose either way.
     let _ = std::fs::remove_file(path);

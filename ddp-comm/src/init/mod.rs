@@ -151,10 +151,7 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
                 format!("{host}:{port}")
             };
             let store = Store::connect(&addr, config.store_config())?;
-            let hosted = server.map(|server| HostedStore {
-                server,
-                linger: config.timeout,
-            });
+            let hosted = server.map(|server| HostedStore::new(server, config.timeout));
             ProcessGroup::world(store, config, hosted)
         }
         InitMethod::File(path) => file::init(&path, config),

@@ -180,3 +180,37 @@ fn a_store_on_the_network_needs_a_token() {
         .expect("with a token");
     drop(pg);
 }
+
+/// Rank 0 of a world of 2 whose rank 1 never comes, through `method`, with a group timeout of
+/// `timeout`: returns the error and how long init took.
+fn init_alone(method: &InitMethod, timeout: Duration) -> (String, Duration) {
+    let start = std::time::Instant::now();
+    let e = init_process_group(method, ProcessGroupConfig::new(0, 2).with_timeout(timeout))
+        .expect_err("rank 1 never comes");
+    (e.to_string(), start.elapsed())
+}
+
+/// Rank 0 hosting the store returns its failed init's error after one timeout, not two: the
+/// store it hosted is stopped at once (the generation is abandoned) instead of lingering a
+/// whole timeout for its own connection to close. Old code took at least twice the timeout.
+#[test]
+fn rank_zero_whose_peer_never_comes_fails_after_one_timeout() {
+    let timeout = Duration::from_secs(4);
+    // Twice the timeout is the old behaviour; anything below it is one timeout and whatever a
+    // busy machine adds.
+    let hang = timeout * 2 - Duration::from_millis(500);
+    let dir = tempfile::tempdir().unwrap();
+    let file = InitMethod::parse(&format!("file://{}", dir.path().join("rv").display())).unwrap();
+    let tcp = InitMethod::parse(&format!("tcp://127.0.0.1:{}", free_port())).unwrap();
+    for method in [tcp, file] {
+        let (e, took) = init_alone(&method, timeout);
+        assert!(
+            e.contains("rank 1"),
+            "{method:?}: the error names the missing rank: {e}"
+        );
+        assert!(
+            took < hang,
+            "{method:?}: init took {took:?} with a timeout of {timeout:?}: {e}"
+        );
+    }
+}
