@@ -14,7 +14,7 @@ fn time_left(deadline: Instant) -> io::Result<std::time::Duration> {
     if left.is_zero() {
         return Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            "the handshake deadline passed",
+            "the deadline passed before the peer kept up",
         ));
     }
     Ok(left)

@@ -13,7 +13,9 @@ u8_enum! {
         #[default]
         Sum = 1,
         /// Element-wise mean: the sum divided by the number of ranks. Integer types use
-        /// truncating division, as NCCL does.
+        /// truncating division, as NCCL does. f16 and bf16 scale each rank's value by 1/n (in
+        /// f32) and sum those, as NCCL and PyTorch DDP's default hook do, so a mean that fits
+        /// the type is not lost to a sum that overflows it (8 ranks of f16 10000).
         Avg = 2,
         /// Element-wise minimum.
         Min = 3,
@@ -25,7 +27,8 @@ u8_enum! {
 }
 
 impl ReduceOp {
-    /// The operator applied pairwise while data moves; `Avg` sums and divides at the end.
+    /// The operator applied pairwise while data moves; `Avg` sums (after
+    /// [`ReduceOp::prescale_if_avg`], before [`ReduceOp::divide_if_avg`]).
     pub(crate) fn combine_op(self) -> ReduceOp {
         match self {
             ReduceOp::Avg => ReduceOp::Sum,
@@ -33,18 +36,29 @@ impl ReduceOp {
         }
     }
 
-    /// The divisor of the epilogue that follows the sum over `ranks` ranks: `Some(ranks)` for
-    /// `Avg`, `None` for every operator that needs none. Every transport divides by it.
-    pub(crate) fn avg_divisor(self, ranks: usize) -> Option<usize> {
+    /// `Some(ranks)` for `Avg` over `ranks` ranks, `None` for every other operator: what a
+    /// transport that defers the whole `Avg` to another layer (shared memory) is told.
+    pub(crate) fn avg_ranks(self, ranks: usize) -> Option<usize> {
         (self == ReduceOp::Avg).then_some(ranks)
     }
 
+    /// The `Avg` prologue on `buf`, one rank's input to a sum over `ranks` ranks: for f16 and
+    /// bf16 scales it by `1 / ranks` (see [`prescale_bytes`]); leaves it alone for every other
+    /// type and operator. Every transport that reduces with [`ReduceOp::combine_op`] calls it on
+    /// each rank's input (or a copy of it) before the sum.
+    pub(crate) fn prescale_if_avg(self, ranks: usize, dtype: DataType, buf: &mut [u8]) {
+        if let Some(n) = self.avg_ranks(ranks) {
+            prescale_bytes(dtype, buf, n);
+        }
+    }
+
     /// The `Avg` epilogue on `buf`, which holds the sum over `ranks` ranks: divides it by
-    /// `ranks` for `Avg` and leaves it alone for every other operator. One place, so every
-    /// transport that reduces with [`ReduceOp::combine_op`] finishes `Avg` the same way.
+    /// `ranks` for `Avg` on every type but f16 and bf16 (already scaled by
+    /// [`ReduceOp::prescale_if_avg`]) and leaves it alone for every other operator. One place,
+    /// so every transport that reduces with [`ReduceOp::combine_op`] finishes `Avg` the same way.
     pub(crate) fn divide_if_avg(self, ranks: usize, dtype: DataType, buf: &mut [u8]) {
-        if let Some(d) = self.avg_divisor(ranks) {
-            divide_bytes(dtype, buf, d);
+        if let Some(n) = self.avg_ranks(ranks) {
+            divide_bytes(dtype, buf, n);
         }
     }
 }
@@ -131,7 +145,35 @@ pub(crate) fn combine_bytes(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: 
     }
 }
 
-/// Divides every element by `n` (the `Avg` epilogue).
+/// Whether [`prescale_bytes`] changes elements of `dtype` (f16 and bf16), for callers that
+/// would copy an input only to scale it.
+pub(crate) fn avg_prescales(dtype: DataType) -> bool {
+    matches!(dtype, DataType::F16 | DataType::BF16)
+}
+
+/// The `Avg` prologue for an input to a sum over `n` ranks: scales every element of f16 and
+/// bf16 by `1 / n`, in f32, and leaves every other type alone. The sum of those types over the
+/// ranks can overflow (8 ranks of f16 10000 sum to inf) or round (bf16 holds 257 as 256) where
+/// the mean fits; NCCL's own average and PyTorch DDP's default hook (divide, then sum) avoid
+/// that the same way. Other types keep sum-then-divide, bit for bit as before.
+pub(crate) fn prescale_bytes(dtype: DataType, buf: &mut [u8], n: usize) {
+    macro_rules! scale {
+        ($t:ty) => {{
+            let v: &mut [$t] = bytemuck::cast_slice_mut(buf);
+            let n = n as f32;
+            v.iter_mut()
+                .for_each(|x| *x = <$t>::from_f32(x.to_f32() / n));
+        }};
+    }
+    match dtype {
+        DataType::F16 => scale!(f16),
+        DataType::BF16 => scale!(bf16),
+        DataType::F32 | DataType::F64 | DataType::I32 | DataType::I64 | DataType::U8 => {}
+    }
+}
+
+/// The `Avg` epilogue on a sum over `n` ranks: divides every element by `n`, for every type
+/// but f16 and bf16, whose inputs [`prescale_bytes`] scaled instead.
 pub(crate) fn divide_bytes(dtype: DataType, buf: &mut [u8], n: usize) {
     macro_rules! div {
         ($t:ty, $conv:expr) => {{
@@ -146,8 +188,7 @@ pub(crate) fn divide_bytes(dtype: DataType, buf: &mut [u8], n: usize) {
         DataType::I32 => div!(i32, n as i32),
         DataType::I64 => div!(i64, n as i64),
         DataType::U8 => div!(u8, n.min(u8::MAX as usize) as u8),
-        DataType::F16 => div!(f16, f16::from_f32(n as f32)),
-        DataType::BF16 => div!(bf16, bf16::from_f32(n as f32)),
+        DataType::F16 | DataType::BF16 => {}
     }
 }
 
@@ -188,5 +229,33 @@ mod tests {
         let mut v = [9i64, -9];
         divide_bytes(DataType::I64, bytemuck::cast_slice_mut(&mut v), 2);
         assert_eq!(v, [4, -4]);
+    }
+
+    /// f16 averages by scaling each input and summing: the sum of 8 f16 12288s (98304) would
+    /// overflow to inf. (12288 / 8 and its multiples are exact in f16, so the mean is too.)
+    #[test]
+    fn half_avg_scales_inputs_instead_of_dividing_the_sum() {
+        assert!(avg_prescales(DataType::F16) && avg_prescales(DataType::BF16));
+        assert!(!avg_prescales(DataType::F32) && !avg_prescales(DataType::I64));
+        let mut acc = [f16::ZERO];
+        for _ in 0..8 {
+            let mut x = [f16::from_f32(12_288.0)];
+            ReduceOp::Avg.prescale_if_avg(8, DataType::F16, bytemuck::cast_slice_mut(&mut x));
+            combine_bytes(
+                DataType::F16,
+                ReduceOp::Avg.combine_op(),
+                bytemuck::cast_slice_mut(&mut acc),
+                bytemuck::cast_slice(&x),
+            );
+        }
+        ReduceOp::Avg.divide_if_avg(8, DataType::F16, bytemuck::cast_slice_mut(&mut acc));
+        assert_eq!(acc, [f16::from_f32(12_288.0)]);
+
+        // Other types and operators are untouched by the prologue.
+        let mut f = [3.0f32];
+        ReduceOp::Avg.prescale_if_avg(2, DataType::F32, bytemuck::cast_slice_mut(&mut f));
+        let mut h = [f16::from_f32(3.0)];
+        ReduceOp::Sum.prescale_if_avg(2, DataType::F16, bytemuck::cast_slice_mut(&mut h));
+        assert_eq!((f, h), ([3.0], [f16::from_f32(3.0)]));
     }
 }

@@ -22,14 +22,23 @@ const OPS: [ReduceOp; 5] = [
 trait TestValue: Element {
     fn from_i64(v: i64) -> Self;
     fn signed() -> bool;
-    fn div(self, n: usize) -> Self;
+    /// `Avg` of the ranks' `vals` (in rank order), as ddp-comm defines it for the type.
+    fn avg(vals: &[Self]) -> Self;
+}
+
+/// The sum (exact for the test values) divided by the number of ranks.
+fn sum_then_divide<T: TestValue>(vals: &[T], div: impl Fn(T, usize) -> T) -> T {
+    div(
+        vals[1..].iter().fold(vals[0], |a, &v| add(a, v)),
+        vals.len(),
+    )
 }
 
 macro_rules! int_value {
     ($($t:ty: $signed:expr),*) => {$(impl TestValue for $t {
         fn from_i64(v: i64) -> Self { v as $t }
         fn signed() -> bool { $signed }
-        fn div(self, n: usize) -> Self { self / n as $t }
+        fn avg(vals: &[Self]) -> Self { sum_then_divide(vals, |s, n| s / n as $t) }
     })*};
 }
 int_value!(i32: true, i64: true, u8: false);
@@ -38,19 +47,26 @@ macro_rules! float_value {
     ($($t:ty, $from:expr),*) => {$(impl TestValue for $t {
         fn from_i64(v: i64) -> Self { $from(v as f32) }
         fn signed() -> bool { true }
-        fn div(self, n: usize) -> Self { self / $from(n as f32) }
+        fn avg(vals: &[Self]) -> Self { sum_then_divide(vals, |s, n| s / $from(n as f32)) }
     })*};
 }
-float_value!(
-    f32,
-    |v: f32| v,
-    f64,
-    |v: f32| v as f64,
-    f16,
-    f16::from_f32,
-    bf16,
-    bf16::from_f32
-);
+float_value!(f32, |v: f32| v, f64, |v: f32| v as f64);
+
+/// f16 and bf16: each value scaled by 1/n in f32, then summed in the type. The sum of the
+/// scaled test values (multiples of one rounded third, quarter or half) is the same in any
+/// order, so it does not depend on how a transport orders its additions.
+macro_rules! half_value {
+    ($($t:ty),*) => {$(impl TestValue for $t {
+        fn from_i64(v: i64) -> Self { <$t>::from_f32(v as f32) }
+        fn signed() -> bool { true }
+        fn avg(vals: &[Self]) -> Self {
+            let n = vals.len() as f32;
+            let scaled = |v: $t| <$t>::from_f32(v.to_f32() / n);
+            vals[1..].iter().fold(scaled(vals[0]), |a, &v| a + scaled(v))
+        }
+    })*};
+}
+half_value!(f16, bf16);
 
 /// Rank `r`'s value at index `i`: small integers, so every sum and product is exact in every
 /// type and the result does not depend on the order of reduction.
@@ -72,6 +88,9 @@ fn reduce_locally<T: TestValue + PartialOrd>(
     (0..len)
         .map(|i| {
             let vals: Vec<T> = (0..n).map(|r| value(r, i + offset)).collect();
+            if op == ReduceOp::Avg {
+                return T::avg(&vals);
+            }
             let mut acc = vals[0];
             for &v in &vals[1..] {
                 acc = match op {
@@ -93,7 +112,7 @@ fn reduce_locally<T: TestValue + PartialOrd>(
                     }
                 };
             }
-            if op == ReduceOp::Avg { acc.div(n) } else { acc }
+            acc
         })
         .collect()
 }
@@ -410,6 +429,80 @@ fn all_reduce_results_are_bitwise_identical_across_ranks() {
             assert!(results.windows(2).all(|w| w[0] == w[1]), "{setup:?} n {n}");
         }
     }
+}
+
+/// Ranks of the half-precision `Avg` tests: their sum of [`HALF_MEAN`] overflows f16.
+const HALF_RANKS: usize = 8;
+/// Every rank's value in the half-precision `Avg` tests: the mean fits f16 (max 65504), the
+/// sum over [`HALF_RANKS`] ranks (98304) does not. Its eighth (1536) and every partial sum of
+/// eighths are exact in both half types, so the mean comes out exact in any order of addition
+/// (10000 would not: f16 rounds 5 x 1250 = 6250 to 6248, and the mean to 9992).
+const HALF_MEAN: f32 = 12_288.0;
+
+/// `Avg` of every reducing collective over [`HALF_RANKS`] ranks of [`HALF_MEAN`] gives the
+/// mean, not the overflow of the sum (inf in f16), in both half types.
+fn check_half_avg_fits<T: Element + PartialEq>(setup: Setup, from_f32: fn(f32) -> T) {
+    let n = HALF_RANKS;
+    let want = from_f32(HALF_MEAN);
+    run_ok_with(setup, n, |pg| {
+        let ty = T::DTYPE;
+        let mut buf = vec![want; 5];
+        pg.all_reduce(&mut buf, ReduceOp::Avg)?;
+        assert!(
+            buf.iter().all(|v| *v == want),
+            "all_reduce {ty} {setup:?}: {buf:?}"
+        );
+
+        let mut a = [want; 2];
+        let mut b = [want; 3];
+        pg.all_reduce_coalesced(&mut [&mut a[..], &mut b[..]], ReduceOp::Avg)?;
+        assert!(
+            a.iter().chain(&b).all(|v| *v == want),
+            "all_reduce_coalesced {ty} {setup:?}"
+        );
+
+        for root in [0, n - 1] {
+            let mut buf = vec![want; 5];
+            pg.reduce(&mut buf, root, ReduceOp::Avg)?;
+            // Off the root the buffer is left as it was, which is the mean here too.
+            assert!(
+                buf.iter().all(|v| *v == want),
+                "reduce {ty} root {root} {setup:?}"
+            );
+        }
+
+        let mut out = vec![from_f32(0.0); 3];
+        pg.reduce_scatter(&[want; 3 * HALF_RANKS], &mut out, ReduceOp::Avg)?;
+        assert!(
+            out.iter().all(|v| *v == want),
+            "reduce_scatter {ty} {setup:?}"
+        );
+        Ok(())
+    });
+}
+
+/// f16 and bf16 `Avg` scale each rank's input by 1/n before summing (as NCCL and PyTorch DDP
+/// do), so a mean that fits the type is not lost to an overflowing sum.
+#[test]
+fn half_avg_does_not_overflow_where_the_mean_fits() {
+    for setup in SETUPS {
+        check_half_avg_fits::<f16>(setup, f16::from_f32);
+        check_half_avg_fits::<bf16>(setup, bf16::from_f32);
+    }
+}
+
+/// [`half_avg_does_not_overflow_where_the_mean_fits`] on MPI.
+#[cfg(feature = "mpi")]
+#[test]
+fn half_avg_does_not_overflow_where_the_mean_fits_mpi() {
+    common::mpi::run_test(
+        "half_avg_does_not_overflow_where_the_mean_fits_mpi",
+        [HALF_RANKS],
+        |_| {
+            check_half_avg_fits::<f16>(Setup::Mpi, f16::from_f32);
+            check_half_avg_fits::<bf16>(Setup::Mpi, bf16::from_f32);
+        },
+    );
 }
 
 /// A mismatch, possibly wrapped with the rank it happened on.

@@ -83,9 +83,11 @@ impl Drop for Inner {
 
 /// Where a group comes from: the whole job (with the store rank 0 may host, the job's nonce
 /// and the init's generation), or a parent group it is a subgroup of.
-enum Lineage {
+enum Lineage<'a> {
     World {
-        server: Option<HostedStore>,
+        /// Taken only once nothing can fail: on an error it stays with [`ProcessGroup::world`],
+        /// which stops it at once (see [`HostedStore::stop_now`]).
+        server: &'a mut Option<HostedStore>,
         job_nonce: Vec<u8>,
         generation: u64,
     },
@@ -94,12 +96,41 @@ enum Lineage {
 
 /// The store server rank 0 runs for the job; stops once the other ranks have left.
 pub(crate) struct HostedStore {
-    pub(crate) server: StoreServer,
-    pub(crate) linger: Duration,
+    server: StoreServer,
+    /// How long the drop waits for the other ranks to disconnect.
+    linger: Duration,
+    /// Set by [`HostedStore::stop_now`]: the drop does not wait.
+    abandoned: bool,
+}
+
+impl HostedStore {
+    /// The store `server`, stopped (when dropped) once the other ranks have disconnected or
+    /// `linger` has passed.
+    pub(crate) fn new(server: StoreServer, linger: Duration) -> HostedStore {
+        HostedStore {
+            server,
+            linger,
+            abandoned: false,
+        }
+    }
+
+    /// Stops the store without waiting for the other ranks, after this rank's init failed and
+    /// its generation was abandoned: nobody can finish anything there, and lingering would only
+    /// hold the error back a whole timeout (this rank's own store handles had kept it busy).
+    pub(crate) fn stop_now(mut self) {
+        tracing::debug!(
+            clients = self.server.num_clients(),
+            "stopping the store of a failed init"
+        );
+        self.abandoned = true;
+    }
 }
 
 impl Drop for HostedStore {
     fn drop(&mut self) {
+        if self.abandoned {
+            return;
+        }
         if !self.server.wait_for_clients(0, self.linger) {
             tracing::warn!(
                 clients = self.server.num_clients(),
@@ -136,6 +167,24 @@ impl ProcessGroup {
         store: Store,
         config: ProcessGroupConfig,
         server: Option<HostedStore>,
+    ) -> Result<ProcessGroup> {
+        let mut server = server;
+        let joined = Self::join_world(store, config, &mut server);
+        // `join_world` has dropped every handle on the store by now. On an error the server
+        // is still here: stop it at once rather than linger a timeout for ranks that can only
+        // fail too (they see the store close instead of waiting out their own timeout).
+        if let (Err(_), Some(hosted)) = (&joined, server.take()) {
+            hosted.stop_now();
+        }
+        joined
+    }
+
+    /// [`ProcessGroup::world`] up to the group; takes `server` into it only once nothing can
+    /// fail, and drops `store` (and every handle made from it) on every path.
+    fn join_world(
+        store: Store,
+        config: ProcessGroupConfig,
+        server: &mut Option<HostedStore>,
     ) -> Result<ProcessGroup> {
         config.validate()?;
         // Every rank listens on the interface it reaches the store through (see the mesh).
@@ -188,7 +237,7 @@ impl ProcessGroup {
         ranks: Vec<usize>,
         group_rank: usize,
         config: ProcessGroupConfig,
-        lineage: Lineage,
+        lineage: Lineage<'_>,
     ) -> Result<ProcessGroup> {
         let (server, parent, job_nonce, generation) = match lineage {
             Lineage::World {
@@ -198,7 +247,7 @@ impl ProcessGroup {
             } => (server, None, job_nonce, generation),
             Lineage::Sub(parent) => {
                 let (nonce, generation) = (parent.job_nonce.clone(), parent.generation);
-                (None, Some(parent), nonce, generation)
+                (&mut None, Some(parent), nonce, generation)
             }
         };
         let store = root_store.with_prefix(&format!("pg/{name}/"));
@@ -249,7 +298,8 @@ impl ProcessGroup {
                 #[cfg(feature = "cuda")]
                 nccl: Default::default(),
                 _parent: parent,
-                _server: server,
+                // Nothing fails from here on: the group owns the store it hosts.
+                _server: server.take(),
             }),
         })
     }

@@ -91,8 +91,16 @@ impl TransportState {
             (Some(store), Some(peer)) => {
                 let (store, me) = (store.clone(), self.my_rank);
                 let detail = bounded("ddp-comm-blame", CHAIN_DEADLINE, move || {
-                    peer_reports(&store, me, peer)
+                    // On a connection of its own: a lookup still waiting on a slow store when
+                    // its deadline passes would otherwise hold the shared connection, and the
+                    // publish below (1 s) would give up behind it and lose this rank's own
+                    // report. The publish keeps the connection already made: it has the
+                    // shorter deadline, and no hello to say first.
+                    store
+                        .duplicate()
+                        .map(|lookup| peer_reports(&lookup, me, peer))
                 })
+                .and_then(Result::ok)
                 .unwrap_or_default();
                 with_detail(e, detail)
             }

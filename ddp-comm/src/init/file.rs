@@ -27,16 +27,13 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
         .map_or_else(|| "127.0.0.1".to_string(), |a| a.trim().to_string());
     let server = super::bind::bind_store(&advertise, 0, config.store_config())?;
     config.require_token_if_exposed("the store", server.local_addr().ip())?;
-    let addr = format!("{advertise}:{}", server.local_addr().port());
+    let addr = super::host_port(&advertise, server.local_addr().port());
     let store = Store::connect(&addr, config.store_config())?;
     let nonce = format!("{:016x}", rand::random::<u64>());
     store.set(NONCE_KEY, nonce.as_bytes())?;
     publish(path, format!("{addr} {nonce}\n").as_bytes())
         .map_err(|e| CommError::io(format!("file:// rendezvous: writing {}", path.display()), e))?;
-    let hosted = HostedStore {
-        server,
-        linger: config.timeout,
-    };
+    let hosted = HostedStore::new(server, config.timeout);
     let pg = ProcessGroup::world(store, config, Some(hosted));
     // Every rank has joined (or failed): the file has served its purpose either way.
     let _ = std::fs::remove_file(path);
@@ -46,8 +43,11 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
 fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     let deadline = crate::deadline::deadline_after(config.timeout);
     let mut last = String::from("the file does not exist yet");
+    // The address the file named last, for the hint when it is a loopback one.
+    let mut named = None;
     while Instant::now() < deadline {
         if let Some((addr, nonce)) = read_address(path) {
+            named = Some(addr.clone());
             let left = deadline.saturating_duration_since(Instant::now());
             // Probe with a short timeout: a stale file may name a port nobody listens on.
             let probe = Store::connect(
@@ -71,11 +71,29 @@ fn join(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
     Err(CommError::config(
         "file:// rendezvous",
         format!(
-            "rank 0 did not publish a usable store address in {} within {:?}: {last}",
+            "rank 0 did not publish a usable store address in {} within {:?}: {last}{}",
             path.display(),
-            config.timeout
+            config.timeout,
+            named.as_deref().map_or("", loopback_hint)
         ),
     ))
+}
+
+/// Why a store at `addr`, which the rendezvous file named, may be out of this rank's reach: a
+/// loopback address, which rank 0 publishes when MASTER_ADDR is unset (or names this host and
+/// resolves to loopback there), reaches rank 0 only from its own host.
+fn loopback_hint(addr: &str) -> &'static str {
+    use std::net::ToSocketAddrs;
+    let loopback = addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| a.ip().is_loopback());
+    if loopback {
+        " (the file names a loopback address, which reaches rank 0 only from its own host: for          a job on several hosts, set MASTER_ADDR on rank 0 to an address every host reaches)"
+    } else {
+        ""
+    }
 }
 
 /// Attempts at an unused temporary name before giving up (each name has 64 random bits, so a

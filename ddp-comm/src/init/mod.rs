@@ -145,19 +145,22 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
             } else {
                 None
             };
-            let addr = if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            };
+            let addr = host_port(&host, port);
             let store = Store::connect(&addr, config.store_config())?;
-            let hosted = server.map(|server| HostedStore {
-                server,
-                linger: config.timeout,
-            });
+            let hosted = server.map(|server| HostedStore::new(server, config.timeout));
             ProcessGroup::world(store, config, hosted)
         }
         InitMethod::File(path) => file::init(&path, config),
+    }
+}
+
+/// `host:port`, with an IPv6 `host` in brackets (`[::1]:29500`, not the `::1:29500` that no
+/// parser reads as intended); a host already in brackets is kept as it is.
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -176,6 +179,14 @@ fn exposed_ip(host: &str, port: u16) -> Option<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        assert_eq!(host_port("::1", 5), "[::1]:5");
+        assert_eq!(host_port("[::1]", 5), "[::1]:5");
+        assert_eq!(host_port("10.0.0.1", 5), "10.0.0.1:5");
+        assert_eq!(host_port("node-3", 5), "node-3:5");
+    }
 
     #[test]
     fn only_addresses_off_loopback_count_as_exposed() {

@@ -8,7 +8,7 @@ use super::protocol::{
 use crate::auth::{self, HelloError, Kind};
 use crate::connect::{Attempt, retry_until};
 use crate::deadline::deadline_after;
-use crate::deadline_io::read_exact_by;
+use crate::deadline_io::{read_exact_by, write_all_by};
 use crate::error::{CommError, Result};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -306,7 +306,11 @@ impl Store {
                 e,
             )
         };
-        if let Err(e) = req.send(&mut *conn) {
+        // Within the reply's timeout too: a large request to a host that stopped reading
+        // would otherwise block in the write for ever, once the socket buffers are full (the
+        // connection has no write timeout after the hello, and a per-write one restarts with
+        // every byte that gets through).
+        if let Err(e) = write_all_by(&mut conn, &req.into_frame(), deadline_after(reply_timeout)) {
             return Err(lost(&conn, e));
         }
         let body = match read_frame(&mut *conn, self.config.max_frame_bytes) {

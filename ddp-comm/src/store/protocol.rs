@@ -7,7 +7,7 @@
 //! frame, and a frame is checked against the configured maximum before anything is allocated.
 
 use crate::u8_enum::u8_enum;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::time::Duration;
 
 /// Protocol version, carried in the hello's claims; bump on any incompatible change.
@@ -91,11 +91,6 @@ impl FrameWriter {
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&self.body);
         frame
-    }
-    /// Writes length and body in one call.
-    pub(crate) fn send(self, w: &mut impl Write) -> io::Result<()> {
-        w.write_all(&self.into_frame())?;
-        w.flush()
     }
 }
 
@@ -308,14 +303,12 @@ mod tests {
 
     #[test]
     fn fields_round_trip() {
-        let mut buf = Vec::new();
-        FrameWriter::new(Op::Set as u8)
+        let buf = FrameWriter::new(Op::Set as u8)
             .bytes(b"key")
             .bytes(b"")
             .u64(7)
             .i64(-3)
-            .send(&mut buf)
-            .unwrap();
+            .into_frame();
         let body = read_frame(&mut buf.as_slice(), 1024).unwrap();
         let mut r = FrameReader::new(&body);
         assert_eq!(r.u8("op").unwrap(), Op::Set as u8);

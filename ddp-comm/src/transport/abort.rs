@@ -43,6 +43,22 @@ impl LiveStreams {
         Ok(())
     }
 
+    /// Forgets the duplicate [`LiveStreams::add`] registered for `stream` (an attempt given up
+    /// on, about to be dropped), so a retried connection does not leave a descriptor behind.
+    /// Matched by the connection's two addresses, which one open socket and its duplicates
+    /// share and no other open socket does.
+    pub(crate) fn remove(&self, stream: &TcpStream) {
+        let key = |s: &TcpStream| (s.local_addr().ok(), s.peer_addr().ok());
+        let target = key(stream);
+        if target.0.is_none() {
+            return;
+        }
+        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = streams.iter().position(|s| key(s) == target) {
+            streams.swap_remove(i);
+        }
+    }
+
     /// Whether [`LiveStreams::abort`] was called.
     pub(crate) fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)

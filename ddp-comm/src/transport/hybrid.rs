@@ -191,13 +191,16 @@ enum Flat<'a> {
 
 impl Transport for HybridTransport {
     fn all_reduce(&mut self, fp: &Fingerprint, buf: &mut [u8], op: ReduceOp) -> Result<()> {
-        let divide = op.avg_divisor(self.n);
+        let avg = op.avg_ranks(self.n);
         if self.single {
             return match self.shm.as_mut() {
-                Some(shm) => shm.reduce_to(fp, buf, op, divide, None),
+                Some(shm) => shm.reduce_to(fp, buf, op, avg, None),
                 None => Ok(()),
             };
         }
+        // One `Avg` over every rank of every host: the inputs scaled here (f16, bf16), the
+        // sum divided by the leaders (every other type); the steps in between only sum.
+        op.prescale_if_avg(self.n, fp.dtype, buf);
         let combine = op.combine_op();
         if let Some(shm) = self.shm.as_mut() {
             shm.reduce_to(fp, buf, combine, None, Some(0))?;
@@ -222,9 +225,9 @@ impl Transport for HybridTransport {
             // Across hosts the leaders' TCP ring needs one flat buffer anyway.
             return parts.through_flat(|flat| self.all_reduce(fp, flat, op));
         }
-        let divide = op.avg_divisor(self.n);
+        let avg = op.avg_ranks(self.n);
         match self.shm.as_mut() {
-            Some(shm) => shm.reduce_parts_to(fp, parts, op, divide, None),
+            Some(shm) => shm.reduce_parts_to(fp, parts, op, avg, None),
             None => Ok(()),
         }
     }
@@ -264,9 +267,9 @@ impl Transport for HybridTransport {
         output: &mut [u8],
         op: ReduceOp,
     ) -> Result<()> {
-        let divide = op.avg_divisor(self.n);
+        let avg = op.avg_ranks(self.n);
         match self.flat(fp)? {
-            Flat::Shm(shm) => shm.reduce_scatter(fp, input, output, op, divide),
+            Flat::Shm(shm) => shm.reduce_scatter(fp, input, output, op, avg),
             Flat::Tcp(tcp) => tcp.reduce_scatter(fp, input, output, op),
         }
     }
@@ -278,9 +281,9 @@ impl Transport for HybridTransport {
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        let (divide, slot) = (op.avg_divisor(self.n), self.slot_of[root]);
+        let (avg, slot) = (op.avg_ranks(self.n), self.slot_of[root]);
         match self.flat(fp)? {
-            Flat::Shm(shm) => shm.reduce_to(fp, buf, op, divide, Some(slot)),
+            Flat::Shm(shm) => shm.reduce_to(fp, buf, op, avg, Some(slot)),
             Flat::Tcp(tcp) => tcp.reduce(fp, buf, root, op),
         }
     }

@@ -125,3 +125,82 @@ fn abort_from_another_thread_ends_this_ranks_blocked_collective() {
         );
     }
 }
+
+/// How a stand-in for rank 0's mesh port fails the rank that connects to it.
+#[derive(Debug, Clone, Copy)]
+enum Frozen {
+    /// Its kernel accepts the connection, and nothing ever answers the hello.
+    Hello,
+    /// Its accept queue is full, so the kernel drops the SYNs: the connect itself hangs.
+    Connect,
+}
+
+/// A listener that fails connections as `frozen` says, and the connections that fill its
+/// accept queue (kept open for as long as it must stay full).
+fn frozen_listener(frozen: Frozen) -> (std::net::TcpListener, Vec<std::net::TcpStream>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let mut queued = Vec::new();
+    if let Frozen::Connect = frozen {
+        // Never accepted: once the queue is full a connect times out, and so will the rank's.
+        while let Ok(s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+            queued.push(s);
+            assert!(queued.len() < 10_000, "the accept queue never filled");
+        }
+    }
+    (listener, queued)
+}
+
+/// Rank 2's send to rank 0 (not a ring neighbour, so connected on demand) is blocked inside the
+/// connection: rank 0's address in the store names a stand-in that accepts and never answers
+/// the hello, or whose SYNs are dropped. Another thread of rank 2 aborts: the send fails with
+/// the reason at once, not when the group's timeout runs out. (The socket used to be
+/// registered for abort only after the hello, and one connect attempt took the whole timeout.)
+#[test]
+fn abort_ends_a_collective_blocked_connecting_on_demand() {
+    const SHORT_TIMEOUT: Duration = Duration::from_secs(30);
+    for frozen in [Frozen::Hello, Frozen::Connect] {
+        let (listener, _queued) = frozen_listener(frozen);
+        let fake = listener.local_addr().expect("address").to_string();
+        let aborted_at = OnceLock::new();
+        let results = run_world_with(Setup::Tcp, 4, SHORT_TIMEOUT, |pg| {
+            let store = pg.store();
+            match pg.rank() {
+                0 => {
+                    // Where the other ranks look rank 0 up: rank 2 finds the stand-in there.
+                    store.set("addr/0", fake.as_bytes())?;
+                    store.set("faked", b"1")?;
+                }
+                2 => {
+                    store.get("faked")?;
+                    let sent = std::thread::scope(|s| {
+                        s.spawn(|| {
+                            std::thread::sleep(Duration::from_millis(500));
+                            aborted_at.get_or_init(Instant::now);
+                            pg.abort(REASON);
+                        });
+                        let r = pg.send(&[1.0f32; 4], 0, 7);
+                        (r, Instant::now())
+                    });
+                    store.set("done", b"1")?;
+                    return Ok(Some(sent));
+                }
+                _ => {}
+            }
+            // Longer than the timeout, so that a send that waits it out fails below, by name.
+            store.get_timeout("done", SHORT_TIMEOUT * 2)?;
+            Ok(None)
+        });
+        let mut results: Vec<_> = results
+            .into_iter()
+            .map(|r| r.expect("every rank returns"))
+            .collect();
+        let (sent, ended) = results.remove(2).expect("rank 2's send");
+        assert_aborted_with_reason(sent, &format!("{frozen:?}: the blocked send"));
+        let took = ended.saturating_duration_since(*aborted_at.get().expect("rank 2 aborted"));
+        assert!(
+            took < SHORT_TIMEOUT / 3,
+            "{frozen:?}: the send ended {took:?} after the abort (timeout {SHORT_TIMEOUT:?})"
+        );
+    }
+}

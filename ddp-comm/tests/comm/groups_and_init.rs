@@ -180,3 +180,118 @@ fn a_store_on_the_network_needs_a_token() {
         .expect("with a token");
     drop(pg);
 }
+
+/// Rank 0 of a world of 2 whose rank 1 never comes, through `method`, with a group timeout of
+/// `timeout`: returns the error and how long init took.
+fn init_alone(method: &InitMethod, timeout: Duration) -> (String, Duration) {
+    let start = std::time::Instant::now();
+    let e = init_process_group(method, ProcessGroupConfig::new(0, 2).with_timeout(timeout))
+        .expect_err("rank 1 never comes");
+    (e.to_string(), start.elapsed())
+}
+
+/// Rank 0 hosting the store returns its failed init's error after one timeout, not two: the
+/// store it hosted is stopped at once (the generation is abandoned) instead of lingering a
+/// whole timeout for its own connection to close. Old code took at least twice the timeout.
+#[test]
+fn rank_zero_whose_peer_never_comes_fails_after_one_timeout() {
+    let timeout = Duration::from_secs(4);
+    // Twice the timeout is the old behaviour; anything below it is one timeout and whatever a
+    // busy machine adds.
+    let hang = timeout * 2 - Duration::from_millis(500);
+    let dir = tempfile::tempdir().unwrap();
+    let file = InitMethod::parse(&format!("file://{}", dir.path().join("rv").display())).unwrap();
+    let tcp = InitMethod::parse(&format!("tcp://127.0.0.1:{}", free_port())).unwrap();
+    for method in [tcp, file] {
+        let (e, took) = init_alone(&method, timeout);
+        assert!(
+            e.contains("rank 1"),
+            "{method:?}: the error names the missing rank: {e}"
+        );
+        assert!(
+            took < hang,
+            "{method:?}: init took {took:?} with a timeout of {timeout:?}: {e}"
+        );
+    }
+}
+
+/// Set in the child process [`file_init_brackets_an_ipv6_master_addr`] starts.
+const IPV6_CHILD_ENV: &str = "DDP_TEST_IPV6_FILE_INIT_CHILD";
+
+/// file:// rendezvous with `MASTER_ADDR=::1` (IPv6): rank 0 publishes `[::1]:port`, the form
+/// every parser reads (as `tcp://` init writes it), not `::1:port`, and the ranks meet there.
+/// The environment is the child process's own, so no other test sees `MASTER_ADDR`.
+#[test]
+fn file_init_brackets_an_ipv6_master_addr() {
+    const NAME: &str = "groups_and_init::file_init_brackets_an_ipv6_master_addr";
+    if std::env::var_os(IPV6_CHILD_ENV).is_none() {
+        if std::net::TcpListener::bind("[::1]:0").is_err() {
+            eprintln!("skipped: this machine has no IPv6 loopback");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(IPV6_CHILD_ENV, "1")
+            .env("MASTER_ADDR", "::1")
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the child failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rendezvous");
+    let m = InitMethod::parse(&format!("file://{}", path.display())).unwrap();
+    let init = |rank| {
+        let config = ProcessGroupConfig::new(rank, 2).with_timeout(Duration::from_secs(10));
+        let pg = init_process_group(&m, config).unwrap();
+        let mut v = vec![rank as f64; 4];
+        pg.all_reduce(&mut v, ReduceOp::Avg).unwrap();
+        v[0]
+    };
+    std::thread::scope(|s| {
+        let rank0 = s.spawn(|| init(0));
+        // What rank 0 published, read before rank 1 joins (rank 0 removes it after).
+        let start = std::time::Instant::now();
+        let published = loop {
+            match std::fs::read_to_string(&path) {
+                Ok(text) if text.ends_with('\n') => break text,
+                _ => {
+                    assert!(start.elapsed() < Duration::from_secs(30), "never published");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        assert!(published.starts_with("[::1]:"), "{published}");
+        assert_eq!(init(1), 0.5);
+        assert_eq!(rank0.join().unwrap(), 0.5);
+    });
+}
+
+/// A rank that times out joining through a file naming a loopback address (what rank 0
+/// publishes without MASTER_ADDR) is told to set MASTER_ADDR for a job on several hosts.
+#[test]
+fn a_file_join_timing_out_on_loopback_says_to_set_master_addr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rendezvous");
+    std::fs::write(
+        &path,
+        format!("127.0.0.1:{} 0123456789abcdef\n", free_port()),
+    )
+    .unwrap();
+    let m = InitMethod::parse(&format!("file://{}", path.display())).unwrap();
+    let e = init_process_group(
+        &m,
+        ProcessGroupConfig::new(1, 2).with_timeout(Duration::from_secs(1)),
+    )
+    .expect_err("nobody hosts that store")
+    .to_string();
+    assert!(
+        e.contains("loopback address") && e.contains("set MASTER_ADDR on rank 0"),
+        "{e}"
+    );
+}

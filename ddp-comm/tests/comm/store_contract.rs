@@ -237,3 +237,80 @@ fn a_token_over_the_shared_limit_is_a_config_error() {
         .set("k", b"v")
         .unwrap();
 }
+
+/// A proxy to `target` for one client that forwards both ways until `frozen` is set; then it
+/// stops reading from the client (a store host that froze), holding the connection open until
+/// `release` is set. Returns its address.
+fn freezing_proxy(
+    target: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> String {
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut client, _) = listener.accept().unwrap();
+        let mut server = TcpStream::connect(&target).unwrap();
+        let (mut client_w, mut server_r) =
+            (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || std::io::copy(&mut server_r, &mut client_w));
+        let mut buf = [0u8; 16384];
+        while !frozen.load(Ordering::SeqCst) {
+            client
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            match client.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => server.write_all(&buf[..n]).unwrap(),
+                Err(_) => {}
+            }
+        }
+        while !release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    addr
+}
+
+/// A request larger than the socket buffers, to a store host that stopped reading, fails
+/// within the reply's timeout instead of blocking in the write for ever (the write had no
+/// timeout, only the read of the reply).
+#[test]
+fn a_large_request_to_a_frozen_store_fails_instead_of_blocking() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const HANG: Duration = Duration::from_secs(60);
+    // More than the socket buffers on both sides of the proxy hold.
+    const VALUE: usize = 48 << 20;
+    let (_s, real) = server("t");
+    let (frozen, release) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let addr = freezing_proxy(real, frozen.clone(), release.clone());
+    let config = StoreConfig::new()
+        .with_token("t")
+        .with_timeout(TIMEOUT)
+        .with_max_frame_bytes(2 * VALUE);
+    let st = Store::connect(&addr, config).unwrap();
+    st.set("small", b"1").unwrap();
+    frozen.store(true, Ordering::SeqCst);
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = st.set("large", &vec![7u8; VALUE]);
+        let _ = done.send(r);
+    });
+    // A bound on a hang only: the set fails once its reply's timeout (at least 10 s) is over.
+    let r = result.recv_timeout(HANG);
+    release.store(true, Ordering::SeqCst);
+    match r {
+        Ok(Err(e)) => assert!(e.to_string().contains("store set"), "{e}"),
+        Ok(Ok(())) => panic!("the frozen store cannot have taken the value"),
+        Err(_) => panic!(
+            "the set to a frozen store was still blocked after {:?}",
+            HANG
+        ),
+    }
+}

@@ -12,7 +12,8 @@
 //!   and [`Transport::abort`] only stops further calls. A failed or killed process ends the
 //!   whole job through `mpirun`/`srun`, as usual with MPI.
 //! - `f16`/`bf16` reduce with ddp-comm's own arithmetic (MPI has no half types), so results
-//!   match the other transports; `Avg` is a sum divided locally.
+//!   match the other transports; `Avg` is a sum, of inputs scaled by 1/n locally for f16 and
+//!   bf16 and divided locally afterwards for every other type.
 //! - Before any data moves, every collective compares its fingerprint (kind, type, op, root,
 //!   sequence number and length) across the group in one small all-reduce (the maximum of the
 //!   words and of their complements, so the minimum too), and point-to-point messages are
@@ -28,7 +29,7 @@ use super::aligned::aligned_copy;
 use super::{AbortHandle, ConnectSpec, Connected, Transport};
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
-use crate::reduce_op::ReduceOp;
+use crate::reduce_op::{ReduceOp, avg_prescales};
 use call::{CHUNK_ELEMENTS, check, count};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -232,7 +233,9 @@ impl MpiTransport {
         self.agree(fp)?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
         let size = fp.dtype.size_bytes();
-        let input = aligned_copy(&mut self.scratch, buf).as_ptr();
+        let copy = aligned_copy(&mut self.scratch, buf);
+        op.prescale_if_avg(self.n, fp.dtype, copy);
+        let input = copy.as_ptr();
         for start in (0..buf.len()).step_by(CHUNK_ELEMENTS * size) {
             let end = (start + CHUNK_ELEMENTS * size).min(buf.len());
             let n = ((end - start) / size) as c_int;
@@ -421,6 +424,14 @@ impl Transport for MpiTransport {
         self.agree(fp)?;
         let n = count("reduce_scatter", output.len() / fp.dtype.size_bytes())?;
         let (dt, mop) = (datatype(fp.dtype), operation(fp.dtype, op)?);
+        // The `Avg` prologue on a copy: `input` is the caller's.
+        let input: &[u8] = if op == ReduceOp::Avg && avg_prescales(fp.dtype) {
+            let copy = aligned_copy(&mut self.scratch, input);
+            op.prescale_if_avg(self.n, fp.dtype, copy);
+            copy
+        } else {
+            input
+        };
         // SAFETY: `input` holds `world * output.len()` bytes (checked by the caller).
         let rc = unsafe {
             ffi::MPI_Reduce_scatter_block(

@@ -3,7 +3,7 @@
 //! The native types map to MPI's predefined datatypes and operations. MPI has no half-precision
 //! types, so `f16` and `bf16` travel as 16-bit integers and reduce with user-defined operations
 //! that run ddp-comm's own arithmetic (the same as the TCP and shared-memory transports).
-//! `Avg` is a sum here; the caller divides.
+//! `Avg` is a sum here; the caller scales the inputs (f16, bf16) or divides the sum.
 
 use super::call::check;
 use crate::dtype::DataType;

@@ -7,9 +7,9 @@ use super::group::ShmGroup;
 use crate::collective::Fingerprint;
 use crate::collective::schedule::segments;
 use crate::error::Result;
-use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
+use crate::reduce_op::{ReduceOp, avg_prescales, combine_bytes, divide_bytes, prescale_bytes};
 use crate::transport::Parts;
-use crate::transport::aligned::aligned_bytes;
+use crate::transport::aligned::{aligned_bytes, aligned_copy};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -47,17 +47,23 @@ impl ShmGroup {
     }
 
     /// Begins a step and posts `range` of `buf` (this rank's input for it) in its staging
-    /// buffer, gathered straight from the pieces.
+    /// buffer, gathered straight from the pieces; scaled there when `avg` (the ranks of an
+    /// `Avg`) asks for the prologue, so the caller's `buf` is not touched.
     fn post_parts(
         &mut self,
         fp: &Fingerprint,
         deadline: Instant,
         buf: &Parts<'_, '_>,
         range: Range<usize>,
+        avg: Option<usize>,
     ) -> Result<u64> {
         let k = self.begin(fp, deadline)?;
         let base = self.buf(self.me, k);
+        let len = range.len();
         buf.for_each(range, |off, piece| self.seg.write(base + off, piece));
+        if let Some(n) = avg {
+            self.seg.prescale(base, len, fp.dtype, n);
+        }
         self.post(k, fp);
         Ok(k)
     }
@@ -68,8 +74,9 @@ impl ShmGroup {
     /// reduced slice out. Steps are pipelined: a rank posts the next chunk before it waits for
     /// the peers' slices of the current one. `to`: `None` gives every rank the result
     /// (all-reduce); `Some(r)` gives it to slot `r` only and leaves the others' `buf`
-    /// unchanged (reduce). `divide` is the `Avg` epilogue's divisor, applied once, by the rank
-    /// that reduced the slice. Every slice is combined in rank order (slot 0's values, then
+    /// unchanged (reduce). `avg` is `Some(ranks)` for an `Avg` over `ranks` ranks: each rank's
+    /// input is scaled as it is posted (the prologue, f16 and bf16) and each slice divided once,
+    /// by the rank that reduced it (the epilogue, every other type). Every slice is combined in rank order (slot 0's values, then
     /// slot 1's, ...), whichever rank reduces it, so an element's result does not depend on
     /// where it sits in the buffer: DDP's sums are the same bit for bit whatever its bucket
     /// layout.
@@ -78,11 +85,11 @@ impl ShmGroup {
         fp: &Fingerprint,
         buf: &mut [u8],
         op: ReduceOp,
-        divide: Option<usize>,
+        avg: Option<usize>,
         to: Option<usize>,
     ) -> Result<()> {
         let mut one = [buf];
-        self.reduce_parts_to(fp, &mut Parts::new(&mut one), op, divide, to)
+        self.reduce_parts_to(fp, &mut Parts::new(&mut one), op, avg, to)
     }
 
     /// [`ShmGroup::reduce_to`] on a buffer in pieces: they are gathered into the staging
@@ -92,7 +99,7 @@ impl ShmGroup {
         fp: &Fingerprint,
         buf: &mut Parts<'_, '_>,
         op: ReduceOp,
-        divide: Option<usize>,
+        avg: Option<usize>,
         to: Option<usize>,
     ) -> Result<()> {
         let deadline = self.deadline();
@@ -105,7 +112,7 @@ impl ShmGroup {
             els.start * e..els.end * e
         };
         let count = steps(total, per);
-        let mut next = self.post_parts(fp, deadline, buf, bytes(0))?;
+        let mut next = self.post_parts(fp, deadline, buf, bytes(0), avg)?;
         for s in 0..count {
             let k = next;
             let chunk = bytes(s);
@@ -142,13 +149,13 @@ impl ShmGroup {
                     self.seg.write(mine + own.start, acc);
                     self.scratch = words;
                 }
-                if let Some(d) = divide {
+                if let Some(d) = avg {
                     self.seg.divide(mine + own.start, own.len(), fp.dtype, d);
                 }
             }
             self.mark_reduced(k);
             if s + 1 < count {
-                next = self.post_parts(fp, deadline, buf, bytes(s + 1))?;
+                next = self.post_parts(fp, deadline, buf, bytes(s + 1), avg)?;
             }
             if to.is_none_or(|r| r == me) {
                 self.wait_reduced(k, fp, deadline)?;
@@ -225,24 +232,36 @@ impl ShmGroup {
 
     /// Reduces `input` (`n` blocks of `output.len()` bytes) so that slot `q` gets block `q`.
     /// Each step every rank posts its part of every block but its own; each rank reduces its
-    /// own block straight into `output`.
+    /// own block straight into `output`. `avg` as in [`ShmGroup::reduce_to`].
     pub(crate) fn reduce_scatter(
         &mut self,
         fp: &Fingerprint,
         input: &[u8],
         output: &mut [u8],
         op: ReduceOp,
-        divide: Option<usize>,
+        avg: Option<usize>,
     ) -> Result<()> {
         let deadline = self.deadline();
         let (n, me, e) = (self.n(), self.me, fp.dtype.size_bytes());
         let m = output.len();
         let (sub, step_ranges) = self.block_steps(e, m);
         let combine = op.combine_op();
+        // This rank's own block, scaled for the `Avg` prologue (a copy: `input` is the
+        // caller's), or `None` to read it straight from `input`.
+        let prescale = avg.filter(|_| avg_prescales(fp.dtype));
+        let mut own_scaled = Vec::new();
         for r in step_ranges {
-            let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
+            let k = self.post_blocks(fp, input, &r, sub, avg, deadline)?;
             let out = &mut output[r.clone()];
-            let own = &input[me * m + r.start..me * m + r.end];
+            let own_input = &input[me * m + r.start..me * m + r.end];
+            let own: &[u8] = match prescale {
+                Some(ranks) => {
+                    let copy = aligned_copy(&mut own_scaled, own_input);
+                    prescale_bytes(fp.dtype, copy, ranks);
+                    copy
+                }
+                None => own_input,
+            };
             // In rank order whatever block this rank owns, as in `reduce_parts_to`.
             if me == 0 {
                 out.copy_from_slice(own);
@@ -257,7 +276,7 @@ impl ShmGroup {
                         .combine_into(self.buf(q, k) + me * sub, out, fp.dtype, combine);
                 }
             }
-            if let Some(d) = divide {
+            if let Some(d) = avg {
                 divide_bytes(fp.dtype, out, d);
             }
             self.finish(k);
@@ -317,7 +336,7 @@ impl ShmGroup {
         let (sub, step_ranges) = self.block_steps(e, m);
         output[me * m..(me + 1) * m].copy_from_slice(&input[me * m..(me + 1) * m]);
         for r in step_ranges {
-            let k = self.post_blocks(fp, input, m, &r, sub, deadline)?;
+            let k = self.post_blocks(fp, input, &r, sub, None, deadline)?;
             for q in (0..n).filter(|&q| q != me) {
                 self.seg.read(
                     self.buf(q, k) + me * sub,
@@ -330,25 +349,30 @@ impl ShmGroup {
     }
 
     /// One step of reduce-scatter and all-to-all: writes bytes `r` of every peer's block of
-    /// `input` (`n` blocks of `m` bytes) into this rank's next staging buffer, block `q` in the
-    /// part set aside for slot `q` (`sub` bytes each), and waits until every rank has posted
-    /// its own. Returns the staging buffer's index, for reading the parts set aside for this
-    /// rank and then [`finish`](Self::finish).
+    /// `input` (`n` equal blocks) into this rank's next staging buffer, block `q` in the part
+    /// set aside for slot `q` (`sub` bytes each), and waits until every rank has posted its
+    /// own. `avg` as in [`ShmGroup::reduce_to`]: the blocks are scaled in the staging buffer
+    /// (reduce-scatter's `Avg` prologue), leaving `input` alone. Returns the staging buffer's
+    /// index, for reading the parts set aside for this rank and then [`finish`](Self::finish).
     fn post_blocks(
         &mut self,
         fp: &Fingerprint,
         input: &[u8],
-        m: usize,
         r: &Range<usize>,
         sub: usize,
+        avg: Option<usize>,
         deadline: Instant,
     ) -> Result<u64> {
         let (n, me) = (self.n(), self.me);
+        let m = input.len() / n;
         let k = self.begin(fp, deadline)?;
         let mine = self.buf(me, k);
         for q in (0..n).filter(|&q| q != me) {
             self.seg
                 .write(mine + q * sub, &input[q * m + r.start..q * m + r.end]);
+            if let Some(d) = avg {
+                self.seg.prescale(mine + q * sub, r.len(), fp.dtype, d);
+            }
         }
         self.post(k, fp);
         self.wait_posted(k, fp, deadline)?;

@@ -143,20 +143,23 @@ pub(crate) fn setup(spec: &SetupSpec<'_>) -> Result<Topology> {
         "-".to_string()
     } else {
         let attempt = if me == leader {
-            let outcome = create(spec, local.len(), chunk);
-            let published = match &outcome {
-                Ok((_, _, path)) => path
+            // The unlink guard holds the name from the moment it exists, so that no error
+            // below (the store set) leaves the segment behind in /dev/shm.
+            let outcome = create(spec, local.len(), chunk).map(|(seg, layout, path)| {
+                let name = path
                     .file_name()
                     .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
+                    .unwrap_or_default();
+                created.0 = Some(path);
+                (seg, layout, name)
+            });
+            let published = match &outcome {
+                Ok((_, _, name)) => name.clone(),
                 Err(reason) => format!("!{reason}"),
             };
             spec.store
                 .set(&format!("shm/seg/{leader}"), published.as_bytes())?;
-            outcome.map(|(seg, layout, path)| {
-                created.0 = Some(path);
-                (seg, layout)
-            })
+            outcome.map(|(seg, layout, _)| (seg, layout))
         } else {
             let name = get(format!("shm/seg/{leader}"))?;
             match name.strip_prefix('!') {

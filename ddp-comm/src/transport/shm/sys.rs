@@ -15,7 +15,7 @@
 //! outside the mapping, because every offset is bounds-checked here.
 
 use crate::dtype::DataType;
-use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes};
+use crate::reduce_op::{ReduceOp, combine_bytes, divide_bytes, prescale_bytes};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -182,13 +182,25 @@ impl Segment {
         combine_bytes(dtype, op, d, s);
     }
 
-    /// Divides the `len` bytes of elements at `off` by `n` (the `Avg` epilogue).
+    /// The `Avg` epilogue of a sum over `n` ranks on the `len` bytes of elements at `off`
+    /// ([`divide_bytes`]).
     pub(super) fn divide(&self, off: usize, len: usize, dtype: DataType, n: usize) {
+        self.elements_mut(off, len, dtype, |d| divide_bytes(dtype, d, n));
+    }
+
+    /// The `Avg` prologue of a sum over `n` ranks on the `len` bytes of elements at `off`, a
+    /// rank's input just posted ([`prescale_bytes`]).
+    pub(super) fn prescale(&self, off: usize, len: usize, dtype: DataType, n: usize) {
+        self.elements_mut(off, len, dtype, |d| prescale_bytes(dtype, d, n));
+    }
+
+    /// Runs `f` on the `len` bytes of elements of `dtype` at `off`, which this rank owns.
+    fn elements_mut(&self, off: usize, len: usize, dtype: DataType, f: impl FnOnce(&mut [u8])) {
         self.check(off, len, dtype.size_bytes());
         // SAFETY: in bounds and aligned (checked); the protocol gives this rank exclusive
         // access to these bytes; the slice lives only for this call.
         let d = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) };
-        divide_bytes(dtype, d, n);
+        f(d);
     }
 }
 

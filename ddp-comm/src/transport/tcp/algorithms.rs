@@ -225,6 +225,7 @@ impl Transport for TcpTransport {
         }
         let ctx = self.ctx(fp);
         let segs = self.byte_segments(fp, fp.count as usize);
+        op.prescale_if_avg(n, fp.dtype, buf);
         self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
         let own = segs[(self.group_rank + 1) % n].clone();
         op.divide_if_avg(n, fp.dtype, &mut buf[own]);
@@ -269,6 +270,7 @@ impl Transport for TcpTransport {
             let ctx = self.ctx(fp);
             let mut work = Vec::new();
             let work_bytes = aligned_copy(&mut work, input);
+            op.prescale_if_avg(n, fp.dtype, work_bytes);
             self.ring_reduce_scatter(&ctx, work_bytes, &blocks, 0, op)?;
             output.copy_from_slice(&work_bytes[own]);
         } else {
@@ -294,6 +296,7 @@ impl Transport for TcpTransport {
         let me = self.group_rank;
         let own = segs[(me + 1) % n].clone();
         if me == root {
+            op.prescale_if_avg(n, fp.dtype, buf);
             self.ring_reduce_scatter(&ctx, buf, &segs, 1, op)?;
             for peer in (0..n).filter(|&p| p != me) {
                 let seg = segs[(peer + 1) % n].clone();
@@ -304,6 +307,7 @@ impl Transport for TcpTransport {
             // Work on a copy: PyTorch leaves non-root buffers unchanged.
             let mut work = Vec::new();
             let work_bytes = aligned_copy(&mut work, buf);
+            op.prescale_if_avg(n, fp.dtype, work_bytes);
             self.ring_reduce_scatter(&ctx, work_bytes, &segs, 1, op)?;
             self.send_to(&ctx, root, &work_bytes[own])?;
         }

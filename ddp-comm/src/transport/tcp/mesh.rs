@@ -29,6 +29,10 @@ use std::time::{Duration, Instant};
 const ABORT_POLL: Duration = Duration::from_millis(20);
 /// Pause between connection attempts to a rank that is not listening yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// The longest one connection attempt may take before the next (after checking for an
+/// abort): a peer that drops our SYNs would otherwise hold an attempt for the whole timeout,
+/// out of the abort's reach (the socket exists only once connected).
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// What a rank needs to join a group's connections.
 #[derive(Debug)]
@@ -134,7 +138,7 @@ impl Mesh {
     pub(crate) fn ensure(&mut self, peers: &[usize], op: &str, deadline: Instant) -> Result<()> {
         for &p in peers {
             if p < self.me && self.conns[p].is_none() {
-                let stream = self.connect_peer(p, deadline)?;
+                let stream = self.connect_peer(p, op, deadline)?;
                 self.take(p, stream)?;
             }
         }
@@ -200,12 +204,27 @@ impl Mesh {
             }) = acceptor.next((deadline - now).min(ABORT_POLL))
             {
                 tracing::debug!(%from, peer = self.ranks[group_rank], "tcp: rank connected");
+                self.register(group_rank, &stream)?;
                 self.take(group_rank, stream)?;
             }
         }
     }
 
-    /// Configures a connection whose hello succeeded and keeps it.
+    /// Registers a connection to `peer` with the abort: from now on an abort shuts it down.
+    fn register(&self, peer: usize, stream: &TcpStream) -> Result<()> {
+        self.live.add(stream).map_err(|e| {
+            CommError::io(
+                format!(
+                    "rendezvous: registering the connection to rank {} for abort",
+                    self.ranks[peer]
+                ),
+                e,
+            )
+        })
+    }
+
+    /// Configures a connection whose hello succeeded, and which [`Mesh::register`] has
+    /// registered, and keeps it.
     fn take(&mut self, peer: usize, stream: TcpStream) -> Result<()> {
         let ctx = || {
             format!(
@@ -223,9 +242,6 @@ impl Mesh {
             .set_read_timeout(None)
             .and_then(|()| stream.set_write_timeout(None))
             .and_then(|()| stream.set_nonblocking(true))
-            .map_err(|e| CommError::io(ctx(), e))?;
-        self.live
-            .add(&stream)
             .map_err(|e| CommError::io(ctx(), e))?;
         self.conns[peer] = Some(Conn {
             rank: self.ranks[peer],
@@ -246,7 +262,11 @@ impl Mesh {
         Ok(self.lookup.as_ref().unwrap_or(&self.store))
     }
 
-    fn connect_peer(&mut self, peer: usize, deadline: Instant) -> Result<TcpStream> {
+    /// Connects to `peer` (a lower rank) and says the hello, retrying connections dropped
+    /// before the verdict until `deadline`. The socket is registered with the abort before the
+    /// hello, and each connection attempt is short, so an abort ends this within about a
+    /// second, whatever the peer does.
+    fn connect_peer(&mut self, peer: usize, op: &str, deadline: Instant) -> Result<TcpStream> {
         let global = self.ranks[peer];
         let left = deadline.saturating_duration_since(Instant::now());
         let addr_text = self
@@ -269,8 +289,17 @@ impl Mesh {
         // strangers' connections, say) is tried again until the deadline: only a refusal or a
         // peer that cannot prove the token is final.
         let mut dropped = 0usize;
+        let aborted = || {
+            CommError::Aborted(format!(
+                "{op}: aborted while connecting to rank {global} at {addr}"
+            ))
+        };
         loop {
-            let mut s = connect_retrying(addr, deadline, &self.live).map_err(|e| {
+            let connected = connect_retrying(addr, deadline, &self.live);
+            if self.live.aborted() {
+                return Err(aborted());
+            }
+            let mut s = connected.map_err(|e| {
                 CommError::io(
                     format!(
                         "rendezvous: could not connect to rank {global} at {addr} within {:?}{}",
@@ -280,7 +309,17 @@ impl Mesh {
                     e,
                 )
             })?;
-            match auth::initiate(&mut s, &self.token, Kind::Mesh, &claims, deadline) {
+            // Before the hello, which a frozen peer could stretch to the deadline: an abort
+            // shuts the socket down and so ends it.
+            self.register(peer, &s)?;
+            let hello = auth::initiate(&mut s, &self.token, Kind::Mesh, &claims, deadline);
+            if hello.is_err() {
+                self.live.remove(&s);
+                if self.live.aborted() {
+                    return Err(aborted());
+                }
+            }
+            match hello {
                 Ok(()) => return Ok(s),
                 Err(HelloError::Refused(reason)) => {
                     return Err(CommError::Unauthorized {
@@ -296,7 +335,7 @@ impl Mesh {
                             .into(),
                     });
                 }
-                Err(HelloError::Io(e)) if Instant::now() < deadline && !self.live.aborted() => {
+                Err(HelloError::Io(e)) if Instant::now() < deadline => {
                     dropped += 1;
                     tracing::debug!(
                         peer = global,
@@ -328,7 +367,8 @@ fn advertised_ip(store: &Store) -> Result<IpAddr> {
 }
 
 /// Connects to `addr`, retrying until `deadline` (the peer may not listen yet) unless the
-/// group is aborted meanwhile.
+/// group is aborted meanwhile, in attempts of at most [`CONNECT_ATTEMPT`] so that an abort is
+/// seen while a peer drops our SYNs.
 fn connect_retrying(
     addr: SocketAddr,
     deadline: Instant,
@@ -341,8 +381,11 @@ fn connect_retrying(
             )));
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)))
-            .map_err(crate::connect::Attempt::Retry)
+        TcpStream::connect_timeout(
+            &addr,
+            left.min(CONNECT_ATTEMPT).max(Duration::from_millis(10)),
+        )
+        .map_err(crate::connect::Attempt::Retry)
     })
 }
 
