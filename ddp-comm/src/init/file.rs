@@ -27,7 +27,7 @@ fn host(path: &Path, config: ProcessGroupConfig) -> Result<ProcessGroup> {
         .map_or_else(|| "127.0.0.1".to_string(), |a| a.trim().to_string());
     let server = super::bind::bind_store(&advertise, 0, config.store_config())?;
     config.require_token_if_exposed("the store", server.local_addr().ip())?;
-    let addr = super::host_port(&advertise, server.local_addr().port());
+    let addr = super::host_port::host_port(&advertise, server.local_addr().port());
     let store = Store::connect(&addr, config.store_config())?;
     let nonce = format!("{:016x}", rand::random::<u64>());
     store.set(NONCE_KEY, nonce.as_bytes())?;

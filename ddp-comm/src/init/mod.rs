@@ -10,7 +10,9 @@
 
 mod bind;
 mod file;
+mod host_port;
 
+use self::host_port::host_port;
 use crate::error::{CommError, Result};
 use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
 use crate::store::Store;
@@ -154,16 +156,6 @@ pub fn init_process_group(method: &InitMethod, config: ProcessGroupConfig) -> Re
     }
 }
 
-/// `host:port`, with an IPv6 `host` in brackets (`[::1]:29500`, not the `::1:29500` that no
-/// parser reads as intended); a host already in brackets is kept as it is.
-pub(crate) fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 /// A non-loopback address `host` stands for, if any: ranks reach the store there and listen on
 /// the interface they reach it through. `None` when it is loopback only or does not resolve (the
 /// connection then fails with its own error).
@@ -179,14 +171,6 @@ fn exposed_ip(host: &str, port: u16) -> Option<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ipv6_hosts_are_bracketed() {
-        assert_eq!(host_port("::1", 5), "[::1]:5");
-        assert_eq!(host_port("[::1]", 5), "[::1]:5");
-        assert_eq!(host_port("10.0.0.1", 5), "10.0.0.1:5");
-        assert_eq!(host_port("node-3", 5), "node-3:5");
-    }
 
     #[test]
     fn only_addresses_off_loopback_count_as_exposed() {
