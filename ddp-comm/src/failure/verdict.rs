@@ -32,6 +32,16 @@ pub enum WatchdogCause {
     /// Another rank's watchdog failed the group first; what it published
     /// (`watchdog/<group>/failed`: its own error, naming it and the cause).
     PeerFailed(String),
+    /// The watchdog's own polling thread was inside one call (`inside`: a completion probe, a
+    /// CUDA event query, or the async-error probe) for `waited`, longer than its
+    /// [stall limit](crate::watchdog::WatchdogConfig::stall_limit): a hung driver or NCCL call
+    /// on this rank, during which no timeout could fire. No peer is blamed for it.
+    Stalled {
+        /// What the polling thread was inside.
+        inside: String,
+        /// How long it had been there.
+        waited: Duration,
+    },
 }
 
 /// The error a [`Watchdog`](crate::watchdog::Watchdog) gives every waiter and every later call once it
@@ -57,7 +67,13 @@ impl WatchdogFailure {
     /// behind, when the peers' progress is unknown, and for a failure on this rank).
     pub fn ranks_behind(&self) -> Vec<usize> {
         match (&self.cause, &self.stuck, &self.peers) {
-            (WatchdogCause::Failed(_) | WatchdogCause::PeerFailed(_), _, _) => Vec::new(),
+            (
+                WatchdogCause::Failed(_)
+                | WatchdogCause::PeerFailed(_)
+                | WatchdogCause::Stalled { .. },
+                _,
+                _,
+            ) => Vec::new(),
             (_, Some(stuck), PeerProgress::Known(peers)) => ranks_behind(peers, stuck.seq),
             _ => Vec::new(),
         }
@@ -106,6 +122,11 @@ impl WatchdogFailure {
                         " was in flight for {:.1?} when another rank failed the group [{why}]",
                         s.waited
                     )?,
+                    WatchdogCause::Stalled { inside, waited } => write!(
+                        f,
+                        " was in flight for {:.1?} when the watchdog's call into {inside} had not returned after {waited:.1?} (a hung CUDA or NCCL call on this rank; no timeout can fire while it lasts)",
+                        s.waited
+                    )?,
                 }
             }
             None => match &self.cause {
@@ -117,6 +138,10 @@ impl WatchdogFailure {
                     write!(f, "another rank failed the group [{why}]")?
                 }
                 WatchdogCause::Timeout(t) => write!(f, "timed out after {t:?}")?,
+                WatchdogCause::Stalled { inside, waited } => write!(
+                    f,
+                    "the watchdog's call into {inside} had not returned after {waited:.1?} (a hung CUDA or NCCL call on this rank; no timeout can fire while it lasts)"
+                )?,
             },
         }
         Ok(())
@@ -144,7 +169,7 @@ impl fmt::Display for WatchdogFailure {
             }
             return Ok(());
         }
-        if let WatchdogCause::Failed(_) = &self.cause {
+        if let WatchdogCause::Failed(_) | WatchdogCause::Stalled { .. } = &self.cause {
             // Peers that have not reached this rank's collectives are waiting for it, not
             // behind it: naming them would send the reader to the wrong logs.
             return write!(

@@ -30,6 +30,12 @@ pub struct WatchdogConfig {
     /// (`watchdog/<group>/failed`): a rank whose watchdog failed publishes it, and the others
     /// abort too instead of waiting for their own timeout. Defaults to 1 s.
     pub peer_check_interval: Duration,
+    /// How long the polling thread may stay inside one call (a completion probe, for NCCL a
+    /// CUDA event query, or the async-error probe) before a second thread fails the group with
+    /// [`WatchdogCause::Stalled`](crate::watchdog::WatchdogCause::Stalled): while that call
+    /// hangs no timeout can fire (PyTorch's heartbeat monitor). Defaults to the
+    /// [`timeout`](Self::timeout).
+    pub stall_limit: Duration,
 }
 
 impl WatchdogConfig {
@@ -50,6 +56,7 @@ impl WatchdogConfig {
             publish_interval: Duration::from_millis(100),
             report_budget: Duration::from_millis(900),
             peer_check_interval: Duration::from_secs(1),
+            stall_limit: timeout,
         }
     }
 
@@ -62,6 +69,8 @@ impl WatchdogConfig {
         pub fn with_report_budget(budget: Duration) => report_budget;
         /// Sets how often the store is checked for a peer's failure.
         pub fn with_peer_check_interval(interval: Duration) => peer_check_interval;
+        /// Sets how long the polling thread may stay inside one call.
+        pub fn with_stall_limit(limit: Duration) => stall_limit;
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -85,6 +94,15 @@ impl WatchdogConfig {
                     format!("{d:?} is not between 1 ns and 60 s"),
                 ));
             }
+        }
+        if self.stall_limit <= self.poll_interval {
+            return Err(CommError::config(
+                "watchdog stall limit",
+                format!(
+                    "{:?} is not longer than the poll interval of {:?}; give it more than one poll",
+                    self.stall_limit, self.poll_interval
+                ),
+            ));
         }
         Ok(())
     }
@@ -112,6 +130,15 @@ mod tests {
             WatchdogConfig::new("", 0, 1, Duration::from_secs(1))
                 .validate()
                 .is_err()
+        );
+        let e = ok
+            .clone()
+            .with_stall_limit(Duration::from_millis(2))
+            .validate()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not longer than the poll interval"),
+            "{e}"
         );
     }
 }

@@ -29,6 +29,13 @@
 //! finished (a network or NCCL failure). Every waiter, and every later call, gets that error. An error on this rank
 //! ([`Watchdog::fail`], a probe's error) names no peer as behind.
 //!
+//! # A stuck polling thread
+//! Timeouts are checked by the polling thread; a probe call that never returns (a CUDA event
+//! query in a hung driver) would stop them all. A second thread per watchdog fails the group
+//! with [`WatchdogCause::Stalled`] once one probe call has lasted longer than
+//! [`stall_limit`](WatchdogConfig::stall_limit) (the timeout, unless set), as PyTorch's
+//! heartbeat monitor does; the stuck thread is left behind when the watchdog is dropped.
+//!
 //! # Peers
 //! The first rank to fail the group publishes its error under `watchdog/<group>/failed`; every
 //! other rank's watchdog checks that key every
@@ -73,6 +80,7 @@ mod config;
 mod monitor;
 mod probe;
 mod reporter;
+mod stall;
 
 pub use crate::failure::{
     CollectiveLabel, PeerProgress, RankProgress, StuckWork, WatchdogCause, WatchdogFailure,

@@ -4,6 +4,7 @@ use super::bounded::{ABORT_WAIT, Bounded, run_bounded};
 use super::config::WatchdogConfig;
 use super::probe::{AbortFn, AsyncErrorProbe, CompletionProbe};
 use super::reporter::{PeerFailure, Reporter, ReporterSpec};
+use super::stall::{PollBeat, check_interval};
 use crate::error::{CommError, Result};
 use crate::failure::{
     CollectiveLabel, PeerProgress, Progress, StuckWork, WatchdogCause, WatchdogFailure, scope,
@@ -15,7 +16,7 @@ use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Supervises the collectives of one rank of a group; see the [module docs](super).
 ///
@@ -25,6 +26,8 @@ use std::time::Instant;
 pub struct Watchdog {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The thread that fails the group when `thread` hangs in a probe ([`super::stall`]).
+    stall_thread: Option<JoinHandle<()>>,
 }
 
 /// A work item under supervision; [`WatchedWork::wait`] blocks until it is done or the
@@ -85,6 +88,8 @@ struct Shared {
     reporter: Reporter,
     /// A peer's failure of the group, once the store thread has seen one.
     peer_failure: PeerFailure,
+    /// Which probe the polling thread is in, for the stall checker.
+    beat: PollBeat,
 }
 
 impl std::fmt::Debug for Shared {
@@ -291,16 +296,29 @@ impl Watchdog {
             abort: Mutex::new(Some(abort)),
             reporter,
             peer_failure,
+            beat: PollBeat::new(),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ddp-watchdog-{}", shared.config.rank))
             .spawn(move || poll_loop(&thread_shared, async_error))
             .map_err(|e| CommError::io("starting the watchdog thread", e))?;
-        Ok(Watchdog {
+        // From here on, a failed start drops the watchdog, which stops the polling thread.
+        let mut watchdog = Watchdog {
             shared,
             thread: Some(thread),
-        })
+            stall_thread: None,
+        };
+        let stall_shared = watchdog.shared.clone();
+        let stall_thread = std::thread::Builder::new()
+            .name(format!(
+                "ddp-watchdog-stall-{}",
+                watchdog.shared.config.rank
+            ))
+            .spawn(move || stall_loop(&stall_shared))
+            .map_err(|e| CommError::io("starting the watchdog's stall checker", e))?;
+        watchdog.stall_thread = Some(stall_thread);
+        Ok(watchdog)
     }
 
     /// Puts an item under supervision: it gets the next sequence number, and `timeout` runs from
@@ -432,10 +450,31 @@ impl Drop for Watchdog {
             state.stopped = true;
             self.shared.changed.notify_all();
         }
-        if let Some(t) = self.thread.take()
+        let group = &self.shared.config.group;
+        if let Some(t) = self.stall_thread.take()
             && t.join().is_err()
         {
-            tracing::error!(group = %self.shared.config.group, "the watchdog thread panicked");
+            tracing::error!(%group, "the watchdog's stall checker panicked");
+        }
+        let Some(t) = self.thread.take() else { return };
+        // A polling thread stuck in a probe may never return: wait for it only as long as an
+        // abort is waited for, and leave it behind after that (or at once when the group was
+        // failed for that very stall).
+        let stalled = matches!(
+            self.shared.lock().failure.as_deref(),
+            Some(WatchdogFailure {
+                cause: WatchdogCause::Stalled { .. },
+                ..
+            })
+        );
+        let deadline = Instant::now() + if stalled { Duration::ZERO } else { ABORT_WAIT };
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !t.is_finished() {
+            tracing::error!(%group, "the watchdog thread is stuck in a probe; leaving it behind");
+        } else if t.join().is_err() {
+            tracing::error!(%group, "the watchdog thread panicked");
         }
     }
 }
@@ -533,8 +572,10 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
             return;
         }
         if let Some(probe) = &async_error {
+            shared.beat.enter_async_error();
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(probe))
                 .unwrap_or_else(|_| Err("the async-error probe panicked".into()));
+            shared.beat.leave();
             if let Err(why) = outcome {
                 shared.fail(WatchdogCause::AsyncError(why), Culprit::Oldest);
                 return;
@@ -542,8 +583,10 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
         }
         let mut finished = Vec::new();
         for item in &items {
+            shared.beat.enter_item(item.seq);
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| item.probe.poll()))
                 .unwrap_or_else(|_| Err("the completion probe panicked".into()));
+            shared.beat.leave();
             match outcome {
                 Ok(true) => finished.push(item.seq),
                 Ok(false) if item.issued_at.elapsed() >= timeout => {
@@ -572,6 +615,36 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
                 .wait_timeout(state, shared.config.poll_interval)
                 .unwrap_or_else(PoisonError::into_inner),
         );
+    }
+}
+
+/// The stall checker ([`super::stall`]): fails the group when the polling thread has been inside
+/// one probe call for longer than the stall limit; returns once the watchdog stops or fails.
+fn stall_loop(shared: &Shared) {
+    let limit = shared.config.stall_limit;
+    let every = check_interval(limit);
+    let mut state = shared.lock();
+    loop {
+        if state.stopped || state.failing {
+            return;
+        }
+        if let Some(stall) = shared.beat.stalled(limit) {
+            drop(state);
+            let c = &shared.config;
+            tracing::error!(group = %c.group, rank = c.rank, inside = %stall.inside, waited = ?stall.waited, "collective watchdog: the polling thread is stuck in a probe");
+            let culprit = stall.seq.map_or(Culprit::Oldest, Culprit::Item);
+            let cause = WatchdogCause::Stalled {
+                inside: stall.inside,
+                waited: stall.waited,
+            };
+            shared.fail(cause, culprit);
+            return;
+        }
+        state = shared
+            .changed
+            .wait_timeout(state, every)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
 }
 

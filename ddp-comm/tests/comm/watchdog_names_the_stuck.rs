@@ -638,3 +638,55 @@ fn should_name_every_rank_behind_across_chunks_including_those_that_never_publis
     }
     assert_eq!(aborts.load(Ordering::SeqCst), 1);
 }
+
+/// A probe that never returns (a CUDA event query in a hung driver) holds the polling thread,
+/// which checks every timeout: without the stall checker the wait below never ends (the timeout
+/// is an hour). The checker fails the group instead, naming the collective whose probe hangs
+/// and blaming no peer, the abort runs once, and dropping the watchdog leaves the stuck thread
+/// behind rather than waiting for it.
+#[test]
+fn should_fail_the_group_when_a_probe_never_returns() {
+    let server = server();
+    let store = connect(&server);
+    let (abort, aborts) = counting_abort();
+    let config = WatchdogConfig::new("test", 0, 1, Duration::from_secs(3600))
+        .with_publish_interval(Duration::from_millis(20))
+        .with_stall_limit(Duration::from_millis(300));
+    let watchdog = Watchdog::start(&store, config, abort, None).expect("start the watchdog");
+    let (release, held) = mpsc::channel::<()>();
+    let held = std::sync::Mutex::new(held);
+    let hangs: Arc<dyn CompletionProbe> = Arc::new(move || {
+        // Returns only when the test ends (`release` dropped).
+        let _ = held.lock().map(|rx| rx.recv());
+        Ok(true)
+    });
+    let work = watchdog
+        .issue(
+            CollectiveLabel::new("all_reduce").with_bucket(2),
+            256,
+            hangs,
+        )
+        .expect("issue");
+    let e = bounded("waiting on a collective whose probe hangs", move || {
+        work.wait()
+    })
+    .expect_err("a probe that never returns must fail the group");
+    let failure = watchdog_failure(&e);
+    assert!(
+        matches!(failure.cause, WatchdogCause::Stalled { .. }),
+        "{failure:?}"
+    );
+    assert_eq!(failure.stuck.as_ref().map(|s| s.seq), Some(1));
+    assert!(failure.ranks_behind().is_empty(), "{failure:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("completion probe of collective #1") && text.contains("arose on this rank"),
+        "{text}"
+    );
+    assert_eq!(aborts.load(Ordering::SeqCst), 1, "abort runs exactly once");
+    bounded(
+        "dropping a watchdog whose polling thread is stuck",
+        move || drop(watchdog),
+    );
+    drop(release);
+}
