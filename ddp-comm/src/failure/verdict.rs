@@ -42,6 +42,16 @@ pub enum WatchdogCause {
         /// How long it had been there.
         waited: Duration,
     },
+    /// While this rank waited on a collective, the heartbeat of `ranks` stood still for
+    /// `silent_for` (at least the
+    /// [silence limit](crate::watchdog::WatchdogConfig::silence_limit)): their processes died
+    /// or froze (a kill, the OOM killer, a host down, a stop signal).
+    PeerSilent {
+        /// The silent ranks.
+        ranks: Vec<usize>,
+        /// How long the shortest-silent of them had been silent.
+        silent_for: Duration,
+    },
 }
 
 /// The error a [`Watchdog`](crate::watchdog::Watchdog) gives every waiter and every later call once it
@@ -122,6 +132,11 @@ impl WatchdogFailure {
                         " was in flight for {:.1?} when another rank failed the group [{why}]",
                         s.waited
                     )?,
+                    WatchdogCause::PeerSilent { ranks, silent_for } => write!(
+                        f,
+                        " was in flight for {:.1?} when rank(s) {ranks:?} had published no heartbeat for {silent_for:.1?}",
+                        s.waited
+                    )?,
                     WatchdogCause::Stalled { inside, waited } => write!(
                         f,
                         " was in flight for {:.1?} when the watchdog's call into {inside} had not returned after {waited:.1?} (a hung CUDA or NCCL call on this rank; no timeout can fire while it lasts)",
@@ -138,6 +153,10 @@ impl WatchdogFailure {
                     write!(f, "another rank failed the group [{why}]")?
                 }
                 WatchdogCause::Timeout(t) => write!(f, "timed out after {t:?}")?,
+                WatchdogCause::PeerSilent { ranks, silent_for } => write!(
+                    f,
+                    "rank(s) {ranks:?} had published no heartbeat for {silent_for:.1?}"
+                )?,
                 WatchdogCause::Stalled { inside, waited } => write!(
                     f,
                     "the watchdog's call into {inside} had not returned after {waited:.1?} (a hung CUDA or NCCL call on this rank; no timeout can fire while it lasts)"
@@ -175,6 +194,12 @@ impl fmt::Display for WatchdogFailure {
             return write!(
                 f,
                 "The error arose on this rank; the other ranks are told through the store and abort too."
+            );
+        }
+        if let WatchdogCause::PeerSilent { ranks, .. } = &self.cause {
+            return write!(
+                f,
+                "Their processes died, froze or left the group (a kill, the OOM killer, a host down, a stop signal, or a rank that finished and destroyed its group while this one still issued collectives): check the hosts and logs of rank(s) {ranks:?}."
             );
         }
         let Some(stuck) = &self.stuck else {

@@ -36,6 +36,15 @@ pub struct WatchdogConfig {
     /// hangs no timeout can fire (PyTorch's heartbeat monitor). Defaults to the
     /// [`timeout`](Self::timeout).
     pub stall_limit: Duration,
+    /// How often this rank bumps its heartbeat in the store (`<scope>beat/<rank>`, from the
+    /// watchdog's store thread, which runs on while the rank computes). Defaults to 5 s.
+    pub heartbeat_interval: Duration,
+    /// How long a peer's heartbeat may stand still, while this rank waits on a collective, before
+    /// the group is failed with
+    /// [`WatchdogCause::PeerSilent`](crate::watchdog::WatchdogCause::PeerSilent) naming it:
+    /// its process died or froze, which NCCL often never reports. Defaults to 60 s (a shorter
+    /// [`timeout`](Self::timeout) fires first).
+    pub silence_limit: Duration,
 }
 
 impl WatchdogConfig {
@@ -57,6 +66,8 @@ impl WatchdogConfig {
             report_budget: Duration::from_millis(900),
             peer_check_interval: Duration::from_secs(1),
             stall_limit: timeout,
+            heartbeat_interval: Duration::from_secs(5),
+            silence_limit: Duration::from_secs(60),
         }
     }
 
@@ -71,6 +82,10 @@ impl WatchdogConfig {
         pub fn with_peer_check_interval(interval: Duration) => peer_check_interval;
         /// Sets how long the polling thread may stay inside one call.
         pub fn with_stall_limit(limit: Duration) => stall_limit;
+        /// Sets how often this rank's heartbeat is bumped.
+        pub fn with_heartbeat_interval(interval: Duration) => heartbeat_interval;
+        /// Sets how long a peer's heartbeat may stand still before it is named silent.
+        pub fn with_silence_limit(limit: Duration) => silence_limit;
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -87,6 +102,7 @@ impl WatchdogConfig {
             ("watchdog publish interval", self.publish_interval),
             ("watchdog report budget", self.report_budget),
             ("watchdog peer check interval", self.peer_check_interval),
+            ("watchdog heartbeat interval", self.heartbeat_interval),
         ] {
             if d.is_zero() || d > Duration::from_secs(60) {
                 return Err(CommError::config(
@@ -94,6 +110,15 @@ impl WatchdogConfig {
                     format!("{d:?} is not between 1 ns and 60 s"),
                 ));
             }
+        }
+        if self.silence_limit < self.heartbeat_interval * 2 {
+            return Err(CommError::config(
+                "watchdog silence limit",
+                format!(
+                    "{:?} is less than two heartbeat intervals ({:?} each); a live peer could be taken for dead",
+                    self.silence_limit, self.heartbeat_interval
+                ),
+            ));
         }
         if self.stall_limit <= self.poll_interval {
             return Err(CommError::config(
@@ -138,6 +163,15 @@ mod tests {
             .unwrap_err();
         assert!(
             e.to_string().contains("not longer than the poll interval"),
+            "{e}"
+        );
+        let e = ok
+            .clone()
+            .with_silence_limit(Duration::from_secs(9))
+            .validate()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("less than two heartbeat intervals"),
             "{e}"
         );
     }

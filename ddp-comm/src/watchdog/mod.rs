@@ -36,6 +36,14 @@
 //! [`stall_limit`](WatchdogConfig::stall_limit) (the timeout, unless set), as PyTorch's
 //! heartbeat monitor does; the stuck thread is left behind when the watchdog is dropped.
 //!
+//! # A dead or frozen peer
+//! NCCL often never reports a peer whose process died (same host, over shared memory or
+//! NVLink). Each rank's store thread bumps a heartbeat in the store; while this rank waits on
+//! a collective, a peer whose heartbeat stands still for
+//! [`silence_limit`](WatchdogConfig::silence_limit) (60 s) fails the group with
+//! [`WatchdogCause::PeerSilent`], naming it, instead of the whole timeout later (see
+//! `heartbeat.rs`).
+//!
 //! # Peers
 //! The first rank to fail the group publishes its error under `watchdog/<group>/failed`; every
 //! other rank's watchdog checks that key every
@@ -77,6 +85,7 @@
 
 mod bounded;
 mod config;
+mod heartbeat;
 mod monitor;
 mod probe;
 mod reporter;

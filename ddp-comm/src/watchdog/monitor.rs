@@ -3,7 +3,7 @@
 use super::bounded::{ABORT_WAIT, Bounded, run_bounded};
 use super::config::WatchdogConfig;
 use super::probe::{AbortFn, AsyncErrorProbe, CompletionProbe};
-use super::reporter::{PeerFailure, Reporter, ReporterSpec};
+use super::reporter::{PeerFailure, PeerSilence, Reporter, ReporterSpec};
 use super::stall::{PollBeat, check_interval};
 use crate::error::{CommError, Result};
 use crate::failure::{
@@ -88,6 +88,8 @@ struct Shared {
     reporter: Reporter,
     /// A peer's failure of the group, once the store thread has seen one.
     peer_failure: PeerFailure,
+    /// Peers whose heartbeat stood still while this rank waited, once the store thread saw it.
+    peer_silence: PeerSilence,
     /// Which probe the polling thread is in, for the stall checker.
     beat: PollBeat,
 }
@@ -277,6 +279,7 @@ impl Watchdog {
         config.validate()?;
         let generation = run_number(store, &config)?;
         let peer_failure = PeerFailure::default();
+        let peer_silence = PeerSilence::default();
         let reporter = Reporter::start(ReporterSpec {
             store: store.duplicate()?,
             group: config.group.clone(),
@@ -286,6 +289,9 @@ impl Watchdog {
             interval: config.publish_interval,
             peer_check: config.peer_check_interval,
             peer_failure: peer_failure.clone(),
+            heartbeat: config.heartbeat_interval,
+            silence_limit: config.silence_limit,
+            peer_silence: peer_silence.clone(),
         })
         .map_err(|e| CommError::io("starting the watchdog's store thread", e))?;
         let shared = Arc::new(Shared {
@@ -296,6 +302,7 @@ impl Watchdog {
             abort: Mutex::new(Some(abort)),
             reporter,
             peer_failure,
+            peer_silence,
             beat: PollBeat::new(),
         });
         let thread_shared = shared.clone();
@@ -569,6 +576,14 @@ fn poll_loop(shared: &Shared, async_error: Option<AsyncErrorProbe>) {
         };
         if let Some(why) = locked::take(&shared.peer_failure) {
             shared.fail(WatchdogCause::PeerFailed(why), Culprit::Oldest);
+            return;
+        }
+        if let Some(silent) = locked::take(&shared.peer_silence) {
+            let cause = WatchdogCause::PeerSilent {
+                ranks: silent.ranks,
+                silent_for: silent.silent_for,
+            };
+            shared.fail(cause, Culprit::Oldest);
             return;
         }
         if let Some(probe) = &async_error {

@@ -1,7 +1,10 @@
-//! The thread that publishes a rank's progress in the store and, after a failure, reads every
-//! rank's. Store calls happen here so that a slow store never delays the watchdog's polling,
-//! and a report that takes too long is abandoned rather than waited for.
+//! The thread that publishes a rank's progress and heartbeat in the store, watches the peers'
+//! (a failure one of them published, a heartbeat that stopped: [`super::heartbeat`]) and, after
+//! a failure, reads every rank's progress. Store calls happen here so that a slow store never
+//! delays the watchdog's polling, and a report that takes too long is abandoned rather than
+//! waited for.
 
+use super::heartbeat::{Silence, SilenceTracker, beat_key};
 use crate::failure::{PeerProgress, Progress, RankProgress, failed_key, key};
 use crate::store::Store;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -28,6 +31,9 @@ enum Message {
 /// failing rank published.
 pub(crate) type PeerFailure = Arc<Mutex<Option<String>>>;
 
+/// Where the store thread leaves the peers it found silent for the polling thread.
+pub(crate) type PeerSilence = Arc<Mutex<Option<Silence>>>;
+
 /// Handle to the publishing thread. Dropping it lets the thread publish the last progress and
 /// exit on its own (it is not joined: a dead store could hold it up to the store's timeout).
 #[derive(Debug)]
@@ -47,6 +53,12 @@ pub(crate) struct ReporterSpec {
     /// How often `<scope>failed` is checked.
     pub(crate) peer_check: Duration,
     pub(crate) peer_failure: PeerFailure,
+    /// How often this rank's heartbeat is bumped.
+    pub(crate) heartbeat: Duration,
+    /// How long a peer's heartbeat may stand still, while this rank waits, before it is
+    /// reported in `peer_silence`.
+    pub(crate) silence_limit: Duration,
+    pub(crate) peer_silence: PeerSilence,
 }
 
 impl Reporter {
@@ -96,6 +108,13 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
     let mut next_peer_check = Instant::now() + spec.peer_check;
     let mut check_warned = false;
     let mut latest = Progress::default();
+    // When `latest` last changed, and what the peers' heartbeats showed since.
+    let mut changed_at = Instant::now();
+    let mut silence = SilenceTracker::default();
+    let own_beat = beat_key(&spec.scope, spec.rank);
+    let mut beats: u64 = 0;
+    let mut next_beat = Instant::now();
+    let mut beat_warned = false;
     let mut published = None;
     let mut last_time: Option<Instant> = None;
     let mut warned = false;
@@ -120,8 +139,15 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
         if watch_peers {
             wait = wait.min(next_peer_check.saturating_duration_since(Instant::now()));
         }
+        wait = wait.min(next_beat.saturating_duration_since(Instant::now()));
         match rx.recv_timeout(wait) {
-            Ok(Message::Progress(p)) => latest = p,
+            Ok(Message::Progress(p)) => {
+                if p != latest {
+                    changed_at = Instant::now();
+                    silence.reset();
+                }
+                latest = p;
+            }
             Ok(Message::Report { own, reply }) => {
                 // Never publish less than was already sent: `own` was read when the failure
                 // began, and a poll may have sent a later mark since.
@@ -149,6 +175,43 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
                     publish(latest, &mut published, &mut last_time);
                 }
                 return;
+            }
+        }
+        if Instant::now() >= next_beat {
+            beats += 1;
+            next_beat = Instant::now() + spec.heartbeat;
+            if let Err(e) = spec.store.set(&own_beat, beats.to_string().as_bytes())
+                && !beat_warned
+            {
+                beat_warned = true;
+                tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot publish this rank's heartbeat in the store");
+            }
+            // Waiting on the peers: this rank has a collective in flight and has made no
+            // progress for two beats.
+            let waiting =
+                latest.issued > latest.completed && changed_at.elapsed() >= spec.heartbeat * 2;
+            if watch_peers && waiting {
+                match silence.check(
+                    &spec.store,
+                    &spec.scope,
+                    spec.world_size,
+                    spec.rank,
+                    spec.silence_limit,
+                ) {
+                    Ok(Some(silent)) => {
+                        watch_peers = false;
+                        *spec
+                            .peer_silence
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(silent);
+                    }
+                    Ok(None) => {}
+                    Err(e) if !check_warned => {
+                        check_warned = true;
+                        tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot read the peers' heartbeats from the store");
+                    }
+                    Err(_) => {}
+                }
             }
         }
         if watch_peers && Instant::now() >= next_peer_check {

@@ -690,3 +690,93 @@ fn should_fail_the_group_when_a_probe_never_returns() {
     );
     drop(release);
 }
+
+/// Settings with a quick heartbeat: a peer silent for half a second is dead, and `timeout`
+/// applies to collectives.
+fn heartbeat_config(rank: usize, timeout: Duration) -> WatchdogConfig {
+    WatchdogConfig::new("test", rank, 2, timeout)
+        .with_publish_interval(Duration::from_millis(20))
+        .with_heartbeat_interval(Duration::from_millis(50))
+        .with_silence_limit(Duration::from_millis(500))
+}
+
+/// Rank 1's process "dies" after one collective (its watchdog and store thread stop, and with
+/// them its heartbeat); rank 0 then waits on a collective that can never finish. With an hour's
+/// timeout, only the heartbeat can end that wait: rank 0 names rank 1 as silent.
+#[test]
+fn should_name_a_peer_whose_heartbeat_stopped_long_before_the_timeout() {
+    let server = server();
+    let (store0, store1) = (connect(&server), connect(&server));
+    let hour = Duration::from_secs(3600);
+    let (abort1, _) = counting_abort();
+    let rank1 = Watchdog::start(&store1, heartbeat_config(1, hour), abort1, None)
+        .expect("start rank 1's watchdog");
+    let (abort0, aborts0) = counting_abort();
+    let rank0 = Watchdog::start(&store0, heartbeat_config(0, hour), abort0, None)
+        .expect("start rank 0's watchdog");
+    for wd in [&rank0, &rank1] {
+        wd.issue(CollectiveLabel::new("all_reduce"), 64, done())
+            .expect("issue")
+            .wait()
+            .expect("a completing item");
+    }
+    drop(rank1);
+    let stuck = rank0
+        .issue(
+            CollectiveLabel::new("all_reduce").with_bucket(1),
+            4096,
+            never(),
+        )
+        .expect("issue the stuck collective");
+    let e = bounded("waiting on a collective whose peer died", move || {
+        stuck.wait()
+    })
+    .expect_err("a collective whose peer died must fail");
+    let failure = watchdog_failure(&e);
+    match &failure.cause {
+        WatchdogCause::PeerSilent { ranks, silent_for } => {
+            assert_eq!(ranks, &[1], "{failure:?}");
+            assert!(*silent_for >= Duration::from_millis(500), "{failure:?}");
+        }
+        other => panic!("expected a silent peer, got {other:?}"),
+    }
+    assert_eq!(failure.stuck.as_ref().map(|s| s.seq), Some(2));
+    let text = e.to_string();
+    assert!(
+        text.contains("rank(s) [1] had published no heartbeat")
+            && text.contains("died, froze or left the group"),
+        "{text}"
+    );
+    assert_eq!(aborts0.load(Ordering::SeqCst), 1, "abort runs exactly once");
+}
+
+/// Rank 1 is alive but issues nothing more (stuck in compute): its store thread keeps beating,
+/// so rank 0 is not misled by a silence limit shorter than its timeout and fails on the
+/// timeout, naming rank 1 as behind.
+#[test]
+fn should_not_take_a_live_peer_that_issues_nothing_for_a_dead_one() {
+    let server = server();
+    let (store0, store1) = (connect(&server), connect(&server));
+    let timeout = Duration::from_millis(1500);
+    let (abort1, _) = counting_abort();
+    let rank1 = Watchdog::start(&store1, heartbeat_config(1, timeout), abort1, None)
+        .expect("start rank 1's watchdog");
+    let (abort0, _) = counting_abort();
+    let rank0 = Watchdog::start(&store0, heartbeat_config(0, timeout), abort0, None)
+        .expect("start rank 0's watchdog");
+    let stuck = rank0
+        .issue(CollectiveLabel::new("all_reduce"), 64, never())
+        .expect("issue");
+    let e = bounded(
+        "waiting on a collective a live peer never issues",
+        move || stuck.wait(),
+    )
+    .expect_err("the collective must time out");
+    let failure = watchdog_failure(&e);
+    assert!(
+        matches!(failure.cause, WatchdogCause::Timeout(_)),
+        "{failure:?}"
+    );
+    assert_eq!(failure.ranks_behind(), vec![1], "{failure:?}");
+    drop(rank1);
+}
