@@ -91,6 +91,36 @@ impl ElasticSettings {
         }
     }
 
+    /// The rendezvous of a job of `nodes` nodes: `None` for the static one (the default for a
+    /// fixed node count, which cannot run `--nnodes MIN:MAX`), or the validated settings of a
+    /// round-based one (the default for `--nnodes MIN:MAX`).
+    pub(crate) fn for_nodes(
+        args: &LaunchArgs,
+        nodes: NodeCount,
+    ) -> Result<Option<ElasticSettings>, LaunchError> {
+        let default_backend = if nodes.is_elastic() {
+            RdzvBackend::C10d
+        } else {
+            RdzvBackend::Static
+        };
+        match args.rdzv_backend.unwrap_or(default_backend) {
+            RdzvBackend::Static if nodes.is_elastic() => Err(LaunchError::ElasticNeedsRounds {
+                nnodes: nodes.to_string(),
+            }),
+            RdzvBackend::Static => {
+                if let Some(endpoint) = &args.rdzv_endpoint {
+                    return Err(LaunchError::RdzvConflict {
+                        flag: format!("--rdzv-endpoint {endpoint}"),
+                        backend: "static".into(),
+                        why: "the static rendezvous is on --master-addr:--master-port; --rdzv-endpoint is for --rdzv-backend c10d".into(),
+                    });
+                }
+                Ok(None)
+            }
+            backend => ElasticSettings::validate(args, nodes, backend).map(Some),
+        }
+    }
+
     /// Validates the flags of a job with round-based rendezvous (`backend` is not static).
     pub(crate) fn validate(
         args: &LaunchArgs,
