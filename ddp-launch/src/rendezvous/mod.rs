@@ -1,7 +1,6 @@
 //! The rendezvous side: ports ([`ports`]), the store connection ([`store_connect`]), and the
 //! static multi-node rendezvous between launchers.
 //!
-//!
 //! With `--nnodes N > 1`, node 0's launcher hosts a [`StoreServer`] on `--master-port` (torchrun's
 //! static rendezvous) and every launcher, node 0's included, connects to it with the shared job
 //! token. For each attempt:

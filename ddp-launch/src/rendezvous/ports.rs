@@ -2,6 +2,7 @@
 //! error that names who holds a taken port, and the free port the workers of an attempt get.
 
 use crate::error::LaunchError;
+pub(crate) use crate::host_port::join_host_port;
 use crate::plan::{LaunchPlan, MasterPort};
 use std::net::TcpListener;
 
@@ -11,15 +12,6 @@ pub(crate) fn bind_host(master_addr: &str) -> &'static str {
         "::"
     } else {
         "0.0.0.0"
-    }
-}
-
-/// `host:port`, with brackets for IPv6.
-pub(crate) fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 
@@ -105,12 +97,10 @@ mod tests {
     }
 
     #[test]
-    fn free_ports_are_bindable_and_hosts_are_bracketed_for_ipv6() {
+    fn free_ports_are_bindable_and_the_wildcard_follows_the_address_family() {
         let port = free_port("0.0.0.0", None).expect("free port");
         assert_ne!(port, 0);
         assert_ne!(free_port("0.0.0.0", Some(port)).expect("free port"), port);
-        assert_eq!(join_host_port("::1", 80), "[::1]:80");
-        assert_eq!(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
         assert_eq!(bind_host("fe80::1"), "::");
         assert_eq!(bind_host("node0"), "0.0.0.0");
     }
