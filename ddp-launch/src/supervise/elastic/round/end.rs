@@ -15,16 +15,27 @@ pub(crate) enum RoundEnd {
     Completed,
 }
 
+/// Why a completed round ended, in the store and in the summary.
+const COMPLETED: &str = "every node's workers succeeded";
+
 impl RoundEnd {
-    pub(super) fn encode(&self) -> String {
+    /// The end's tag in the store, its name in the summary, and why it came.
+    fn parts(&self) -> (&'static str, &'static str, &str) {
         match self {
-            RoundEnd::Failure(why) => format!("failure|{why}"),
-            RoundEnd::NodeJoined(why) => format!("joined|{why}"),
-            RoundEnd::MemberLeft(why) => format!("left|{why}"),
-            RoundEnd::Completed => "completed|every node's workers succeeded".into(),
+            RoundEnd::Failure(why) => ("failure", "failure", why),
+            RoundEnd::NodeJoined(why) => ("joined", "node joined", why),
+            RoundEnd::MemberLeft(why) => ("left", "member left", why),
+            RoundEnd::Completed => ("completed", "completed", COMPLETED),
         }
     }
 
+    /// The text of `r/<n>/end`: `tag|why`.
+    pub(super) fn encode(&self) -> String {
+        let (tag, _, why) = self.parts();
+        format!("{tag}|{why}")
+    }
+
+    /// The end `r/<n>/end` holds; a text without a known tag is a failure.
     pub(super) fn decode(raw: &[u8]) -> RoundEnd {
         let text = String::from_utf8_lossy(raw);
         match text.split_once('|') {
@@ -38,12 +49,8 @@ impl RoundEnd {
 
     /// What the summary says.
     pub(crate) fn describe(&self) -> String {
-        match self {
-            RoundEnd::Failure(why) => format!("failure: {why}"),
-            RoundEnd::NodeJoined(why) => format!("node joined: {why}"),
-            RoundEnd::MemberLeft(why) => format!("member left: {why}"),
-            RoundEnd::Completed => "completed: every node's workers succeeded".into(),
-        }
+        let (_, name, why) = self.parts();
+        format!("{name}: {why}")
     }
 }
 
@@ -66,5 +73,33 @@ mod tests {
                 .describe()
                 .starts_with("failure: x | y")
         );
+    }
+
+    /// The store's text and the summary's, word for word: nodes of one job read each other's
+    /// ends, and the summary's words are what a user sees.
+    #[test]
+    fn round_ends_are_spelled_as_the_store_and_the_summary_expect() {
+        let cases = [
+            (
+                RoundEnd::Failure("a: x".into()),
+                "failure|a: x",
+                "failure: a: x",
+            ),
+            (
+                RoundEnd::NodeJoined("n".into()),
+                "joined|n",
+                "node joined: n",
+            ),
+            (RoundEnd::MemberLeft("m".into()), "left|m", "member left: m"),
+            (
+                RoundEnd::Completed,
+                "completed|every node's workers succeeded",
+                "completed: every node's workers succeeded",
+            ),
+        ];
+        for (end, stored, described) in cases {
+            assert_eq!(end.encode(), stored);
+            assert_eq!(end.describe(), described);
+        }
     }
 }
