@@ -1,6 +1,7 @@
 //! [`ElasticSettings`]: the elastic rendezvous flags, validated.
 
 use crate::error::LaunchError;
+use crate::host_port::join_host_port;
 use crate::plan::args::LaunchArgs;
 use crate::plan::node_count::{NodeCount, RdzvBackend};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -21,11 +22,7 @@ pub(crate) struct Endpoint {
 
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+        f.write_str(&join_host_port(&self.host, self.port))
     }
 }
 
@@ -88,6 +85,36 @@ impl ElasticSettings {
             node_id: node_id.to_string(),
             endpoint: self.endpoint.to_string(),
             reason,
+        }
+    }
+
+    /// The rendezvous of a job of `nodes` nodes: `None` for the static one (the default for a
+    /// fixed node count, which cannot run `--nnodes MIN:MAX`), or the validated settings of a
+    /// round-based one (the default for `--nnodes MIN:MAX`).
+    pub(crate) fn for_nodes(
+        args: &LaunchArgs,
+        nodes: NodeCount,
+    ) -> Result<Option<ElasticSettings>, LaunchError> {
+        let default_backend = if nodes.is_elastic() {
+            RdzvBackend::C10d
+        } else {
+            RdzvBackend::Static
+        };
+        match args.rdzv_backend.unwrap_or(default_backend) {
+            RdzvBackend::Static if nodes.is_elastic() => Err(LaunchError::ElasticNeedsRounds {
+                nnodes: nodes.to_string(),
+            }),
+            RdzvBackend::Static => {
+                if let Some(endpoint) = &args.rdzv_endpoint {
+                    return Err(LaunchError::RdzvConflict {
+                        flag: format!("--rdzv-endpoint {endpoint}"),
+                        backend: "static".into(),
+                        why: "the static rendezvous is on --master-addr:--master-port; --rdzv-endpoint is for --rdzv-backend c10d".into(),
+                    });
+                }
+                Ok(None)
+            }
+            backend => ElasticSettings::validate(args, nodes, backend).map(Some),
         }
     }
 

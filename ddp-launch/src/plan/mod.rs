@@ -5,40 +5,32 @@
 //! [`LaunchPlan`]: [`LaunchArgs`] validated into world size, ranks, ports and the environment of
 //! each worker. Building a plan is pure (apart from looking the program up); running it is
 //! [`LaunchPlan::run`].
+//!
+//! Beside the plan and its assembly here: the host's cores and variables ([`host`]), the
+//! program the workers run ([`program`]) and each worker's variables ([`worker_vars`]).
 
 pub(crate) mod args;
 pub(crate) mod elastic_settings;
+mod host;
 pub(crate) mod node_count;
+mod program;
+#[cfg(test)]
+mod tests;
 pub(crate) mod worker_count;
+mod worker_vars;
 
 use crate::error::LaunchError;
 use crate::plan::args::{LaunchArgs, NprocPerNode};
 use crate::plan::elastic_settings::ElasticSettings;
-use crate::plan::node_count::{NodeCount, RdzvBackend};
-use crate::plan::worker_count::{HostLimits, check_worker_count, process_limit};
-use crate::worker::env::launcher_vars::{
-    ALLOCATOR_ENV, LAUNCH_ID_ENV, RDZV_ROUND_ENV, RESTART_COUNT_ENV, WORKER_ENV,
-};
+use crate::plan::host::HostInfo;
+use crate::plan::node_count::NodeCount;
+use crate::plan::program::{WorkerCommand, resolve_program};
+use crate::plan::worker_count::{HostLimits, check_worker_count};
+use crate::worker::env::launcher_vars::LAUNCH_ID_ENV;
 use ddp_comm::TOKEN_ENV;
-use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// Thread-pool variables set per worker (to cores / local ranks) unless already set.
-const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
-
-/// Variables that mean the user chose allocator settings (or another allocator) themselves.
-const ALLOCATOR_USER_VARS: [&str; 6] = [
-    "MALLOC_MMAP_THRESHOLD_",
-    "MALLOC_TRIM_THRESHOLD_",
-    "MALLOC_TOP_PAD_",
-    "MALLOC_ARENA_MAX",
-    "GLIBC_TUNABLES",
-    "LD_PRELOAD",
-];
 
 /// Where the job's port on node 0 comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,64 +41,6 @@ pub enum MasterPort {
     /// node 0's launcher hosts the rendezvous there and the workers get a fresh free port of
     /// node 0 for every attempt.
     Fixed(u16),
-}
-
-/// What the launcher knows about its host: core count and the few variables it consults.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct HostInfo {
-    /// CPU cores available to the launcher.
-    pub(crate) cores: usize,
-    /// The user's process limit (`RLIMIT_NPROC`), where it applies to the launcher.
-    pub(crate) process_limit: Option<u64>,
-    /// Environment variables (only [`TOKEN_ENV`], [`LAUNCH_ID_ENV`], the thread variables and
-    /// the allocator variables are read).
-    pub(crate) vars: HashMap<String, String>,
-}
-
-impl HostInfo {
-    /// The current process's view.
-    ///
-    /// # Errors
-    /// [`LaunchError::WorkerEnv`] naming a variable whose value is not valid UTF-8.
-    pub(crate) fn current() -> Result<Self, LaunchError> {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vars = crate::worker::env::process_env::with_process_env(|lookup| {
-            // LAUNCH_ID_ENV: a launch id already set is kept, so a wrapper (or a re-run that
-            // should count as the same launch) can choose it; not inside another launch's
-            // worker, whose id it is (this launch would share its log directory).
-            let nested = lookup(WORKER_ENV).is_some();
-            Ok([TOKEN_ENV, LAUNCH_ID_ENV]
-                .into_iter()
-                .filter(|&k| !(nested && k == LAUNCH_ID_ENV))
-                .chain(THREAD_VARS)
-                .chain(ALLOCATOR_USER_VARS)
-                .filter_map(|k| lookup(k).map(|v| (k.to_string(), v)))
-                .collect())
-        })?;
-        Ok(HostInfo {
-            cores,
-            process_limit: process_limit(),
-            vars,
-        })
-    }
-
-    fn var(&self, key: &str) -> Option<&str> {
-        self.vars
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
-}
-
-/// The program every worker runs, and how to show it.
-#[derive(Debug, Clone)]
-pub(crate) struct WorkerCommand {
-    /// Path to execute.
-    pub(crate) program: PathBuf,
-    /// `argv[0]` the workers see.
-    pub(crate) arg0: OsString,
-    /// The remaining arguments.
-    pub(crate) args: Vec<OsString>,
 }
 
 /// A validated launch: who runs where, on which ports, with which environment.
@@ -252,29 +186,7 @@ impl LaunchPlan {
                 max: nodes.max,
             });
         }
-        let default_backend = if nodes.is_elastic() {
-            RdzvBackend::C10d
-        } else {
-            RdzvBackend::Static
-        };
-        let elastic = match args.rdzv_backend.unwrap_or(default_backend) {
-            RdzvBackend::Static if nodes.is_elastic() => {
-                return Err(LaunchError::ElasticNeedsRounds {
-                    nnodes: nodes.to_string(),
-                });
-            }
-            RdzvBackend::Static => {
-                if let Some(endpoint) = &args.rdzv_endpoint {
-                    return Err(LaunchError::RdzvConflict {
-                        flag: format!("--rdzv-endpoint {endpoint}"),
-                        backend: "static".into(),
-                        why: "the static rendezvous is on --master-addr:--master-port; --rdzv-endpoint is for --rdzv-backend c10d".into(),
-                    });
-                }
-                None
-            }
-            backend => Some(ElasticSettings::validate(args, nodes, backend)?),
-        };
+        let elastic = ElasticSettings::for_nodes(args, nodes)?;
         let nnodes = nodes.max;
         let run_id = match &elastic {
             Some(e) => e.job_id.clone(),
@@ -335,21 +247,7 @@ impl LaunchPlan {
             Some(t) => t.to_string(),
             None => random_token(),
         };
-        let per_rank = (host.cores / nproc_per_node).max(1).to_string();
-        let mut thread_env: Vec<(String, String)> = THREAD_VARS
-            .iter()
-            .filter(|k| host.var(k).is_none())
-            .map(|k| (k.to_string(), per_rank.clone()))
-            .collect();
-        if cfg!(all(target_os = "linux", target_env = "gnu"))
-            && ALLOCATOR_USER_VARS.iter().all(|k| host.var(k).is_none())
-        {
-            thread_env.extend(
-                ALLOCATOR_ENV
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string())),
-            );
-        }
+        let thread_env = host.thread_env(nproc_per_node);
         Ok(LaunchPlan {
             command,
             nproc_per_node,
@@ -426,451 +324,10 @@ impl LaunchPlan {
     pub fn elastic_nodes(&self) -> Option<(usize, usize)> {
         self.elastic.as_ref().map(|e| (e.nodes.min, e.nodes.max))
     }
-
-    /// The variables set for `local_rank` on attempt `restart_count`, when the workers' store
-    /// is on `master_port`. Everything else is inherited from the launcher.
-    pub fn worker_env(
-        &self,
-        local_rank: usize,
-        restart_count: u32,
-        master_port: u16,
-    ) -> Vec<(String, String)> {
-        let torchelastic_restarts = self
-            .rdzv_round
-            .map_or(restart_count, |round| round.restarts_before);
-        let mut env: Vec<(String, String)> = [
-            (WORKER_ENV, "1".to_string()),
-            ("RANK", self.global_rank(local_rank).to_string()),
-            ("LOCAL_RANK", local_rank.to_string()),
-            ("WORLD_SIZE", self.world_size().to_string()),
-            ("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string()),
-            ("GROUP_RANK", self.node_rank.to_string()),
-            ("GROUP_WORLD_SIZE", self.nnodes.to_string()),
-            ("MASTER_ADDR", self.master_addr.clone()),
-            ("MASTER_PORT", master_port.to_string()),
-            (RESTART_COUNT_ENV, restart_count.to_string()),
-            (
-                "TORCHELASTIC_RESTART_COUNT",
-                torchelastic_restarts.to_string(),
-            ),
-            ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts.to_string()),
-            ("TORCHELASTIC_RUN_ID", self.run_id.clone()),
-            // torchrun's single worker role, which spans every rank.
-            ("ROLE_NAME", "default".to_string()),
-            ("ROLE_RANK", self.global_rank(local_rank).to_string()),
-            ("ROLE_WORLD_SIZE", self.world_size().to_string()),
-            (TOKEN_ENV, self.job_token.clone()),
-            (LAUNCH_ID_ENV, self.launch_id.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        if let Some(round) = self.rdzv_round {
-            env.push((RDZV_ROUND_ENV.to_string(), round.number.to_string()));
-        }
-        env.extend(self.thread_env.iter().cloned());
-        env
-    }
 }
 
 /// 128 random bits as hex.
 fn random_token() -> String {
     let bytes: [u8; 16] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Finds the program as `execvp` would, with a clear error when it cannot run.
-pub(crate) fn resolve_program(
-    program: &OsStr,
-    path_var: Option<&OsStr>,
-) -> Result<PathBuf, LaunchError> {
-    let name = program.to_string_lossy().into_owned();
-    if program.is_empty() {
-        return Err(LaunchError::ProgramNotFound {
-            program: name,
-            reason: "the program name is empty".into(),
-        });
-    }
-    if program.as_bytes().contains(&b'/') {
-        let path = PathBuf::from(program);
-        return match std::fs::metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(LaunchError::ProgramNotFound {
-                    program: name,
-                    reason: "no such file".into(),
-                })
-            }
-            Err(e) => Err(LaunchError::ProgramNotExecutable {
-                program: name,
-                reason: e.to_string(),
-            }),
-            Ok(m) if m.is_dir() => Err(LaunchError::ProgramNotExecutable {
-                program: name,
-                reason: "it is a directory".into(),
-            }),
-            Ok(m) if m.permissions().mode() & 0o111 == 0 => {
-                Err(LaunchError::ProgramNotExecutable {
-                    program: name,
-                    reason: "it has no execute permission".into(),
-                })
-            }
-            Ok(_) => Ok(path),
-        };
-    }
-    let Some(path_var) = path_var.filter(|p| !p.is_empty()) else {
-        return Err(LaunchError::ProgramNotFound {
-            program: name,
-            reason: "PATH is not set; give a path such as ./program".into(),
-        });
-    };
-    for dir in std::env::split_paths(path_var) {
-        let candidate = dir.join(program);
-        if let Ok(m) = std::fs::metadata(&candidate)
-            && m.is_file()
-            && m.permissions().mode() & 0o111 != 0
-        {
-            return Ok(candidate);
-        }
-    }
-    Err(LaunchError::ProgramNotFound {
-        program: name.clone(),
-        reason: format!(
-            "no executable '{name}' in PATH (give a path such as ./{name} for a file here)"
-        ),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn command() -> WorkerCommand {
-        WorkerCommand {
-            program: "/bin/true".into(),
-            arg0: "true".into(),
-            args: vec![],
-        }
-    }
-
-    fn host(cores: usize, vars: &[(&str, &str)]) -> HostInfo {
-        HostInfo {
-            cores,
-            process_limit: None,
-            vars: vars
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
-    }
-
-    fn plan(args: &LaunchArgs) -> Result<LaunchPlan, LaunchError> {
-        LaunchPlan::with_host(args, command(), &host(8, &[]))
-    }
-
-    /// A valid plan for `args` on a host with `cores` cores and the variables `vars`.
-    fn valid_plan(args: &LaunchArgs, cores: usize, vars: &[(&str, &str)]) -> LaunchPlan {
-        LaunchPlan::with_host(args, command(), &host(cores, vars)).expect("valid")
-    }
-
-    fn env_of(plan: &LaunchPlan, local_rank: usize) -> HashMap<String, String> {
-        plan.worker_env(local_rank, 2, 4242).into_iter().collect()
-    }
-
-    /// Asserts that `env` holds each of `expected`'s variables with its value.
-    fn assert_vars(env: &HashMap<String, String>, expected: &[(&str, &str)]) {
-        for (k, v) in expected {
-            assert_eq!(env.get(*k).map(String::as_str), Some(*v), "{k}");
-        }
-    }
-
-    /// The environment of local rank 0 of [`valid_plan`]`(args, cores, vars)`.
-    fn first_env(
-        args: &LaunchArgs,
-        cores: usize,
-        vars: &[(&str, &str)],
-    ) -> HashMap<String, String> {
-        env_of(&valid_plan(args, cores, vars), 0)
-    }
-
-    #[test]
-    fn defaults_are_one_process_on_one_node_with_an_auto_port() {
-        let p = plan(&LaunchArgs::new()).expect("valid");
-        assert_eq!((p.world_size(), p.nnodes(), p.node_rank()), (1, 1, 0));
-        assert_eq!(p.master_port(), MasterPort::Auto);
-        assert_eq!(p.master_addr(), "127.0.0.1");
-        assert_eq!(p.job_token.len(), 32);
-    }
-
-    #[test]
-    fn node_k_local_rank_j_is_global_rank_k_times_nproc_plus_j() {
-        let args = LaunchArgs::new()
-            .with_nproc_per_node(NprocPerNode::Count(4))
-            .with_nodes(3, 2)
-            .with_master_addr("10.0.0.1")
-            .with_master_port(29500);
-        let p = valid_plan(&args, 8, &[(TOKEN_ENV, "secret")]);
-        assert_eq!(p.world_size(), 12);
-        assert_eq!(
-            (0..4).map(|j| p.global_rank(j)).collect::<Vec<_>>(),
-            vec![8, 9, 10, 11]
-        );
-        assert_vars(
-            &env_of(&p, 3),
-            &[
-                ("RANK", "11"),
-                ("LOCAL_RANK", "3"),
-                ("WORLD_SIZE", "12"),
-                ("LOCAL_WORLD_SIZE", "4"),
-                ("GROUP_RANK", "2"),
-                ("GROUP_WORLD_SIZE", "3"),
-                ("MASTER_ADDR", "10.0.0.1"),
-                ("MASTER_PORT", "4242"),
-                (TOKEN_ENV, "secret"),
-            ],
-        );
-    }
-
-    #[test]
-    fn worker_env_marks_workers_and_carries_restart_count() {
-        let p = plan(
-            &LaunchArgs::new()
-                .with_nproc_per_node(NprocPerNode::Count(2))
-                .with_max_restarts(3),
-        )
-        .expect("valid");
-        let env = env_of(&p, 1);
-        assert_vars(
-            &env,
-            &[
-                (WORKER_ENV, "1"),
-                (RESTART_COUNT_ENV, "2"),
-                ("TORCHELASTIC_RESTART_COUNT", "2"),
-                ("TORCHELASTIC_MAX_RESTARTS", "3"),
-                // torchrun's single role, and its run id
-                // (`torch.distributed.is_torchelastic_launched()` looks for it): "none" unless
-                // --rdzv-id names one.
-                ("TORCHELASTIC_RUN_ID", "none"),
-                ("ROLE_NAME", "default"),
-                ("ROLE_RANK", "1"),
-                ("ROLE_WORLD_SIZE", "2"),
-            ],
-        );
-        // Every rank of one plan shares the token.
-        assert_eq!(env_of(&p, 0)[TOKEN_ENV], env[TOKEN_ENV]);
-        let named = plan(&LaunchArgs::new().with_rdzv_id("job7")).expect("valid");
-        assert_eq!(env_of(&named, 0)["TORCHELASTIC_RUN_ID"], "job7");
-    }
-
-    #[test]
-    fn thread_counts_default_to_cores_per_local_rank_unless_set() {
-        let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(3));
-        let env = first_env(&args, 8, &[]);
-        assert_eq!(env["OMP_NUM_THREADS"], "2");
-        assert_eq!(env["RAYON_NUM_THREADS"], "2");
-        let env = first_env(&args, 8, &[("OMP_NUM_THREADS", "7")]);
-        assert!(
-            !env.contains_key("OMP_NUM_THREADS"),
-            "inherited, not overridden"
-        );
-        assert_eq!(env["RAYON_NUM_THREADS"], "2");
-        // More ranks than cores still gets one thread each.
-        let many = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(16));
-        assert_eq!(first_env(&many, 8, &[])["OMP_NUM_THREADS"], "1");
-    }
-
-    #[test]
-    fn allocator_defaults_apply_unless_the_user_tunes_the_allocator() {
-        let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(2));
-        let env = first_env(&args, 8, &[]);
-        if cfg!(all(target_os = "linux", target_env = "gnu")) {
-            for (k, v) in ALLOCATOR_ENV {
-                assert_eq!(env[k], v, "{k}");
-            }
-        }
-        for user in ALLOCATOR_USER_VARS {
-            let env = first_env(&args, 8, &[(user, "x")]);
-            assert!(
-                ALLOCATOR_ENV.iter().all(|(k, _)| !env.contains_key(*k)),
-                "{user} set: the user's allocator settings are left alone"
-            );
-        }
-    }
-
-    #[test]
-    fn auto_uses_available_cores() {
-        let args = LaunchArgs::new().with_nproc_per_node(NprocPerNode::Auto);
-        let p = valid_plan(&args, 6, &[]);
-        assert_eq!(p.nproc_per_node(), 6);
-    }
-
-    #[test]
-    fn existing_job_token_is_inherited() {
-        let p = valid_plan(&LaunchArgs::new(), 1, &[(TOKEN_ENV, "abc")]);
-        assert_eq!(p.job_token, "abc");
-        let q = plan(&LaunchArgs::new()).expect("valid");
-        assert_ne!(
-            q.job_token,
-            plan(&LaunchArgs::new()).expect("valid").job_token,
-            "random per job"
-        );
-    }
-
-    #[test]
-    fn fixed_port_is_kept() {
-        let p = plan(&LaunchArgs::new().with_master_port(1234)).expect("valid");
-        assert_eq!(p.master_port(), MasterPort::Fixed(1234));
-    }
-
-    #[test]
-    fn invalid_flags_are_rejected_with_messages_naming_the_values() {
-        let cases: Vec<(LaunchArgs, &str)> = vec![
-            (
-                LaunchArgs::new().with_nproc_per_node(NprocPerNode::Count(0)),
-                "--nproc-per-node must be at least 1, got 0",
-            ),
-            (
-                LaunchArgs::new().with_nodes(0, 0),
-                "--nnodes must be at least 1, got 0",
-            ),
-            (
-                LaunchArgs::new()
-                    .with_nodes(2, 2)
-                    .with_master_addr("h")
-                    .with_master_port(1),
-                "--node-rank 2 is out of range for --nnodes 2 (node ranks are 0..=1)",
-            ),
-            (
-                LaunchArgs::new().with_nodes(2, 0).with_master_port(1),
-                "--master-addr is required when --nnodes is 2",
-            ),
-            (
-                LaunchArgs::new().with_nodes(2, 0).with_master_addr("h"),
-                "--master-port is required when --nnodes is 2",
-            ),
-            (
-                LaunchArgs::new()
-                    .with_nodes(2, 0)
-                    .with_master_addr("h")
-                    .with_master_port(9),
-                "a multi-node job (--nnodes 2) needs a shared job token: set DDP_JOB_TOKEN",
-            ),
-            (
-                LaunchArgs::new().with_master_port(0),
-                "--master-port 0 is not allowed",
-            ),
-            (
-                LaunchArgs::new().with_standalone(true).with_nodes(2, 0),
-                "--standalone runs one node on this host with a free port, but --nnodes 2 was also given",
-            ),
-            (
-                LaunchArgs::new().with_standalone(true).with_master_port(80),
-                "but --master-port 80 was also given",
-            ),
-            (
-                // Past the per-core bound (asked for), the world size overflows.
-                LaunchArgs::new()
-                    .with_nproc_per_node(NprocPerNode::Count(usize::MAX))
-                    .with_oversubscribe(true)
-                    .with_nodes(2, 0),
-                "is too many processes",
-            ),
-        ];
-        for (args, expected) in cases {
-            let err = plan(&args).expect_err(expected).to_string();
-            assert!(
-                err.contains(expected),
-                "{err:?} should contain {expected:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn multi_node_with_token_addr_and_port_is_valid() {
-        let args = LaunchArgs::new()
-            .with_nodes(2, 1)
-            .with_master_addr(" 10.1.1.1 ")
-            .with_master_port(29400);
-        let p = valid_plan(&args, 4, &[(TOKEN_ENV, "t")]);
-        assert!(p.is_multi_node());
-        assert_eq!(p.master_addr(), "10.1.1.1");
-        assert_eq!(p.global_rank(0), 1);
-    }
-
-    #[test]
-    fn programs_are_resolved_like_execvp_with_clear_errors() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let exe = dir.path().join("train");
-        std::fs::write(&exe, "#!/bin/sh\n").expect("write");
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let data = dir.path().join("data.txt");
-        std::fs::write(&data, "x").expect("write");
-        let path = Some(dir.path().as_os_str());
-
-        assert_eq!(
-            resolve_program(OsStr::new("train"), path).expect("on PATH"),
-            exe
-        );
-        assert_eq!(
-            resolve_program(exe.as_os_str(), None).expect("by path"),
-            exe
-        );
-        let e = resolve_program(OsStr::new("./no-such-program"), path)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "program './no-such-program' was not found: no such file");
-        let e = resolve_program(OsStr::new("no-such-program"), path)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("program 'no-such-program' was not found: no executable"),
-            "{e}"
-        );
-        let e = resolve_program(data.as_os_str(), path)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.ends_with("cannot be executed: it has no execute permission"),
-            "{e}"
-        );
-        let e = resolve_program(dir.path().as_os_str(), path)
-            .unwrap_err()
-            .to_string();
-        assert!(e.ends_with("cannot be executed: it is a directory"), "{e}");
-        let e = resolve_program(OsStr::new("data.txt"), path)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("was not found"), "{e}");
-    }
-
-    #[test]
-    fn elastic_plans_need_a_token_and_give_workers_their_round() {
-        let args = LaunchArgs::new()
-            .with_nproc_per_node(NprocPerNode::Count(2))
-            .with_elastic_nodes(2, 3, "127.0.0.1:29400");
-        assert!(matches!(
-            plan(&args).unwrap_err(),
-            LaunchError::MissingJobToken { nnodes: 3 }
-        ));
-        let p = valid_plan(&args, 8, &[(TOKEN_ENV, "t")]);
-        assert_eq!(p.elastic_nodes(), Some((2, 3)));
-        assert!(!p.is_multi_node(), "static rendezvous only");
-        let mut round = p.clone();
-        round.rdzv_round = Some(RoundInfo {
-            number: 4,
-            restarts_before: 1,
-        });
-        let env: HashMap<_, _> = round.worker_env(0, 4, 4242).into_iter().collect();
-        assert_eq!(env[RDZV_ROUND_ENV], "4");
-        assert_eq!(env[RESTART_COUNT_ENV], "4");
-        // torchrun counts failure restarts only: rounds re-formed for a joining node do not.
-        assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "1");
-        assert_eq!(env["TORCHELASTIC_RUN_ID"], "none", "the default --rdzv-id");
-        assert!(!env_of(&p, 0).contains_key(RDZV_ROUND_ENV));
-        // N:N with the c10d backend is elastic too (ranks by join order, re-forming on failure).
-        let fixed = LaunchArgs::new()
-            .with_elastic_nodes(2, 2, "h:1")
-            .with_rdzv_backend(RdzvBackend::C10d);
-        let p = valid_plan(&fixed, 8, &[(TOKEN_ENV, "t")]);
-        assert_eq!(p.elastic_nodes(), Some((2, 2)));
-    }
 }
