@@ -1,4 +1,4 @@
-//! burn's `DataLoader` trait over a [`DistributedLoader`](super::DistributedLoader): each
+//! burn's `DataLoader` trait over a [`DistributedLoader`]: each
 //! `iter()` is the next epoch, loaded on a thread of its own and handed over a small channel
 //! (a data error aborts the group given with `with_abort_group` and is left for the
 //! iterator); `to_device` shares the epoch counter and resume point; `slice` is a loader of

@@ -1,4 +1,4 @@
-//! Loading one epoch of a [`DistributedLoader`](super::DistributedLoader) on its loader
+//! Loading one epoch of a [`DistributedLoader`] on its loader
 //! thread: ddp-data's distributed loader built over the data set (or over this rank's
 //! evaluation shard, or a slice), resumed after the steps a checkpoint already took, each
 //! batch sent to the iterator; its errors name the data set's own indices. Apart from the

@@ -1,8 +1,8 @@
-//! burn's [`DataLoader`] trait over ddp-data's distributed loader, so burn-train's loop can be
+//! burn's [`DataLoader`](burn::data::dataloader::DataLoader) trait over ddp-data's distributed loader, so burn-train's loop can be
 //! handed this rank's shard.
 //!
 //! burn's trait iterates through `&self` and has no epoch argument, while the distributed
-//! sampler needs `set_epoch` (a `&mut` call) to reshuffle. So each [`iter`](DataLoader::iter)
+//! sampler needs `set_epoch` (a `&mut` call) to reshuffle. So each [`iter`](burn::data::dataloader::DataLoader::iter)
 //! counts as the next epoch (burn-train calls it once per epoch), builds ddp-data's loader for
 //! that epoch on a thread of its own, and hands the batches over a small channel (which also
 //! overlaps loading with the training step).
@@ -49,7 +49,7 @@ enum Split {
     Eval { world: usize, rank: usize },
 }
 
-/// This rank's shard of a data set, as a burn [`DataLoader`] for burn-train's
+/// This rank's shard of a data set, as a burn [`DataLoader`](burn::data::dataloader::DataLoader) for burn-train's
 /// `SupervisedTraining::new(dir, train_loader, valid_loader)`.
 ///
 /// - [`DistributedLoader::train`]: reshuffled every epoch (the `n`-th call of `iter()` is
@@ -68,7 +68,7 @@ enum Split {
 pub struct DistributedLoader<B: Backend, I, O> {
     /// The whole data set, as the user gave it.
     dataset: Arc<dyn Dataset<I>>,
-    /// After [`slice`](DataLoader::slice): the indices of `dataset` this loader covers.
+    /// After [`slice`](burn::data::dataloader::DataLoader::slice): the indices of `dataset` this loader covers.
     view: Option<Arc<[usize]>>,
     batcher: Arc<dyn Batcher<B, I, O>>,
     split: Split,
@@ -237,7 +237,7 @@ where
     }
 
     /// A copy on `device`. It shares this loader's epoch counter and resume point: iterating
-    /// either one advances both (the copy [`to_device`](DataLoader::to_device) returns is the
+    /// either one advances both (the copy [`to_device`](burn::data::dataloader::DataLoader::to_device) returns is the
     /// same loader, moved).
     fn on_device(&self, device: B::Device) -> Self {
         DistributedLoader {

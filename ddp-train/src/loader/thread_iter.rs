@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// A data error that ended one epoch of a [`DistributedLoader`](super::DistributedLoader).
+/// A data error that ended one epoch of a [`DistributedLoader`](crate::DistributedLoader).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{what} data loader, sampler epoch {sampler_epoch}: {error}")]
 pub(crate) struct LoadFailure {
@@ -43,7 +43,7 @@ thread_local! {
     static FAILED: RefCell<Option<LoadFailure>> = const { RefCell::new(None) };
 }
 
-/// `iter.next()`, with the data error a [`DistributedLoader`](super::DistributedLoader)'s
+/// `iter.next()`, with the data error a [`DistributedLoader`](crate::DistributedLoader)'s
 /// epoch ended with returned instead of panicking (other iterators are just advanced).
 pub(crate) fn next_batch<O>(
     iter: &mut dyn DataLoaderIterator<O>,

@@ -1,4 +1,4 @@
-//! Rank 0's epoch-end checkpointer for [`DdpStrategy::with_checkpoints`](super::DdpStrategy::with_checkpoints):
+//! Rank 0's epoch-end checkpointer for [`DdpStrategy::with_checkpoints`](crate::DdpStrategy::with_checkpoints):
 //! burn-train's `LearningCheckpointer` over the crate's atomic file writers, and the slot
 //! where a failed write waits for the epoch loop to see it. Apart from the run because it is
 //! only wiring of burn-train's types.

@@ -1,5 +1,5 @@
 //! What a run did: the [`DdpReport`] `finish` returns, and the state every clone of a
-//! [`DdpStrategy`](super::DdpStrategy) shares while its run fills that report in or records
+//! [`DdpStrategy`](crate::DdpStrategy) shares while its run fills that report in or records
 //! the error that ended it. Apart from the strategy's type because every stage of the run
 //! counts into it.
 
@@ -31,7 +31,7 @@ pub struct DdpReport {
     /// start.
     pub resumed_from: Option<ResumePoint>,
     /// Mid-epoch checkpoints rank 0 wrote in this run
-    /// ([`DdpStrategy::with_checkpoint_every_n_steps`]; 0 on the other ranks).
+    /// ([`DdpStrategy::with_checkpoint_every_n_steps`](crate::DdpStrategy::with_checkpoint_every_n_steps); 0 on the other ranks).
     pub step_checkpoints: u64,
 }
 

@@ -9,7 +9,7 @@ use crate::mid_epoch::LoaderPosition;
 /// Moves a fresh epoch's iterator to where a mid-epoch checkpoint left it and returns the
 /// steps already taken (0 without one). A loader that starts there itself (a
 /// [`DistributedLoader`](crate::DistributedLoader) given the same
-/// [`ResumePoint`]) is checked; any other has the taken batches pulled and dropped.
+/// [`ResumePoint`](crate::ResumePoint)) is checked; any other has the taken batches pulled and dropped.
 pub(super) fn skip_to<O>(
     iter: &mut dyn burn::data::dataloader::DataLoaderIterator<O>,
     epoch: usize,
