@@ -30,6 +30,7 @@ mod compress;
 mod hook_state;
 mod linalg;
 mod powersgd;
+mod powersgd_parked;
 mod powersgd_state;
 
 pub use comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};

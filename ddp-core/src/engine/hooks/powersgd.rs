@@ -12,6 +12,7 @@
 use super::comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};
 use super::hook_state::CommHookState;
 use super::linalg::{expand, orthogonalize, project, project_t};
+use super::powersgd_parked::Parked;
 use super::powersgd_state::{BucketState, POWERSGD_STATE_VERSION, Settings, Snapshot};
 use crate::DdpError;
 use burn::config::Config;
@@ -77,6 +78,7 @@ impl PowerSgdConfig {
             error: HashMap::new(),
             q_memory: HashMap::new(),
             layouts: HashMap::new(),
+            parked: Parked::default(),
         })
     }
 }
@@ -94,6 +96,8 @@ pub struct PowerSgdHook {
     q_memory: HashMap<usize, Vec<f32>>,
     /// Per bucket: the parameters (path, shape, offset) its error and Q belong to.
     layouts: HashMap<usize, Vec<BucketParam>>,
+    /// This step's parameters whose bucket was laid out again, with their state.
+    parked: Parked,
 }
 
 /// A compressed matrix: its range in the bucket, its shape, the rank used, and where its
@@ -155,20 +159,45 @@ impl PowerSgdHook {
         (matrices, plain)
     }
 
-    /// Drops bucket `index`'s error and Q when it holds other parameters than when they were
-    /// kept (DDP laid the buckets out again): they would land on the wrong parameters. Every
-    /// rank sees the same layouts, so the ranks stay in step.
+    /// When bucket `index` holds other parameters than when its error and Q were kept (DDP
+    /// laid the buckets out again, as a resumed run does), its state is parked by parameter
+    /// and the bucket takes its parameters' parked state: all of it moves with the parameters
+    /// (`powersgd_parked.rs`). A bucket with a parameter none was kept for starts afresh, as
+    /// before: old state must not land on other parameters. Every rank sees the same layouts,
+    /// so the ranks stay in step.
     fn forget_if_relaid(&mut self, bucket: &GradBucket) {
         let params = bucket.parameters();
+        let index = bucket.index();
         let same = self
             .layouts
-            .get(&bucket.index())
+            .get(&index)
             .is_some_and(|kept| kept.as_slice() == params);
-        if !same {
-            self.error.remove(&bucket.index());
-            self.q_memory.remove(&bucket.index());
-            self.layouts.insert(bucket.index(), params.to_vec());
+        if same {
+            return;
         }
+        if let Some(old) = self.layouts.remove(&index) {
+            let q_ranges = self.q_ranges(&old);
+            let (error, q) = (self.error.remove(&index), self.q_memory.remove(&index));
+            self.parked.park(&old, error, q, &q_ranges);
+        }
+        let (error, q) = self
+            .parked
+            .take(params, &self.q_ranges(params))
+            .unwrap_or((None, None));
+        if let Some(error) = error {
+            self.error.insert(index, error);
+        }
+        if let Some(q) = q {
+            self.q_memory.insert(index, q);
+        }
+        self.layouts.insert(index, params.to_vec());
+    }
+
+    /// Where each compressed matrix of a bucket laid out as `layout` has its part of the
+    /// bucket's Q: by the matrix's offset in the bucket.
+    fn q_ranges(&self, layout: &[BucketParam]) -> Vec<(usize, Range<usize>)> {
+        let (matrices, _) = self.split(layout);
+        matrices.iter().map(|x| (x.range.start, x.q())).collect()
     }
 
     fn compress(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
@@ -265,6 +294,7 @@ impl CommHook for PowerSgdHook {
         };
         if bucket.is_last() {
             self.iter += 1;
+            self.parked.clear();
         }
         result
     }
@@ -394,6 +424,7 @@ impl PowerSgdHook {
         self.error.clear();
         self.q_memory.clear();
         self.layouts.clear();
+        self.parked.clear();
         for bucket in snapshot.buckets {
             if let Some(error) = bucket.error {
                 self.error.insert(bucket.index, error);
