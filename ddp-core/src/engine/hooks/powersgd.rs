@@ -490,4 +490,42 @@ mod tests {
             .collect();
         assert_eq!(hook.error[&0], missed);
     }
+
+    /// A state goes into a fresh hook of the same settings whole, and one whose buffers do not
+    /// fit its saved layout is refused by name.
+    #[test]
+    fn a_state_restores_whole_and_one_that_does_not_fit_is_refused() {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
+        let store =
+            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
+        let config = PowerSgdConfig::new().with_start_iter(2);
+        let mut hook = config.init().expect("hook");
+        let grad: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        for _ in 0..3 {
+            hook.reduce(&mut bucket("a", &grad), &pg).expect("reduce");
+        }
+        let state = hook.state().expect("PowerSGD has a state");
+        let mut fresh = config.init().expect("hook");
+        fresh.load_state(state.clone()).expect("restore");
+        assert_eq!(fresh.state(), Some(state.clone()));
+        assert_eq!(fresh.iterations(), 3);
+
+        let mut snapshot = Snapshot::decode(state.payload()).expect("decodes");
+        snapshot.buckets[0]
+            .error
+            .as_mut()
+            .expect("error feedback")
+            .pop();
+        let short = CommHookState::new(POWERSGD, POWERSGD_STATE_VERSION, snapshot.encode());
+        let err = config.init().expect("hook").load_state(short).unwrap_err();
+        assert!(
+            matches!(err, CommHookStateError::LayoutMismatch { bucket: 0, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("15 elements, its parameters 16"),
+            "{err}"
+        );
+    }
 }
