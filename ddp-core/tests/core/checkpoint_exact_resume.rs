@@ -250,6 +250,8 @@ mod powersgd_state {
 
     type Ddp = DistributedDataParallel<B, Mlp<B>>;
     type Optim = OptimizerAdaptor<Adam, Mlp<B>, B>;
+    /// Registers a hook with a fresh wrapper.
+    type Register = Box<dyn FnOnce(&mut Ddp)>;
 
     const HIDDEN: usize = 64;
     const BEFORE_SAVE: usize = 4;
@@ -445,7 +447,7 @@ mod powersgd_state {
         let errors = run_ranks(2, |pg| {
             let (model, _, resumed) = load(&pg, dir.path(), Format::Full);
             let state = resumed.state.comm_hook_state.expect("hook state");
-            let attempt = |hook: Option<Box<dyn FnOnce(&mut Ddp)>>, state: CommHookState| {
+            let attempt = |hook: Option<Register>, state: CommHookState| {
                 let mut ddp =
                     Ddp::new(model.clone(), pg.clone(), ddp_core::DdpConfig::new()).expect("ddp");
                 if let Some(register) = hook {
@@ -456,13 +458,13 @@ mod powersgd_state {
                     other => panic!("expected a hook-state error, got {other:?}"),
                 }
             };
-            let other_rank: Box<dyn FnOnce(&mut Ddp)> =
+            let other_rank: Register =
                 Box::new(|ddp| ddp.register_comm_hook(powersgd(2)).expect("register"));
-            let fp16: Box<dyn FnOnce(&mut Ddp)> =
+            let fp16: Register =
                 Box::new(|ddp| ddp.register_comm_hook(Fp16CompressHook).expect("register"));
-            let plain: Box<dyn FnOnce(&mut Ddp)> =
+            let plain: Register =
                 Box::new(|ddp| ddp.register_comm_hook(powersgd(1)).expect("register"));
-            let plain_again: Box<dyn FnOnce(&mut Ddp)> =
+            let plain_again: Register =
                 Box::new(|ddp| ddp.register_comm_hook(powersgd(1)).expect("register"));
             let foreign = CommHookState::new("MyHook", 1, Vec::new());
             let newer = CommHookState::new(state.hook(), 99, state.payload().to_vec());

@@ -9,6 +9,9 @@ use super::comm_hook::BucketParam;
 use std::collections::HashMap;
 use std::ops::Range;
 
+/// A bucket's error feedback and Q memory, each if it has one.
+pub(super) type BucketBuffers = (Option<Vec<f32>>, Option<Vec<f32>>);
+
 /// One parameter's share of its old bucket's state.
 struct ParkedParam {
     shape: Vec<usize>,
@@ -74,7 +77,7 @@ impl Parked {
         &mut self,
         layout: &[BucketParam],
         q_ranges: &[(usize, Range<usize>)],
-    ) -> Option<(Option<Vec<f32>>, Option<Vec<f32>>)> {
+    ) -> Option<BucketBuffers> {
         let all_parked = layout.iter().all(|p| {
             self.by_path
                 .get(&p.path)
