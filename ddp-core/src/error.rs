@@ -6,6 +6,99 @@ use ddp_comm::CommError;
 /// [`DdpError::CommHook`].
 pub type HookError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why a [`CommHookState`](crate::hooks::CommHookState) could not be restored into a hook
+/// ([`CommHook::load_state`](crate::hooks::CommHook::load_state),
+/// [`DistributedDataParallel::load_comm_hook_state`](crate::DistributedDataParallel::load_comm_hook_state)).
+/// The hook is left as it was.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommHookStateError {
+    /// The state was written by another kind of hook.
+    #[error(
+        "a communication-hook state written by the '{found}' hook cannot be loaded into the \
+         '{hook}' hook: register the hook (and settings) the saved run used, or resume without \
+         its hook state"
+    )]
+    OtherHook {
+        /// The hook asked to load it.
+        hook: String,
+        /// The hook that wrote it.
+        found: String,
+    },
+    /// The state is of a format version this build's hook does not read.
+    #[error(
+        "the '{hook}' hook reads state format version {supported}, this state is version \
+         {found} (written by another ddp-core version): resume with the version that wrote it, \
+         or without its hook state"
+    )]
+    UnsupportedVersion {
+        /// The hook.
+        hook: String,
+        /// The version of the state.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The state was saved by a hook with other settings.
+    #[error(
+        "the '{hook}' hook's state was saved with {setting} = {saved}, this hook has {current}: \
+         configure the hook as the saved run did, or resume without its hook state"
+    )]
+    ConfigMismatch {
+        /// The hook.
+        hook: String,
+        /// The setting that differs.
+        setting: &'static str,
+        /// Its saved value.
+        saved: String,
+        /// Its value in this hook.
+        current: String,
+    },
+    /// A bucket of the state does not fit the layout saved with it under this hook's settings
+    /// (its buffers were made for other parameters or another compression).
+    #[error(
+        "the '{hook}' hook's saved state of bucket {bucket} does not fit its layout: {detail}; \
+         the state belongs to another model or hook configuration: resume the run that saved \
+         it, or without its hook state"
+    )]
+    LayoutMismatch {
+        /// The hook.
+        hook: String,
+        /// The bucket's index.
+        bucket: usize,
+        /// What does not fit.
+        detail: String,
+    },
+    /// The bytes do not decode as a hook state (truncated or not one).
+    #[error("a '{hook}' hook state does not decode: {reason}")]
+    Corrupt {
+        /// The hook the bytes were meant for (or `unknown`).
+        hook: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The hook keeps no state, so it has none to restore.
+    #[error(
+        "the '{hook}' hook keeps no state, and a state written by the '{found}' hook was given \
+         to it: register the hook the saved run used, or resume without its hook state"
+    )]
+    Stateless {
+        /// The hook.
+        hook: String,
+        /// The hook that wrote the state.
+        found: String,
+    },
+    /// No communication hook is registered with DDP.
+    #[error(
+        "no communication hook is registered, and a state written by the '{found}' hook was \
+         given: call register_comm_hook with the hook the saved run used first"
+    )]
+    NoHookRegistered {
+        /// The hook that wrote the state.
+        found: String,
+    },
+}
+
 /// Failures of [`DistributedDataParallel`](crate::DistributedDataParallel).
 ///
 /// Any error from a collective call (`forward`, `backward`, `backward_no_sync`, `set_module`)
@@ -144,6 +237,10 @@ pub enum DdpError {
         #[source]
         source: std::io::Error,
     },
+    /// A communication hook's state could not be restored
+    /// ([`load_comm_hook_state`](crate::DistributedDataParallel::load_comm_hook_state)).
+    #[error(transparent)]
+    CommHookState(#[from] CommHookStateError),
     /// The ranks laid their gradient buckets out differently: their all-reduces would not
     /// match (NCCL would hang or add unrelated gradients), so DDP stops before reducing.
     #[error(

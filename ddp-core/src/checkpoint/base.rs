@@ -50,7 +50,7 @@ impl CheckpointerBase {
         rank_rngs: Vec<Option<serde_json::Value>>,
     ) -> StateFile {
         StateFile {
-            training: state.clone(),
+            training: state.without_comm_hook_state(),
             rank_rngs,
             world_size: self.pg.world_size(),
             run_config_hash: self.config.run_config_hash().map(str::to_string),

@@ -1,6 +1,7 @@
 //! The manifest: the last file written into a checkpoint, listing every other file with its
 //! size and sha256. A checkpoint is valid only if every listed file matches.
 
+use super::comm_hook_files::parse_comm_hook_state_file;
 use super::error::{CheckpointError, InvalidReason};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -123,9 +124,20 @@ pub(crate) struct VerifiedFiles {
 }
 
 impl VerifiedFiles {
-    /// The bytes of one of [`CHECKPOINT_FILES`] (present after verification).
+    /// The bytes of one of [`CHECKPOINT_FILES`] (present after verification), or of a
+    /// communication-hook state file read (empty when absent).
     pub(crate) fn get(&self, name: &str) -> &[u8] {
         self.files.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The world size the manifest's communication-hook state files were written by, if it
+    /// lists any.
+    pub(crate) fn hook_states_world(&self) -> Option<usize> {
+        self.manifest
+            .files
+            .iter()
+            .find_map(|f| parse_comm_hook_state_file(&f.name))
+            .map(|(_, world)| world)
     }
 }
 
@@ -180,9 +192,33 @@ impl ReadFailure {
     }
 }
 
-/// Reads the manifest of the checkpoint in `dir` and every file it must hold, checking sizes
-/// and hashes.
-pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, ReadFailure> {
+/// Which of a checkpoint's per-rank communication-hook state files a read loads (they are as
+/// large as the gradients: a rank that reads for itself reads only its own).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HookStateFiles {
+    /// Every rank's: to verify the whole checkpoint (rank 0), or to send each rank its own.
+    All,
+    /// Only rank `rank`'s of a world of `world` ranks (none if saved at another size).
+    OfRank { rank: usize, world: usize },
+}
+
+impl HookStateFiles {
+    fn wants(self, file: &str) -> bool {
+        match (self, parse_comm_hook_state_file(file)) {
+            (_, None) => false,
+            (HookStateFiles::All, Some(_)) => true,
+            (HookStateFiles::OfRank { rank, world }, Some(of)) => of == (rank, world),
+        }
+    }
+}
+
+/// Reads the manifest of the checkpoint in `dir`, every file it must hold and the
+/// communication-hook state files it lists that `hook_states` asks for, checking sizes and
+/// hashes.
+pub(crate) fn read_verified(
+    dir: &Path,
+    hook_states: HookStateFiles,
+) -> Result<VerifiedFiles, ReadFailure> {
     let manifest: Manifest =
         read_manifest_file(dir, MANIFEST_FILE, FORMAT_VERSION, |m: &Manifest| {
             m.format_version
@@ -195,6 +231,11 @@ pub(crate) fn read_verified(dir: &Path) -> Result<VerifiedFiles, ReadFailure> {
         let bytes = read_file(dir, name)?;
         manifest.verify(name, &bytes)?;
         files.insert(name.to_string(), bytes);
+    }
+    for entry in manifest.files.iter().filter(|f| hook_states.wants(&f.name)) {
+        let bytes = read_file(dir, &entry.name)?;
+        entry.check(&bytes)?;
+        files.insert(entry.name.clone(), bytes);
     }
     Ok(VerifiedFiles { manifest, files })
 }

@@ -25,6 +25,9 @@
 //!     ├── param_ids.json        module path -> ParamId (so the optimizer state reattaches)
 //!     ├── training_state.json   TrainingState, per-rank rng, world size, run-config hash,
 //!     │                         ddp-core version
+//!     ├── comm_hook_state-00000-of-00002.bin   only with a stateful comm hook (PowerSGD):
+//!     ├── comm_hook_state-00001-of-00002.bin   each rank's TrainingState::comm_hook_state,
+//!     │                                        binary, gathered to rank 0
 //!     └── manifest.json         written last: size and sha256 of every other file, the
 //!                               id of the run that wrote it
 //! ```
@@ -44,7 +47,8 @@
 //! `DataError::WorldSizeChange` (wrapped in [`CheckpointError::Sampler`]).
 //! [`Resumed::restore_loader_resharded`] always continues: the samples of the epoch no rank
 //! consumed yet are dealt over the new ranks, so none is repeated or skipped (but padding).
-//! Per-rank RNG states are dropped; the global step is kept as is.
+//! Per-rank RNG states and communication-hook states (PowerSGD's per-rank error feedback) are
+//! dropped, with a warning; the global step is kept as is.
 //!
 //! **ParamIds.** burn's optimizer state is keyed by `ParamId`, random per process. A restored
 //! module takes the saved ids, so load **before** wrapping the model in
@@ -153,6 +157,7 @@
 mod base;
 mod canonical;
 mod codec;
+mod comm_hook_files;
 mod config;
 mod crash_point;
 mod error;
@@ -165,6 +170,7 @@ mod state;
 pub mod storage;
 
 pub(crate) use codec::mark_partial_optimizer_record;
+pub use comm_hook_files::comm_hook_state_file;
 pub use config::{CheckpointConfig, run_config_hash};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use crash_point::{

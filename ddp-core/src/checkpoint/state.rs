@@ -2,6 +2,7 @@
 //! needs, and the on-disk `training_state.json` that wraps it with run metadata.
 
 use super::error::CheckpointError;
+use crate::engine::hooks::CommHookState;
 use ddp_data::SamplerState;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -11,7 +12,9 @@ use serde::{Deserialize, Serialize};
 ///
 /// Every rank passes its own; rank 0's is written, except [`rank_rng`](Self::rank_rng), which
 /// is gathered from every rank and given back to the same rank on resume (with the same world
-/// size; after a world-size change it comes back as `None`).
+/// size; after a world-size change it comes back as `None`), and
+/// [`comm_hook_state`](Self::comm_hook_state), which every rank's checkpoint keeps in a binary
+/// file of its own and gives back to the same rank the same way.
 ///
 /// ```
 /// # use ddp_core::checkpoint::TrainingState;
@@ -35,6 +38,15 @@ pub struct TrainingState {
     pub rank_rng: Option<serde_json::Value>,
     /// Anything else (best metric, learning-rate schedule position...), free-form JSON.
     pub user: serde_json::Value,
+    /// This rank's communication-hook state
+    /// ([`DistributedDataParallel::comm_hook_state`](crate::DistributedDataParallel::comm_hook_state):
+    /// PowerSGD's step count, generator, error feedback and Q memory), binary, stored as the
+    /// checkpoint's `comm_hook_state-<rank>-of-<world>.bin`. On resume it is this rank's again
+    /// (restore it with
+    /// [`load_comm_hook_state`](crate::DistributedDataParallel::load_comm_hook_state)); after
+    /// a world-size change it is `None`, with a warning: error feedback belongs to a rank.
+    #[serde(skip)]
+    pub comm_hook_state: Option<CommHookState>,
 }
 
 impl TrainingState {
@@ -72,6 +84,26 @@ impl TrainingState {
     ) -> Result<Self, CheckpointError> {
         self.rank_rng = Some(to_json(rng, "this rank's rng state")?);
         Ok(self)
+    }
+
+    /// Adds this rank's communication-hook state (`ddp.comm_hook_state()?`; `None` saves none).
+    pub fn with_comm_hook_state(mut self, state: Option<CommHookState>) -> Self {
+        self.comm_hook_state = state;
+        self
+    }
+
+    /// The state without this rank's communication-hook state (which is stored apart),
+    /// without copying that state.
+    pub(crate) fn without_comm_hook_state(&self) -> TrainingState {
+        TrainingState {
+            epoch: self.epoch,
+            global_step: self.global_step,
+            sampler: self.sampler.clone(),
+            rng: self.rng.clone(),
+            rank_rng: self.rank_rng.clone(),
+            user: self.user.clone(),
+            comm_hook_state: None,
+        }
     }
 
     /// Adds a free-form user payload.

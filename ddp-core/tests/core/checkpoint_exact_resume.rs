@@ -232,3 +232,284 @@ fn identical_runs_write_identical_model_bytes() {
         );
     }
 }
+
+/// PowerSGD's state (step count, generator, per-rank error feedback, Q memory) in checkpoints
+/// of both formats: a resume that restores it continues bit for bit, one that does not differs.
+mod powersgd_state {
+    use crate::common::{B, Mlp, batch, flat_params, run_ranks};
+    use burn::nn::loss::{MseLoss, Reduction};
+    use burn::optim::{Adam, AdamConfig, adaptor::OptimizerAdaptor};
+    use ddp_core::checkpoint::sharded::ShardedCheckpointer;
+    use ddp_core::checkpoint::{
+        CheckpointConfig, FullCheckpointer, LoadOutcome, Resumed, TrainingState,
+        comm_hook_state_file,
+    };
+    use ddp_core::hooks::{CommHookState, CommHookStateError, Fp16CompressHook, PowerSgdConfig};
+    use ddp_core::{DdpError, DistributedDataParallel, comm::ProcessGroup};
+    use std::path::Path;
+
+    type Ddp = DistributedDataParallel<B, Mlp<B>>;
+    type Optim = OptimizerAdaptor<Adam, Mlp<B>, B>;
+    /// Registers a hook with a fresh wrapper.
+    type Register = Box<dyn FnOnce(&mut Ddp)>;
+
+    const HIDDEN: usize = 64;
+    const BEFORE_SAVE: usize = 4;
+    const AFTER_SAVE: usize = 3;
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Format {
+        Full,
+        Sharded,
+    }
+
+    /// Compression from step 2 on, with warm start and error feedback (the defaults).
+    fn powersgd(rank: usize) -> ddp_core::hooks::PowerSgdHook {
+        PowerSgdConfig::new()
+            .with_start_iter(2)
+            .with_rank(rank)
+            .init()
+            .expect("hook")
+    }
+
+    fn wrapped(pg: ProcessGroup, model: Mlp<B>) -> Ddp {
+        let mut ddp = Ddp::new(model, pg, ddp_core::DdpConfig::new()).expect("ddp");
+        ddp.register_comm_hook(powersgd(1)).expect("register");
+        ddp
+    }
+
+    /// Step `step` of rank `rank`: four samples of its own, so the ranks' errors differ.
+    fn train_step(ddp: &mut Ddp, optim: &mut Optim, rank: usize, step: usize) {
+        let idx: Vec<usize> = (0..4)
+            .map(|i| ((rank * 97 + step * 13) * 4 + i) % 500)
+            .collect();
+        let (x, y) = batch(&idx, &Default::default());
+        let loss = ddp
+            .forward(|m| MseLoss::new().forward(m.forward(x, false), y, Reduction::Mean))
+            .expect("forward");
+        let grads = ddp.backward(loss).expect("backward");
+        ddp.optimizer_step(optim, 0.01, grads);
+    }
+
+    fn save(ddp: &Ddp, optim: &Optim, pg: &ProcessGroup, dir: &Path, format: Format, hook: bool) {
+        let hook_state = if hook {
+            ddp.comm_hook_state().expect("hook state")
+        } else {
+            None
+        };
+        assert_eq!(hook_state.is_some(), hook, "PowerSGD keeps a state");
+        let state = TrainingState::new(0, BEFORE_SAVE as u64).with_comm_hook_state(hook_state);
+        let config = CheckpointConfig::new(dir);
+        match format {
+            Format::Full => {
+                let ckpt = FullCheckpointer::new(config, pg.clone()).expect("checkpointer");
+                ckpt.save(ddp.module(), optim, &state).expect("save");
+            }
+            Format::Sharded => {
+                let ckpt = ShardedCheckpointer::new(config, pg.clone()).expect("checkpointer");
+                ckpt.save(ddp.module(), optim, &state).expect("save");
+            }
+        }
+    }
+
+    /// Trains `BEFORE_SAVE` steps, saves (with the hook's state when `hook`), trains
+    /// `AFTER_SAVE` more: every rank's parameters.
+    fn uninterrupted(dir: &Path, format: Format, hook: bool) -> Vec<Vec<f32>> {
+        let initial = Mlp::<B>::seeded(&Default::default(), HIDDEN, 5);
+        run_ranks(2, |pg| {
+            let rank = pg.rank();
+            let mut ddp = wrapped(pg.clone(), initial.clone());
+            let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
+            for step in 0..BEFORE_SAVE {
+                train_step(&mut ddp, &mut optim, rank, step);
+            }
+            save(&ddp, &optim, &pg, dir, format, hook);
+            for step in BEFORE_SAVE..BEFORE_SAVE + AFTER_SAVE {
+                train_step(&mut ddp, &mut optim, rank, step);
+            }
+            flat_params(ddp.module())
+        })
+    }
+
+    /// A fresh model, optimizer and checkpointer of `world` ranks resuming from `dir`.
+    fn load(pg: &ProcessGroup, dir: &Path, format: Format) -> (Mlp<B>, Optim, Resumed) {
+        let device = Default::default();
+        let mut model = Mlp::<B>::new(&device, HIDDEN);
+        let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
+        let config = CheckpointConfig::new(dir);
+        let outcome = match format {
+            Format::Full => FullCheckpointer::new(config, pg.clone())
+                .expect("checkpointer")
+                .load_latest(&device, &mut model, &mut optim)
+                .expect("load"),
+            Format::Sharded => ShardedCheckpointer::new(config, pg.clone())
+                .expect("checkpointer")
+                .load_latest(&device, &mut model, &mut optim)
+                .expect("load"),
+        };
+        let LoadOutcome::Resumed(resumed) = outcome else {
+            panic!("nothing to resume in {}", dir.display());
+        };
+        (model, optim, *resumed)
+    }
+
+    /// Resumes from `dir` in fresh ranks, restoring the hook's state when `restore`, and trains
+    /// `AFTER_SAVE` steps: every rank's parameters.
+    fn resumed(dir: &Path, format: Format, restore: bool) -> Vec<Vec<f32>> {
+        run_ranks(2, |pg| {
+            let rank = pg.rank();
+            let (model, mut optim, resumed) = load(&pg, dir, format);
+            let mut ddp = wrapped(pg, model);
+            let state = resumed
+                .state
+                .comm_hook_state
+                .expect("this rank's hook state");
+            if restore {
+                ddp.load_comm_hook_state(state).expect("restore");
+            }
+            for step in BEFORE_SAVE..BEFORE_SAVE + AFTER_SAVE {
+                train_step(&mut ddp, &mut optim, rank, step);
+            }
+            flat_params(ddp.module())
+        })
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    fn check_bitwise_resume(format: Format) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reference = uninterrupted(dir.path(), format, true);
+        let checkpoint = dir.path().join("step-0000000004");
+        for rank in 0..2 {
+            assert!(
+                checkpoint.join(comm_hook_state_file(rank, 2)).is_file(),
+                "{format:?}: rank {rank}'s hook state has a file of its own"
+            );
+        }
+        let restored = resumed(dir.path(), format, true);
+        let without = resumed(dir.path(), format, false);
+        for rank in 0..2 {
+            assert!(
+                bits(&restored[rank]) == bits(&reference[rank]),
+                "{format:?}: rank {rank} resumed with the hook's state is not bitwise the \
+                 uninterrupted run"
+            );
+        }
+        assert!(
+            bits(&without[0]) != bits(&reference[0]),
+            "{format:?}: resuming without the hook's state should differ (else this test \
+             proves nothing)"
+        );
+    }
+
+    #[test]
+    fn powersgd_resume_is_bitwise_exact_with_its_state_full_checkpoint() {
+        check_bitwise_resume(Format::Full);
+    }
+
+    #[test]
+    fn powersgd_resume_is_bitwise_exact_with_its_state_sharded_checkpoint() {
+        check_bitwise_resume(Format::Sharded);
+    }
+
+    /// A checkpoint saved without a hook state loads, and gives back none.
+    #[test]
+    fn a_checkpoint_without_hook_state_still_loads() {
+        for format in [Format::Full, Format::Sharded] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            uninterrupted(dir.path(), format, false);
+            let states = run_ranks(2, |pg| load(&pg, dir.path(), format).2.state);
+            for state in states {
+                assert_eq!(state.comm_hook_state, None, "{format:?}");
+                assert_eq!(state.global_step, BEFORE_SAVE as u64, "{format:?}");
+            }
+        }
+    }
+
+    /// The error feedback belongs to a rank: at another world size it does not come back.
+    #[test]
+    fn hook_states_are_dropped_at_another_world_size() {
+        for format in [Format::Full, Format::Sharded] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            uninterrupted(dir.path(), format, true);
+            let states = run_ranks(1, |pg| load(&pg, dir.path(), format).2.state);
+            assert_eq!(states[0].comm_hook_state, None, "{format:?}");
+        }
+    }
+
+    /// A state goes only into the hook (and settings) that wrote it, with a named error.
+    #[test]
+    fn a_mismatched_hook_refuses_the_state_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        uninterrupted(dir.path(), Format::Full, true);
+        let errors = run_ranks(2, |pg| {
+            let (model, _, resumed) = load(&pg, dir.path(), Format::Full);
+            let state = resumed.state.comm_hook_state.expect("hook state");
+            let attempt = |hook: Option<Register>, state: CommHookState| {
+                let mut ddp =
+                    Ddp::new(model.clone(), pg.clone(), ddp_core::DdpConfig::new()).expect("ddp");
+                if let Some(register) = hook {
+                    register(&mut ddp);
+                }
+                match ddp.load_comm_hook_state(state) {
+                    Err(DdpError::CommHookState(e)) => e,
+                    other => panic!("expected a hook-state error, got {other:?}"),
+                }
+            };
+            let other_rank: Register =
+                Box::new(|ddp| ddp.register_comm_hook(powersgd(2)).expect("register"));
+            let fp16: Register =
+                Box::new(|ddp| ddp.register_comm_hook(Fp16CompressHook).expect("register"));
+            let plain: Register =
+                Box::new(|ddp| ddp.register_comm_hook(powersgd(1)).expect("register"));
+            let plain_again: Register =
+                Box::new(|ddp| ddp.register_comm_hook(powersgd(1)).expect("register"));
+            let foreign = CommHookState::new("MyHook", 1, Vec::new());
+            let newer = CommHookState::new(state.hook(), 99, state.payload().to_vec());
+            vec![
+                attempt(Some(other_rank), state.clone()),
+                attempt(Some(fp16), state.clone()),
+                attempt(None, state),
+                attempt(Some(plain), foreign),
+                attempt(Some(plain_again), newer),
+            ]
+        });
+        for errors in errors {
+            let [rank, stateless, no_hook, other, version] = errors.try_into().expect("five");
+            assert!(
+                matches!(&rank, CommHookStateError::ConfigMismatch { setting: "rank", saved, current, .. } if saved == "1" && current == "2"),
+                "{rank}"
+            );
+            assert!(rank.to_string().contains("configure the hook"), "{rank}");
+            assert!(
+                matches!(&stateless, CommHookStateError::Stateless { found, .. } if found == "PowerSGD"),
+                "{stateless}"
+            );
+            assert!(
+                matches!(&no_hook, CommHookStateError::NoHookRegistered { .. }),
+                "{no_hook}"
+            );
+            assert!(
+                no_hook.to_string().contains("register_comm_hook"),
+                "{no_hook}"
+            );
+            assert!(
+                matches!(&other, CommHookStateError::OtherHook { found, hook } if found == "MyHook" && hook == "PowerSGD"),
+                "{other}"
+            );
+            assert!(
+                matches!(
+                    &version,
+                    CommHookStateError::UnsupportedVersion {
+                        found: 99,
+                        supported: 1,
+                        ..
+                    }
+                ),
+                "{version}"
+            );
+        }
+    }
+}

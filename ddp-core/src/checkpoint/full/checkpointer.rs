@@ -4,6 +4,7 @@ use super::super::base::{
     CheckpointerBase, RESUME_HEADER, ResumeHeader, SAVE_SUMMARY, SaveSummary,
 };
 use super::super::codec::{encode_model, encode_optimizer};
+use super::super::comm_hook_files::{comm_hook_state_file, encode_comm_hook_state};
 use super::super::config::CheckpointConfig;
 use super::super::error::CheckpointError;
 use super::super::manifest::MANIFEST_FILE;
@@ -12,7 +13,9 @@ use super::super::state::TrainingState;
 use super::super::storage::directory::{check_not_backwards, read_latest};
 use super::super::storage::naming::validate_checkpoint_name;
 use super::super::storage::naming::{checkpoint_name, list_checkpoints};
-use super::super::storage::rank0::{agree_on_step, all_gather_bytes, on_rank0};
+use super::super::storage::rank0::{
+    agree_on_step, all_gather_bytes, gather_bytes_to_rank0, on_rank0,
+};
 use super::super::storage::run_id::run_id_to_save;
 use super::reader::{find_checkpoint_to_resume, read_one};
 use super::writer::write_checkpoint;
@@ -72,7 +75,9 @@ impl FullCheckpointer {
     /// Saves `model`, `optim` and `state` as checkpoint `step-<global_step>`: all ranks check
     /// they are at the same step, rank 0 writes atomically (replacing a checkpoint of the same
     /// step) and moves `latest`, then all ranks go on. Only rank 0's model, optimizer and
-    /// state are written (DDP keeps them identical); each rank's `rank_rng` is gathered.
+    /// state are written (DDP keeps them identical); each rank's `rank_rng` is gathered, and
+    /// each rank's [`comm_hook_state`](TrainingState::comm_hook_state) is gathered to rank 0
+    /// (only: it is as large as the gradients) and written as a file of its own per rank.
     ///
     /// Rank 0 serialises the checkpoint in memory before writing it (the manifest needs the
     /// hashes), and the other ranks wait for the write inside a collective: the process
@@ -120,9 +125,18 @@ impl FullCheckpointer {
                     .flatten()
             })
             .collect();
+        let world = self.base.pg.world_size();
+        let hook_states: Vec<(String, Vec<u8>)> =
+            gather_bytes_to_rank0(&self.base.pg, encode_comm_hook_state(state))?
+                .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+                .filter(|(_, bytes)| !bytes.is_empty())
+                .map(|(rank, bytes)| (comm_hook_state_file(rank, world), bytes))
+                .collect();
         let name = checkpoint_name(step);
         let outcome = SAVE_SUMMARY.decide(&self.base.pg, "write the checkpoint", || match self
-            .write::<B, M, O>(model, optim, state, rank_rngs, &name)
+            .write::<B, M, O>(model, optim, state, rank_rngs, hook_states, &name)
         {
             Err(CheckpointError::PartialOptimizerState { what }) => {
                 Ok(WriteOutcome::PartialOptimizerState(what))
@@ -145,6 +159,7 @@ impl FullCheckpointer {
         optim: &O,
         state: &TrainingState,
         rank_rngs: Vec<Option<serde_json::Value>>,
+        hook_states: Vec<(String, Vec<u8>)>,
         name: &str,
     ) -> Result<SaveSummary, CheckpointError>
     where
@@ -170,6 +185,7 @@ impl FullCheckpointer {
             optim_bytes,
             &state_file,
             ids,
+            hook_states,
         )?;
         let removed = self.base.prune_after_save(state.global_step);
         tracing::info!(

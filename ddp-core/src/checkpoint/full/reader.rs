@@ -5,7 +5,9 @@
 
 use super::super::error::CheckpointError;
 use super::super::error::{InvalidCheckpoint, InvalidReason};
-use super::super::manifest::{ReadFailure, STATE_FILE, VerifiedFiles, read_verified};
+use super::super::manifest::{
+    HookStateFiles, ReadFailure, STATE_FILE, VerifiedFiles, read_verified,
+};
 use super::super::state::StateFile;
 use super::super::storage::directory::newest_valid_to_resume;
 use super::super::storage::naming::check_name;
@@ -49,7 +51,16 @@ pub(crate) fn find_checkpoint_to_resume(
 /// (`step-N`) must hold checkpoint `step-N`: a renamed or copied one would otherwise be resumed
 /// as newer (or older) than it is, and block every save below its name.
 pub(crate) fn read_one(dir: &Path, name: &str) -> Result<FoundCheckpoint, ReadFailure> {
-    let files = read_verified(&dir.join(name))?;
+    read_one_with(dir, name, HookStateFiles::All)
+}
+
+/// [`read_one`], loading only the communication-hook state files `hook_states` asks for.
+pub(crate) fn read_one_with(
+    dir: &Path,
+    name: &str,
+    hook_states: HookStateFiles,
+) -> Result<FoundCheckpoint, ReadFailure> {
+    let files = read_verified(&dir.join(name), hook_states)?;
     let manifest = &files.manifest;
     check_name(name, &manifest.name, manifest.global_step)?;
     // The hash check covers the state file: one that passes it and does not parse was

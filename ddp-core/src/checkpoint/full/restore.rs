@@ -1,16 +1,21 @@
 //! Restoring a checkpoint on every rank: getting its files to every rank (broadcast from rank
-//! 0, or read from a shared filesystem), decoding them into copies of the model and optimizer,
-//! and committing only when every rank succeeded.
+//! 0, or read from a shared filesystem; each rank's communication-hook state file to that rank
+//! only), decoding them into copies of the model and optimizer, and committing only when every
+//! rank succeeded.
 
 use super::super::codec::{decode_model, decode_optimizer};
+use super::super::comm_hook_files::{
+    comm_hook_state_file, decode_comm_hook_state, warn_comm_hook_states_dropped,
+};
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::{
-    CHECKPOINT_FILES, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE, VerifiedFiles,
+    CHECKPOINT_FILES, HookStateFiles, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, STATE_FILE,
+    VerifiedFiles,
 };
 use super::super::outcome::{CheckpointInfo, Resumed};
-use super::super::storage::rank0::{all_succeeded, broadcast_bytes};
+use super::super::storage::rank0::{all_succeeded, broadcast_bytes, scatter_bytes_from_rank0};
 use super::checkpointer::FullCheckpointer;
-use super::reader::{FoundCheckpoint, parse_state, read_one};
+use super::reader::{FoundCheckpoint, parse_state, read_one_with};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
@@ -33,7 +38,9 @@ impl FullCheckpointer {
         O: Optimizer<M, B>,
     {
         let (rank, dir) = (self.base.pg.rank(), self.base.config.dir().to_path_buf());
+        let world_size = self.base.pg.world_size();
         let files = self.distribute(name, found)?;
+        let hook_file = comm_hook_state_file(rank, world_size);
         let written_by = files.manifest.framework_version.as_str();
         let state = parse_state(files.get(STATE_FILE), written_by).map_err(|reason| {
             CheckpointError::Incompatible {
@@ -64,13 +71,14 @@ impl FullCheckpointer {
                 name,
                 rank,
             )?;
-            Ok((m, o, state))
+            let hook_state = decode_comm_hook_state(files.get(&hook_file), &hook_file, name, &dir)?;
+            Ok((m, o, state, hook_state))
         });
-        let (m, o, saved) = all_succeeded(&self.base.pg, decoded, "load the checkpoint")?;
+        let (m, o, saved, hook_state) =
+            all_succeeded(&self.base.pg, decoded, "load the checkpoint")?;
         *model = m;
         *optim = o;
 
-        let world_size = self.base.pg.world_size();
         let info = CheckpointInfo::of_saved(
             name,
             dir.join(name),
@@ -79,18 +87,26 @@ impl FullCheckpointer {
             &saved,
             world_size,
         );
-        let state = saved.training_for(
+        let saved_world = saved.world_size;
+        let mut state = saved.training_for(
             rank,
             world_size,
             name,
             "resuming on a different world size: model and optimizer load as saved; the sampler position \
              is translated by global sample count where exact; per-rank rng states are dropped",
         );
+        match files.hook_states_world() {
+            Some(world) if world == world_size => state.comm_hook_state = hook_state,
+            Some(_) => warn_comm_hook_states_dropped(name, saved_world, world_size),
+            None => {}
+        }
         Ok(Resumed::logged("checkpoint", info, state, invalid))
     }
 
     /// Every rank gets checkpoint `name`'s files: rank 0 from `found`, the others by broadcast
-    /// or (shared filesystem) by reading and verifying them themselves.
+    /// or (shared filesystem) by reading and verifying them themselves; of the
+    /// communication-hook state files, each rank gets its own only, and only when the world
+    /// size is the saved one.
     fn distribute(
         &self,
         name: &str,
@@ -100,9 +116,16 @@ impl FullCheckpointer {
         if self.base.config.shared_filesystem() {
             let mine = match found {
                 Some(found) => Ok(found.files),
-                None => read_one(dir, name)
-                    .map(|f| f.files)
-                    .map_err(|e| e.into_error(name, dir)),
+                None => read_one_with(
+                    dir,
+                    name,
+                    HookStateFiles::OfRank {
+                        rank: self.base.pg.rank(),
+                        world: self.base.pg.world_size(),
+                    },
+                )
+                .map(|f| f.files)
+                .map_err(|e| e.into_error(name, dir)),
             };
             return all_succeeded(
                 &self.base.pg,
@@ -130,6 +153,26 @@ impl FullCheckpointer {
                 broadcast_bytes(&self.base.pg, bytes, 0, "broadcasting checkpoint files")?,
             );
         }
-        Ok(VerifiedFiles { manifest, files })
+        let mut files = VerifiedFiles { manifest, files };
+        let world = self.base.pg.world_size();
+        // Every rank has the manifest now: they agree on whether the scatter happens.
+        if files.hook_states_world() == Some(world) {
+            let per_rank = found.map(|mut found| {
+                (0..world)
+                    .map(|r| {
+                        found
+                            .files
+                            .remove(&comm_hook_state_file(r, world))
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            });
+            let mine = scatter_bytes_from_rank0(&self.base.pg, per_rank)?;
+            if !mine.is_empty() {
+                let own = comm_hook_state_file(self.base.pg.rank(), world);
+                files.files.insert(own, mine);
+            }
+        }
+        Ok(files)
     }
 }

@@ -1,6 +1,7 @@
 //! Writing checkpoints atomically (rank 0 only).
 //!
-//! 1. Every file goes into `<dir>/.tmp-<name>-<pid>/` and is fsynced; the manifest (sizes and
+//! 1. Every file (every rank's communication-hook state file too) goes into
+//!    `<dir>/.tmp-<name>-<pid>/` and is fsynced; the manifest (sizes and
 //!    sha256 of the others) is written last; then the temporary directory is fsynced.
 //! 2. It is renamed to `<dir>/<name>` and `<dir>` is fsynced: the checkpoint now exists whole.
 //!    A checkpoint already there (the same step saved again) is first moved aside to
@@ -36,8 +37,9 @@ use super::super::storage::naming::TMP_PREFIX;
 use std::path::{Path, PathBuf};
 
 /// Writes checkpoint `name` in `dir` (the encoded `model`, `optimizer` state and `param_ids`,
-/// and the `state` file) and points `latest` at it, its manifest naming run `run_id`; returns
-/// the checkpoint's path and its manifest. An existing checkpoint of the same name is replaced.
+/// the `state` file and every rank's communication-hook state file in `hook_states`, by file
+/// name) and points `latest` at it, its manifest naming run `run_id`; returns the checkpoint's
+/// path and its manifest. An existing checkpoint of the same name is replaced.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_checkpoint(
     dir: &Path,
@@ -48,15 +50,17 @@ pub(crate) fn write_checkpoint(
     optimizer: Vec<u8>,
     state: &StateFile,
     param_ids: Vec<u8>,
+    hook_states: Vec<(String, Vec<u8>)>,
 ) -> Result<(PathBuf, Manifest), CheckpointError> {
     let state = serde_json::to_vec_pretty(state)
         .map_err(CheckpointError::json(format!("serialising {STATE_FILE}")))?;
-    let files = [
-        (MODEL_FILE, model),
-        (OPTIMIZER_FILE, optimizer),
-        (STATE_FILE, state),
-        (PARAM_IDS_FILE, param_ids),
+    let mut files = vec![
+        (MODEL_FILE.to_string(), model),
+        (OPTIMIZER_FILE.to_string(), optimizer),
+        (STATE_FILE.to_string(), state),
+        (PARAM_IDS_FILE.to_string(), param_ids),
     ];
+    files.extend(hook_states);
     ensure_dir(dir)?;
     let pid = std::process::id();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}-{pid}"));
@@ -94,7 +98,7 @@ fn fill_temporary(
     name: &str,
     global_step: u64,
     run_id: String,
-    files: &[(&str, Vec<u8>)],
+    files: &[(String, Vec<u8>)],
 ) -> Result<Manifest, CheckpointError> {
     crash_point("before-files");
     let mut entries = Vec::with_capacity(files.len());

@@ -14,7 +14,7 @@ use super::super::storage::run_id::run_id_to_save;
 use super::codec::encode_optimizer_shard;
 use super::error::ShardedCheckpointError;
 use super::load::{load_optimizer, merged_model, param_ids_json};
-use super::manifest::verify_checkpoint;
+use super::manifest::{read_verified, verify_checkpoint};
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -73,6 +73,17 @@ where
         Some(id) => id,
         None => run_id_to_save(full_dir, step, MANIFEST_FILE)?,
     };
+    // Every rank's communication-hook state goes along, under the same file name.
+    let hook_states = manifest
+        .shards
+        .iter()
+        .filter_map(|s| s.comm_hook.as_ref())
+        .map(|entry| {
+            read_verified(&path, &manifest, &entry.name)
+                .map(|bytes| (entry.name.clone(), bytes))
+                .map_err(|e| e.into_error(name, sharded_dir))
+        })
+        .collect::<Result<Vec<_>, CheckpointError>>()?;
     let (target, written) = write_checkpoint(
         full_dir,
         name,
@@ -82,6 +93,7 @@ where
         optimizer,
         &manifest.state,
         ids,
+        hook_states,
     )?;
     tracing::info!(
         from = %path.display(),

@@ -5,6 +5,7 @@
 
 use super::super::base::{RESUME_HEADER, ResumeHeader};
 use super::super::codec::decode_model;
+use super::super::comm_hook_files::{decode_comm_hook_state, warn_comm_hook_states_dropped};
 use super::super::error::{CheckpointError, InvalidCheckpoint};
 use super::super::manifest::ReadFailure;
 use super::super::outcome::{CheckpointInfo, LoadOutcome, Resumed};
@@ -20,6 +21,7 @@ use super::optimizer_state::{ShardedOptimizerState, StateHolding};
 use super::ownership::Ownership;
 use super::safetensors;
 use super::save::ShardedCheckpointer;
+use crate::engine::hooks::CommHookState;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::Optimizer;
 use burn::record::Record;
@@ -219,9 +221,10 @@ impl ShardedCheckpointer {
                 }
             };
             let record = load_optimizer::<B, R>(device, &path, &manifest, needed.as_ref())?;
-            Ok((m, record, manifest))
+            let hook_state = own_comm_hook_state(&path, &manifest, rank, world)?;
+            Ok((m, record, manifest, hook_state))
         })();
-        let (m, record, manifest) = all_succeeded::<_, ShardedCheckpointError>(
+        let (m, record, manifest, hook_state) = all_succeeded::<_, ShardedCheckpointError>(
             &self.base.pg,
             loaded,
             "load the sharded checkpoint",
@@ -229,11 +232,7 @@ impl ShardedCheckpointer {
         *model = m;
         install(record);
 
-        let bytes = manifest
-            .shards
-            .iter()
-            .map(|s| s.model.size + s.optimizer.size)
-            .sum();
+        let bytes = manifest.total_bytes();
         let info = CheckpointInfo::of_saved(
             name,
             path,
@@ -242,15 +241,41 @@ impl ShardedCheckpointer {
             &manifest.state,
             world,
         );
-        let state = manifest.state.training_for(
+        let mut state = manifest.state.training_for(
             rank,
             world,
             name,
             "resuming a sharded checkpoint at another world size: the model and optimizer are resharded; \
              per-rank rng states are dropped",
         );
+        state.comm_hook_state = hook_state;
+        if manifest.world_size != world && manifest.shards.iter().any(|s| s.comm_hook.is_some()) {
+            warn_comm_hook_states_dropped(name, manifest.world_size, world);
+        }
         Ok(Resumed::logged("sharded checkpoint", info, state, invalid))
     }
+}
+
+/// Rank `rank`'s communication-hook state in the checkpoint in `path`, read and verified:
+/// `None` when it saved none, or at another world size than `world` (the state belongs to a
+/// rank of that world).
+fn own_comm_hook_state(
+    path: &Path,
+    manifest: &ShardedManifest,
+    rank: usize,
+    world: usize,
+) -> Result<Option<CommHookState>, CheckpointError> {
+    let entry = match manifest.shards.get(rank) {
+        Some(shard) if manifest.world_size == world => shard.comm_hook.as_ref(),
+        _ => None,
+    };
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    let name = manifest.name.as_str();
+    let dir = path.parent().unwrap_or(path);
+    let bytes = read_verified(path, manifest, &entry.name).map_err(|e| e.into_error(name, dir))?;
+    decode_comm_hook_state(&bytes, &entry.name, name, dir)
 }
 
 /// Reads every model shard of the checkpoint in `path`, verified, as one safetensors file.

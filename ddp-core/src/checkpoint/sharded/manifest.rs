@@ -35,6 +35,20 @@ pub struct ShardEntry {
     pub model: FileEntry,
     /// Its optimizer state.
     pub optimizer: FileEntry,
+    /// Its communication-hook state
+    /// ([`comm_hook_state_file`](crate::checkpoint::comm_hook_state_file)), if it saved one;
+    /// absent in manifests written before hook states were checkpointed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_hook: Option<FileEntry>,
+}
+
+impl ShardEntry {
+    /// Its files: model, optimizer, and the communication-hook state if any.
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        [&self.model, &self.optimizer]
+            .into_iter()
+            .chain(self.comm_hook.as_ref())
+    }
 }
 
 /// One tensor of the model.
@@ -84,7 +98,8 @@ impl ShardedManifest {
     pub fn total_bytes(&self) -> u64 {
         self.shards
             .iter()
-            .map(|s| s.model.size + s.optimizer.size)
+            .flat_map(ShardEntry::files)
+            .map(|f| f.size)
             .sum()
     }
 
@@ -92,7 +107,7 @@ impl ShardedManifest {
     pub(super) fn file(&self, name: &str) -> Option<&FileEntry> {
         self.shards
             .iter()
-            .flat_map(|s| [&s.model, &s.optimizer])
+            .flat_map(ShardEntry::files)
             .find(|f| f.name == name)
     }
 
@@ -146,7 +161,8 @@ pub(super) fn read_verified(
 /// Verifies sharded checkpoint `name` of `dir`: what the storage layer's search and "never
 /// backwards" check ask of this format. A checkpoint is valid when its manifest parses, names
 /// the step its directory does (a copied or renamed checkpoint would resume as another step),
-/// and every shard file has the size and sha256 the manifest lists.
+/// and every shard file (communication-hook states included) has the size and sha256 the
+/// manifest lists.
 pub(super) fn verify_checkpoint(dir: &Path, name: &str) -> Result<ShardedManifest, ReadFailure> {
     let path = dir.join(name);
     let manifest = read_manifest(&path)?;
@@ -157,7 +173,7 @@ pub(super) fn verify_checkpoint(dir: &Path, name: &str) -> Result<ShardedManifes
 /// Verifies every shard file of the checkpoint in `dir` (size and sha256) against `manifest`.
 fn verify_shards(dir: &Path, manifest: ShardedManifest) -> Result<ShardedManifest, ReadFailure> {
     for shard in &manifest.shards {
-        for file in [&shard.model, &shard.optimizer] {
+        for file in shard.files() {
             read_verified(dir, &manifest, &file.name)?;
         }
     }

@@ -3,6 +3,7 @@
 //! by renaming the directory (see the [module docs](super) for the protocol).
 
 use super::super::base::{CheckpointerBase, SAVE_SUMMARY, SaveSummary};
+use super::super::comm_hook_files::{comm_hook_state_file, encode_comm_hook_state};
 use super::super::config::CheckpointConfig;
 use super::super::crash_point::crash_point;
 use super::super::error::{CheckpointError, StorageError};
@@ -66,6 +67,8 @@ struct ShardReport {
     optimizer: FileEntry,
     tensors: BTreeMap<String, TensorEntry>,
     rank_rng: Option<serde_json::Value>,
+    /// Its communication-hook state file, if it has a state.
+    comm_hook: Option<FileEntry>,
 }
 
 impl ShardedCheckpointer {
@@ -112,7 +115,8 @@ impl ShardedCheckpointer {
     /// Saves `model`, a replicated optimizer (plain DDP: every rank holds every parameter's
     /// state) and `state` as checkpoint `step-<global_step>`: each rank writes the tensors and
     /// optimizer state of its part of the partition (about `1/world` of the bytes), then rank
-    /// 0 commits. `rank_rng` is kept per rank.
+    /// 0 commits. `rank_rng` is kept per rank, and so is
+    /// [`comm_hook_state`](TrainingState::comm_hook_state): each rank writes its own file.
     ///
     /// # Collective
     /// Every rank calls it at the same point, with identical replicas.
@@ -299,11 +303,20 @@ impl ShardedCheckpointer {
         }
         write_synced(&staging.join(&model_file), &model_bytes)?;
         write_synced(&staging.join(&optim_file), &optim_bytes)?;
+        let hook_bytes = encode_comm_hook_state(state);
+        let comm_hook = if hook_bytes.is_empty() {
+            None
+        } else {
+            let file = comm_hook_state_file(rank, world);
+            write_synced(&staging.join(&file), &hook_bytes)?;
+            Some(FileEntry::of(&file, &hook_bytes))
+        };
         Ok(ShardReport {
             model: FileEntry::of(&model_file, &model_bytes),
             optimizer: FileEntry::of(&optim_file, &optim_bytes),
             tensors,
             rank_rng: state.rank_rng.clone(),
+            comm_hook,
         })
     }
 
@@ -323,7 +336,10 @@ impl ShardedCheckpointer {
         for (rank, bytes) in reports.iter().enumerate() {
             let report: ShardReport = serde_json::from_slice(bytes)
                 .map_err(CheckpointError::json("decoding a rank's shard report"))?;
-            for file in [&report.model, &report.optimizer] {
+            for file in [&report.model, &report.optimizer]
+                .into_iter()
+                .chain(report.comm_hook.as_ref())
+            {
                 check_present(staging, rank, file)?;
             }
             for (path, entry) in report.tensors {
@@ -339,6 +355,7 @@ impl ShardedCheckpointer {
                 rank,
                 model: report.model,
                 optimizer: report.optimizer,
+                comm_hook: report.comm_hook,
             });
         }
         crash_point("sharded-before-manifest");

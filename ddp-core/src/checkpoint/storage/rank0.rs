@@ -201,6 +201,78 @@ pub(crate) fn all_gather_bytes(
         .collect()
 }
 
+/// Gathers every rank's `bytes` on rank 0 only (one gather, each payload padded to the
+/// longest), for per-rank payloads too large to send to every rank: rank 0 gets them by rank,
+/// the others `None`. Skipped (one small all-reduce) when all are empty.
+pub(crate) fn gather_bytes_to_rank0(
+    pg: &ProcessGroup,
+    bytes: Vec<u8>,
+) -> Result<Option<Vec<Vec<u8>>>, CheckpointError> {
+    let context = "gathering per-rank state on rank 0";
+    let world = pg.world_size();
+    let mut lengths = vec![0i64; world];
+    pg.all_gather(&[bytes.len() as i64], &mut lengths)
+        .map_err(CheckpointError::comm(context))?;
+    let sizes: Vec<usize> = lengths
+        .iter()
+        .map(|&n| usize::try_from(n).unwrap_or(0))
+        .collect();
+    let longest = sizes.iter().copied().max().unwrap_or(0);
+    if longest == 0 {
+        return Ok((pg.rank() == 0).then(|| vec![Vec::new(); world]));
+    }
+    let mut mine = bytes;
+    mine.resize(longest, 0);
+    let mut all = (pg.rank() == 0).then(|| vec![0u8; longest * world]);
+    pg.gather(&mine, all.as_deref_mut(), 0)
+        .map_err(CheckpointError::comm(context))?;
+    Ok(all.map(|all| {
+        all.chunks_exact(longest)
+            .zip(&sizes)
+            .map(|(chunk, &n)| chunk[..n].to_vec())
+            .collect()
+    }))
+}
+
+/// Gives each rank its own payload of rank 0's `per_rank` (one per rank; `None` on the other
+/// ranks): the lengths are broadcast, then one scatter, each payload padded to the longest.
+/// Skipped past the lengths when all are empty.
+pub(crate) fn scatter_bytes_from_rank0(
+    pg: &ProcessGroup,
+    per_rank: Option<Vec<Vec<u8>>>,
+) -> Result<Vec<u8>, CheckpointError> {
+    let context = "giving every rank its own state from rank 0";
+    let world = pg.world_size();
+    let mut lengths = vec![0i64; world];
+    if let Some(payloads) = &per_rank {
+        for (length, bytes) in lengths.iter_mut().zip(payloads) {
+            *length = bytes.len() as i64;
+        }
+    }
+    pg.broadcast(&mut lengths, 0)
+        .map_err(CheckpointError::comm(context))?;
+    let sizes: Vec<usize> = lengths
+        .iter()
+        .map(|&n| usize::try_from(n).unwrap_or(0))
+        .collect();
+    let longest = sizes.iter().copied().max().unwrap_or(0);
+    if longest == 0 {
+        return Ok(Vec::new());
+    }
+    let input = per_rank.map(|payloads| {
+        let mut all = vec![0u8; longest * world];
+        for (chunk, bytes) in all.chunks_exact_mut(longest).zip(&payloads) {
+            chunk[..bytes.len()].copy_from_slice(bytes);
+        }
+        all
+    });
+    let mut mine = vec![0u8; longest];
+    pg.scatter(input.as_deref(), &mut mine, 0)
+        .map_err(CheckpointError::comm(context))?;
+    mine.truncate(sizes.get(pg.rank()).copied().unwrap_or(0));
+    Ok(mine)
+}
+
 /// Rank 0 reads the files at `paths` and every rank receives their bytes, in order: the other
 /// ranks need not see rank 0's filesystem. For checkpoint files read outside a checkpointer,
 /// such as ddp-train's burn-train files (a checkpointer verifies a whole checkpoint first).

@@ -2,6 +2,7 @@
 //! an N times larger batch.
 
 mod guard;
+mod hook_state;
 mod join;
 mod record;
 mod step_on;
@@ -47,7 +48,9 @@ use std::time::Instant;
 ///   pass, with the reducer armed, so buckets are all-reduced during its backward.
 /// - [`optimizer_step`](Self::optimizer_step) applies your optimizer to the wrapped module.
 /// - [`register_comm_hook`](Self::register_comm_hook) replaces how buckets are averaged
-///   (compression, [PowerSGD](crate::hooks::PowerSgdHook)).
+///   (compression, [PowerSGD](crate::hooks::PowerSgdHook)); a stateful hook's state goes into
+///   checkpoints with [`comm_hook_state`](Self::comm_hook_state) and comes back with
+///   [`load_comm_hook_state`](Self::load_comm_hook_state).
 /// - With [`DdpConfig::uneven_inputs`], ranks may have different numbers of batches: a rank
 ///   that runs out calls [`join`](Self::join).
 ///
@@ -66,7 +69,8 @@ pub struct DistributedDataParallel<B: TapBackend, M: AutodiffModule<B>> {
     table: ParamTable<B::InnerBackend>,
     /// How buckets are reduced; kept across `set_module` (a hook keeps its state).
     reduction: Arc<dyn BucketReduction<B::InnerBackend>>,
-    hooked: bool,
+    /// The registered hook's name, if one is registered.
+    hook_name: Option<String>,
     reducer: Arc<Reducer<B::InnerBackend>>,
     buffers: BufferSync,
     /// The taps of the forwards since the last backward, and where to anchor them.
@@ -131,7 +135,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
             pg,
             config,
             reduction,
-            hooked: false,
+            hook_name: None,
             reducer,
             poisoned: None,
             forward_times: None,
@@ -221,7 +225,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     /// [`HostStaging::PerBucket`]: crate::HostStaging::PerBucket
     pub fn register_comm_hook(&mut self, hook: impl CommHook) -> Result<(), DdpError> {
         self.check_usable()?;
-        if self.hooked
+        if self.hook_name.is_some()
             || self.step > 0
             || self.passes.forward_pending()
             || self.reducer.holds_gradients()
@@ -230,12 +234,13 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                 "register_comm_hook: register one hook, before the first forward".into(),
             ));
         }
+        let name = hook.name().to_string();
         // The same choice as at construction, now with the hook: settings it would make DDP
         // ignore are errors here.
         let reduction =
             choose_reduction(&self.pg, &self.config, &self.table, Some(Box::new(hook)))?;
         self.reduction = reduction.clone();
-        self.hooked = true;
+        self.hook_name = Some(name);
         self.reducer = Arc::new(make_reducer(&self.pg, &self.config, &self.table, reduction));
         Ok(())
     }

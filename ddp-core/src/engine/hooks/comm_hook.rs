@@ -1,8 +1,9 @@
 //! The hook interface: [`CommHook`] and the [`GradBucket`] it reduces.
 
+use super::hook_state::CommHookState;
 use ddp_comm::ProcessGroup;
 
-pub use crate::error::HookError;
+pub use crate::error::{CommHookStateError, HookError};
 
 /// Reduces one bucket of gradients across the ranks of a process group.
 ///
@@ -31,6 +32,28 @@ pub trait CommHook: Send + 'static {
     /// zeros.
     fn leaves_gradients_local(&self) -> bool {
         false
+    }
+
+    /// This rank's state of the hook, for a checkpoint (PyTorch pickles its `PowerSGDState`
+    /// for this): `None` for a hook that keeps none (the default). Taken between steps,
+    /// restored with [`load_state`](Self::load_state), a resumed run continues bit for bit.
+    /// A hook's state may differ per rank (PowerSGD's error feedback does).
+    fn state(&self) -> Option<CommHookState> {
+        None
+    }
+
+    /// Restores a state [`state`](Self::state) returned (on the same rank of a run of the
+    /// same world size, model and hook settings). The default, for hooks without state,
+    /// refuses every state.
+    ///
+    /// # Errors
+    /// A [`CommHookStateError`] naming what does not match (another hook's state, another
+    /// format version, other settings or layouts); the hook is then unchanged.
+    fn load_state(&mut self, state: CommHookState) -> Result<(), CommHookStateError> {
+        Err(CommHookStateError::Stateless {
+            hook: self.name().to_string(),
+            found: state.hook().to_string(),
+        })
     }
 }
 

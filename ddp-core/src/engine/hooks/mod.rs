@@ -17,12 +17,23 @@
 //! Every rank must register the same hook with the same settings before the first backward
 //! ([`DistributedDataParallel::register_comm_hook`](crate::DistributedDataParallel::register_comm_hook)).
 //! Buckets of other dtypes (f64, f16, bf16 parameters) keep the built-in exact average.
+//!
+//! A hook that keeps state across steps (PowerSGD) hands it over as a [`CommHookState`]
+//! ([`CommHook::state`], through
+//! [`DistributedDataParallel::comm_hook_state`](crate::DistributedDataParallel::comm_hook_state))
+//! for a checkpoint ([`TrainingState::with_comm_hook_state`](crate::checkpoint::TrainingState::with_comm_hook_state)),
+//! and takes it back on resume ([`CommHook::load_state`]), so a resumed run continues bit for
+//! bit.
 
 mod comm_hook;
 mod compress;
+mod hook_state;
 mod linalg;
 mod powersgd;
+mod powersgd_parked;
+mod powersgd_state;
 
-pub use comm_hook::{BucketParam, CommHook, GradBucket, HookError};
+pub use comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};
 pub use compress::{Bf16CompressHook, Fp16CompressHook};
+pub use hook_state::CommHookState;
 pub use powersgd::{PowerSgdConfig, PowerSgdHook};

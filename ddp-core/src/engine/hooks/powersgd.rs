@@ -2,12 +2,18 @@
 //! sent as two thin matrices P (n×r) and Q (m×r) with M ≈ P·Qᵀ, and what the approximation
 //! missed is added to the next step's gradient (error feedback), so nothing is lost for good.
 //!
-//! Its state is not part of a checkpoint: a resumed run starts the hook at step 0 (exact for
-//! `start_iter` steps, no carried error), alike on every rank but not bitwise an
-//! uninterrupted run (the guide's "Communication hooks and PowerSGD").
+//! Its state (step count, random generator, per-bucket error feedback and Q memory, and the
+//! parameters each bucket held) goes into checkpoints through [`CommHook::state`] and comes
+//! back with [`CommHook::load_state`] (format in `powersgd_state.rs`), so a resumed run
+//! continues bit for bit (the guide's "Communication hooks and PowerSGD"). A state is only
+//! restored into a hook with the same settings (the seed aside) whose buffers fit the saved
+//! layouts; anything else is a named [`CommHookStateError`].
 
-use super::comm_hook::{CommHook, GradBucket, HookError};
+use super::comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};
+use super::hook_state::CommHookState;
 use super::linalg::{expand, orthogonalize, project, project_t};
+use super::powersgd_parked::Parked;
+use super::powersgd_state::{BucketState, POWERSGD_STATE_VERSION, Settings, Snapshot};
 use crate::DdpError;
 use burn::config::Config;
 use ddp_comm::{ProcessGroup, ReduceOp};
@@ -72,6 +78,7 @@ impl PowerSgdConfig {
             error: HashMap::new(),
             q_memory: HashMap::new(),
             layouts: HashMap::new(),
+            parked: Parked::default(),
         })
     }
 }
@@ -87,8 +94,10 @@ pub struct PowerSgdHook {
     error: HashMap<usize, Vec<f32>>,
     /// Per bucket: the last Q of every compressed matrix, transposed (r×m), concatenated.
     q_memory: HashMap<usize, Vec<f32>>,
-    /// Per bucket: the parameters (path, offset) its error and Q belong to.
-    layouts: HashMap<usize, Vec<(String, usize)>>,
+    /// Per bucket: the parameters (path, shape, offset) its error and Q belong to.
+    layouts: HashMap<usize, Vec<BucketParam>>,
+    /// This step's parameters whose bucket was laid out again, with their state.
+    parked: Parked,
 }
 
 /// A compressed matrix: its range in the bucket, its shape, the rank used, and where its
@@ -120,11 +129,11 @@ impl PowerSgdHook {
         self.iter
     }
 
-    fn split(&self, bucket: &GradBucket) -> (Vec<Matrix>, Vec<Range<usize>>) {
+    fn split(&self, params: &[BucketParam]) -> (Vec<Matrix>, Vec<Range<usize>>) {
         let mut matrices = Vec::new();
         let mut plain = Vec::new();
         let (mut p_at, mut q_at) = (0, 0);
-        for p in bucket.parameters() {
+        for p in params {
             let numel = p.numel();
             if p.shape.len() >= 2 && numel > 0 {
                 let n = p.shape[0];
@@ -150,24 +159,45 @@ impl PowerSgdHook {
         (matrices, plain)
     }
 
-    /// Drops bucket `index`'s error and Q when it holds other parameters than when they were
-    /// kept (DDP laid the buckets out again): they would land on the wrong parameters. Every
-    /// rank sees the same layouts, so the ranks stay in step.
+    /// When bucket `index` holds other parameters than when its error and Q were kept (DDP
+    /// laid the buckets out again, as a resumed run does), its state is parked by parameter
+    /// and the bucket takes its parameters' parked state: all of it moves with the parameters
+    /// (`powersgd_parked.rs`). A bucket with a parameter none was kept for starts afresh, as
+    /// before: old state must not land on other parameters. Every rank sees the same layouts,
+    /// so the ranks stay in step.
     fn forget_if_relaid(&mut self, bucket: &GradBucket) {
         let params = bucket.parameters();
-        let same = self.layouts.get(&bucket.index()).is_some_and(|kept| {
-            kept.len() == params.len()
-                && kept
-                    .iter()
-                    .zip(params)
-                    .all(|((path, offset), p)| *path == p.path && *offset == p.offset)
-        });
-        if !same {
-            self.error.remove(&bucket.index());
-            self.q_memory.remove(&bucket.index());
-            let layout = params.iter().map(|p| (p.path.clone(), p.offset)).collect();
-            self.layouts.insert(bucket.index(), layout);
+        let index = bucket.index();
+        let same = self
+            .layouts
+            .get(&index)
+            .is_some_and(|kept| kept.as_slice() == params);
+        if same {
+            return;
         }
+        if let Some(old) = self.layouts.remove(&index) {
+            let q_ranges = self.q_ranges(&old);
+            let (error, q) = (self.error.remove(&index), self.q_memory.remove(&index));
+            self.parked.park(&old, error, q, &q_ranges);
+        }
+        let (error, q) = self
+            .parked
+            .take(params, &self.q_ranges(params))
+            .unwrap_or((None, None));
+        if let Some(error) = error {
+            self.error.insert(index, error);
+        }
+        if let Some(q) = q {
+            self.q_memory.insert(index, q);
+        }
+        self.layouts.insert(index, params.to_vec());
+    }
+
+    /// Where each compressed matrix of a bucket laid out as `layout` has its part of the
+    /// bucket's Q: by the matrix's offset in the bucket.
+    fn q_ranges(&self, layout: &[BucketParam]) -> Vec<(usize, Range<usize>)> {
+        let (matrices, _) = self.split(layout);
+        matrices.iter().map(|x| (x.range.start, x.q())).collect()
     }
 
     fn compress(&mut self, bucket: &mut GradBucket, pg: &ProcessGroup) -> Result<(), HookError> {
@@ -186,7 +216,7 @@ impl PowerSgdHook {
             }
         }
         let input = self.config.error_feedback.then(|| bucket.buffer().to_vec());
-        let (matrices, plain) = self.split(bucket);
+        let (matrices, plain) = self.split(bucket.parameters());
 
         // Vectors and small matrices: one exact average.
         let mut exact: Vec<f32> = plain
@@ -264,12 +294,146 @@ impl CommHook for PowerSgdHook {
         };
         if bucket.is_last() {
             self.iter += 1;
+            self.parked.clear();
         }
         result
     }
 
     fn name(&self) -> &str {
-        "PowerSGD"
+        POWERSGD
+    }
+
+    fn state(&self) -> Option<CommHookState> {
+        Some(CommHookState::new(
+            POWERSGD,
+            POWERSGD_STATE_VERSION,
+            self.snapshot().encode(),
+        ))
+    }
+
+    fn load_state(&mut self, state: CommHookState) -> Result<(), CommHookStateError> {
+        state.check_written_by(POWERSGD, POWERSGD_STATE_VERSION)?;
+        let snapshot =
+            Snapshot::decode(state.payload()).map_err(|reason| CommHookStateError::Corrupt {
+                hook: POWERSGD.into(),
+                reason,
+            })?;
+        if let Some((setting, saved, current)) =
+            snapshot.settings.first_difference(&self.settings())
+        {
+            return Err(CommHookStateError::ConfigMismatch {
+                hook: POWERSGD.into(),
+                setting,
+                saved,
+                current,
+            });
+        }
+        for bucket in &snapshot.buckets {
+            self.check_fits(bucket)?;
+        }
+        self.restore(snapshot);
+        Ok(())
+    }
+}
+
+/// The hook's name, in logs, errors and the states it writes.
+const POWERSGD: &str = "PowerSGD";
+
+impl PowerSgdHook {
+    fn settings(&self) -> Settings {
+        let c = &self.config;
+        Settings {
+            rank: c.rank as u64,
+            start_iter: c.start_iter as u64,
+            min_compression_rate: c.min_compression_rate,
+            warm_start: c.warm_start,
+            error_feedback: c.error_feedback,
+            orthogonalization_epsilon: c.orthogonalization_epsilon,
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut indices: Vec<usize> = self.layouts.keys().copied().collect();
+        indices.sort_unstable();
+        Snapshot {
+            settings: self.settings(),
+            iter: self.iter as u64,
+            rng_seed: self.rng.get_seed(),
+            rng_stream: self.rng.get_stream(),
+            rng_word_pos: self.rng.get_word_pos(),
+            buckets: indices
+                .into_iter()
+                .map(|index| BucketState {
+                    index,
+                    layout: self.layouts[&index].clone(),
+                    error: self.error.get(&index).cloned(),
+                    q_memory: self.q_memory.get(&index).cloned(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks that `bucket`'s saved buffers are what this hook's settings make of its saved
+    /// layout: the error as long as the bucket, the Q memory as long as the Q of its
+    /// compressed matrices.
+    fn check_fits(&self, bucket: &BucketState) -> Result<(), CommHookStateError> {
+        let mismatch = |detail: String| CommHookStateError::LayoutMismatch {
+            hook: POWERSGD.into(),
+            bucket: bucket.index,
+            detail,
+        };
+        let mut at = 0;
+        for p in &bucket.layout {
+            if p.offset != at {
+                return Err(mismatch(format!(
+                    "{} starts at {}, after {at} elements of the parameters before it",
+                    p.path, p.offset
+                )));
+            }
+            at += p.numel();
+        }
+        if let Some(error) = &bucket.error
+            && error.len() != at
+        {
+            return Err(mismatch(format!(
+                "its error feedback has {} elements, its parameters {at}",
+                error.len()
+            )));
+        }
+        let (matrices, _) = self.split(&bucket.layout);
+        let q_len: usize = matrices.iter().map(|x| x.m * x.r).sum();
+        if let Some(q) = &bucket.q_memory
+            && q.len() != q_len
+        {
+            return Err(mismatch(format!(
+                "its Q memory has {} elements, rank {} makes {q_len} of its matrices",
+                q.len(),
+                self.config.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// Replaces the whole state by `snapshot`'s (checked).
+    fn restore(&mut self, snapshot: Snapshot) {
+        let mut rng = ChaCha8Rng::from_seed(snapshot.rng_seed);
+        rng.set_stream(snapshot.rng_stream);
+        rng.set_word_pos(snapshot.rng_word_pos);
+        self.rng = rng;
+        self.iter = snapshot.iter as usize;
+        self.error.clear();
+        self.q_memory.clear();
+        self.layouts.clear();
+        self.parked.clear();
+        for bucket in snapshot.buckets {
+            if let Some(error) = bucket.error {
+                self.error.insert(bucket.index, error);
+            }
+            if let Some(q) = bucket.q_memory {
+                self.q_memory.insert(bucket.index, q);
+            }
+            self.layouts.insert(bucket.index, bucket.layout);
+        }
     }
 }
 
@@ -325,5 +489,43 @@ mod tests {
             .map(|(g, o)| g - o)
             .collect();
         assert_eq!(hook.error[&0], missed);
+    }
+
+    /// A state goes into a fresh hook of the same settings whole, and one whose buffers do not
+    /// fit its saved layout is refused by name.
+    #[test]
+    fn a_state_restores_whole_and_one_that_does_not_fit_is_refused() {
+        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
+        let store =
+            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
+        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
+        let config = PowerSgdConfig::new().with_start_iter(2);
+        let mut hook = config.init().expect("hook");
+        let grad: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        for _ in 0..3 {
+            hook.reduce(&mut bucket("a", &grad), &pg).expect("reduce");
+        }
+        let state = hook.state().expect("PowerSGD has a state");
+        let mut fresh = config.init().expect("hook");
+        fresh.load_state(state.clone()).expect("restore");
+        assert_eq!(fresh.state(), Some(state.clone()));
+        assert_eq!(fresh.iterations(), 3);
+
+        let mut snapshot = Snapshot::decode(state.payload()).expect("decodes");
+        snapshot.buckets[0]
+            .error
+            .as_mut()
+            .expect("error feedback")
+            .pop();
+        let short = CommHookState::new(POWERSGD, POWERSGD_STATE_VERSION, snapshot.encode());
+        let err = config.init().expect("hook").load_state(short).unwrap_err();
+        assert!(
+            matches!(err, CommHookStateError::LayoutMismatch { bucket: 0, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("15 elements, its parameters 16"),
+            "{err}"
+        );
     }
 }

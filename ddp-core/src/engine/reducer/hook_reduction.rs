@@ -11,7 +11,7 @@ use super::host_grad::HostGrad;
 use super::reduction::{
     BucketPosition, BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot,
 };
-use crate::engine::hooks::{BucketParam, CommHook, GradBucket};
+use crate::engine::hooks::{BucketParam, CommHook, CommHookState, CommHookStateError, GradBucket};
 use crate::error::DdpError;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
@@ -25,6 +25,10 @@ enum Work {
     Bucket(Job),
     /// Answered once every bucket before it is reduced.
     Fence(mpsc::Sender<()>),
+    /// Answered with the hook's state, after every bucket before it.
+    TakeState(mpsc::Sender<Option<CommHookState>>),
+    /// Answered once the hook took (or refused) the state, after every bucket before it.
+    LoadState(CommHookState, mpsc::Sender<Result<(), CommHookStateError>>),
 }
 
 struct Job {
@@ -66,6 +70,14 @@ impl HookReduction {
                             let _ = done.send(());
                             continue;
                         }
+                        Work::TakeState(reply) => {
+                            let _ = reply.send(hook.state());
+                            continue;
+                        }
+                        Work::LoadState(state, reply) => {
+                            let _ = reply.send(hook.load_state(state));
+                            continue;
+                        }
                     };
                     let index = bucket.index();
                     let started = Instant::now();
@@ -96,12 +108,22 @@ impl HookReduction {
 
     /// Waits until the hook has reduced every bucket launched before bucket `index`.
     fn drain_before(&self, index: usize) -> Result<(), DdpError> {
-        let (done, reduced) = mpsc::channel();
+        self.ask(index, Work::Fence)
+    }
+
+    /// Sends the hook's thread the request `work` makes of a reply channel, after everything
+    /// queued before it, and waits for the answer (`index`: the bucket errors name).
+    fn ask<T>(
+        &self,
+        index: usize,
+        work: impl FnOnce(mpsc::Sender<T>) -> Work,
+    ) -> Result<T, DdpError> {
+        let (reply, answer) = mpsc::channel();
         self.work
-            .send(Work::Fence(done))
+            .send(work(reply))
             .map_err(|_| hook_thread_ended(&self.hook, index))?;
-        match reduced.recv_timeout(self.timeout) {
-            Ok(()) => Ok(()),
+        match answer.recv_timeout(self.timeout) {
+            Ok(value) => Ok(value),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 Err(hook_timeout(&self.hook, index, self.timeout))
             }
@@ -132,6 +154,15 @@ fn hook_timeout(hook: &str, bucket: usize, timeout: Duration) -> DdpError {
 }
 
 impl<I: Backend> BucketReduction<I> for HookReduction {
+    fn comm_hook_state(&self) -> Result<Option<CommHookState>, DdpError> {
+        // Between steps the hook's thread is idle: it answers at once.
+        self.ask(0, Work::TakeState)
+    }
+
+    fn load_comm_hook_state(&self, _hook: &str, state: CommHookState) -> Result<(), DdpError> {
+        Ok(self.ask(0, |reply| Work::LoadState(state, reply))??)
+    }
+
     fn hold(
         &self,
         slot: &Slot<I>,

@@ -16,7 +16,8 @@
 //!   own.
 
 use super::host_grad::{HostElement, HostGrad, read_to_host};
-use crate::error::DdpError;
+use crate::engine::hooks::CommHookState;
+use crate::error::{CommHookStateError, DdpError};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, TensorData};
@@ -102,6 +103,21 @@ pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
     /// besides the process group (which DDP aborts itself), so peers waiting in it fail
     /// promptly naming this rank instead of at their timeout.
     fn abort(&self, _reason: &str) {}
+    /// This rank's state of the communication hook the buckets go through: `None` without one,
+    /// or for one that keeps none (the default).
+    fn comm_hook_state(&self) -> Result<Option<CommHookState>, DdpError> {
+        Ok(None)
+    }
+    /// Restores the state of the communication hook (registered as `hook`) the buckets go
+    /// through. By default there is none here to take it (a hook that leaves gradients local
+    /// is not kept).
+    fn load_comm_hook_state(&self, hook: &str, state: CommHookState) -> Result<(), DdpError> {
+        Err(CommHookStateError::Stateless {
+            hook: hook.to_string(),
+            found: state.hook().to_string(),
+        }
+        .into())
+    }
 }
 
 /// Where a bucket stands in its step's launch order.

@@ -108,7 +108,7 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let StartPoint {
         epoch: start_epoch,
         step,
-        state: resumed,
+        state: mut resumed,
     } = resume_or_start(
         "transformer",
         &checkpoints,
@@ -126,6 +126,10 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
     let mut ddp = DistributedDataParallel::new(model, pg.clone(), config)?;
     if let Some(r) = args.powersgd {
         ddp.register_comm_hook(PowerSgdConfig::new().with_rank(r).init()?)?;
+        // This rank's step count, error feedback and Q memory: the resume continues bit for bit.
+        if let Some(hook_state) = resumed.as_mut().and_then(|s| s.comm_hook_state.take()) {
+            ddp.load_comm_hook_state(hook_state)?;
+        }
     }
     optim.attach(&mut ddp)?;
     if rank == 0 {
@@ -180,7 +184,9 @@ fn train<B: TapBackend, O: TrainingOptimizer<TinyGpt<B>, B>>(
         let extra = Extra {
             scaler: scaler.is_enabled().then(|| scaler.state()),
         };
-        let state = state.with_user(&extra)?;
+        let state = state
+            .with_user(&extra)?
+            .with_comm_hook_state(ddp.comm_hook_state()?);
         last_saved = Some(optim.save(&checkpoints, ddp.module(), &state)?.path);
     }
 
