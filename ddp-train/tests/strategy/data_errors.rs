@@ -73,6 +73,28 @@ const HOLES: [Hole; 2] = [
     },
 ];
 
+impl Hole {
+    /// Each rank's outcome of two epochs on `world` ranks with this hole (the loaders without
+    /// the abort group).
+    fn outcomes(&self, world: usize) -> Vec<ddp_train::Result<DdpReport>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        run_ranks(world, |pg| {
+            outcome_with_holes(
+                pg,
+                dir.path(),
+                self.train_missing,
+                self.valid_missing,
+                false,
+            )
+        })
+    }
+
+    /// The error message this hole makes.
+    fn message(&self) -> String {
+        missing(self.index, self.len)
+    }
+}
+
 /// The message of ddp-data's `MissingItem` for `index` of a data set of `len`.
 fn missing(index: usize, len: usize) -> String {
     format!("no item for index {index} although its len() is {len}")
@@ -80,18 +102,9 @@ fn missing(index: usize, len: usize) -> String {
 
 #[test]
 fn a_data_error_fails_a_one_process_run_instead_of_ending_the_epoch_early() {
-    for Hole {
-        train_missing,
-        valid_missing,
-        what,
-        index,
-        len,
-    } in HOLES
-    {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let results = run_ranks(1, |pg| {
-            outcome_with_holes(pg, dir.path(), train_missing, valid_missing, false)
-        });
+    for hole in &HOLES {
+        let what = hole.what;
+        let results = hole.outcomes(1);
         match &results[0] {
             Err(
                 e @ ddp_train::DdpTrainError::Loading {
@@ -102,7 +115,7 @@ fn a_data_error_fails_a_one_process_run_instead_of_ending_the_epoch_early() {
                 },
             ) => {
                 assert_eq!(*failed, what, "{e}");
-                assert!(e.to_string().contains(&missing(index, len)), "{e}");
+                assert!(e.to_string().contains(&hole.message()), "{e}");
             }
             other => panic!("{what}: expected the data error, got {other:?}"),
         }
@@ -114,22 +127,13 @@ fn a_data_error_fails_a_one_process_run_instead_of_ending_the_epoch_early() {
 /// validation set); the index is the data set's own, also for rank 1's evaluation shard.
 #[test]
 fn a_data_error_on_one_rank_fails_every_rank_naming_it() {
-    for Hole {
-        train_missing,
-        valid_missing,
-        what,
-        index,
-        len,
-    } in HOLES
-    {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let results = run_ranks(2, |pg| {
-            outcome_with_holes(pg, dir.path(), train_missing, valid_missing, false)
-        });
+    for hole in &HOLES {
+        let what = hole.what;
+        let results = hole.outcomes(2);
         for (rank, r) in results.iter().enumerate() {
             let err = r.as_ref().expect_err("a data error must fail every rank");
             assert!(
-                err.to_string().contains(&missing(index, len)),
+                err.to_string().contains(&hole.message()),
                 "{what}, rank {rank}: {err}"
             );
         }
