@@ -150,7 +150,7 @@ pub use env::env_var;
 pub use error::{CommError, Result, panic_message};
 pub use group::{FAILURE_FILE_ENV, ProcessGroup, ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 pub use half::{bf16, f16};
-pub use init::{InitMethod, init_process_group};
+pub use init::{InitMethod, host_port, init_process_group};
 pub use reduce_op::ReduceOp;
 pub use store::{client::Store, config::StoreConfig, server::StoreServer};
 pub use transport::{TRANSPORT_ENV, TransportKind};

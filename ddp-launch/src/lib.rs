@@ -190,8 +190,6 @@ mod worker;
 #[cfg(feature = "supervisor")]
 mod entry;
 #[cfg(feature = "supervisor")]
-mod host_port;
-#[cfg(feature = "supervisor")]
 mod launcher_id;
 #[cfg(feature = "supervisor")]
 mod node_sync;

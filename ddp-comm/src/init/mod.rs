@@ -12,7 +12,7 @@ mod bind;
 mod file;
 mod host_port;
 
-use self::host_port::host_port;
+pub use self::host_port::host_port;
 use crate::error::{CommError, Result};
 use crate::group::{HostedStore, ProcessGroup, ProcessGroupConfig};
 use crate::store::Store;

@@ -1,7 +1,6 @@
 //! [`ElasticSettings`]: the elastic rendezvous flags, validated.
 
 use crate::error::LaunchError;
-use crate::host_port::join_host_port;
 use crate::plan::args::LaunchArgs;
 use crate::plan::node_count::{NodeCount, RdzvBackend};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -22,7 +21,7 @@ pub(crate) struct Endpoint {
 
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&join_host_port(&self.host, self.port))
+        f.write_str(&ddp_comm::host_port(&self.host, self.port))
     }
 }
 

@@ -49,11 +49,11 @@ pub(crate) use ports::{bind_host, free_port, single_node_port};
 
 use crate::error::LaunchError;
 use crate::plan::{LaunchPlan, MasterPort};
-use crate::rendezvous::ports::{bind_port, join_host_port};
+use crate::rendezvous::ports::bind_port;
 use crate::rendezvous::store_connect::connect_with_retry;
 use crate::rendezvous_protocol::{protocol_mismatch, with_protocol};
 use crate::signals::SignalGuard;
-use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
+use ddp_comm::{CommError, Store, StoreConfig, StoreServer, host_port};
 use std::time::{Duration, Instant};
 
 /// How often a node looks for failures published by the others.
@@ -106,7 +106,7 @@ impl Rendezvous {
                 });
             }
         };
-        let addr = join_host_port(&plan.master_addr, port);
+        let addr = host_port(&plan.master_addr, port);
         let host = bind_host(&plan.master_addr);
         let config = StoreConfig::new()
             .with_token(plan.job_token.as_bytes())

@@ -1,8 +1,7 @@
-//! The ports of a job: the wildcard to bind, `host:port` with IPv6 brackets, binding with an
-//! error that names who holds a taken port, and the free port the workers of an attempt get.
+//! The ports of a job: the wildcard to bind, binding with an error that names who holds a
+//! taken port, and the free port the workers of an attempt get.
 
 use crate::error::LaunchError;
-pub(crate) use crate::host_port::join_host_port;
 use crate::plan::{LaunchPlan, MasterPort};
 use std::net::TcpListener;
 
@@ -18,7 +17,7 @@ pub(crate) fn bind_host(master_addr: &str) -> &'static str {
 /// Binds `host:port`, reporting a taken port as [`LaunchError::PortInUse`] naming the address
 /// that holds it (binding the wildcard fails when any one address does).
 pub(crate) fn bind_port(host: &str, port: u16) -> Result<TcpListener, LaunchError> {
-    TcpListener::bind(join_host_port(host, port)).map_err(|source| {
+    TcpListener::bind(ddp_comm::host_port(host, port)).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AddrInUse {
             let holders = match host {
                 "0.0.0.0" | "::" => crate::rendezvous::port_holder::listening_addresses(port),

@@ -35,6 +35,19 @@ fn node_with(
     flags: &[&str],
     program: &[&str],
 ) -> Command {
+    node_at("127.0.0.1", nnodes, node_rank, port, nproc, flags, program)
+}
+
+/// [`node_with`] of a job at `master_addr:port`.
+fn node_at(
+    master_addr: &str,
+    nnodes: usize,
+    node_rank: usize,
+    port: u16,
+    nproc: usize,
+    flags: &[&str],
+    program: &[&str],
+) -> Command {
     let mut cmd = ddp_run();
     cmd.env("DDP_JOB_TOKEN", "loopback-secret")
         .env("RUST_LOG", "ddp_launch=info,warn")
@@ -46,7 +59,7 @@ fn node_with(
             "--nproc-per-node",
             &nproc.to_string(),
             "--master-addr",
-            "127.0.0.1",
+            master_addr,
             "--master-port",
             &port.to_string(),
             "--grace-period",
@@ -99,6 +112,24 @@ fn every_node_of_a_static_job_gives_its_workers_node_0s_launch_id() {
     let node0_id = &ids["[rank 0"];
     assert!(node0_id.len() >= 16 && node0_id != "<unset>", "{ids:?}");
     assert!(ids.values().all(|id| id == node0_id), "{ids:?}");
+}
+
+/// `--master-addr "[::1]"`, an IPv6 address given in brackets, is the same job as `::1`: the
+/// launchers meet at `[::1]:PORT` (not `[[::1]]:PORT`) and the workers get the address as given.
+#[test]
+fn a_bracketed_ipv6_master_address_forms_the_job() {
+    let port = free_port();
+    let worker = worker_path();
+    let program = [worker.to_str().expect("utf-8 path"), "--mode", "env"];
+    let node0 = start(node_at("[::1]", 2, 0, port, 1, &[], &program));
+    let node1 = start(node_at("[::1]", 2, 1, port, 1, &[], &program));
+    let (out0, out1) = (node0.finish(), node1.finish());
+    assert!(out0.status.success(), "node 0:\n{}", out0.all());
+    assert!(out1.status.success(), "node 1:\n{}", out1.all());
+    for out in [&out0, &out1] {
+        assert!(!out.all().contains("[[::1]]"), "{}", out.all());
+        assert!(out.stdout.contains(" master_addr=[::1] "), "{}", out.all());
+    }
 }
 
 #[test]
