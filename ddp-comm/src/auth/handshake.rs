@@ -317,6 +317,29 @@ mod tests {
             (s, writer)
         }
 
+        /// Runs `side`, one end of the handshake, with a deadline 5 s away on our end of a
+        /// connection whose peer sends `data` in pieces of `splits` bytes and then stops;
+        /// returns what `side` returned, checking that it returned promptly once the peer
+        /// stopped.
+        fn against_peer_sending<T>(
+            data: Vec<u8>,
+            splits: Vec<usize>,
+            side: impl FnOnce(&mut TcpStream, Instant) -> T,
+        ) -> Result<T, TestCaseError> {
+            let (mut s, writer) = peer_sending(data, splits);
+            let start = Instant::now();
+            let r = side(&mut s, Instant::now() + Duration::from_secs(5));
+            prop_assert!(start.elapsed() < Duration::from_secs(3));
+            drop(s);
+            writer.join().expect("writer");
+            Ok(r)
+        }
+
+        /// The piece sizes [`peer_sending`] writes in (0 means 1).
+        fn piece_sizes() -> impl Strategy<Value = Vec<usize>> {
+            proptest::collection::vec(0usize..20, 1..6)
+        }
+
         fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![
                 proptest::collection::vec(any::<u8>(), 0..200),
@@ -340,36 +363,24 @@ mod tests {
             /// A responder fed any bytes, split anyhow, refuses them (nobody can prove the token
             /// without it) and returns at once when the peer stops, never panicking.
             #[test]
-            fn respond_refuses_any_bytes_promptly(
-                data in hostile_bytes(),
-                splits in proptest::collection::vec(0usize..20, 1..6),
-            ) {
-                let (mut s, writer) = peer_sending(data, splits);
-                let start = Instant::now();
-                let r = respond(&mut s, b"tok", Kind::Mesh, Instant::now() + Duration::from_secs(5));
+            fn respond_refuses_any_bytes_promptly(data in hostile_bytes(), splits in piece_sizes()) {
+                let r = against_peer_sending(data, splits, |s, deadline| {
+                    respond(s, b"tok", Kind::Mesh, deadline)
+                })?;
                 prop_assert!(r.is_err());
-                prop_assert!(start.elapsed() < Duration::from_secs(3));
-                drop(s);
-                writer.join().expect("writer");
             }
 
             /// An initiator talking to a peer that sends any bytes fails (or, never, succeeds)
             /// without panicking, reading at most a capped refusal.
             #[test]
-            fn initiate_survives_any_answer(
-                data in hostile_bytes(),
-                splits in proptest::collection::vec(0usize..20, 1..6),
-            ) {
-                let (mut s, writer) = peer_sending(data, splits);
-                let start = Instant::now();
-                let r = initiate(&mut s, b"tok", Kind::Store, b"", Instant::now() + Duration::from_secs(5));
+            fn initiate_survives_any_answer(data in hostile_bytes(), splits in piece_sizes()) {
+                let r = against_peer_sending(data, splits, |s, deadline| {
+                    initiate(s, b"tok", Kind::Store, b"", deadline)
+                })?;
                 prop_assert!(r.is_err());
                 if let Err(HelloError::Refused(msg)) = r {
                     prop_assert!(msg.len() <= 4 * super::super::hello::MAX_MESSAGE);
                 }
-                prop_assert!(start.elapsed() < Duration::from_secs(3));
-                drop(s);
-                writer.join().expect("writer");
             }
         }
     }

@@ -288,39 +288,39 @@ mod tests {
         }
     }
 
+    /// [`failure`] with every rank's progress known: rank `r` issued up to `issued[r]`.
+    fn failure_with_issued(issued: &[Option<u64>]) -> WatchdogFailure {
+        let peers = issued.iter().enumerate().map(|(r, &i)| rank(r, i));
+        failure(PeerProgress::Known(peers.collect()))
+    }
+
+    fn assert_mentions(msg: &str, part: &str) {
+        assert!(msg.contains(part), "{msg}");
+    }
+
     #[test]
     fn should_say_which_ranks_never_published_or_are_behind() {
-        let f = failure(PeerProgress::Known(vec![
-            rank(0, Some(7)),
-            rank(1, Some(5)),
-            rank(2, None),
-        ]));
+        let f = failure_with_issued(&[Some(7), Some(5), None]);
         assert_eq!(f.ranks_behind(), vec![1, 2]);
         let msg = f.to_string();
         assert!(
             msg.starts_with("group 'world' rank 0: all_reduce #7 (bucket 2, 1024 bytes) did not finish within the timeout of 600s"),
             "{msg}"
         );
-        assert!(
-            msg.contains("Behind: rank 1 (issued up to #5), rank 2 (never issued a collective) never issued #7"),
-            "{msg}"
+        assert_mentions(
+            &msg,
+            "Behind: rank 1 (issued up to #5), rank 2 (never issued a collective) never issued #7",
         );
     }
 
     #[test]
     fn should_blame_no_peer_for_a_failure_on_this_rank() {
-        let mut f = failure(PeerProgress::Known(vec![
-            rank(0, Some(7)),
-            rank(1, Some(5)),
-        ]));
+        let mut f = failure_with_issued(&[Some(7), Some(5)]);
         f.cause = WatchdogCause::Failed("CUDA_ERROR_ILLEGAL_ADDRESS".into());
         assert!(f.ranks_behind().is_empty());
         let msg = f.to_string();
-        assert!(
-            msg.contains("failed after 600.0s: CUDA_ERROR_ILLEGAL_ADDRESS"),
-            "{msg}"
-        );
-        assert!(msg.contains("The error arose on this rank"), "{msg}");
+        assert_mentions(&msg, "failed after 600.0s: CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_mentions(&msg, "The error arose on this rank");
         assert!(!msg.contains("Behind"), "{msg}");
         f.stuck = None;
         assert!(
@@ -335,22 +335,18 @@ mod tests {
     /// that never issued its own oldest collective, without blaming them for the failure.
     #[test]
     fn should_name_the_ranks_behind_when_a_peer_failed_the_group_first() {
-        let mut f = failure(PeerProgress::Known(vec![
-            rank(0, Some(7)),
-            rank(1, Some(5)),
-            rank(2, Some(7)),
-        ]));
+        let mut f = failure_with_issued(&[Some(7), Some(5), Some(7)]);
         f.rank = 2;
         f.cause = WatchdogCause::PeerFailed("group 'world' rank 0: all_reduce #7 timed out".into());
         assert!(f.ranks_behind().is_empty(), "the failure is rank 0's");
         let msg = f.to_string();
-        assert!(
-            msg.contains("when another rank failed the group [group 'world' rank 0"),
-            "{msg}"
+        assert_mentions(
+            &msg,
+            "when another rank failed the group [group 'world' rank 0",
         );
-        assert!(
-            msg.contains("Behind on this rank's side: rank 1 (issued up to #5) never issued #7"),
-            "{msg}"
+        assert_mentions(
+            &msg,
+            "Behind on this rank's side: rank 1 (issued up to #5) never issued #7",
         );
         f.peers = PeerProgress::Known(vec![rank(0, Some(7)), rank(1, Some(7))]);
         assert!(!f.to_string().contains("Behind"), "{f}");

@@ -77,6 +77,39 @@ impl ProcessGroup {
         }
     }
 
+    /// The fingerprint and length check of the collectives that move one block per rank
+    /// (all-gather, reduce-scatter): `block` elements per rank, and the buffer holding every
+    /// rank's block (`whole`, its length `whole_len`: all-gather's output, reduce-scatter's input)
+    /// `world_size() * block` long.
+    fn blocks_call<T: Element>(
+        &self,
+        kind: CollectiveKind,
+        whole: &str,
+        block: usize,
+        whole_len: usize,
+    ) -> (Fingerprint, Result<()>) {
+        let fp = self.fingerprint(kind, T::DTYPE, block);
+        let check = self.check_len(kind.name(), whole, whole_len, block * self.world_size());
+        (fp, check)
+    }
+
+    /// [`ProcessGroup::blocks_call`] for the collectives whose whole buffer only `root` passes
+    /// (gather's output, scatter's input; `whole_len` is `None` without one): the fingerprint
+    /// names the root, and the check is [`ProcessGroup::check_root_buffer`]'s.
+    fn rooted_blocks_call<T: Element>(
+        &self,
+        kind: CollectiveKind,
+        whole: &str,
+        block: usize,
+        whole_len: Option<usize>,
+        root: usize,
+    ) -> (Fingerprint, Result<()>) {
+        let fp = self.fingerprint(kind, T::DTYPE, block).with_root(root);
+        let expected = block * self.world_size();
+        let check = self.check_root_buffer(kind.name(), whole, root, whole_len, expected);
+        (fp, check)
+    }
+
     /// Runs one collective on the communication thread and waits for it. `check` is the
     /// caller's validation of its arguments (`Ok(())` when there is nothing to check): it runs
     /// there, in the collective's place, so a failed check fails the group and its peers hear
@@ -209,12 +242,11 @@ impl ProcessGroup {
     /// Concatenates every rank's `input` into `output` (`world_size() * input.len()` elements,
     /// rank `r`'s at `r * input.len()`), on every rank.
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
-        let fp = self.fingerprint(CollectiveKind::AllGather, T::DTYPE, input.len());
-        let check = self.check_len(
-            "all_gather",
+        let (fp, check) = self.blocks_call::<T>(
+            CollectiveKind::AllGather,
             "output",
+            input.len(),
             output.len(),
-            input.len() * self.world_size(),
         );
         let (input, output) = (bytes(input), bytes_mut(output));
         self.run_collective(fp, check, move |t| t.all_gather(&fp, input, output))
@@ -288,15 +320,9 @@ impl ProcessGroup {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let fp = self
-            .fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, output.len())
-            .with_op(op);
-        let check = self.check_len(
-            "reduce_scatter",
-            "input",
-            input.len(),
-            output.len() * self.world_size(),
-        );
+        let kind = CollectiveKind::ReduceScatter;
+        let (fp, check) = self.blocks_call::<T>(kind, "input", output.len(), input.len());
+        let fp = fp.with_op(op);
         let (input, output) = (bytes(input), bytes_mut(output));
         self.run_collective(fp, check, move |t| t.reduce_scatter(&fp, input, output, op))
     }
@@ -304,12 +330,10 @@ impl ProcessGroup {
     /// [`ProcessGroup::reduce_scatter`] on the communication thread; `input.len()` must be a
     /// multiple of the world size, and `wait` returns this rank's block.
     pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        let n = self.world_size();
-        let block = input.len() / n;
-        let fp = self
-            .fingerprint(CollectiveKind::ReduceScatter, T::DTYPE, block)
-            .with_op(op);
-        let check = self.check_len("reduce_scatter", "input", input.len(), block * n);
+        let block = input.len() / self.world_size();
+        let kind = CollectiveKind::ReduceScatter;
+        let (fp, check) = self.blocks_call::<T>(kind, "input", block, input.len());
+        let fp = fp.with_op(op);
         let mut output = vec![T::zeroed(); block];
         self.submit_collective(fp, check, move |t| {
             t.reduce_scatter(&fp, bytes(&input), bytes_mut(&mut output), op)?;
@@ -336,16 +360,10 @@ impl ProcessGroup {
         output: Option<&mut [T]>,
         root: usize,
     ) -> Result<()> {
-        let fp = self
-            .fingerprint(CollectiveKind::Gather, T::DTYPE, input.len())
-            .with_root(root);
-        let check = self.check_root_buffer(
-            "gather",
-            "output",
-            root,
-            output.as_deref().map(<[T]>::len),
-            input.len() * self.world_size(),
-        );
+        let output_len = output.as_deref().map(<[T]>::len);
+        let kind = CollectiveKind::Gather;
+        let (fp, check) =
+            self.rooted_blocks_call::<T>(kind, "output", input.len(), output_len, root);
         let input = bytes(input);
         let output = output.map(bytes_mut);
         self.run_collective(fp, check, move |t| t.gather(&fp, input, output, root))
@@ -359,16 +377,10 @@ impl ProcessGroup {
         output: &mut [T],
         root: usize,
     ) -> Result<()> {
-        let fp = self
-            .fingerprint(CollectiveKind::Scatter, T::DTYPE, output.len())
-            .with_root(root);
-        let check = self.check_root_buffer(
-            "scatter",
-            "input",
-            root,
-            input.map(<[T]>::len),
-            output.len() * self.world_size(),
-        );
+        let input_len = input.map(<[T]>::len);
+        let kind = CollectiveKind::Scatter;
+        let (fp, check) =
+            self.rooted_blocks_call::<T>(kind, "input", output.len(), input_len, root);
         let input = input.map(bytes);
         let output = bytes_mut(output);
         self.run_collective(fp, check, move |t| t.scatter(&fp, input, output, root))

@@ -133,15 +133,8 @@ impl CommState {
         let stream = self.stream.clone();
         let count = buf.len();
         let (ptr, _record) = buf.device_ptr_mut(&stream);
-        // SAFETY: the caller's contract above.
-        let work = unsafe {
-            self.queue(
-                call,
-                CollectiveLabel::new(op),
-                Buffers::of::<T>(ptr, ptr, count),
-            )
-        }?;
-        then(work)
+        // SAFETY: the caller's contract above; `_record` lives until the work is queued.
+        unsafe { self.queue_then(call, op, Buffers::of::<T>(ptr, ptr, count), then) }
     }
 
     /// [`CommState::queue_in_place`] from `send` into `recv` (all-gather, reduce-scatter), with
@@ -166,14 +159,24 @@ impl CommState {
         let stream = self.stream.clone();
         let (src, _record_src) = send.device_ptr(&stream);
         let (dst, _record_dst) = recv.device_ptr_mut(&stream);
+        // SAFETY: the caller's contract above; the records live until the work is queued.
+        unsafe { self.queue_then(call, op, Buffers::of::<T>(src, dst, count), then) }
+    }
+
+    /// The common end of [`CommState::queue_in_place`] and [`CommState::queue_between`]: queues
+    /// `call` on `buffers`, labelled `op`, and hands the work to `then`.
+    ///
+    /// # Safety
+    /// As [`CommState::queue`]; the caller holds its buffers' stream records until this returns.
+    unsafe fn queue_then<X>(
+        &mut self,
+        call: Call,
+        op: &'static str,
+        buffers: Buffers,
+        then: impl FnOnce(NcclWork) -> Result<X>,
+    ) -> Result<X> {
         // SAFETY: the caller's contract above.
-        let work = unsafe {
-            self.queue(
-                call,
-                CollectiveLabel::new(op),
-                Buffers::of::<T>(src, dst, count),
-            )
-        }?;
+        let work = unsafe { self.queue(call, CollectiveLabel::new(op), buffers) }?;
         then(work)
     }
 }

@@ -103,10 +103,8 @@ impl Reporter {
 fn run(spec: ReporterSpec, rx: Receiver<Message>) {
     let own_key = key(&spec.scope, spec.rank);
     let failed = failed_key(&spec.scope);
-    // Until a failure of the group is known (a peer's, or this rank's own).
-    let mut watch_peers = true;
+    let mut watch = PeerWatch::default();
     let mut next_peer_check = Instant::now() + spec.peer_check;
-    let mut check_warned = false;
     let mut latest = Progress::default();
     // When `latest` last changed, and what the peers' heartbeats showed since.
     let mut changed_at = Instant::now();
@@ -136,7 +134,7 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
             spec.interval.saturating_sub(t.elapsed())
         });
         let mut wait = if published == Some(latest) { IDLE } else { due };
-        if watch_peers {
+        if watch.active {
             wait = wait.min(next_peer_check.saturating_duration_since(Instant::now()));
         }
         wait = wait.min(next_beat.saturating_duration_since(Instant::now()));
@@ -161,7 +159,7 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
                 continue;
             }
             Ok(Message::Failed(why)) => {
-                watch_peers = false;
+                watch.active = false;
                 // compare_set with an empty `expected` sets only a missing key: the first
                 // failing rank's reason stays.
                 if let Err(e) = spec.store.compare_set(&failed, b"", why.as_bytes()) {
@@ -190,51 +188,78 @@ fn run(spec: ReporterSpec, rx: Receiver<Message>) {
             // progress for two beats.
             let waiting =
                 latest.issued > latest.completed && changed_at.elapsed() >= spec.heartbeat * 2;
-            if watch_peers && waiting {
-                match silence.check(
+            if watch.active && waiting {
+                let silent = silence.check(
                     &spec.store,
                     &spec.scope,
                     spec.world_size,
                     spec.rank,
                     spec.silence_limit,
-                ) {
-                    Ok(Some(silent)) => {
-                        watch_peers = false;
-                        *spec
-                            .peer_silence
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(silent);
-                    }
-                    Ok(None) => {}
-                    Err(e) if !check_warned => {
-                        check_warned = true;
-                        tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot read the peers' heartbeats from the store");
-                    }
-                    Err(_) => {}
-                }
+                );
+                watch.record(
+                    &spec,
+                    silent,
+                    &spec.peer_silence,
+                    "read the peers' heartbeats from the store",
+                );
             }
         }
-        if watch_peers && Instant::now() >= next_peer_check {
+        if watch.active && Instant::now() >= next_peer_check {
             next_peer_check = Instant::now() + spec.peer_check;
-            match peer_failed(&spec.store, &failed) {
-                Ok(Some(why)) => {
-                    watch_peers = false;
-                    *spec
-                        .peer_failure
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = Some(why);
-                }
-                Ok(None) => {}
-                Err(e) if !check_warned => {
-                    check_warned = true;
-                    tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot check the store for a peer's failure");
-                }
-                Err(_) => {}
-            }
+            let why = peer_failed(&spec.store, &failed);
+            watch.record(
+                &spec,
+                why,
+                &spec.peer_failure,
+                "check the store for a peer's failure",
+            );
         }
         let due = last_time.is_none_or(|t| t.elapsed() >= spec.interval);
         if published != Some(latest) && due {
             publish(latest, &mut published, &mut last_time);
+        }
+    }
+}
+
+/// Whether the thread still watches the peers, and whether it has warned that it cannot.
+struct PeerWatch {
+    /// Until a failure of the group is known (a peer's, or this rank's own).
+    active: bool,
+    /// A failed look at the store is warned about once.
+    warned: bool,
+}
+
+impl Default for PeerWatch {
+    fn default() -> PeerWatch {
+        PeerWatch {
+            active: true,
+            warned: false,
+        }
+    }
+}
+
+impl PeerWatch {
+    /// What one look at the store found about the peers: a finding (a peer's failure, the
+    /// peers found silent) is left in `slot` for the polling thread and ends the watch; the
+    /// first look that fails is warned about (the watchdog "cannot `what`"), later ones are not.
+    fn record<T>(
+        &mut self,
+        spec: &ReporterSpec,
+        found: crate::error::Result<Option<T>>,
+        slot: &Mutex<Option<T>>,
+        what: &str,
+    ) {
+        match found {
+            Ok(Some(finding)) => {
+                self.active = false;
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(finding);
+            }
+            Ok(None) => {}
+            Err(e) if !self.warned => {
+                self.warned = true;
+                tracing::warn!(group = %spec.group, rank = spec.rank, error = %e, "the watchdog cannot {what}");
+            }
+            Err(_) => {}
         }
     }
 }

@@ -351,8 +351,8 @@ fn fingerprint_words(fp: &Fingerprint) -> [u64; FP_WORDS] {
 impl MpiTransport {
     /// Receives `src`'s next message, whatever its length, and drops it.
     fn drop_message(&mut self, src: usize) -> Result<()> {
-        // SAFETY: reading constants the MPI library exports.
-        let (byte, ignore) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_STATUS_IGNORE) };
+        // SAFETY: reading a constant the MPI library exports.
+        let byte = unsafe { ffi::RSMPI_UINT8_T };
         // SAFETY: a zeroed status is a valid out-parameter for MPI_Probe.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
         // SAFETY: a valid communicator and status.
@@ -365,19 +365,51 @@ impl MpiTransport {
             ffi::MPI_Get_count(&status, byte, &mut len)
         })?;
         let mut sink = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        let name = "MPI_Recv (dropped message)";
         // SAFETY: `sink` holds `len` bytes.
+        unsafe { self.recv_from(recv_ptr(&mut sink), len, byte, src, P2P_TAG, name) }
+    }
+
+    /// `MPI_Send` of `n` elements of `datatype` at `buf` to group rank `dst`, tagged `tag`; a
+    /// failure is reported as `name`.
+    ///
+    /// # Safety
+    /// `buf` holds `n` elements of `datatype`.
+    unsafe fn send_to(
+        &self,
+        buf: *const c_void,
+        n: c_int,
+        datatype: ffi::MPI_Datatype,
+        dst: usize,
+        tag: c_int,
+        name: &'static str,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; a valid communicator.
+        let rc = unsafe { ffi::MPI_Send(buf, n, datatype, dst as c_int, tag, self.comm.0) };
+        check(name, rc)
+    }
+
+    /// `MPI_Recv` of `n` elements of `datatype` into `buf` from group rank `src`, tagged `tag`
+    /// (its status ignored); a failure is reported as `name`.
+    ///
+    /// # Safety
+    /// `buf` has room for `n` elements of `datatype`.
+    unsafe fn recv_from(
+        &self,
+        buf: *mut c_void,
+        n: c_int,
+        datatype: ffi::MPI_Datatype,
+        src: usize,
+        tag: c_int,
+        name: &'static str,
+    ) -> Result<()> {
+        // SAFETY: reading a constant the MPI library exports; then the caller's contract and a
+        // valid communicator.
         let rc = unsafe {
-            ffi::MPI_Recv(
-                recv_ptr(&mut sink),
-                len,
-                byte,
-                src as c_int,
-                P2P_TAG,
-                self.comm.0,
-                ignore,
-            )
+            let ignore = ffi::RSMPI_STATUS_IGNORE;
+            ffi::MPI_Recv(buf, n, datatype, src as c_int, tag, self.comm.0, ignore)
         };
-        check("MPI_Recv (dropped message)", rc)
+        check(name, rc)
     }
 }
 
@@ -531,67 +563,32 @@ impl Transport for MpiTransport {
         let (byte, u64_t) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_UINT64_T) };
         let n = count("send", buf.len())?;
         let words = fingerprint_words(fp);
-        // SAFETY: `words` holds `FP_WORDS` u64.
-        let rc = unsafe {
-            ffi::MPI_Send(
-                words.as_ptr().cast(),
-                FP_WORDS as c_int,
-                u64_t,
-                dst as c_int,
-                FP_TAG,
-                self.comm.0,
-            )
-        };
-        check("MPI_Send (fingerprint)", rc)?;
-        // SAFETY: `buf` holds `n` bytes.
-        let rc =
-            unsafe { ffi::MPI_Send(send_ptr(buf), n, byte, dst as c_int, P2P_TAG, self.comm.0) };
-        check("MPI_Send", rc)
+        let words_ptr = words.as_ptr().cast();
+        // SAFETY: `words` holds `FP_WORDS` u64, `buf` `n` bytes.
+        unsafe {
+            let name = "MPI_Send (fingerprint)";
+            self.send_to(words_ptr, FP_WORDS as c_int, u64_t, dst, FP_TAG, name)?;
+            self.send_to(send_ptr(buf), n, byte, dst, P2P_TAG, "MPI_Send")
+        }
     }
 
     /// Checks the sender's fingerprint first; on a mismatch the message is received into
     /// scratch and dropped (so it cannot be taken for the next one), and the mismatch returned.
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()> {
         // SAFETY: reading constants the MPI library exports.
-        let (byte, u64_t, ignore) = unsafe {
-            (
-                ffi::RSMPI_UINT8_T,
-                ffi::RSMPI_UINT64_T,
-                ffi::RSMPI_STATUS_IGNORE,
-            )
-        };
+        let (byte, u64_t) = unsafe { (ffi::RSMPI_UINT8_T, ffi::RSMPI_UINT64_T) };
         let n = count("recv", buf.len())?;
         let mut theirs = [0u64; FP_WORDS];
+        let theirs_ptr = theirs.as_mut_ptr().cast();
+        let name = "MPI_Recv (fingerprint)";
         // SAFETY: `theirs` holds `FP_WORDS` u64.
-        let rc = unsafe {
-            ffi::MPI_Recv(
-                theirs.as_mut_ptr().cast(),
-                FP_WORDS as c_int,
-                u64_t,
-                src as c_int,
-                FP_TAG,
-                self.comm.0,
-                ignore,
-            )
-        };
-        check("MPI_Recv (fingerprint)", rc)?;
+        unsafe { self.recv_from(theirs_ptr, FP_WORDS as c_int, u64_t, src, FP_TAG, name) }?;
         if theirs != fingerprint_words(fp) {
             self.drop_message(src)?;
             return self.mismatch(fp, &theirs, src);
         }
         // SAFETY: `buf` holds `n` bytes, the length the sender's fingerprint announced.
-        let rc = unsafe {
-            ffi::MPI_Recv(
-                recv_ptr(buf),
-                n,
-                byte,
-                src as c_int,
-                P2P_TAG,
-                self.comm.0,
-                ignore,
-            )
-        };
-        check("MPI_Recv", rc)
+        unsafe { self.recv_from(recv_ptr(buf), n, byte, src, P2P_TAG, "MPI_Recv") }
     }
 
     /// MPI calls cannot be interrupted: the group refuses further calls (see the module docs).
