@@ -6,9 +6,11 @@
 
 mod label;
 mod progress;
+mod report_file;
 mod verdict;
 
 pub use label::CollectiveLabel;
 pub use progress::{PeerProgress, RankProgress};
 pub(crate) use progress::{Progress, failed_key, key, scope, starts_key, with_own};
+pub use report_file::{FAILURE_FILE_ENV, FailureReport};
 pub use verdict::{StuckWork, WatchdogCause, WatchdogFailure};

@@ -32,4 +32,3 @@ mod transport_thread;
 pub use config::{ProcessGroupConfig, TIMEOUT_ENV, TOKEN_ENV};
 pub(crate) use process_group::HostedStore;
 pub use process_group::ProcessGroup;
-pub use transport_thread::FAILURE_FILE_ENV;

@@ -8,12 +8,13 @@
 //! started even when it is several hops away (e.g. behind a host's leader).
 //!
 //! A launcher learns the same chain without the store (which lives in rank 0 and may be the
-//! thing that hangs): with [`FAILURE_FILE_ENV`] set, the first failure is also written to that
+//! thing that hangs): with [`FAILURE_FILE_ENV`](crate::FAILURE_FILE_ENV) set, the first failure is also written to that
 //! file, before any store call that could block.
 
 use super::abort::Abort;
 use crate::collective::Fingerprint;
 use crate::error::{CommError, Result};
+use crate::failure::FailureReport;
 use crate::store::Store;
 use crate::transport::Transport;
 use crate::work::{JobThread, Work, serve};
@@ -30,12 +31,6 @@ const CHAIN_WAIT: Duration = Duration::from_millis(500);
 const CHAIN_DEADLINE: Duration = Duration::from_secs(4);
 /// The most a failing rank waits for the store to take its own report.
 const PUBLISH_DEADLINE: Duration = Duration::from_secs(1);
-
-/// Environment variable naming a file where this process writes its group's first failure, for
-/// the launcher that started it (`ddp-run` sets it per rank). Format, UTF-8 text: a first line
-/// `blame <rank>` (the rank this one timed out on or lost, the next link of the chain) or
-/// `blame none`, then the error message.
-pub const FAILURE_FILE_ENV: &str = "DDP_FAILURE_FILE";
 
 /// What jobs run against on the communication thread.
 pub(crate) struct TransportState {
@@ -202,28 +197,14 @@ fn bounded<T: Send + 'static>(
     }
 }
 
-/// Writes `e` to the file named by [`FAILURE_FILE_ENV`], unless unset or already written (the
-/// first failure of any group in this process is the one that counts).
+/// Writes `e` to the launcher's failure file (the first failure of any group in this process
+/// is the one that counts).
 fn write_failure_file(e: &CommError) {
-    let Some(path) = std::env::var_os(FAILURE_FILE_ENV) else {
-        return;
-    };
-    let blame = e.peer().map_or("none".to_string(), |p| p.to_string());
-    let report = format!("blame {blame}\n{e}\n");
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, report.as_bytes()));
-    match written {
-        Ok(()) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(err) => tracing::warn!(
-            path = %std::path::Path::new(&path).display(),
-            %err,
-            "cannot write the failure report for the launcher"
-        ),
+    FailureReport {
+        blame: e.peer(),
+        message: e.to_string(),
     }
+    .write_to_env_file();
 }
 
 /// Handle to the communication thread; dropping it lets the queue drain and joins the thread.

@@ -9,33 +9,9 @@
 
 use crate::error::LaunchError;
 use crate::summary::{RootCause, Victim};
+use ddp_comm::FailureReport;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// What one rank wrote when its process group failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FailureReport {
-    /// The rank it blames, if its error blamed one.
-    pub(crate) blame: Option<usize>,
-    /// Its error message.
-    pub(crate) message: String,
-}
-
-impl FailureReport {
-    /// Parses `blame <rank>|none\n<message>`; `None` for anything else (a torn or foreign file
-    /// is ignored rather than trusted).
-    pub(crate) fn parse(text: &str) -> Option<FailureReport> {
-        let (first, message) = text.split_once('\n')?;
-        let blame = match first.strip_prefix("blame ")? {
-            "none" => None,
-            rank => Some(rank.parse().ok()?),
-        };
-        Some(FailureReport {
-            blame,
-            message: message.trim_end().to_string(),
-        })
-    }
-}
 
 /// Follows the blame from `first`. `None` when `first` blamed nobody (it is its own root cause).
 /// A cycle (two ranks blaming each other) ends at the last rank not yet visited.
@@ -282,21 +258,6 @@ mod tests {
         FailureReport {
             blame,
             message: message.into(),
-        }
-    }
-
-    #[test]
-    fn reports_parse_and_garbage_is_ignored() {
-        assert_eq!(
-            FailureReport::parse("blame 3\nall_reduce #4: timed out\n"),
-            Some(report(Some(3), "all_reduce #4: timed out"))
-        );
-        assert_eq!(
-            FailureReport::parse("blame none\npanicked\n"),
-            Some(report(None, "panicked"))
-        );
-        for bad in ["", "blame 3", "blame x\nm", "blam 3\nm", "blame -1\nm"] {
-            assert_eq!(FailureReport::parse(bad), None, "{bad:?}");
         }
     }
 

@@ -10,28 +10,15 @@
 //! error file ([`torchelastic_error`](super::torchelastic_error)).
 
 use crate::note::noteln;
-use std::io::Write;
 
 /// Prints `error` on stderr and records it as this rank's own failure, unless a communication
 /// failure was recorded first (that one names the rank to blame, and wins).
 pub(crate) fn report_own_failure(error: &dyn std::fmt::Display) {
     noteln!("ddp worker: {error}; closing the process group");
     super::torchelastic_error::write_error_file(error);
-    let Some(path) = std::env::var_os(ddp_comm::FAILURE_FILE_ENV) else {
-        return;
-    };
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(format!("blame none\n{error}\n").as_bytes()));
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => tracing::warn!(
-            path = %std::path::Path::new(&path).display(),
-            %e,
-            "cannot write this rank's failure report"
-        ),
+    ddp_comm::FailureReport {
+        blame: None,
+        message: error.to_string(),
     }
+    .write_to_env_file();
 }
