@@ -3,6 +3,8 @@
 //! bury everything else in it (or fill a disk). The first is logged at once; later ones at
 //! most once per [`INTERVAL`] per listener, with how many were left out since.
 
+use std::fmt::Display;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -37,6 +39,34 @@ impl StrangerLog {
             _ => {
                 *last = Some(now);
                 Some(self.left_out.swap(0, Ordering::Relaxed))
+            }
+        }
+    }
+
+    /// How a stranger's hello on `listener` ("store", "rendezvous") ended: what it was admitted
+    /// as, or `None` after a warning (rate-limited) that says why it was not: a refused hello,
+    /// or none complete within `timeout`.
+    pub(crate) fn hello_outcome<T, E: Display>(
+        &self,
+        listener: &str,
+        peer: SocketAddr,
+        timeout: Duration,
+        outcome: Result<Result<T, E>, tokio::time::error::Elapsed>,
+    ) -> Option<T> {
+        match outcome {
+            Ok(Ok(admitted)) => Some(admitted),
+            Ok(Err(reason)) => {
+                warn_stranger!(self, %peer, %reason, "{listener}: rejected a connection");
+                None
+            }
+            Err(_) => {
+                warn_stranger!(
+                    self,
+                    %peer,
+                    ?timeout,
+                    "{listener}: no complete hello before the deadline, dropping the connection"
+                );
+                None
             }
         }
     }

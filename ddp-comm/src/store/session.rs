@@ -59,24 +59,10 @@ pub(super) async fn serve(
 ) {
     let hello = tokio::time::timeout_at(deadline, authenticate(&served, &mut stream)).await;
     hello_done();
-    if !matches!(hello, Ok(Ok(_))) {
+    let Some(_slot) = STRANGERS.hello_outcome("store", peer, served.config.hello_timeout, hello)
+    else {
         served.refused.fetch_add(1, Ordering::SeqCst);
-    }
-    let _slot = match hello {
-        Ok(Ok(slot)) => slot,
-        Ok(Err(reason)) => {
-            warn_stranger!(STRANGERS, %peer, %reason, "store: rejected a connection");
-            return;
-        }
-        Err(_) => {
-            warn_stranger!(
-                STRANGERS,
-                %peer,
-                timeout = ?served.config.hello_timeout,
-                "store: no complete hello before the deadline, dropping the connection"
-            );
-            return;
-        }
+        return;
     };
     loop {
         let body = match read_frame_async(&mut stream, served.config.max_frame_bytes).await {

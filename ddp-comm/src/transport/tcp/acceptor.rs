@@ -12,7 +12,7 @@
 //! verdict has been written; admitted peers are handed over, as blocking sockets, through a
 //! channel.
 
-use crate::auth::{HelloSlot, Kind, PendingHellos, StrangerLog, event_loop, warn_stranger};
+use crate::auth::{HelloSlot, Kind, PendingHellos, StrangerLog, event_loop};
 use crate::connect::EventLoop;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
@@ -168,16 +168,9 @@ async fn hello(
 ) {
     let outcome = tokio::time::timeout_at(deadline, admit(&mut stream, &expect, &book)).await;
     drop(slot);
-    let group_rank = match outcome {
-        Ok(Ok(r)) => r,
-        Ok(Err(reason)) => {
-            warn_stranger!(STRANGERS, %from, %reason, "rendezvous: rejected a connection");
-            return;
-        }
-        Err(_) => {
-            warn_stranger!(STRANGERS, %from, timeout = ?HELLO_TIMEOUT, "rendezvous: no complete hello before the deadline, dropping the connection");
-            return;
-        }
+    let Some(group_rank) = STRANGERS.hello_outcome("rendezvous", from, HELLO_TIMEOUT, outcome)
+    else {
+        return;
     };
     match stream.into_std().and_then(|s| {
         s.set_nonblocking(false)?;
