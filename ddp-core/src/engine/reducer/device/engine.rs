@@ -23,7 +23,7 @@ use super::issuer::{DeviceWait, Issue, Issued, Issuer, Staged, fence_stuck};
 use super::{DeviceWork, ReductionDevice, internal};
 use crate::engine::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
 use crate::engine::reducer::reduction::{
-    BucketPosition, BucketReduction, Held, PendingBucket, Reduced, Slot,
+    BucketReduction, FullBucket, PendingBucket, Reduced, Slot,
 };
 use crate::error::DdpError;
 use burn::tensor::DType;
@@ -70,21 +70,24 @@ impl<D: ReductionDevice> DeviceReduction<D> {
 }
 
 impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
-    fn launch(
-        &self,
-        bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let first = slots.first().ok_or_else(|| internal("empty bucket"))?;
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let first = bucket
+            .slots
+            .first()
+            .ok_or_else(|| internal("empty bucket"))?;
         let path = first.path.clone();
-        let (flat, layout) = flatten(slots, grads)?;
+        let (flat, layout) = flatten(bucket.slots, bucket.grads)?;
         // On this (the backward) thread: the memory and the fence after the bucket's kernels.
         // Neither waits for the device.
         let (memory, ready) = self
             .device
             .stage::<I>(flat, layout.len, first.dtype, &path)?;
-        let flight = self.send(Staged::AllReduce(memory), vec![ready], bucket.index, path)?;
+        let flight = self.send(
+            Staged::AllReduce(memory),
+            vec![ready],
+            bucket.position.index,
+            path,
+        )?;
         Ok(Box::new(BucketInFlight { flight, layout }))
     }
 
