@@ -27,7 +27,7 @@ mod staged_reduction;
 
 pub(crate) use device::{
     ChunkInFlight, DeviceChoice, DeviceReduction, DeviceShards, ReductionDevice, ShardCollectives,
-    ShardError, StandInDevice, StandInReduction, choose_device,
+    ShardError, StandInDevice, StandInReduction, UnitGradient, choose_device,
 };
 #[cfg(feature = "cuda")]
 pub(crate) use device::{NcclDevice, NcclReduction, nccl_can_run};

@@ -39,7 +39,7 @@ mod waiter;
 #[cfg(feature = "cuda")]
 pub(crate) use choice::nccl_can_run;
 pub(crate) use choice::{DeviceChoice, choose_device};
-pub(crate) use engine::{ChunkInFlight, DeviceReduction};
+pub(crate) use engine::{ChunkInFlight, DeviceReduction, UnitGradient};
 #[cfg(feature = "cuda")]
 pub(crate) use nccl::{NcclDevice, NcclReduction};
 pub(crate) use shards::{DeviceShards, ShardCollectives, ShardError};
@@ -67,13 +67,11 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
     /// The communicator, for logs and errors: "NCCL", "the stand-in".
     fn name(&self) -> &'static str;
 
-    /// On the backward thread: the flat bucket (`len` elements of `dtype`) as device memory,
-    /// and its ready fence. Must not wait for the device.
+    /// On the backward thread: the flat bucket as device memory, and its ready fence (`path`:
+    /// the parameter or user its errors name). Must not wait for the device.
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(Self::Memory, Self::Fence), DdpError>;
 
@@ -114,6 +112,25 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
         memory: Self::Memory,
         device: &I::Device,
     ) -> Result<FloatTensor<I>, DdpError>;
+}
+
+/// A flat tensor for [`ReductionDevice::stage`], and what its collective reads and writes of
+/// it: `len` elements of `dtype`.
+pub(crate) struct FlatTensor<I: Backend> {
+    pub(crate) tensor: FloatTensor<I>,
+    pub(crate) len: usize,
+    pub(crate) dtype: DType,
+}
+
+impl<I: Backend> FlatTensor<I> {
+    /// `len` f32 elements: what ZeRO's and FSDP's collectives move.
+    pub(crate) fn f32(tensor: FloatTensor<I>, len: usize) -> FlatTensor<I> {
+        FlatTensor {
+            tensor,
+            len,
+            dtype: DType::F32,
+        }
+    }
 }
 
 /// A collective over staged memory, as [`ReductionDevice::queue`] queues it. The two buffers of

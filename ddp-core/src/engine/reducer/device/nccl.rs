@@ -15,7 +15,7 @@
 //! bytes is copied out by burn). Nothing crosses to the host.
 
 use super::waiter::BlockingWaiter;
-use super::{DeviceCollective, DeviceWork, Readiness, ReductionDevice, internal};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice, internal};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -142,11 +142,14 @@ impl ReductionDevice for NcclDevice {
 
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(CubeBucket, Self::Fence), DdpError> {
+        let FlatTensor {
+            tensor: flat,
+            len,
+            dtype,
+        } = flat;
         let nccl_type = nccl_dtype(dtype).ok_or_else(|| DdpError::Gradient {
             path: path.to_string(),
             reason: format!("NCCL cannot reduce {dtype:?}"),

@@ -12,7 +12,7 @@
 //! instead of at their own timeout. Memory a failed collective (or an unfinished kernel) may
 //! still write is never given back.
 
-use super::{DeviceCollective, DeviceWork, Readiness, ReductionDevice};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ddp_comm::CommError;
@@ -95,7 +95,7 @@ impl<D: ReductionDevice> DeviceShards<D> {
         let path = self.user;
         let staged = |t: Tensor<I, 1>, len: usize| {
             self.device
-                .stage::<I>(t.into_primitive().tensor(), len, DType::F32, path)
+                .stage(FlatTensor::<I>::f32(t.into_primitive().tensor(), len), path)
                 .map_err(|e| fail(e.to_string()))
         };
         let (send_memory, send_ready) = staged(send, send_len)?;

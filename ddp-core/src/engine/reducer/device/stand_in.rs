@@ -8,12 +8,12 @@
 //! NCCL's. With ddp-core's `test-hooks` feature, [`FENCE_FAULT_ENV`] delays fences or leaves one
 //! never completed, as a slow or hung kernel would.
 
-use super::{DeviceCollective, DeviceWork, Readiness, ReductionDevice, internal};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice, internal};
 use crate::engine::reducer::host_grad::{HostGrad, read_to_host};
 use crate::error::DdpError;
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, TensorData};
 use ddp_comm::stand_in::{StandInBuffer, StandInComm, StandInWork};
 use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{CommError, ProcessGroup, ReduceOp, WorkTiming, bf16, f16};
@@ -155,11 +155,14 @@ impl ReductionDevice for StandInDevice {
 
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(HostBucket, HostFence), DdpError> {
+        let FlatTensor {
+            tensor: flat,
+            len,
+            dtype,
+        } = flat;
         let gradient = |reason: String| DdpError::Gradient {
             path: path.to_string(),
             reason,

@@ -2,9 +2,8 @@
 //! its parts (the issuing thread, the calling thread's collectives) run on: it records what it
 //! is asked and fails as a test says, with no communicator behind it.
 
-use super::{DeviceCollective, DeviceWork, Readiness, ReductionDevice};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice};
 use crate::error::DdpError;
-use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::watchdog::CollectiveLabel;
@@ -88,9 +87,7 @@ impl ReductionDevice for ScriptedDevice {
 
     fn stage<I: Backend>(
         &self,
-        _: FloatTensor<I>,
-        _: usize,
-        _: DType,
+        _: FlatTensor<I>,
         _: &str,
     ) -> Result<(Counted, Result<(), String>), DdpError> {
         Ok((self.memory(), Ok(())))
