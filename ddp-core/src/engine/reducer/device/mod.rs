@@ -135,7 +135,6 @@ impl<I: Backend> FlatTensor<I> {
 
 /// A collective over staged memory, as [`ReductionDevice::queue`] queues it. The two buffers of
 /// a reduce-scatter or an all-gather were both staged, in one dtype, and are distinct.
-#[derive(Clone, Copy)]
 pub(crate) enum DeviceCollective<'a, M> {
     /// The in-place average of the memory across the ranks (DDP's buckets).
     AllReduce(&'a M),
