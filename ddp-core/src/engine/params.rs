@@ -84,13 +84,8 @@ impl<I: Backend> ParamTable<I> {
         // Visit first: it initialises lazy parameters in module order, drawing from burn's RNG
         // exactly as plain training would. Cloning an uninitialised module (as the flush below
         // does) would make the clone draw values of its own and shift every later draw.
-        let mut describe = Describe::<B> {
-            path: Vec::new(),
-            entries: Vec::new(),
-        };
-        module.visit(&mut describe);
+        let mut entries = see::<B, M>(module);
         flush_running_states::<B, M>(module);
-        let mut entries = describe.entries;
         for index in shared_state_indices::<B, M>(module, &entries) {
             entries[index].kind = ParamKind::Buffer;
         }
@@ -308,52 +303,16 @@ impl<B: Backend> ModuleVisitor<B> for ShapeProbe {
     }
 }
 
-/// What [`ParamTable::for_caller`] compares: one float tensor of a module, seen cheaply.
-struct Seen {
-    id: ParamId,
-    path: String,
-    shape: Vec<usize>,
-    dtype: DType,
-    trainable: bool,
-}
-
-struct See<B: AutodiffBackend> {
-    path: Vec<String>,
-    seen: Vec<Seen>,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for See<B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        self.seen.push(Seen {
-            id: param.id,
-            path: self.path.join("."),
-            shape: value.dims().to_vec(),
-            dtype: value.dtype(),
-            trainable: value.is_require_grad(),
-        });
-    }
-}
-
 /// Every float tensor of `module` in module order, seen cheaply (no lazy initialisation
-/// beyond reading values, no flush).
-fn see<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Vec<Seen> {
-    let mut see = See::<B> {
+/// beyond reading values, no flush): a tensor's kind says only whether it is trained (a buffer
+/// is [`ParamKind::Frozen`] here; [`ParamTable::describe`] tells them apart).
+fn see<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Vec<ParamEntry<B::InnerBackend>> {
+    let mut describe = Describe::<B> {
         path: Vec::new(),
-        seen: Vec::new(),
-        _backend: std::marker::PhantomData,
+        entries: Vec::new(),
     };
-    module.visit(&mut see);
-    see.seen
+    module.visit(&mut describe);
+    describe.entries
 }
 
 /// The path of the first trained tensor whose parameter already appeared earlier in `module`
@@ -364,7 +323,7 @@ pub(crate) fn first_tied_trainable<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut ids = std::collections::HashSet::new();
     see::<B, M>(module)
         .into_iter()
-        .find(|s| !ids.insert(s.id) && s.trainable)
+        .find(|s| !ids.insert(s.id) && s.kind == ParamKind::Trainable)
         .map(|s| s.path)
 }
 
@@ -389,20 +348,9 @@ impl<I: Backend> ParamTable<I> {
         let rule = "it must have the wrapped module's parameter layout: the same float tensors in \
                     the same order (paths, shapes, dtypes, trainable or not) and the same tied \
                     parameters";
-        let describe = |s: &Seen| {
-            let kind = if s.trainable {
-                "param"
-            } else {
-                "buffer/frozen"
-            };
-            format!("{}\t{:?}\t{:?}\t{kind}", s.path, s.shape, s.dtype)
-        };
-        let mine = |e: &ParamEntry<I>| {
-            let kind = if e.kind == ParamKind::Trainable {
-                "param"
-            } else {
-                "buffer/frozen"
-            };
+        let trained = |e: &ParamEntry<I>| e.kind == ParamKind::Trainable;
+        let shown = |e: &ParamEntry<I>| {
+            let kind = if trained(e) { "param" } else { "buffer/frozen" };
             format!("{}\t{:?}\t{:?}\t{kind}", e.path, e.shape, e.dtype)
         };
         let n = self.entries.len().max(seen.len());
@@ -411,19 +359,17 @@ impl<I: Backend> ParamTable<I> {
                 e.path != s.path
                     || e.shape != s.shape
                     || e.dtype != s.dtype
-                    || (e.kind == ParamKind::Trainable) != s.trainable
+                    || trained(e) != trained(s)
             }
             _ => true,
         }) {
             return Err(crate::DdpError::ModelMismatch(format!(
                 "the module passed to {what} differs from the wrapped one ({rule}): tensor #{i} \
                  is {:?}, the wrapped module's is {:?}",
-                seen.get(i)
-                    .map(describe)
-                    .unwrap_or_else(|| "missing".into()),
+                seen.get(i).map(shown).unwrap_or_else(|| "missing".into()),
                 self.entries
                     .get(i)
-                    .map(mine)
+                    .map(shown)
                     .unwrap_or_else(|| "missing".into()),
             )));
         }

@@ -8,7 +8,7 @@ use super::error::FsdpError;
 use crate::Collectives;
 use crate::engine::reducer::{
     BucketReduction, ChunkInFlight, DeviceChoice, DeviceReduction, DeviceShards, ReductionDevice,
-    ShardCollectives, ShardError, choose_device,
+    ShardCollectives, ShardError, UnitGradient, choose_device,
 };
 use crate::error::DdpError;
 use burn::tensor::Tensor;
@@ -22,15 +22,12 @@ pub(super) trait UnitCollectives<I: Backend>: Send + Sync {
     /// The communicator: "NCCL", "the stand-in".
     fn name(&self) -> &'static str;
 
-    /// On the backward thread: queues the reduce-scatter (`Avg`) of unit `unit`'s flat
-    /// gradient `send` (`send_len` f32 elements, every rank's chunk) into a chunk of
-    /// `recv_len`, behind every unit launched before it. Does not wait for the device.
+    /// On the backward thread: queues the reduce-scatter (`Avg`) of a unit's flat gradient
+    /// into this rank's chunk, behind every unit launched before it. Does not wait for the
+    /// device.
     fn launch_reduce_scatter(
         &self,
-        unit: usize,
-        send: FloatTensor<I>,
-        send_len: usize,
-        recv_len: usize,
+        gradient: UnitGradient<I>,
         device: &I::Device,
     ) -> Result<Box<dyn PendingChunk<I>>, DdpError>;
 
@@ -67,15 +64,10 @@ impl<I: Backend, D: ReductionDevice> UnitCollectives<I> for DeviceUnits<D> {
 
     fn launch_reduce_scatter(
         &self,
-        unit: usize,
-        send: FloatTensor<I>,
-        send_len: usize,
-        recv_len: usize,
+        gradient: UnitGradient<I>,
         device: &I::Device,
     ) -> Result<Box<dyn PendingChunk<I>>, DdpError> {
-        let flight = self
-            .engine
-            .launch_reduce_scatter::<I>(unit, send, send_len, recv_len, device)?;
+        let flight = self.engine.launch_reduce_scatter::<I>(gradient, device)?;
         Ok(Box::new(flight))
     }
 

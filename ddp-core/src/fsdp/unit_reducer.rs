@@ -13,7 +13,7 @@
 use super::device::{PendingChunk, UnitCollectives};
 use super::layout::Layout;
 use crate::engine::params::{ParamKind, ParamTable};
-use crate::engine::reducer::read_to_host;
+use crate::engine::reducer::{UnitGradient, read_to_host};
 use crate::engine::tap::{GradientSink, InWrapperBackward};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -273,10 +273,14 @@ impl<I: Backend> UnitReducer<I> {
                 s.launched[unit] = Some(Launched::Host(work));
             }
             UnitComm::Device(comm, device) => {
-                let flat = self.device_flat(s, unit, device);
-                let padded = self.padded[unit];
-                let chunk = padded / self.pg.world_size();
-                match comm.launch_reduce_scatter(unit, flat, padded, chunk, device) {
+                let len = self.padded[unit];
+                let gradient = UnitGradient {
+                    unit,
+                    flat: self.device_flat(s, unit, device),
+                    len,
+                    chunk_len: len / self.pg.world_size(),
+                };
+                match comm.launch_reduce_scatter(gradient, device) {
                     Ok(pending) => s.launched[unit] = Some(Launched::Device(pending)),
                     Err(e) => {
                         let reason = format!("launching unit {unit}'s reduce-scatter: {e}");

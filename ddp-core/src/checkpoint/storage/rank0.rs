@@ -201,6 +201,17 @@ pub(crate) fn all_gather_bytes(
         .collect()
 }
 
+/// The payload sizes `lengths` (one per rank, as they travel), and the longest of them: what
+/// every payload is padded to for one gather or scatter.
+fn payload_sizes(lengths: &[i64]) -> (Vec<usize>, usize) {
+    let sizes: Vec<usize> = lengths
+        .iter()
+        .map(|&n| usize::try_from(n).unwrap_or(0))
+        .collect();
+    let longest = sizes.iter().copied().max().unwrap_or(0);
+    (sizes, longest)
+}
+
 /// Gathers every rank's `bytes` on rank 0 only (one gather, each payload padded to the
 /// longest), for per-rank payloads too large to send to every rank: rank 0 gets them by rank,
 /// the others `None`. Skipped (one small all-reduce) when all are empty.
@@ -213,11 +224,7 @@ pub(crate) fn gather_bytes_to_rank0(
     let mut lengths = vec![0i64; world];
     pg.all_gather(&[bytes.len() as i64], &mut lengths)
         .map_err(CheckpointError::comm(context))?;
-    let sizes: Vec<usize> = lengths
-        .iter()
-        .map(|&n| usize::try_from(n).unwrap_or(0))
-        .collect();
-    let longest = sizes.iter().copied().max().unwrap_or(0);
+    let (sizes, longest) = payload_sizes(&lengths);
     if longest == 0 {
         return Ok((pg.rank() == 0).then(|| vec![Vec::new(); world]));
     }
@@ -251,11 +258,7 @@ pub(crate) fn scatter_bytes_from_rank0(
     }
     pg.broadcast(&mut lengths, 0)
         .map_err(CheckpointError::comm(context))?;
-    let sizes: Vec<usize> = lengths
-        .iter()
-        .map(|&n| usize::try_from(n).unwrap_or(0))
-        .collect();
-    let longest = sizes.iter().copied().max().unwrap_or(0);
+    let (sizes, longest) = payload_sizes(&lengths);
     if longest == 0 {
         return Ok(Vec::new());
     }

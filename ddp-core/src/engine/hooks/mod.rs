@@ -30,8 +30,6 @@ mod compress;
 mod hook_state;
 mod linalg;
 mod powersgd;
-mod powersgd_parked;
-mod powersgd_state;
 
 pub use comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};
 pub use compress::{Bf16CompressHook, Fp16CompressHook};

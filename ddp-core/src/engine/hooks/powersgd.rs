@@ -4,7 +4,7 @@
 //!
 //! Its state (step count, random generator, per-bucket error feedback and Q memory, and the
 //! parameters each bucket held) goes into checkpoints through [`CommHook::state`] and comes
-//! back with [`CommHook::load_state`] (format in `powersgd_state.rs`), so a resumed run
+//! back with [`CommHook::load_state`] (taken and checked in `powersgd/resume.rs`, laid out in bytes in `powersgd/state_format.rs`), so a resumed run
 //! continues bit for bit (the guide's "Communication hooks and PowerSGD"). A state is only
 //! restored into a hook with the same settings (the seed aside) whose buffers fit the saved
 //! layouts; anything else is a named [`CommHookStateError`].
@@ -12,8 +12,6 @@
 use super::comm_hook::{BucketParam, CommHook, CommHookStateError, GradBucket, HookError};
 use super::hook_state::CommHookState;
 use super::linalg::{expand, orthogonalize, project, project_t};
-use super::powersgd_parked::Parked;
-use super::powersgd_state::{BucketState, POWERSGD_STATE_VERSION, Settings, Snapshot};
 use crate::DdpError;
 use burn::config::Config;
 use ddp_comm::{ProcessGroup, ReduceOp};
@@ -21,6 +19,14 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::ops::Range;
+
+mod parked;
+mod resume;
+mod state_format;
+#[cfg(test)]
+mod tests;
+
+use parked::Parked;
 
 /// Settings of [`PowerSgdHook`], with PyTorch's names and meaning.
 #[derive(Config, Debug)]
@@ -162,7 +168,7 @@ impl PowerSgdHook {
     /// When bucket `index` holds other parameters than when its error and Q were kept (DDP
     /// laid the buckets out again, as a resumed run does), its state is parked by parameter
     /// and the bucket takes its parameters' parked state: all of it moves with the parameters
-    /// (`powersgd_parked.rs`). A bucket with a parameter none was kept for starts afresh, as
+    /// (`powersgd/parked.rs`). A bucket with a parameter none was kept for starts afresh, as
     /// before: old state must not land on other parameters. Every rank sees the same layouts,
     /// so the ranks stay in step.
     fn forget_if_relaid(&mut self, bucket: &GradBucket) {
@@ -304,228 +310,20 @@ impl CommHook for PowerSgdHook {
     }
 
     fn state(&self) -> Option<CommHookState> {
-        Some(CommHookState::new(
-            POWERSGD,
-            POWERSGD_STATE_VERSION,
-            self.snapshot().encode(),
-        ))
+        Some(self.saved_state())
     }
 
     fn load_state(&mut self, state: CommHookState) -> Result<(), CommHookStateError> {
-        state.check_written_by(POWERSGD, POWERSGD_STATE_VERSION)?;
-        let snapshot =
-            Snapshot::decode(state.payload()).map_err(|reason| CommHookStateError::Corrupt {
-                hook: POWERSGD.into(),
-                reason,
-            })?;
-        if let Some((setting, saved, current)) =
-            snapshot.settings.first_difference(&self.settings())
-        {
-            return Err(CommHookStateError::ConfigMismatch {
-                hook: POWERSGD.into(),
-                setting,
-                saved,
-                current,
-            });
-        }
-        for bucket in &snapshot.buckets {
-            self.check_fits(bucket)?;
-        }
-        self.restore(snapshot);
-        Ok(())
+        self.restore_saved(state)
     }
 }
 
 /// The hook's name, in logs, errors and the states it writes.
 const POWERSGD: &str = "PowerSGD";
 
-impl PowerSgdHook {
-    fn settings(&self) -> Settings {
-        let c = &self.config;
-        Settings {
-            rank: c.rank as u64,
-            start_iter: c.start_iter as u64,
-            min_compression_rate: c.min_compression_rate,
-            warm_start: c.warm_start,
-            error_feedback: c.error_feedback,
-            orthogonalization_epsilon: c.orthogonalization_epsilon,
-        }
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        let mut indices: Vec<usize> = self.layouts.keys().copied().collect();
-        indices.sort_unstable();
-        Snapshot {
-            settings: self.settings(),
-            iter: self.iter as u64,
-            rng_seed: self.rng.get_seed(),
-            rng_stream: self.rng.get_stream(),
-            rng_word_pos: self.rng.get_word_pos(),
-            buckets: indices
-                .into_iter()
-                .map(|index| BucketState {
-                    index,
-                    layout: self.layouts[&index].clone(),
-                    error: self.error.get(&index).cloned(),
-                    q_memory: self.q_memory.get(&index).cloned(),
-                })
-                .collect(),
-        }
-    }
-
-    /// Checks that `bucket`'s saved buffers are what this hook's settings make of its saved
-    /// layout: the error as long as the bucket, the Q memory as long as the Q of its
-    /// compressed matrices.
-    fn check_fits(&self, bucket: &BucketState) -> Result<(), CommHookStateError> {
-        let mismatch = |detail: String| CommHookStateError::LayoutMismatch {
-            hook: POWERSGD.into(),
-            bucket: bucket.index,
-            detail,
-        };
-        let mut at = 0;
-        for p in &bucket.layout {
-            if p.offset != at {
-                return Err(mismatch(format!(
-                    "{} starts at {}, after {at} elements of the parameters before it",
-                    p.path, p.offset
-                )));
-            }
-            at += p.numel();
-        }
-        if let Some(error) = &bucket.error
-            && error.len() != at
-        {
-            return Err(mismatch(format!(
-                "its error feedback has {} elements, its parameters {at}",
-                error.len()
-            )));
-        }
-        let (matrices, _) = self.split(&bucket.layout);
-        let q_len: usize = matrices.iter().map(|x| x.m * x.r).sum();
-        if let Some(q) = &bucket.q_memory
-            && q.len() != q_len
-        {
-            return Err(mismatch(format!(
-                "its Q memory has {} elements, rank {} makes {q_len} of its matrices",
-                q.len(),
-                self.config.rank
-            )));
-        }
-        Ok(())
-    }
-
-    /// Replaces the whole state by `snapshot`'s (checked).
-    fn restore(&mut self, snapshot: Snapshot) {
-        let mut rng = ChaCha8Rng::from_seed(snapshot.rng_seed);
-        rng.set_stream(snapshot.rng_stream);
-        rng.set_word_pos(snapshot.rng_word_pos);
-        self.rng = rng;
-        self.iter = snapshot.iter as usize;
-        self.error.clear();
-        self.q_memory.clear();
-        self.layouts.clear();
-        self.parked.clear();
-        for bucket in snapshot.buckets {
-            if let Some(error) = bucket.error {
-                self.error.insert(bucket.index, error);
-            }
-            if let Some(q) = bucket.q_memory {
-                self.q_memory.insert(bucket.index, q);
-            }
-            self.layouts.insert(bucket.index, bucket.layout);
-        }
-    }
-}
-
 /// A standard normal sample (Box-Muller), from the hook's seeded generator.
 fn normal(rng: &mut ChaCha8Rng) -> f32 {
     let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
     let u2: f64 = rng.random();
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::hooks::BucketParam;
-    use ddp_comm::{ProcessGroupConfig, Store, StoreConfig, StoreServer};
-
-    fn bucket(path: &str, values: &[f32]) -> GradBucket {
-        let params = vec![BucketParam {
-            path: path.into(),
-            shape: vec![4, 4],
-            offset: 0,
-        }];
-        GradBucket::new(0, true, values.to_vec(), params)
-    }
-
-    /// Bucket 0 holds `a` until DDP lays the buckets out again, then `b` of the same size: the
-    /// error `a` left must not be added to `b`'s gradient.
-    #[test]
-    fn a_bucket_laid_out_again_starts_without_the_old_parameters_error() {
-        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
-        let store =
-            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
-        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
-        let mut hook = PowerSgdConfig::new()
-            .with_start_iter(2)
-            .with_warm_start(false)
-            .init()
-            .expect("hook");
-        let grad: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
-        for _ in 0..3 {
-            hook.reduce(&mut bucket("a", &grad), &pg).expect("reduce");
-        }
-        assert!(
-            hook.error[&0].iter().any(|e| *e != 0.0),
-            "rank 1 leaves an error"
-        );
-        let mut relaid = bucket("b", &grad);
-        hook.reduce(&mut relaid, &pg).expect("reduce");
-        // The new error is what this step's approximation missed of `grad` alone.
-        let missed: Vec<f32> = grad
-            .iter()
-            .zip(relaid.buffer())
-            .map(|(g, o)| g - o)
-            .collect();
-        assert_eq!(hook.error[&0], missed);
-    }
-
-    /// A state goes into a fresh hook of the same settings whole, and one whose buffers do not
-    /// fit its saved layout is refused by name.
-    #[test]
-    fn a_state_restores_whole_and_one_that_does_not_fit_is_refused() {
-        let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("store");
-        let store =
-            Store::connect(&server.local_addr().to_string(), StoreConfig::new()).expect("store");
-        let pg = ProcessGroup::with_store(store, ProcessGroupConfig::new(0, 1)).expect("group");
-        let config = PowerSgdConfig::new().with_start_iter(2);
-        let mut hook = config.init().expect("hook");
-        let grad: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
-        for _ in 0..3 {
-            hook.reduce(&mut bucket("a", &grad), &pg).expect("reduce");
-        }
-        let state = hook.state().expect("PowerSGD has a state");
-        let mut fresh = config.init().expect("hook");
-        fresh.load_state(state.clone()).expect("restore");
-        assert_eq!(fresh.state(), Some(state.clone()));
-        assert_eq!(fresh.iterations(), 3);
-
-        let mut snapshot = Snapshot::decode(state.payload()).expect("decodes");
-        snapshot.buckets[0]
-            .error
-            .as_mut()
-            .expect("error feedback")
-            .pop();
-        let short = CommHookState::new(POWERSGD, POWERSGD_STATE_VERSION, snapshot.encode());
-        let err = config.init().expect("hook").load_state(short).unwrap_err();
-        assert!(
-            matches!(err, CommHookStateError::LayoutMismatch { bucket: 0, .. }),
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains("15 elements, its parameters 16"),
-            "{err}"
-        );
-    }
 }

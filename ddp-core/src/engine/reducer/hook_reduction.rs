@@ -9,7 +9,7 @@
 
 use super::host_grad::HostGrad;
 use super::reduction::{
-    BucketPosition, BucketReduction, Held, HostReduction, PendingBucket, Reduced, Slot,
+    BucketReduction, FullBucket, Held, HostReduction, PendingBucket, Reduced, Slot,
 };
 use crate::engine::hooks::{BucketParam, CommHook, CommHookState, CommHookStateError, GradBucket};
 use crate::error::DdpError;
@@ -175,17 +175,17 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
         BucketReduction::<I>::add(&self.host, slot, acc, more)
     }
 
-    fn launch(
-        &self,
-        bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        if slots.first().map(|s| s.dtype) != Some(DType::F32) {
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        if bucket.slots.first().map(|s| s.dtype) != Some(DType::F32) {
             // Its collective goes on the group from this thread: after the hook's, in order.
-            self.drain_before(bucket.index)?;
-            return self.host.launch(bucket, slots, grads);
+            self.drain_before(bucket.position.index)?;
+            return self.host.launch(bucket);
         }
+        let FullBucket {
+            position,
+            slots,
+            grads,
+        } = bucket;
         let total: usize = slots.iter().map(|s| s.numel()).sum();
         let mut buffer = Vec::with_capacity(total);
         let mut params = Vec::with_capacity(slots.len());
@@ -207,9 +207,9 @@ impl<I: Backend> BucketReduction<I> for HookReduction {
             }
         }
         let (reply, result) = mpsc::channel();
-        let index = bucket.index;
+        let index = position.index;
         let job = Job {
-            bucket: GradBucket::new(index, bucket.last_of_its_dtype, buffer, params),
+            bucket: GradBucket::new(index, position.last_of_its_dtype, buffer, params),
             queued: Instant::now(),
             reply,
         };

@@ -27,7 +27,7 @@ mod staged_reduction;
 
 pub(crate) use device::{
     ChunkInFlight, DeviceChoice, DeviceReduction, DeviceShards, ReductionDevice, ShardCollectives,
-    ShardError, StandInDevice, StandInReduction, choose_device,
+    ShardError, StandInDevice, StandInReduction, UnitGradient, choose_device,
 };
 #[cfg(feature = "cuda")]
 pub(crate) use device::{NcclDevice, NcclReduction, nccl_can_run};
@@ -46,7 +46,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::{ProcessGroup, ReduceOp, WorkTiming};
-use reduction::{BucketPosition, Held, PendingBucket};
+use reduction::{BucketPosition, FullBucket, Held, PendingBucket};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -413,7 +413,11 @@ impl<I: Backend> Reducer<I> {
             index: b,
             last_of_its_dtype,
         };
-        let pending = self.reduction.launch(position, &slots, grads)?;
+        let pending = self.reduction.launch(FullBucket {
+            position,
+            slots: &slots,
+            grads,
+        })?;
         s.in_flight[b] = Some(pending);
         Ok(())
     }

@@ -91,14 +91,8 @@ pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
             )),
         }
     }
-    /// Starts reducing a bucket; `bucket` says where it stands in the step, `grads` has one
-    /// entry per slot, `None` where this rank has no gradient for it (it counts as zeros).
-    fn launch(
-        &self,
-        bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
+    /// Starts reducing a full bucket.
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError>;
     /// This rank's DDP failed (`reason`): fail whatever the reduction communicates through
     /// besides the process group (which DDP aborts itself), so peers waiting in it fail
     /// promptly naming this rank instead of at their timeout.
@@ -118,6 +112,15 @@ pub(crate) trait BucketReduction<I: Backend>: Send + Sync {
         }
         .into())
     }
+}
+
+/// A full bucket handed to [`BucketReduction::launch`]: where it stands in the step, its slots,
+/// and their gradients, one entry per slot, `None` where this rank has no gradient for it (it
+/// counts as zeros).
+pub(crate) struct FullBucket<'a, I: Backend> {
+    pub(crate) position: BucketPosition,
+    pub(crate) slots: &'a [&'a Slot<I>],
+    pub(crate) grads: Vec<Option<Held<I>>>,
 }
 
 /// Where a bucket stands in its step's launch order.
@@ -147,13 +150,9 @@ impl<I: Backend> PendingBucket<I> for Ready<I> {
 }
 
 impl<I: Backend> BucketReduction<I> for LocalReduction {
-    fn launch(
-        &self,
-        _bucket: BucketPosition,
-        _slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let tensors = grads
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let tensors = bucket
+            .grads
             .into_iter()
             .map(|g| match g {
                 None => Ok(None),
@@ -195,15 +194,10 @@ impl<I: Backend> BucketReduction<I> for HostReduction {
         }
     }
 
-    fn launch(
-        &self,
-        _bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let dtype = first_slot(slots)?.dtype;
-        let mut host = Vec::with_capacity(grads.len());
-        for (slot, g) in slots.iter().zip(grads) {
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let dtype = first_slot(bucket.slots)?.dtype;
+        let mut host = Vec::with_capacity(bucket.grads.len());
+        for (slot, g) in bucket.slots.iter().zip(bucket.grads) {
             host.push(match g {
                 Some(Held::Host(g)) => g,
                 // Unused here: zeros, so every rank launches the same collective.

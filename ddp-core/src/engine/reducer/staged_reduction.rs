@@ -8,9 +8,7 @@
 
 use super::flat_bucket::{FlatLayout, flatten, unflatten};
 use super::host_grad::{HostElement, HostGrad, read_to_host};
-use super::reduction::{
-    BucketPosition, BucketReduction, Held, PendingBucket, Reduced, Slot, first_slot,
-};
+use super::reduction::{BucketReduction, FullBucket, PendingBucket, Reduced, Slot, first_slot};
 use crate::error::DdpError;
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
@@ -22,16 +20,11 @@ pub(crate) struct StagedReduction {
 }
 
 impl<I: Backend> BucketReduction<I> for StagedReduction {
-    fn launch(
-        &self,
-        _bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let first = first_slot(slots)?;
-        let (bucket, layout) = flatten(slots, grads)?;
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let first = first_slot(bucket.slots)?;
+        let (flat, layout) = flatten(bucket.slots, bucket.grads)?;
         // The one device-to-host copy of this bucket.
-        let data = read_to_host::<I>(bucket)
+        let data = read_to_host::<I>(flat)
             .map_err(|e| first.gradient_error(format!("reading its bucket: {e}")))?;
         let host = HostGrad::from_data(data).map_err(|r| first.gradient_error(r))?;
         Ok(match host {

@@ -20,13 +20,13 @@
 //! fails it is never released (the device may still be writing it).
 
 use super::issuer::{DeviceWait, Issue, Issued, Issuer, Staged, fence_stuck};
-use super::{DeviceWork, ReductionDevice, internal};
+use super::{DeviceWork, FlatTensor, ReductionDevice, internal};
 use crate::engine::reducer::flat_bucket::{FlatLayout, flatten, unflatten};
 use crate::engine::reducer::reduction::{
-    BucketPosition, BucketReduction, Held, PendingBucket, Reduced, Slot,
+    BucketReduction, FullBucket, PendingBucket, Reduced, Slot,
 };
 use crate::error::DdpError;
-use burn::tensor::DType;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use ddp_comm::{CommError, WorkTiming};
@@ -70,21 +70,29 @@ impl<D: ReductionDevice> DeviceReduction<D> {
 }
 
 impl<I: Backend, D: ReductionDevice> BucketReduction<I> for DeviceReduction<D> {
-    fn launch(
-        &self,
-        bucket: BucketPosition,
-        slots: &[&Slot<I>],
-        grads: Vec<Option<Held<I>>>,
-    ) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
-        let first = slots.first().ok_or_else(|| internal("empty bucket"))?;
+    fn launch(&self, bucket: FullBucket<'_, I>) -> Result<Box<dyn PendingBucket<I>>, DdpError> {
+        let first = bucket
+            .slots
+            .first()
+            .ok_or_else(|| internal("empty bucket"))?;
         let path = first.path.clone();
-        let (flat, layout) = flatten(slots, grads)?;
+        let (flat, layout) = flatten(bucket.slots, bucket.grads)?;
         // On this (the backward) thread: the memory and the fence after the bucket's kernels.
         // Neither waits for the device.
-        let (memory, ready) = self
-            .device
-            .stage::<I>(flat, layout.len, first.dtype, &path)?;
-        let flight = self.send(Staged::AllReduce(memory), vec![ready], bucket.index, path)?;
+        let (memory, ready) = self.device.stage::<I>(
+            FlatTensor {
+                tensor: flat,
+                len: layout.len,
+                dtype: first.dtype,
+            },
+            &path,
+        )?;
+        let flight = self.send(
+            Staged::AllReduce(memory),
+            vec![ready],
+            bucket.position.index,
+            path,
+        )?;
         Ok(Box::new(BucketInFlight { flight, layout }))
     }
 
@@ -123,22 +131,28 @@ impl<D: ReductionDevice> DeviceReduction<D> {
         })
     }
 
-    /// On the backward thread: stages `send` (`send_len` f32 elements: every rank's chunk of
-    /// FSDP unit `unit`) and a zeroed chunk of `recv_len`, and queues their reduce-scatter
-    /// (`Avg`) behind every collective launched before, as [`launch`](BucketReduction::launch)
-    /// does for a bucket. Neither waits for the device.
+    /// On the backward thread: stages the unit's flat gradient and a zeroed chunk, and queues
+    /// their reduce-scatter (`Avg`) behind every collective launched before, as
+    /// [`launch`](BucketReduction::launch) does for a bucket. Neither waits for the device.
     pub(crate) fn launch_reduce_scatter<I: Backend>(
         &self,
-        unit: usize,
-        send: FloatTensor<I>,
-        send_len: usize,
-        recv_len: usize,
+        gradient: UnitGradient<I>,
         device: &I::Device,
     ) -> Result<ChunkInFlight<D>, DdpError> {
+        let UnitGradient {
+            unit,
+            flat: send,
+            len: send_len,
+            chunk_len: recv_len,
+        } = gradient;
         let path = format!("FSDP unit {unit}");
         let recv = I::float_zeros([recv_len].into(), device, burn::tensor::FloatDType::F32);
-        let (recv, recv_ready) = self.device.stage::<I>(recv, recv_len, DType::F32, &path)?;
-        let (send, send_ready) = self.device.stage::<I>(send, send_len, DType::F32, &path)?;
+        let (recv, recv_ready) = self
+            .device
+            .stage(FlatTensor::<I>::f32(recv, recv_len), &path)?;
+        let (send, send_ready) = self
+            .device
+            .stage(FlatTensor::<I>::f32(send, send_len), &path)?;
         let flight = self.send(
             Staged::ReduceScatter { send, recv },
             vec![recv_ready, send_ready],
@@ -147,6 +161,15 @@ impl<D: ReductionDevice> DeviceReduction<D> {
         )?;
         Ok(ChunkInFlight { flight })
     }
+}
+
+/// An FSDP unit's flat gradient for [`DeviceReduction::launch_reduce_scatter`]: `len` f32
+/// elements, every rank's chunk of `chunk_len` one after another.
+pub(crate) struct UnitGradient<I: Backend> {
+    pub(crate) unit: usize,
+    pub(crate) flat: FloatTensor<I>,
+    pub(crate) len: usize,
+    pub(crate) chunk_len: usize,
 }
 
 /// A bucket the device is reducing, and how to take it apart.

@@ -13,7 +13,7 @@
 //! more: on NCCL this rank's next bucket would otherwise meet its peers' failed one (a hang,
 //! or unrelated gradients added together).
 
-use super::{DeviceWork, ReductionDevice};
+use super::{DeviceCollective, DeviceWork, ReductionDevice};
 use crate::error::DdpError;
 use ddp_comm::watchdog::CollectiveLabel;
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
@@ -38,6 +38,24 @@ impl<D: ReductionDevice> Staged<D> {
         match self {
             Staged::AllReduce(_) => "gradient bucket",
             Staged::ReduceScatter { .. } => "FSDP unit",
+        }
+    }
+
+    /// The collective its memory goes through.
+    fn collective(&self) -> DeviceCollective<'_, D::Memory> {
+        match self {
+            Staged::AllReduce(memory) => DeviceCollective::AllReduce(memory),
+            Staged::ReduceScatter { send, recv } => DeviceCollective::ReduceScatter { send, recv },
+        }
+    }
+
+    /// What its collective does, for errors.
+    fn doing(&self) -> &'static str {
+        match self {
+            Staged::AllReduce(_) => "all-reducing a gradient bucket on the device",
+            Staged::ReduceScatter { .. } => {
+                "reduce-scattering an FSDP unit's gradients on the device"
+            }
         }
     }
 }
@@ -319,146 +337,25 @@ fn issue<D: ReductionDevice>(
             })?;
         }
     }
-    let (queued, what) = match staged {
-        Staged::AllReduce(memory) => {
-            let label = CollectiveLabel {
-                op: "all_reduce",
-                bucket: Some(bucket),
-            };
-            (
-                device.all_reduce(memory, label),
-                "all-reducing a gradient bucket on the device",
-            )
-        }
-        Staged::ReduceScatter { send, recv } => {
-            let label = CollectiveLabel {
-                op: "reduce_scatter",
-                bucket: Some(bucket),
-            };
-            (
-                device.reduce_scatter(send, recv, label),
-                "reduce-scattering an FSDP unit's gradients on the device",
-            )
-        }
+    let collective = staged.collective();
+    let label = CollectiveLabel {
+        op: collective.op(),
+        bucket: Some(bucket),
     };
-    queued.map_err(|e| NotIssued {
+    device.queue(collective, label).map_err(|e| NotIssued {
         // Only a refused argument is certain to come before the communicator's call.
         maybe_queued: !matches!(e, ddp_comm::CommError::InvalidArgument { .. }),
-        error: DdpError::comm(what)(e),
+        error: DdpError::comm(staged.doing())(e),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::reducer::device::Readiness;
-    use burn::tensor::DType;
-    use burn::tensor::backend::Backend;
-    use burn::tensor::ops::FloatTensor;
-    use ddp_comm::{CommError, WorkTiming};
-
-    /// A device that records what the issuing thread asks of it, in order; a fence is its
-    /// outcome.
-    #[derive(Clone, Default)]
-    struct Recording(Arc<Mutex<Vec<String>>>);
-
-    impl Recording {
-        fn log(&self, what: String) {
-            self.0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(what);
-        }
-
-        fn calls(&self) -> Vec<String> {
-            self.0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
-        }
-    }
-
-    struct Done;
-
-    impl DeviceWork for Done {
-        fn wait(self) -> Result<WorkTiming, CommError> {
-            let now = Instant::now();
-            Ok(WorkTiming {
-                queued: now,
-                started: now,
-                finished: now,
-            })
-        }
-    }
-
-    impl ReductionDevice for Recording {
-        type Memory = ();
-        type Fence = Result<(), String>;
-        type Work = Done;
-
-        fn name(&self) -> &'static str {
-            "the recording device"
-        }
-
-        fn stage<I: Backend>(
-            &self,
-            _: FloatTensor<I>,
-            _: usize,
-            _: DType,
-            _: &str,
-        ) -> Result<((), Result<(), String>), DdpError> {
-            Ok(((), Ok(())))
-        }
-
-        fn wait_ready(&self, fence: Result<(), String>) -> Result<(), String> {
-            self.log(format!("fence {fence:?}"));
-            fence
-        }
-
-        fn wait_ready_until(
-            &self,
-            _: Vec<Result<(), String>>,
-            _: Instant,
-        ) -> Result<Readiness, String> {
-            Ok(Readiness::Ready)
-        }
-
-        fn all_reduce(&self, _: &(), label: CollectiveLabel) -> Result<Done, CommError> {
-            self.log(format!("all_reduce {:?}", label.bucket));
-            Ok(Done)
-        }
-
-        fn reduce_scatter(
-            &self,
-            _: &(),
-            _: &(),
-            label: CollectiveLabel,
-        ) -> Result<Done, CommError> {
-            self.log(format!("reduce_scatter {:?}", label.bucket));
-            Ok(Done)
-        }
-
-        fn all_gather(&self, _: &(), _: &(), label: CollectiveLabel) -> Result<Done, CommError> {
-            self.log(format!("all_gather {:?}", label.bucket));
-            Ok(Done)
-        }
-
-        fn check(&self) -> Result<(), CommError> {
-            Ok(())
-        }
-
-        fn abort(&self, reason: &str) -> CommError {
-            self.log(format!("abort {reason}"));
-            CommError::Aborted(reason.to_string())
-        }
-
-        fn unstage<I: Backend>(&self, _: (), _: &I::Device) -> Result<FloatTensor<I>, DdpError> {
-            Err(DdpError::Internal("never unstaged".into()))
-        }
-    }
+    use crate::engine::reducer::device::tests::ScriptedDevice;
 
     /// Waits (a generous minute) for the thread's answer about one bucket.
-    fn answer(reply: &mpsc::Receiver<Issued<Recording>>) -> Result<(), NotIssued> {
+    fn answer(reply: &mpsc::Receiver<Issued<ScriptedDevice>>) -> Result<(), NotIssued> {
         let issued = reply
             .recv_timeout(Duration::from_secs(60))
             .expect("the issuing thread answers");
@@ -471,12 +368,12 @@ mod tests {
     /// bucket; those fail without touching the communicator, saying why.
     #[test]
     fn after_a_bucket_that_was_not_issued_nothing_more_is_queued() {
-        let device = Recording::default();
+        let device = ScriptedDevice::default();
         let mut issuer = Issuer::start(device.clone(), 0).expect("start");
         let send = |bucket: usize, fence: Result<(), String>| {
             let (reply, answer) = mpsc::channel();
             let job = Issue {
-                staged: Staged::AllReduce(()),
+                staged: Staged::AllReduce(device.memory()),
                 ready: vec![fence],
                 bucket,
                 path: format!("p{bucket}"),

@@ -39,7 +39,7 @@ mod waiter;
 #[cfg(feature = "cuda")]
 pub(crate) use choice::nccl_can_run;
 pub(crate) use choice::{DeviceChoice, choose_device};
-pub(crate) use engine::{ChunkInFlight, DeviceReduction};
+pub(crate) use engine::{ChunkInFlight, DeviceReduction, UnitGradient};
 #[cfg(feature = "cuda")]
 pub(crate) use nccl::{NcclDevice, NcclReduction};
 pub(crate) use shards::{DeviceShards, ShardCollectives, ShardError};
@@ -67,13 +67,11 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
     /// The communicator, for logs and errors: "NCCL", "the stand-in".
     fn name(&self) -> &'static str;
 
-    /// On the backward thread: the flat bucket (`len` elements of `dtype`) as device memory,
-    /// and its ready fence. Must not wait for the device.
+    /// On the backward thread: the flat bucket as device memory, and its ready fence (`path`:
+    /// the parameter or user its errors name). Must not wait for the device.
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(Self::Memory, Self::Fence), DdpError>;
 
@@ -91,39 +89,14 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
         deadline: Instant,
     ) -> Result<Readiness, String>;
 
-    /// On the issuing thread: queues the in-place average of `memory` across the ranks on the
-    /// communication stream, after every collective queued before it, and returns at once.
+    /// Queues `collective` on the communication stream, after every collective queued before
+    /// it, and returns at once (on the issuing thread for DDP's buckets and FSDP's units).
     ///
     /// # Errors
     /// [`CommError::InvalidArgument`] only when nothing was queued.
-    fn all_reduce(
+    fn queue(
         &self,
-        memory: &Self::Memory,
-        label: CollectiveLabel,
-    ) -> Result<Self::Work, CommError>;
-
-    /// Queues the average of every rank's `send` (`world` blocks of `recv`'s length) into
-    /// `recv`, this rank's block, after every collective queued before it (ZeRO stage 2's
-    /// gradients). Both were staged, in one dtype, and are distinct.
-    ///
-    /// # Errors
-    /// [`CommError::InvalidArgument`] only when nothing was queued.
-    fn reduce_scatter(
-        &self,
-        send: &Self::Memory,
-        recv: &Self::Memory,
-        label: CollectiveLabel,
-    ) -> Result<Self::Work, CommError>;
-
-    /// Queues the gathering of every rank's `send` into `recv` (rank `r`'s at `r * send`'s
-    /// length), after every collective queued before it (ZeRO stage 2's parameters).
-    ///
-    /// # Errors
-    /// [`CommError::InvalidArgument`] only when nothing was queued.
-    fn all_gather(
-        &self,
-        send: &Self::Memory,
-        recv: &Self::Memory,
+        collective: DeviceCollective<'_, Self::Memory>,
         label: CollectiveLabel,
     ) -> Result<Self::Work, CommError>;
 
@@ -139,6 +112,50 @@ pub(crate) trait ReductionDevice: Clone + Send + Sync + 'static {
         memory: Self::Memory,
         device: &I::Device,
     ) -> Result<FloatTensor<I>, DdpError>;
+}
+
+/// A flat tensor for [`ReductionDevice::stage`], and what its collective reads and writes of
+/// it: `len` elements of `dtype`.
+pub(crate) struct FlatTensor<I: Backend> {
+    pub(crate) tensor: FloatTensor<I>,
+    pub(crate) len: usize,
+    pub(crate) dtype: DType,
+}
+
+impl<I: Backend> FlatTensor<I> {
+    /// `len` f32 elements: what ZeRO's and FSDP's collectives move.
+    pub(crate) fn f32(tensor: FloatTensor<I>, len: usize) -> FlatTensor<I> {
+        FlatTensor {
+            tensor,
+            len,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// A collective over staged memory, as [`ReductionDevice::queue`] queues it. The two buffers of
+/// a reduce-scatter or an all-gather were both staged, in one dtype, and are distinct.
+pub(crate) enum DeviceCollective<'a, M> {
+    /// The in-place average of the memory across the ranks (DDP's buckets).
+    AllReduce(&'a M),
+    /// The average of every rank's `send` (`world` blocks of `recv`'s length) into `recv`,
+    /// this rank's block (ZeRO stage 2's gradients, FSDP's units).
+    ReduceScatter { send: &'a M, recv: &'a M },
+    /// Every rank's `send` gathered into `recv`, rank `r`'s at `r * send`'s length (ZeRO
+    /// stage 2's parameters, FSDP's chunks).
+    AllGather { send: &'a M, recv: &'a M },
+}
+
+impl<M> DeviceCollective<'_, M> {
+    /// The collective's name, for labels and errors: `all_reduce`, `reduce_scatter`,
+    /// `all_gather`.
+    pub(crate) fn op(&self) -> &'static str {
+        match self {
+            DeviceCollective::AllReduce(_) => "all_reduce",
+            DeviceCollective::ReduceScatter { .. } => "reduce_scatter",
+            DeviceCollective::AllGather { .. } => "all_gather",
+        }
+    }
 }
 
 /// How a [`ReductionDevice::wait_ready_until`] ended.
@@ -161,22 +178,4 @@ fn internal(what: impl std::fmt::Display) -> DdpError {
 }
 
 #[cfg(test)]
-mod tests {
-    /// The NCCL engine and its stand-in are one protocol over two devices (type aliases of
-    /// [`DeviceReduction`](super::DeviceReduction)): what the stand-in's tests prove about the
-    /// issuing thread, the order, the watchdog and abort holds for NCCL. This fails if either
-    /// becomes an engine of its own.
-    #[test]
-    fn the_nccl_engine_and_its_stand_in_share_the_protocol() {
-        let engine = "ddp_core::engine::reducer::device::engine::DeviceReduction<";
-        let stand_in = std::any::type_name::<super::StandInReduction>();
-        assert!(stand_in.starts_with(engine), "{stand_in}");
-        assert!(stand_in.ends_with("StandInDevice>"), "{stand_in}");
-        #[cfg(feature = "cuda")]
-        {
-            let nccl = std::any::type_name::<super::NcclReduction>();
-            assert!(nccl.starts_with(engine), "{nccl}");
-            assert!(nccl.ends_with("NcclDevice>"), "{nccl}");
-        }
-    }
-}
+mod tests;

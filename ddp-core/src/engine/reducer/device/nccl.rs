@@ -15,7 +15,7 @@
 //! bytes is copied out by burn). Nothing crosses to the host.
 
 use super::waiter::BlockingWaiter;
-use super::{DeviceWork, Readiness, ReductionDevice, internal};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice, internal};
 use crate::error::DdpError;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
@@ -142,11 +142,14 @@ impl ReductionDevice for NcclDevice {
 
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(CubeBucket, Self::Fence), DdpError> {
+        let FlatTensor {
+            tensor: flat,
+            len,
+            dtype,
+        } = flat;
         let nccl_type = nccl_dtype(dtype).ok_or_else(|| DdpError::Gradient {
             path: path.to_string(),
             reason: format!("NCCL cannot reduce {dtype:?}"),
@@ -203,63 +206,41 @@ impl ReductionDevice for NcclDevice {
         })
     }
 
-    fn all_reduce(
+    fn queue(
         &self,
-        memory: &CubeBucket,
+        collective: DeviceCollective<'_, CubeBucket>,
         label: CollectiveLabel,
     ) -> Result<NcclWork, CommError> {
-        // SAFETY: `ptr` is the start of `cube`'s buffer, at least `len` contiguous elements of
-        // `dtype` (checked in `stage`) on the model's device (the group's device, chosen from
-        // it); `cube` is referenced only by the bucket (can_mut, or a fresh copy) and is kept,
-        // by the pending bucket or by `Issued`'s drop, until the all-reduce is known to have
-        // finished (or forever), so nothing else reads, writes or reuses the memory
-        // meanwhile; the compute stream finished writing it (the ready fence, waited for
-        // before this call by the issuing thread).
-        unsafe {
-            self.nccl.all_reduce_raw_async(
-                memory.ptr,
-                memory.len,
-                memory.dtype,
-                ReduceOp::Avg,
-                label,
-            )
-        }
-    }
-
-    fn reduce_scatter(
-        &self,
-        send: &CubeBucket,
-        recv: &CubeBucket,
-        label: CollectiveLabel,
-    ) -> Result<NcclWork, CommError> {
-        check_blocks("reduce_scatter", recv, send, self.nccl.world_size())?;
-        // SAFETY: as in `all_reduce`, for both buffers (each staged, referenced only by its
-        // bucket, kept until the collective is known to have finished, on the group's device,
-        // produced before the ready fences the caller waited for); their sizes are checked
-        // above and in `stage`; two stagings are two allocations, so they do not overlap.
-        unsafe {
-            self.nccl.reduce_scatter_raw_async(
-                send.ptr,
-                recv.ptr,
-                recv.len,
-                recv.dtype,
-                ReduceOp::Avg,
-                label,
-            )
-        }
-    }
-
-    fn all_gather(
-        &self,
-        send: &CubeBucket,
-        recv: &CubeBucket,
-        label: CollectiveLabel,
-    ) -> Result<NcclWork, CommError> {
-        check_blocks("all_gather", send, recv, self.nccl.world_size())?;
-        // SAFETY: as in `reduce_scatter` above.
-        unsafe {
-            self.nccl
-                .all_gather_raw_async(send.ptr, recv.ptr, send.len, send.dtype, label)
+        let (nccl, avg) = (&self.nccl, ReduceOp::Avg);
+        let world = nccl.world_size();
+        match collective {
+            // SAFETY: `ptr` is the start of `cube`'s buffer, at least `len` contiguous elements
+            // of `dtype` (checked in `stage`) on the model's device (the group's device, chosen
+            // from it); `cube` is referenced only by the bucket (can_mut, or a fresh copy) and
+            // is kept, by the pending bucket or by `Issued`'s drop, until the all-reduce is
+            // known to have finished (or forever), so nothing else reads, writes or reuses the
+            // memory meanwhile; the compute stream finished writing it (the ready fence, waited
+            // for before this call by the issuing thread).
+            DeviceCollective::AllReduce(m) => unsafe {
+                nccl.all_reduce_raw_async(m.ptr, m.len, m.dtype, avg, label)
+            },
+            DeviceCollective::ReduceScatter { send, recv } => {
+                check_blocks(collective.op(), recv, send, world)?;
+                // SAFETY: as for an all-reduce, for both buffers (each staged, referenced only
+                // by its bucket, kept until the collective is known to have finished, on the
+                // group's device, produced before the ready fences the caller waited for);
+                // their sizes are checked above and in `stage`; two stagings are two
+                // allocations, so they do not overlap.
+                let (from, to) = (send.ptr, recv.ptr);
+                unsafe { nccl.reduce_scatter_raw_async(from, to, recv.len, recv.dtype, avg, label) }
+            }
+            DeviceCollective::AllGather { send, recv } => {
+                check_blocks(collective.op(), send, recv, world)?;
+                // SAFETY: as for a reduce-scatter above.
+                unsafe {
+                    nccl.all_gather_raw_async(send.ptr, recv.ptr, send.len, send.dtype, label)
+                }
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 //! instead of at their own timeout. Memory a failed collective (or an unfinished kernel) may
 //! still write is never given back.
 
-use super::{DeviceWork, Readiness, ReductionDevice};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ddp_comm::CommError;
@@ -47,6 +47,12 @@ pub(crate) trait ShardCollectives<I: Backend>: Send + Sync {
     fn abort(&self, reason: &str);
 }
 
+/// Which collective of a send and a receive buffer [`DeviceShards`] runs.
+enum Op {
+    ReduceScatter,
+    AllGather,
+}
+
 /// [`ShardCollectives`] over a [`ReductionDevice`].
 pub(crate) struct DeviceShards<D> {
     pub(crate) device: D,
@@ -56,11 +62,6 @@ pub(crate) struct DeviceShards<D> {
     pub(crate) timeout: Duration,
     /// Who runs these collectives, for errors: "ZeRO stage 2", "FSDP".
     pub(crate) user: &'static str,
-}
-
-enum Op {
-    ReduceScatter,
-    AllGather,
 }
 
 impl<D: ReductionDevice> DeviceShards<D> {
@@ -94,7 +95,7 @@ impl<D: ReductionDevice> DeviceShards<D> {
         let path = self.user;
         let staged = |t: Tensor<I, 1>, len: usize| {
             self.device
-                .stage::<I>(t.into_primitive().tensor(), len, DType::F32, path)
+                .stage(FlatTensor::<I>::f32(t.into_primitive().tensor(), len), path)
                 .map_err(|e| fail(e.to_string()))
         };
         let (send_memory, send_ready) = staged(send, send_len)?;
@@ -110,13 +111,12 @@ impl<D: ReductionDevice> DeviceShards<D> {
             std::mem::forget(recv_memory);
             return Err(fail(self.fence_stuck(what, since.elapsed())));
         }
-        let label = CollectiveLabel::new(what);
-        let queued = match op {
-            Op::ReduceScatter => self
-                .device
-                .reduce_scatter(&send_memory, &recv_memory, label),
-            Op::AllGather => self.device.all_gather(&send_memory, &recv_memory, label),
+        let (send, recv) = (&send_memory, &recv_memory);
+        let collective = match op {
+            Op::ReduceScatter => DeviceCollective::ReduceScatter { send, recv },
+            Op::AllGather => DeviceCollective::AllGather { send, recv },
         };
+        let queued = self.device.queue(collective, CollectiveLabel::new(what));
         let work = match queued {
             Ok(work) => work,
             Err(e) => {
@@ -197,112 +197,17 @@ impl<I: Backend, D: ReductionDevice> ShardCollectives<I> for DeviceShards<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::DdpError;
-    use burn::tensor::ops::FloatTensor;
-    use ddp_comm::WorkTiming;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::engine::reducer::device::tests::ScriptedDevice;
+    use std::sync::atomic::Ordering;
 
     type B = burn::backend::Flex;
 
-    /// A device whose collectives fail as `fail` says, and whose memory counts its drops (a
-    /// drop is memory given back to the pool).
-    #[derive(Clone)]
-    struct Failing {
-        fail: fn() -> CommError,
-        drops: Arc<AtomicUsize>,
-    }
-
-    struct Counted(Arc<AtomicUsize>);
-
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    struct NeverQueued;
-
-    impl DeviceWork for NeverQueued {
-        fn wait(self) -> Result<WorkTiming, CommError> {
-            Err(CommError::Destroyed)
-        }
-    }
-
-    impl ReductionDevice for Failing {
-        type Memory = Counted;
-        type Fence = ();
-        type Work = NeverQueued;
-
-        fn name(&self) -> &'static str {
-            "the failing device"
-        }
-
-        fn stage<I: Backend>(
-            &self,
-            _flat: FloatTensor<I>,
-            _len: usize,
-            _dtype: DType,
-            _path: &str,
-        ) -> Result<(Counted, ()), DdpError> {
-            Ok((Counted(self.drops.clone()), ()))
-        }
-
-        fn wait_ready(&self, _fence: ()) -> Result<(), String> {
-            Ok(())
-        }
-
-        fn wait_ready_until(&self, _: Vec<()>, _: Instant) -> Result<Readiness, String> {
-            Ok(Readiness::Ready)
-        }
-
-        fn all_reduce(&self, _: &Counted, _: CollectiveLabel) -> Result<NeverQueued, CommError> {
-            Err((self.fail)())
-        }
-
-        fn reduce_scatter(
-            &self,
-            _: &Counted,
-            _: &Counted,
-            _: CollectiveLabel,
-        ) -> Result<NeverQueued, CommError> {
-            Err((self.fail)())
-        }
-
-        fn all_gather(
-            &self,
-            _: &Counted,
-            _: &Counted,
-            _: CollectiveLabel,
-        ) -> Result<NeverQueued, CommError> {
-            Err((self.fail)())
-        }
-
-        fn check(&self) -> Result<(), CommError> {
-            Ok(())
-        }
-
-        fn abort(&self, reason: &str) -> CommError {
-            CommError::Aborted(reason.to_string())
-        }
-
-        fn unstage<I: Backend>(
-            &self,
-            _: Counted,
-            _: &I::Device,
-        ) -> Result<FloatTensor<I>, DdpError> {
-            Err(DdpError::Internal("never unstaged".into()))
-        }
-    }
-
     /// Both buffers' drops after a failed reduce-scatter, and after a failed all-gather.
     fn drops_after_failures(fail: fn() -> CommError) -> [usize; 2] {
-        let drops = Arc::new(AtomicUsize::new(0));
+        let device = ScriptedDevice::failing(fail);
+        let drops = device.drops.clone();
         let shards = DeviceShards {
-            device: Failing {
-                fail,
-                drops: drops.clone(),
-            },
+            device,
             world: 2,
             timeout: Duration::from_secs(60),
             user: "FSDP",
@@ -334,10 +239,7 @@ mod tests {
             reason: "refused".into(),
         };
         let shards = DeviceShards {
-            device: Failing {
-                fail: refused,
-                drops: Arc::default(),
-            },
+            device: ScriptedDevice::failing(refused),
             world: 2,
             timeout: Duration::from_secs(60),
             user: "FSDP",

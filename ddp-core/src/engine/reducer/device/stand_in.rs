@@ -8,12 +8,12 @@
 //! NCCL's. With ddp-core's `test-hooks` feature, [`FENCE_FAULT_ENV`] delays fences or leaves one
 //! never completed, as a slow or hung kernel would.
 
-use super::{DeviceWork, Readiness, ReductionDevice, internal};
+use super::{DeviceCollective, DeviceWork, FlatTensor, Readiness, ReductionDevice, internal};
 use crate::engine::reducer::host_grad::{HostGrad, read_to_host};
 use crate::error::DdpError;
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, TensorData};
 use ddp_comm::stand_in::{StandInBuffer, StandInComm, StandInWork};
 use ddp_comm::watchdog::CollectiveLabel;
 use ddp_comm::{CommError, ProcessGroup, ReduceOp, WorkTiming, bf16, f16};
@@ -155,11 +155,14 @@ impl ReductionDevice for StandInDevice {
 
     fn stage<I: Backend>(
         &self,
-        flat: FloatTensor<I>,
-        len: usize,
-        dtype: DType,
+        flat: FlatTensor<I>,
         path: &str,
     ) -> Result<(HostBucket, HostFence), DdpError> {
+        let FlatTensor {
+            tensor: flat,
+            len,
+            dtype,
+        } = flat;
         let gradient = |reason: String| DdpError::Gradient {
             path: path.to_string(),
             reason,
@@ -206,56 +209,34 @@ impl ReductionDevice for StandInDevice {
         Ok(Readiness::Ready)
     }
 
-    fn all_reduce(
+    fn queue(
         &self,
-        memory: &HostBucket,
+        collective: DeviceCollective<'_, HostBucket>,
         label: CollectiveLabel,
     ) -> Result<StandInWork, CommError> {
-        let op = ReduceOp::Avg;
-        match memory {
-            HostBucket::F32(b) => self.comm.all_reduce_async(b, op, label),
-            HostBucket::F64(b) => self.comm.all_reduce_async(b, op, label),
-            HostBucket::F16(b) => self.comm.all_reduce_async(b, op, label),
-            HostBucket::BF16(b) => self.comm.all_reduce_async(b, op, label),
-        }
-    }
-
-    fn reduce_scatter(
-        &self,
-        send: &HostBucket,
-        recv: &HostBucket,
-        label: CollectiveLabel,
-    ) -> Result<StandInWork, CommError> {
-        let op = ReduceOp::Avg;
-        match (send, recv) {
-            (HostBucket::F32(s), HostBucket::F32(r)) => {
-                self.comm.reduce_scatter_async(s, r, op, label)
-            }
-            (HostBucket::F64(s), HostBucket::F64(r)) => {
-                self.comm.reduce_scatter_async(s, r, op, label)
-            }
-            (HostBucket::F16(s), HostBucket::F16(r)) => {
-                self.comm.reduce_scatter_async(s, r, op, label)
-            }
-            (HostBucket::BF16(s), HostBucket::BF16(r)) => {
-                self.comm.reduce_scatter_async(s, r, op, label)
-            }
-            _ => Err(dtypes_differ("reduce_scatter")),
-        }
-    }
-
-    fn all_gather(
-        &self,
-        send: &HostBucket,
-        recv: &HostBucket,
-        label: CollectiveLabel,
-    ) -> Result<StandInWork, CommError> {
-        match (send, recv) {
-            (HostBucket::F32(s), HostBucket::F32(r)) => self.comm.all_gather_async(s, r, label),
-            (HostBucket::F64(s), HostBucket::F64(r)) => self.comm.all_gather_async(s, r, label),
-            (HostBucket::F16(s), HostBucket::F16(r)) => self.comm.all_gather_async(s, r, label),
-            (HostBucket::BF16(s), HostBucket::BF16(r)) => self.comm.all_gather_async(s, r, label),
-            _ => Err(dtypes_differ("all_gather")),
+        use HostBucket::{BF16, F16, F32, F64};
+        let (comm, avg) = (&self.comm, ReduceOp::Avg);
+        match collective {
+            DeviceCollective::AllReduce(memory) => match memory {
+                F32(b) => comm.all_reduce_async(b, avg, label),
+                F64(b) => comm.all_reduce_async(b, avg, label),
+                F16(b) => comm.all_reduce_async(b, avg, label),
+                BF16(b) => comm.all_reduce_async(b, avg, label),
+            },
+            DeviceCollective::ReduceScatter { send, recv } => match (send, recv) {
+                (F32(s), F32(r)) => comm.reduce_scatter_async(s, r, avg, label),
+                (F64(s), F64(r)) => comm.reduce_scatter_async(s, r, avg, label),
+                (F16(s), F16(r)) => comm.reduce_scatter_async(s, r, avg, label),
+                (BF16(s), BF16(r)) => comm.reduce_scatter_async(s, r, avg, label),
+                _ => Err(dtypes_differ(collective.op())),
+            },
+            DeviceCollective::AllGather { send, recv } => match (send, recv) {
+                (F32(s), F32(r)) => comm.all_gather_async(s, r, label),
+                (F64(s), F64(r)) => comm.all_gather_async(s, r, label),
+                (F16(s), F16(r)) => comm.all_gather_async(s, r, label),
+                (BF16(s), BF16(r)) => comm.all_gather_async(s, r, label),
+                _ => Err(dtypes_differ(collective.op())),
+            },
         }
     }
 

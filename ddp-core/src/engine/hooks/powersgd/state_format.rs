@@ -4,7 +4,7 @@
 //! arithmetic: this file only says how that state is laid out in bytes, little-endian, f32
 //! buffers bit for bit.
 
-use super::comm_hook::BucketParam;
+use crate::engine::hooks::BucketParam;
 
 /// The format version this build writes and reads.
 pub(super) const POWERSGD_STATE_VERSION: u32 = 1;
@@ -28,35 +28,29 @@ impl Settings {
         &self,
         current: &Settings,
     ) -> Option<(&'static str, String, String)> {
-        let pairs = [
-            ("rank", self.rank.to_string(), current.rank.to_string()),
-            (
-                "start_iter",
-                self.start_iter.to_string(),
-                current.start_iter.to_string(),
-            ),
+        self.named_values()
+            .into_iter()
+            .zip(current.named_values())
+            .find(|((_, saved), (_, now))| saved != now)
+            .map(|((name, saved), (_, now))| (name, saved, now))
+    }
+
+    /// Every setting's name and value, as errors show them.
+    fn named_values(&self) -> [(&'static str, String); 6] {
+        [
+            ("rank", self.rank.to_string()),
+            ("start_iter", self.start_iter.to_string()),
             (
                 "min_compression_rate",
                 format!("{:?}", self.min_compression_rate),
-                format!("{:?}", current.min_compression_rate),
             ),
-            (
-                "warm_start",
-                self.warm_start.to_string(),
-                current.warm_start.to_string(),
-            ),
-            (
-                "error_feedback",
-                self.error_feedback.to_string(),
-                current.error_feedback.to_string(),
-            ),
+            ("warm_start", self.warm_start.to_string()),
+            ("error_feedback", self.error_feedback.to_string()),
             (
                 "orthogonalization_epsilon",
                 format!("{:?}", self.orthogonalization_epsilon),
-                format!("{:?}", current.orthogonalization_epsilon),
             ),
-        ];
-        pairs.into_iter().find(|(_, saved, now)| saved != now)
+        ]
     }
 }
 

@@ -5,7 +5,7 @@
 //! move with it into whichever bucket now holds it (elementwise and per matrix, PowerSGD's
 //! results do not depend on which bucket a parameter is in), so the resume stays bit for bit.
 
-use super::comm_hook::BucketParam;
+use crate::engine::hooks::BucketParam;
 use std::collections::HashMap;
 use std::ops::Range;
 
