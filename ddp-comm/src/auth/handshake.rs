@@ -88,7 +88,7 @@ pub(crate) struct Verified {
 }
 
 /// The accepting side's steps as pure functions over the bytes read, so the blocking
-/// [`respond`] and the store's async server run exactly the same checks.
+/// `respond` (in the tests) and the store's async server run exactly the same checks.
 #[derive(Debug)]
 pub(crate) struct Responder<'t> {
     token: &'t [u8],

@@ -3,7 +3,7 @@
 //! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups;
 //!   [`ProcessGroup::broadcast_bytes`] for a payload only the root knows the length of.
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
-//! - [`Work`]: the handle of an asynchronous collective.
+//! - [`Work`](crate::Work): the handle of an asynchronous collective.
 //! - `generation`: which init on its store a world group is, so that groups created again over
 //!   one store never read an earlier init's keys.
 //! - `ProcessGroup::nccl` (feature `cuda`): the group's NCCL backend, for device buffers.

@@ -17,7 +17,7 @@ pub enum AmpError {
     InvalidState(String),
     /// A gradient is not f32 or f64: unscaling a half-precision gradient loses the small values
     /// loss scaling exists to keep (PyTorch refuses it too). Keep the parameters in f32 (the
-    /// master weights) and cast them for the forward only ([`autocast`](super::autocast)).
+    /// master weights) and cast them for the forward only ([`autocast`](fn@super::autocast)).
     #[error(
         "the gradient of parameter {parameter} is {dtype}; loss scaling needs f32 (or f64) \
          master parameters: keep them f32 and cast for the forward with amp::autocast"

@@ -1,6 +1,6 @@
-//! Mixed precision: half-precision compute with f32 master weights ([`autocast`]), and dynamic
-//! loss scaling ([`GradScaler`], PyTorch's `torch.amp.GradScaler`) that keeps every rank's
-//! decisions identical.
+//! Mixed precision: half-precision compute with f32 master weights ([`autocast`](fn@autocast)),
+//! and dynamic loss scaling ([`GradScaler`], PyTorch's `torch.amp.GradScaler`) that keeps every
+//! rank's decisions identical.
 //!
 //! Half-precision gradients flush small values to zero. Loss scaling multiplies the loss by a
 //! large scale (65536 to start) before backward, so gradients are scaled by the same factor,
@@ -56,9 +56,9 @@
 //! ```
 //!
 //! # Mixed precision on burn 0.21
-//! [`autocast`] returns a copy of the module whose parameters are cast to bf16 or f16 through
-//! burn's `Tensor::cast`, an autodiff operation: burn-autodiff's `float_cast` backward casts
-//! the gradient back to the input's dtype (`burn-autodiff-0.21.0/src/ops/tensor.rs`,
+//! [`autocast`](fn@autocast) returns a copy of the module whose parameters are cast to bf16 or f16
+//! through burn's `Tensor::cast`, an autodiff operation: burn-autodiff's `float_cast` backward
+//! casts the gradient back to the input's dtype (`burn-autodiff-0.21.0/src/ops/tensor.rs`,
 //! `float_cast`), so the forward and its backward run in half precision while the f32
 //! parameters, the optimizer state and DDP's buckets stay f32. Tested: the output is bf16,
 //! the f32 parameters get f32 gradients within bf16's precision of the f32 ones but not equal
@@ -74,7 +74,8 @@
 //! - **One dtype per operation.** Flex does not promote: an f32 operand meeting a bf16 one
 //!   panics (`matmul: dtype mismatch`, `burn-flex-0.21.0/src/ops/matmul.rs:84`). Cast the
 //!   inputs of the autocast region to its dtype and its output back to f32, and keep layers
-//!   with buffers (batch norm, whose statistics [`autocast`] leaves in f32) outside it.
+//!   with buffers (batch norm, whose statistics [`autocast`](fn@autocast) leaves in f32) outside
+//!   it.
 //! - **Per module, not per operation.** PyTorch's autocast picks a dtype per operation
 //!   (softmax and losses in f32); here you choose which modules run in half precision.
 //! - **Gradients travel in f32.** DDP reduces the masters' f32 gradients; to halve the bytes

@@ -1,5 +1,5 @@
 //! FSDP's collectives on a device communicator (NCCL on GPUs, or its CPU stand-in,
-//! [`Collectives::StandIn`](crate::Collectives::StandIn)), through the seam DDP's buckets use:
+//! [`crate::Collectives::StandIn`]), through the seam DDP's buckets use:
 //! a unit's reduce-scatter is staged on the backward thread and queued, in launch order, by the
 //! device engine's issuing thread, as DDP's buckets are; the chunks' all-gathers run on the
 //! calling thread. Gradients and parameters stay tensors on the model's device.

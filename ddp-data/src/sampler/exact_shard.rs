@@ -1,6 +1,6 @@
 //! [`ExactShard`]: each index of a dataset on exactly one rank, for evaluation.
 //!
-//! [`DistributedSampler`](super::DistributedSampler) pads the last shard with repeated indices
+//! [`DistributedSampler`](crate::DistributedSampler) pads the last shard with repeated indices
 //! so that every rank runs the same number of training steps; averaged over ranks, a metric on
 //! that padded set counts some samples twice (pytorch/pytorch#25162). Evaluation does not need
 //! equal shards: it needs every sample once. `ExactShard` gives rank `r` of `n` the indices

@@ -1,9 +1,8 @@
 //! The worker side, the only part a training process needs: the one reader of the job
-//! environment ([`env`]: ddp-run/torchrun, Slurm, Open MPI, and the variables a launcher sets),
-//! [`init_from_env`](init), the [`WorkerContext`](context::WorkerContext) handed to the training
-//! function, and a worker's half of
-//! [`launch`](crate::launch) (`run.rs`). Nothing here starts or supervises a process, so
-//! it builds without the `supervisor` feature.
+//! environment ([`env`](mod@env): ddp-run/torchrun, Slurm, Open MPI, and the variables a launcher
+//! sets), [`init_from_env`](init), the [`WorkerContext`](context::WorkerContext) handed to the
+//! training function, and a worker's half of [`launch`](crate::launch) (`run.rs`). Nothing
+//! here starts or supervises a process, so it builds without the `supervisor` feature.
 
 pub(crate) mod context;
 pub(crate) mod env;

@@ -18,7 +18,8 @@ pub const INVALID_SUFFIX: &str = ".invalid";
 /// `reason`; returns the new name.
 ///
 /// # Errors
-/// [`StorageError::Rename`] / [`StorageError::Sync`].
+/// [`StorageError::Rename`](crate::checkpoint::StorageError::Rename) /
+/// [`StorageError::Sync`](crate::checkpoint::StorageError::Sync).
 pub(crate) fn set_aside(
     dir: &Path,
     name: &str,

@@ -1,15 +1,16 @@
 //! Gradient taps: an identity autodiff op whose backward hands a parameter's gradient to DDP.
 //!
 //! DDP maps a clone of the model before each forward so that every trainable parameter passes
-//! through [`TapBackend::tap`]. When backward reaches the tap, the gradient (on the inner,
-//! non-autodiff backend) goes to a [`GradientSink`] and is *not* passed on to the parameter:
-//! DDP builds the synchronised `GradientsParams` itself, so the local copy would only cost
-//! memory.
+//! through [`TapOps::tap`](sealed::TapOps::tap). When backward reaches the tap, the gradient (on
+//! the inner, non-autodiff backend) goes to a [`GradientSink`] and is *not* passed on to the
+//! parameter: DDP builds the synchronised `GradientsParams` itself, so the local copy would only
+//! cost memory.
 //!
 //! # Ordering and layer boundaries
 //! burn runs backward by node depth, deepest first. A tap sits just above its parameter, so
-//! plain taps fire at the end of backward. A *boundary* ([`TapBackend::boundary`], reached
-//! through [`layer_boundary`](crate::layer_boundary)) is an identity op on an activation; its
+//! plain taps fire at the end of backward. A *boundary*
+//! ([`TapOps::boundary`](sealed::TapOps::boundary), reached through
+//! [`layer_boundary`](crate::layer_boundary)) is an identity op on an activation; its
 //! backward runs right after everything computed from that activation, and hands over every
 //! tapped gradient that is already complete (no consumer of the tap is still waiting to run,
 //! which the tap node's reference count tells). Those gradients then reach their buckets in the

@@ -1,5 +1,5 @@
 //! [`WorkerEnv`]: this process's place in a job, read from the environment a launcher set:
-//! `ddp-run` / [`launch`](super::launch), torchrun (or by hand), Slurm's `srun`, Open MPI's
+//! `ddp-run` / `launch()`, torchrun (or by hand), Slurm's `srun`, Open MPI's
 //! `mpirun`. This module holds the shared reader and the choice of dialect; each dialect's
 //! variables are read in its own file (`torchrun.rs`, `slurm.rs`, `open_mpi.rs`).
 
@@ -55,7 +55,7 @@ impl WorkerEnv {
         WorkerEnv::from_external_vars(vars)
     }
 
-    /// Only `ddp-run`/[`launch`](super::launch) and torchrun-style variables.
+    /// Only `ddp-run`/`launch()` and torchrun-style variables.
     pub(crate) fn from_launcher_vars(
         vars: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<WorkerEnv>, LaunchError> {

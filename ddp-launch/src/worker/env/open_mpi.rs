@@ -55,7 +55,8 @@ pub(super) fn from_open_mpi(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
 }
 
 /// The port every process of an Open MPI job agrees on without talking: FNV-1a of the job id,
-/// in [`DERIVED_PORTS`](super::DERIVED_PORTS) (as [`slurm_port`](super::slurm::slurm_port)).
+/// in [`DERIVED_PORTS`](super::worker_env::DERIVED_PORTS) (as
+/// [`slurm_port`](super::slurm::slurm_port)).
 pub(crate) fn open_mpi_port(job_id: &str) -> u16 {
     let hash = job_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)

@@ -72,7 +72,7 @@ pub(super) fn from_slurm(v: &Vars<'_>) -> Result<WorkerEnv, LaunchError> {
 }
 
 /// The port every task of a Slurm step agrees on without talking: derived from the job and step
-/// ids, in [`DERIVED_PORTS`](super::DERIVED_PORTS).
+/// ids, in [`DERIVED_PORTS`](super::worker_env::DERIVED_PORTS).
 pub(crate) fn slurm_port(job_id: u64, step_id: u64) -> u16 {
     derived_port(job_id.wrapping_mul(7919).wrapping_add(step_id))
 }

@@ -72,8 +72,8 @@ fn one_host_or_error(v: &Vars<'_>, world_size: usize) -> Result<usize, LaunchErr
 /// The port of this job's store. torchrun's agent hosts a store of its own on `MASTER_PORT`
 /// and tells workers to use it (`TORCHELASTIC_USE_AGENT_STORE=True`, torch 2.x, with static
 /// and c10d rendezvous alike); ours speaks another protocol, so under torchrun it takes a port
-/// derived from `MASTER_PORT` alone (in [`DERIVED_PORTS`](super::DERIVED_PORTS)), instead of
-/// failing to bind. Only `MASTER_PORT` is sure to be the same on every node: torchrun's
+/// derived from `MASTER_PORT` alone (in [`DERIVED_PORTS`](super::worker_env::DERIVED_PORTS)),
+/// instead of failing to bind. Only `MASTER_PORT` is sure to be the same on every node: torchrun's
 /// agents do not agree on restart counts, nor check that their run ids match.
 fn store_port(v: &Vars<'_>, ours: bool) -> Result<u16, LaunchError> {
     let master_port = v.port()?.unwrap_or(DEFAULT_MASTER_PORT);

@@ -16,9 +16,9 @@
 //!   memory, a ready fence taken on the backward thread, an asynchronous collective queued in
 //!   issue order (all-reduce for DDP's buckets; reduce-scatter and all-gather for ZeRO stage
 //!   2, [`crate::zero`]), its done event, the communicator's failure, abort.
-//!   - [`NcclDevice`] (feature `cuda`): cubecl buffers, `client.sync()` fences (waited for on
-//!     a thread of its own when a deadline bounds the wait, [`waiter`]), NCCL on the group's
-//!     stream, CUDA events.
+//!   - `NcclDevice` (feature `cuda`, `nccl.rs`): cubecl buffers, `client.sync()` fences (waited
+//!     for on a thread of its own when a deadline bounds the wait, `waiter.rs`), NCCL on the
+//!     group's stream, CUDA events.
 //!   - [`StandInDevice`]: host buffers, fences completed by the producing thread, the
 //!     collectives on [`StandInComm`](ddp_comm::stand_in::StandInComm)'s thread over the CPU
 //!     transports: the same protocol runs at any world size on machines without GPUs
