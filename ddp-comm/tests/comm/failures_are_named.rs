@@ -45,7 +45,6 @@ fn mismatched_collectives_name_both_ranks_and_both_calls() {
 /// sends, like a broadcast root, may finish first, as over TCP.)
 #[test]
 fn mismatch_across_hosts_fails_every_rank_quickly() {
-    type Call = fn(&ddp_comm::ProcessGroup, &mut Vec<f32>) -> ddp_comm::Result<()>;
     let calls: [(&str, Call); 5] = [
         ("all_reduce(f32 x 4, sum)", |pg, v| {
             pg.all_reduce(v, ReduceOp::Sum)
@@ -61,42 +60,68 @@ fn mismatch_across_hosts_fails_every_rank_quickly() {
         }),
         ("barrier(u8 x 1)", |pg, _| pg.barrier()),
     ];
-    for (a, call_a) in calls {
-        for (b, call_b) in calls.into_iter().filter(|(b, _)| *b != a) {
-            let start = Instant::now();
-            // Host 0: ranks 0 and 2; host 1: ranks 1 and 3.
-            let results = run_world_with(Setup::TwoHosts, 4, PATIENCE, |pg| {
-                let mut v = vec![1.0f32; 4];
-                let r = if pg.rank() % 2 == 0 {
-                    call_a(&pg, &mut v)
-                } else {
-                    call_b(&pg, &mut v)
-                };
-                // A rank that finished (a broadcast root) keeps its connections open a moment:
-                // closing a socket with unread data resets it, and the peer could lose the
-                // frame that shows the mismatch.
-                std::thread::sleep(Duration::from_millis(500));
-                r
+    let pairs: Vec<_> = calls
+        .into_iter()
+        .flat_map(|a| {
+            calls
+                .into_iter()
+                .filter(move |b| b.0 != a.0)
+                .map(move |b| (a, b))
+        })
+        .collect();
+    // The 20 pairs are 20 independent worlds that mostly wait (for the peer's report, the
+    // 500 ms below): a few at a time, so the test takes seconds, not most of a minute.
+    std::thread::scope(|s| {
+        for lane in 0..MISMATCH_LANES {
+            let pairs = &pairs;
+            s.spawn(move || {
+                for &((a, call_a), (b, call_b)) in pairs.iter().skip(lane).step_by(MISMATCH_LANES) {
+                    mismatch_across_hosts(a, call_a, b, call_b);
+                }
             });
-            assert!(
-                results.iter().any(|r| r.is_err()),
-                "{a} vs {b}: a mismatch must fail"
-            );
-            let all: Vec<String> = results
-                .iter()
-                .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
-                .collect();
-            let all = all.join("\n");
-            assert!(
-                all.contains("mismatch") && all.contains(a) && all.contains(b),
-                "{a} vs {b}:\n{all}"
-            );
-            assert!(
-                start.elapsed() < PROMPTLY,
-                "{a} vs {b}: no rank waits for the timeout"
-            );
         }
-    }
+    });
+}
+
+/// A collective one host calls in a mismatch.
+type Call = fn(&ProcessGroup, &mut Vec<f32>) -> ddp_comm::Result<()>;
+
+/// How many of the mismatch pairs run at once.
+const MISMATCH_LANES: usize = 4;
+
+/// One pair: host 0 (ranks 0 and 2) calls `a`, host 1 (ranks 1 and 3) calls `b`.
+fn mismatch_across_hosts(a: &str, call_a: Call, b: &str, call_b: Call) {
+    let start = Instant::now();
+    let results = run_world_with(Setup::TwoHosts, 4, PATIENCE, |pg| {
+        let mut v = vec![1.0f32; 4];
+        let r = if pg.rank() % 2 == 0 {
+            call_a(&pg, &mut v)
+        } else {
+            call_b(&pg, &mut v)
+        };
+        // A rank that finished (a broadcast root) keeps its connections open a moment:
+        // closing a socket with unread data resets it, and the peer could lose the frame that
+        // shows the mismatch.
+        std::thread::sleep(Duration::from_millis(500));
+        r
+    });
+    assert!(
+        results.iter().any(|r| r.is_err()),
+        "{a} vs {b}: a mismatch must fail"
+    );
+    let all: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    let all = all.join("\n");
+    assert!(
+        all.contains("mismatch") && all.contains(a) && all.contains(b),
+        "{a} vs {b}:\n{all}"
+    );
+    assert!(
+        start.elapsed() < PROMPTLY,
+        "{a} vs {b}: no rank waits for the timeout"
+    );
 }
 
 #[test]
