@@ -537,7 +537,7 @@ fn stand_in_rank_killed_inside_zero2_and_fsdp_collectives_is_named_by_every_peer
 /// no deadline: rank 1 waited forever, killed at `run_world`'s deadline.)
 #[test]
 fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank_exits() {
-    for (sharding, fault, stuck) in [
+    let cases = [
         (
             "zero2",
             "never:1",
@@ -553,18 +553,34 @@ fn stand_in_fence_that_never_completes_in_zero2_and_fsdp_is_named_and_every_rank
             "never:4",
             "has not finished the kernels that produce FSDP unit",
         ),
-    ] {
-        let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
-            let timeout = if rank == 1 { "10" } else { "60" };
-            let mut env = stand_in(&[
-                ("DDP_TIMEOUT_SECS", timeout),
-                ("DDP_TEST_SHARDING", sharding),
-            ]);
-            if rank == 1 {
-                env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", fault)]));
-            }
-            env
-        });
+    ];
+    // Three independent worlds that each wait out rank 1's 10 s timeout: at once.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let worlds: Vec<_> = cases
+            .into_iter()
+            .map(|(sharding, fault, stuck)| {
+                s.spawn(move || {
+                    let (_dir, _init, outputs) = run_world(3, Opt::Sgd, |rank| {
+                        let timeout = if rank == 1 { "10" } else { "60" };
+                        let mut env = stand_in(&[
+                            ("DDP_TIMEOUT_SECS", timeout),
+                            ("DDP_TEST_SHARDING", sharding),
+                        ]);
+                        if rank == 1 {
+                            env.extend(pairs(&[("DDP_TEST_STAND_IN_FENCE", fault)]));
+                        }
+                        env
+                    });
+                    (sharding, fault, stuck, outputs)
+                })
+            })
+            .collect();
+        worlds
+            .into_iter()
+            .map(|w| w.join().expect("a world's thread panicked"))
+            .collect()
+    });
+    for (sharding, fault, stuck, outputs) in results {
         assert_every_rank_failed_saying(&outputs, stuck);
         for o in &outputs {
             let context = format!("{sharding} {fault}: rank {}", o.rank);
