@@ -25,7 +25,7 @@ fn bytes_mut<T: Element>(v: &mut [T]) -> &mut [u8] {
 }
 
 impl ProcessGroup {
-    fn check_rank(&self, op: &'static str, what: &str, rank: usize) -> Result<()> {
+    pub(super) fn check_rank(&self, op: &'static str, what: &str, rank: usize) -> Result<()> {
         if rank >= self.world_size() {
             return Err(CommError::arg(
                 op,

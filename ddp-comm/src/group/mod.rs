@@ -1,7 +1,9 @@
 //! Process groups: the user-facing collectives.
 //!
 //! - [`ProcessGroup`]: rank and size, blocking and `*_async` collectives, subgroups;
-//!   [`ProcessGroup::broadcast_bytes`] for a payload only the root knows the length of.
+//!   byte payloads of lengths the receivers do not know (`group/payload.rs`):
+//!   [`ProcessGroup::broadcast_bytes`], [`all_gather_bytes`](ProcessGroup::all_gather_bytes),
+//!   [`gather_bytes`](ProcessGroup::gather_bytes), [`scatter_bytes`](ProcessGroup::scatter_bytes).
 //! - [`ProcessGroupConfig`]: rank, world size, timeout, job token.
 //! - [`Work`](crate::Work): the handle of an asynchronous collective.
 //! - `generation`: which init on its store a world group is, so that groups created again over

@@ -7,7 +7,7 @@ mod common;
 mod proc_net_tcp;
 
 mod abort_is_prompt;
-mod broadcast_bytes;
+mod byte_payloads;
 mod failures_are_named;
 mod groups_and_init;
 mod hello_is_mutual;

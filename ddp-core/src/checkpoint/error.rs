@@ -249,6 +249,24 @@ pub enum CheckpointError {
     /// errors, each naming its path).
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A save committed its checkpoint, but the `latest` pointer could not be moved to it
+    /// (a full disk, say). The checkpoint is durable, and resuming takes it anyway: the search
+    /// takes the newest valid checkpoint and `latest` is only a hint. The storage needs
+    /// attention before the next save.
+    #[error(
+        "checkpoint {name} is committed and is what a resume takes (the newest valid checkpoint \
+         wins; `latest` is only a hint), but {} could not be pointed at it: {source}. Free space \
+         or fix the directory before the next save",
+        dir.join("latest").display()
+    )]
+    LatestNotUpdated {
+        /// The committed checkpoint.
+        name: String,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Why `latest` could not be written.
+        source: StorageError,
+    },
     /// Checkpoints exist but none is valid: starting fresh would silently discard the run.
     #[error(
         "{dir} holds {} checkpoint(s) and none is valid: {}. Nothing was deleted. To resume one \

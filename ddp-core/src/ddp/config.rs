@@ -55,6 +55,13 @@ pub struct DdpConfig {
     /// steps with zero gradients (not counted in the average) until every rank has joined.
     #[config(default = false)]
     pub uneven_inputs: bool,
+    /// With [`uneven_inputs`](Self::uneven_inputs): divide every step's summed gradients by
+    /// the world size, joined ranks included, instead of by the ranks still training.
+    /// PyTorch's `Join(divide_by_initial_world_size=True)`, its default; here off by default,
+    /// so that a step with joined ranks averages over the batches it actually saw, as one
+    /// process training on those batches would (the gradient-equivalence rule).
+    #[config(default = false)]
+    pub divide_by_initial_world_size: bool,
     /// Write a Chrome trace (chrome://tracing, Perfetto) of the steps to this file on rank 0.
     /// A file that cannot be written turns the timeline off with a warning; training goes on.
     pub timeline_path: Option<String>,

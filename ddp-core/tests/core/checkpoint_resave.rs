@@ -38,12 +38,7 @@ fn a_failed_latest_write_on_a_resave_leaves_no_replaced_copy_and_the_retry_succe
         (first.map(|_| left), retried.map(|_| flat_params(&model)))
     })
     .remove(0);
-    match &first {
-        Err(CheckpointError::Storage(StorageError::Write { source, .. })) => {
-            assert_eq!(source.raw_os_error(), Some(libc::ENOSPC))
-        }
-        other => panic!("expected the injected ENOSPC, got {other:?}"),
-    }
+    assert_latest_not_updated(&first, 5);
     let params = retried.expect("the retry of the same step succeeds");
     assert_eq!(leftovers(dir.path()), Vec::<String>::new());
     assert_eq!(latest(dir.path()), checkpoint_name(5));
@@ -66,7 +61,7 @@ fn the_new_checkpoint_is_kept_and_resumed_when_latest_cannot_be_written() {
         let model = Mlp::<B>::new(&Default::default(), 4);
         let failed = ckpt.save(&model, &adam(), &TrainingState::new(0, 5));
         clear_write_error(dir.path().join(LATEST_FILE));
-        assert!(failed.is_err(), "the save reports the failed latest write");
+        assert_latest_not_updated(&failed, 5);
         flat_params(&model)
     })
     .remove(0);
@@ -98,6 +93,28 @@ fn a_replaced_copy_left_by_an_earlier_attempt_does_not_block_a_resave() {
     assert_eq!(leftovers(dir.path()), Vec::<String>::new());
     let resumed = resume(dir.path());
     assert!(bitwise_eq(&resumed, &params));
+}
+
+/// `result` is the named error of a save of `step` whose checkpoint was committed but whose
+/// `latest` write failed with the injected ENOSPC, and its message says the checkpoint is kept.
+fn assert_latest_not_updated<T: std::fmt::Debug>(result: &Result<T, CheckpointError>, step: u64) {
+    match result {
+        Err(e @ CheckpointError::LatestNotUpdated { name, source, .. }) => {
+            assert_eq!(name, &checkpoint_name(step));
+            match source {
+                StorageError::Write { source, .. } => {
+                    assert_eq!(source.raw_os_error(), Some(libc::ENOSPC))
+                }
+                other => panic!("expected the injected ENOSPC, got {other:?}"),
+            }
+            let message = e.to_string();
+            assert!(
+                message.contains("is committed and is what a resume takes"),
+                "{message}"
+            );
+        }
+        other => panic!("expected LatestNotUpdated, got {other:?}"),
+    }
 }
 
 /// The parameters a new job resumes from `dir`.

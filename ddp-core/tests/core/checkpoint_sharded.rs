@@ -766,3 +766,45 @@ fn a_save_without_a_shared_directory_says_the_ranks_must_share_it() {
         "rank 0 committed a partial checkpoint"
     );
 }
+
+#[test]
+fn a_sharded_save_whose_latest_cannot_be_written_says_it_committed_and_is_resumed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let latest = dir.path().join(LATEST_FILE);
+    let errors = run_ranks(2, |pg| {
+        let mut ddp = ddp(Mlp::seeded(&Default::default(), HIDDEN, SEED), &pg);
+        let mut optim = adam();
+        train(&mut ddp, &mut optim, 0..SAVE_AT);
+        if pg.rank() == 0 {
+            ddp_core::checkpoint::inject_write_error(&latest, libc::ENOSPC);
+        }
+        pg.barrier().expect("barrier");
+        let saved = sharded(dir.path(), &pg).save(
+            ddp.module(),
+            &optim,
+            &TrainingState::new(0, SAVE_AT as u64),
+        );
+        pg.barrier().expect("barrier");
+        if pg.rank() == 0 {
+            ddp_core::checkpoint::clear_write_error(&latest);
+        }
+        saved.expect_err("the latest write failed").to_string()
+    });
+    for (rank, message) in errors.iter().enumerate() {
+        assert!(
+            message.contains(&format!(
+                "checkpoint {} is committed and is what a resume takes",
+                checkpoint_name(SAVE_AT as u64)
+            )),
+            "rank {rank}: {message}"
+        );
+    }
+    let resumed = run_ranks(2, |pg| {
+        let (mut model, mut optim) = (other_model(), adam());
+        let outcome = sharded(dir.path(), &pg)
+            .load_latest(&Default::default(), &mut model, &mut optim)
+            .expect("load");
+        resumed_outcome(outcome)
+    });
+    assert_eq!(resumed, vec![(2, SAVE_AT as u64); 2]);
+}

@@ -120,6 +120,18 @@ fn train_uneven_dangling(
 
 /// One process: step `s` averages the gradients of the ranks that still had data.
 fn reference(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<f32> {
+    reference_divided(initial, batches, micro, false)
+}
+
+/// [`reference`], dividing each step's summed gradients by the whole world when `by_world`
+/// (PyTorch's `divide_by_initial_world_size`) instead of by the ranks that had data.
+fn reference_divided(
+    initial: &Mlp<B>,
+    batches: &[usize],
+    micro: usize,
+    by_world: bool,
+) -> Vec<f32> {
+    let world = batches.len();
     let mut model = initial.clone();
     let mut adam = AdamConfig::new().init::<B, Mlp<B>>();
     let steps = *batches.iter().max().unwrap();
@@ -127,7 +139,8 @@ fn reference(initial: &Mlp<B>, batches: &[usize], micro: usize) -> Vec<f32> {
         let mut total: Option<Tensor<B, 1>> = None;
         for k in 0..micro {
             for &r in ranks {
-                let l = loss_of(&model, &samples(r, step, k)) / ranks.len() as f32;
+                let divisor = if by_world { world } else { ranks.len() };
+                let l = loss_of(&model, &samples(r, step, k)) / divisor as f32;
                 total = Some(match total {
                     Some(t) => t + l,
                     None => l,
@@ -183,6 +196,32 @@ pub(crate) fn check_uneven_with(batches: &[usize], micro: usize, base: &DdpConfi
 fn ranks_with_3_5_and_7_batches_train_like_one_process_averaging_the_ranks_with_data() {
     check_uneven(&[3, 5, 7], 1);
     check_uneven(&[7, 3, 5], 1);
+}
+
+#[test]
+fn divide_by_initial_world_size_divides_every_step_by_the_whole_world() {
+    let batches = [2, 5];
+    let initial = model(16);
+    let base = DdpConfig::new().with_divide_by_initial_world_size(true);
+    let got = train_uneven(&initial, &batches, 1, &base);
+    assert_eq!(
+        bits(&got[1].0),
+        bits(&got[0].0),
+        "rank 1 differs from rank 0"
+    );
+    let want = reference_divided(&initial, &batches, 1, true);
+    let diff = max_scaled_diff(&got[0].0, &want);
+    assert!(
+        diff < 1e-5,
+        "max scaled diff to the whole-world reference {diff}"
+    );
+    // The two rules give different models: this test would see the rule ignored.
+    let other = reference_divided(&initial, &batches, 1, false);
+    let apart = max_scaled_diff(&got[0].0, &other);
+    assert!(
+        apart > 1e-3,
+        "the two divisors gave models only {apart} apart"
+    );
 }
 
 #[test]

@@ -97,7 +97,9 @@ impl FullCheckpointer {
     /// [`CheckpointError::StepMismatch`]; [`CheckpointError::PartialOptimizerState`] (on every
     /// rank); rank 0's serialisation or I/O error (other ranks get
     /// [`CheckpointError::Rank0Failed`]); [`CheckpointError::Comm`]. A failed save never
-    /// leaves a partial checkpoint and keeps the previous `latest`.
+    /// leaves a partial checkpoint and keeps the previous `latest`, except
+    /// [`CheckpointError::LatestNotUpdated`]: the checkpoint is committed (and resumable), only
+    /// `latest` could not be moved to it.
     pub fn save<B, M, O>(
         &self,
         model: &M,

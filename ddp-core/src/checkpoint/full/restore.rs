@@ -134,9 +134,10 @@ impl FullCheckpointer {
             );
         }
         let mut found = found.map(|f| f.files);
+        // Nothing fails on rank 0 alone before the broadcast: an unencodable manifest travels
+        // as empty bytes, which every rank then fails to decode, together.
         let manifest = match &found {
-            Some(files) => serde_json::to_vec(&files.manifest)
-                .map_err(CheckpointError::json("serialising the manifest"))?,
+            Some(files) => serde_json::to_vec(&files.manifest).unwrap_or_default(),
             None => Vec::new(),
         };
         let manifest = broadcast_bytes(&self.base.pg, manifest, 0, "broadcasting the manifest")?;

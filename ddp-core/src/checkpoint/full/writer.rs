@@ -30,7 +30,7 @@ use super::super::manifest::{
     STATE_FILE,
 };
 use super::super::state::{FRAMEWORK_VERSION, StateFile};
-use super::super::storage::directory::write_latest;
+use super::super::storage::directory::point_latest_at_committed;
 use super::super::storage::durable::{ensure_dir, fresh_dir, sync_dir, write_synced};
 use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::TMP_PREFIX;
@@ -86,7 +86,7 @@ pub(crate) fn write_checkpoint(
     crash_point("after-rename");
     // On failure `installed` is dropped, which removes the copy it replaced: the new
     // checkpoint is durable, and the search resumes it whatever `latest` says.
-    write_latest(dir, name)?;
+    point_latest_at_committed(dir, name)?;
     crash_point("after-latest");
     Ok((installed.remove_replaced(), manifest))
 }

@@ -10,7 +10,7 @@ use super::super::error::{CheckpointError, StorageError};
 use super::super::manifest::FileEntry;
 use super::super::outcome::SavedCheckpoint;
 use super::super::state::{FRAMEWORK_VERSION, TrainingState};
-use super::super::storage::directory::{check_not_backwards, write_latest};
+use super::super::storage::directory::{check_not_backwards, point_latest_at_committed};
 use super::super::storage::durable::{fresh_dir, remove_path, sync_dir, write_synced};
 use super::super::storage::install::install_checkpoint;
 use super::super::storage::naming::{TMP_PREFIX, checkpoint_name};
@@ -125,7 +125,8 @@ impl ShardedCheckpointer {
     /// [`CheckpointError::StepMismatch`], [`CheckpointError::NewerCheckpointExists`], I/O
     /// and serialisation errors (of any rank, on every rank),
     /// [`ShardedCheckpointError::MissingShard`] (no shared filesystem). A failed save commits
-    /// nothing and keeps the previous `latest`.
+    /// nothing and keeps the previous `latest`, except [`CheckpointError::LatestNotUpdated`]:
+    /// the checkpoint is committed (and resumable), only `latest` could not be moved to it.
     pub fn save<B, M, O, R>(
         &self,
         model: &M,
@@ -211,9 +212,9 @@ impl ShardedCheckpointer {
                 return Err(e);
             }
         };
-        let report = serde_json::to_vec(&report).map_err(CheckpointError::json(
-            "serialising this rank's shard report",
-        ))?;
+        // Nothing fails alone before the collective: an unencodable report travels as empty
+        // bytes, which rank 0's commit refuses for every rank.
+        let report = serde_json::to_vec(&report).unwrap_or_default();
         let reports = all_gather_bytes(&self.base.pg, report)?;
 
         let summary = SAVE_SUMMARY.decide::<_, ShardedCheckpointError>(
@@ -378,7 +379,7 @@ impl ShardedCheckpointer {
         crash_point("sharded-before-rename");
         install_checkpoint(dir, staging, name)?.remove_replaced();
         crash_point("sharded-after-rename");
-        write_latest(dir, name)?;
+        point_latest_at_committed(dir, name)?;
         Ok(SaveSummary {
             bytes: manifest.total_bytes(),
             removed: self.base.prune_after_save(state.global_step),

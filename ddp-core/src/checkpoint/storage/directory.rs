@@ -40,6 +40,19 @@ pub(crate) fn read_latest(dir: &Path) -> Result<Option<String>, CheckpointError>
     }
 }
 
+/// [`write_latest`] after a save installed checkpoint `name`: a failure says that the
+/// checkpoint is committed ([`CheckpointError::LatestNotUpdated`]), not that the save lost it.
+pub(crate) fn point_latest_at_committed(dir: &Path, name: &str) -> Result<(), CheckpointError> {
+    write_latest(dir, name).map_err(|e| match e {
+        CheckpointError::Storage(source) => CheckpointError::LatestNotUpdated {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            source,
+        },
+        other => other,
+    })
+}
+
 /// Atomically makes `<dir>/latest` contain `name`.
 pub(crate) fn write_latest(dir: &Path, name: &str) -> Result<(), CheckpointError> {
     let tmp = dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{}", std::process::id()));

@@ -176,104 +176,35 @@ pub(crate) fn all_succeeded<T, E: From<CheckpointError>>(
     }
 }
 
-/// Gathers every rank's `bytes` on every rank (one broadcast per rank), skipped entirely when
-/// all are empty. Returns the payloads by rank.
+/// [`ProcessGroup::all_gather_bytes`], with the checkpoint's error: every rank's per-rank
+/// state (RNG streams, listings, reports) on every rank.
 pub(crate) fn all_gather_bytes(
     pg: &ProcessGroup,
     bytes: Vec<u8>,
 ) -> Result<Vec<Vec<u8>>, CheckpointError> {
-    let mut longest = [bytes.len() as i64];
-    pg.all_reduce(&mut longest, ReduceOp::Max)
-        .map_err(CheckpointError::comm("gathering per-rank state"))?;
-    if longest[0] == 0 {
-        return Ok(vec![Vec::new(); pg.world_size()]);
-    }
-    let mut mine = Some(bytes);
-    (0..pg.world_size())
-        .map(|root| {
-            let payload = if root == pg.rank() {
-                mine.take().unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            broadcast_bytes(pg, payload, root, "gathering per-rank state")
-        })
-        .collect()
+    pg.all_gather_bytes(bytes)
+        .map_err(CheckpointError::comm("gathering per-rank state"))
 }
 
-/// The payload sizes `lengths` (one per rank, as they travel), and the longest of them: what
-/// every payload is padded to for one gather or scatter.
-fn payload_sizes(lengths: &[i64]) -> (Vec<usize>, usize) {
-    let sizes: Vec<usize> = lengths
-        .iter()
-        .map(|&n| usize::try_from(n).unwrap_or(0))
-        .collect();
-    let longest = sizes.iter().copied().max().unwrap_or(0);
-    (sizes, longest)
-}
-
-/// Gathers every rank's `bytes` on rank 0 only (one gather, each payload padded to the
-/// longest), for per-rank payloads too large to send to every rank: rank 0 gets them by rank,
-/// the others `None`. Skipped (one small all-reduce) when all are empty.
+/// [`ProcessGroup::gather_bytes`] to rank 0, with the checkpoint's error: per-rank state too
+/// large to send to every rank.
 pub(crate) fn gather_bytes_to_rank0(
     pg: &ProcessGroup,
     bytes: Vec<u8>,
 ) -> Result<Option<Vec<Vec<u8>>>, CheckpointError> {
-    let context = "gathering per-rank state on rank 0";
-    let world = pg.world_size();
-    let mut lengths = vec![0i64; world];
-    pg.all_gather(&[bytes.len() as i64], &mut lengths)
-        .map_err(CheckpointError::comm(context))?;
-    let (sizes, longest) = payload_sizes(&lengths);
-    if longest == 0 {
-        return Ok((pg.rank() == 0).then(|| vec![Vec::new(); world]));
-    }
-    let mut mine = bytes;
-    mine.resize(longest, 0);
-    let mut all = (pg.rank() == 0).then(|| vec![0u8; longest * world]);
-    pg.gather(&mine, all.as_deref_mut(), 0)
-        .map_err(CheckpointError::comm(context))?;
-    Ok(all.map(|all| {
-        all.chunks_exact(longest)
-            .zip(&sizes)
-            .map(|(chunk, &n)| chunk[..n].to_vec())
-            .collect()
-    }))
+    pg.gather_bytes(bytes, 0)
+        .map_err(CheckpointError::comm("gathering per-rank state on rank 0"))
 }
 
-/// Gives each rank its own payload of rank 0's `per_rank` (one per rank; `None` on the other
-/// ranks): the lengths are broadcast, then one scatter, each payload padded to the longest.
-/// Skipped past the lengths when all are empty.
+/// [`ProcessGroup::scatter_bytes`] from rank 0, with the checkpoint's error: each rank's own
+/// state, read by rank 0.
 pub(crate) fn scatter_bytes_from_rank0(
     pg: &ProcessGroup,
     per_rank: Option<Vec<Vec<u8>>>,
 ) -> Result<Vec<u8>, CheckpointError> {
-    let context = "giving every rank its own state from rank 0";
-    let world = pg.world_size();
-    let mut lengths = vec![0i64; world];
-    if let Some(payloads) = &per_rank {
-        for (length, bytes) in lengths.iter_mut().zip(payloads) {
-            *length = bytes.len() as i64;
-        }
-    }
-    pg.broadcast(&mut lengths, 0)
-        .map_err(CheckpointError::comm(context))?;
-    let (sizes, longest) = payload_sizes(&lengths);
-    if longest == 0 {
-        return Ok(Vec::new());
-    }
-    let input = per_rank.map(|payloads| {
-        let mut all = vec![0u8; longest * world];
-        for (chunk, bytes) in all.chunks_exact_mut(longest).zip(&payloads) {
-            chunk[..bytes.len()].copy_from_slice(bytes);
-        }
-        all
-    });
-    let mut mine = vec![0u8; longest];
-    pg.scatter(input.as_deref(), &mut mine, 0)
-        .map_err(CheckpointError::comm(context))?;
-    mine.truncate(sizes.get(pg.rank()).copied().unwrap_or(0));
-    Ok(mine)
+    pg.scatter_bytes(per_rank, 0).map_err(CheckpointError::comm(
+        "giving every rank its own state from rank 0",
+    ))
 }
 
 /// Rank 0 reads the files at `paths` and every rank receives their bytes, in order: the other

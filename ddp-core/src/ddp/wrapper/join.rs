@@ -14,6 +14,9 @@ use ddp_comm::ReduceOp;
 pub(super) struct JoinRound {
     /// How many ranks still train.
     pub(super) active: usize,
+    /// How many ranks this step's summed gradients are divided by: those still training, or
+    /// the whole world with [`DdpConfig::divide_by_initial_world_size`](crate::DdpConfig::divide_by_initial_world_size).
+    pub(super) averaged_over: usize,
     /// Where buffers come from: the first rank still training.
     pub(super) root: usize,
     /// Whether this step synchronises (some training rank called `backward`).
@@ -53,6 +56,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
         if !self.config.uneven_inputs || world == 1 {
             return Ok(JoinRound {
                 active: world,
+                averaged_over: world,
                 root: 0,
                 sync: matches!(call, RoundCall::Backward { sync: true }),
                 buffers_only: matches!(call, RoundCall::ForwardBuffers),
@@ -94,8 +98,14 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                  called backward_no_sync; every rank still training must make the same call"
             )));
         }
+        let averaged_over = if self.config.divide_by_initial_world_size {
+            world
+        } else {
+            training.len()
+        };
         Ok(JoinRound {
             active: training.len(),
+            averaged_over,
             root: training.first().copied().unwrap_or(0),
             sync: !syncing.is_empty(),
             buffers_only: !forwarding.is_empty(),
@@ -178,7 +188,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
                 continue;
             }
             // The same collectives, in the same order, as `step` on the training ranks.
-            self.reducer.begin_shadow(round.sync, round.active)?;
+            self.reducer.begin_shadow(round.sync, round.averaged_over)?;
             let buffers = self
                 .buffers
                 .start::<B, M>(&self.pg, self.inner(), round.root)?;

@@ -346,7 +346,7 @@ impl<B: TapBackend, M: AutodiffModule<B>> DistributedDataParallel<B, M> {
     ) -> Result<Option<GradientsParams>, DdpError> {
         // 0. With uneven inputs: which ranks still train (the others answer from `join`).
         let round = self.backward_round(sync)?;
-        self.reducer.begin(sync, round.active)?;
+        self.reducer.begin(sync, round.averaged_over)?;
         // 1. Rank 0's buffers, as this step's forward left them, travel while backward runs
         //    (first in every rank's collective queue).
         let buffers = self

@@ -107,8 +107,10 @@ struct State<I: Backend> {
     times: BucketTimes,
     /// The first error of this backward; later events are dropped.
     error: Option<DdpError>,
-    /// Ranks still training in this step (all of them unless some have joined).
-    active: usize,
+    /// How many ranks this step's summed gradients are divided by: the ranks still training
+    /// (all of them unless some have joined), or the whole world if the user asked for
+    /// PyTorch's `divide_by_initial_world_size`.
+    averaged_over: usize,
 }
 
 /// Shared between the DDP wrapper and the taps (as their [`GradientSink`]).
@@ -163,7 +165,7 @@ impl<I: Backend> Reducer<I> {
             layout_verified: false,
             times: BucketTimes::default(),
             error: None,
-            active: 1,
+            averaged_over: 1,
             layout,
         };
         Reducer {
@@ -220,9 +222,9 @@ impl<I: Backend> Reducer<I> {
         s.forwards = 0;
     }
 
-    /// Arms the reducer for one backward; `active` ranks are still training (the others have
-    /// joined and contribute zeros).
-    pub(crate) fn begin(&self, sync: bool, active: usize) -> Result<(), DdpError> {
+    /// Arms the reducer for one backward; the summed gradients are divided by `averaged_over`
+    /// ranks (joined ranks contribute zeros).
+    pub(crate) fn begin(&self, sync: bool, averaged_over: usize) -> Result<(), DdpError> {
         let mut s = self.lock();
         take_stray(&mut s)?;
         if s.forwards == 0 {
@@ -234,19 +236,23 @@ impl<I: Backend> Reducer<I> {
                 sync,
                 shadow: false,
             },
-            active,
+            averaged_over,
         )
     }
 
     /// Arms the reducer on a rank that has joined: no forward, no gradients; `finish` launches
     /// every bucket with zeros, as the training ranks' buckets.
-    pub(crate) fn begin_shadow(&self, sync: bool, active: usize) -> Result<(), DdpError> {
+    pub(crate) fn begin_shadow(&self, sync: bool, averaged_over: usize) -> Result<(), DdpError> {
         let mut s = self.lock();
         take_stray(&mut s)?;
-        self.arm(&mut s, Phase::Backward { sync, shadow: true }, active)
+        self.arm(
+            &mut s,
+            Phase::Backward { sync, shadow: true },
+            averaged_over,
+        )
     }
 
-    fn arm(&self, s: &mut State<I>, phase: Phase, active: usize) -> Result<(), DdpError> {
+    fn arm(&self, s: &mut State<I>, phase: Phase, averaged_over: usize) -> Result<(), DdpError> {
         if let (Phase::Backward { sync: true, .. }, false, Some(pg)) =
             (phase, s.layout_verified, &self.pg)
         {
@@ -258,7 +264,7 @@ impl<I: Backend> Reducer<I> {
             s.arrival.clear();
         }
         s.phase = phase;
-        s.active = active;
+        s.averaged_over = averaged_over;
         s.events = 0;
         s.next_launch = 0;
         s.error = None;
@@ -327,8 +333,10 @@ impl<I: Backend> Reducer<I> {
         }
         let wants_relayout = s.rebuilt && !s.relaid_anchored && anchored;
         let (used, relayout) = self.used_anywhere(&mut s, wants_relayout)?;
-        // Ranks that joined sent zeros: the average is over the ranks still training.
-        let rescale = (s.active < self.world).then(|| self.world as f32 / s.active as f32);
+        // Ranks that joined sent zeros: the average the collective took over the whole world
+        // becomes one over `averaged_over` ranks.
+        let rescale =
+            (s.averaged_over < self.world).then(|| self.world as f32 / s.averaged_over as f32);
         let mut grads = GradientsParams::new();
         for (b, reduced) in results.into_iter().enumerate() {
             let t0 = Instant::now();
