@@ -220,7 +220,7 @@ pub use worker::init::init_from_env;
 #[cfg(feature = "supervisor")]
 pub use entry::launch;
 #[cfg(feature = "supervisor")]
-pub use plan::args::{LaunchArgs, NprocPerNode};
+pub use plan::args::{LaunchArgs, MAX_DURATION, NprocPerNode};
 #[cfg(feature = "supervisor")]
 pub use plan::node_count::{NodeCount, RdzvBackend};
 #[cfg(feature = "supervisor")]

@@ -166,6 +166,7 @@ impl LaunchPlan {
         command: WorkerCommand,
         host: &HostInfo,
     ) -> Result<LaunchPlan, LaunchError> {
+        check_durations(args)?;
         let nproc_per_node = match args.nproc_per_node.unwrap_or(NprocPerNode::Count(1)) {
             NprocPerNode::Count(0) => return Err(LaunchError::ZeroProcsPerNode),
             NprocPerNode::Count(n) => n,
@@ -330,4 +331,22 @@ impl LaunchPlan {
 fn random_token() -> String {
     let bytes: [u8; 16] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Refuses a duration beyond [`MAX_DURATION`](crate::MAX_DURATION): one set in code (the flags
+/// refuse them when parsed) would otherwise panic later, in `Instant::now() + duration`.
+fn check_durations(args: &LaunchArgs) -> Result<(), LaunchError> {
+    let durations = [
+        ("--grace-period", args.grace_period),
+        ("--join-timeout", args.join_timeout),
+        ("--rdzv-last-call", args.rdzv_last_call),
+        ("--rdzv-heartbeat-timeout", args.rdzv_heartbeat_timeout),
+    ];
+    match durations
+        .into_iter()
+        .find(|(_, d)| *d > crate::MAX_DURATION)
+    {
+        Some((flag, value)) => Err(LaunchError::DurationTooLong { flag, value }),
+        None => Ok(()),
+    }
 }
