@@ -258,7 +258,7 @@ pub enum LaunchError {
     /// A worker failed and no restarts were left (the summary was printed to stderr).
     #[error("{0}")]
     WorkerFailed(Box<FailureSummary>),
-    /// The launcher got SIGINT/SIGTERM/SIGHUP, forwarded it and stopped every worker.
+    /// The launcher got SIGINT/SIGTERM/SIGHUP/SIGQUIT, forwarded it and stopped every worker.
     #[error("the launcher received {} and stopped every worker", signal_name(*signal))]
     Interrupted {
         /// The signal number.

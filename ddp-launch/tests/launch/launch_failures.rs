@@ -390,3 +390,109 @@ fn a_stopped_rank_is_the_root_cause_and_the_rank_that_timed_out_is_its_victim() 
 fn a_stopped_rank_0_is_the_root_cause_although_it_hosts_the_store() {
     stop_one_rank(3, 0);
 }
+
+/// Whether `pid`'s disposition of `sig` is SIG_IGN (`SigIgn` in `/proc/<pid>/status`).
+fn ignores(pid: i32, sig: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .expect("SigIgn in /proc/<pid>/status");
+    mask & (1 << (sig - 1)) != 0
+}
+
+/// `nohup ddp-run ...`: SIGHUP, ignored when the launcher started, stays ignored by the
+/// launcher and by its workers (which inherit SIG_IGN), so hanging up stops nothing.
+#[test]
+fn a_signal_ignored_at_start_stays_ignored_by_the_launcher_and_its_workers() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run_worker(&["--nproc-per-node", "2"], &["--mode", "sleep"], dir.path());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut running = start(cmd);
+    let pids = wait_for_pids(dir.path(), 2, &mut running);
+    let launcher = running.child.id() as i32;
+    // The dispositions themselves: no handler caught SIGHUP in the launcher, and the workers
+    // were started with it ignored.
+    assert!(
+        ignores(launcher, libc::SIGHUP),
+        "the launcher caught SIGHUP"
+    );
+    for (name, pid) in &pids {
+        assert!(ignores(*pid, libc::SIGHUP), "{name} does not ignore SIGHUP");
+    }
+    // And a hang-up changes nothing (a caught SIGHUP would have stopped the job by now).
+    // SAFETY: signalling the launcher this test started.
+    unsafe { libc::kill(launcher, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        running.child.try_wait().expect("try_wait").is_none(),
+        "the launcher exited on an ignored SIGHUP"
+    );
+    assert!(pids.iter().all(|(_, p)| is_alive(*p)), "a worker died");
+    // SIGTERM, still caught, stops it cleanly.
+    // SAFETY: as above; the launcher is not reaped yet.
+    unsafe { libc::kill(launcher, libc::SIGTERM) };
+    let out = running.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        out.all()
+    );
+    out.assert_stderr_has("ddp-run: error: the launcher received SIGTERM and stopped every worker");
+    assert_all_gone(&pids);
+}
+
+/// SIGQUIT (Ctrl-\) is caught like SIGTERM: forwarded to the workers, whose process groups are
+/// then killed, so nothing they started survives (uncaught, it would end the launcher at once
+/// and leave the workers' children to init); the exit status is 128 + SIGQUIT.
+#[test]
+fn sigquit_to_the_launcher_stops_every_worker_and_what_they_started() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = ddp_run();
+    // Each worker starts a grandchild (in its process group; a non-interactive shell's
+    // background job ignores SIGQUIT, so only the SIGKILL to the group ends it) and waits.
+    cmd.args(["--nproc-per-node", "2", "--grace-period", "1", "--", "sh", "-c"])
+        .arg(
+            "sleep 600 & echo $! > \"$0/grandchild$LOCAL_RANK.tmp\"; \
+             mv \"$0/grandchild$LOCAL_RANK.tmp\" \"$0/grandchild$LOCAL_RANK.pid\"; \
+             echo $$ > \"$0/rank$LOCAL_RANK.tmp\"; mv \"$0/rank$LOCAL_RANK.tmp\" \"$0/rank$LOCAL_RANK.pid\"; \
+             wait",
+        )
+        .arg(dir.path());
+    // SAFETY: only async-signal-safe calls between fork and exec. No core files: SIGQUIT's
+    // default action dumps one.
+    unsafe {
+        cmd.pre_exec(|| {
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            Ok(())
+        });
+    }
+    let mut running = start(cmd);
+    let pids = wait_for_pids(dir.path(), 4, &mut running);
+    assert!(pids.iter().all(|(_, p)| is_alive(*p)), "{pids:?}");
+    // SAFETY: signalling the launcher this test started.
+    unsafe { libc::kill(running.child.id() as i32, libc::SIGQUIT) };
+    let out = running.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGQUIT),
+        "{}",
+        out.all()
+    );
+    out.assert_stderr_has("ddp-run: error: the launcher received SIGQUIT and stopped every worker");
+    assert_all_gone(&pids);
+}
