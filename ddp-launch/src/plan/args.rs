@@ -53,7 +53,7 @@ pub const MAX_DURATION: Duration = ddp_comm::MAX_TIMEOUT;
 
 /// Parses a non-negative number of seconds (fractions allowed), at most [`MAX_DURATION`], into
 /// a [`Duration`].
-fn parse_secs(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .trim()
         .parse()

@@ -208,3 +208,27 @@ fn durations_set_in_code_beyond_a_year_are_refused() {
         .with_join_timeout(max);
     assert!(plan(&fine).is_ok());
 }
+
+/// `DDP_NODE_TAKEOVER_SECS` reaches the plan, and a bad value is refused when the plan is made.
+#[test]
+fn the_takeover_grace_comes_from_the_environment_and_is_checked() {
+    let args = LaunchArgs::new();
+    let set = |v: &str| {
+        LaunchPlan::with_host(&args, command(), &host(8, &[("DDP_NODE_TAKEOVER_SECS", v)]))
+    };
+    assert_eq!(
+        valid_plan(&args, 8, &[]).takeover_grace,
+        std::time::Duration::from_secs(15)
+    );
+    assert_eq!(
+        set("5").expect("5 s").takeover_grace,
+        std::time::Duration::from_secs(5)
+    );
+    let err = set("2").expect_err("below the minimum");
+    assert_eq!(err.exit_code(), 2);
+    assert!(
+        err.to_string()
+            .starts_with("DDP_NODE_TAKEOVER_SECS: '2' is shorter than the minimum of 4 s"),
+        "{err}"
+    );
+}
