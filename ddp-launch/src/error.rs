@@ -137,6 +137,19 @@ pub enum LaunchError {
         /// What is wrong and what is expected.
         reason: String,
     },
+    /// A duration setting beyond 365 days ([`MAX_TIMEOUT`](ddp_comm::MAX_TIMEOUT)), set in
+    /// code: the flags refuse such values when parsed.
+    #[error(
+        "{flag} {} s is longer than the maximum of {} s (365 days)",
+        .value.as_secs_f64(),
+        ddp_comm::MAX_TIMEOUT.as_secs()
+    )]
+    DurationTooLong {
+        /// The flag.
+        flag: &'static str,
+        /// The duration asked for.
+        value: std::time::Duration,
+    },
     /// The elastic rendezvous failed (could not be reached, or the nodes disagree).
     #[error("elastic rendezvous of node {node_id} at {endpoint} failed: {reason}")]
     ElasticRendezvous {
@@ -245,7 +258,7 @@ pub enum LaunchError {
     /// A worker failed and no restarts were left (the summary was printed to stderr).
     #[error("{0}")]
     WorkerFailed(Box<FailureSummary>),
-    /// The launcher got SIGINT/SIGTERM/SIGHUP, forwarded it and stopped every worker.
+    /// The launcher got SIGINT/SIGTERM/SIGHUP/SIGQUIT, forwarded it and stopped every worker.
     #[error("the launcher received {} and stopped every worker", signal_name(*signal))]
     Interrupted {
         /// The signal number.
@@ -303,6 +316,7 @@ impl LaunchError {
             | LaunchError::MissingRdzvEndpoint { .. }
             | LaunchError::RdzvBackendNotBuilt { .. }
             | LaunchError::InvalidRdzvSetting { .. }
+            | LaunchError::DurationTooLong { .. }
             | LaunchError::ProgramNotFound { .. }
             | LaunchError::ProgramNotExecutable { .. }
             | LaunchError::WorkerEnv { .. }

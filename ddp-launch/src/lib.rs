@@ -129,9 +129,12 @@
 //!   training that resumes from its latest checkpoint continues where it stopped. Every attempt
 //!   gets the same command line, so a flag like `--fresh` must only apply when
 //!   [`WorkerContext::is_restart`] is false, or each restart would start the run over.
-//! - SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every worker, which then get
-//!   the grace period before SIGKILL (a second signal skips it); the launcher then fails with
-//!   [`LaunchError::Interrupted`].
+//! - SIGINT, SIGTERM, SIGHUP and SIGQUIT to the launcher are forwarded to every worker, which
+//!   then get the grace period before SIGKILL (a second signal skips it); the launcher then
+//!   fails with [`LaunchError::Interrupted`] (`ddp-run` exits with 128 + the signal number). A
+//!   signal ignored when the launcher started stays ignored, by it and by its workers: `nohup
+//!   ddp-run ...` survives a hang-up, and a shell's background job keeps ignoring SIGINT and
+//!   SIGQUIT.
 //! - No worker outlives the launcher: each runs in its own process group (killed as a group,
 //!   so what it started goes too) with `PR_SET_PDEATHSIG = SIGKILL` (Linux), so even a launcher killed
 //!   with SIGKILL takes its workers with it. (Processes a worker started survive a SIGKILLed
@@ -220,7 +223,7 @@ pub use worker::init::init_from_env;
 #[cfg(feature = "supervisor")]
 pub use entry::launch;
 #[cfg(feature = "supervisor")]
-pub use plan::args::{LaunchArgs, NprocPerNode};
+pub use plan::args::{LaunchArgs, MAX_DURATION, NprocPerNode};
 #[cfg(feature = "supervisor")]
 pub use plan::node_count::{NodeCount, RdzvBackend};
 #[cfg(feature = "supervisor")]

@@ -1,12 +1,15 @@
-//! The launcher's signal handling: SIGINT, SIGTERM and SIGHUP are caught (not acted on) so the
-//! supervisor can forward them to every worker and stop cleanly; signal names for messages.
+//! The launcher's signal handling: SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught (not acted
+//! on) so the supervisor can forward them to every worker and stop cleanly (uncaught, SIGQUIT
+//! would end the launcher without stopping the workers' process groups), unless one was ignored
+//! when the launcher started (`nohup`): that one stays ignored, here and in the workers.
 
 use crate::error::LaunchError;
 use crate::signal_names::signal_name;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 /// The signals the launcher catches and forwards.
-pub(crate) const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+pub(crate) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Last signal received (0: none since the last `take`).
 static PENDING: AtomicI32 = AtomicI32::new(0);
@@ -43,6 +46,16 @@ impl SignalGuard {
             previous: Vec::new(),
         };
         for sig in FORWARDED {
+            // A signal ignored when the launcher started (`nohup`, a non-interactive shell's
+            // background job for SIGINT and SIGQUIT) stays ignored, as the user asked: not
+            // caught, and so still ignored in the workers, which inherit it across exec.
+            if is_ignored(sig)? {
+                tracing::debug!(
+                    signal = signal_name(sig),
+                    "ignored when started: left ignored"
+                );
+                continue;
+            }
             // SAFETY: a zeroed sigaction is a valid "default" value; we fill in the handler and
             // an empty mask, and `on_signal` only touches atomics.
             let old = unsafe {
@@ -76,6 +89,25 @@ impl SignalGuard {
     /// How many signals arrived since installation (a second one escalates to SIGKILL).
     pub(crate) fn received(&self) -> usize {
         RECEIVED.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether `sig`'s disposition is SIG_IGN, read without changing it (so no window in which a
+/// handler would catch it).
+fn is_ignored(sig: libc::c_int) -> Result<bool, LaunchError> {
+    // SAFETY: a null `act` only reads the current disposition into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(LaunchError::Signals {
+                reason: format!(
+                    "sigaction({}) reading its disposition: {err}",
+                    signal_name(sig)
+                ),
+            });
+        }
+        Ok(old.sa_sigaction == libc::SIG_IGN)
     }
 }
 
@@ -114,5 +146,24 @@ mod tests {
         drop(guard);
         let again = SignalGuard::install().expect("reinstall after drop");
         drop(again);
+    }
+
+    /// `nohup`: a signal ignored before installation is not caught, so it stays ignored (and
+    /// workers inherit SIG_IGN across exec).
+    #[test]
+    fn a_signal_ignored_before_installation_stays_ignored() {
+        let _lock = TEST_GUARD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: changing a disposition only this (locked) test relies on.
+        let before = unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+        let guard = SignalGuard::install().expect("install");
+        assert!(is_ignored(libc::SIGHUP).expect("read SIGHUP"));
+        assert!(!is_ignored(libc::SIGTERM).expect("read SIGTERM"));
+        // SAFETY: SIGHUP is ignored: raising it does nothing.
+        unsafe { libc::raise(libc::SIGHUP) };
+        assert_eq!(guard.take(), None);
+        drop(guard);
+        assert!(is_ignored(libc::SIGHUP).expect("read SIGHUP after drop"));
+        // SAFETY: restoring what this test found.
+        unsafe { libc::signal(libc::SIGHUP, before) };
     }
 }

@@ -126,6 +126,16 @@ pub struct FailureSummary {
 }
 
 impl FailureSummary {
+    /// This attempt's number, from 1: counted in `u64`, as `--max-restarts` may be `u32::MAX`.
+    fn attempt(&self) -> u64 {
+        u64::from(self.restart_count) + 1
+    }
+
+    /// How many attempts `--max-restarts` allows, in `u64` (see [`FailureSummary::attempt`]).
+    fn attempts(&self) -> u64 {
+        u64::from(self.max_restarts) + 1
+    }
+
     /// The multi-line report the launcher prints to stderr.
     pub fn report(&self) -> String {
         let rule = "=".repeat(72);
@@ -142,8 +152,8 @@ impl FailureSummary {
         out.push_str(&format!("  first failure: {}\n", self.cause));
         out.push_str(&format!(
             "  attempt:       {} of {} (--max-restarts {})\n",
-            self.restart_count + 1,
-            self.max_restarts + 1,
+            self.attempt(),
+            self.attempts(),
             self.max_restarts
         ));
         if !self.rounds.is_empty() {
@@ -211,8 +221,8 @@ impl fmt::Display for FailureSummary {
             f,
             "{} (attempt {} of {})",
             self.cause,
-            self.restart_count + 1,
-            self.max_restarts + 1
+            self.attempt(),
+            self.attempts()
         )
     }
 }
@@ -354,5 +364,23 @@ mod tests {
     fn report_says_when_the_rank_printed_nothing() {
         let report = failure(WorkerExit::Code(1), &[]).report();
         assert!(report.contains("rank 1 printed nothing"), "{report}");
+    }
+
+    /// `--max-restarts 4294967295` (u32::MAX) counts attempts without overflowing.
+    #[test]
+    fn the_largest_max_restarts_is_reported_without_overflow() {
+        let mut s = failure(WorkerExit::Code(1), &[]);
+        s.max_restarts = u32::MAX;
+        s.restart_count = u32::MAX;
+        let report = s.report();
+        assert!(
+            report.contains("attempt:       4294967296 of 4294967296 (--max-restarts 4294967295)"),
+            "{report}"
+        );
+        assert!(
+            s.to_string()
+                .ends_with("(attempt 4294967296 of 4294967296)"),
+            "{s}"
+        );
     }
 }

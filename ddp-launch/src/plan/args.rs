@@ -46,14 +46,35 @@ impl fmt::Display for NprocPerNode {
 /// follow a flattened `LaunchArgs`).
 const HEADING: &str = "Launcher options";
 
-/// Parses a non-negative number of seconds (fractions allowed) into a [`Duration`].
-fn parse_secs(s: &str) -> Result<Duration, String> {
+/// The longest duration any of the launcher's `SECS` flags accepts: 365 days (ddp-comm's
+/// [`MAX_TIMEOUT`](ddp_comm::MAX_TIMEOUT)), far beyond any real wait and small enough that no
+/// deadline made from it overflows (`Instant + Duration` panics on overflow).
+pub const MAX_DURATION: Duration = ddp_comm::MAX_TIMEOUT;
+
+/// Parses a non-negative number of seconds (fractions allowed), at most [`MAX_DURATION`], into
+/// a [`Duration`].
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("expected a number of seconds, got '{s}'"))?;
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| format!("expected a non-negative number of seconds, got '{s}'"))
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        Ok(_) => Err(too_long(s.trim())),
+        // Positive overflow ("1e30", "inf") is too long, not negative.
+        Err(_) if secs > 0.0 => Err(too_long(s.trim())),
+        Err(_) => Err(format!(
+            "expected a non-negative number of seconds, got '{s}'"
+        )),
+    }
+}
+
+/// The error for a duration beyond [`MAX_DURATION`], naming the limit.
+pub(crate) fn too_long(value: &str) -> String {
+    format!(
+        "{value} s is longer than the maximum of {} s (365 days)",
+        MAX_DURATION.as_secs()
+    )
 }
 
 /// The launcher's flags, torchrun's names. Flatten it into your own clap parser:
@@ -454,5 +475,49 @@ mod tests {
         assert_eq!(built.master_port, Some(1234));
         assert_eq!(built.max_restarts, 2);
         assert!(!LaunchArgs::new().is_explicit());
+    }
+
+    /// Every duration flag takes up to [`MAX_DURATION`] and refuses more (which would panic in
+    /// `Instant::now() + d`), naming the limit; no value panics the parser.
+    #[test]
+    fn duration_flags_refuse_values_beyond_a_year() {
+        let max = MAX_DURATION.as_secs().to_string();
+        let over = (MAX_DURATION.as_secs() + 1).to_string();
+        for flag in [
+            "--grace-period",
+            "--join-timeout",
+            "--rdzv-last-call",
+            "--rdzv-heartbeat-timeout",
+        ] {
+            let arg = |value: &str| format!("{flag}={value}");
+            let a = parse(&[&arg(&max)]).unwrap_or_else(|e| panic!("{flag} {max}: {e}"));
+            assert_eq!(
+                [
+                    a.grace_period,
+                    a.join_timeout,
+                    a.rdzv_last_call,
+                    a.rdzv_heartbeat_timeout
+                ]
+                .iter()
+                .filter(|d| **d == MAX_DURATION)
+                .count(),
+                1,
+                "{flag}"
+            );
+            for value in [over.as_str(), "1e19", "1e300", "inf"] {
+                let err = parse(&[&arg(value)]).expect_err(value).to_string();
+                assert!(
+                    err.contains("is longer than the maximum of 31536000 s (365 days)"),
+                    "{flag} {value}: {err}"
+                );
+            }
+            for value in ["-1", "NaN", "-inf"] {
+                let err = parse(&[&arg(value)]).expect_err(value).to_string();
+                assert!(
+                    err.contains("non-negative number of seconds"),
+                    "{flag} {value}: {err}"
+                );
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::LaunchError;
 use crate::plan::worker_count::process_limit;
+use crate::rendezvous::node_claim::TAKEOVER_ENV;
 use crate::worker::env::launcher_vars::{ALLOCATOR_ENV, LAUNCH_ID_ENV, WORKER_ENV};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;
@@ -28,8 +29,8 @@ pub(crate) struct HostInfo {
     pub(crate) cores: usize,
     /// The user's process limit (`RLIMIT_NPROC`), where it applies to the launcher.
     pub(crate) process_limit: Option<u64>,
-    /// Environment variables (only [`TOKEN_ENV`], [`LAUNCH_ID_ENV`], the thread variables and
-    /// the allocator variables are read).
+    /// Environment variables (only [`TOKEN_ENV`], [`LAUNCH_ID_ENV`], [`TAKEOVER_ENV`], the
+    /// thread variables and the allocator variables are read).
     pub(crate) vars: HashMap<String, String>,
 }
 
@@ -45,7 +46,7 @@ impl HostInfo {
             // should count as the same launch) can choose it; not inside another launch's
             // worker, whose id it is (this launch would share its log directory).
             let nested = lookup(WORKER_ENV).is_some();
-            Ok([TOKEN_ENV, LAUNCH_ID_ENV]
+            Ok([TOKEN_ENV, LAUNCH_ID_ENV, TAKEOVER_ENV]
                 .into_iter()
                 .filter(|&k| !(nested && k == LAUNCH_ID_ENV))
                 .chain(THREAD_VARS)

@@ -26,6 +26,7 @@ use crate::plan::host::HostInfo;
 use crate::plan::node_count::NodeCount;
 use crate::plan::program::{WorkerCommand, resolve_program};
 use crate::plan::worker_count::{HostLimits, check_worker_count};
+use crate::rendezvous::node_claim::{TAKEOVER_ENV, takeover_grace};
 use crate::worker::env::launcher_vars::LAUNCH_ID_ENV;
 use ddp_comm::TOKEN_ENV;
 use std::ffi::OsString;
@@ -71,6 +72,9 @@ pub struct LaunchPlan {
     pub(crate) grace_period: Duration,
     pub(crate) tail_lines: usize,
     pub(crate) join_timeout: Duration,
+    /// How long a launcher started for a held `--node-rank` watches the holder's heartbeat
+    /// before taking its place (`DDP_NODE_TAKEOVER_SECS`).
+    pub(crate) takeover_grace: Duration,
     pub(crate) job_token: String,
     /// [`LAUNCH_ID_ENV`] for every worker of every attempt.
     pub(crate) launch_id: String,
@@ -166,6 +170,7 @@ impl LaunchPlan {
         command: WorkerCommand,
         host: &HostInfo,
     ) -> Result<LaunchPlan, LaunchError> {
+        check_durations(args)?;
         let nproc_per_node = match args.nproc_per_node.unwrap_or(NprocPerNode::Count(1)) {
             NprocPerNode::Count(0) => return Err(LaunchError::ZeroProcsPerNode),
             NprocPerNode::Count(n) => n,
@@ -248,6 +253,7 @@ impl LaunchPlan {
             None => random_token(),
         };
         let thread_env = host.thread_env(nproc_per_node);
+        let takeover_grace = takeover_grace(host.var(TAKEOVER_ENV))?;
         Ok(LaunchPlan {
             command,
             nproc_per_node,
@@ -260,6 +266,7 @@ impl LaunchPlan {
             grace_period: args.grace_period,
             tail_lines: args.tail_lines,
             join_timeout: args.join_timeout,
+            takeover_grace,
             job_token,
             launch_id: host
                 .var(LAUNCH_ID_ENV)
@@ -330,4 +337,22 @@ impl LaunchPlan {
 fn random_token() -> String {
     let bytes: [u8; 16] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Refuses a duration beyond [`MAX_DURATION`](crate::MAX_DURATION): one set in code (the flags
+/// refuse them when parsed) would otherwise panic later, in `Instant::now() + duration`.
+fn check_durations(args: &LaunchArgs) -> Result<(), LaunchError> {
+    let durations = [
+        ("--grace-period", args.grace_period),
+        ("--join-timeout", args.join_timeout),
+        ("--rdzv-last-call", args.rdzv_last_call),
+        ("--rdzv-heartbeat-timeout", args.rdzv_heartbeat_timeout),
+    ];
+    match durations
+        .into_iter()
+        .find(|(_, d)| *d > crate::MAX_DURATION)
+    {
+        Some((flag, value)) => Err(LaunchError::DurationTooLong { flag, value }),
+        None => Ok(()),
+    }
 }

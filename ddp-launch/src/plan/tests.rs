@@ -165,3 +165,70 @@ fn multi_node_with_token_addr_and_port_is_valid() {
     assert_eq!(p.master_addr(), "10.1.1.1");
     assert_eq!(p.global_rank(0), 1);
 }
+
+/// A duration set in code beyond [`crate::MAX_DURATION`] is refused as the flag would be, not
+/// left to panic in `Instant::now() + d`.
+#[test]
+fn durations_set_in_code_beyond_a_year_are_refused() {
+    let too_long = crate::MAX_DURATION + std::time::Duration::from_secs(1);
+    let cases = [
+        (
+            "--grace-period",
+            LaunchArgs::new().with_grace_period(too_long),
+        ),
+        (
+            "--join-timeout",
+            LaunchArgs::new().with_join_timeout(too_long),
+        ),
+        (
+            "--rdzv-last-call",
+            LaunchArgs::new().with_rdzv_last_call(too_long),
+        ),
+        (
+            "--rdzv-heartbeat-timeout",
+            LaunchArgs::new().with_rdzv_heartbeat_timeout(std::time::Duration::MAX),
+        ),
+    ];
+    for (flag, args) in cases {
+        let err = plan(&args).expect_err(flag);
+        assert!(
+            matches!(err, LaunchError::DurationTooLong { flag: f, .. } if f == flag),
+            "{flag}: {err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string()
+                .contains("is longer than the maximum of 31536000 s (365 days)"),
+            "{err}"
+        );
+    }
+    let max = crate::MAX_DURATION;
+    let fine = LaunchArgs::new()
+        .with_grace_period(max)
+        .with_join_timeout(max);
+    assert!(plan(&fine).is_ok());
+}
+
+/// `DDP_NODE_TAKEOVER_SECS` reaches the plan, and a bad value is refused when the plan is made.
+#[test]
+fn the_takeover_grace_comes_from_the_environment_and_is_checked() {
+    let args = LaunchArgs::new();
+    let set = |v: &str| {
+        LaunchPlan::with_host(&args, command(), &host(8, &[("DDP_NODE_TAKEOVER_SECS", v)]))
+    };
+    assert_eq!(
+        valid_plan(&args, 8, &[]).takeover_grace,
+        std::time::Duration::from_secs(15)
+    );
+    assert_eq!(
+        set("5").expect("5 s").takeover_grace,
+        std::time::Duration::from_secs(5)
+    );
+    let err = set("2").expect_err("below the minimum");
+    assert_eq!(err.exit_code(), 2);
+    assert!(
+        err.to_string()
+            .starts_with("DDP_NODE_TAKEOVER_SECS: '2' is shorter than the minimum of 4 s"),
+        "{err}"
+    );
+}

@@ -37,7 +37,7 @@ mod attempt;
 mod closing;
 mod finish;
 mod heartbeat;
-mod node_claim;
+pub(crate) mod node_claim;
 pub(crate) mod port_holder;
 mod ports;
 mod refusal;
@@ -71,6 +71,8 @@ pub(crate) struct Rendezvous {
     nnodes: usize,
     addr: String,
     join_timeout: Duration,
+    /// How long this launcher watches a holder's heartbeat before taking its `--node-rank`.
+    takeover_grace: Duration,
     bind_host: &'static str,
     next_poll: Instant,
     /// The workers' port of the previous attempt (node 0 picks another).
@@ -139,6 +141,7 @@ impl Rendezvous {
             nnodes: plan.nnodes,
             addr: addr.clone(),
             join_timeout: plan.join_timeout,
+            takeover_grace: plan.takeover_grace,
             bind_host: host,
             next_poll: Instant::now(),
             last_port: None,

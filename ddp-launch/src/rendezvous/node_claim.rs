@@ -11,7 +11,9 @@
 //! attempts in the same process) keep the claim. While it holds the claim, its [`Heartbeat`]
 //! adds to `node/<rank>/alive/<its id>` every [`BEAT`](super::heartbeat::BEAT) (a counter of its
 //! own, so a displaced holder that beats on does not cover up its successor's death). A new
-//! claimant for a held rank reads the holder's counter, waits [`GRACE`] by its own clock (the hosts' clocks need not agree),
+//! claimant for a held rank reads the holder's counter, waits its takeover grace
+//! ([`takeover_grace`]: [`DEFAULT_GRACE`], or [`TAKEOVER_ENV`]) by its own clock (the hosts'
+//! clocks need not agree),
 //! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
 //! over, with `compare_set` on the old holder's id so that of several newcomers exactly one
@@ -29,16 +31,49 @@ use crate::launcher_id::claimant_id;
 use crate::signals::SignalGuard;
 use std::time::{Duration, Instant};
 
-/// How long a holder's heartbeat must stay still for a newcomer to take its claim: fifteen
-/// beats missed in a row, the default of the elastic path's `--rdzv-heartbeat-timeout` and
-/// about what torchrun allows an agent. (The static path has no such flag, and the value must
-/// be the same on every node: a constant.) Calling a live holder dead is costly: the newcomer
+/// How long, by default, a holder's heartbeat must stay still for a newcomer to take its claim:
+/// fifteen beats missed in a row, the default of the elastic path's `--rdzv-heartbeat-timeout`
+/// and about what torchrun allows an agent. Calling a live holder dead is costly: the newcomer
 /// ends the attempt under way, and the displaced holder stops at its next look at its claim. A
 /// live holder's beat is one `add` on a connection whose calls all return at once, but the
 /// holder itself may be held off for seconds (stopped and continued, swapping, a paused VM, a
 /// busy node 0), so the margin is wide; waiting longer costs only a newcomer for a node whose
-/// launcher really died a few seconds more.
-pub(crate) const GRACE: Duration = Duration::from_secs(15);
+/// launcher really died a few seconds more. Only the newcomer waits, so nodes need not agree
+/// on it.
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(15);
+/// The shortest grace [`TAKEOVER_ENV`] may ask for: four beats, so that a live holder is not
+/// taken for dead for one late beat.
+pub(crate) const MIN_GRACE: Duration = Duration::from_secs(4);
+/// Seconds a launcher started for a `--node-rank` that another launcher holds watches that
+/// launcher's heartbeat before it takes its place ([`DEFAULT_GRACE`] when unset): shorter
+/// brings a replacement for a dead node in sooner (the launcher tests use it), longer suits
+/// hosts that stall for long.
+pub(crate) const TAKEOVER_ENV: &str = "DDP_NODE_TAKEOVER_SECS";
+
+/// The takeover grace [`TAKEOVER_ENV`]'s `value` asks for: seconds (fractions allowed) in
+/// [`MIN_GRACE`]`..=`[`MAX_DURATION`](crate::MAX_DURATION); [`DEFAULT_GRACE`] when unset.
+///
+/// # Errors
+/// [`LaunchError::WorkerEnv`] naming the variable, the value and the range.
+pub(crate) fn takeover_grace(value: Option<&str>) -> Result<Duration, LaunchError> {
+    let Some(value) = value else {
+        return Ok(DEFAULT_GRACE);
+    };
+    let grace = crate::plan::args::parse_secs(value)
+        .map_err(|reason| LaunchError::worker_env(TAKEOVER_ENV, reason))?;
+    if grace < MIN_GRACE {
+        return Err(LaunchError::worker_env(
+            TAKEOVER_ENV,
+            format!(
+                "'{value}' is shorter than the minimum of {} s (four heartbeats: shorter would \
+                 take a live launcher for dead); unset it for the default of {} s",
+                MIN_GRACE.as_secs(),
+                DEFAULT_GRACE.as_secs()
+            ),
+        ));
+    }
+    Ok(grace)
+}
 /// How often a newcomer looks at the holder's counter while it waits.
 const LOOK: Duration = Duration::from_millis(250);
 
@@ -58,7 +93,7 @@ fn alive_key(rank: usize, claimant: &str) -> String {
 enum Holder {
     /// It moved: the holder runs.
     Alive,
-    /// It did not move for [`GRACE`].
+    /// It did not move for the takeover grace.
     Gone,
 }
 
@@ -96,8 +131,9 @@ impl Rendezvous {
             let holder = String::from_utf8_lossy(&holder).into_owned();
             tracing::warn!(
                 node_rank = self.node_rank,
-                "launcher {holder}, which held --node-rank {}, did not move its heartbeat for {GRACE:?}: this launcher ({claimant}) takes its place",
-                self.node_rank
+                "launcher {holder}, which held --node-rank {}, did not move its heartbeat for {:?}: this launcher ({claimant}) takes its place",
+                self.node_rank,
+                self.takeover_grace
             );
             Some(holder)
         };
@@ -112,18 +148,19 @@ impl Rendezvous {
         Ok(())
     }
 
-    /// Reads the holder's heartbeat, then watches it for [`GRACE`] by this host's clock: whether
+    /// Reads the holder's heartbeat, then watches it for the takeover grace by this host's clock: whether
     /// it moved. A signal stops the wait.
     fn watch_holder(&self, holder: &[u8], signals: &SignalGuard) -> Result<Holder, LaunchError> {
         let key = alive_key(self.node_rank, &String::from_utf8_lossy(holder));
         let first = self.store.add(&key, 0).map_err(|e| self.lost(e))?;
         tracing::info!(
             node_rank = self.node_rank,
-            "--node-rank {} is held by launcher {}: waiting up to {GRACE:?} to see whether it still runs",
+            "--node-rank {} is held by launcher {}: waiting up to {:?} to see whether it still runs",
             self.node_rank,
-            String::from_utf8_lossy(holder)
+            String::from_utf8_lossy(holder),
+            self.takeover_grace
         );
-        let deadline = Instant::now() + GRACE;
+        let deadline = Instant::now() + self.takeover_grace;
         loop {
             if let Some(signal) = signals.take() {
                 return Err(LaunchError::Interrupted { signal });
@@ -168,10 +205,12 @@ impl Rendezvous {
         }
         Err(self.error(format!(
             "this launcher ({}) no longer holds --node-rank {}: launcher {} took it over, as this \
-             one's heartbeat did not move for {GRACE:?}",
+             one's heartbeat did not move for that launcher's takeover grace ({TAKEOVER_ENV}, \
+             {} s by default)",
             self.claimant,
             self.node_rank,
-            String::from_utf8_lossy(&holder)
+            String::from_utf8_lossy(&holder),
+            DEFAULT_GRACE.as_secs()
         )))
     }
 }
@@ -183,8 +222,39 @@ mod tests {
 
     #[test]
     fn the_grace_period_spans_several_heartbeats() {
-        assert!(GRACE >= 4 * BEAT, "{GRACE:?} vs {BEAT:?}");
+        assert!(MIN_GRACE >= 4 * BEAT, "{MIN_GRACE:?} vs {BEAT:?}");
+        assert!(DEFAULT_GRACE >= MIN_GRACE);
         assert_ne!(claim_key(1), alive_key(1, "host:1:a"));
         assert_ne!(alive_key(1, "host:1:a"), alive_key(1, "host:2:b"));
+    }
+
+    /// The takeover grace: the default when unset, seconds within `MIN_GRACE..=MAX_DURATION`
+    /// otherwise, and a clear error naming the variable for anything else.
+    #[test]
+    fn the_takeover_grace_is_read_and_checked() {
+        assert_eq!(takeover_grace(None).expect("default"), DEFAULT_GRACE);
+        assert_eq!(
+            takeover_grace(Some("5")).expect("5 s"),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            takeover_grace(Some("4.5")).expect("4.5 s"),
+            Duration::from_millis(4500)
+        );
+        for (value, expected) in [
+            ("1", "is shorter than the minimum of 4 s"),
+            ("0", "is shorter than the minimum of 4 s"),
+            ("soon", "expected a number of seconds, got 'soon'"),
+            ("-5", "non-negative number of seconds"),
+            ("1e19", "is longer than the maximum of 31536000 s"),
+        ] {
+            let err = takeover_grace(Some(value)).expect_err(value);
+            assert!(
+                matches!(&err, LaunchError::WorkerEnv { var, .. } if var == TAKEOVER_ENV),
+                "{err}"
+            );
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains(expected), "{value}: {err}");
+        }
     }
 }

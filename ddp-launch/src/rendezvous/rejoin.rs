@@ -15,7 +15,6 @@
 //! would stop a healthy job.
 
 use super::Rendezvous;
-use super::node_claim::GRACE;
 use crate::error::LaunchError;
 use std::time::Duration;
 
@@ -101,9 +100,10 @@ impl Rendezvous {
             )));
         }
         let why = format!(
-            "node {rank}'s launcher {dead} stopped (its heartbeat did not move for {GRACE:?}), \
+            "node {rank}'s launcher {dead} stopped (its heartbeat did not move for {grace:?}), \
              and launcher {me} took its place",
             me = self.claimant,
+            grace = self.takeover_grace,
         );
         self.report_failure(latest, &why, false);
         tracing::info!(

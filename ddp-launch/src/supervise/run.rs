@@ -15,8 +15,9 @@ impl LaunchPlan {
     /// they all succeeded, or with the failure.
     ///
     /// Call it from a thread that lives until it returns (normally `main`): workers get
-    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM
-    /// and SIGHUP while running (forwarded to every worker) and restores the previous ones.
+    /// SIGKILL when the thread that started them ends. Installs handlers for SIGINT, SIGTERM,
+    /// SIGHUP and SIGQUIT while running (forwarded to every worker) and restores the previous
+    /// ones; one of them that was ignored (`nohup`) is left ignored, here and in the workers.
     ///
     /// # Errors
     /// [`LaunchError::WorkerFailed`] (the summary was printed to stderr),

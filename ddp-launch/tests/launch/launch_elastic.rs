@@ -619,6 +619,44 @@ fn a_failure_with_no_restarts_left_stops_every_node_with_the_rounds() {
     assert_all_gone(&workers);
 }
 
+/// A round re-formed because a node joined spends no restart, so a failure in the next round
+/// is still attempt 1: every failure summary counts the restarts spent, not the rounds.
+#[test]
+fn a_failure_after_a_node_joined_is_reported_as_the_first_attempt() {
+    let mut job = ElasticJob::new();
+    job.nnodes = "1:2";
+    job.last_call_secs = 1;
+    let host = job.start_host(&[]);
+    job.wait_round(0, NPROC);
+    // The second node's arrival ends round 0 (no restart spent) and forms round 1.
+    let second = job.start_agent(&[]);
+    let round1 = job.wait_round(1, 2 * NPROC);
+    let victim = node_of(&round1, job.pid(second))[0];
+    // SAFETY: killing a worker this test's launcher started (its pid from its record).
+    unsafe { libc::kill(victim.pid, libc::SIGKILL) };
+    let workers = job.all_workers();
+    for i in [host, second] {
+        let placeholder = start(Command::new("true"));
+        let out = std::mem::replace(&mut job.agents[i], placeholder).finish();
+        assert_eq!(out.status.code(), Some(1), "{}", out.all());
+        out.assert_stderr_has("ended in a failure with no restarts left (--max-restarts 0)");
+        let attempts: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with("attempt:"))
+            .collect();
+        assert!(
+            !attempts.is_empty()
+                && attempts
+                    .iter()
+                    .all(|l| l.trim() == "attempt:       1 of 1 (--max-restarts 0)"),
+            "{attempts:?}\n{}",
+            out.all()
+        );
+    }
+    assert_all_gone(&workers);
+}
+
 fn assert_flags_refused(args: &[&str], expected: &str) {
     let mut cmd = ddp_run();
     cmd.args(args)

@@ -41,6 +41,52 @@ fn unparsable_flag_value_is_rejected_with_the_value() {
     );
 }
 
+/// A duration beyond a year would panic in `Instant::now() + d` when the launcher waits: every
+/// duration flag refuses it when parsed, naming the limit.
+#[test]
+fn absurd_durations_are_usage_errors_naming_the_limit() {
+    for flag in [
+        "--grace-period",
+        "--join-timeout",
+        "--rdzv-last-call",
+        "--rdzv-heartbeat-timeout",
+    ] {
+        // `false` fails at once: the launcher then waits the grace period.
+        let mut cmd = ddp_run();
+        cmd.args([flag, "1e19", "--", "false"]);
+        assert_usage_error(
+            &run(cmd),
+            &format!(
+                "invalid value '1e19' for '{flag} <SECS>': 1e19 s is longer than the maximum of 31536000 s (365 days)"
+            ),
+        );
+    }
+}
+
+/// `DDP_NODE_TAKEOVER_SECS` is checked when the launcher starts, naming its range.
+#[test]
+fn a_bad_takeover_grace_is_a_usage_error() {
+    for (value, expected) in [
+        (
+            "1",
+            "DDP_NODE_TAKEOVER_SECS: '1' is shorter than the minimum of 4 s",
+        ),
+        (
+            "1e19",
+            "DDP_NODE_TAKEOVER_SECS: 1e19 s is longer than the maximum of 31536000 s",
+        ),
+        (
+            "soon",
+            "DDP_NODE_TAKEOVER_SECS: expected a number of seconds, got 'soon'",
+        ),
+    ] {
+        let mut cmd = ddp_run();
+        cmd.env("DDP_NODE_TAKEOVER_SECS", value)
+            .args(["--", "true"]);
+        assert_usage_error(&run(cmd), expected);
+    }
+}
+
 #[test]
 fn missing_program_is_a_usage_error() {
     let mut cmd = ddp_run();

@@ -104,3 +104,21 @@ fn failure_dirs_of_dead_launchers_are_removed_at_the_next_start() {
         .collect();
     assert_eq!(left.len(), 4, "{left:?}");
 }
+
+/// `--max-restarts 4294967295` (u32::MAX): the failure summary counts the attempts without
+/// overflowing, and the restart happens.
+#[test]
+fn the_largest_max_restarts_is_reported_and_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("failed-once");
+    let mut cmd = ddp_run();
+    // Fails on the first attempt only.
+    cmd.args(["--max-restarts", "4294967295", "--", "sh", "-c"])
+        .arg("test -e \"$0\" && exit 0; touch \"$0\"; echo failing once; exit 3")
+        .arg(&marker);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", out.all());
+    out.assert_stderr_has("attempt:       1 of 4294967296 (--max-restarts 4294967295)");
+    out.assert_stderr_has("restarting every worker (restart 1 of 4294967295)");
+    assert!(!out.stderr.contains("panicked"), "{}", out.all());
+}

@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 /// `--join-timeout`: both launchers start at once, so node 1 joins well within it even on a
 /// loaded machine; it is also how long a node whose workers succeeded waits for the others.
 const JOIN_TIMEOUT: &str = "15";
+/// `DDP_NODE_TAKEOVER_SECS`: how long a launcher started for a held `--node-rank` watches the
+/// holder's heartbeat (beating every second) before taking its place; the default 15 s would
+/// have each takeover test wait it out. Still five beats: a live holder on a busy machine is
+/// seen beating well within it (the tests with a live holder expect a refusal).
+const TAKEOVER_SECS: &str = "5";
 /// How long to wait for a launcher to print something or exit (generous: a loaded machine).
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -50,6 +55,7 @@ fn node_at(
 ) -> Command {
     let mut cmd = ddp_run();
     cmd.env("DDP_JOB_TOKEN", "loopback-secret")
+        .env("DDP_NODE_TAKEOVER_SECS", TAKEOVER_SECS)
         .env("RUST_LOG", "ddp_launch=info,warn")
         .args([
             "--nnodes",
@@ -428,7 +434,13 @@ fn a_launcher_started_again_for_a_dead_node_takes_its_place_and_the_job_restarts
     );
     assert_eq!(node0.exit_code(), Some(0), "node 0:\n{}", node0.text());
     let (log0, log1) = (node0.text(), again.text());
-    assert!(log1.contains("takes its place"), "node 1 again:\n{log1}");
+    // After the takeover grace the tests set, not the default.
+    assert!(
+        log1.contains(&format!(
+            "did not move its heartbeat for {TAKEOVER_SECS}s: this launcher"
+        )) && log1.contains("takes its place"),
+        "node 1 again:\n{log1}"
+    );
     assert!(!log1.contains("already held"), "node 1 again:\n{log1}");
     assert!(
         log0.contains("restarting every worker (restart 1 of 1)")

@@ -195,7 +195,11 @@ fn agent_loop(
                         return Err(LaunchError::Interrupted { signal });
                     }
                     Outcome::Succeeded => rounds.finish(&round, signals)?,
-                    Outcome::Failed(summary) => {
+                    Outcome::Failed(mut summary) => {
+                        // The attempt ran as round `round.number` (its files, DDP_RESTART_COUNT),
+                        // but the summary counts restarts spent: rounds re-formed because a node
+                        // joined or left are free.
+                        summary.restart_count = round.restarts_before;
                         if let FailureCause::LostRendezvous { .. } = summary.cause {
                             return Err(LaunchError::WorkerFailed(Box::new(summary)));
                         }
