@@ -3,8 +3,8 @@
 //! every worker.
 
 use crate::error::LaunchError;
+use crate::plan::takeover::TAKEOVER_ENV;
 use crate::plan::worker_count::process_limit;
-use crate::rendezvous::node_claim::TAKEOVER_ENV;
 use crate::worker::env::launcher_vars::{ALLOCATOR_ENV, LAUNCH_ID_ENV, WORKER_ENV};
 use ddp_comm::TOKEN_ENV;
 use std::collections::HashMap;

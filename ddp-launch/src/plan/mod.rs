@@ -14,6 +14,7 @@ pub(crate) mod elastic_settings;
 mod host;
 pub(crate) mod node_count;
 mod program;
+pub(crate) mod takeover;
 #[cfg(test)]
 mod tests;
 pub(crate) mod worker_count;
@@ -25,8 +26,8 @@ use crate::plan::elastic_settings::ElasticSettings;
 use crate::plan::host::HostInfo;
 use crate::plan::node_count::NodeCount;
 use crate::plan::program::{WorkerCommand, resolve_program};
+use crate::plan::takeover::{TAKEOVER_ENV, takeover_grace};
 use crate::plan::worker_count::{HostLimits, check_worker_count};
-use crate::rendezvous::node_claim::{TAKEOVER_ENV, takeover_grace};
 use crate::worker::env::launcher_vars::LAUNCH_ID_ENV;
 use ddp_comm::TOKEN_ENV;
 use std::ffi::OsString;

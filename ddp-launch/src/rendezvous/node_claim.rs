@@ -12,7 +12,8 @@
 //! adds to `node/<rank>/alive/<its id>` every [`BEAT`](super::heartbeat::BEAT) (a counter of its
 //! own, so a displaced holder that beats on does not cover up its successor's death). A new
 //! claimant for a held rank reads the holder's counter, waits its takeover grace
-//! ([`takeover_grace`]: [`DEFAULT_GRACE`], or [`TAKEOVER_ENV`]) by its own clock (the hosts'
+//! ([`takeover_grace`](crate::plan::takeover::takeover_grace): [`DEFAULT_GRACE`], or
+//! [`TAKEOVER_ENV`]) by its own clock (the hosts'
 //! clocks need not agree),
 //! and reads it again: moved, the holder lives and the newcomer is refused as above; still, the
 //! holder is gone (its launcher died, and its workers with it) and the newcomer takes the claim
@@ -28,52 +29,10 @@ use super::Rendezvous;
 use super::heartbeat::Heartbeat;
 use crate::error::LaunchError;
 use crate::launcher_id::claimant_id;
+use crate::plan::takeover::{DEFAULT_GRACE, TAKEOVER_ENV};
 use crate::signals::SignalGuard;
 use std::time::{Duration, Instant};
 
-/// How long, by default, a holder's heartbeat must stay still for a newcomer to take its claim:
-/// fifteen beats missed in a row, the default of the elastic path's `--rdzv-heartbeat-timeout`
-/// and about what torchrun allows an agent. Calling a live holder dead is costly: the newcomer
-/// ends the attempt under way, and the displaced holder stops at its next look at its claim. A
-/// live holder's beat is one `add` on a connection whose calls all return at once, but the
-/// holder itself may be held off for seconds (stopped and continued, swapping, a paused VM, a
-/// busy node 0), so the margin is wide; waiting longer costs only a newcomer for a node whose
-/// launcher really died a few seconds more. Only the newcomer waits, so nodes need not agree
-/// on it.
-pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(15);
-/// The shortest grace [`TAKEOVER_ENV`] may ask for: four beats, so that a live holder is not
-/// taken for dead for one late beat.
-pub(crate) const MIN_GRACE: Duration = Duration::from_secs(4);
-/// Seconds a launcher started for a `--node-rank` that another launcher holds watches that
-/// launcher's heartbeat before it takes its place ([`DEFAULT_GRACE`] when unset): shorter
-/// brings a replacement for a dead node in sooner (the launcher tests use it), longer suits
-/// hosts that stall for long.
-pub(crate) const TAKEOVER_ENV: &str = "DDP_NODE_TAKEOVER_SECS";
-
-/// The takeover grace [`TAKEOVER_ENV`]'s `value` asks for: seconds (fractions allowed) in
-/// [`MIN_GRACE`]`..=`[`MAX_DURATION`](crate::MAX_DURATION); [`DEFAULT_GRACE`] when unset.
-///
-/// # Errors
-/// [`LaunchError::WorkerEnv`] naming the variable, the value and the range.
-pub(crate) fn takeover_grace(value: Option<&str>) -> Result<Duration, LaunchError> {
-    let Some(value) = value else {
-        return Ok(DEFAULT_GRACE);
-    };
-    let grace = crate::plan::args::parse_secs(value)
-        .map_err(|reason| LaunchError::worker_env(TAKEOVER_ENV, reason))?;
-    if grace < MIN_GRACE {
-        return Err(LaunchError::worker_env(
-            TAKEOVER_ENV,
-            format!(
-                "'{value}' is shorter than the minimum of {} s (four heartbeats: shorter would \
-                 take a live launcher for dead); unset it for the default of {} s",
-                MIN_GRACE.as_secs(),
-                DEFAULT_GRACE.as_secs()
-            ),
-        ));
-    }
-    Ok(grace)
-}
 /// How often a newcomer looks at the holder's counter while it waits.
 const LOOK: Duration = Duration::from_millis(250);
 
@@ -218,6 +177,7 @@ impl Rendezvous {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::takeover::MIN_GRACE;
     use crate::rendezvous::heartbeat::BEAT;
 
     #[test]
@@ -226,35 +186,5 @@ mod tests {
         assert!(DEFAULT_GRACE >= MIN_GRACE);
         assert_ne!(claim_key(1), alive_key(1, "host:1:a"));
         assert_ne!(alive_key(1, "host:1:a"), alive_key(1, "host:2:b"));
-    }
-
-    /// The takeover grace: the default when unset, seconds within `MIN_GRACE..=MAX_DURATION`
-    /// otherwise, and a clear error naming the variable for anything else.
-    #[test]
-    fn the_takeover_grace_is_read_and_checked() {
-        assert_eq!(takeover_grace(None).expect("default"), DEFAULT_GRACE);
-        assert_eq!(
-            takeover_grace(Some("5")).expect("5 s"),
-            Duration::from_secs(5)
-        );
-        assert_eq!(
-            takeover_grace(Some("4.5")).expect("4.5 s"),
-            Duration::from_millis(4500)
-        );
-        for (value, expected) in [
-            ("1", "is shorter than the minimum of 4 s"),
-            ("0", "is shorter than the minimum of 4 s"),
-            ("soon", "expected a number of seconds, got 'soon'"),
-            ("-5", "non-negative number of seconds"),
-            ("1e19", "is longer than the maximum of 31536000 s"),
-        ] {
-            let err = takeover_grace(Some(value)).expect_err(value);
-            assert!(
-                matches!(&err, LaunchError::WorkerEnv { var, .. } if var == TAKEOVER_ENV),
-                "{err}"
-            );
-            assert_eq!(err.exit_code(), 2);
-            assert!(err.to_string().contains(expected), "{value}: {err}");
-        }
     }
 }

@@ -153,13 +153,22 @@ impl Rounds {
             }
         };
         if closed.is_some_and(|members| members.contains(&index)) {
-            let why = format!(
-                "{id} was interrupted by {} before round {r} started",
-                crate::signal_names::signal_name(signal)
-            );
-            if let Err(e) = self.end_round(r, &RoundEnd::MemberLeft(why)) {
-                tracing::warn!(%e, "cannot tell the other nodes that this node leaves");
-            }
+            self.leave_before_start(r, signal);
+        }
+    }
+
+    /// Ends round `r`, closed with this node in it, before it started (interrupted by
+    /// `signal` before its workers did): a member left, which spends no restart, so that the
+    /// others re-form at once instead of finding this node dead by its heartbeats and spending
+    /// a restart on it. Best effort, as [`withdraw`](Self::withdraw).
+    pub(super) fn leave_before_start(&mut self, r: u32, signal: i32) {
+        let why = format!(
+            "{} was interrupted by {} before round {r} started",
+            self.node_id,
+            crate::signal_names::signal_name(signal)
+        );
+        if let Err(e) = self.end_round(r, &RoundEnd::MemberLeft(why)) {
+            tracing::warn!(%e, "cannot tell the other nodes that this node leaves");
         }
     }
 
@@ -181,6 +190,7 @@ impl Rounds {
                     break;
                 }
                 if let Some(signal) = signals.take() {
+                    self.leave_before_start(r, signal);
                     return Err(LaunchError::Interrupted { signal });
                 }
                 if Instant::now() >= deadline {

@@ -32,6 +32,9 @@ impl Rounds {
         }
         loop {
             if let Some(signal) = signals.take() {
+                // This node's workers never start, so the round cannot train: it ends as a
+                // member leaving, which spends no restart.
+                self.leave_before_start(round.number, signal);
                 return Err(LaunchError::Interrupted { signal });
             }
             if let Some(raw) = self.get(&key)? {

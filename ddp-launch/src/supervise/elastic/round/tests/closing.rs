@@ -255,3 +255,44 @@ fn a_withdrawal_racing_the_close_ends_the_round_without_spending_a_restart() {
     assert_eq!(memory.value("abort"), None);
     assert_eq!(memory.value("r/1/restarts").as_deref(), Some("0"));
 }
+
+/// A member interrupted after its round closed, before it learnt where the workers meet (or
+/// while it read the members), ends the round as a member leaving: the others re-form at
+/// once and spend no restart, instead of finding it dead by its heartbeats (a failure).
+#[test]
+fn a_member_interrupted_before_its_round_starts_ends_it_as_a_member_leaving() {
+    for while_reading_members in [false, true] {
+        let memory = job_with_first_node();
+        let round = join_round(&memory, "late:3");
+        assert_eq!(round.node_rank, 1);
+        let mut late = closing_node(&memory, "late:3", Duration::from_secs(600));
+        let interrupted = with_signals(|s| {
+            // SAFETY: the guard handles SIGTERM (it only sets a flag).
+            unsafe { libc::raise(libc::SIGTERM) };
+            if while_reading_members {
+                // Member 9 never wrote its id: the read waits, and the signal ends it.
+                late.read_round(0, 1, &[1, 9], s).map(|_| ())
+            } else {
+                // Node 0 (first:1) never publishes the address.
+                late.master(&round, || Ok(0), s).map(|_| ())
+            }
+        });
+        assert!(
+            matches!(
+                interrupted,
+                Err(LaunchError::Interrupted {
+                    signal: libc::SIGTERM
+                })
+            ),
+            "{:?}",
+            interrupted.err()
+        );
+        let end = memory
+            .value("r/0/end")
+            .map(|raw| RoundEnd::decode(raw.as_bytes()));
+        assert!(
+            matches!(&end, Some(RoundEnd::MemberLeft(why)) if why.contains("late:3 was interrupted by SIGTERM before round 0 started")),
+            "while reading members: {while_reading_members}: {end:?}"
+        );
+    }
+}
