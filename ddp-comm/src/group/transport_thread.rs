@@ -78,10 +78,14 @@ impl TransportState {
         }
         // First complete the error with what the blamed peer reported (a peer reports before
         // it closes its connections, so in a cascade its report is already there), then report
-        // it ourselves, then close: every rank's report carries the chain back to the rank
-        // where the trouble started. The store lives in rank 0, which may be the rank that
-        // stalled: every store call here runs on a helper thread with a deadline, so a frozen
-        // store delays this rank's exit by seconds, not by the store's reply timeout.
+        // our own error, then close: every rank's error carries the chain back to the rank
+        // where the trouble started, each link read once from its own report. (Publishing the
+        // completed error instead would double the text at every hop: a reader following the
+        // chain appends every report, and each would already hold all those behind it.) The
+        // store lives in rank 0, which may be the rank that stalled: every store call here
+        // runs on a helper thread with a deadline, so a frozen store delays this rank's exit
+        // by seconds, not by the store's reply timeout.
+        let own_report = e.to_string();
         let e = match (&self.reporter, e.peer()) {
             (Some(store), Some(peer)) => {
                 let (store, me) = (store.clone(), self.my_rank);
@@ -103,7 +107,7 @@ impl TransportState {
         };
         write_failure_file(&e);
         if let Some(store) = &self.reporter {
-            let (store, me, peer, report) = (store.clone(), self.my_rank, e.peer(), e.to_string());
+            let (store, me, peer, report) = (store.clone(), self.my_rank, e.peer(), own_report);
             let published = bounded("ddp-comm-report", PUBLISH_DEADLINE, move || {
                 // The blame goes first: a peer that reads our report then follows it at once.
                 if let Some(peer) = peer {

@@ -328,6 +328,40 @@ fn bad_argument_on_one_rank_fails_its_peers_with_its_message() {
     }
 }
 
+/// Each rank publishes its own error only: a peer following the chain of blame appends every
+/// link's report itself, so a report that held the links behind it too would double the text
+/// at every hop (megabytes, past the store's frame limit, along a long chain).
+#[test]
+fn a_rank_publishes_its_own_error_not_the_chain_behind_it() {
+    for setup in BOTH {
+        let results = run_world_with(setup, 3, PATIENCE, |pg| {
+            let input = [1.0f32; 3];
+            let mut out = vec![0.0f32; if pg.rank() == 0 { 5 } else { 9 }];
+            let e = pg
+                .all_gather(&input, &mut out)
+                .expect_err("rank 0's bad output");
+            let published = pg
+                .store()
+                .get_timeout(&format!("failure/{}", pg.rank()), Duration::from_secs(10))?;
+            Ok((
+                e.to_string(),
+                String::from_utf8_lossy(&published).into_owned(),
+            ))
+        });
+        for (rank, result) in results.iter().enumerate().skip(1) {
+            let (error, published) = result.as_ref().expect("the ranks' reads");
+            assert!(
+                error.contains("rank 0 reported: ") && error.contains("output has 5 elements"),
+                "{setup:?}: rank {rank}'s error carries rank 0's report: {error}"
+            );
+            assert!(
+                !published.contains("reported: "),
+                "{setup:?}: rank {rank} published the chain behind it: {published}"
+            );
+        }
+    }
+}
+
 #[test]
 fn group_is_unusable_after_a_failure() {
     for setup in BOTH {
