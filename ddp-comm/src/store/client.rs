@@ -120,6 +120,10 @@ impl Store {
     }
 
     /// Sets `key` to `value`, waking every waiter on it.
+    ///
+    /// # Errors
+    /// [`CommError::StoreProtocol`] when the request would exceed the store's frame limit
+    /// ([`StoreConfig::with_max_frame_bytes`], 4 MiB by default); the connection stays usable.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let req = FrameWriter::new(Op::Set as u8)
             .bytes(self.key(key).as_bytes())
@@ -288,6 +292,21 @@ impl Store {
         req: FrameWriter,
         wait: Option<Duration>,
     ) -> Result<(Status, Vec<u8>)> {
+        // Refused here, before a byte is sent: the server would drop the connection that every
+        // clone of this store shares, and every later call would fail as if rank 0 had died.
+        if req.body_len() > self.config.max_frame_bytes {
+            return Err(protocol(
+                op,
+                format!(
+                    "the request is {} bytes, over the store's {} byte frame limit \
+                     (StoreConfig::with_max_frame_bytes, the same on the server and every \
+                     client): keep large values out of the store (in a file, or sent with a \
+                     collective), or raise the limit everywhere",
+                    req.body_len(),
+                    self.config.max_frame_bytes
+                ),
+            ));
+        }
         let mut conn = self.lock();
         let reply_timeout = wait
             .unwrap_or(Duration::ZERO)

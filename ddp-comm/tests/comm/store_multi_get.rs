@@ -1,6 +1,6 @@
 //! `Store::multi_get`: many keys in one round trip, never waiting, in the order asked, inside
 //! the client's namespace, and a clear error (on a connection that stays usable) when the
-//! request or the reply would not fit in a frame.
+//! request or the reply would not fit in a frame; a `set` too large is refused the same way.
 
 use ddp_comm::{CommError, Store, StoreConfig, StoreServer};
 use std::time::{Duration, Instant};
@@ -133,4 +133,31 @@ fn a_reply_over_the_clients_own_limit_is_skipped_and_the_connection_goes_on() {
             .expect("in step with the store"),
         vec![None, Some(vec![1u8; 600])]
     );
+}
+
+/// A `set` whose value does not fit in a frame is refused before it is sent: the server would
+/// drop the connection every clone of the store shares (the process group's too), and later
+/// calls would fail as if rank 0 had died.
+#[test]
+fn a_set_over_the_frame_limit_is_a_clear_error_and_the_shared_connection_stays_usable() {
+    let small = StoreConfig::new().with_max_frame_bytes(1024);
+    let (s, addr) = serve(small.clone());
+    let st = connect(&addr, small.clone());
+    let clone = st.clone();
+    match st.set("big", &[1u8; 5000]).expect_err("over the limit") {
+        CommError::StoreProtocol { op, reason } => {
+            assert_eq!(op, "set");
+            assert!(
+                reason.contains("1024 byte frame limit")
+                    && reason.contains("keep large values out of the store"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a store protocol error, got {other:?}"),
+    }
+    clone
+        .set("small", b"ok")
+        .expect("the shared connection still works");
+    assert_eq!(st.get("small").expect("still connected"), b"ok");
+    assert_eq!(s.num_clients(), 1, "the server kept the client");
 }
