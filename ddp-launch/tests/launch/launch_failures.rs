@@ -188,17 +188,7 @@ fn sigterm_to_the_launcher_reaches_every_worker_and_fails_the_launch() {
     let cmd = ddp_run_worker(&["--nproc-per-node", "2"], &["--mode", "sleep"], dir.path());
     let mut running = start(cmd);
     let pids = wait_for_pids(dir.path(), 2, &mut running);
-    // SAFETY: signalling the launcher this test started.
-    unsafe { libc::kill(running.child.id() as i32, libc::SIGTERM) };
-    let out = running.finish();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGTERM),
-        "{}",
-        out.all()
-    );
-    out.assert_stderr_has("ddp-run: error: the launcher received SIGTERM and stopped every worker");
-    assert_all_gone(&pids);
+    signal_stops_every_worker(running, libc::SIGTERM, &pids);
 }
 
 #[test]
@@ -442,17 +432,7 @@ fn a_signal_ignored_at_start_stays_ignored_by_the_launcher_and_its_workers() {
     );
     assert!(pids.iter().all(|(_, p)| is_alive(*p)), "a worker died");
     // SIGTERM, still caught, stops it cleanly.
-    // SAFETY: as above; the launcher is not reaped yet.
-    unsafe { libc::kill(launcher, libc::SIGTERM) };
-    let out = running.finish();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGTERM),
-        "{}",
-        out.all()
-    );
-    out.assert_stderr_has("ddp-run: error: the launcher received SIGTERM and stopped every worker");
-    assert_all_gone(&pids);
+    signal_stops_every_worker(running, libc::SIGTERM, &pids);
 }
 
 /// SIGQUIT (Ctrl-\) is caught like SIGTERM: forwarded to the workers, whose process groups are
@@ -488,15 +468,27 @@ fn sigquit_to_the_launcher_stops_every_worker_and_what_they_started() {
     let mut running = start(cmd);
     let pids = wait_for_pids(dir.path(), 4, &mut running);
     assert!(pids.iter().all(|(_, p)| is_alive(*p)), "{pids:?}");
-    // SAFETY: signalling the launcher this test started.
-    unsafe { libc::kill(running.child.id() as i32, libc::SIGQUIT) };
+    signal_stops_every_worker(running, libc::SIGQUIT, &pids);
+}
+
+/// Sends `signal` to the launcher `running` (not yet reaped): it stops every worker (`pids`),
+/// says so, and exits with 128 + `signal`.
+fn signal_stops_every_worker(running: Running, signal: i32, pids: &[(String, i32)]) {
+    // SAFETY: signalling the launcher this test started, which is not reaped yet.
+    unsafe { libc::kill(running.child.id() as i32, signal) };
     let out = running.finish();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGQUIT),
-        "{}",
-        out.all()
-    );
-    out.assert_stderr_has("ddp-run: error: the launcher received SIGQUIT and stopped every worker");
-    assert_all_gone(&pids);
+    assert_eq!(out.status.code(), Some(128 + signal), "{}", out.all());
+    let name = signal_name(signal);
+    out.assert_stderr_has(&format!(
+        "ddp-run: error: the launcher received {name} and stopped every worker"
+    ));
+    assert_all_gone(pids);
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGQUIT => "SIGQUIT",
+        other => panic!("no name for signal {other} in these tests"),
+    }
 }
