@@ -106,6 +106,20 @@ pub enum CommError {
         /// What the peer reported before leaving, if anything.
         detail: String,
     },
+    /// A peer that a collective had to connect to is gone before the connection was made: it
+    /// reported a failure to the group, or its listener refused us (its group or its process
+    /// ended). Found within about a quarter of a second instead of at the timeout.
+    #[error("{op}: rank {peer} {reason}{detail}")]
+    PeerGone {
+        /// The collective, with its sequence number.
+        op: String,
+        /// The global rank that is gone.
+        peer: usize,
+        /// How we know.
+        reason: String,
+        /// What the peer reported, if anything.
+        detail: String,
+    },
     /// Two ranks issued different collectives at the same position in the sequence.
     #[error(
         "collective #{seq} mismatch: rank {rank} called {ours} but rank {peer} called {theirs} (every rank must issue the same collectives in the same order)"
@@ -212,6 +226,7 @@ impl CommError {
         match self {
             CommError::Timeout { peer, .. }
             | CommError::PeerClosed { peer, .. }
+            | CommError::PeerGone { peer, .. }
             | CommError::Mismatch { peer, .. } => Some(*peer),
             CommError::WithRank { source, .. } => source.peer(),
             _ => None,

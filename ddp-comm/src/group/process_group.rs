@@ -254,6 +254,7 @@ impl ProcessGroup {
         let spec = ConnectSpec {
             mesh: MeshSpec {
                 store: &store,
+                addr_prefix: "",
                 ranks: &ranks,
                 group_rank,
                 group_id: group_id(&job_nonce, generation, &name),

@@ -167,6 +167,14 @@ fn with_detail(e: CommError, detail: String) -> CommError {
     }
     match e {
         CommError::PeerClosed { op, peer, .. } => CommError::PeerClosed { op, peer, detail },
+        CommError::PeerGone {
+            op, peer, reason, ..
+        } => CommError::PeerGone {
+            op,
+            peer,
+            reason,
+            detail,
+        },
         CommError::Timeout {
             op, peer, timeout, ..
         } => CommError::Timeout {

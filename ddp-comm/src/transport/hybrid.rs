@@ -92,9 +92,9 @@ pub(crate) fn connect(spec: &ConnectSpec<'_>) -> Result<Connected> {
     let my_unit = unit_of[me];
     let leaders = if topo.units.len() > 1 && topo.units[my_unit][0] == me {
         let leader_ranks: Vec<usize> = topo.units.iter().map(|u| ranks[u[0]]).collect();
-        let store = spec.mesh.store.with_prefix("leaders/");
         Some(TcpTransport::connect(&MeshSpec {
-            store: &store,
+            store: spec.mesh.store,
+            addr_prefix: "leaders/",
             ranks: &leader_ranks,
             group_rank: my_unit,
             group_id: spec.mesh.group_id ^ 0x6c65_6164_6572_7321,

@@ -9,6 +9,7 @@ mod proc_net_tcp;
 mod abort_is_prompt;
 mod byte_payloads;
 mod failures_are_named;
+mod gone_before_connecting;
 mod groups_and_init;
 mod hello_is_mutual;
 mod mesh_flood;

@@ -10,12 +10,14 @@
 //! that is already connected) is refused, logged, and never reaches the transport, so it
 //! neither delays nor gets blamed on a real rank. A rank is admitted only once the accepting
 //! verdict has been written; admitted peers are handed over, as blocking sockets, through a
-//! channel.
+//! channel. Once the group is aborted (after a failure), a rank that connects is refused with
+//! [`ABORTED_VERDICT`], so it fails at once instead of waiting for data that never comes.
 
 use crate::auth::{HelloSlot, Kind, PendingHellos, StrangerLog, event_loop};
 use crate::connect::EventLoop;
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
+use crate::transport::LiveStreams;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,6 +26,9 @@ use tokio::sync::oneshot;
 
 /// How long, in total, an accepted connection gets to complete its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The refusal a rank gets from a peer whose group was aborted: the connecting side recognises
+/// it, and fails naming that peer as gone rather than as refusing the job token.
+pub(crate) const ABORTED_VERDICT: &str = "its process group was aborted after a failure";
 /// Bytes of a mesh hello's claims: group rank, group size (u32 LE each), group id (u64 LE).
 const CLAIMS_BYTES: usize = 16;
 
@@ -42,6 +47,8 @@ pub(crate) struct Expect {
     pub(crate) group_id: u64,
     pub(crate) group_size: usize,
     pub(crate) group_rank: usize,
+    /// The group's abort: once set, every rank that connects is refused.
+    pub(crate) live: Arc<LiveStreams>,
 }
 
 /// The running listener. Dropping it stops the event loop and closes every pending hello.
@@ -218,6 +225,7 @@ async fn admit(
 ) -> std::result::Result<usize, String> {
     let verified = event_loop::respond(stream, &expect.token, Kind::Mesh).await?;
     let verdict = match Claims::decode(&verified.claims) {
+        Some(_) if expect.live.aborted() => Err(ABORTED_VERDICT.to_string()),
         None => Err("malformed mesh claims".to_string()),
         Some(c) if c.group_id != expect.group_id || c.group_size as usize != expect.group_size => {
             Err("hello for another process group".to_string())

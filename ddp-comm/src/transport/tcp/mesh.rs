@@ -12,8 +12,15 @@
 //! the connecting rank claims its group (the id includes the job's random nonce), size and
 //! rank under its proof. Handshakes have total deadlines; a rank that never connects is named
 //! in the timeout.
+//!
+//! A peer that is gone before its connection is made fails the collective at once, not at the
+//! timeout: one that reported a failure (`failure/<rank>`, which a rank waiting for it reads
+//! every [`FAILURE_POLL`]), one whose group was aborted (its listener refuses us with
+//! `acceptor::ABORTED_VERDICT`), and one whose listener is closed (its group was dropped or its
+//! process ended: the connection is refused). A higher rank whose process died without a word
+//! is found only at the timeout, or by the watchdog's heartbeats.
 
-use super::acceptor::{Acceptor, Arrival, Claims, Expect};
+use super::acceptor::{ABORTED_VERDICT, Acceptor, Arrival, Claims, Expect};
 use super::duplex::Conn;
 use crate::auth::{self, HelloError, Kind};
 use crate::deadline::deadline_after;
@@ -33,12 +40,18 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// abort): a peer that drops our SYNs would otherwise hold an attempt for the whole timeout,
 /// out of the abort's reach (the socket exists only once connected).
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+/// How often a rank waiting for a connection reads whether that peer reported a failure.
+const FAILURE_POLL: Duration = Duration::from_millis(250);
 
 /// What a rank needs to join a group's connections.
 #[derive(Debug)]
 pub(crate) struct MeshSpec<'a> {
-    /// The group's store namespace.
+    /// The group's store namespace, where a failed rank publishes `failure/<rank>`.
     pub(crate) store: &'a Store,
+    /// Where, under `store`, the ranks publish their addresses: "" for a group's own mesh,
+    /// another prefix for a second mesh of the same group (the hybrid transport's host
+    /// leaders).
+    pub(crate) addr_prefix: &'a str,
     /// Global rank of each group rank.
     pub(crate) ranks: &'a [usize],
     pub(crate) group_rank: usize,
@@ -60,15 +73,29 @@ pub(crate) struct Mesh {
     token: Vec<u8>,
     timeout: Duration,
     socket_buffer_bytes: Option<usize>,
-    /// The group's namespace (shares the group's store connection): used while the group
+    /// The addresses' namespace (shares the group's store connection): used while the group
     /// forms, when nobody else can be blocked on it.
     store: Store,
-    /// A connection of its own for looking up addresses later, opened on first use, so a user
-    /// thread blocked on the group's store cannot hold up a collective.
-    lookup: Option<Store>,
+    /// The group's namespace (the same connection), which [`Mesh::lookup`] duplicates.
+    group_store: Store,
+    addr_prefix: String,
+    /// A connection of its own for lookups after the group formed, opened on first use, so a
+    /// user thread blocked on the group's store cannot hold up a collective.
+    lookup: Option<Lookup>,
+    /// Whether the group has formed: failure reports exist only from then on.
+    formed: bool,
     conns: Vec<Option<Conn>>,
     acceptor: Option<Acceptor>,
     live: Arc<LiveStreams>,
+}
+
+/// Two views of [`Mesh`]'s own store connection.
+#[derive(Debug)]
+struct Lookup {
+    /// Where the addresses are.
+    addrs: Store,
+    /// Where the failure reports are.
+    failures: Store,
 }
 
 impl Mesh {
@@ -86,8 +113,11 @@ impl Mesh {
             token: spec.token.to_vec(),
             timeout: spec.timeout,
             socket_buffer_bytes: spec.socket_buffer_bytes,
-            store: spec.store.clone(),
+            store: spec.store.with_prefix(spec.addr_prefix),
+            group_store: spec.store.clone(),
+            addr_prefix: spec.addr_prefix.to_string(),
             lookup: None,
+            formed: false,
             conns: (0..n).map(|_| None).collect(),
             acceptor: None,
             live: Arc::new(LiveStreams::default()),
@@ -102,14 +132,16 @@ impl Mesh {
                 group_id: spec.group_id,
                 group_size: n,
                 group_rank: me,
+                live: mesh.live.clone(),
             },
         )?;
         let addr = acceptor.addr();
-        spec.store
+        mesh.store
             .set(&format!("addr/{me}"), addr.to_string().as_bytes())?;
         mesh.acceptor = Some(acceptor);
         let ring = mesh.ring_neighbours();
         mesh.ensure(&ring, "rendezvous", deadline_after(mesh.timeout))?;
+        mesh.formed = true;
         tracing::debug!(rank = spec.ranks[me], %addr, "tcp ring neighbours connected");
         Ok(mesh)
     }
@@ -168,6 +200,7 @@ impl Mesh {
 
     /// Waits until every higher rank of `peers` has connected to us.
     fn await_higher(&mut self, peers: &[usize], op: &str, deadline: Instant) -> Result<()> {
+        let mut next_failure_check = Instant::now() + FAILURE_POLL;
         loop {
             let waiting: Vec<usize> = peers
                 .iter()
@@ -184,6 +217,12 @@ impl Mesh {
                 )));
             }
             let now = Instant::now();
+            if now >= next_failure_check {
+                if let Some(failed) = self.reported_failure(&waiting) {
+                    return Err(self.gone(op, failed, "reported a failure before it connected"));
+                }
+                next_failure_check = now + FAILURE_POLL;
+            }
             if now >= deadline {
                 let names: Vec<String> =
                     waiting.iter().map(|&p| self.ranks[p].to_string()).collect();
@@ -256,10 +295,58 @@ impl Mesh {
         if self.ring_neighbours().contains(&peer) {
             return Ok(&self.store);
         }
-        if self.lookup.is_none() {
-            self.lookup = Some(self.store.duplicate()?);
+        Ok(&self.lookup()?.addrs)
+    }
+
+    /// This mesh's own store connection, opened on first use.
+    fn lookup(&mut self) -> Result<&Lookup> {
+        let lookup = match self.lookup.take() {
+            Some(lookup) => lookup,
+            None => {
+                let failures = self.group_store.duplicate()?;
+                let addrs = failures.with_prefix(&self.addr_prefix);
+                Lookup { addrs, failures }
+            }
+        };
+        Ok(self.lookup.insert(lookup))
+    }
+
+    /// The first of `peers` that has reported a failure to the group, if any. Only once the
+    /// group has formed (before, nobody reports), and a store that does not answer is not a
+    /// verdict on the peer: the wait goes on to its deadline.
+    fn reported_failure(&mut self, peers: &[usize]) -> Option<usize> {
+        if !self.formed || peers.is_empty() {
+            return None;
         }
-        Ok(self.lookup.as_ref().unwrap_or(&self.store))
+        let keys: Vec<String> = peers
+            .iter()
+            .map(|&p| format!("failure/{}", self.ranks[p]))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reports = self
+            .lookup()
+            .and_then(|lookup| lookup.failures.multi_get(&keys));
+        match reports {
+            Ok(reports) => peers
+                .iter()
+                .zip(reports)
+                .find_map(|(&p, report)| report.map(|_| p)),
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp: could not read the peers' failure reports");
+                None
+            }
+        }
+    }
+
+    /// The error for a collective whose `peer` (a group rank) is gone, as `reason` says. The
+    /// communication thread appends what that peer reported.
+    fn gone(&self, op: &str, peer: usize, reason: impl Into<String>) -> CommError {
+        CommError::PeerGone {
+            op: op.to_string(),
+            peer: self.ranks[peer],
+            reason: reason.into(),
+            detail: String::new(),
+        }
     }
 
     /// Connects to `peer` (a lower rank) and says the hello, retrying connections dropped
@@ -300,6 +387,18 @@ impl Mesh {
                 return Err(aborted());
             }
             let mut s = connected.map_err(|e| {
+                if e.kind() == io::ErrorKind::ConnectionRefused {
+                    return self.gone(
+                        op,
+                        peer,
+                        format!(
+                            "refused the connection at {addr}: it is no longer listening (its \
+                             process group was dropped or its process ended), or a firewall \
+                             rejects connections to that port{}",
+                            loopback_hint(addr)
+                        ),
+                    );
+                }
                 CommError::io(
                     format!(
                         "rendezvous: could not connect to rank {global} at {addr} within {:?}{}",
@@ -321,6 +420,9 @@ impl Mesh {
             }
             match hello {
                 Ok(()) => return Ok(s),
+                Err(HelloError::Refused(reason)) if reason == ABORTED_VERDICT => {
+                    return Err(self.gone(op, peer, format!("refused us: {reason}")));
+                }
                 Err(HelloError::Refused(reason)) => {
                     return Err(CommError::Unauthorized {
                         peer: format!("rank {global}"),
@@ -366,9 +468,10 @@ fn advertised_ip(store: &Store) -> Result<IpAddr> {
     Ok(store.local_addr()?.ip())
 }
 
-/// Connects to `addr`, retrying until `deadline` (the peer may not listen yet) unless the
+/// Connects to `addr`, retrying until `deadline` (the peer may be slow to accept) unless the
 /// group is aborted meanwhile, in attempts of at most [`CONNECT_ATTEMPT`] so that an abort is
-/// seen while a peer drops our SYNs.
+/// seen while a peer drops our SYNs. A refused connection is final: a rank publishes its
+/// address only once it listens, and listens as long as its group lives.
 fn connect_retrying(
     addr: SocketAddr,
     deadline: Instant,
@@ -385,7 +488,10 @@ fn connect_retrying(
             &addr,
             left.min(CONNECT_ATTEMPT).max(Duration::from_millis(10)),
         )
-        .map_err(crate::connect::Attempt::Retry)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused => crate::connect::Attempt::GiveUp(e),
+            _ => crate::connect::Attempt::Retry(e),
+        })
     })
 }
 
