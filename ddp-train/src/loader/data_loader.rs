@@ -112,16 +112,22 @@ where
     }
 
     /// Samples `start..end` of what this loader covers, as a loader of its own (its own epoch
-    /// counter, starting at this loader's next epoch). Errors still name the data set's
-    /// indices.
+    /// counter, starting at this loader's next epoch), split between the ranks as this loader
+    /// splits the data set (the sampler's padding or `drop_last`). Errors still name the data
+    /// set's indices.
     fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<B, O>> {
         let end = end.min(self.covered());
         let start = start.min(end);
         let indices: Arc<[usize]> = (start..end).map(|i| self.dataset_index(i)).collect();
-        let per_rank = (end - start).div_ceil(self.world.max(1));
-        let total = match self.split {
-            Split::Train(_) => per_rank * self.world,
-            Split::Eval { .. } => end - start,
+        let len = end - start;
+        let (per_rank, total) = match &self.split {
+            // The sampler's own count, so `drop_last` drops the tail here too. An empty
+            // slice has no samples (its epoch fails with the sampler's error when iterated).
+            Split::Train(sampler) => {
+                let per_rank = sampler.init(len).map_or(0, |s| s.num_samples());
+                (per_rank, per_rank * self.world)
+            }
+            Split::Eval { .. } => (len.div_ceil(self.world.max(1)), len),
         };
         let mut sliced = self.on_device(self.device.clone());
         sliced.view = Some(indices);

@@ -63,6 +63,46 @@ fn the_loader_gives_each_rank_its_shard_and_reshuffles_every_epoch() {
     assert_eq!(eval, vec![vec![0, 2, 4, 6], vec![1, 3, 5]]);
 }
 
+/// A slice of a training loader splits its samples as the loader splits the data set: with
+/// the sampler's `drop_last`, the tail that does not fill a shard is dropped, and
+/// `num_items` counts what the ranks take (10 samples, 4 ranks: 2 each, 8 in all; padded: 3
+/// each, 12 in all).
+#[test]
+fn a_slice_of_a_training_loader_keeps_the_samplers_drop_last() {
+    for (drop_last, per_rank) in [(true, 2), (false, 3)] {
+        let loaders: Vec<_> = (0..4)
+            .map(|rank| {
+                DistributedLoader::<Flex, _, _>::train(
+                    InMemDataset::new((0..100).collect::<Vec<usize>>()),
+                    Ids,
+                    1,
+                    DistributedSamplerConfig::new(4, rank)
+                        .with_seed(3)
+                        .with_drop_last(drop_last),
+                )
+                .expect("loader")
+            })
+            .collect();
+        let mut taken = Vec::new();
+        for (rank, loader) in loaders.iter().enumerate() {
+            let sliced = loader.slice(20, 30);
+            let case = format!("drop_last {drop_last}, rank {rank}");
+            assert_eq!(sliced.num_items(), 4 * per_rank, "{case}");
+            let items: Vec<usize> = sliced.iter().flatten().collect();
+            assert_eq!(items.len(), per_rank, "{case}: {items:?}");
+            assert!(
+                items.iter().all(|i| (20..30).contains(i)),
+                "{case}: {items:?}"
+            );
+            taken.extend(items);
+        }
+        taken.sort_unstable();
+        taken.dedup();
+        let expected = if drop_last { 8 } else { 10 };
+        assert_eq!(taken.len(), expected, "drop_last {drop_last}: {taken:?}");
+    }
+}
+
 /// An evaluation set smaller than the world leaves the last ranks without batches: an empty
 /// epoch there, not a loading error that aborts the process group.
 #[test]
