@@ -16,6 +16,7 @@ use crate::checkpoint::{
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
+use crate::loader::DataOrder;
 use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{AsyncCheckpointer, CheckpointingAction, CheckpointingStrategy};
@@ -58,14 +59,24 @@ pub(crate) struct LoaderPosition {
     pub(crate) world: usize,
     /// The loader's progress (`items_processed`, over all ranks) after `step`.
     pub(crate) items: usize,
+    /// What fixed the data order (a [`DistributedLoader`](crate::DistributedLoader)'s);
+    /// `None` for another loader, or in a position file written before it was recorded.
+    pub(crate) order: Option<DataOrder>,
 }
 
 impl LoaderPosition {
     fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "epoch={}\nstep={}\nworld={}\nitems={}\n",
             self.epoch, self.step, self.world, self.items
-        )
+        );
+        if let Some(order) = &self.order {
+            text.push_str(&format!(
+                "dataset_len={}\nseed={}\nshuffle={}\ndrop_last={}\n",
+                order.dataset_len, order.seed, order.shuffle, order.drop_last
+            ));
+        }
+        text
     }
 
     pub(crate) fn decode(bytes: &[u8], what: &Path) -> Result<Self> {
@@ -74,19 +85,41 @@ impl LoaderPosition {
             reason,
         };
         let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
-        let field = |name: &str| -> Result<usize> {
+        let line = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .map(str::trim)
+        };
+        fn parse<T: std::str::FromStr>(
+            value: Option<&str>,
+            name: &str,
+            bad: &dyn Fn(String) -> DdpTrainError,
+        ) -> Result<T>
+        where
+            T::Err: std::fmt::Display,
+        {
+            value
                 .ok_or_else(|| bad(format!("no `{name}=` line")))?
-                .trim()
                 .parse()
                 .map_err(|e| bad(format!("`{name}`: {e}")))
+        }
+        let field = |name: &str| parse::<usize>(line(name), name, &bad);
+        // Files written before the data order was recorded have none of its lines.
+        let order = match line("dataset_len") {
+            None => None,
+            Some(len) => Some(DataOrder {
+                dataset_len: parse(Some(len), "dataset_len", &bad)?,
+                seed: parse(line("seed"), "seed", &bad)?,
+                shuffle: parse(line("shuffle"), "shuffle", &bad)?,
+                drop_last: parse(line("drop_last"), "drop_last", &bad)?,
+            }),
         };
         Ok(LoaderPosition {
             epoch: field("epoch")?,
             step: field("step")?,
             world: field("world")?,
             items: field("items")?,
+            order,
         })
     }
 }
@@ -371,10 +404,32 @@ mod tests {
             step: 20,
             world: 2,
             items: 640,
+            order: Some(DataOrder {
+                dataset_len: 256,
+                seed: 42,
+                shuffle: true,
+                drop_last: false,
+            }),
         };
         let path = Path::new("position-3-20.txt");
         let decoded = LoaderPosition::decode(position.encode().as_bytes(), path).expect("decode");
         assert_eq!(decoded, position);
+        // A file written before the data order was recorded still reads, without one.
+        let old = LoaderPosition::decode(b"epoch=3\nstep=20\nworld=2\nitems=640\n", path)
+            .expect("an old position file");
+        assert_eq!(
+            old,
+            LoaderPosition {
+                order: None,
+                ..position
+            }
+        );
+        let error = LoaderPosition::decode(
+            b"epoch=3\nstep=20\nworld=2\nitems=640\ndataset_len=256\nseed=42\n",
+            path,
+        )
+        .expect_err("half an order");
+        assert!(error.to_string().contains("`shuffle=`"), "{error}");
         let error = LoaderPosition::decode(b"epoch=3\nstep=x\n", path).expect_err("damaged");
         assert!(error.to_string().contains("`step`"), "{error}");
     }

@@ -4,7 +4,7 @@
 //! iterator); `to_device` shares the epoch counter and resume point; `slice` is a loader of
 //! its own. Apart from the type because this is the trait burn-train drives.
 
-use super::thread_iter::{LoadFailure, ThreadIter};
+use super::thread_iter::{DataOrder, LoadFailure, LoaderInfo, ThreadIter};
 use super::{DistributedLoader, Split, lock};
 use burn::data::dataloader::{DataLoader, DataLoaderIterator};
 use burn::tensor::backend::Backend;
@@ -98,6 +98,18 @@ where
             per_rank: self.per_rank,
             world: self.world,
             total: self.total,
+            info: match &self.split {
+                Split::Train(sampler) => Some(LoaderInfo {
+                    sampler_epoch: epoch,
+                    order: DataOrder {
+                        dataset_len: self.covered(),
+                        seed: sampler.seed,
+                        shuffle: sampler.shuffle,
+                        drop_last: sampler.drop_last,
+                    },
+                }),
+                Split::Eval { .. } => None,
+            },
         })
     }
 

@@ -36,7 +36,32 @@ impl LoadFailure {
     }
 }
 
+/// What fixes a training loader's order of samples, besides the epoch: recorded in a
+/// mid-epoch checkpoint and compared on resume (ddp-data's `SamplerState` would refuse a
+/// mismatch, but a resume rebuilds that state from the current sampler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DataOrder {
+    /// Samples the sampler deals out (the data set, or the slice of it the loader covers).
+    pub(crate) dataset_len: usize,
+    pub(crate) seed: u64,
+    pub(crate) shuffle: bool,
+    pub(crate) drop_last: bool,
+}
+
+/// What a training [`DistributedLoader`](crate::DistributedLoader)'s epoch iterator says about
+/// itself ([`loader_info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoaderInfo {
+    /// The epoch the sampler shuffles for (from 0; burn-train counts epochs from 1).
+    pub(crate) sampler_epoch: u64,
+    pub(crate) order: DataOrder,
+}
+
 thread_local! {
+    /// Set while [`loader_info`] asks an iterator for its progress: a training [`ThreadIter`]
+    /// then leaves its [`LoaderInfo`] in [`INFO`] (burn's trait has no way to ask for it).
+    static DESCRIBE: Cell<bool> = const { Cell::new(false) };
+    static INFO: Cell<Option<LoaderInfo>> = const { Cell::new(None) };
     /// Set while [`next_batch`] pulls a batch on this thread: a [`ThreadIter`] leaves its
     /// epoch's error in [`FAILED`] for it instead of panicking.
     static RETURN_ERRORS: Cell<bool> = const { Cell::new(false) };
@@ -63,6 +88,23 @@ pub(crate) fn next_batch<O>(
     }
 }
 
+/// The sampler epoch and data order of a training
+/// [`DistributedLoader`](crate::DistributedLoader)'s epoch iterator; `None` for any other
+/// iterator (which says nothing about its order).
+pub(crate) fn loader_info<O>(iter: &dyn DataLoaderIterator<O>) -> Option<LoaderInfo> {
+    /// Restores the flag, also if `progress` unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DESCRIBE.set(self.0);
+        }
+    }
+    let _restore = Restore(DESCRIBE.replace(true));
+    INFO.set(None);
+    let _ = iter.progress();
+    INFO.take()
+}
+
 /// Receives one epoch's batches from the loader thread.
 pub(super) struct ThreadIter<O> {
     pub(super) rx: mpsc::Receiver<O>,
@@ -74,6 +116,8 @@ pub(super) struct ThreadIter<O> {
     pub(super) per_rank: usize,
     pub(super) world: usize,
     pub(super) total: usize,
+    /// A training loader's epoch and order ([`loader_info`]); `None` for evaluation.
+    pub(super) info: Option<LoaderInfo>,
 }
 
 impl<O> Iterator for ThreadIter<O> {
@@ -100,6 +144,9 @@ impl<O> DataLoaderIterator<O> for ThreadIter<O> {
     /// Progress over the whole world (this rank's count times the world size, at most the
     /// epoch's total), as rank 0 shows it for the global batch.
     fn progress(&self) -> Progress {
+        if DESCRIBE.get() {
+            INFO.set(self.info);
+        }
         let done = (self.batches * self.batch_size).min(self.per_rank);
         Progress::new((done * self.world).min(self.total), self.total)
     }

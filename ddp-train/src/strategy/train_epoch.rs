@@ -10,7 +10,7 @@ use super::{DdpStrategy, MetricsSync, model_device};
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
 use crate::item::{Exchange, exchange};
-use crate::loader::next_batch;
+use crate::loader::{loader_info, next_batch};
 use crate::mid_epoch::{LoaderPosition, StepCheckpointer};
 use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn_train::{
@@ -173,6 +173,7 @@ impl DdpStrategy {
                     step,
                     world,
                     items: items_done,
+                    order: loader_info(&*iter).map(|info| info.order),
                 };
                 checkpointer.save(learner, &components.event_store, position)?;
                 self.lock().report.step_checkpoints += 1;
