@@ -67,8 +67,10 @@
 //! optimizer step of an epoch; every rank counts the same steps, so all know when, and rank 0
 //! alone writes, before the next step (the others wait for it at that step's all-reduce). A
 //! failed write, ranks given different points, a loader and a strategy at different
-//! positions, or a world size other than the checkpoint's end the run on every rank with an
-//! error saying which.
+//! positions, a [`DistributedLoader`] shuffling for another epoch than the resumed one or
+//! with another data set length, seed, `shuffle` or `drop_last` than the checkpoint's, or a
+//! world size other than the checkpoint's end the run on every rank with an error saying
+//! which.
 //!
 //! Not saved: the backend's random state (a model with dropout continues with another random
 //! stream, so its weights are not bitwise) and burn-train's metric state inside the epoch:

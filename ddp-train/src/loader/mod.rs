@@ -214,8 +214,10 @@ where
     /// start): the first `iter()` is epoch `epochs_done + 1`'s and, inside an epoch, starts
     /// after its first `steps_done` batches (ddp-data's sampler state, so the skipped samples
     /// are never loaded), exactly where the checkpointed run was. Give
-    /// [`DdpStrategy::with_resume`](crate::DdpStrategy::with_resume) the same point. Only
-    /// for training loaders (an evaluation loader always starts at the epoch's start).
+    /// [`DdpStrategy::with_resume`](crate::DdpStrategy::with_resume) the same point: the
+    /// strategy checks that this loader shuffles for the resumed epoch and, at a mid-epoch
+    /// checkpoint, over the checkpoint's data set length and sampler settings. Only for
+    /// training loaders (an evaluation loader always starts at the epoch's start).
     pub fn with_resume(self, point: Option<ResumePoint>) -> Self {
         let point = point.unwrap_or_default();
         let epoch = point.epochs_done as u64;
