@@ -581,3 +581,49 @@ fn mismatched_send_recv_is_an_error_not_corruption_mpi() {
         },
     );
 }
+
+/// A rank that rejects its own arguments (here: a scatter input on a rank that is not the
+/// root) fails at once with its argument error, and its peers, already inside MPI's
+/// fingerprint check, fail naming it and quoting its report, instead of waiting in MPI for ever
+/// (MPI calls have no timeout).
+#[cfg(feature = "mpi")]
+#[test]
+fn a_rank_that_rejects_its_arguments_fails_its_peers_mpi() {
+    common::mpi::run_test(
+        "a_rank_that_rejects_its_arguments_fails_its_peers_mpi",
+        2..=3,
+        |n| {
+            let results =
+                common::run_world_with(Setup::Mpi, n, std::time::Duration::from_secs(60), |pg| {
+                    let (r, wrong) = (pg.rank(), n - 1);
+                    let input = (r == 0 || r == wrong).then(|| vec![1.0f32; 2 * n]);
+                    let mut out = [0.0f32; 2];
+                    let e = pg
+                        .scatter(input.as_deref(), &mut out, 0)
+                        .expect_err("the last rank's arguments are wrong")
+                        .to_string();
+                    if r == wrong {
+                        assert!(e.contains("only the root (0) passes"), "rank {r}: {e}");
+                    } else {
+                        assert!(
+                            e.contains(&format!("rank {wrong} rejected its arguments"))
+                                && e.contains("only the root (0) passes"),
+                            "rank {r}: {e}"
+                        );
+                    }
+                    // Rank 0 hosts the store: it stays until every rank has checked its error.
+                    if r == 0 {
+                        for peer in 1..n {
+                            pg.store().get(&format!("checked/{peer}"))?;
+                        }
+                    } else {
+                        pg.store().set(&format!("checked/{r}"), b"1")?;
+                    }
+                    Ok(())
+                });
+            for res in results {
+                res.expect("the test body");
+            }
+        },
+    );
+}

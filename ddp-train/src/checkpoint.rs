@@ -73,6 +73,50 @@ pub(crate) fn lock_checkpoint_dir(dir: &Path) -> Result<DirLock> {
         .map_err(|e| storage(e.into()))
 }
 
+/// Removes the epoch-end files of every epoch after `after` (the epoch this run starts from)
+/// that lacks one of its three files: an interrupted attempt left them, and this run writes
+/// that epoch's files again one by one (on threads of their own), so a kill between two of its
+/// writes would otherwise complete a set from two attempts (the model of this run with the
+/// optimizer of the last), which on a GPU differ. Complete later epochs are kept (a run
+/// deliberately resumed from an earlier epoch), and said to be overwritten as it gets there.
+/// Rank 0 only, holding the directory's lock. A file that cannot be removed is a warning: its
+/// epoch was not resumable anyway.
+///
+/// # Errors
+/// The directory exists but cannot be read.
+pub(crate) fn remove_unfinished_epochs(checkpoint_dir: &Path, after: usize) -> Result<()> {
+    for (epoch, kinds) in crate::resume::epoch_files(checkpoint_dir)?.range(after + 1..) {
+        if *kinds == crate::resume::ALL_KINDS {
+            tracing::warn!(
+                epoch,
+                dir = %checkpoint_dir.display(),
+                "a later epoch's checkpoint than the one this run starts from: this run \
+                 overwrites it when it gets there"
+            );
+            continue;
+        }
+        for (bit, kind) in KINDS.iter().enumerate() {
+            if kinds & (1 << bit) == 0 {
+                continue;
+            }
+            let path = file_path(checkpoint_dir, kind, *epoch);
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(
+                    path = %path.display(),
+                    "removed a file of an unfinished checkpoint of an earlier attempt"
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    "could not remove a file of an unfinished checkpoint"
+                ),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The first checkpoint write that failed, shared between the writer threads and the strategy
 /// (burn's asynchronous checkpointer only stops training on an error; this keeps the reason).
 pub(crate) type FailureSlot = Arc<Mutex<Option<DdpTrainError>>>;
@@ -333,5 +377,48 @@ mod tests {
         assert_eq!(remove_temporary_files(&ckpt), 3);
         assert_eq!(std::fs::read_dir(&ckpt).expect("listing").count(), 3);
         assert_eq!(crate::latest_checkpoint(dir.path()).expect("read"), Some(1));
+    }
+
+    /// Of epoch 2's files only the model and optimizer exist (an attempt killed between its
+    /// writes): a run resuming from epoch 1 removes them, keeps epoch 1's and the complete
+    /// epoch 3, and a run starting after epoch 3 leaves epoch 2 alone.
+    #[test]
+    fn an_unfinished_later_epoch_is_removed_before_a_run_writes_it_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = [
+            "model-1.mpk",
+            "optim-1.mpk",
+            "scheduler-1.mpk",
+            "model-2.mpk",
+            "optim-2.mpk",
+            "model-3.mpk",
+            "optim-3.mpk",
+            "scheduler-3.mpk",
+            "model-5.mpk",
+            "notes.txt",
+        ];
+        for name in files {
+            std::fs::write(dir.path().join(name), name).expect("write");
+        }
+        let left = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .expect("read")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        remove_unfinished_epochs(dir.path(), 4).expect("after epoch 4");
+        assert!(!left().contains(&"model-5.mpk".to_string()), "{:?}", left());
+        assert!(left().contains(&"optim-2.mpk".to_string()), "{:?}", left());
+        remove_unfinished_epochs(dir.path(), 1).expect("after epoch 1");
+        let mut expected: Vec<String> = files
+            .iter()
+            .filter(|n| !n.ends_with("-2.mpk") && !n.ends_with("-5.mpk"))
+            .map(|n| n.to_string())
+            .collect();
+        expected.sort();
+        assert_eq!(left(), expected);
+        remove_unfinished_epochs(&dir.path().join("missing"), 0).expect("no directory");
     }
 }

@@ -16,7 +16,6 @@ use crate::checkpoint::{
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
-use crate::loader::DataOrder;
 use burn::record::Record;
 use burn::tensor::backend::Backend;
 use burn_train::checkpoint::{AsyncCheckpointer, CheckpointingAction, CheckpointingStrategy};
@@ -48,6 +47,18 @@ impl ResumePoint {
     pub fn is_mid_epoch(&self) -> bool {
         self.steps_done > 0
     }
+}
+
+/// What fixes a training loader's order of samples, besides the epoch: recorded in a
+/// mid-epoch checkpoint and compared on resume (ddp-data's `SamplerState` would refuse a
+/// mismatch, but a resume rebuilds that state from the current sampler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DataOrder {
+    /// Samples the sampler deals out (the data set, or the slice of it the loader covers).
+    pub(crate) dataset_len: usize,
+    pub(crate) seed: u64,
+    pub(crate) shuffle: bool,
+    pub(crate) drop_last: bool,
 }
 
 /// Where the loader was when a step checkpoint was taken, checked on resume.

@@ -26,20 +26,40 @@ use std::path::Path;
 /// # Errors
 /// [`DdpTrainError::Io`] when the directory exists but cannot be read.
 pub fn latest_checkpoint(dir: impl AsRef<Path>) -> Result<Option<usize>> {
-    let path = dir.as_ref().join("checkpoint");
-    let entries = match std::fs::read_dir(&path) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(DdpTrainError::Io { path, source }),
+    Ok(epoch_files(&dir.as_ref().join("checkpoint"))?
+        .into_iter()
+        .rev()
+        .find(|&(_, kinds)| kinds == ALL_KINDS)
+        .map(|(epoch, _)| epoch))
+}
+
+/// The bits of [`epoch_files`] when all three files exist.
+pub(crate) const ALL_KINDS: u8 = 7;
+
+/// Which of an epoch's three files (model, optim, scheduler: bits 0, 1, 2) `checkpoint_dir`
+/// holds, per epoch; empty when it does not exist. Temporary files of unfinished atomic writes
+/// (dot names) do not count.
+///
+/// # Errors
+/// [`DdpTrainError::Io`] when the directory exists but cannot be read.
+pub(crate) fn epoch_files(checkpoint_dir: &Path) -> Result<BTreeMap<usize, u8>> {
+    let path = checkpoint_dir;
+    let io = |source| DdpTrainError::Io {
+        path: path.to_path_buf(),
+        source,
     };
-    // epoch -> which of model / optim / scheduler exist (bits 0, 1, 2)
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => return Err(io(source)),
+    };
     let mut found: BTreeMap<usize, u8> = BTreeMap::new();
     for entry in entries {
-        let entry = entry.map_err(|source| DdpTrainError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+        let name = entry
+            .map_err(io)?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
         if name.starts_with('.') {
             continue; // a temporary file of an unfinished atomic write
         }
@@ -57,9 +77,5 @@ pub fn latest_checkpoint(dir: impl AsRef<Path>) -> Result<Option<usize>> {
             *found.entry(epoch).or_default() |= bit;
         }
     }
-    Ok(found
-        .into_iter()
-        .rev()
-        .find(|&(_, bits)| bits == 7)
-        .map(|(epoch, _)| epoch))
+    Ok(found)
 }

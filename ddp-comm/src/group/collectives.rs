@@ -16,6 +16,14 @@ use crate::reduce_op::ReduceOp;
 use crate::transport::{Parts, Transport};
 use crate::work::Work;
 
+/// `check`, after telling the transport of a failed one ([`Transport::refuse`]).
+fn refused(t: &mut dyn Transport, fp: &Fingerprint, check: Result<()>) -> Result<()> {
+    if check.is_err() {
+        t.refuse(fp);
+    }
+    check
+}
+
 fn bytes<T: Element>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -122,7 +130,7 @@ impl ProcessGroup {
     ) -> Result<()> {
         self.inner.transport.run_blocking(move |s| {
             s.run(&fp, |t| {
-                check?;
+                refused(t, &fp, check)?;
                 call(t)
             })
         })
@@ -138,7 +146,7 @@ impl ProcessGroup {
     ) -> Work<R> {
         self.inner.transport.submit(move |s| {
             s.run(&fp, |t| {
-                check?;
+                refused(t, &fp, check)?;
                 call(t)
             })
         })

@@ -158,6 +158,11 @@ pub(crate) trait Transport: Send {
     /// `fp.seq` is ignored: the transport numbers messages per peer.
     fn send(&mut self, fp: &Fingerprint, buf: &[u8], dst: usize) -> Result<()>;
     fn recv(&mut self, fp: &Fingerprint, buf: &mut [u8], src: usize) -> Result<()>;
+    /// This rank rejected its arguments to the collective `fp` (the error is its own), for
+    /// transports whose peers would otherwise wait for it without end: MPI's calls have no
+    /// timeout, and the peers are already inside the fingerprint check. The others fail their
+    /// peers through the failure report and closed connections, and do nothing here.
+    fn refuse(&mut self, _fp: &Fingerprint) {}
     /// Closes every connection so peers blocked on this rank fail at once instead of timing out.
     fn abort(&mut self);
     /// A handle that does what [`Transport::abort`] does from another thread, while this

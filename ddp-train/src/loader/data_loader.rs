@@ -4,8 +4,9 @@
 //! iterator); `to_device` shares the epoch counter and resume point; `slice` is a loader of
 //! its own. Apart from the type because this is the trait burn-train drives.
 
-use super::thread_iter::{DataOrder, LoadFailure, LoaderInfo, ThreadIter};
+use super::thread_iter::{LoadFailure, LoaderInfo, ThreadIter};
 use super::{DistributedLoader, Split, lock};
+use crate::mid_epoch::DataOrder;
 use burn::data::dataloader::{DataLoader, DataLoaderIterator};
 use burn::tensor::backend::Backend;
 use ddp_core::data::DataError;

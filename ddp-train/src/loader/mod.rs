@@ -22,7 +22,7 @@ mod data_loader;
 mod epoch;
 mod thread_iter;
 
-pub(crate) use thread_iter::{DataOrder, LoaderInfo, loader_info, next_batch};
+pub(crate) use thread_iter::{LoaderInfo, loader_info, next_batch};
 
 use crate::error::Result;
 use crate::mid_epoch::ResumePoint;

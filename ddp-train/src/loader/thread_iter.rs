@@ -5,6 +5,7 @@
 
 use super::lock;
 use crate::error::DdpTrainError;
+use crate::mid_epoch::DataOrder;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
 use ddp_core::data::DataError;
 use std::cell::{Cell, RefCell};
@@ -34,18 +35,6 @@ impl LoadFailure {
             source: self.error,
         }
     }
-}
-
-/// What fixes a training loader's order of samples, besides the epoch: recorded in a
-/// mid-epoch checkpoint and compared on resume (ddp-data's `SamplerState` would refuse a
-/// mismatch, but a resume rebuilds that state from the current sampler).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DataOrder {
-    /// Samples the sampler deals out (the data set, or the slice of it the loader covers).
-    pub(crate) dataset_len: usize,
-    pub(crate) seed: u64,
-    pub(crate) shuffle: bool,
-    pub(crate) drop_last: bool,
 }
 
 /// What a training [`DistributedLoader`](crate::DistributedLoader)'s epoch iterator says about

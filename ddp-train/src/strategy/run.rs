@@ -5,7 +5,9 @@
 
 use super::DdpStrategy;
 use super::checkpointing::{atomic_checkpointer, lock_failure};
-use crate::checkpoint::{FailureSlot, lock_checkpoint_dir, rank0_failure_on_every_rank};
+use crate::checkpoint::{
+    FailureSlot, lock_checkpoint_dir, rank0_failure_on_every_rank, remove_unfinished_epochs,
+};
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
 use crate::mid_epoch::StepCheckpointer;
@@ -63,6 +65,8 @@ impl DdpStrategy {
                 }
                 let dir = dir.join("checkpoint");
                 remove_temporary_files(&dir);
+                let start = resumed.map_or(0, |(point, _)| point.epochs_done);
+                remove_unfinished_epochs(&dir, start)?;
                 Some(atomic_checkpointer::<LC>(
                     &dir,
                     &failure,

@@ -3,8 +3,8 @@
 //! checkpoint (`load.rs`) because it runs on the epoch's own iterator, at the epoch's start.
 
 use crate::error::{DdpTrainError, Result};
-use crate::loader::{DataOrder, LoaderInfo, loader_info, next_batch};
-use crate::mid_epoch::LoaderPosition;
+use crate::loader::{LoaderInfo, loader_info, next_batch};
+use crate::mid_epoch::{DataOrder, LoaderPosition};
 
 /// Moves a fresh epoch's iterator to where a mid-epoch checkpoint left it and returns the
 /// steps already taken (0 without one). A loader that starts there itself (a

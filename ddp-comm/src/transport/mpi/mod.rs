@@ -19,7 +19,9 @@
 //!   words and of their complements, so the minimum too), and point-to-point messages are
 //!   preceded by the sender's fingerprint. Ranks that disagree get the same
 //!   [`CommError::Mismatch`] as on the other transports, never truncated, overrun or mispaired
-//!   data.
+//!   data. A rank that rejects its own arguments (a scatter input off the root, a length that
+//!   is not the world's multiple) still takes part in that comparison, with words no call has
+//!   ([`Transport::refuse`]), so its peers fail naming it instead of waiting in MPI for ever.
 
 mod call;
 mod runtime;
@@ -27,7 +29,7 @@ mod types;
 
 use super::aligned::aligned_copy;
 use super::{AbortHandle, ConnectSpec, Connected, Transport};
-use crate::collective::Fingerprint;
+use crate::collective::{CollectiveKind, Fingerprint};
 use crate::error::{CommError, Result};
 use crate::reduce_op::{ReduceOp, avg_prescales};
 use call::{CHUNK_ELEMENTS, check, count};
@@ -41,6 +43,9 @@ const P2P_TAG: c_int = 0;
 const FP_TAG: c_int = 1;
 /// Words of a fingerprint on the wire: `seq`, `count`, [`Fingerprint::packed`].
 const FP_WORDS: usize = 3;
+/// The `count` and packed words of a rank that rejected its arguments
+/// ([`Transport::refuse`]): no collective has them.
+const REFUSED: u64 = u64::MAX;
 
 /// One group's MPI communicator.
 struct Comm(ffi::MPI_Comm);
@@ -276,7 +281,11 @@ impl MpiTransport {
     /// # Errors
     /// [`CommError::Mismatch`] naming the first rank whose call differs from ours; MPI errors.
     fn agree(&mut self, fp: &Fingerprint) -> Result<()> {
-        let mine = fingerprint_words(fp);
+        self.agree_on(fp, fingerprint_words(fp))
+    }
+
+    /// [`MpiTransport::agree`] with `mine` as this rank's words.
+    fn agree_on(&mut self, fp: &Fingerprint, mine: [u64; FP_WORDS]) -> Result<()> {
         let mut both = [0u64; 2 * FP_WORDS];
         for (i, w) in mine.iter().enumerate() {
             both[i] = *w;
@@ -327,6 +336,16 @@ impl MpiTransport {
     /// The error for a peer whose fingerprint words differ from `fp`.
     fn mismatch(&self, fp: &Fingerprint, theirs: &[u64], peer: usize) -> Result<()> {
         let (me, them) = (self.ranks[self.me], self.ranks[peer]);
+        if theirs[1..] == [REFUSED, REFUSED] {
+            return Err(CommError::PeerGone {
+                op: fp.label(),
+                peer: them,
+                reason: "rejected its arguments to this collective and left it (its own error \
+                         says which)"
+                    .to_string(),
+                detail: String::new(),
+            });
+        }
         match Fingerprint::unpack(theirs[0], theirs[1], theirs[2]) {
             Some(theirs) => fp.expect_same(&theirs, me, them),
             None => Err(CommError::Mismatch {
@@ -589,6 +608,19 @@ impl Transport for MpiTransport {
         }
         // SAFETY: `buf` holds `n` bytes, the length the sender's fingerprint announced.
         unsafe { self.recv_from(recv_ptr(buf), n, byte, src, P2P_TAG, "MPI_Recv") }
+    }
+
+    /// The peers wait in the fingerprint check of every collective but a point-to-point
+    /// message: this rank takes part with words no call has, so they fail naming it instead
+    /// of waiting in MPI for ever. (A receiver waits for a message that never comes; MPI
+    /// offers no way out of that.)
+    fn refuse(&mut self, fp: &Fingerprint) {
+        if fp.kind == CollectiveKind::SendRecv {
+            return;
+        }
+        if let Err(e) = self.agree_on(fp, [fp.seq, REFUSED, REFUSED]) {
+            tracing::debug!(error = %e, "mpi: the peers were told this rank rejected its arguments");
+        }
     }
 
     /// MPI calls cannot be interrupted: the group refuses further calls (see the module docs).

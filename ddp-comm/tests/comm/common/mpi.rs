@@ -30,8 +30,8 @@ pub fn run_test(test: &str, worlds: impl IntoIterator<Item = usize>, body: impl 
     for n in worlds {
         let dir = tempfile::tempdir().expect("a temporary directory for the store's port");
         let port_file = dir.path().join("store-port");
-        let out = Command::new(mpirun())
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        let mut cmd = Command::new(mpirun());
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .args([
                 "--oversubscribe",
@@ -45,23 +45,65 @@ pub fn run_test(test: &str, worlds: impl IntoIterator<Item = usize>, body: impl 
                 &format!("{STORE_PORT_FILE_ENV}={}", port_file.display()),
             ])
             .arg(std::env::current_exe().expect("this test binary"))
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .output()
-            .expect("starting mpirun");
+            .args(["--exact", test, "--nocapture", "--test-threads=1"]);
+        let (status, stdout, stderr) = run_with_deadline(&mut cmd, dir.path(), MPIRUN_DEADLINE);
         assert!(
-            out.status.success(),
-            "{test} with {n} MPI ranks failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            status.is_some_and(|s| s.success()),
+            "{test} with {n} MPI ranks {}:\n{stdout}\n{stderr}",
+            match status {
+                Some(_) => "failed".to_string(),
+                None => format!("did not finish within {MPIRUN_DEADLINE:?} (killed)"),
+            }
         );
         // A filter that matched nothing would pass without running anything.
-        let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             stdout.matches("1 passed").count(),
             n,
             "every rank runs {test}:\n{stdout}"
         );
     }
+}
+
+/// How long one `mpirun` of a test may take: MPI calls have no timeout, so a rank stuck in
+/// one would otherwise hold the test (and CI) for ever.
+const MPIRUN_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Runs `cmd` with its output in files under `dir`, killing it after `deadline`: its exit
+/// status (`None` when killed), stdout and stderr.
+fn run_with_deadline(
+    cmd: &mut Command,
+    dir: &Path,
+    deadline: Duration,
+) -> (Option<std::process::ExitStatus>, String, String) {
+    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
+    let file = |p: &Path| std::fs::File::create(p).expect("an output file for mpirun");
+    let mut child = cmd
+        .stdout(file(&out_path))
+        .stderr(file(&err_path))
+        .spawn()
+        .expect("starting mpirun");
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for mpirun") {
+            break Some(status);
+        }
+        if Instant::now() >= end {
+            // SIGTERM first: mpirun passes it on to the ranks and cleans up after them.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let grace = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < grace && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    (status, read(&out_path), read(&err_path))
 }
 
 /// `mpirun` from `PATH`, or a failure that says how to install it.
