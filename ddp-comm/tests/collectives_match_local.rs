@@ -605,9 +605,10 @@ fn a_rank_that_rejects_its_arguments_fails_its_peers_mpi() {
                     if r == wrong {
                         assert!(e.contains("only the root (0) passes"), "rank {r}: {e}");
                     } else {
+                        // Its report ("only the root (0) passes ...") is appended when it
+                        // comes within the report wait; on a busy machine it may not.
                         assert!(
-                            e.contains(&format!("rank {wrong} rejected its arguments"))
-                                && e.contains("only the root (0) passes"),
+                            e.contains(&format!("rank {wrong} rejected its arguments")),
                             "rank {r}: {e}"
                         );
                     }

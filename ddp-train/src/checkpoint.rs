@@ -79,7 +79,8 @@ pub(crate) fn lock_checkpoint_dir(dir: &Path) -> Result<DirLock> {
 /// writes would otherwise complete a set from two attempts (the model of this run with the
 /// optimizer of the last), which on a GPU differ. Complete later epochs are kept (a run
 /// deliberately resumed from an earlier epoch), and said to be overwritten as it gets there.
-/// Rank 0 only, holding the directory's lock. A file that cannot be removed is a warning: its
+/// Rank 0 only (holding the directory's lock unless the caller took it). A file that cannot be
+/// removed is a warning: its
 /// epoch was not resumable anyway.
 ///
 /// # Errors

@@ -106,9 +106,10 @@ pub enum CommError {
         /// What the peer reported before leaving, if anything.
         detail: String,
     },
-    /// A peer that a collective had to connect to is gone before the connection was made: it
-    /// reported a failure to the group, or its listener refused us (its group or its process
-    /// ended). Found within about a quarter of a second instead of at the timeout.
+    /// A peer left a collective before its data moved, and this rank knows it without waiting
+    /// for the timeout: over TCP, a peer it had to connect to reported a failure to the group,
+    /// or its listener refused us (its group or its process ended); over MPI, a peer rejected
+    /// its own arguments to the collective.
     #[error("{op}: rank {peer} {reason}{detail}")]
     PeerGone {
         /// The collective, with its sequence number.

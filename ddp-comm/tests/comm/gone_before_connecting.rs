@@ -6,8 +6,8 @@
 //! - one whose group was aborted (its listener refuses the connection with that reason);
 //! - one whose group was dropped (its listener is closed: the connection is refused).
 use crate::common::{Setup, run_world_with};
-use ddp_comm::{ProcessGroup, Result};
-use std::sync::Barrier;
+use ddp_comm::{ProcessGroup, Result, Store, StoreConfig, StoreServer};
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(40);
@@ -91,11 +91,78 @@ fn a_root_waiting_for_a_rank_that_reported_a_failure_fails_with_its_report() {
 /// Rank 3 connects to rank 1 (not its ring neighbour), whose group was aborted.
 #[test]
 fn a_rank_connecting_to_an_aborted_rank_is_refused_with_the_reason() {
-    check(Leave::Abort, 1, all_to_all, 3, "aborted");
+    check(
+        Leave::Abort,
+        1,
+        all_to_all,
+        3,
+        "refused us: its process group was aborted",
+    );
 }
 
 /// Rank 3 connects to rank 1, whose group is gone.
 #[test]
 fn a_rank_connecting_to_a_rank_whose_group_is_gone_fails_at_once() {
     check(Leave::Drop, 1, all_to_all, 3, "no longer listening");
+}
+
+/// The store goes away (as when rank 0's process, which hosts it, freezes or dies) while rank
+/// 0, the root of a scatter, waits for rank 2 to connect. Reading the peers' failure reports
+/// must not hold that wait in a store call: an abort from another thread still ends it at
+/// once, not after the store's (here 40 s) timeout.
+#[test]
+fn an_abort_ends_a_wait_for_a_connection_while_the_store_is_gone() {
+    const N: usize = 4;
+    let server = StoreServer::bind("127.0.0.1:0", StoreConfig::new()).expect("bind the store");
+    let addr = server.local_addr().to_string();
+    let server = Mutex::new(Some(server));
+    let (formed, store_gone, done) = (Barrier::new(N), Barrier::new(N), Barrier::new(N));
+    let outcome = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..N)
+            .map(|rank| {
+                let (addr, server) = (addr.clone(), &server);
+                let (formed, store_gone, done) = (&formed, &store_gone, &done);
+                s.spawn(move || -> Result<Option<(String, Duration)>> {
+                    let store = Store::connect(&addr, StoreConfig::new().with_timeout(TIMEOUT))?;
+                    let config = Setup::Tcp.config(rank, N, TIMEOUT);
+                    let pg = ProcessGroup::with_store(store, config)?;
+                    formed.wait();
+                    if rank == 0 {
+                        drop(server.lock().unwrap_or_else(|e| e.into_inner()).take());
+                    }
+                    store_gone.wait();
+                    let mut outcome = None;
+                    if rank == 0 {
+                        let aborter = pg.clone();
+                        let start = Instant::now();
+                        let abort = std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_secs(1));
+                            aborter.abort("stopped by the test");
+                        });
+                        let err = scatter_from_0(&pg).err().map(|e| e.to_string());
+                        outcome = Some((err.unwrap_or_default(), start.elapsed()));
+                        abort.join().expect("the aborting thread");
+                    }
+                    done.wait();
+                    Ok(outcome)
+                })
+            })
+            .collect();
+        let mut outcomes: Vec<_> = ranks
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect();
+        outcomes.swap_remove(0)
+    });
+    let (err, elapsed) = outcome
+        .unwrap_or_else(|e| panic!("rank 0 failed outside the scatter: {e}"))
+        .expect("rank 0's outcome");
+    assert!(
+        err.contains("abort"),
+        "the scatter must fail aborted: {err:?}"
+    );
+    assert!(
+        elapsed < PROMPTLY,
+        "the abort took {elapsed:?}, as if a store call held the wait ({err})"
+    );
 }

@@ -82,7 +82,8 @@ fn check_order(epoch: usize, position: &LoaderPosition, now: DataOrder) -> Resul
             epoch,
             step = position.step,
             "the mid-epoch checkpoint does not record its data order (written by an older \
-             ddp-train): the data set length, seed, shuffle and drop_last are not checked"
+             ddp-train, or by a run whose loader was not a DistributedLoader): the data set \
+             length, seed, shuffle and drop_last are not checked"
         );
         return Ok(());
     };

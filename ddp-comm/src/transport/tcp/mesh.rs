@@ -15,13 +15,14 @@
 //!
 //! A peer that is gone before its connection is made fails the collective at once, not at the
 //! timeout: one that reported a failure (`failure/<rank>`, which a rank waiting for it reads
-//! every [`FAILURE_POLL`]), one whose group was aborted (its listener refuses us with
+//! in the background, see `failure_watch`), one whose group was aborted (its listener refuses us with
 //! `acceptor::ABORTED_VERDICT`), and one whose listener is closed (its group was dropped or its
 //! process ended: the connection is refused). A higher rank whose process died without a word
 //! is found only at the timeout, or by the watchdog's heartbeats.
 
 use super::acceptor::{ABORTED_VERDICT, Acceptor, Arrival, Claims, Expect};
 use super::duplex::Conn;
+use super::failure_watch::FailureWatch;
 use crate::auth::{self, HelloError, Kind};
 use crate::deadline::deadline_after;
 use crate::error::{CommError, Result};
@@ -34,14 +35,12 @@ use std::time::{Duration, Instant};
 
 /// How often a rank waiting for a connection checks whether its group was aborted.
 const ABORT_POLL: Duration = Duration::from_millis(20);
-/// Pause between connection attempts to a rank that is not listening yet.
+/// Pause between connection attempts to a rank that is slow to accept.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// The longest one connection attempt may take before the next (after checking for an
 /// abort): a peer that drops our SYNs would otherwise hold an attempt for the whole timeout,
 /// out of the abort's reach (the socket exists only once connected).
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
-/// How often a rank waiting for a connection reads whether that peer reported a failure.
-const FAILURE_POLL: Duration = Duration::from_millis(250);
 
 /// What a rank needs to join a group's connections.
 #[derive(Debug)]
@@ -76,26 +75,16 @@ pub(crate) struct Mesh {
     /// The addresses' namespace (shares the group's store connection): used while the group
     /// forms, when nobody else can be blocked on it.
     store: Store,
-    /// The group's namespace (the same connection), which [`Mesh::lookup`] duplicates.
-    group_store: Store,
-    addr_prefix: String,
-    /// A connection of its own for lookups after the group formed, opened on first use, so a
+    /// A connection of its own for looking up addresses later, opened on first use, so a
     /// user thread blocked on the group's store cannot hold up a collective.
-    lookup: Option<Lookup>,
-    /// Whether the group has formed: failure reports exist only from then on.
-    formed: bool,
+    lookup: Option<Store>,
+    /// The peers' failure reports, read once the group has formed (none exist before).
+    failures: Option<FailureWatch>,
+    /// The group's namespace, for [`Mesh::failures`].
+    group_store: Store,
     conns: Vec<Option<Conn>>,
     acceptor: Option<Acceptor>,
     live: Arc<LiveStreams>,
-}
-
-/// Two views of [`Mesh`]'s own store connection.
-#[derive(Debug)]
-struct Lookup {
-    /// Where the addresses are.
-    addrs: Store,
-    /// Where the failure reports are.
-    failures: Store,
 }
 
 impl Mesh {
@@ -114,10 +103,9 @@ impl Mesh {
             timeout: spec.timeout,
             socket_buffer_bytes: spec.socket_buffer_bytes,
             store: spec.store.with_prefix(spec.addr_prefix),
-            group_store: spec.store.clone(),
-            addr_prefix: spec.addr_prefix.to_string(),
             lookup: None,
-            formed: false,
+            failures: None,
+            group_store: spec.store.clone(),
             conns: (0..n).map(|_| None).collect(),
             acceptor: None,
             live: Arc::new(LiveStreams::default()),
@@ -141,7 +129,7 @@ impl Mesh {
         mesh.acceptor = Some(acceptor);
         let ring = mesh.ring_neighbours();
         mesh.ensure(&ring, "rendezvous", deadline_after(mesh.timeout))?;
-        mesh.formed = true;
+        mesh.failures = Some(FailureWatch::new(mesh.group_store.clone()));
         tracing::debug!(rank = spec.ranks[me], %addr, "tcp ring neighbours connected");
         Ok(mesh)
     }
@@ -200,7 +188,6 @@ impl Mesh {
 
     /// Waits until every higher rank of `peers` has connected to us.
     fn await_higher(&mut self, peers: &[usize], op: &str, deadline: Instant) -> Result<()> {
-        let mut next_failure_check = Instant::now() + FAILURE_POLL;
         loop {
             let waiting: Vec<usize> = peers
                 .iter()
@@ -216,13 +203,17 @@ impl Mesh {
                     self.ranks[first]
                 )));
             }
-            let now = Instant::now();
-            if now >= next_failure_check {
-                if let Some(failed) = self.reported_failure(&waiting) {
-                    return Err(self.gone(op, failed, "reported a failure before it connected"));
-                }
-                next_failure_check = now + FAILURE_POLL;
+            let global: Vec<usize> = waiting.iter().map(|&p| self.ranks[p]).collect();
+            let reported = self.failures.as_mut().and_then(|f| f.reported(&global));
+            if let Some(failed) = reported {
+                return Err(CommError::PeerGone {
+                    op: op.to_string(),
+                    peer: failed,
+                    reason: "reported a failure before it connected".to_string(),
+                    detail: String::new(),
+                });
             }
+            let now = Instant::now();
             if now >= deadline {
                 let names: Vec<String> =
                     waiting.iter().map(|&p| self.ranks[p].to_string()).collect();
@@ -295,47 +286,10 @@ impl Mesh {
         if self.ring_neighbours().contains(&peer) {
             return Ok(&self.store);
         }
-        Ok(&self.lookup()?.addrs)
-    }
-
-    /// This mesh's own store connection, opened on first use.
-    fn lookup(&mut self) -> Result<&Lookup> {
-        let lookup = match self.lookup.take() {
-            Some(lookup) => lookup,
-            None => {
-                let failures = self.group_store.duplicate()?;
-                let addrs = failures.with_prefix(&self.addr_prefix);
-                Lookup { addrs, failures }
-            }
-        };
-        Ok(self.lookup.insert(lookup))
-    }
-
-    /// The first of `peers` that has reported a failure to the group, if any. Only once the
-    /// group has formed (before, nobody reports), and a store that does not answer is not a
-    /// verdict on the peer: the wait goes on to its deadline.
-    fn reported_failure(&mut self, peers: &[usize]) -> Option<usize> {
-        if !self.formed || peers.is_empty() {
-            return None;
+        if self.lookup.is_none() {
+            self.lookup = Some(self.store.duplicate()?);
         }
-        let keys: Vec<String> = peers
-            .iter()
-            .map(|&p| format!("failure/{}", self.ranks[p]))
-            .collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reports = self
-            .lookup()
-            .and_then(|lookup| lookup.failures.multi_get(&keys));
-        match reports {
-            Ok(reports) => peers
-                .iter()
-                .zip(reports)
-                .find_map(|(&p, report)| report.map(|_| p)),
-            Err(e) => {
-                tracing::debug!(error = %e, "tcp: could not read the peers' failure reports");
-                None
-            }
-        }
+        Ok(self.lookup.as_ref().unwrap_or(&self.store))
     }
 
     /// The error for a collective whose `peer` (a group rank) is gone, as `reason` says. The

@@ -10,6 +10,7 @@
 mod acceptor;
 mod algorithms;
 mod duplex;
+mod failure_watch;
 mod frame;
 mod mesh;
 
