@@ -73,19 +73,26 @@ pub(crate) fn lock_checkpoint_dir(dir: &Path) -> Result<DirLock> {
         .map_err(|e| storage(e.into()))
 }
 
-/// Removes the epoch-end files of every epoch after `after` (the epoch this run starts from)
-/// that lacks one of its three files: an interrupted attempt left them, and this run writes
-/// that epoch's files again one by one (on threads of their own), so a kill between two of its
-/// writes would otherwise complete a set from two attempts (the model of this run with the
-/// optimizer of the last), which on a GPU differ. Complete later epochs are kept (a run
-/// deliberately resumed from an earlier epoch), and said to be overwritten as it gets there.
-/// Rank 0 only (holding the directory's lock unless the caller took it). A file that cannot be
-/// removed is a warning: its
-/// epoch was not resumable anyway.
+/// The subdirectory of `dir/checkpoint` where unfinished epoch-end sets are set aside.
+pub(crate) const UNFINISHED_DIR: &str = "unfinished";
+
+/// Moves the epoch-end files of every epoch after `after` (the epoch this run starts from)
+/// that lacks one of its three files into [`UNFINISHED_DIR`]: an interrupted attempt left
+/// them, and this run writes that epoch's files again one by one (on threads of their own), so
+/// a kill between two of its writes would otherwise complete a set from two attempts (the
+/// model of this run with the optimizer of the last), which on a GPU differ. Nothing is
+/// deleted: a set-aside file keeps its name, with the time it was moved appended. Complete
+/// later epochs stay (a run deliberately resumed from an earlier epoch), and are said to be
+/// overwritten as it gets there. Rank 0 only (holding the directory's lock unless the caller
+/// took it). A file that cannot be moved is a warning.
 ///
 /// # Errors
 /// The directory exists but cannot be read.
-pub(crate) fn remove_unfinished_epochs(checkpoint_dir: &Path, after: usize) -> Result<()> {
+pub(crate) fn set_aside_unfinished_epochs(checkpoint_dir: &Path, after: usize) -> Result<()> {
+    let aside = checkpoint_dir.join(UNFINISHED_DIR);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     for (epoch, kinds) in crate::resume::epoch_files(checkpoint_dir)?.range(after + 1..) {
         if *kinds == crate::resume::ALL_KINDS {
             tracing::warn!(
@@ -101,16 +108,21 @@ pub(crate) fn remove_unfinished_epochs(checkpoint_dir: &Path, after: usize) -> R
                 continue;
             }
             let path = file_path(checkpoint_dir, kind, *epoch);
-            match std::fs::remove_file(&path) {
-                Ok(()) => tracing::info!(
+            let name = format!("{kind}-{epoch}.{EXTENSION}.{stamp}");
+            let moved = ensure_dir(&aside)
+                .map_err(std::io::Error::other)
+                .and_then(|()| std::fs::rename(&path, aside.join(&name)));
+            match moved {
+                Ok(()) => tracing::warn!(
                     path = %path.display(),
-                    "removed a file of an unfinished checkpoint of an earlier attempt"
+                    to = %aside.join(&name).display(),
+                    "set aside a file of an unfinished checkpoint of an earlier attempt"
                 ),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(
                     path = %path.display(),
                     error = %e,
-                    "could not remove a file of an unfinished checkpoint"
+                    "could not set aside a file of an unfinished checkpoint"
                 ),
             }
         }
@@ -381,10 +393,10 @@ mod tests {
     }
 
     /// Of epoch 2's files only the model and optimizer exist (an attempt killed between its
-    /// writes): a run resuming from epoch 1 removes them, keeps epoch 1's and the complete
-    /// epoch 3, and a run starting after epoch 3 leaves epoch 2 alone.
+    /// writes): a run resuming from epoch 1 sets them aside (nothing is deleted), keeps epoch
+    /// 1's and the complete epoch 3, and a run starting after epoch 3 leaves epoch 2 alone.
     #[test]
-    fn an_unfinished_later_epoch_is_removed_before_a_run_writes_it_again() {
+    fn an_unfinished_later_epoch_is_set_aside_before_a_run_writes_it_again() {
         let dir = tempfile::tempdir().expect("tempdir");
         let files = [
             "model-1.mpk",
@@ -401,25 +413,40 @@ mod tests {
         for name in files {
             std::fs::write(dir.path().join(name), name).expect("write");
         }
-        let left = || {
-            let mut names: Vec<String> = std::fs::read_dir(dir.path())
-                .expect("read")
-                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-                .collect();
+        let names = |dir: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries
+                        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
             names.sort();
             names
         };
-        remove_unfinished_epochs(dir.path(), 4).expect("after epoch 4");
-        assert!(!left().contains(&"model-5.mpk".to_string()), "{:?}", left());
-        assert!(left().contains(&"optim-2.mpk".to_string()), "{:?}", left());
-        remove_unfinished_epochs(dir.path(), 1).expect("after epoch 1");
+        let aside = dir.path().join(UNFINISHED_DIR);
+        set_aside_unfinished_epochs(dir.path(), 4).expect("after epoch 4");
+        assert!(!names(dir.path()).contains(&"model-5.mpk".to_string()));
+        assert!(names(dir.path()).contains(&"optim-2.mpk".to_string()));
+        set_aside_unfinished_epochs(dir.path(), 1).expect("after epoch 1");
         let mut expected: Vec<String> = files
             .iter()
             .filter(|n| !n.ends_with("-2.mpk") && !n.ends_with("-5.mpk"))
             .map(|n| n.to_string())
+            .chain([UNFINISHED_DIR.to_string()])
             .collect();
         expected.sort();
-        assert_eq!(left(), expected);
-        remove_unfinished_epochs(&dir.path().join("missing"), 0).expect("no directory");
+        assert_eq!(names(dir.path()), expected);
+        let set_aside: Vec<String> = names(&aside)
+            .iter()
+            .map(|n| n.split(".mpk").next().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(set_aside, ["model-2", "model-5", "optim-2"]);
+        for name in names(&aside) {
+            let original = name.split(".mpk").next().unwrap_or_default();
+            let text = std::fs::read_to_string(aside.join(&name)).expect("a set-aside file");
+            assert_eq!(text, format!("{original}.mpk"), "{name} keeps its bytes");
+        }
+        set_aside_unfinished_epochs(&dir.path().join("missing"), 0).expect("no directory");
     }
 }

@@ -6,7 +6,7 @@
 use super::DdpStrategy;
 use super::checkpointing::{atomic_checkpointer, lock_failure};
 use crate::checkpoint::{
-    FailureSlot, lock_checkpoint_dir, rank0_failure_on_every_rank, remove_unfinished_epochs,
+    FailureSlot, lock_checkpoint_dir, rank0_failure_on_every_rank, set_aside_unfinished_epochs,
 };
 use crate::components::DdpComponents;
 use crate::error::{DdpTrainError, Result};
@@ -66,7 +66,7 @@ impl DdpStrategy {
                 let dir = dir.join("checkpoint");
                 remove_temporary_files(&dir);
                 let start = resumed.map_or(0, |(point, _)| point.epochs_done);
-                remove_unfinished_epochs(&dir, start)?;
+                set_aside_unfinished_epochs(&dir, start)?;
                 Some(atomic_checkpointer::<LC>(
                     &dir,
                     &failure,

@@ -41,13 +41,13 @@ impl FailureWatch {
         }
     }
 
-    /// A global rank among `peers` that reported a failure, as far as the reads so far found;
-    /// starts another read of `peers` when one is due and none is under way. Never blocks on
-    /// the store.
-    pub(super) fn reported(&mut self, peers: &[usize]) -> Option<usize> {
+    /// The one of `peers` (group ranks; `ranks` maps them to global ones) that reported a
+    /// failure, as far as the reads so far found; starts another read when one is due and none
+    /// is under way. Never blocks on the store.
+    pub(super) fn reported(&mut self, peers: &[usize], ranks: &[usize]) -> Option<usize> {
         let found = *lock(&self.shared.found);
-        if let Some(rank) = found.filter(|r| peers.contains(r)) {
-            return Some(rank);
+        if let Some(p) = found.and_then(|g| peers.iter().copied().find(|&p| ranks[p] == g)) {
+            return Some(p);
         }
         let now = Instant::now();
         if peers.is_empty() || now < self.next_read {
@@ -57,11 +57,8 @@ impl FailureWatch {
             return None; // the last read has not come back: the store is slow
         }
         self.next_read = now + FAILURE_POLL;
-        let (store, shared, peers) = (
-            self.group_store.clone(),
-            self.shared.clone(),
-            peers.to_vec(),
-        );
+        let peers: Vec<usize> = peers.iter().map(|&p| ranks[p]).collect();
+        let (store, shared) = (self.group_store.clone(), self.shared.clone());
         let spawned = std::thread::Builder::new()
             .name("ddp-comm-failure-watch".into())
             .spawn(move || {
@@ -77,7 +74,7 @@ impl FailureWatch {
     }
 }
 
-/// One read of `peers`' reports over the kept connection (opened if there is none; dropped
+/// One read of `peers`' (global ranks) reports over the kept connection (opened if there is none; dropped
 /// after an error, so the next read opens a new one). A store that does not answer is not a
 /// verdict on the peers.
 fn read_reports(store: &Store, shared: &Shared, peers: &[usize]) {

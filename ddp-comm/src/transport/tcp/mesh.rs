@@ -80,8 +80,6 @@ pub(crate) struct Mesh {
     lookup: Option<Store>,
     /// The peers' failure reports, read once the group has formed (none exist before).
     failures: Option<FailureWatch>,
-    /// The group's namespace, for [`Mesh::failures`].
-    group_store: Store,
     conns: Vec<Option<Conn>>,
     acceptor: Option<Acceptor>,
     live: Arc<LiveStreams>,
@@ -105,7 +103,6 @@ impl Mesh {
             store: spec.store.with_prefix(spec.addr_prefix),
             lookup: None,
             failures: None,
-            group_store: spec.store.clone(),
             conns: (0..n).map(|_| None).collect(),
             acceptor: None,
             live: Arc::new(LiveStreams::default()),
@@ -129,7 +126,7 @@ impl Mesh {
         mesh.acceptor = Some(acceptor);
         let ring = mesh.ring_neighbours();
         mesh.ensure(&ring, "rendezvous", deadline_after(mesh.timeout))?;
-        mesh.failures = Some(FailureWatch::new(mesh.group_store.clone()));
+        mesh.failures = Some(FailureWatch::new(spec.store.clone()));
         tracing::debug!(rank = spec.ranks[me], %addr, "tcp ring neighbours connected");
         Ok(mesh)
     }
@@ -203,15 +200,9 @@ impl Mesh {
                     self.ranks[first]
                 )));
             }
-            let global: Vec<usize> = waiting.iter().map(|&p| self.ranks[p]).collect();
-            let reported = self.failures.as_mut().and_then(|f| f.reported(&global));
+            let reported = (self.failures.as_mut()).and_then(|f| f.reported(&waiting, &self.ranks));
             if let Some(failed) = reported {
-                return Err(CommError::PeerGone {
-                    op: op.to_string(),
-                    peer: failed,
-                    reason: "reported a failure before it connected".to_string(),
-                    detail: String::new(),
-                });
+                return Err(self.gone(op, failed, "reported a failure before it connected"));
             }
             let now = Instant::now();
             if now >= deadline {
